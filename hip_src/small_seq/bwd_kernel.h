@@ -1,0 +1,225 @@
+// Small-seq attention backward: one wave per (segment, kv head). P is recomputed from q, k and
+// the saved float32 LSE; rowsum(dO * O) comes from the saved output. Deterministic: dk/dv of a
+// GQA group are summed over its q heads inside the wave, never with atomics.
+#pragma once
+
+#include "fwd_kernel.h"
+
+namespace small_seq {
+
+template <int VPL>
+RA_DEVICE void fill(float (&x)[VPL][8], float value) {
+#pragma unroll
+  for (int vi = 0; vi < VPL; ++vi)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[vi][e] = value;
+}
+
+// Writes `value` into rows [row_begin, row_end) of one kv head of dk and dv, the whole wave
+// striding over rows. Used for padding rows and for kv tokens no segment covers.
+template <typename T, int VPL, int LPR, int RPP>
+RA_DEVICE void fill_kv_rows(const SmallSeqParams& p, int64_t base, int hk, int64_t row_begin,
+                            int64_t row_end, int row_group, int col_lane, float value) {
+  float row[VPL][8];
+  fill<VPL>(row, value);
+  uint16_t* dk = static_cast<uint16_t*>(p.dk) + base + hk * p.dkv_head_stride;
+  uint16_t* dv = static_cast<uint16_t*>(p.dv) + base + hk * p.dkv_head_stride;
+  for (int64_t r = row_begin + row_group; r < row_end; r += RPP) {
+    store_row_f32<T, VPL>(dk + r * p.dkv_token_stride, row, col_lane, LPR);
+    store_row_f32<T, VPL>(dv + r * p.dkv_token_stride, row, col_lane, LPR);
+  }
+}
+
+// rowsum(dO * O) for one q head: the softmax-gradient term, from the saved forward output.
+template <typename T, int VPL, int LPR>
+RA_DEVICE float row_dot_out(const float (&dof)[VPL][8], const uint16_t* out_row, int col_lane) {
+  float of[VPL][8];
+  load_row_f32<T, VPL>(of, out_row, col_lane, LPR, 1.f);
+  float d = 0.f;
+#pragma unroll
+  for (int vi = 0; vi < VPL; ++vi)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) d = fmaf(dof[vi][e], of[vi][e], d);
+  return ra_group_sum<LPR>(d);
+}
+
+template <typename T, int D, int KV>
+__global__ void __launch_bounds__(256) small_seq_bwd_kernel(const SmallSeqParams p) {
+  constexpr int WAVE = RA_WAVE_SIZE;
+  using Tl = Tiling<D, KV, WAVE>;
+  constexpr int VPL = Tl::kVecsPerLane;
+  constexpr int LPR = Tl::kLanesPerRow;
+  constexpr int RPP = Tl::kRowsPerPass;
+  constexpr int SLOTS = Tl::kSlots;
+  // Pass 1 holds K and V of a chunk in registers (<= 8 vectors each); pass 2 (GQA only) holds
+  // K, V and fp32 dK, dV accumulators for SB slots (<= 2 vectors per row) at a time.
+  constexpr int CH = SLOTS < 8 / VPL ? SLOTS : 8 / VPL;
+  constexpr int NCH = (SLOTS + CH - 1) / CH;
+  constexpr int SB = 2 / VPL > 0 ? 2 / VPL : 1;
+
+  const int lane = threadIdx.x % WAVE;
+  const int64_t wave_id = static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE;
+  if (wave_id >= static_cast<int64_t>(p.batch) * p.num_heads_kv) return;
+  const int seg = static_cast<int>(wave_id / p.num_heads_kv);
+  const int hk = static_cast<int>(wave_id % p.num_heads_kv);
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int row_group = lane / LPR;
+  const int col_lane = lane % LPR;
+
+  const Segment s = load_segment(p, seg);
+  uint16_t* dq = static_cast<uint16_t*>(p.dq);
+  uint16_t* dk = static_cast<uint16_t*>(p.dk) + s.dkv_base + hk * p.dkv_head_stride;
+  uint16_t* dv = static_cast<uint16_t*>(p.dv) + s.dkv_base + hk * p.dkv_head_stride;
+
+  // kv tokens of a THD batch outside [cu_seqlens_kv[0], cu_seqlens_kv[b]) belong to no segment:
+  // their gradient is zero. The first and last segments' waves write those zeros.
+  if (p.cu_seqlens_kv != nullptr) {
+    if (seg == 0) {
+      const int64_t first = min(max(p.cu_seqlens_kv[0], 0), p.total_kv);
+      fill_kv_rows<T, VPL, LPR, RPP>(p, 0, hk, 0, first, row_group, col_lane, 0.f);
+    }
+    if (seg == p.batch - 1) {
+      const int64_t last = min(max(p.cu_seqlens_kv[p.batch], 0), p.total_kv);
+      fill_kv_rows<T, VPL, LPR, RPP>(p, 0, hk, last, p.total_kv, row_group, col_lane, 0.f);
+    }
+  } else {
+    // BSHD: rows past this segment's length are padding.
+    const int first_pad = s.valid ? s.len : 0;
+    fill_kv_rows<T, VPL, LPR, RPP>(p, s.dkv_base, hk, first_pad, p.kv_rows_per_batch, row_group,
+                                   col_lane, s.valid ? 0.f : ra_nan());
+  }
+  if (!s.valid) {
+    // The forward pass already counted this segment; make its dq loudly wrong.
+    if (s.q_row >= 0 && row_group == 0) {
+      float nan_row[VPL][8];
+      fill<VPL>(nan_row, ra_nan());
+      for (int g = 0; g < group; ++g)
+        store_row_f32<T, VPL>(dq + s.q_row * p.dq_token_stride + (hk * group + g) * p.dq_head_stride,
+                              nan_row, col_lane, LPR);
+    }
+    return;
+  }
+
+  const uint16_t* kbase = static_cast<const uint16_t*>(p.k) + s.k_base + hk * p.k_head_stride;
+  const uint16_t* vbase = static_cast<const uint16_t*>(p.v) + s.v_base + hk * p.v_head_stride;
+  const float log2_scale = p.softmax_scale * kLog2e;
+  const uint16_t* q = static_cast<const uint16_t*>(p.q);
+  const uint16_t* dout = static_cast<const uint16_t*>(p.dout);
+  const uint16_t* out = static_cast<const uint16_t*>(p.out);
+
+  ra_vec8 kr[CH][VPL];
+  ra_vec8 vr[CH][VPL];
+  if constexpr (NCH == 1) {
+    load_rows<CH, VPL, LPR, RPP>(kr, kbase, p.k_token_stride, 0, row_group, col_lane, s.len);
+    load_rows<CH, VPL, LPR, RPP>(vr, vbase, p.v_token_stride, 0, row_group, col_lane, s.len);
+  }
+
+  // Pass 1: dq of every q head of the group (and, without GQA, dk/dv directly).
+  for (int g = 0; g < group; ++g) {
+    const int hq = hk * group + g;
+    float qf[VPL][8], dof[VPL][8];
+    load_row_f32<T, VPL>(qf, q + s.q_row * p.q_token_stride + hq * p.q_head_stride, col_lane, LPR, 1.f);
+    load_row_f32<T, VPL>(dof, dout + s.q_row * p.do_token_stride + hq * p.do_head_stride, col_lane,
+                         LPR, 1.f);
+    const float rowdot = row_dot_out<T, VPL, LPR>(dof, out + s.q_row * p.o_token_stride +
+                                                           hq * p.o_head_stride, col_lane);
+    const float lse2 = p.lse[static_cast<int64_t>(hq) * p.batch + seg] * kLog2e;
+
+    float dq_acc[VPL][8] = {};
+#pragma unroll
+    for (int c = 0; c < NCH; ++c) {
+      if constexpr (NCH > 1) {
+        load_rows<CH, VPL, LPR, RPP>(kr, kbase, p.k_token_stride, c * CH, row_group, col_lane, s.len);
+        load_rows<CH, VPL, LPR, RPP>(vr, vbase, p.v_token_stride, c * CH, row_group, col_lane, s.len);
+      }
+#pragma unroll
+      for (int i = 0; i < CH; ++i) {
+        const int slot = c * CH + i;
+        if (slot >= SLOTS) break;
+        const int row = slot * RPP + row_group;
+        const float sc = ra_group_sum<LPR>(dot_part<T, VPL>(qf, kr[i])) * log2_scale;
+        const float dp = ra_group_sum<LPR>(dot_part<T, VPL>(dof, vr[i]));
+        const float pr = row < s.len ? exp2f(sc - lse2) : 0.f;
+        const float ds = pr * (dp - rowdot);
+        float kf[8];
+#pragma unroll
+        for (int vi = 0; vi < VPL; ++vi) {
+          ra_unpack8<T>(kr[i][vi], kf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dq_acc[vi][e] = fmaf(ds, kf[e], dq_acc[vi][e]);
+        }
+        if (group == 1 && row < s.len) {
+          float dkr[VPL][8], dvr[VPL][8];
+          const float ds_scaled = ds * p.softmax_scale;
+#pragma unroll
+          for (int vi = 0; vi < VPL; ++vi)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              dkr[vi][e] = ds_scaled * qf[vi][e];
+              dvr[vi][e] = pr * dof[vi][e];
+            }
+          store_row_f32<T, VPL>(dk + row * p.dkv_token_stride, dkr, col_lane, LPR);
+          store_row_f32<T, VPL>(dv + row * p.dkv_token_stride, dvr, col_lane, LPR);
+        }
+      }
+    }
+#pragma unroll
+    for (int vi = 0; vi < VPL; ++vi)
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        dq_acc[vi][e] = ra_strided_sum<LPR, WAVE>(dq_acc[vi][e]) * p.softmax_scale;
+    if (row_group == 0)
+      store_row_f32<T, VPL>(dq + s.q_row * p.dq_token_stride + hq * p.dq_head_stride, dq_acc,
+                            col_lane, LPR);
+  }
+  if (group == 1) return;
+
+  // Pass 2 (GQA): dk, dv summed over the group's q heads, SB slots at a time. K/V rows are
+  // re-read (cache hits: this wave just read them); q, dO and O rows are tiny and cached too, so
+  // rowsum(dO * O) is recomputed rather than kept in a run-time indexed (local-memory) array.
+#pragma unroll
+  for (int b0 = 0; b0 < SLOTS; b0 += SB) {
+    if (b0 * RPP >= s.len) break;  // wave-uniform: no row of this block is valid
+    constexpr int N = SB;
+    ra_vec8 kb[N][VPL], vb[N][VPL];
+    load_rows<N, VPL, LPR, RPP>(kb, kbase, p.k_token_stride, b0, row_group, col_lane, s.len);
+    load_rows<N, VPL, LPR, RPP>(vb, vbase, p.v_token_stride, b0, row_group, col_lane, s.len);
+    float dk_acc[N][VPL][8] = {};
+    float dv_acc[N][VPL][8] = {};
+    for (int g = 0; g < group; ++g) {
+      const int hq = hk * group + g;
+      float qf[VPL][8], dof[VPL][8];
+      load_row_f32<T, VPL>(qf, q + s.q_row * p.q_token_stride + hq * p.q_head_stride, col_lane, LPR, 1.f);
+      load_row_f32<T, VPL>(dof, dout + s.q_row * p.do_token_stride + hq * p.do_head_stride, col_lane,
+                           LPR, 1.f);
+      const float rowdot = row_dot_out<T, VPL, LPR>(dof, out + s.q_row * p.o_token_stride +
+                                                             hq * p.o_head_stride, col_lane);
+      const float lse2 = p.lse[static_cast<int64_t>(hq) * p.batch + seg] * kLog2e;
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const int row = (b0 + i) * RPP + row_group;
+        const float sc = ra_group_sum<LPR>(dot_part<T, VPL>(qf, kb[i])) * log2_scale;
+        const float dp = ra_group_sum<LPR>(dot_part<T, VPL>(dof, vb[i]));
+        const float pr = row < s.len ? exp2f(sc - lse2) : 0.f;
+        const float ds = pr * (dp - rowdot) * p.softmax_scale;
+#pragma unroll
+        for (int vi = 0; vi < VPL; ++vi)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            dk_acc[i][vi][e] = fmaf(ds, qf[vi][e], dk_acc[i][vi][e]);
+            dv_acc[i][vi][e] = fmaf(pr, dof[vi][e], dv_acc[i][vi][e]);
+          }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int row = (b0 + i) * RPP + row_group;
+      if (row < s.len) {
+        store_row_f32<T, VPL>(dk + row * p.dkv_token_stride, dk_acc[i], col_lane, LPR);
+        store_row_f32<T, VPL>(dv + row * p.dkv_token_stride, dv_acc[i], col_lane, LPR);
+      }
+    }
+  }
+}
+
+}  // namespace small_seq

@@ -1,0 +1,84 @@
+// How a wave of the small-seq kernels maps onto one (segment, kv head): shared by fwd and bwd.
+#pragma once
+
+#include "../common/compat.h"
+#include "params.h"
+
+namespace small_seq {
+
+// A K or V row of D 16-bit values is D/8 16-byte vectors. A wave of WAVE lanes covers
+// ROWS_PER_PASS rows at once with LANES_PER_ROW lanes per row; when a row is wider than the wave
+// (d=512 on a 32-lane warp) each lane holds VECS_PER_LANE vectors of it. Row r lives in lanes
+// (r % ROWS_PER_PASS) * LANES_PER_ROW ...; a lane owns rows row_group, row_group + ROWS_PER_PASS, ...
+// i.e. SLOTS rows in total.
+template <int D, int KV, int WAVE>
+struct Tiling {
+  static_assert(D % 8 == 0 && ((D / 8) & (D / 8 - 1)) == 0, "head dim must be 8 * 2^k");
+  static constexpr int kVecsPerRow = D / 8;
+  static constexpr int kLanesPerRow = kVecsPerRow < WAVE ? kVecsPerRow : WAVE;
+  static constexpr int kVecsPerLane = kVecsPerRow / kLanesPerRow;
+  static constexpr int kRowsPerPass = WAVE / kLanesPerRow;
+  static constexpr int kSlots = (KV + kRowsPerPass - 1) / kRowsPerPass;
+};
+
+// Segment lookup and contract check. A segment that breaks the contract is reported once (by
+// the wave of kv head 0) and must not be computed; lengths and row ranges are range-checked
+// here so that no kernel reads out of bounds whatever cu_seqlens holds.
+struct Segment {
+  int64_t q_row;   // row of q / o / dq / dO
+  int64_t k_base;  // element offset of kv row 0 in k (dk shares the layout through dkv_*)
+  int64_t v_base;
+  int64_t dkv_base;
+  int len;         // number of kv rows, 0 <= len <= max_seqlen_kv when valid
+  bool valid;
+};
+
+RA_DEVICE Segment load_segment(const SmallSeqParams& p, int seg) {
+  Segment s;
+  bool ok = true;
+  if (p.cu_seqlens_q != nullptr) {
+    const int q0 = p.cu_seqlens_q[seg];
+    const int q1 = p.cu_seqlens_q[seg + 1];
+    ok = (q1 - q0 == 1) && q0 >= 0 && q0 < p.total_q;
+    s.q_row = q0;
+  } else {
+    s.q_row = seg;
+  }
+  int64_t kv_row0;
+  if (p.cu_seqlens_kv != nullptr) {
+    const int k0 = p.cu_seqlens_kv[seg];
+    const int k1 = p.cu_seqlens_kv[seg + 1];
+    s.len = k1 - k0;
+    ok = ok && k0 >= 0 && k1 <= p.total_kv;
+    kv_row0 = k0;
+    s.k_base = kv_row0 * p.k_token_stride;
+    s.v_base = kv_row0 * p.v_token_stride;
+    s.dkv_base = kv_row0 * p.dkv_token_stride;
+  } else {
+    s.len = p.seqlens_kv[seg];
+    ok = ok && s.len <= p.total_kv;
+    s.k_base = static_cast<int64_t>(seg) * p.k_batch_stride;
+    s.v_base = static_cast<int64_t>(seg) * p.v_batch_stride;
+    s.dkv_base = static_cast<int64_t>(seg) * p.dkv_batch_stride;
+  }
+  ok = ok && s.len >= 0 && s.len <= p.max_seqlen_kv;
+  s.valid = ok;
+  if (!ok) {
+    s.len = 0;
+    s.q_row = s.q_row < 0 || s.q_row >= p.total_q ? -1 : s.q_row;
+  }
+  return s;
+}
+
+RA_DEVICE void report_bad_segment(const SmallSeqParams& p, int seg) {
+  atomicAdd(p.error_state, 1);
+  // Largest (INT32_MAX - seg) wins: the lowest bad segment index, whatever the launch order.
+  atomicMax(p.error_state + 1, 0x7fffffff - seg);
+}
+
+RA_DEVICE float ra_nan() { return __int_as_float(0x7fc00000); }
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+}  // namespace small_seq

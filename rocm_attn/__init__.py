@@ -1,0 +1,42 @@
+"""rocm_attn: ROCm-first attention kernels for PyTorch.
+
+Public API:
+  fused_attn_small_seq  one query token per segment over 1..16 keys (fwd + bwd kernels)
+  check_errors          raise if a kernel saw a segment that broke its contract
+  build_info            what this install was built with
+  reference             float64 reference attention (THD, masks, GQA): the test oracle
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _ext, reference
+from .errors import SmallSeqContractError, check_errors
+from .small_seq import fused_attn_small_seq
+
+__version__ = "0.1.0"
+
+
+def build_info() -> dict:
+    """Backend, arches and kernel variants of this install, and whether they can run here."""
+    config = _ext.build_config()
+    return {
+        "version": __version__,
+        "torch": torch.__version__,
+        "backend": config["backend"],
+        "archs": config["archs"],
+        "kernels": config["kernels"],
+        "extension_loaded": _ext.HAS_EXTENSION,
+        "extension_error": _ext.extension_error(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+__all__ = [
+    "SmallSeqContractError",
+    "build_info",
+    "check_errors",
+    "fused_attn_small_seq",
+    "reference",
+]

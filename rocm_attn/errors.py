@@ -1,0 +1,81 @@
+"""The device error counter: contract violations only the device can see.
+
+Per-segment lengths live on the device, so kernels (and the torch path) check them there: a
+segment that breaks the contract is not computed, its outputs are NaN, and a counter records
+it. Reading the counter synchronises, so it happens only on request.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Tuple
+
+import torch
+
+from . import _ext
+
+# Counters of the torch path, one int64 [2] tensor per device: [count, lowest bad segment + 1].
+_torch_path_state: Dict[torch.device, torch.Tensor] = {}
+
+
+class SmallSeqContractError(RuntimeError):
+    """A segment broke the fused_attn_small_seq contract (its output is NaN)."""
+
+
+def validate_mode(validate) -> bool:
+    """Resolve the ``validate`` argument: "sync"/True, or env ROCM_ATTN_VALIDATE=1."""
+    if validate is None:
+        return os.environ.get("ROCM_ATTN_VALIDATE", "0") not in ("", "0")
+    if validate in (True, "sync"):
+        return True
+    if validate in (False, "none", "off"):
+        return False
+    raise ValueError(f"validate must be None, 'sync', True or False, got {validate!r}")
+
+
+def record_torch_path_errors(bad: torch.Tensor) -> None:
+    """Count bad segments found by the torch path (bad: bool [b]) without a host sync."""
+    if torch.compiler.is_compiling() or bad.numel() == 0:
+        return
+    state = _torch_path_state.get(bad.device)
+    if state is None:
+        state = _torch_path_state[bad.device] = torch.zeros(2, dtype=torch.int64, device=bad.device)
+    idx = torch.arange(1, bad.numel() + 1, device=bad.device)
+    first = torch.where(bad, idx, torch.full_like(idx, bad.numel() + 1)).min()
+    state[0] += bad.sum()
+    # lowest bad segment + 1, or 0 when there is none
+    cur = state[1]
+    cand = torch.where(first <= bad.numel(), first, torch.zeros_like(first))
+    state[1] = torch.where((cur == 0) | ((cand > 0) & (cand < cur)), cand, cur)
+
+
+def read_errors(reset: bool = True) -> Tuple[int, int]:
+    """(count, lowest bad segment or -1) over every device and path; synchronises."""
+    count, first = 0, -1
+    for state in _torch_path_state.values():
+        c, f = (int(x) for x in state.tolist())
+        if c:
+            count += c
+            first = f - 1 if first < 0 else min(first, f - 1)
+        if reset:
+            state.zero_()
+    if _ext.HAS_EXTENSION and torch.cuda.is_available():
+        c, f = torch.ops.rocm_attn.read_error_state(reset)
+        if c:
+            count += c
+            first = f if first < 0 else min(first, f)
+    return count, first
+
+
+def check_errors(reset: bool = True) -> None:
+    """Raise SmallSeqContractError if any segment broke the contract since the last check.
+
+    Synchronises the device. The message gives the count and the lowest bad segment index.
+    """
+    count, first = read_errors(reset)
+    if count:
+        raise SmallSeqContractError(
+            f"fused_attn_small_seq: {count} segment(s) broke the contract (need exactly one query "
+            f"token and 0 <= seqlen_kv <= max_seqlen_kv, inside the k/v tensors); first bad "
+            f"segment: {first}. Their outputs are NaN."
+        )

@@ -1,0 +1,58 @@
+"""Custom-op plumbing for the compiled kernels: fake (meta) impls and autograd.
+
+The ops themselves are defined in C++ (hip_src/torch_bindings.cpp, TORCH_LIBRARY). Registering
+a fake impl lets torch.compile trace through them; registering autograd makes them
+differentiable. Nothing here runs when the extension is absent.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _ext
+
+
+def _small_seq_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
+                        softmax_scale, return_softmax):
+    batch = q.shape[0]
+    h_q = q.shape[-2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = q.new_empty((h_q, batch), dtype=torch.float32)
+    probs = q.new_empty((batch, h_q, max_seqlen_kv) if return_softmax else (0,), dtype=torch.float32)
+    return out, lse, probs
+
+
+def _small_seq_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                        max_seqlen_kv, softmax_scale):
+    return (
+        torch.empty_like(q, memory_format=torch.contiguous_format),
+        torch.empty_like(k, memory_format=torch.contiguous_format),
+        torch.empty_like(v, memory_format=torch.contiguous_format),
+    )
+
+
+def _small_seq_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale, _ = inputs
+    out, lse, _ = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv)
+    ctx.max_seqlen_kv = max_seqlen_kv
+    ctx.softmax_scale = softmax_scale
+
+
+def _small_seq_backward(ctx, dout, dlse, dprobs):
+    # NOTE: gradients flow through `out` only; lse and probs are treated as non-differentiable
+    # outputs (as in flash-attention), so their incoming gradients are ignored.
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv = ctx.saved_tensors
+    dq, dk, dv = torch.ops.rocm_attn.small_seq_bwd(
+        dout.contiguous(), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+        ctx.max_seqlen_kv, ctx.softmax_scale,
+    )
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+if _ext.HAS_EXTENSION:
+    torch.library.register_fake("rocm_attn::small_seq_fwd")(_small_seq_fwd_fake)
+    torch.library.register_fake("rocm_attn::small_seq_bwd")(_small_seq_bwd_fake)
+    torch.library.register_autograd(
+        "rocm_attn::small_seq_fwd", _small_seq_backward, setup_context=_small_seq_setup_context
+    )

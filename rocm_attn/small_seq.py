@@ -1,0 +1,248 @@
+"""fused_attn_small_seq: one query token per segment attending to 1..16 keys.
+
+Target attention in recommendation models: a candidate item (the query) attends to a short
+user-behaviour history (keys/values), for 30k+ segments per batch. The compiled HIP/CUDA
+kernels serve fp16/bf16 with head dims 64/128/256/512; a vectorised torch path serves the same
+API everywhere else (CPU, fp32, other head dims, or ``backend="torch"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+
+from . import _ext, errors, ops  # noqa: F401  (ops registers fake impls and autograd)
+from .reference import reference_small_seq
+
+log = logging.getLogger("rocm_attn")
+
+LAYOUTS = ("thd_thd_thd", "bshd_bshd_bshd")
+KERNEL_HEAD_DIMS = (64, 128, 256, 512)
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+TORCH_PATH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+MAX_SEQLEN_KV = 16
+
+
+def _check_tensor(name: str, t, rank: int, shape_doc: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor {shape_doc}, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must be {shape_doc}, got shape {tuple(t.shape)}")
+    if t.dtype not in TORCH_PATH_DTYPES:
+        raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if t.numel() and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last (head) dim, got strides {t.stride()}")
+
+
+def _check_index(name: str, t, numel: int, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be an int32 tensor of {numel} entries, got {type(t).__name__}")
+    if t.dtype != torch.int32 or t.dim() != 1 or t.numel() != numel:
+        raise ValueError(
+            f"{name} must be a 1-D int32 tensor of {numel} entries, got {t.dtype} {tuple(t.shape)}"
+        )
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device} (the device of q), got {t.device}")
+
+
+def _kernel_alignment_problem(name: str, t: torch.Tensor) -> Optional[str]:
+    """Why t cannot be read with 16-byte vectors (None when it can)."""
+    if t.data_ptr() % 16:
+        return f"{name} must be 16-byte aligned for the kernel (data_ptr % 16 = {t.data_ptr() % 16})"
+    for dim in range(t.dim() - 1):
+        if t.stride(dim) % 8 and t.shape[dim] != 1:
+            return f"{name} stride {t.stride(dim)} of dim {dim} must be a multiple of 8 elements"
+    return None
+
+
+def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,
+              softmax_scale, qkv_layout) -> int:
+    """Check every host-side argument; returns the batch size (number of segments)."""
+    if qkv_layout not in LAYOUTS:
+        raise ValueError(f"qkv_layout must be one of {LAYOUTS}, got {qkv_layout!r}")
+    if max_seqlen_q != 1:
+        raise ValueError(f"max_seqlen_q must be 1 (one query token per segment), got {max_seqlen_q}")
+    if isinstance(max_seqlen_kv, bool) or not isinstance(max_seqlen_kv, int) or not (
+        1 <= max_seqlen_kv <= MAX_SEQLEN_KV
+    ):
+        raise ValueError(f"max_seqlen_kv must be an int in 1..{MAX_SEQLEN_KV}, got {max_seqlen_kv!r}")
+    if softmax_scale is not None and not isinstance(softmax_scale, (int, float)):
+        raise ValueError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    thd = qkv_layout == "thd_thd_thd"
+    if thd:
+        _check_tensor("q", q, 3, "[total_q, h_q, d]")
+        _check_tensor("k", k, 3, "[total_kv, h_kv, d]")
+        _check_tensor("v", v, 3, "[total_kv, h_kv, d]")
+        if seqlens_kv is not None:
+            raise ValueError("seqlens_kv is for qkv_layout='bshd_bshd_bshd'; THD takes cu_seqlens_kv")
+        if cu_seqlens_q is None or cu_seqlens_kv is None:
+            raise ValueError("cu_seqlens_q and cu_seqlens_kv are required for qkv_layout='thd_thd_thd'")
+        batch = q.shape[0]
+        _check_index("cu_seqlens_q", cu_seqlens_q, batch + 1, q.device)
+        _check_index("cu_seqlens_kv", cu_seqlens_kv, batch + 1, q.device)
+    else:
+        _check_tensor("q", q, 4, "[b, 1, h_q, d]")
+        _check_tensor("k", k, 4, "[b, s_kv, h_kv, d]")
+        _check_tensor("v", v, 4, "[b, s_kv, h_kv, d]")
+        if cu_seqlens_q is not None or cu_seqlens_kv is not None:
+            raise ValueError("qkv_layout='bshd_bshd_bshd' takes seqlens_kv, not cu_seqlens_q/kv")
+        if q.shape[1] != 1:
+            raise ValueError(f"q must be [b, 1, h_q, d] (one query per segment), got {tuple(q.shape)}")
+        batch = q.shape[0]
+        if k.shape[0] != batch:
+            raise ValueError(f"k batch {k.shape[0]} must equal q batch {batch}")
+        if k.shape[1] > MAX_SEQLEN_KV:
+            raise ValueError(f"k/v s_kv dim must be <= {MAX_SEQLEN_KV}, got {k.shape[1]}")
+        if seqlens_kv is None:
+            raise ValueError("seqlens_kv (int32 [b]) is required for qkv_layout='bshd_bshd_bshd'")
+        _check_index("seqlens_kv", seqlens_kv, batch, q.device)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"head dims differ: q has {q.shape[-1]}, k/v have {k.shape[-1]}")
+    h_q, h_kv = q.shape[-2], k.shape[-2]
+    if h_kv == 0 or h_q % h_kv:
+        raise ValueError(f"num heads of q ({h_q}) must be a multiple of num heads of k/v ({h_kv})")
+    return batch
+
+
+def _use_kernel(q, k, v, backend: str) -> bool:
+    if backend not in ("auto", "kernel", "torch"):
+        raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")
+    if backend == "torch":
+        return False
+    reasons = []
+    if not _ext.kernels_usable(q):
+        reasons.append(f"no compiled kernels for device {q.device} ({_ext.extension_error() or 'cpu'})")
+    if q.dtype not in KERNEL_DTYPES:
+        reasons.append(f"dtype {q.dtype} (kernels: float16, bfloat16)")
+    if q.shape[-1] not in KERNEL_HEAD_DIMS:
+        reasons.append(f"head dim {q.shape[-1]} (kernels: {KERNEL_HEAD_DIMS})")
+    if not reasons and not torch.compiler.is_compiling():
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            problem = _kernel_alignment_problem(name, t)
+            if problem:
+                reasons.append(problem)
+    if reasons and backend == "kernel":
+        raise ValueError("backend='kernel' cannot serve this call: " + "; ".join(reasons))
+    if reasons:
+        log.debug("fused_attn_small_seq: torch path (%s)", "; ".join(reasons))
+    return not reasons
+
+
+def _thd_to_padded(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_kv):
+    """Gather THD segments into [b, max_seqlen_kv, h, d] without a host sync.
+
+    Returns the padded k/v, the lengths, and a per-segment flag for contract violations.
+    """
+    lens = (cu_seqlens_kv[1:] - cu_seqlens_kv[:-1]).long()
+    starts = cu_seqlens_kv[:-1].long()
+    bad = (cu_seqlens_q[1:] - cu_seqlens_q[:-1] != 1) | (cu_seqlens_q[:-1] != torch.arange(
+        q.shape[0], device=q.device, dtype=torch.int32))
+    bad |= (starts < 0) | (cu_seqlens_kv[1:].long() > k.shape[0])
+    bad |= (lens < 0) | (lens > max_seqlen_kv)
+    rows = starts.unsqueeze(1) + torch.arange(max_seqlen_kv, device=q.device).unsqueeze(0)
+    rows = rows.clamp(0, max(k.shape[0] - 1, 0))  # masked below; never out of bounds
+    if k.shape[0] == 0:
+        shape = (q.shape[0], max_seqlen_kv) + tuple(k.shape[1:])
+        kp, vp = k.new_zeros(shape), v.new_zeros(shape)
+    else:
+        kp, vp = k[rows], v[rows]
+    lens = torch.where(bad, torch.full_like(lens, -1), lens)
+    return kp, vp, lens, bad
+
+
+def _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, scale, thd):
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if thd:
+        kp, vp, lens, bad = _thd_to_padded(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_kv)
+        q3 = q
+    else:
+        kp, vp, q3 = k, v, q[:, 0]
+        lens64 = seqlens_kv.long()
+        bad = (lens64 < 0) | (lens64 > max_seqlen_kv)
+        lens = torch.where(bad, torch.full_like(lens64, -1), lens64)
+    errors.record_torch_path_errors(bad)
+    out, lse, probs = reference_small_seq(q3, kp, vp, lens, scale, compute_dtype=compute)
+    width = kp.shape[1]
+    if width < max_seqlen_kv:
+        probs = torch.nn.functional.pad(probs, (0, max_seqlen_kv - width))
+    probs = probs[..., :max_seqlen_kv]
+    if not thd:
+        out = out.unsqueeze(1)
+    return out, lse, probs
+
+
+def fused_attn_small_seq(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_kv: Optional[torch.Tensor] = None,
+    max_seqlen_q: int = 1,
+    max_seqlen_kv: int = 16,
+    softmax_scale: Optional[float] = None,
+    qkv_layout: str = "thd_thd_thd",
+    return_softmax: bool = False,
+    *,
+    seqlens_kv: Optional[torch.Tensor] = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+    validate: Union[None, bool, str] = None,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
+    """Attention of one query token per segment over 0..16 key/value tokens.
+
+    Parameters
+    ----------
+    q : ``[b, h_q, d]`` (THD, one row per segment) or ``[b, 1, h_q, d]`` (BSHD).
+    k, v : ``[total_kv, h_kv, d]`` (THD) or ``[b, s_kv, h_kv, d]`` (BSHD, s_kv <= 16).
+        ``h_q % h_kv == 0`` (GQA/MQA). Any strides with a contiguous head dim (slices of a
+        fused projection work without a copy).
+    cu_seqlens_q, cu_seqlens_kv : int32 ``[b+1]`` (THD). Segment i has query row
+        ``cu_seqlens_q[i]`` (exactly one) and keys ``cu_seqlens_kv[i]:cu_seqlens_kv[i+1]``.
+    max_seqlen_q : must be 1.
+    max_seqlen_kv : host bound 1..16 on every segment's key count; picks the kernel variant.
+    softmax_scale : defaults to ``1/sqrt(d)``.
+    qkv_layout : ``"thd_thd_thd"`` or ``"bshd_bshd_bshd"``.
+    return_softmax : also return the attention weights, float32 ``[b, h_q, max_seqlen_kv]``
+        (zero past each segment's length).
+    seqlens_kv : int32 ``[b]``, key counts for the BSHD layout.
+    return_lse : also return the float32 natural-log LSE ``[h_q, b]`` (``-inf`` for empty
+        segments).
+    backend : ``"auto"`` (kernels when they serve the call, else torch), ``"kernel"`` or
+        ``"torch"``.
+    validate : ``"sync"``/True raises SmallSeqContractError at the call when a segment broke
+        the contract (synchronises); default from env ``ROCM_ATTN_VALIDATE``.
+
+    Returns
+    -------
+    out with q's shape and dtype, then lse if ``return_lse``, then probs if
+    ``return_softmax``. A segment with no keys yields zeros; a segment that breaks the contract
+    yields NaN and is counted (see ``rocm_attn.check_errors``).
+    """
+    batch = _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                      max_seqlen_kv, softmax_scale, qkv_layout)
+    thd = qkv_layout == "thd_thd_thd"
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    if batch == 0:
+        out = q.new_empty(q.shape)
+        lse = q.new_empty((q.shape[-2], 0), dtype=torch.float32)
+        probs = q.new_empty((0, q.shape[-2], max_seqlen_kv), dtype=torch.float32)
+    elif _use_kernel(q, k, v, backend):
+        out, lse, probs = torch.ops.rocm_attn.small_seq_fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, scale, return_softmax
+        )
+    else:
+        out, lse, probs = _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                                      max_seqlen_kv, scale, thd)
+    if errors.validate_mode(validate):
+        errors.check_errors()
+    result = (out,) + ((lse,) if return_lse else ()) + ((probs,) if return_softmax else ())
+    return result[0] if len(result) == 1 else result

@@ -1,0 +1,239 @@
+"""Benchmark fused_attn_small_seq against its floor and the anchors a user could pick instead.
+
+For each case: time of the kernel (forward, and forward+backward), the floor (fewest bytes the
+op must move over the device-to-device copy bandwidth measured in this same run), % of floor,
+and the speed-up over anchors measured side by side in this run:
+  sdpa     F.scaled_dot_product_attention on padded [b, h, s, d] tensors with a padding mask
+  varlen   torch.nn.attention.varlen.varlen_attn on the THD tensors (where this torch has it)
+  unfused  einsum / masked softmax / einsum on padded tensors (the torch path of this package)
+Times are medians of CUDA-event-timed calls; inputs rotate over several sets so that the
+working set exceeds L2. Writes JSON with --json; prints a table last.
+
+Usage: python tools/bench_small_seq.py [--json out.json] [--cases name,...] [--batch 30720]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import rocm_attn  # noqa: E402
+
+# name: (h_q, h_kv, d, kv) where kv is an int (every segment) or (lo, hi) uniform
+CASES = {
+    "h8_d128_kv16": (8, 8, 128, 16),
+    "h8_d128_kv8": (8, 8, 128, 8),
+    "h8_d128_kv2-16": (8, 8, 128, (2, 16)),
+    "h4_d256_kv16": (4, 4, 256, 16),
+    "h2_d512_kv16": (2, 2, 512, 16),
+    "h1_d128_kv4": (1, 1, 128, 4),
+    "gqa_h8_hkv2_d128_kv16": (8, 2, 128, 16),
+    "h8_d64_kv16": (8, 8, 64, 16),
+}
+L2_ROTATION_BYTES = 512 * 2**20
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written)."""
+    n = 2 * 2**30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), reps=20)
+    return 2 * n / (ms * 1e-3)
+
+
+def time_ms(fn, reps: int = 30, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def rotating(fns):
+    """Cycle through closures over different input sets (defeats L2 reuse between calls)."""
+    state = {"i": 0}
+
+    def call():
+        fn = fns[state["i"] % len(fns)]
+        state["i"] += 1
+        return fn()
+
+    return call
+
+
+def make_inputs(batch, h_q, h_kv, d, kv, dtype, gen):
+    if isinstance(kv, tuple):
+        lens = torch.randint(kv[0], kv[1] + 1, (batch,), generator=gen, dtype=torch.int32)
+        max_kv = kv[1]
+    else:
+        lens = torch.full((batch,), kv, dtype=torch.int32)
+        max_kv = kv
+    cu_kv = torch.zeros(batch + 1, dtype=torch.int32)
+    cu_kv[1:] = torch.cumsum(lens, 0)
+    total = int(cu_kv[-1])
+    dev = "cuda"
+    q = torch.randn(batch, h_q, d, generator=gen).to(dev, dtype)
+    k = torch.randn(total, h_kv, d, generator=gen).to(dev, dtype)
+    v = torch.randn(total, h_kv, d, generator=gen).to(dev, dtype)
+    cu_q = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+    # padded copies for the anchors (built outside the timed region)
+    rows = (cu_kv[:-1].long().unsqueeze(1) + torch.arange(max_kv)).clamp(max=total - 1).to(dev)
+    mask = (torch.arange(max_kv).unsqueeze(0) < lens.unsqueeze(1)).to(dev)  # [b, s]
+    group = h_q // h_kv
+    kp = k[rows].repeat_interleave(group, dim=2)  # [b, s, h_q, d]
+    vp = v[rows].repeat_interleave(group, dim=2)
+    return dict(q=q, k=k, v=v, cu_q=cu_q, cu_kv=cu_kv.to(dev), lens=lens.to(dev), max_kv=max_kv,
+                total=total, kp=kp, vp=vp, mask=mask)
+
+
+def floor_bytes(batch, h_q, h_kv, d, total, elem=2):
+    q = batch * h_q * d * elem
+    kv = total * h_kv * d * elem
+    lse = batch * h_q * 4
+    fwd = q + 2 * kv + q + lse  # read q, k, v; write o, lse
+    bwd = (q + 2 * kv + q + q + lse) + (q + 2 * kv)  # read q, k, v, o, dO, lse; write dq, dk, dv
+    return fwd, fwd + bwd
+
+
+def ours(x, backward):
+    def fwd():
+        return rocm_attn.fused_attn_small_seq(x["q"], x["k"], x["v"], x["cu_q"], x["cu_kv"], 1,
+                                              x["max_kv"], backend="kernel")
+
+    if not backward:
+        return fwd
+    return _with_backward(fwd, (x["q"], x["k"], x["v"]))
+
+
+def sdpa(x, backward):
+    qb = x["q"].unsqueeze(2)  # [b, h, 1, d]
+    kb = x["kp"].transpose(1, 2)  # [b, h, s, d]
+    vb = x["vp"].transpose(1, 2)
+    mask = x["mask"][:, None, None, :]
+
+    def fwd():
+        return F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)
+
+    return _with_backward(fwd, (qb, kb, vb)) if backward else fwd
+
+
+def unfused(x, backward):
+    scale = 1.0 / math.sqrt(x["q"].shape[-1])
+    neg = torch.finfo(torch.float32).min
+
+    def fwd():
+        s = torch.einsum("bhd,bshd->bhs", x["q"].float(), x["kp"].float()) * scale
+        s = s.masked_fill(~x["mask"][:, None, :], neg)
+        p = torch.softmax(s, dim=-1)
+        return torch.einsum("bhs,bshd->bhd", p, x["vp"].float()).to(x["q"].dtype)
+
+    return _with_backward(fwd, (x["q"], x["kp"], x["vp"])) if backward else fwd
+
+
+def varlen(x, backward):
+    from torch.nn.attention.varlen import varlen_attn  # raises where this torch lacks it
+
+    kr = x["k"].repeat_interleave(x["q"].shape[1] // x["k"].shape[1], dim=1)
+    vr = x["v"].repeat_interleave(x["q"].shape[1] // x["v"].shape[1], dim=1)
+
+    def fwd():
+        return varlen_attn(x["q"], kr, vr, x["cu_q"], x["cu_kv"], 1, x["max_kv"])
+
+    return _with_backward(fwd, (x["q"], kr, vr)) if backward else fwd
+
+
+def _with_backward(fwd, leaves):
+    leaves = [t.requires_grad_() for t in leaves]
+    probe = fwd()
+    dout = torch.randn_like(probe)
+
+    def step():
+        out = fwd()
+        torch.autograd.grad(out, leaves, dout)
+
+    return step
+
+
+ANCHORS = {"sdpa": sdpa, "varlen": varlen, "unfused": unfused}
+
+
+def bench_case(name, spec, batch, dtype, bw, seed):
+    h_q, h_kv, d, kv = spec
+    gen = torch.Generator().manual_seed(seed)
+    probe = make_inputs(batch, h_q, h_kv, d, kv, dtype, gen)
+    set_bytes = 2 * probe["total"] * h_kv * d * 2 + 2 * probe["kp"].numel() * 2
+    n_sets = max(1, math.ceil(L2_ROTATION_BYTES / set_bytes))
+    sets = [probe] + [make_inputs(batch, h_q, h_kv, d, kv, dtype, gen) for _ in range(n_sets - 1)]
+    fwd_bytes, fb_bytes = floor_bytes(batch, h_q, h_kv, d, probe["total"])
+    row = {"case": name, "batch": batch, "h_q": h_q, "h_kv": h_kv, "d": d, "kv": kv,
+           "total_kv": probe["total"], "dtype": str(dtype), "input_sets": n_sets}
+    for mode, backward, nbytes in (("fwd", False, fwd_bytes), ("fwdbwd", True, fb_bytes)):
+        t = time_ms(rotating([ours(x, backward) for x in sets]))
+        floor = nbytes / bw * 1e3
+        row[mode] = {"ms": t, "floor_ms": floor, "pct_floor": 100 * floor / t,
+                     "gbps": nbytes / (t * 1e-3) / 1e9, "anchors": {}}
+        for aname, make in ANCHORS.items():
+            try:
+                ta = time_ms(rotating([make(x, backward) for x in sets]), reps=10, warmup=2)
+                row[mode]["anchors"][aname] = {"ms": ta, "speedup": ta / t}
+            except Exception as exc:  # an anchor this torch lacks is reported, not fatal
+                row[mode]["anchors"][aname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        ok = [a["ms"] for a in row[mode]["anchors"].values() if "ms" in a]
+        row[mode]["best_anchor_ms"] = min(ok) if ok else None
+        row[mode]["speedup_vs_best"] = min(ok) / t if ok else None
+    del sets, probe
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--batch", type=int, default=30720)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_small_seq: needs a GPU")
+        return 1
+    dtype = getattr(torch, args.dtype)
+    bw = copy_bandwidth()
+    rows = []
+    for name in args.cases.split(","):
+        rows.append(bench_case(name, CASES[name], args.batch, dtype, bw, args.seed))
+        print(f"done {name}", flush=True)
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    print(f"\n{report['device']}  copy bandwidth {bw / 1e9:.0f} GB/s  {args.dtype}  B={args.batch}")
+    print(f"{'case':24s} {'fwd ms':>8s} {'%floor':>6s} {'x best':>7s} {'fwd+bwd ms':>10s} {'%floor':>6s} {'x best':>7s}  anchors fwd (ms)")
+    for r in rows:
+        f, fb = r["fwd"], r["fwdbwd"]
+        anchors = " ".join(f"{k}={a['ms']:.3f}" if "ms" in a else f"{k}=n/a" for k, a in f["anchors"].items())
+        sp = lambda m: f"{m['speedup_vs_best']:.1f}x" if m["speedup_vs_best"] else "-"  # noqa: E731
+        print(f"{r['case']:24s} {f['ms']:8.3f} {f['pct_floor']:5.0f}% {sp(f):>7s} {fb['ms']:10.3f} "
+              f"{fb['pct_floor']:5.0f}% {sp(fb):>7s}  {anchors}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On a GPU machine: clean build of the extension, GPU tests, benchmarks -- in one call.
+# Prints a short table last; writes logs and JSON under $OUT when set (else build/gpu_check).
+# Usage: bash tools/gpu_check.sh [--no-bench] [--bench-cases a,b]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/gpu_check}
+mkdir -p "$OUT"
+export MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
+BENCH=1; CASES=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-bench) BENCH=0 ;;
+    --bench-cases) CASES="--cases $2"; shift ;;
+  esac
+  shift
+done
+
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+nvcc --version | tail -1
+rm -rf build/cuda_src build/gen build/temp* rocm_attn/_C*.so
+t0=$(date +%s)
+ROCM_ATTN_PTXAS_VERBOSE=1 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1
+build_rc=$?
+t1=$(date +%s)
+echo "build rc=$build_rc in $((t1 - t0)) s"
+if [ $build_rc -ne 0 ]; then grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; fi
+grep -E "spill stores|Used [0-9]+ registers" "$OUT/build.log" | sort | uniq -c | sort -rn | head -5
+
+python3 -m rocm_attn selftest 2>&1 | tee "$OUT/selftest.log"
+python3 -m pytest -m gpu -q -x --timeout=600 tests > "$OUT/pytest_gpu.log" 2>&1
+test_rc=$?
+grep -E "passed|failed|error" "$OUT/pytest_gpu.log" | tail -3
+[ $test_rc -ne 0 ] && grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/pytest_gpu.log" | head -30
+
+if [ $BENCH -eq 1 ]; then
+  python3 tools/bench_small_seq.py --json "$OUT/bench_small_seq.json" $CASES > "$OUT/bench_small_seq.log" 2>&1
+  echo "bench rc=$?"
+  tail -14 "$OUT/bench_small_seq.log"
+fi
+echo "gpu_check: build $((t1 - t0)) s, build_rc=$build_rc tests_rc=$test_rc"
+exit $test_rc
