@@ -44,7 +44,7 @@ RA_DEVICE float row_dot_out(const float (&dof)[VPL][8], const uint16_t* out_row,
 }
 
 template <typename T, int D, int KV>
-__global__ void __launch_bounds__(256) small_seq_bwd_kernel(const SmallSeqParams p) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_kernel(const SmallSeqParams p) {
   constexpr int WAVE = RA_WAVE_SIZE;
   using Tl = Tiling<D, KV, WAVE>;
   constexpr int VPL = Tl::kVecsPerLane;

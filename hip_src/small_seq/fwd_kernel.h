@@ -57,7 +57,7 @@ RA_DEVICE void store_row_f32(uint16_t* row, const float (&src)[VPL][8], int col_
 }
 
 template <typename T, int D, int KV>
-__global__ void __launch_bounds__(256) small_seq_fwd_kernel(const SmallSeqParams p) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_kernel(const SmallSeqParams p) {
   constexpr int WAVE = RA_WAVE_SIZE;
   using Tl = Tiling<D, KV, WAVE>;
   constexpr int VPL = Tl::kVecsPerLane;

@@ -8,19 +8,18 @@
 
 namespace small_seq {
 
-// 256 threads: 8 warps on NVIDIA, 4 wavefronts on CDNA; one (segment, kv head) per wave.
-constexpr int kThreadsPerBlock = 256;
+// One (segment, kv head) per wave, kWavesPerBlock waves per block.
+inline dim3 block_for() { return dim3(kWavesPerBlock * ra_device_wave_size()); }
 
 inline dim3 grid_for(const SmallSeqParams& p) {
-  const int64_t waves_per_block = kThreadsPerBlock / ra_device_wave_size();
   const int64_t waves = static_cast<int64_t>(p.batch) * p.num_heads_kv;
-  return dim3(static_cast<unsigned>((waves + waves_per_block - 1) / waves_per_block));
+  return dim3(static_cast<unsigned>((waves + kWavesPerBlock - 1) / kWavesPerBlock));
 }
 
 template <typename T, int D, int KV>
 hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
-  hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV>), grid_for(p), dim3(kThreadsPerBlock), 0,
+  hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV>), grid_for(p), block_for(), 0,
                      stream, p);
   return hipGetLastError();
 }
@@ -28,7 +27,7 @@ hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
 template <typename T, int D, int KV>
 hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
-  hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV>), grid_for(p), dim3(kThreadsPerBlock), 0,
+  hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV>), grid_for(p), block_for(), 0,
                      stream, p);
   return hipGetLastError();
 }

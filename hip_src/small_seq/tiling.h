@@ -78,6 +78,12 @@ RA_DEVICE void report_bad_segment(const SmallSeqParams& p, int seg) {
 
 RA_DEVICE float ra_nan() { return __int_as_float(0x7fc00000); }
 
+// Two waves per block: 64 threads on NVIDIA, 128 on CDNA. The kernels hold K/V in registers
+// (100-250 per lane), so an SM/CU fits few waves; small blocks let the last few register-limited
+// wave slots fill (e.g. 10 warps/SM instead of 8 at 183 registers on sm_90).
+constexpr int kWavesPerBlock = 2;
+constexpr int kMaxThreadsPerBlock = 128;
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
