@@ -6,8 +6,9 @@ Targets:
           -Rpass-analysis=kernel-resource-usage (VGPRs, SGPRs, scratch, occupancy, spills)
   gfx942  HIP sources, device-only compile to assembly (Debian's device libraries stop at
           gfx940, hence -nogpulib)
-Warnings are errors. Spills (register spills to scratch/local memory) fail the check unless
---allow-spills. --install apt-installs clang-19 and the HIP headers when missing.
+Warnings are errors. Spills to scratch on AMD targets fail the check unless --allow-spills;
+nvcc's own register heuristics sometimes trade a few bytes of local memory for occupancy on
+sm_90, so spills there are reported, not fatal. --install apt-installs clang-19 and the HIP headers when missing.
 
 Usage: python tools/check_kernels.py [--targets sm_90,gfx90a,gfx942] [--install] [--json OUT]
 """
@@ -180,7 +181,8 @@ def main(argv=None) -> int:
         print(f"SPILL {r.target} {k['name']}: {k}")
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
-    if failed or (spilled and not args.allow_spills):
+    amd_spills = [(r, k) for r, k in spilled if r.target.startswith("gfx")]
+    if failed or (amd_spills and not args.allow_spills):
         return 1
     print(f"check_kernels: {len(results)} compiles passed for {', '.join(targets)}")
     return 0
