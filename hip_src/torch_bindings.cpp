@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "common/error_state.h"
+#include "common/selftest_kernel.h"
 #include "small_seq/params.h"
 
 namespace {
@@ -195,6 +196,29 @@ std::vector<int64_t> read_error_state(bool reset) {
   return {state[0], state[1] == 0 ? -1 : static_cast<int64_t>(0x7fffffff) - state[1]};
 }
 
+// Runs the compat.h test kernel over one wave; returns (out [wave, 18] float, vec [wave, 8]
+// int16 bits). Inputs: bf16 bits, fp16 bits (int16 [wave]), x float [wave], all on the GPU.
+std::tuple<at::Tensor, at::Tensor> compat_selftest(const at::Tensor& bf16_bits,
+                                                   const at::Tensor& fp16_bits, const at::Tensor& x) {
+  const c10::DeviceGuard guard(x.device());
+  const int64_t wave = x.numel();
+  TORCH_CHECK(wave == 32 || wave == 64, "compat_selftest: x must have one value per lane");
+  TORCH_CHECK(bf16_bits.scalar_type() == at::kShort && fp16_bits.scalar_type() == at::kShort &&
+                  x.scalar_type() == at::kFloat && bf16_bits.numel() == wave &&
+                  fp16_bits.numel() == wave && bf16_bits.is_contiguous() &&
+                  fp16_bits.is_contiguous() && x.is_contiguous(),
+              "compat_selftest: int16 bits and float x of one wave, contiguous");
+  at::Tensor out = at::empty({wave, kSelftestOutputs}, x.options());
+  at::Tensor vec = at::empty({wave, 8}, bf16_bits.options());
+  check_launch(compat_selftest_launch(static_cast<const uint16_t*>(bf16_bits.data_ptr()),
+                                      static_cast<const uint16_t*>(fp16_bits.data_ptr()),
+                                      x.data_ptr<float>(), out.data_ptr<float>(),
+                                      static_cast<uint16_t*>(vec.data_ptr()),
+                                      current_stream(x.device())),
+               "compat selftest");
+  return {out, vec};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rocm_attn, m) {
@@ -207,11 +231,13 @@ TORCH_LIBRARY(rocm_attn, m) {
       "Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? seqlens_kv, int max_seqlen_kv, "
       "float softmax_scale) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("read_error_state(bool reset) -> int[]", &read_error_state);
+  m.def("compat_selftest(Tensor bf16_bits, Tensor fp16_bits, Tensor x) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) {
   m.impl("small_seq_fwd", &small_seq_fwd);
   m.impl("small_seq_bwd", &small_seq_bwd);
+  m.impl("compat_selftest", &compat_selftest);
 }
 
 // `import rocm_attn._C` loads this library, which registers the ops above; the Python module

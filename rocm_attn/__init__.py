@@ -4,6 +4,7 @@ Public API:
   fused_attn_small_seq  one query token per segment over 1..16 keys (fwd + bwd kernels)
   check_errors          raise if a kernel saw a segment that broke its contract
   build_info            what this install was built with
+  thd                   context-parallel helpers for packed variable-length (THD) tensors
   reference             float64 reference attention (THD, masks, GQA): the test oracle
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext, reference
+from . import _ext, reference, thd
 from .errors import SmallSeqContractError, check_errors
 from .small_seq import fused_attn_small_seq
 
@@ -39,4 +40,5 @@ __all__ = [
     "check_errors",
     "fused_attn_small_seq",
     "reference",
+    "thd",
 ]

@@ -46,11 +46,17 @@ def _check_index(name: str, t, numel: int, device: torch.device) -> None:
         )
     if t.device != device:
         raise ValueError(f"{name} must be on {device} (the device of q), got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (kernels index it directly), got strides {t.stride()}")
 
 
 def _kernel_alignment_problem(name: str, t: torch.Tensor) -> Optional[str]:
-    """Why t cannot be read with 16-byte vectors (None when it can)."""
-    if t.data_ptr() % 16:
+    """Why t cannot be read with 16-byte vectors (None when it can).
+
+    Strides are static under torch.compile and checked there too; the data pointer is not
+    known while tracing (the C++ op checks it at run time).
+    """
+    if not torch.compiler.is_compiling() and t.data_ptr() % 16:
         return f"{name} must be 16-byte aligned for the kernel (data_ptr % 16 = {t.data_ptr() % 16})"
     for dim in range(t.dim() - 1):
         if t.stride(dim) % 8 and t.shape[dim] != 1:
@@ -125,14 +131,14 @@ def _use_kernel(q, k, v, backend: str) -> bool:
         reasons.append(f"dtype {q.dtype} (kernels: float16, bfloat16)")
     if q.shape[-1] not in KERNEL_HEAD_DIMS:
         reasons.append(f"head dim {q.shape[-1]} (kernels: {KERNEL_HEAD_DIMS})")
-    if not reasons and not torch.compiler.is_compiling():
+    if not reasons:
         for name, t in (("q", q), ("k", k), ("v", v)):
             problem = _kernel_alignment_problem(name, t)
             if problem:
                 reasons.append(problem)
     if reasons and backend == "kernel":
         raise ValueError("backend='kernel' cannot serve this call: " + "; ".join(reasons))
-    if reasons:
+    if reasons and not torch.compiler.is_compiling():  # logging is a dynamo graph break
         log.debug("fused_attn_small_seq: torch path (%s)", "; ".join(reasons))
     return not reasons
 
@@ -167,7 +173,7 @@ def _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
     else:
         kp, vp, q3 = k, v, q[:, 0]
         lens64 = seqlens_kv.long()
-        bad = (lens64 < 0) | (lens64 > max_seqlen_kv)
+        bad = (lens64 < 0) | (lens64 > min(max_seqlen_kv, k.shape[1]))
         lens = torch.where(bad, torch.full_like(lens64, -1), lens64)
     errors.record_torch_path_errors(bad)
     out, lse, probs = reference_small_seq(q3, kp, vp, lens, scale, compute_dtype=compute)

@@ -1,0 +1,635 @@
+"""GPU tests of rocm_attn.fused_attn_small_seq: the compiled HIP/CUDA kernels.
+
+Every test is marked ``gpu`` and skipped unless a CUDA/ROCm device is present and the compiled
+extension (rocm_attn._C) is loaded. The helpers (case builders, float64 oracle, relative-error
+checks, per-run seeds) are shared with tests/test_small_seq.py.
+
+Outputs of the kernel path are allocated by the op itself, so they are "poisoned" through the
+caching allocator: before each call, big and small blocks are filled with 0xFF bytes (NaN in
+fp32, fp16 and bf16) and freed, so that the op's torch.empty outputs reuse NaN memory. Any
+element the kernel forgets to write shows up as NaN, and NaN never passes.
+
+Bounds: fp16/bf16 out and dq/dk/dv must be within max(2 x the error of the torch path on the
+same inputs (fp32 compute, rounded once), 1e-2 bf16 / 5e-3 fp16) of the float64 oracle; fp32
+lse and probs within 1e-4.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import rocm_attn  # noqa: E402
+from rocm_attn import SmallSeqContractError, check_errors, fused_attn_small_seq  # noqa: E402
+from rocm_attn.errors import read_errors  # noqa: E402
+from test_small_seq import (  # noqa: E402  (helpers only: no test functions are imported)
+    BSHD,
+    THD,
+    TOL_FP32,
+    TOL_LOW,
+    Rng,
+    assert_lse,
+    assert_rel,
+    bshd_case,
+    call,
+    random_lens,
+    rel_err,
+    run_op,
+    run_ref,
+    seeds,
+    thd_case,
+)
+
+
+def _why_no_gpu():
+    if not torch.cuda.is_available():
+        return "no CUDA/ROCm GPU"
+    if not rocm_attn._ext.HAS_EXTENSION:
+        return f"compiled extension not loaded: {rocm_attn._ext.extension_error()}"
+    return None
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_why_no_gpu() is not None, reason=str(_why_no_gpu())),
+]
+
+TOL_KERNEL_F32 = 1e-4  # lse / probs of the kernels (fp32 from 16-bit inputs)
+DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
+HEAD_DIMS = [64, 128, 256, 512]
+
+
+@pytest.fixture
+def dev():
+    why = _why_no_gpu()
+    if why:
+        pytest.skip(why)
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture(autouse=True)
+def _error_counter(request, monkeypatch):
+    """Clean error counter (device and torch path) before each test; afterwards a test that did
+    not ask for `allow_contract_errors` must not have tripped it."""
+    if _why_no_gpu():
+        yield
+        return
+    monkeypatch.delenv("ROCM_ATTN_VALIDATE", raising=False)
+    read_errors(reset=True)
+    yield
+    count, first = read_errors(reset=True)
+    if "allow_contract_errors" not in request.fixturenames:
+        assert count == 0, f"valid inputs tripped the error counter: {count} (first {first})"
+
+
+@pytest.fixture
+def allow_contract_errors():
+    return True
+
+
+def poison_allocator(device):
+    """Fill freed caching-allocator blocks with 0xFF bytes (NaN for every float dtype): large
+    pool (> 1 MiB requests) and small pool (<= 1 MiB, 2 MiB segments)."""
+    blocks = [torch.empty(n << 20, dtype=torch.uint8, device=device) for n in (256, 64, 16, 4)]
+    blocks += [torch.empty(512 << 10, dtype=torch.uint8, device=device) for _ in range(32)]
+    blocks += [torch.empty(16 << 10, dtype=torch.uint8, device=device) for _ in range(64)]
+    for b in blocks:
+        b.fill_(0xFF)
+    del blocks
+
+
+def low_tol(dtype):
+    """Error floor of a 16-bit output or gradient."""
+    return TOL_LOW[dtype]
+
+
+def run_kernel(case, grads=True, poison=True, **kw):
+    """(out, lse, probs, grads wrt the leaves) of backend='kernel', outputs poisoned."""
+    device = case.leaves[0].device
+    leaves = tuple(t.detach().clone().requires_grad_(grads) for t in case.leaves)
+    q, k, v = case.qkv(leaves)
+    if poison:
+        poison_allocator(device)
+    out, lse, probs = call(case, q, k, v, backend="kernel", **kw)
+    g = None
+    if grads:
+        if poison:
+            poison_allocator(device)
+        g = torch.autograd.grad(out, leaves, case.dout, allow_unused=True, materialize_grads=True)
+    return out, lse, probs, g
+
+
+def check_kernel(case, grads=True):
+    """Kernel vs float64 oracle with the bounds of the module docstring; returns the kernel
+    results."""
+    out, lse, probs, g = run_kernel(case, grads)
+    rout, rlse, rprobs, rg = run_ref(case, grads)
+    tout, _, _, tg = run_op(case, backend="torch", grads=grads)
+    ctx = str(case)
+    q, _, _ = case.qkv()
+    b, h_q = len(case.lens), q.shape[-2]
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous(), ctx
+    assert tuple(lse.shape) == (h_q, b) and tuple(probs.shape) == (b, h_q, case.max_kv), ctx
+    assert_rel("out", out, rout, max(2 * rel_err(tout, rout), low_tol(case.dtype)), ctx)
+    assert_lse(lse, rlse, TOL_KERNEL_F32, ctx)
+    assert_rel("probs", probs, rprobs, TOL_KERNEL_F32, ctx)
+    empty = case.lens == 0
+    if empty.any():
+        assert (out[empty] == 0).all(), f"empty segments must give exact zeros ({ctx})"
+        assert (probs[empty] == 0).all(), ctx
+    if grads:
+        names = ("dq", "dk", "dv") if len(g) == 3 else ("dqkv",)
+        for name, x, r, t in zip(names, g, rg, tg):
+            assert x.dtype == case.dtype, ctx
+            assert_rel(name, x, r, max(2 * rel_err(t, r), low_tol(case.dtype)), ctx)
+        if empty.any():
+            dq = g[0] if len(g) == 3 else None
+            if dq is not None:
+                assert (dq[empty] == 0).all(), f"empty segments must have dq == 0 ({ctx})"
+    return out, lse, probs, g
+
+
+# --------------------------------------------------------------------------------------------
+# numerics against the float64 oracle
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", seeds(1))
+@pytest.mark.parametrize("ratio", [1, 4], ids=["mha", "gqa4"])
+@pytest.mark.parametrize("kv", [1, 2, 5, 8, 13, 16])
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_forward(dev, dtype, d, kv, ratio, seed):
+    rng = Rng(seed, f"kfwd{dtype}{d}{kv}{ratio}")
+    case = thd_case(rng, 333, 2 * ratio, 2, d, kv, dtype, device=dev)
+    check_kernel(case, grads=False)
+
+
+@pytest.mark.parametrize("seed", seeds(1))
+@pytest.mark.parametrize("ratio", [1, 4], ids=["mha", "gqa4"])
+@pytest.mark.parametrize("kv", [1, 5, 8, 13, 16])
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_backward(dev, dtype, d, kv, ratio, seed):
+    rng = Rng(seed, f"kbwd{dtype}{d}{kv}{ratio}")
+    case = thd_case(rng, 333, 2 * ratio, 2, d, kv, dtype, device=dev)
+    check_kernel(case, grads=True)
+
+
+@pytest.mark.parametrize("seed", seeds(1))
+@pytest.mark.parametrize("h_q,h_kv", [(2, 2), (8, 2), (4, 1)], ids=["mha", "gqa4", "mqa"])
+@pytest.mark.parametrize("max_kv,s_kv", [(5, 5), (16, 16), (5, 16), (16, 5)],
+                         ids=["s5", "s16", "s16_max5", "s5_max16"])
+@pytest.mark.parametrize("d", [64, 512])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_bshd(dev, dtype, d, max_kv, s_kv, h_q, h_kv, seed):
+    rng = Rng(seed, f"kbshd{dtype}{d}{max_kv}{s_kv}{h_q}{h_kv}")
+    case = bshd_case(rng, 257, h_q, h_kv, d, max_kv, dtype, s_kv=s_kv, device=dev)
+    _, _, _, (dq, dk, dv) = check_kernel(case)
+    pad = torch.arange(s_kv, device=dev).unsqueeze(0) >= case.lens.unsqueeze(1)
+    assert (dk[pad] == 0).all() and (dv[pad] == 0).all(), f"BSHD padding rows of dk/dv ({case})"
+
+
+@pytest.mark.parametrize("seed", seeds(2))
+@pytest.mark.parametrize("h_q,h_kv", [(4, 4), (8, 2), (8, 1)], ids=["mha", "gqa4", "mqa"])
+@pytest.mark.parametrize("layout", [THD, BSHD])
+def test_kernel_strided_fused_qkv(dev, layout, h_q, h_kv, seed):
+    """q/k/v are views of one fused projection; backend='kernel' serves them without a copy
+    and the gradients land in the fused tensor."""
+    rng = Rng(seed, f"kstrided{layout}{h_q}{h_kv}")
+    if layout == THD:
+        case = thd_case(rng, 301, h_q, h_kv, 128, 11, torch.bfloat16, strided=True, device=dev)
+    else:
+        case = bshd_case(rng, 301, h_q, h_kv, 128, 11, torch.bfloat16, strided=True, device=dev)
+    q, k, v = case.qkv()
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    _, _, _, (dqkv,) = check_kernel(case)
+    if layout == THD:
+        assert (dqkv[q.shape[0]:, :h_q] == 0).all() and (dqkv[k.shape[0]:, h_q:] == 0).all()
+
+
+@pytest.mark.parametrize("seed", seeds(2))
+@pytest.mark.parametrize("layout", [THD, BSHD])
+def test_kernel_single_segment(dev, layout, seed):
+    rng = Rng(seed, f"kone{layout}")
+    lens = torch.tensor([7])
+    if layout == THD:
+        case = thd_case(rng, 1, 8, 2, 128, 7, torch.bfloat16, lens=lens, device=dev)
+    else:
+        case = bshd_case(rng, 1, 8, 2, 128, 7, torch.bfloat16, lens=lens, device=dev)
+    check_kernel(case)
+
+
+@pytest.mark.parametrize("seed", seeds(1))
+@pytest.mark.parametrize("h_q,h_kv", [(2, 2), (2, 1)], ids=["mha", "mqa"])
+def test_kernel_50k_segments(dev, h_q, h_kv, seed):
+    rng = Rng(seed, f"k50k{h_q}{h_kv}")
+    case = thd_case(rng, 50_000, h_q, h_kv, 64, 16, torch.bfloat16, device=dev)
+    check_kernel(case)
+
+
+@pytest.mark.parametrize("seed", seeds(2))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", [THD, BSHD])
+def test_kernel_empty_segments(dev, layout, dtype, seed):
+    """Segments without keys: exact zeros (never NaN) for out, probs, dq (and BSHD dk/dv),
+    LSE -inf."""
+    rng = Rng(seed, f"kempty{layout}{dtype}")
+    lens = random_lens(rng, 97, 9)
+    lens[rng.randint(0, 97, (40,))] = 0
+    if layout == THD:
+        case = thd_case(rng, 97, 8, 2, 128, 9, dtype, lens=lens, device=dev)
+    else:
+        case = bshd_case(rng, 97, 8, 2, 128, 9, dtype, lens=lens, device=dev)
+    out, lse, probs, (dq, dk, dv) = check_kernel(case)
+    empty = case.lens == 0
+    assert torch.isneginf(lse[:, empty]).all()
+    assert (out[empty] == 0).all() and (dq[empty] == 0).all()
+    if layout == BSHD:
+        assert (dk[empty] == 0).all() and (dv[empty] == 0).all()
+
+
+@pytest.mark.parametrize("layout", [THD, BSHD])
+def test_kernel_all_segments_empty(dev, layout):
+    rng = Rng(0, f"kallempty{layout}")
+    lens = torch.zeros(33, dtype=torch.int64)
+    if layout == THD:
+        case = thd_case(rng, 33, 4, 2, 64, 4, torch.bfloat16, lens=lens, device=dev)
+        assert case.leaves[1].shape[0] == 0
+    else:
+        case = bshd_case(rng, 33, 4, 2, 64, 4, torch.bfloat16, lens=lens, device=dev)
+    out, lse, probs, (dq, dk, dv) = run_kernel(case)
+    assert (out == 0).all() and torch.isneginf(lse).all() and (probs == 0).all()
+    assert (dq == 0).all() and (dk == 0).all() and (dv == 0).all()
+
+
+@pytest.mark.parametrize("seed", seeds(2))
+@pytest.mark.parametrize("ratio", [1, 4], ids=["mha", "gqa4"])
+def test_kernel_kv_tokens_outside_cu_seqlens(dev, ratio, seed):
+    """THD k/v rows before cu_seqlens_kv[0] and after cu_seqlens_kv[-1]: exactly zero gradient
+    (written by the kernel over poisoned memory), and never read (NaN there changes nothing)."""
+    rng = Rng(seed, f"koutside{ratio}")
+    case = thd_case(rng, 211, 2 * ratio, 2, 128, 12, torch.bfloat16, pad_before=3, pad_after=5,
+                    device=dev)
+    _, _, _, (_, dk, dv) = check_kernel(case)
+    for x in (dk, dv):
+        assert (x[:3] == 0).all() and (x[-5:] == 0).all()
+    poisoned = tuple(t.clone() for t in case.leaves)
+    for t in poisoned[1:]:
+        t[:3] = float("nan")
+        t[-5:] = float("inf")
+    a = call(case, *poisoned, backend="kernel")
+    b = call(case, *case.leaves, backend="kernel")
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------------------------
+# kernel vs torch path, determinism
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", seeds(2))
+@pytest.mark.parametrize("ratio", [1, 4], ids=["mha", "gqa4"])
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", [THD, BSHD])
+def test_kernel_matches_torch_path(dev, layout, dtype, d, ratio, seed):
+    rng = Rng(seed, f"kvst{layout}{dtype}{d}{ratio}")
+    if layout == THD:
+        case = thd_case(rng, 1000, 2 * ratio, 2, d, 16, dtype, device=dev)
+    else:
+        case = bshd_case(rng, 1000, 2 * ratio, 2, d, 16, dtype, device=dev)
+    kout, klse, kprobs, kg = run_kernel(case)
+    tout, tlse, tprobs, tg = run_op(case, backend="torch")
+    ctx = str(case)
+    assert_rel("out kernel vs torch", kout, tout, low_tol(dtype), ctx)
+    assert_lse(klse, tlse, TOL_KERNEL_F32, ctx)
+    assert_rel("probs kernel vs torch", kprobs, tprobs, TOL_KERNEL_F32, ctx)
+    for name, x, t in zip(("dq", "dk", "dv"), kg, tg):
+        assert_rel(f"{name} kernel vs torch", x, t, low_tol(dtype), ctx)
+
+
+@pytest.mark.parametrize("seed", seeds(2))
+@pytest.mark.parametrize("d", [128, 512])
+@pytest.mark.parametrize("layout", [THD, BSHD])
+def test_kernel_deterministic(dev, layout, d, seed):
+    """Two runs (GQA, so dk/dv sum over a group) give bitwise-identical outputs and grads."""
+    rng = Rng(seed, f"kdet{layout}{d}")
+    if layout == THD:
+        case = thd_case(rng, 2000, 8, 2, d, 16, torch.bfloat16, device=dev)
+    else:
+        case = bshd_case(rng, 2000, 8, 2, d, 16, torch.bfloat16, device=dev)
+    a = run_kernel(case)
+    b = run_kernel(case)
+    names = ("out", "lse", "probs", "dq", "dk", "dv")
+    for name, x, y in zip(names, a[:3] + tuple(a[3]), b[:3] + tuple(b[3])):
+        assert not torch.isnan(x).any(), f"{name} has NaN ({case})"
+        assert torch.equal(x, y), f"{name} differs between two runs ({case})"
+
+
+# --------------------------------------------------------------------------------------------
+# contract violations on the device
+# --------------------------------------------------------------------------------------------
+
+
+def _assert_nan_only_at(case, out, lse, probs, bad):
+    is_bad = torch.zeros(len(case.lens), dtype=torch.bool, device=out.device)
+    is_bad[list(bad)] = True
+    ctx = str(case)
+    assert torch.isnan(out[is_bad]).all(), f"bad segments must be NaN ({ctx})"
+    assert torch.isnan(lse[:, is_bad]).all() and torch.isnan(probs[is_bad]).all(), ctx
+    good = ~is_bad
+    rout, rlse, rprobs, _ = run_ref(case, grads=False)
+    assert_rel("out (good segments)", out[good], rout[good], low_tol(case.dtype), ctx)
+    assert_lse(lse[:, good], rlse[:, good], TOL_KERNEL_F32, ctx)
+    assert_rel("probs (good segments)", probs[good], rprobs[good], TOL_KERNEL_F32, ctx)
+
+
+@pytest.mark.parametrize("seed", seeds(2))
+@pytest.mark.parametrize("d", [64, 512])
+def test_kernel_contract_violation_thd(dev, d, seed, allow_contract_errors):
+    rng = Rng(seed, f"kviol{d}")
+    b, max_kv, bad = 333, 8, [200, 5, 17]
+    lens = random_lens(rng, b, max_kv)
+    for i in bad:
+        lens[i] = max_kv + 1 + int(rng.randint(0, 3, (1,)))
+    case = thd_case(rng, b, 8, 2, d, max_kv, torch.bfloat16, lens=lens, device=dev)
+    out, lse, probs, _ = run_kernel(case, grads=False)
+    _assert_nan_only_at(case, out, lse, probs, bad)
+    with pytest.raises(SmallSeqContractError, match=r"3 segment\(s\).*first bad segment: 5\b"):
+        check_errors()
+    check_errors()  # reset by the first check
+    assert read_errors() == (0, -1)
+    # validate="sync" raises at the call
+    q, k, v = case.qkv()
+    with pytest.raises(SmallSeqContractError, match=r"first bad segment: 5\b"):
+        call(case, q, k, v, backend="kernel", validate="sync")
+    check_errors()
+
+
+def test_kernel_contract_violation_out_of_bounds(dev, allow_contract_errors):
+    """cu_seqlens_kv past the end of k/v or decreasing: flagged, never read out of bounds, and
+    the device stays usable."""
+    rng = Rng(0, "koob")
+    b = 64
+    q = rng.randn(b, 4, 64, dtype=torch.bfloat16, device=dev)
+    k = rng.randn(100, 2, 64, dtype=torch.bfloat16, device=dev)
+    v = rng.randn(100, 2, 64, dtype=torch.bfloat16, device=dev)
+    cu_q = torch.arange(b + 1, dtype=torch.int32, device=dev)
+    cu_kv = torch.arange(b + 1, dtype=torch.int32, device=dev)
+    cu_kv[-1] = 1000  # last segment: rows 63..999 of 100 (and longer than max_seqlen_kv)
+    out = fused_attn_small_seq(q, k, v, cu_q, cu_kv, 1, 16, backend="kernel")
+    assert torch.isnan(out[-1]).all() and torch.isfinite(out[:-1]).all()
+    with pytest.raises(SmallSeqContractError, match=rf"1 segment\(s\).*first bad segment: {b - 1}\b"):
+        check_errors()
+    cu_kv = torch.arange(b + 1, dtype=torch.int32, device=dev)
+    cu_kv[11] = 9  # segment 10 has -1 keys
+    out = fused_attn_small_seq(q, k, v, cu_q, cu_kv, 1, 4, backend="kernel")
+    assert torch.isnan(out[10]).all()
+    with pytest.raises(SmallSeqContractError, match=r"first bad segment: 10\b"):
+        check_errors()
+    torch.cuda.synchronize()  # no illegal memory access
+
+
+def test_kernel_contract_violation_bshd(dev, allow_contract_errors):
+    """BSHD: seqlens_kv > max_seqlen_kv, negative, or beyond the k/v s_kv dim are flagged."""
+    rng = Rng(0, "kbshdviol")
+    b, s_kv, max_kv = 50, 6, 8
+    lens = random_lens(rng, b, 6)
+    lens[31], lens[12], lens[40] = 9, -2, 7  # > max_kv, negative, s_kv < 7 <= max_kv
+    case = bshd_case(rng, b, 4, 2, 64, max_kv, torch.bfloat16, s_kv=s_kv, lens=lens, device=dev)
+    out, lse, probs, _ = run_kernel(case, grads=False)
+    bad = torch.tensor([12, 31, 40], device=dev)
+    assert torch.isnan(out[bad]).all() and torch.isnan(lse[:, bad]).all()
+    good = torch.ones(b, dtype=torch.bool, device=dev)
+    good[bad] = False
+    assert torch.isfinite(out[good]).all()
+    with pytest.raises(SmallSeqContractError, match=r"3 segment\(s\).*first bad segment: 12\b"):
+        check_errors()
+
+
+# --------------------------------------------------------------------------------------------
+# dispatch: what the kernels serve, fallbacks, host-side errors on the device
+# --------------------------------------------------------------------------------------------
+
+
+def _aligned_case(dev, dtype=torch.bfloat16, d=64, seed=0):
+    return thd_case(Rng(seed, f"disp{dtype}{d}"), 40, 4, 2, d, 8, dtype, device=dev)
+
+
+@pytest.mark.parametrize("dtype,d,match", [
+    (torch.float32, 64, "dtype"),
+    (torch.bfloat16, 40, "head dim"),
+    (torch.float16, 96, "head dim"),
+])
+def test_auto_falls_back_to_torch_path(dev, dtype, d, match, monkeypatch):
+    """What the kernels do not serve runs on the torch path with backend='auto' (and is
+    correct); backend='kernel' refuses it with a ValueError saying why."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 bound 1e-5
+    case = _aligned_case(dev, dtype, d)
+    q, k, v = case.qkv()
+    with pytest.raises(ValueError, match=match):
+        call(case, q, k, v, backend="kernel")
+    out, lse, probs, g = run_op(case, backend="auto")
+    rout, rlse, rprobs, rg = run_ref(case)
+    tol = TOL_LOW.get(dtype, TOL_FP32)
+    assert_rel("out", out, rout, tol, str(case))
+    assert_lse(lse, rlse, TOL_FP32, str(case))
+    for x, r in zip(g, rg):
+        assert_rel("grad", x, r, tol, str(case))
+
+
+def _misaligned_views(case, how):
+    """Copies of q/k/v that the kernels cannot read with 16-byte vectors."""
+    out = []
+    for t in case.leaves:
+        if how == "stride":  # token/head strides not a multiple of 8 elements
+            wide = torch.zeros(t.shape[:-1] + (t.shape[-1] + 1,), dtype=t.dtype, device=t.device)
+            wide[..., : t.shape[-1]] = t
+            out.append(wide[..., : t.shape[-1]])
+        else:  # data pointer 2 bytes past a 16-byte boundary
+            flat = torch.zeros(t.numel() + 8, dtype=t.dtype, device=t.device)
+            view = flat[1: 1 + t.numel()].view(t.shape)
+            view.copy_(t)
+            out.append(view)
+    return out
+
+
+@pytest.mark.parametrize("how,match", [("stride", "stride"), ("pointer", "16-byte aligned")])
+def test_misaligned_inputs(dev, how, match):
+    case = _aligned_case(dev)
+    q, k, v = _misaligned_views(case, how)
+    with pytest.raises(ValueError, match=match):
+        call(case, q, k, v, backend="kernel")
+    out, lse, probs = call(case, q, k, v, backend="auto")  # torch path
+    rout, rlse, rprobs, _ = run_ref(case, grads=False)
+    assert_rel("out", out, rout, low_tol(case.dtype), str(case))
+    assert_rel("probs", probs, rprobs, TOL_FP32, str(case))
+
+
+def test_index_tensors_on_another_device(dev):
+    case = _aligned_case(dev)
+    q, k, v = case.qkv()
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        fused_attn_small_seq(q, k, v, case.cu_q.cpu(), case.cu_kv, 1, 8)
+    with pytest.raises(ValueError, match="cu_seqlens_kv"):
+        fused_attn_small_seq(q, k, v, case.cu_q, case.cu_kv.cpu(), 1, 8)
+    with pytest.raises(ValueError, match="device"):
+        fused_attn_small_seq(q, k.cpu(), v.cpu(), case.cu_q, case.cu_kv, 1, 8)
+
+
+def test_noncontiguous_cu_seqlens(dev):
+    case = _aligned_case(dev)
+    q, k, v = case.qkv()
+    wide = torch.zeros(2 * case.cu_kv.numel(), dtype=torch.int32, device=dev)
+    wide[::2] = case.cu_kv
+    cu_kv = wide[::2]
+    assert not cu_kv.is_contiguous()
+    try:
+        out, lse, probs = fused_attn_small_seq(q, k, v, case.cu_q, cu_kv, 1, 8, return_lse=True,
+                                               return_softmax=True)
+    except ValueError as exc:  # acceptable: a clear host-side error
+        assert "cu_seqlens_kv" in str(exc)
+        return
+    rout, _, rprobs, _ = run_ref(case, grads=False)
+    assert_rel("out", out, rout, low_tol(case.dtype), str(case))
+
+
+# --------------------------------------------------------------------------------------------
+# torch.compile, CUDA graphs, opcheck
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", [THD, BSHD])
+def test_torch_compile_kernel(dev, layout):
+    """torch.compile(fullgraph=True) through the custom op (fake impl + autograd): forward and
+    backward bitwise equal to eager; a second batch size (dynamic shapes) too."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+    def fn(q, k, v, cu_q, cu_kv, seqlens, max_kv):
+        return fused_attn_small_seq(q, k, v, cu_q, cu_kv, 1, max_kv, qkv_layout=layout,
+                                    seqlens_kv=seqlens, return_lse=True, return_softmax=True,
+                                    backend="kernel")
+
+    compiled = torch.compile(fn, fullgraph=True)
+    for b in (301, 177):
+        rng = Rng(b, f"kcompile{layout}")
+        if layout == THD:
+            case = thd_case(rng, b, 8, 2, 128, 16, torch.bfloat16, device=dev)
+        else:
+            case = bshd_case(rng, b, 8, 2, 128, 16, torch.bfloat16, device=dev)
+        lc = tuple(t.detach().clone().requires_grad_() for t in case.leaves)
+        le = tuple(t.detach().clone().requires_grad_() for t in case.leaves)
+        rc = compiled(*lc, case.cu_q, case.cu_kv, case.seqlens, case.max_kv)
+        re = fn(*le, case.cu_q, case.cu_kv, case.seqlens, case.max_kv)
+        for name, x, y in zip(("out", "lse", "probs"), rc, re):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, msg=f"{name}: compiled != eager")
+        rc[0].backward(case.dout)
+        re[0].backward(case.dout)
+        for name, x, y in zip(("dq", "dk", "dv"), lc, le):
+            torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=0,
+                                       msg=f"{name}: compiled != eager")
+        rout, _, _, rg = run_ref(case)
+        assert_rel("out (compiled)", rc[0], rout, low_tol(case.dtype), str(case))
+        for x, r in zip(lc, rg):
+            assert_rel("grad (compiled)", x.grad, r, low_tol(case.dtype), str(case))
+
+
+def test_torch_compile_auto_misaligned_strides(dev):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    case = _aligned_case(dev)
+    q, k, v = _misaligned_views(case, "stride")
+
+    def fn(q, k, v, cu_q, cu_kv):
+        return fused_attn_small_seq(q, k, v, cu_q, cu_kv, 1, case.max_kv)
+
+    out = torch.compile(fn, fullgraph=True)(q, k, v, case.cu_q, case.cu_kv)
+    torch.testing.assert_close(out, fn(q, k, v, case.cu_q, case.cu_kv), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("layout", [THD, BSHD])
+def test_cuda_graph_capture(dev, layout):
+    """Capture forward + backward in a CUDA graph with static inputs; replay with new values
+    (including new device-side lengths) copied into them; bitwise equal to eager."""
+    b, max_kv = 500, 16
+
+    def make(seed):
+        rng = Rng(seed, f"kgraph{layout}")
+        lens = random_lens(rng, b, max_kv)
+        if layout == THD:  # fixed k/v size: rows past cu_seqlens_kv[-1] belong to no segment
+            return thd_case(rng, b, 8, 2, 128, max_kv, torch.bfloat16, lens=lens,
+                            pad_after=b * max_kv - int(lens.sum()), device=dev)
+        return bshd_case(rng, b, 8, 2, 128, max_kv, torch.bfloat16, lens=lens, device=dev)
+
+    first, second = make(0), make(1)
+    static = tuple(t.detach().clone().requires_grad_() for t in first.leaves)
+    index = first.cu_kv.clone() if layout == THD else first.seqlens.clone()
+    dout = first.dout.clone()
+
+    def step():
+        cu_kv, seqlens = (index, None) if layout == THD else (None, index)
+        out, lse, probs = fused_attn_small_seq(
+            *static, first.cu_q, cu_kv, 1, max_kv, qkv_layout=layout, seqlens_kv=seqlens,
+            return_lse=True, return_softmax=True, backend="kernel", validate=False)
+        return (out, lse, probs) + torch.autograd.grad(out, static, dout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+
+    for case in (second, first, second):
+        with torch.no_grad():
+            for s, t in zip(static, case.leaves):
+                s.copy_(t)
+            index.copy_(case.cu_kv if layout == THD else case.seqlens)
+            dout.copy_(case.dout)
+        poison_allocator(dev)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = run_kernel(case, poison=False)
+        eager = eager[:3] + tuple(eager[3])
+        for name, x, y in zip(("out", "lse", "probs", "dq", "dk", "dv"), captured, eager):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, msg=f"{name}: graph != eager")
+    del graph
+
+
+def _opcheck_case(dev, layout, seed=0):
+    rng = Rng(seed, f"opcheck{layout}")
+    if layout == THD:
+        return thd_case(rng, 17, 4, 2, 64, 5, torch.bfloat16, device=dev)
+    return bshd_case(rng, 17, 4, 2, 64, 5, torch.bfloat16, device=dev)
+
+
+@pytest.mark.parametrize("return_softmax", [False, True])
+@pytest.mark.parametrize("layout", [THD, BSHD])
+def test_opcheck_fwd(dev, layout, return_softmax):
+    case = _opcheck_case(dev, layout)
+    q, k, v = (t.detach().clone().requires_grad_() for t in case.leaves)
+    args = (q, k, v, case.cu_q, case.cu_kv, case.seqlens, case.max_kv, 0.125, return_softmax)
+    torch.library.opcheck(torch.ops.rocm_attn.small_seq_fwd.default, args)
+
+
+@pytest.mark.parametrize("layout", [THD, BSHD])
+def test_opcheck_bwd(dev, layout):
+    case = _opcheck_case(dev, layout)
+    q, k, v = case.leaves
+    out, lse, _ = torch.ops.rocm_attn.small_seq_fwd(q, k, v, case.cu_q, case.cu_kv, case.seqlens,
+                                                    case.max_kv, 0.125, False)
+    args = (case.dout, q, k, v, out, lse, case.cu_q, case.cu_kv, case.seqlens, case.max_kv, 0.125)
+    torch.library.opcheck(torch.ops.rocm_attn.small_seq_bwd.default, args)
