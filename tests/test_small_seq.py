@@ -652,12 +652,17 @@ def test_bshd_contract_violation(allow_contract_errors):
 
 
 def test_bshd_length_beyond_s_kv_is_counted(allow_contract_errors):
+    """BSHD: k.shape[1] < seqlens_kv[i] <= max_seqlen_kv breaks the contract too (NaN and
+    counted, as the kernel does), never a silent NaN."""
     rng = Rng(0, "bshd_s")
     lens = torch.tensor([3, 7, 2])  # s_kv = 5 < 7 <= max_seqlen_kv = 8
     case = bshd_case(rng, 3, 2, 2, 64, 8, torch.float32, s_kv=5, lens=lens)
     out, _, _, _ = run_op(case, backend="torch", grads=False)
     assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all()
     assert read_errors() == (1, 1)
+    q, k, v = case.qkv()
+    with pytest.raises(SmallSeqContractError, match=r"first bad segment: 1\b"):
+        call(case, q, k, v, backend="torch", validate="sync")
 
 
 # --------------------------------------------------------------------------------------------
@@ -716,6 +721,10 @@ THD_BAD = [
     ("cu_kv_long", dict(cu_seqlens_kv=torch.arange(6, dtype=torch.int32)), "cu_seqlens_kv"),
     ("cu_kv_2d", dict(cu_seqlens_kv=torch.zeros(1, 5, dtype=torch.int32)), "cu_seqlens_kv"),
     ("cu_kv_list", dict(cu_seqlens_kv=[0, 2, 5, 9, 10]), "cu_seqlens_kv"),
+    ("cu_kv_noncontig", dict(cu_seqlens_kv=torch.tensor([0, 0, 2, 0, 5, 0, 9, 0, 10, 0],
+                                                        dtype=torch.int32)[::2]), "cu_seqlens_kv"),
+    ("cu_q_noncontig", dict(cu_seqlens_q=torch.tensor([0, 0, 1, 0, 2, 0, 3, 0, 4, 0],
+                                                      dtype=torch.int32)[::2]), "cu_seqlens_q"),
     ("cu_kv_device", dict(cu_seqlens_kv=torch.zeros(5, dtype=torch.int32, device="meta")),
      "cu_seqlens_kv"),
     ("cu_q_missing", dict(cu_seqlens_q=None), "cu_seqlens_q"),
@@ -749,6 +758,8 @@ BSHD_BAD = [
     ("seqlens_missing", dict(seqlens_kv=None), "seqlens_kv"),
     ("seqlens_int64", dict(seqlens_kv=torch.tensor([1, 6, 0, 3])), "seqlens_kv"),
     ("seqlens_len", dict(seqlens_kv=torch.tensor([1, 6, 0], dtype=torch.int32)), "seqlens_kv"),
+    ("seqlens_noncontig", dict(seqlens_kv=torch.tensor([1, 0, 6, 0, 0, 0, 3, 0],
+                                                       dtype=torch.int32)[::2]), "seqlens_kv"),
     ("kv_shape", dict(v=torch.randn(4, 5, 2, 64)), r"\bk and v\b"),
     ("dtype", dict(q=torch.randn(4, 1, 4, 64, dtype=torch.bfloat16)), "dtype"),
     ("gqa_ratio", dict(q=torch.randn(4, 1, 5, 64)), r"heads of q"),
@@ -808,10 +819,7 @@ def _inductor_available():
 
 
 @pytest.mark.skipif(_inductor_available() is not None, reason=str(_inductor_available()))
-@pytest.mark.parametrize("backend", [
-    "torch",
-    "auto",
-])
+@pytest.mark.parametrize("backend", ["torch", "auto"])
 def test_torch_compile_fullgraph_cpu(backend):
     import torch._dynamo
 

@@ -485,6 +485,8 @@ def test_index_tensors_on_another_device(dev):
 
 
 def test_noncontiguous_cu_seqlens(dev):
+    """A strided int32 cu_seqlens_kv either works or is refused with a ValueError naming it
+    (never a RuntimeError from the C++ check)."""
     case = _aligned_case(dev)
     q, k, v = case.qkv()
     wide = torch.zeros(2 * case.cu_kv.numel(), dtype=torch.int32, device=dev)
@@ -544,6 +546,8 @@ def test_torch_compile_kernel(dev, layout):
 
 
 def test_torch_compile_auto_misaligned_strides(dev):
+    """Under torch.compile, backend='auto' still sees static strides that the kernels cannot
+    read (not multiples of 8 elements) and takes the torch path, like eager."""
     import torch._dynamo
 
     torch._dynamo.reset()
