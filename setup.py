@@ -87,7 +87,9 @@ def extension_for(target: str):
     generated = generate_kernels.generate(build / "gen")
     kernels = [p.stem for p in generated]
     hip_sources = sorted((ROOT / "hip_src").rglob("*.hip")) + generated
-    cxx_flags = ["-O3", "-std=c++17"]
+    # NOTE: no -std flag: torch's BuildExtension adds the standard its headers need (C++17 for
+    # torch 2.11, C++20 for newer releases).
+    cxx_flags = ["-O3"]
     if target == "cuda":
         import hipify
 
@@ -95,7 +97,7 @@ def extension_for(target: str):
         hipify.translate_tree(ROOT / "hip_src", cuda_src)
         hipify.translate_tree(build / "gen", cuda_src / "gen")
         sources = sorted(str(p) for p in cuda_src.rglob("*.cu")) + [str(cuda_src / "torch_bindings.cpp")]
-        nvcc_flags = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo"]
+        nvcc_flags = ["-O3", "--use_fast_math", "-lineinfo"]
         if os.environ.get("ROCM_ATTN_PTXAS_VERBOSE"):
             nvcc_flags.append("-Xptxas=-v")  # registers / spills per kernel in the build log
         arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST")
@@ -111,7 +113,7 @@ def extension_for(target: str):
             sys.exit(f"rocm_attn: GPU_ARCHS entries must be gfx targets, got {bad}")
         os.environ["PYTORCH_ROCM_ARCH"] = ";".join(archs)
         sources = [str(p) for p in hip_sources] + [str(ROOT / "hip_src" / "torch_bindings.cpp")]
-        nvcc_flags = ["-O3", "-std=c++17"] + [f"--offload-arch={a}" for a in archs]
+        nvcc_flags = ["-O3"] + [f"--offload-arch={a}" for a in archs]
         include = [str(ROOT / "hip_src")]
     write_build_config(target, archs, kernels)
     return CUDAExtension(

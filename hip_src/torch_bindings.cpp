@@ -153,9 +153,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_fwd(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_bwd(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_kv, const std::optional<at::Tensor>& seqlens_kv,
-    int64_t max_seqlen_kv, double softmax_scale) {
+    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& dlse,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
+    const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale) {
   const c10::DeviceGuard guard(q.device());
   SmallSeqParams p =
       make_params(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale);
@@ -167,6 +167,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_bwd(
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 2 &&
                   lse.size(0) == p.num_heads_q && lse.size(1) == p.batch,
               "small_seq backward: lse must be contiguous float32 [h_q, b]");
+  if (dlse) {
+    TORCH_CHECK(dlse->scalar_type() == at::kFloat && dlse->is_contiguous() &&
+                    dlse->sizes() == lse.sizes() && dlse->device() == q.device(),
+                "small_seq backward: dlse must be contiguous float32 like lse");
+    p.dlse = dlse->data_ptr<float>();
+  }
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());
   at::Tensor dv = at::empty(v.sizes(), v.options());
@@ -228,7 +234,7 @@ TORCH_LIBRARY(rocm_attn, m) {
       "-> (Tensor out, Tensor lse, Tensor probs)");
   m.def(
       "small_seq_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-      "Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? seqlens_kv, int max_seqlen_kv, "
+      "Tensor? dlse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? seqlens_kv, int max_seqlen_kv, "
       "float softmax_scale) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("read_error_state(bool reset) -> int[]", &read_error_state);
   m.def("compat_selftest(Tensor bf16_bits, Tensor fp16_bits, Tensor x) -> (Tensor, Tensor)");

@@ -22,7 +22,7 @@ def _small_seq_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_se
     return out, lse, probs
 
 
-def _small_seq_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+def _small_seq_bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
                         max_seqlen_kv, softmax_scale):
     return (
         torch.empty_like(q, memory_format=torch.contiguous_format),
@@ -33,19 +33,23 @@ def _small_seq_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, se
 
 def _small_seq_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale, _ = inputs
-    out, lse, _ = output
+    out, lse, probs = output
+    ctx.mark_non_differentiable(probs)
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv)
     ctx.max_seqlen_kv = max_seqlen_kv
     ctx.softmax_scale = softmax_scale
 
 
 def _small_seq_backward(ctx, dout, dlse, dprobs):
-    # NOTE: gradients flow through `out` only; lse and probs are treated as non-differentiable
-    # outputs (as in flash-attention), so their incoming gradients are ignored.
+    # Gradients flow through `out` and `lse` (the LSE term matters when partial results are
+    # merged, as in context parallelism); the attention weights are returned for inspection
+    # and are not differentiable.
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
     dq, dk, dv = torch.ops.rocm_attn.small_seq_bwd(
-        dout.contiguous(), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
-        ctx.max_seqlen_kv, ctx.softmax_scale,
+        dout.contiguous(), q, k, v, out, lse, None if dlse is None else dlse.contiguous(),
+        cu_seqlens_q, cu_seqlens_kv, seqlens_kv, ctx.max_seqlen_kv, ctx.softmax_scale,
     )
     return dq, dk, dv, None, None, None, None, None, None
 

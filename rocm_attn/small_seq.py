@@ -180,7 +180,7 @@ def _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
     width = kp.shape[1]
     if width < max_seqlen_kv:
         probs = torch.nn.functional.pad(probs, (0, max_seqlen_kv - width))
-    probs = probs[..., :max_seqlen_kv]
+    probs = probs[..., :max_seqlen_kv].detach()  # weights are for inspection, as on the kernel path
     if not thd:
         out = out.unsqueeze(1)
     return out, lse, probs
@@ -218,10 +218,10 @@ def fused_attn_small_seq(
     softmax_scale : defaults to ``1/sqrt(d)``.
     qkv_layout : ``"thd_thd_thd"`` or ``"bshd_bshd_bshd"``.
     return_softmax : also return the attention weights, float32 ``[b, h_q, max_seqlen_kv]``
-        (zero past each segment's length).
+        (zero past each segment's length; not differentiable).
     seqlens_kv : int32 ``[b]``, key counts for the BSHD layout.
     return_lse : also return the float32 natural-log LSE ``[h_q, b]`` (``-inf`` for empty
-        segments).
+        segments); differentiable, so merged partial results backpropagate.
     backend : ``"auto"`` (kernels when they serve the call, else torch), ``"kernel"`` or
         ``"torch"``.
     validate : ``"sync"``/True raises SmallSeqContractError at the call when a segment broke

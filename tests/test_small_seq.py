@@ -848,3 +848,26 @@ def test_torch_compile_fullgraph_cpu(backend):
     assert_rel("out (compiled)", res_c[0], rout, TOL_FP32, str(case))
     for x, r in zip(leaves_c, rg):
         assert_rel("grad (compiled)", x.grad, r, TOL_FP32, str(case))
+
+
+@pytest.mark.skipif(_inductor_available() is not None, reason=str(_inductor_available()))
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=(
+    "GAP rocm_attn/errors.py record_torch_path_errors returns early under "
+    "torch.compiler.is_compiling(): on the torch path inside torch.compile a segment that "
+    "breaks the contract is NaN but never counted, so check_errors() stays silent (the kernel "
+    "path counts it on the device, compiled or not)"))
+def test_torch_compile_counts_contract_violations(allow_contract_errors):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    rng = Rng(0, "compileviol")
+    lens = torch.tensor([2, 7, 1, 0, 3])  # segment 1 > max_seqlen_kv = 4
+    case = thd_case(rng, 5, 2, 2, 64, 4, torch.float32, lens=lens)
+
+    def fn(q, k, v, cu_q, cu_kv):
+        return fused_attn_small_seq(q, k, v, cu_q, cu_kv, 1, 4, backend="torch")
+
+    out = torch.compile(fn, fullgraph=True)(*case.leaves, case.cu_q, case.cu_kv)
+    assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2, 3, 4]]).all()
+    with pytest.raises(SmallSeqContractError, match=r"first bad segment: 1\b"):
+        check_errors()

@@ -93,14 +93,25 @@ def allow_contract_errors():
 
 
 def poison_allocator(device):
-    """Fill freed caching-allocator blocks with 0xFF bytes (NaN for every float dtype): large
-    pool (> 1 MiB requests) and small pool (<= 1 MiB, 2 MiB segments)."""
+    """Fill the caching allocator's free blocks with 0xFF bytes (NaN for every float dtype), so
+    that the next torch.empty calls return NaN memory.
+
+    First a fixed set of blocks (large pool: > 1 MiB requests; small pool: <= 1 MiB, 2 MiB
+    segments), reused from one call to the next; then one tensor per remaining free block of
+    the cache (exact sizes, so best-fit hands out those very blocks), which poisons what earlier
+    tests left behind. Everything is freed again before returning; the cache does not grow."""
     blocks = [torch.empty(n << 20, dtype=torch.uint8, device=device) for n in (256, 64, 16, 4)]
     blocks += [torch.empty(512 << 10, dtype=torch.uint8, device=device) for _ in range(32)]
     blocks += [torch.empty(16 << 10, dtype=torch.uint8, device=device) for _ in range(64)]
-    for b in blocks:
-        b.fill_(0xFF)
-    del blocks
+    if device.type == "cuda":
+        free = [blk["size"] for seg in torch.cuda.memory_snapshot()
+                if seg.get("device", device.index) == device.index
+                for blk in seg["blocks"] if blk["state"] == "inactive"]
+        blocks += [torch.empty(n, dtype=torch.uint8, device=device)
+                   for n in sorted(free, reverse=True)]
+    for blk in blocks:
+        blk.fill_(0xFF)
+    del blocks, blk
 
 
 def low_tol(dtype):
@@ -386,7 +397,8 @@ def test_kernel_contract_violation_out_of_bounds(dev, allow_contract_errors):
     cu_kv[-1] = 1000  # last segment: rows 63..999 of 100 (and longer than max_seqlen_kv)
     out = fused_attn_small_seq(q, k, v, cu_q, cu_kv, 1, 16, backend="kernel")
     assert torch.isnan(out[-1]).all() and torch.isfinite(out[:-1]).all()
-    with pytest.raises(SmallSeqContractError, match=rf"1 segment\(s\).*first bad segment: {b - 1}\b"):
+    last = rf"1 segment\(s\).*first bad segment: {b - 1}\b"
+    with pytest.raises(SmallSeqContractError, match=last):
         check_errors()
     cu_kv = torch.arange(b + 1, dtype=torch.int32, device=dev)
     cu_kv[11] = 9  # segment 10 has -1 keys
@@ -561,6 +573,28 @@ def test_torch_compile_auto_misaligned_strides(dev):
     torch.testing.assert_close(out, fn(q, k, v, case.cu_q, case.cu_kv), rtol=1e-2, atol=1e-2)
 
 
+def test_torch_compile_kernel_counts_contract_violations(dev, allow_contract_errors):
+    """The device error counter works inside a compiled graph too."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    rng = Rng(0, "kcompileviol")
+    lens = random_lens(rng, 64, 4)
+    lens[9], lens[30] = 6, 5  # > max_seqlen_kv = 4
+    case = thd_case(rng, 64, 4, 2, 64, 4, torch.bfloat16, lens=lens, device=dev)
+
+    def fn(q, k, v, cu_q, cu_kv):
+        return fused_attn_small_seq(q, k, v, cu_q, cu_kv, 1, 4, backend="kernel")
+
+    out = torch.compile(fn, fullgraph=True)(*case.leaves, case.cu_q, case.cu_kv)
+    assert torch.isnan(out[[9, 30]]).all()
+    good = torch.ones(64, dtype=torch.bool, device=dev)
+    good[[9, 30]] = False
+    assert torch.isfinite(out[good]).all()
+    with pytest.raises(SmallSeqContractError, match=r"2 segment\(s\).*first bad segment: 9\b"):
+        check_errors()
+
+
 @pytest.mark.parametrize("layout", [THD, BSHD])
 def test_cuda_graph_capture(dev, layout):
     """Capture forward + backward in a CUDA graph with static inputs; replay with new values
@@ -635,5 +669,34 @@ def test_opcheck_bwd(dev, layout):
     q, k, v = case.leaves
     out, lse, _ = torch.ops.rocm_attn.small_seq_fwd(q, k, v, case.cu_q, case.cu_kv, case.seqlens,
                                                     case.max_kv, 0.125, False)
-    args = (case.dout, q, k, v, out, lse, case.cu_q, case.cu_kv, case.seqlens, case.max_kv, 0.125)
+    dlse = torch.randn_like(lse)
+    args = (case.dout, q, k, v, out, lse, dlse, case.cu_q, case.cu_kv, case.seqlens, case.max_kv,
+            0.125)
     torch.library.opcheck(torch.ops.rocm_attn.small_seq_bwd.default, args)
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_lse_gradient_matches_torch_path(dev, group):
+    """A loss on both out and lse (as when partial results are merged) backpropagates the same
+    on the kernel and on the torch path (float64 reference)."""
+    torch.manual_seed(1234 + group)
+    b, h_kv, d, max_kv = 257, 2, 128, 16
+    h_q = h_kv * group
+    lens = torch.randint(0, max_kv + 1, (b,), dtype=torch.int32)
+    cu_kv = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0)).to(dev)
+    cu_q = torch.arange(b + 1, dtype=torch.int32, device=dev)
+    total = int(cu_kv[-1])
+    base = [torch.randn(b, h_q, d), torch.randn(total, h_kv, d), torch.randn(total, h_kv, d)]
+    wo, wl = torch.randn(b, h_q, d), torch.randn(h_q, b)
+    grads = {}
+    for backend, dtype in (("kernel", torch.bfloat16), ("torch", torch.float64)):
+        leaves = [t.to(dev, dtype).requires_grad_() for t in base]
+        out, lse = fused_attn_small_seq(*leaves, cu_q, cu_kv, 1, max_kv, return_lse=True,
+                                        backend=backend)
+        finite = torch.isfinite(lse)
+        loss = (out.double() * wo.to(dev).double()).sum() + torch.where(
+            finite, lse.double() * wl.to(dev).double(), torch.zeros_like(lse, dtype=torch.float64)).sum()
+        grads[backend] = torch.autograd.grad(loss, leaves)
+    for name, got, ref in zip("qkv", grads["kernel"], grads["torch"]):
+        err = ((got.double() - ref).norm() / ref.norm()).item()
+        assert err == err and err < 2e-2, f"d{name} rel err {err}"

@@ -174,7 +174,7 @@ def _with_backward(fwd, leaves):
 ANCHORS = {"sdpa": sdpa, "varlen": varlen, "unfused": unfused}
 
 
-def bench_case(name, spec, batch, dtype, bw, seed):
+def bench_case(name, spec, batch, dtype, bw, seed, anchors=True):
     h_q, h_kv, d, kv = spec
     gen = torch.Generator().manual_seed(seed)
     probe = make_inputs(batch, h_q, h_kv, d, kv, dtype, gen)
@@ -189,7 +189,7 @@ def bench_case(name, spec, batch, dtype, bw, seed):
         floor = nbytes / bw * 1e3
         row[mode] = {"ms": t, "floor_ms": floor, "pct_floor": 100 * floor / t,
                      "gbps": nbytes / (t * 1e-3) / 1e9, "anchors": {}}
-        for aname, make in ANCHORS.items():
+        for aname, make in (ANCHORS.items() if anchors else ()):
             try:
                 ta = time_ms(rotating([make(x, backward) for x in sets]), reps=10, warmup=2)
                 row[mode]["anchors"][aname] = {"ms": ta, "speedup": ta / t}
@@ -210,6 +210,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=30720)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-anchors", action="store_true", help="time only our kernels (quick A/B runs)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_small_seq: needs a GPU")
@@ -218,7 +219,8 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     rows = []
     for name in args.cases.split(","):
-        rows.append(bench_case(name, CASES[name], args.batch, dtype, bw, args.seed))
+        rows.append(bench_case(name, CASES[name], args.batch, dtype, bw, args.seed,
+                               anchors=not args.no_anchors))
         print(f"done {name}", flush=True)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "copy_bandwidth_GBps": bw / 1e9, "rows": rows}

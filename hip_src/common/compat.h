@@ -176,5 +176,7 @@ RA_DEVICE ra_vec8 ra_pack8(const float (&in)[8]) {
 // ---------------------------------------------------------------------------------------------
 // Host helpers shared by launchers.
 // ---------------------------------------------------------------------------------------------
-// Wave width of the current device, read once per device from its properties.
+// Wave width and multiprocessor (CU/SM) count of the current device, read once per device.
 int ra_device_wave_size();
+int ra_device_multiprocessors();
+int ra_device_index();

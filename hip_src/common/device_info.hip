@@ -1,18 +1,34 @@
 // Per-device facts that launchers need at run time.
 #include "compat.h"
 
-int ra_device_wave_size() {
-  // NOTE: read once per device; the value never changes for a device. A benign race between
-  // threads writes the same value.
-  constexpr int kMaxDevices = 64;
-  static int cache[kMaxDevices] = {};
+namespace {
+
+// NOTE: read once per device; the values never change for a device. A benign race between
+// threads writes the same value.
+int cached_attribute(hipDeviceAttribute_t attribute, int (&cache)[64], int fallback) {
   int device = 0;
-  if (hipGetDevice(&device) != hipSuccess || device < 0 || device >= kMaxDevices) return 32;
+  if (hipGetDevice(&device) != hipSuccess || device < 0 || device >= 64) return fallback;
   if (cache[device] == 0) {
-    int width = 0;
-    if (hipDeviceGetAttribute(&width, hipDeviceAttributeWarpSize, device) != hipSuccess || width <= 0)
-      width = 32;
-    cache[device] = width;
+    int value = 0;
+    if (hipDeviceGetAttribute(&value, attribute, device) != hipSuccess || value <= 0) value = fallback;
+    cache[device] = value;
   }
   return cache[device];
+}
+
+}  // namespace
+
+int ra_device_wave_size() {
+  static int cache[64] = {};
+  return cached_attribute(hipDeviceAttributeWarpSize, cache, 32);
+}
+
+int ra_device_multiprocessors() {
+  static int cache[64] = {};
+  return cached_attribute(hipDeviceAttributeMultiprocessorCount, cache, 1);
+}
+
+int ra_device_index() {
+  int device = 0;
+  return hipGetDevice(&device) == hipSuccess ? device : 0;
 }

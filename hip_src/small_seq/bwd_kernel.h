@@ -30,6 +30,10 @@ RA_DEVICE void fill_kv_rows(const SmallSeqParams& p, int64_t base, int hk, int64
   }
 }
 
+RA_DEVICE float head_dlse(const SmallSeqParams& p, int hq, int seg) {
+  return p.dlse != nullptr ? p.dlse[static_cast<int64_t>(hq) * p.batch + seg] : 0.f;
+}
+
 // rowsum(dO * O) for one q head: the softmax-gradient term, from the saved forward output.
 template <typename T, int VPL, int LPR>
 RA_DEVICE float row_dot_out(const float (&dof)[VPL][8], const uint16_t* out_row, int col_lane) {
@@ -43,8 +47,9 @@ RA_DEVICE float row_dot_out(const float (&dof)[VPL][8], const uint16_t* out_row,
   return ra_group_sum<LPR>(d);
 }
 
+// One (segment, kv head) work item for one wave.
 template <typename T, int D, int KV>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_kernel(const SmallSeqParams p) {
+RA_DEVICE void bwd_item(const SmallSeqParams& p, const int seg, const int hk, const int lane) {
   constexpr int WAVE = RA_WAVE_SIZE;
   using Tl = Tiling<D, KV, WAVE>;
   constexpr int VPL = Tl::kVecsPerLane;
@@ -57,11 +62,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_kernel(cons
   constexpr int NCH = (SLOTS + CH - 1) / CH;
   constexpr int SB = 2 / VPL > 0 ? 2 / VPL : 1;
 
-  const int lane = threadIdx.x % WAVE;
-  const int64_t wave_id = static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE;
-  if (wave_id >= static_cast<int64_t>(p.batch) * p.num_heads_kv) return;
-  const int seg = static_cast<int>(wave_id / p.num_heads_kv);
-  const int hk = static_cast<int>(wave_id % p.num_heads_kv);
   const int group = p.num_heads_q / p.num_heads_kv;
   const int row_group = lane / LPR;
   const int col_lane = lane % LPR;
@@ -89,7 +89,14 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_kernel(cons
                                    col_lane, s.valid ? 0.f : ra_nan());
   }
   if (!s.valid) {
-    // The forward pass already counted this segment; make its dq loudly wrong.
+    // The forward pass already counted this segment; make its gradients loudly wrong. Its THD
+    // kv rows [k0, k1) (when ordered, clamped to the tensor) belong to no valid segment, so
+    // they get NaN too rather than whatever the allocator left there.
+    if (p.cu_seqlens_kv != nullptr) {
+      const int64_t k0 = min(max(p.cu_seqlens_kv[seg], 0), p.total_kv);
+      const int64_t k1 = min(max(p.cu_seqlens_kv[seg + 1], 0), p.total_kv);
+      fill_kv_rows<T, VPL, LPR, RPP>(p, 0, hk, k0, k1, row_group, col_lane, ra_nan());
+    }
     if (s.q_row >= 0 && row_group == 0) {
       float nan_row[VPL][8];
       fill<VPL>(nan_row, ra_nan());
@@ -124,6 +131,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_kernel(cons
     const float rowdot = row_dot_out<T, VPL, LPR>(dof, out + s.q_row * p.o_token_stride +
                                                            hq * p.o_head_stride, col_lane);
     const float lse2 = p.lse[static_cast<int64_t>(hq) * p.batch + seg] * kLog2e;
+    // d lse / d s_j = p_j, so an LSE gradient enters as a shift of dP's row term.
+    const float rowterm = rowdot - head_dlse(p, hq, seg);
 
     float dq_acc[VPL][8] = {};
 #pragma unroll
@@ -140,7 +149,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_kernel(cons
         const float sc = ra_group_sum<LPR>(dot_part<T, VPL>(qf, kr[i])) * log2_scale;
         const float dp = ra_group_sum<LPR>(dot_part<T, VPL>(dof, vr[i]));
         const float pr = row < s.len ? exp2f(sc - lse2) : 0.f;
-        const float ds = pr * (dp - rowdot);
+        const float ds = pr * (dp - rowterm);
         float kf[8];
 #pragma unroll
         for (int vi = 0; vi < VPL; ++vi) {
@@ -195,13 +204,14 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_kernel(cons
       const float rowdot = row_dot_out<T, VPL, LPR>(dof, out + s.q_row * p.o_token_stride +
                                                              hq * p.o_head_stride, col_lane);
       const float lse2 = p.lse[static_cast<int64_t>(hq) * p.batch + seg] * kLog2e;
+      const float rowterm = rowdot - head_dlse(p, hq, seg);
 #pragma unroll
       for (int i = 0; i < N; ++i) {
         const int row = (b0 + i) * RPP + row_group;
         const float sc = ra_group_sum<LPR>(dot_part<T, VPL>(qf, kb[i])) * log2_scale;
         const float dp = ra_group_sum<LPR>(dot_part<T, VPL>(dof, vb[i]));
         const float pr = row < s.len ? exp2f(sc - lse2) : 0.f;
-        const float ds = pr * (dp - rowdot) * p.softmax_scale;
+        const float ds = pr * (dp - rowterm) * p.softmax_scale;
 #pragma unroll
         for (int vi = 0; vi < VPL; ++vi)
 #pragma unroll
@@ -219,6 +229,21 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_kernel(cons
         store_row_f32<T, VPL>(dv + row * p.dkv_token_stride, dv_acc[i], col_lane, LPR);
       }
     }
+  }
+}
+
+// Grid-stride over (segment, kv head) items: the launcher sizes the grid to what stays
+// resident, so waves are not re-launched per item and block scheduling drops out of the loop.
+template <typename T, int D, int KV>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_kernel(const SmallSeqParams p) {
+  constexpr int WAVE = RA_WAVE_SIZE;
+  const int lane = threadIdx.x % WAVE;
+  const int64_t waves_in_grid = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE);
+  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE;
+       item < items; item += waves_in_grid) {
+    bwd_item<T, D, KV>(p, static_cast<int>(item / p.num_heads_kv),
+                     static_cast<int>(item % p.num_heads_kv), lane);
   }
 }
 

@@ -56,30 +56,77 @@ RA_DEVICE void store_row_f32(uint16_t* row, const float (&src)[VPL][8], int col_
   for (int vi = 0; vi < VPL; ++vi) ra_store16(row + (col_lane + vi * lpr) * 8, ra_pack8<T>(src[vi]));
 }
 
-template <typename T, int D, int KV>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_kernel(const SmallSeqParams p) {
-  constexpr int WAVE = RA_WAVE_SIZE;
-  using Tl = Tiling<D, KV, WAVE>;
-  constexpr int VPL = Tl::kVecsPerLane;
-  constexpr int LPR = Tl::kLanesPerRow;
-  constexpr int RPP = Tl::kRowsPerPass;
-  constexpr int SLOTS = Tl::kSlots;
+// Compile-time shape of the forward pass for one (D, KV, wave width).
+template <int D, int KV>
+struct FwdShape {
+  using Tl = Tiling<D, KV, RA_WAVE_SIZE>;
+  static constexpr int kVPL = Tl::kVecsPerLane;
+  static constexpr int kLPR = Tl::kLanesPerRow;
+  static constexpr int kRPP = Tl::kRowsPerPass;
+  static constexpr int kSlots = Tl::kSlots;
   // NOTE: K and V of a chunk stay in registers across the q heads of the GQA group; 8 vectors
   // of each (64 registers) is the most we hold, which keeps d <= 128 in one chunk on every
   // wave width and d=256/512 on a 32-lane warp in a few chunks without spilling.
-  constexpr int CH = SLOTS < 8 / VPL ? SLOTS : 8 / VPL;
-  constexpr int NCH = (SLOTS + CH - 1) / CH;
+  static constexpr int kChunk = kSlots < 8 / kVPL ? kSlots : 8 / kVPL;
+  static constexpr int kChunks = (kSlots + kChunk - 1) / kChunk;
+  // Small items (K+V of a segment <= 8 vectors per lane) are double buffered: the next item's
+  // loads are in flight while this one computes, which hides the per-item latency chain
+  // (cu_seqlens -> K/V) that dominates short segments.
+  static constexpr bool kDoubleBuffer = kChunks == 1 && 2 * kChunk * kVPL <= 8;
+};
 
-  const int lane = threadIdx.x % WAVE;
-  const int64_t wave_id = static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE;
-  if (wave_id >= static_cast<int64_t>(p.batch) * p.num_heads_kv) return;
-  const int seg = static_cast<int>(wave_id / p.num_heads_kv);
-  const int hk = static_cast<int>(wave_id % p.num_heads_kv);
+// What a wave has loaded for one work item: its segment and (single-chunk shapes) K and V.
+template <int D, int KV>
+struct FwdStage {
+  using S = FwdShape<D, KV>;
+  Segment s;
+  int seg;
+  int hk;
+  ra_vec8 kr[S::kChunk][S::kVPL];
+  ra_vec8 vr[S::kChunk][S::kVPL];
+};
+
+// Issues every load of one item (segment bounds, then K/V rows when they fit one chunk).
+template <int D, int KV>
+RA_DEVICE void fwd_load(const SmallSeqParams& p, const int64_t item, const int lane,
+                        FwdStage<D, KV>& st) {
+  using S = FwdShape<D, KV>;
+  st.seg = static_cast<int>(item / p.num_heads_kv);
+  st.hk = static_cast<int>(item % p.num_heads_kv);
+  st.s = load_segment(p, st.seg);
+  if constexpr (S::kChunks == 1) {
+    const int row_group = lane / S::kLPR;
+    const int col_lane = lane % S::kLPR;
+    const uint16_t* kbase =
+        static_cast<const uint16_t*>(p.k) + st.s.k_base + st.hk * p.k_head_stride;
+    const uint16_t* vbase =
+        static_cast<const uint16_t*>(p.v) + st.s.v_base + st.hk * p.v_head_stride;
+    load_rows<S::kChunk, S::kVPL, S::kLPR, S::kRPP>(st.kr, kbase, p.k_token_stride, 0, row_group,
+                                                    col_lane, st.s.len);
+    load_rows<S::kChunk, S::kVPL, S::kLPR, S::kRPP>(st.vr, vbase, p.v_token_stride, 0, row_group,
+                                                    col_lane, st.s.len);
+  }
+}
+
+// Softmax(q K^T) V for every q head of the item's GQA group, from a loaded stage.
+template <typename T, int D, int KV>
+RA_DEVICE void fwd_compute(const SmallSeqParams& p, FwdStage<D, KV>& st, const int lane) {
+  constexpr int WAVE = RA_WAVE_SIZE;
+  using S = FwdShape<D, KV>;
+  constexpr int VPL = S::kVPL;
+  constexpr int LPR = S::kLPR;
+  constexpr int RPP = S::kRPP;
+  constexpr int SLOTS = S::kSlots;
+  constexpr int CH = S::kChunk;
+  constexpr int NCH = S::kChunks;
+
+  const int seg = st.seg;
+  const int hk = st.hk;
+  const Segment& s = st.s;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int row_group = lane / LPR;
   const int col_lane = lane % LPR;
 
-  const Segment s = load_segment(p, seg);
   uint16_t* o = static_cast<uint16_t*>(p.o);
   if (!s.valid) {
     if (hk == 0 && lane == 0) report_bad_segment(p, seg);
@@ -104,12 +151,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_kernel(cons
 
   const uint16_t* kbase = static_cast<const uint16_t*>(p.k) + s.k_base + hk * p.k_head_stride;
   const uint16_t* vbase = static_cast<const uint16_t*>(p.v) + s.v_base + hk * p.v_head_stride;
-  ra_vec8 kr[CH][VPL];
-  ra_vec8 vr[CH][VPL];
-  if constexpr (NCH == 1) {
-    load_rows<CH, VPL, LPR, RPP>(kr, kbase, p.k_token_stride, 0, row_group, col_lane, s.len);
-    load_rows<CH, VPL, LPR, RPP>(vr, vbase, p.v_token_stride, 0, row_group, col_lane, s.len);
-  }
+  auto& kr = st.kr;
+  auto& vr = st.vr;
   // Scores are kept in the log2 domain: exp2 is one instruction on both vendors.
   const float qscale = p.softmax_scale * kLog2e;
 
@@ -184,6 +227,39 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_kernel(cons
         const int row = slot * RPP + row_group;
         if (row < p.max_seqlen_kv) prow[row] = row < s.len ? exp2f(scores[slot] - m) * inv : 0.f;
       }
+    }
+  }
+}
+
+// Grid-stride over (segment, kv head) items: the launcher sizes the grid to what stays
+// resident, so waves are not re-launched per item and block scheduling drops out of the loop.
+template <typename T, int D, int KV>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_kernel(const SmallSeqParams p) {
+  constexpr int WAVE = RA_WAVE_SIZE;
+  const int lane = threadIdx.x % WAVE;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE);
+  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE;
+  if constexpr (FwdShape<D, KV>::kDoubleBuffer) {
+    // Ping-pong between two stages; written out twice so both stay in registers.
+    FwdStage<D, KV> a, b;
+    if (item < items) fwd_load<D, KV>(p, item, lane, a);
+    while (item < items) {
+      int64_t next = item + stride;
+      if (next < items) fwd_load<D, KV>(p, next, lane, b);
+      fwd_compute<T, D, KV>(p, a, lane);
+      item = next;
+      if (item >= items) break;
+      next = item + stride;
+      if (next < items) fwd_load<D, KV>(p, next, lane, a);
+      fwd_compute<T, D, KV>(p, b, lane);
+      item = next;
+    }
+  } else {
+    for (; item < items; item += stride) {
+      FwdStage<D, KV> st;
+      fwd_load<D, KV>(p, item, lane, st);
+      fwd_compute<T, D, KV>(p, st, lane);
     }
   }
 }

@@ -6,20 +6,51 @@
 #include "dispatch.h"
 #include "fwd_kernel.h"
 
+#include <stdlib.h>
+
 namespace small_seq {
 
-// One (segment, kv head) per wave, kWavesPerBlock waves per block.
 inline dim3 block_for() { return dim3(kWavesPerBlock * ra_device_wave_size()); }
 
-inline dim3 grid_for(const SmallSeqParams& p) {
-  const int64_t waves = static_cast<int64_t>(p.batch) * p.num_heads_kv;
-  return dim3(static_cast<unsigned>((waves + kWavesPerBlock - 1) / kWavesPerBlock));
+// How many resident waves per multiprocessor the grid-stride loop is sized for, as a multiple
+// of what fits at once. ROCM_ATTN_SMALL_SEQ_GRID overrides it for experiments (0: one wave per
+// item, i.e. no grid-stride reuse).
+inline int grid_residency_factor() {
+  static const int factor = [] {
+    const char* env = getenv("ROCM_ATTN_SMALL_SEQ_GRID");
+    return env != nullptr ? atoi(env) : kDefaultResidencyFactor;
+  }();
+  return factor;
+}
+
+// Blocks for `items` (segment, kv head) work items: at most `factor` x the blocks that are
+// resident at once (from the occupancy API, cached per device), at least one.
+template <typename Kernel>
+dim3 grid_for(const SmallSeqParams& p, Kernel kernel) {
+  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  int64_t blocks = (items + kWavesPerBlock - 1) / kWavesPerBlock;
+  const int factor = grid_residency_factor();
+  if (factor > 0) {
+    static int resident_per_mp[64] = {};  // one cache per kernel instantiation
+    const int device = ra_device_index();
+    if (device >= 0 && device < 64 && resident_per_mp[device] == 0) {
+      int n = 0;
+      if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_for().x, 0) != hipSuccess ||
+          n <= 0)
+        n = 1;
+      resident_per_mp[device] = n;
+    }
+    const int per_mp = device >= 0 && device < 64 ? resident_per_mp[device] : 1;
+    const int64_t cap = static_cast<int64_t>(per_mp) * ra_device_multiprocessors() * factor;
+    blocks = blocks < cap ? blocks : cap;
+  }
+  return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
 }
 
 template <typename T, int D, int KV>
 hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
-  hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV>), grid_for(p), block_for(), 0,
+  hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV>), grid_for(p, small_seq_fwd_kernel<T, D, KV>), block_for(), 0,
                      stream, p);
   return hipGetLastError();
 }
@@ -27,7 +58,7 @@ hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
 template <typename T, int D, int KV>
 hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
-  hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV>), grid_for(p), block_for(), 0,
+  hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV>), grid_for(p, small_seq_bwd_kernel<T, D, KV>), block_for(), 0,
                      stream, p);
   return hipGetLastError();
 }

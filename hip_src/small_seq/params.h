@@ -20,6 +20,7 @@ struct SmallSeqParams {
   float* probs;   // [b, h_q, max_seqlen_kv] or nullptr
   const void* dout;  // backward only
   const void* out;   // backward only (forward output, for rowsum(dO * O))
+  const float* dlse;  // backward only: gradient of the LSE output [h_q, b], or nullptr
   void* dq;
   void* dk;
   void* dv;
