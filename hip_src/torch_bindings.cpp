@@ -133,9 +133,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_fwd(
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
     const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale,
     bool return_softmax) {
-  const c10::DeviceGuard guard(q.device());
   SmallSeqParams p =
       make_params(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale);
+  const c10::DeviceGuard guard(q.device());
   at::Tensor out = at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({p.num_heads_q, p.batch}, q.options().dtype(at::kFloat));
   at::Tensor probs = return_softmax
@@ -156,9 +156,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_bwd(
     const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& dlse,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
     const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale) {
-  const c10::DeviceGuard guard(q.device());
   SmallSeqParams p =
       make_params(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale);
+  const c10::DeviceGuard guard(q.device());
   TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes() &&
                   dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
               "small_seq backward: dout and out must match q");

@@ -15,21 +15,18 @@ inline dim3 block_for() { return dim3(kWavesPerBlock * ra_device_wave_size()); }
 // How many resident waves per multiprocessor the grid-stride loop is sized for, as a multiple
 // of what fits at once. ROCM_ATTN_SMALL_SEQ_GRID overrides it for experiments (0: one wave per
 // item, i.e. no grid-stride reuse).
-inline int grid_residency_factor() {
-  static const int factor = [] {
-    const char* env = getenv("ROCM_ATTN_SMALL_SEQ_GRID");
-    return env != nullptr ? atoi(env) : kDefaultResidencyFactor;
-  }();
-  return factor;
+inline int grid_residency_factor(int default_factor) {
+  const char* env = getenv("ROCM_ATTN_SMALL_SEQ_GRID");
+  return env != nullptr ? atoi(env) : default_factor;
 }
 
 // Blocks for `items` (segment, kv head) work items: at most `factor` x the blocks that are
 // resident at once (from the occupancy API, cached per device), at least one.
 template <typename Kernel>
-dim3 grid_for(const SmallSeqParams& p, Kernel kernel) {
+dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor) {
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   int64_t blocks = (items + kWavesPerBlock - 1) / kWavesPerBlock;
-  const int factor = grid_residency_factor();
+  const int factor = grid_residency_factor(default_factor);
   if (factor > 0) {
     static int resident_per_mp[64] = {};  // one cache per kernel instantiation
     const int device = ra_device_index();
@@ -50,16 +47,16 @@ dim3 grid_for(const SmallSeqParams& p, Kernel kernel) {
 template <typename T, int D, int KV>
 hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
-  hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV>), grid_for(p, small_seq_fwd_kernel<T, D, KV>), block_for(), 0,
-                     stream, p);
+  const dim3 grid = grid_for(p, small_seq_fwd_kernel<T, D, KV>, kFwdResidencyFactor);
+  hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
   return hipGetLastError();
 }
 
 template <typename T, int D, int KV>
 hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
-  hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV>), grid_for(p, small_seq_bwd_kernel<T, D, KV>), block_for(), 0,
-                     stream, p);
+  const dim3 grid = grid_for(p, small_seq_bwd_kernel<T, D, KV>, kBwdResidencyFactor);
+  hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
   return hipGetLastError();
 }
 

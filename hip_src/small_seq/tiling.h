@@ -83,8 +83,11 @@ RA_DEVICE float ra_nan() { return __int_as_float(0x7fc00000); }
 // wave slots fill (e.g. 10 warps/SM instead of 8 at 183 registers on sm_90).
 constexpr int kWavesPerBlock = 2;
 constexpr int kMaxThreadsPerBlock = 128;
-// Grid = this many times the blocks resident at once (see launch_impl.h grid_for).
-constexpr int kDefaultResidencyFactor = 4;
+// Grid = this many times the blocks resident at once (launch_impl.h grid_for); 0 = one wave
+// per item. Measured on an H200 (docs/NOTES.md): the forward gains from re-using resident waves
+// (d=128 kv=16: 73% -> 85-89% of floor), the backward does not (and loses on small batches).
+constexpr int kFwdResidencyFactor = 4;
+constexpr int kBwdResidencyFactor = 0;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

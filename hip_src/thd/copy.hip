@@ -1,0 +1,54 @@
+// Launcher of the THD row gather/scatter kernel: picks the widest vector the row layout allows
+// (16, 8, 4 or 2 bytes) and the lanes per row. Four instantiations in all.
+#include "copy_kernel.h"
+
+namespace {
+
+bool aligned(int64_t v, int bytes) { return v % bytes == 0; }
+
+// Widest vector (bytes) dividing the segment size, both base pointers and every stride in use.
+int copy_vector_bytes(const ThdCopyParams& p) {
+  const int64_t src = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.src));
+  const int64_t dst = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.dst));
+  for (int v = 16; v >= 2; v /= 2) {
+    bool ok = aligned(p.head_bytes, v) && aligned(src, v) && aligned(dst, v) &&
+              aligned(p.src_row_stride, v) && aligned(p.dst_row_stride, v);
+    if (p.outer > 1) ok = ok && aligned(p.src_outer_stride, v) && aligned(p.dst_outer_stride, v);
+    if (p.heads > 1) ok = ok && aligned(p.src_head_stride, v) && aligned(p.dst_head_stride, v);
+    if (ok) return v;
+  }
+  return 0;
+}
+
+}  // namespace
+
+hipError_t thd_copy_rows_launch(const ThdCopyParams& p, hipStream_t stream) {
+  if (p.rows <= 0 || p.outer <= 0 || p.heads <= 0 || p.head_bytes <= 0) return hipSuccess;
+  const int vbytes = copy_vector_bytes(p);
+  if (vbytes == 0) return hipErrorInvalidValue;  // 1-byte elements or odd strides
+  const int64_t nvec = static_cast<int64_t>(p.heads) * (p.head_bytes / vbytes);
+  if (nvec > INT32_MAX) return hipErrorInvalidValue;
+  const int shift = thd::lanes_shift(nvec, thd::kCopyVecsPerLane, thd::kCopyThreads);
+  const int64_t rows_per_block = thd::kCopyThreads >> shift;
+  const int64_t bx = (p.rows + rows_per_block - 1) / rows_per_block;
+  const int64_t by = (p.outer + thd::kCopyOuterPerBlock - 1) / thd::kCopyOuterPerBlock;
+  // Both loops are grid-strided, so clipping the grid only serialises work.
+  const dim3 grid(static_cast<unsigned>(bx < INT32_MAX ? bx : INT32_MAX),
+                  static_cast<unsigned>(by < 65535 ? by : 65535));
+  const dim3 block(thd::kCopyThreads);
+  switch (vbytes) {
+    case 16:
+      hipLaunchKernelGGL((thd::copy_rows_kernel<16>), grid, block, 0, stream, p, shift);
+      break;
+    case 8:
+      hipLaunchKernelGGL((thd::copy_rows_kernel<8>), grid, block, 0, stream, p, shift);
+      break;
+    case 4:
+      hipLaunchKernelGGL((thd::copy_rows_kernel<4>), grid, block, 0, stream, p, shift);
+      break;
+    default:
+      hipLaunchKernelGGL((thd::copy_rows_kernel<2>), grid, block, 0, stream, p, shift);
+      break;
+  }
+  return hipGetLastError();
+}

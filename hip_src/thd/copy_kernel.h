@@ -1,0 +1,123 @@
+// Row gather/scatter kernel of the copy-type THD helpers: partition, reorder_to_contiguous,
+// reorder_to_rank_sharded, read_half, copy_valid_tokens (and pad_for_cp through it).
+//
+// A group of 2^lpr_shift lanes owns one destination row: it finds the row's source by binary
+// search (map_row; all lanes of the group read the same cu_seqlens words, one transaction),
+// then copies the row (every outer slice of this block, e.g. the LSE heads) with V-byte
+// vectors, kCopyUnroll loads in flight per lane before the stores. The grid covers the rows
+// (it scales with tokens), blockIdx.y covers outer slices kCopyOuterPerBlock at a time.
+#pragma once
+
+#include "index.h"
+
+namespace thd {
+
+constexpr int kCopyThreads = 256;
+constexpr int kCopyOuterPerBlock = 8;  // outer slices per block: one search serves 8 LSE heads
+constexpr int kCopyUnroll = 4;         // vectors in flight per lane
+constexpr int kCopyVecsPerLane = 4;    // lanes per row ~ vectors per row / 4
+
+struct alignas(8) Vec8B {
+  uint32_t w[2];
+};
+
+template <int V>
+struct VecOf;
+template <>
+struct VecOf<16> {
+  using type = ra_vec8;
+  static RA_DEVICE type fill(const uint32_t (&f)[4]) {
+    type v;
+    v.w[0] = f[0];
+    v.w[1] = f[1];
+    v.w[2] = f[2];
+    v.w[3] = f[3];
+    return v;
+  }
+};
+template <>
+struct VecOf<8> {
+  using type = Vec8B;
+  static RA_DEVICE type fill(const uint32_t (&f)[4]) {
+    type v;
+    v.w[0] = f[0];
+    v.w[1] = f[1];
+    return v;
+  }
+};
+template <>
+struct VecOf<4> {
+  using type = uint32_t;
+  static RA_DEVICE type fill(const uint32_t (&f)[4]) { return f[0]; }
+};
+template <>
+struct VecOf<2> {
+  using type = uint16_t;
+  static RA_DEVICE type fill(const uint32_t (&f)[4]) { return static_cast<uint16_t>(f[0]); }
+};
+
+// Byte offset of vector v of a row: heads segments of vph vectors each.
+template <int V>
+RA_DEVICE int64_t vec_offset(int v, int vph, int heads, int64_t head_stride) {
+  if (heads == 1) return static_cast<int64_t>(v) * V;
+  const int hh = v / vph;
+  return hh * head_stride + static_cast<int64_t>(v - hh * vph) * V;
+}
+
+template <int V>
+__global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyParams p,
+                                                                 const int lpr_shift) {
+  using Vec = typename VecOf<V>::type;
+  const int lanes = 1 << lpr_shift;
+  const int lane = threadIdx.x & (lanes - 1);
+  const int vph = p.head_bytes / V;
+  const int nvec = p.heads * vph;  // >= lanes (launcher)
+  const char* __restrict__ src = static_cast<const char*>(p.src);
+  char* __restrict__ dst = static_cast<char*>(p.dst);
+  const int64_t slots = (static_cast<int64_t>(gridDim.x) * kCopyThreads) >> lpr_shift;
+  const int64_t outer_step = static_cast<int64_t>(gridDim.y) * kCopyOuterPerBlock;
+
+  for (int64_t row = (static_cast<int64_t>(blockIdx.x) * kCopyThreads + threadIdx.x) >> lpr_shift;
+       row < p.rows; row += slots) {
+    const int64_t src_row = map_row(p.map, row);
+    if (src_row < 0 && !p.fill) continue;
+    const Vec fill = VecOf<V>::fill(p.fill_bytes);
+    for (int64_t o_begin = static_cast<int64_t>(blockIdx.y) * kCopyOuterPerBlock; o_begin < p.outer;
+         o_begin += outer_step) {
+      const int64_t o_end = o_begin + kCopyOuterPerBlock < p.outer ? o_begin + kCopyOuterPerBlock
+                                                                   : p.outer;
+      // This lane's items are the flat indices lane, lane + lanes, ... of [o_begin, o_end) x nvec.
+      int64_t o = o_begin;
+      int v = lane;
+      while (o < o_end) {
+        Vec buf[kCopyUnroll];
+        char* dptr[kCopyUnroll];
+#pragma unroll
+        for (int u = 0; u < kCopyUnroll; ++u) {
+          dptr[u] = nullptr;
+          if (o < o_end) {
+            dptr[u] = dst + o * p.dst_outer_stride + row * p.dst_row_stride +
+                      vec_offset<V>(v, vph, p.heads, p.dst_head_stride);
+            if (src_row >= 0) {
+              buf[u] = *reinterpret_cast<const Vec*>(src + o * p.src_outer_stride +
+                                                     src_row * p.src_row_stride +
+                                                     vec_offset<V>(v, vph, p.heads, p.src_head_stride));
+            } else {
+              buf[u] = fill;
+            }
+            v += lanes;
+            if (v >= nvec) {  // lanes <= nvec: at most one wrap per step
+              v -= nvec;
+              ++o;
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kCopyUnroll; ++u)
+          if (dptr[u] != nullptr) *reinterpret_cast<Vec*>(dptr[u]) = buf[u];
+      }
+    }
+  }
+}
+
+}  // namespace thd
