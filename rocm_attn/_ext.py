@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -20,6 +21,10 @@ def _load() -> bool:
     if os.environ.get("ROCM_ATTN_FORCE_CPU", "0") not in ("", "0"):
         _LOAD_ERROR = "ROCM_ATTN_FORCE_CPU is set"
         return False
+    if importlib.util.find_spec(f"{__package__}._C") is None:
+        _LOAD_ERROR = (f"rocm_attn._C is not built (build backend: {build_config()['backend']}); "
+                       "the torch path serves every call")
+        return False
     try:
         from . import _C  # noqa: F401  (registers torch.ops.rocm_attn.*)
     except ImportError as exc:
@@ -28,7 +33,6 @@ def _load() -> bool:
     return True
 
 
-HAS_EXTENSION: bool = _load()
 
 
 def extension_error() -> Optional[str]:
@@ -48,3 +52,6 @@ def build_config() -> dict:
         return json.loads(text)
     except (FileNotFoundError, OSError, ValueError):
         return {"backend": "cpu", "archs": [], "kernels": []}
+
+
+HAS_EXTENSION: bool = _load()
