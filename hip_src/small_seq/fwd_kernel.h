@@ -86,14 +86,14 @@ struct FwdStage {
   ra_vec8 vr[S::kChunk][S::kVPL];
 };
 
-// Issues every load of one item (segment bounds, then K/V rows when they fit one chunk).
+// Issues every load of one item (K/V rows when they fit one chunk), given its segment bounds.
 template <int D, int KV>
-RA_DEVICE void fwd_load(const SmallSeqParams& p, const int64_t item, const int lane,
-                        FwdStage<D, KV>& st) {
+RA_DEVICE void fwd_load(const SmallSeqParams& p, const int64_t item, const SegmentBounds& bounds,
+                        const int lane, FwdStage<D, KV>& st) {
   using S = FwdShape<D, KV>;
   st.seg = static_cast<int>(item / p.num_heads_kv);
   st.hk = static_cast<int>(item % p.num_heads_kv);
-  st.s = load_segment(p, st.seg);
+  st.s = resolve_segment(p, st.seg, bounds);
   if constexpr (S::kChunks == 1) {
     const int row_group = lane / S::kLPR;
     const int col_lane = lane % S::kLPR;
@@ -240,25 +240,30 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_kernel(cons
   const int64_t stride = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE);
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE;
+  auto bounds_of = [&](int64_t it) { return fetch_bounds(p, static_cast<int>(it / p.num_heads_kv)); };
   if constexpr (FwdShape<D, KV>::kDoubleBuffer) {
     // Ping-pong between two stages; written out twice so both stay in registers.
     FwdStage<D, KV> a, b;
-    if (item < items) fwd_load<D, KV>(p, item, lane, a);
+    if (item < items) fwd_load<D, KV>(p, item, bounds_of(item), lane, a);
     while (item < items) {
       int64_t next = item + stride;
-      if (next < items) fwd_load<D, KV>(p, next, lane, b);
+      if (next < items) fwd_load<D, KV>(p, next, bounds_of(next), lane, b);
       fwd_compute<T, D, KV>(p, a, lane);
       item = next;
       if (item >= items) break;
       next = item + stride;
-      if (next < items) fwd_load<D, KV>(p, next, lane, a);
+      if (next < items) fwd_load<D, KV>(p, next, bounds_of(next), lane, a);
       fwd_compute<T, D, KV>(p, b, lane);
       item = next;
     }
   } else {
+    // Single stage (K/V too large to double): still read the next item's segment bounds
+    // before computing this one, so only the K/V latency is exposed per item.
+    SegmentBounds bounds = item < items ? bounds_of(item) : SegmentBounds{};
     for (; item < items; item += stride) {
       FwdStage<D, KV> st;
-      fwd_load<D, KV>(p, item, lane, st);
+      fwd_load<D, KV>(p, item, bounds, lane, st);
+      if (item + stride < items) bounds = bounds_of(item + stride);
       fwd_compute<T, D, KV>(p, st, lane);
     }
   }

@@ -33,29 +33,42 @@ struct Segment {
   bool valid;
 };
 
-RA_DEVICE Segment load_segment(const SmallSeqParams& p, int seg) {
+// The raw per-segment values read from device memory, split from their interpretation so a
+// wave can issue the next item's reads before it works on the current one.
+struct SegmentBounds {
+  int q0, q1;  // cu_seqlens_q[seg], cu_seqlens_q[seg + 1] (THD)
+  int k0, k1;  // cu_seqlens_kv[seg], cu_seqlens_kv[seg + 1] (THD); BSHD: k1 = seqlens_kv[seg]
+};
+
+RA_DEVICE SegmentBounds fetch_bounds(const SmallSeqParams& p, int seg) {
+  SegmentBounds b{seg, seg + 1, 0, 0};
+  if (p.cu_seqlens_q != nullptr) {
+    b.q0 = p.cu_seqlens_q[seg];
+    b.q1 = p.cu_seqlens_q[seg + 1];
+  }
+  if (p.cu_seqlens_kv != nullptr) {
+    b.k0 = p.cu_seqlens_kv[seg];
+    b.k1 = p.cu_seqlens_kv[seg + 1];
+  } else {
+    b.k1 = p.seqlens_kv[seg];
+  }
+  return b;
+}
+
+RA_DEVICE Segment resolve_segment(const SmallSeqParams& p, int seg, const SegmentBounds& b) {
   Segment s;
   bool ok = true;
-  if (p.cu_seqlens_q != nullptr) {
-    const int q0 = p.cu_seqlens_q[seg];
-    const int q1 = p.cu_seqlens_q[seg + 1];
-    ok = (q1 - q0 == 1) && q0 >= 0 && q0 < p.total_q;
-    s.q_row = q0;
-  } else {
-    s.q_row = seg;
-  }
-  int64_t kv_row0;
+  if (p.cu_seqlens_q != nullptr) ok = (b.q1 - b.q0 == 1) && b.q0 >= 0 && b.q0 < p.total_q;
+  s.q_row = b.q0;
   if (p.cu_seqlens_kv != nullptr) {
-    const int k0 = p.cu_seqlens_kv[seg];
-    const int k1 = p.cu_seqlens_kv[seg + 1];
-    s.len = k1 - k0;
-    ok = ok && k0 >= 0 && k1 <= p.total_kv;
-    kv_row0 = k0;
+    s.len = b.k1 - b.k0;
+    ok = ok && b.k0 >= 0 && b.k1 <= p.total_kv;
+    const int64_t kv_row0 = b.k0;
     s.k_base = kv_row0 * p.k_token_stride;
     s.v_base = kv_row0 * p.v_token_stride;
     s.dkv_base = kv_row0 * p.dkv_token_stride;
   } else {
-    s.len = p.seqlens_kv[seg];
+    s.len = b.k1;
     ok = ok && s.len <= p.total_kv;
     s.k_base = static_cast<int64_t>(seg) * p.k_batch_stride;
     s.v_base = static_cast<int64_t>(seg) * p.v_batch_stride;
@@ -68,6 +81,10 @@ RA_DEVICE Segment load_segment(const SmallSeqParams& p, int seg) {
     s.q_row = s.q_row < 0 || s.q_row >= p.total_q ? -1 : s.q_row;
   }
   return s;
+}
+
+RA_DEVICE Segment load_segment(const SmallSeqParams& p, int seg) {
+  return resolve_segment(p, seg, fetch_bounds(p, seg));
 }
 
 RA_DEVICE void report_bad_segment(const SmallSeqParams& p, int seg) {
