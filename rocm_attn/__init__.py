@@ -6,6 +6,8 @@ Public API:
   build_info            what this install was built with
   thd                   context-parallel helpers for packed variable-length (THD) tensors
   reference             float64 reference attention (THD, masks, GQA): the test oracle
+  attn_with_cp          context-parallel attention (p2p ring, all_gather, a2a) over THD shards
+  shard_for_cp          global THD tensor -> rank shard (dual-chunk); gather_from_cp: the inverse
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch
 from . import _ext, reference, thd
 from .errors import SmallSeqContractError, check_errors
 from .small_seq import fused_attn_small_seq
+from . import cp
+from .cp import attn_with_cp, gather_from_cp, shard_for_cp
 
 __version__ = "0.1.0"
 
@@ -36,9 +40,13 @@ def build_info() -> dict:
 
 __all__ = [
     "SmallSeqContractError",
+    "attn_with_cp",
     "build_info",
     "check_errors",
+    "cp",
     "fused_attn_small_seq",
+    "gather_from_cp",
     "reference",
+    "shard_for_cp",
     "thd",
 ]

@@ -1,0 +1,21 @@
+"""Context-parallel attention (DESIGN section 3): :func:`attn_with_cp` and shard helpers.
+
+One module per concern:
+
+* ``api.py``        public entry ``attn_with_cp``: argument / layout checks, plan, dispatch
+* ``steps.py``      per-step metadata (q/kv ranges, mask, window) for every comm type: the one
+                    place the masks issue extends
+* ``backends.py``   per-step attention: ``reference`` (pure torch), ``torch_flash`` (aten
+                    flash varlen, GPU), ``auto``
+* ``layouts.py``    materialise a step's tensors (read_half) and fold results back (merge_partial,
+                    grad_correction)
+* ``comm.py``       group introspection, ring exchange (batched isend/irecv), collectives
+* ``p2p.py``, ``all_gather.py``, ``a2a.py``   one ``torch.autograd.Function`` per comm type
+* ``shard.py``      ``shard_for_cp`` / ``gather_from_cp``
+"""
+
+from .api import COMM_TYPES, attn_with_cp
+from .backends import BACKENDS
+from .shard import gather_from_cp, shard_for_cp
+
+__all__ = ["BACKENDS", "COMM_TYPES", "attn_with_cp", "gather_from_cp", "shard_for_cp"]

@@ -1,0 +1,85 @@
+"""``cp_comm_type="all_gather"``: all-gather K/V, attend with the local Q.
+
+Forward: K and V (stacked, one collective) are all-gathered and put in global contiguous order
+with ``thd.reorder_to_contiguous``; the local q attends in the steps of
+:func:`~rocm_attn.cp.steps.all_gather_step_metas` (causal: one step per local half, each with
+its own cu_seqlens and bottom-right causal offset; no mask: one step) and the halves are placed
+into the output. Backward: K/V are gathered again (not saved: saves ``cp`` x the kv memory),
+every step's dK/dV accumulate into a global fp32 (fp64) buffer, which is put back in rank
+order (``thd.reorder_to_rank_sharded``) and reduce-scattered.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import thd
+from . import comm, layouts
+from .backends import accum_dtype
+from .steps import CPPlan, all_gather_step_metas
+
+__all__ = ["AllGatherAttnFunc"]
+
+
+def _gather_kv(k, v, plan: CPPlan):
+    kv = comm.all_gather_tokens(torch.stack([k, v], dim=1), plan.group, plan.cp)
+    kv = thd.reorder_to_contiguous(kv, plan.cu_seqlens_kv_padded, plan.cp)
+    return kv[:, 0], kv[:, 1]  # [T, h_kv, d] each, global order
+
+
+def all_gather_forward(q, k, v, plan: CPPlan):
+    cdt = accum_dtype(q.dtype)
+    cu_q = plan.local_cu_q_padded
+    k_g, v_g = _gather_kv(k, v, plan)
+    out = torch.zeros(q.shape, dtype=cdt, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=cdt, device=q.device)
+    for meta in all_gather_step_metas(plan):
+        q_s = layouts.select_rows(q, meta.q_layout, cu_q)
+        o_s, l_s = plan.backend.forward(q_s, k_g, v_g, meta, plan.softmax_scale)
+        if meta.q_layout == "full":
+            out.copy_(o_s)
+            lse.copy_(l_s)
+        else:
+            layouts.place_half(out, o_s.to(cdt), meta.q_layout, cu_q)
+            layouts.place_half(lse, l_s.to(cdt), meta.q_layout, cu_q, token_dim_last=True)
+    return out.to(q.dtype), lse
+
+
+def all_gather_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
+    cdt = accum_dtype(q.dtype)
+    cu_q = plan.local_cu_q_padded
+    k_g, v_g = _gather_kv(k, v, plan)
+    dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
+    dkv = torch.zeros((k_g.shape[0], 2) + tuple(k_g.shape[1:]), dtype=cdt, device=q.device)
+    for meta in all_gather_step_metas(plan):
+        sel = meta.q_layout
+        dq_s, dk_s, dv_s = plan.backend.backward(
+            layouts.select_rows(dout, sel, cu_q), layouts.select_rows(q, sel, cu_q), k_g, v_g,
+            layouts.select_rows(out, sel, cu_q), layouts.select_lse(lse, sel, cu_q),
+            layouts.select_lse(dlse, sel, cu_q), meta, plan.softmax_scale)
+        layouts.fold_grad(dq, dq_s, sel, cu_q)
+        dkv[:, 0] += dk_s
+        dkv[:, 1] += dv_s
+    dkv = thd.reorder_to_rank_sharded(dkv, plan.cu_seqlens_kv_padded, plan.cp)
+    dkv = comm.reduce_scatter_tokens(dkv, plan.group, plan.cp)
+    return dq.to(q.dtype), dkv[:, 0].to(k.dtype), dkv[:, 1].to(v.dtype)
+
+
+class AllGatherAttnFunc(torch.autograd.Function):
+    """Differentiable all-gather CP attention; explicit collectives in forward and backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan: CPPlan):
+        out, lse = all_gather_forward(q, k, v, plan)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan = plan
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = all_gather_backward(dout, dlse, q, k, v, out, lse, ctx.plan)
+        return dq, dk, dv, None

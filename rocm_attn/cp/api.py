@@ -1,0 +1,319 @@
+"""``attn_with_cp``: the public entry point; validates arguments, builds a
+:class:`~rocm_attn.cp.steps.CPPlan` and dispatches to the comm type's autograd Function."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from ..errors import validate_mode
+from ..reference import normalize_mask_type
+from . import comm
+from .a2a import A2AAttnFunc
+from .all_gather import AllGatherAttnFunc
+from .backends import resolve_backend
+from .p2p import RingAttnFunc
+from .steps import CPPlan, side_geometry
+
+__all__ = ["COMM_TYPES", "attn_with_cp"]
+
+COMM_TYPES = ("p2p", "all_gather", "a2a")
+# named in DESIGN section 3, not implemented yet
+_LATER_COMM_TYPES = {"a2a+p2p": "hierarchical a2a+p2p"}
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FUNCS = {"p2p": RingAttnFunc, "all_gather": AllGatherAttnFunc, "a2a": A2AAttnFunc}
+
+_log = logging.getLogger("rocm_attn.cp")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+# --------------------------------------------------------------------------
+# host checks (no sync)
+# --------------------------------------------------------------------------
+
+
+def _check_window(window_size) -> Tuple[int, int]:
+    if window_size is None:
+        return (-1, -1)
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(_is_int(w) and w >= -1 for w in window_size)):
+        raise ValueError("window_size must be a pair of ints (left, right), each >= -1 "
+                         f"(-1 = unbounded), got {window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
+def _check_tensors(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be [tokens, heads, head_dim] (rank-local THD), got "
+                             f"shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"{name} has dtype {t.dtype}; attn_with_cp takes float16, bfloat16, "
+                             "float32, float64")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"head dims differ: q has {q.shape[2]}, k/v have {k.shape[2]}")
+    h_q, h_kv = q.shape[1], k.shape[1]
+    if h_kv == 0 or h_q % h_kv:
+        raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv}) (GQA / MQA)")
+    for name, t in (("q", q), ("k", k)):
+        if t.shape[0] % 2:
+            raise ValueError(
+                f"{name} has {t.shape[0]} rank-local tokens, an odd count: a rank-local shard "
+                "holds two equal halves of every sequence (shard with rocm_attn.shard_for_cp)")
+
+
+def _check_cu(name: str, cu, device: torch.device, b1: Optional[int]) -> None:
+    if not isinstance(cu, torch.Tensor):
+        raise ValueError(f"{name} must be an int32 torch.Tensor [b+1], got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise ValueError(f"{name} must have dtype torch.int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name} must be 1-D with b+1 >= 1 entries, got shape "
+                         f"{tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} must be on {device} (the device of q), got {cu.device}")
+    if b1 is not None and cu.numel() != b1:
+        raise ValueError(f"{name} must have b+1 = {b1} entries like cu_seqlens_q, got "
+                         f"{cu.numel()}")
+
+
+# --------------------------------------------------------------------------
+# value checks (read cu_seqlens on the host: on CPU tensors, or with validate=True)
+# --------------------------------------------------------------------------
+
+
+def _check_side_values(side: str, cu: torch.Tensor, cu_p: torch.Tensor, padded_given: bool,
+                       cp: int, rows: int, max_seqlen: int) -> None:
+    c = cu.long().cpu()
+    p = cu_p.long().cpu()
+    pname = f"cu_seqlens_{side}_padded" if padded_given else f"cu_seqlens_{side}"
+    if int(p[0]) != 0:
+        raise ValueError(f"{pname}[0] must be 0, got {int(p[0])}")
+    plens = p[1:] - p[:-1]
+    bad = torch.nonzero(plens < 0)
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ValueError(f"{pname} must be non-decreasing: sequence {i} has length "
+                         f"{int(plens[i])}")
+    bad = torch.nonzero(plens % (2 * cp))
+    if bad.numel():
+        i = int(bad[0, 0])
+        if padded_given:
+            raise ValueError(
+                f"{pname}: sequence {i} has a padded length of {int(plens[i])}, not a multiple "
+                f"of 2*cp = {2 * cp} (dual-chunk sharding cuts every sequence into 2*cp equal "
+                "chunks); pad with rocm_attn.thd.pad_for_cp")
+        raise ValueError(
+            f"{pname}: sequence {i} has length {int(plens[i])}, not a multiple of 2*cp = "
+            f"{2 * cp}. Without cu_seqlens_{side}_padded the sequence lengths themselves define "
+            "the dual-chunk layout; pad the sequences (rocm_attn.thd.pad_for_cp) and pass "
+            f"cu_seqlens_{side}_padded")
+    lens = c[1:] - c[:-1]
+    bad = torch.nonzero(lens < 0)
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ValueError(f"cu_seqlens_{side} must be non-decreasing: sequence {i} has length "
+                         f"{int(lens[i])}")
+    bad = torch.nonzero(lens > plens)
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ValueError(f"sequence {i} has {int(lens[i])} valid {side} tokens (cu_seqlens_{side})"
+                         f" but a padded slot of {int(plens[i])} ({pname})")
+    need = int(p[-1]) // cp
+    if rows < need:
+        raise ValueError(
+            f"the local {side} shard has {rows} tokens but {pname}[-1] // cp = {int(p[-1])} // "
+            f"{cp} = {need}: every rank holds {pname}[-1] // cp tokens (plus optional slack "
+            "rows); shard the global tensors with rocm_attn.shard_for_cp")
+    longest = int(lens.max()) if lens.numel() else 0
+    if longest > max_seqlen:
+        raise ValueError(f"max_seqlen_{side} = {max_seqlen} but sequence "
+                         f"{int(torch.argmax(lens))} has {longest} valid tokens")
+
+
+# --------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------
+
+
+def attn_with_cp(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_kv: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+    cp_group,
+    cp_comm_type: str = "p2p",
+    attn_mask_type: str = "causal",
+    window_size: Sequence[int] = (-1, -1),
+    chunk_size: Optional[int] = None,
+    cu_seqlens_q_padded: Optional[torch.Tensor] = None,
+    cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    backend: str = "auto",
+    *,
+    return_lse: bool = False,
+    validate: Optional[bool] = None,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Context-parallel attention over THD sequences sharded across ``cp_group``.
+
+    Every rank passes its shard in dual-chunk order (:func:`rocm_attn.shard_for_cp`: for every
+    sequence, chunk ``rank`` then chunk ``2*cp-1-rank`` of its ``2*cp`` equal chunks) and the
+    **global** cu_seqlens (the same on every rank). Differentiable: each comm type is a
+    ``torch.autograd.Function`` whose backward communicates explicitly. Every rank of the group
+    must make the call (and its backward) with the same arguments but its own shard.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        Rank-local ``[t_q, h_q, d]``, ``t_q = cu_seqlens_q_padded[-1] // cp`` (more rows are
+        allowed as slack: they get zero outputs and gradients). float16 / bfloat16 / float32 /
+        float64; any strides.
+    k, v : torch.Tensor
+        Rank-local ``[t_kv, h_kv, d]``, ``h_q % h_kv == 0`` (GQA / MQA).
+    cu_seqlens_q, cu_seqlens_kv : torch.Tensor
+        Global int32 ``[b+1]``: valid tokens per sequence.
+    max_seqlen_q, max_seqlen_kv : int
+        Host upper bounds of the valid sequence lengths (sizes kernel grids).
+    cp_group : torch.distributed.ProcessGroup
+        The context-parallel group (gloo on CPU, NCCL / RCCL on GPUs).
+    cp_comm_type : str
+        ``"p2p"`` (ring with batched isend/irecv), ``"all_gather"`` (all-gather K/V, reduce-
+        scatter dK/dV) or ``"a2a"`` (Ulysses all-to-all; needs ``h_q % cp == h_kv % cp == 0``).
+    attn_mask_type : str
+        ``"no_mask"`` / ``"padding"`` or ``"causal"`` / ``"padding_causal"`` (bottom-right
+        aligned; ``"p2p"`` needs identical q and kv sequences for it).
+    window_size, chunk_size :
+        Only ``(-1, -1)`` and ``None`` for now (``NotImplementedError`` otherwise).
+    cu_seqlens_q_padded, cu_seqlens_kv_padded : torch.Tensor, optional
+        Global int32 ``[b+1]`` starting at 0: where every sequence's slot starts; every slot
+        length a multiple of ``2*cp`` (valid tokens first, padding after). They define the
+        dual-chunk layout; when None, ``cu_seqlens_*`` itself is the layout and must have
+        lengths that are multiples of ``2*cp``.
+    softmax_scale : float, optional
+        Default ``1 / sqrt(d)``.
+    backend : str
+        Per-step attention: ``"auto"``, ``"reference"`` (pure torch, any device) or
+        ``"torch_flash"`` (CUDA / ROCm, fp16 / bf16, ``d <= 256``).
+    return_lse : bool
+        Also return the LSE (differentiable).
+    validate : bool, optional
+        Check the cu_seqlens *values* (layout, divisibility, shard size, max_seqlen). Reading
+        them synchronises, so by default (None) this runs for CPU tensors or with env
+        ``ROCM_ATTN_VALIDATE=1`` only; ``True`` / ``False`` force it on / off.
+
+    Returns
+    -------
+    out : torch.Tensor
+        Rank-local ``[t_q, h_q, d]`` in q's dtype, same layout as ``q``; zero at padding rows.
+    lse : torch.Tensor
+        Only with ``return_lse``: ``[h_q, t_q]``, natural log, float32 (float64 for float64
+        inputs), ``-inf`` at padding rows and rows with no allowed key.
+
+    Raises
+    ------
+    ValueError
+        Bad arguments (each message names the argument), a rank outside ``cp_group``, a shard
+        size inconsistent with ``cu_seqlens_*_padded[-1] // cp``, lengths not divisible by
+        ``2*cp``, heads not divisible by ``cp`` for ``"a2a"``, ``"p2p"`` causal with different
+        q and kv sequences, ``backend="torch_flash"`` for inputs it cannot serve.
+    NotImplementedError
+        Sliding windows, chunked attention, comm type ``"a2a+p2p"`` (named in the message).
+    """
+    plan = _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
+                      cp_group, cp_comm_type, attn_mask_type, window_size, chunk_size,
+                      cu_seqlens_q_padded, cu_seqlens_kv_padded, softmax_scale, backend,
+                      bool(return_lse), validate)
+    _log.debug("attn_with_cp: comm=%s mask=%s cp=%d rank=%d backend=%s", cp_comm_type,
+               plan.attn_mask_type, plan.cp, plan.rank, plan.backend.name)
+    out, lse = _FUNCS[cp_comm_type].apply(q, k, v, plan)
+    return (out, lse) if return_lse else out
+
+
+def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, cp_group,
+               cp_comm_type, attn_mask_type, window_size, chunk_size, cu_seqlens_q_padded,
+               cu_seqlens_kv_padded, softmax_scale, backend, return_lse, validate) -> CPPlan:
+    cp, rank = comm.group_info(cp_group)
+    if cp_comm_type in _LATER_COMM_TYPES:
+        raise NotImplementedError(f"attn_with_cp: cp_comm_type={cp_comm_type!r} "
+                                  f"({_LATER_COMM_TYPES[cp_comm_type]}) is not implemented yet; "
+                                  f"use one of {COMM_TYPES}")
+    if cp_comm_type not in COMM_TYPES:
+        raise ValueError(f"cp_comm_type must be one of {COMM_TYPES}, got {cp_comm_type!r}")
+    causal = normalize_mask_type(attn_mask_type)
+    window = _check_window(window_size)
+    if chunk_size is not None and (not _is_int(chunk_size) or chunk_size <= 0):
+        raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+    later = []
+    if window != (-1, -1):
+        later.append(f"window_size={window}")
+    if chunk_size is not None:
+        later.append(f"chunk_size={chunk_size}")
+    if later:
+        raise NotImplementedError(
+            f"attn_with_cp: {' and '.join(later)} with attn_mask_type={attn_mask_type!r} and "
+            f"cp_comm_type={cp_comm_type!r} is not implemented yet (sliding-window and chunked "
+            "attention under context parallelism come with the masks issue)")
+    _check_tensors(q, k, v)
+    h_q, h_kv, d = q.shape[1], k.shape[1], q.shape[2]
+    if cp_comm_type == "a2a" and (h_q % cp or h_kv % cp):
+        raise ValueError(f"cp_comm_type='a2a' shards heads over the group: h_q ({h_q}) and "
+                         f"h_kv ({h_kv}) must both be multiples of cp ({cp}); use 'p2p' or "
+                         "'all_gather'")
+    dev = q.device
+    _check_cu("cu_seqlens_q", cu_seqlens_q, dev, None)
+    b1 = cu_seqlens_q.numel()
+    _check_cu("cu_seqlens_kv", cu_seqlens_kv, dev, b1)
+    for name, t in (("cu_seqlens_q_padded", cu_seqlens_q_padded),
+                    ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
+        if t is not None:
+            _check_cu(name, t, dev, b1)
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
+        if not _is_int(m) or m < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {m!r}")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise ValueError(f"softmax_scale must be None or a float, got {softmax_scale!r}")
+    step_backend = resolve_backend(backend, q)
+    cu_q_p = cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded
+    cu_kv_p = cu_seqlens_kv if cu_seqlens_kv_padded is None else cu_seqlens_kv_padded
+
+    check_values = validate_mode(validate) or (validate is None and dev.type == "cpu")
+    if check_values:
+        _check_side_values("q", cu_seqlens_q, cu_q_p, cu_seqlens_q_padded is not None, cp,
+                           q.shape[0], max_seqlen_q)
+        _check_side_values("kv", cu_seqlens_kv, cu_kv_p, cu_seqlens_kv_padded is not None, cp,
+                           k.shape[0], max_seqlen_kv)
+        if causal and cp_comm_type == "p2p" and not (
+                torch.equal(cu_seqlens_q, cu_seqlens_kv) and torch.equal(cu_q_p, cu_kv_p)):
+            raise ValueError(
+                "cp_comm_type='p2p' with a causal mask needs identical q and kv sequences "
+                "(cu_seqlens_q == cu_seqlens_kv and the same padded layout): its diagonal / "
+                "below / above ring steps rely on q and kv chunks at the same positions; use "
+                "'all_gather' or 'a2a' for causal attention between different q and kv lengths")
+    return CPPlan(
+        group=cp_group, cp=cp, rank=rank, attn_mask_type="causal" if causal else "no_mask",
+        window_size=window, chunk_size=chunk_size, softmax_scale=float(softmax_scale),
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_q_p,
+        cu_seqlens_kv_padded=cu_kv_p, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+        rows_q=q.shape[0], rows_kv=k.shape[0], backend=step_backend, return_lse=return_lse,
+        geom_q=side_geometry(cu_seqlens_q, cu_q_p, cp),
+        geom_kv=side_geometry(cu_seqlens_kv, cu_kv_p, cp))

@@ -1,0 +1,227 @@
+"""Per-step attention backends of context-parallel attention.
+
+A backend computes one :class:`~rocm_attn.cp.steps.StepMeta` step: a varlen attention whose
+sub-sequences start at ``cu_seqlens_*_padded`` rows of the step's tensors with
+``cu_seqlens_*`` valid rows each (padding rows never read), and its backward.
+
+Interface (:class:`StepBackend`)
+--------------------------------
+``forward(q, k, v, meta, scale) -> (out, lse)``
+    ``out [t_q, h_q, d]`` (zero at rows outside every sub-sequence and rows with no allowed
+    key), ``lse [h_q, t_q]`` float32 (float64 for float64 inputs), ``-inf`` at those rows.
+    ``out`` may be in the input dtype or wider: the caller merges into an fp32/fp64 accumulator.
+``backward(dout, q, k, v, out, lse, dlse, meta, scale) -> (dq, dk, dv)``
+    ``out`` / ``lse`` are the **final** (all steps merged) output and LSE restricted to the
+    step's q rows, ``dout`` / ``dlse`` their cotangents (``dlse`` may be None). The result is
+    this step's exact contribution to the gradients: with ``P = exp(S - lse_final)`` restricted
+    to the step's keys, ``dS = P * (dO V^T - rowdot(dO, O) + dlse)`` (the flash-attention
+    backward; summing it over the steps gives the gradient of the whole attention).
+
+Backends
+--------
+* ``reference``: pure torch on any device (:func:`rocm_attn.reference.reference_attention`,
+  computed in float32, float64 for float64 inputs). Its backward recomputes the step with
+  autograd and calls ``torch.autograd.grad`` on ``(out_step, lse_step)`` with the cotangents
+  ``w * dO`` and ``w * (dlse + rowdot(dO, out_step - out))``, ``w = exp(lse_step - lse)``: by
+  the chain rule through the online-softmax merge this equals the flash-style ``dS`` above.
+* ``torch_flash``: ``aten._flash_attention_forward`` / ``_backward`` (varlen) on CUDA / ROCm,
+  fp16 / bf16, head dim <= 256. **Untested in this repository's CPU CI**: it needs a GPU.
+* ``auto``: ``torch_flash`` for CUDA/ROCm fp16/bf16 inputs with ``d <= 256`` and ``d % 8 == 0``,
+  else ``reference``; the choice is logged at debug level (logger ``rocm_attn.cp``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional, Tuple
+
+import torch
+
+from .. import thd
+from ..reference import reference_attention
+from .steps import StepMeta
+
+__all__ = ["BACKENDS", "StepBackend", "ReferenceBackend", "TorchFlashBackend", "resolve_backend",
+           "accum_dtype"]
+
+BACKENDS = ("auto", "reference", "torch_flash")
+
+_log = logging.getLogger("rocm_attn.cp")
+NEG_INF = float("-inf")
+
+
+def accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype of CP outputs, LSE and gradients: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class StepBackend:
+    """Base class: see the module docstring for the contract."""
+
+    name = "base"
+
+    def forward(self, q, k, v, meta: StepMeta, softmax_scale: float
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def backward(self, dout, q, k, v, out, lse, dlse: Optional[torch.Tensor], meta: StepMeta,
+                 softmax_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class ReferenceBackend(StepBackend):
+    """Pure torch per-step attention (the CPU path). Gradients by autograd on a recomputation."""
+
+    name = "reference"
+
+    @staticmethod
+    def _attend(q, k, v, meta: StepMeta, softmax_scale: float):
+        cdt = accum_dtype(q.dtype)
+        # inputs converted first so that the output stays in cdt (rounded once, by the caller)
+        return reference_attention(
+            q.to(cdt), k.to(cdt), v.to(cdt), meta.cu_seqlens_q, meta.cu_seqlens_kv,
+            attn_mask_type=meta.attn_mask_type, window_size=meta.window_size,
+            softmax_scale=softmax_scale, cu_seqlens_q_padded=meta.cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=meta.cu_seqlens_kv_padded, compute_dtype=cdt)
+
+    def forward(self, q, k, v, meta, softmax_scale):
+        return self._attend(q, k, v, meta, softmax_scale)
+
+    def backward(self, dout, q, k, v, out, lse, dlse, meta, softmax_scale):
+        cdt = accum_dtype(q.dtype)
+        qc = q.detach().to(cdt).requires_grad_(True)
+        kc = k.detach().to(cdt).requires_grad_(True)
+        vc = v.detach().to(cdt).requires_grad_(True)
+        with torch.enable_grad():
+            o_s, l_s = self._attend(qc, kc, vc, meta, softmax_scale)
+        ls = l_s.detach()
+        lse_c = lse.to(ls.dtype)
+        # weight of this step in the merged result; 0 where the step saw no key
+        w = torch.where(ls == NEG_INF, torch.zeros_like(ls),
+                        torch.exp(ls - torch.where(lse_c == NEG_INF, ls, lse_c)))
+        do = dout.to(cdt)
+        d_o = do * w.t().unsqueeze(-1)
+        d_l = (do * (o_s.detach() - out.to(cdt))).sum(-1).t()
+        if dlse is not None:
+            d_l = d_l + dlse.to(cdt)
+        d_l = torch.where(w > 0, w * d_l, torch.zeros_like(d_l))
+        grads = torch.autograd.grad((o_s, l_s), (qc, kc, vc), (d_o, d_l.to(l_s.dtype)),
+                                    allow_unused=True)
+        return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, (qc, kc, vc)))
+
+
+def _pack(x: torch.Tensor, cu: torch.Tensor, cu_padded: torch.Tensor, dim: int = 0):
+    """Padded layout -> packed (valid rows first, in order), same number of rows."""
+    dst = torch.zeros_like(x, memory_format=torch.contiguous_format)
+    return thd.copy_valid_tokens(dst, x, cu, None, cu_padded, dim=dim)
+
+
+def _unpack(x: torch.Tensor, cu: torch.Tensor, cu_padded: torch.Tensor, fill: float,
+            dim: int = 0):
+    dst = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return thd.copy_valid_tokens(dst, x, cu, cu_padded, None, dim=dim, fill=fill)
+
+
+class TorchFlashBackend(StepBackend):
+    """``aten._flash_attention_forward`` / ``_backward`` varlen (CUDA / ROCm builds of torch).
+
+    UNTESTED ON CPU: this repository's CI has no GPU; validate with the GPU checks before
+    relying on it. The kernels have no ``seqused_q`` and read sub-sequences back to back, so
+    the step's valid rows are packed first (``thd.copy_valid_tokens``) and the results
+    unpacked (padding rows: zero output, ``-inf`` LSE, zero gradients). Rows with no key, for
+    which some flash builds write LSE ``+inf``, are mapped to ``-inf`` / zero output. The LSE
+    cotangent has no slot in the flash backward: when one is given, a second backward call
+    with ``V = 0`` adds its exact contribution (see :meth:`backward`).
+    """
+
+    name = "torch_flash"
+
+    @staticmethod
+    def _is_causal(meta: StepMeta) -> bool:
+        return meta.attn_mask_type == "causal"
+
+    def forward(self, q, k, v, meta, softmax_scale):
+        qp = _pack(q, meta.cu_seqlens_q, meta.cu_seqlens_q_padded)
+        kp = _pack(k, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
+        vp = _pack(v, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
+        out_p, lse_p, _, _, _ = torch.ops.aten._flash_attention_forward(
+            qp, kp, vp, meta.cu_seqlens_q, meta.cu_seqlens_kv, meta.max_seqlen_q,
+            meta.max_seqlen_kv, 0.0, self._is_causal(meta), False, scale=softmax_scale,
+            window_size_left=meta.window_size[0], window_size_right=meta.window_size[1])
+        lse_p = lse_p.float()
+        lse_p = torch.where(torch.isfinite(lse_p), lse_p, torch.full_like(lse_p, NEG_INF))
+        out_p = out_p.masked_fill((lse_p == NEG_INF).t().unsqueeze(-1), 0)
+        out = _unpack(out_p, meta.cu_seqlens_q, meta.cu_seqlens_q_padded, 0.0)
+        lse = _unpack(lse_p, meta.cu_seqlens_q, meta.cu_seqlens_q_padded, NEG_INF, dim=-1)
+        return out, lse
+
+    def _flash_bwd(self, dout_p, q_p, k_p, v_p, out_p, lse_p, meta, softmax_scale):
+        return torch.ops.aten._flash_attention_backward(
+            dout_p, q_p, k_p, v_p, out_p, lse_p, meta.cu_seqlens_q, meta.cu_seqlens_kv,
+            meta.max_seqlen_q, meta.max_seqlen_kv, 0.0, self._is_causal(meta),
+            torch.zeros(2, dtype=torch.uint64, device=q_p.device),
+            torch.empty(0, device=q_p.device), scale=softmax_scale,
+            window_size_left=meta.window_size[0], window_size_right=meta.window_size[1])
+
+    def backward(self, dout, q, k, v, out, lse, dlse, meta, softmax_scale):
+        cq, cqp = meta.cu_seqlens_q, meta.cu_seqlens_q_padded
+        ckv, ckvp = meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded
+        lse_p = _pack(lse.float(), cq, cqp, dim=-1)
+        # flash convention for rows without keys: +inf, so that exp(S - lse) = 0
+        lse_p = torch.where(lse_p == NEG_INF, torch.full_like(lse_p, float("inf")), lse_p)
+        q_p, k_p = _pack(q, cq, cqp), _pack(k, ckv, ckvp)
+        dq_p, dk_p, dv_p = self._flash_bwd(
+            _pack(dout.to(q.dtype), cq, cqp), q_p, k_p, _pack(v, ckv, ckvp),
+            _pack(out.to(q.dtype), cq, cqp), lse_p, meta, softmax_scale)
+        if dlse is not None:
+            # The LSE cotangent adds dS = dlse * P. The flash backward computes
+            # dS = P * (dO V^T - rowdot(dO, O)): with V = 0, dO = e_0 and O = -dlse * e_0 that
+            # is exactly dlse * P (dV of this call is discarded). dlse is rounded to q.dtype.
+            e0 = torch.zeros_like(q_p)
+            e0[..., 0] = 1
+            o_l = torch.zeros_like(q_p)
+            o_l[..., 0] = -_pack(dlse.float(), cq, cqp, dim=-1).t().to(q.dtype)
+            dq_l, dk_l, _ = self._flash_bwd(e0, q_p, k_p, torch.zeros_like(k_p), o_l, lse_p,
+                                            meta, softmax_scale)
+            dq_p = dq_p + dq_l
+            dk_p = dk_p + dk_l
+        return (_unpack(dq_p, cq, cqp, 0.0), _unpack(dk_p, ckv, ckvp, 0.0),
+                _unpack(dv_p, ckv, ckvp, 0.0))
+
+
+def _flash_problem(q: torch.Tensor) -> Optional[str]:
+    """Why torch_flash cannot serve these inputs (None: it can)."""
+    if not q.is_cuda:
+        return f"tensors on {q.device} (torch_flash needs a CUDA or ROCm GPU)"
+    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
+        return "this torch build has no aten._flash_attention_forward"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {q.dtype} (torch_flash: float16, bfloat16)"
+    d = q.shape[-1]
+    if d > 256 or d % 8:
+        return f"head dim {d} (torch_flash: a multiple of 8, at most 256)"
+    return None
+
+
+def resolve_backend(backend: str, q: torch.Tensor) -> StepBackend:
+    """Backend object for ``backend`` (one of :data:`BACKENDS`) and these inputs.
+
+    Raises
+    ------
+    ValueError
+        Unknown name, or ``"torch_flash"`` asked for inputs it cannot serve.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "reference":
+        return ReferenceBackend()
+    why = _flash_problem(q)
+    if backend == "torch_flash":
+        if why:
+            raise ValueError(f"backend='torch_flash' cannot serve this call: {why}")
+        return TorchFlashBackend()
+    if why:
+        _log.debug("attn_with_cp: backend auto -> reference (%s)", why)
+        return ReferenceBackend()
+    _log.debug("attn_with_cp: backend auto -> torch_flash")
+    return TorchFlashBackend()

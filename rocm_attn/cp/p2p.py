@@ -1,0 +1,100 @@
+"""``cp_comm_type="p2p"``: ring attention over dual-chunk shards.
+
+Forward: ``cp`` steps; at step ``s`` this rank holds the kv of ``kv_rank = (rank - s) % cp``,
+posts the exchange that brings the next one (``RingExchange``: batched isend/irecv, on a side
+stream on GPUs) *before* computing the step, computes it (metadata from
+:func:`~rocm_attn.cp.steps.ring_step_meta`: diagonal / below / above under a causal mask) and
+merges it into fp32 (fp64) accumulators with ``thd.merge_partial`` (``only_second_half`` for
+``above`` steps), then waits for the exchange. The output is rounded to the input dtype once.
+
+Backward: the same ring. dQ accumulates locally; dK/dV accumulators travel with the kv they
+belong to: at step ``s`` the rank receives the accumulator of ``kv_rank`` (from the previous
+rank, which added its step ``s-1`` contribution), adds its own step contribution and sends it
+on. After the last step one more hop brings every accumulator home. The kv exchange of the next
+step is posted before the step's compute; the accumulator exchange after it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import comm, layouts
+from .backends import accum_dtype
+from .steps import CPPlan, ring_step_meta
+
+__all__ = ["RingAttnFunc"]
+
+
+def _kv_step(kv: torch.Tensor, layout: str, local_cu_kv: torch.Tensor):
+    return (layouts.select_rows(kv[0], layout, local_cu_kv),
+            layouts.select_rows(kv[1], layout, local_cu_kv))
+
+
+def ring_forward(q, k, v, plan: CPPlan):
+    cdt = accum_dtype(q.dtype)
+    cu_q, cu_kv = plan.local_cu_q_padded, plan.local_cu_kv_padded
+    out = torch.zeros(q.shape, dtype=cdt, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=cdt, device=q.device)
+    kv = torch.stack([k, v])  # [2, t_kv, h_kv, d]: one message per step
+    for step in range(plan.cp):
+        pending = (comm.RingExchange(kv, plan.group, plan.cp, plan.rank, comm.TAG_KV)
+                   if step < plan.cp - 1 else None)
+        meta = ring_step_meta(plan, step)
+        k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
+        q_s = layouts.select_rows(q, meta.q_layout, cu_q)
+        o_s, l_s = plan.backend.forward(q_s, k_s, v_s, meta, plan.softmax_scale)
+        layouts.merge_step(out, lse, o_s, l_s.to(cdt), meta.q_layout, cu_q)
+        if pending is not None:
+            kv = pending.wait()
+    return out.to(q.dtype), lse
+
+
+def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
+    cdt = accum_dtype(q.dtype)
+    cu_q, cu_kv = plan.local_cu_q_padded, plan.local_cu_kv_padded
+    dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
+    kv = torch.stack([k, v])
+    dkv = torch.zeros(kv.shape, dtype=cdt, device=q.device)  # accumulator of the kv held
+    pending_dkv = None
+    for step in range(plan.cp):
+        pending_kv = (comm.RingExchange(kv, plan.group, plan.cp, plan.rank, comm.TAG_KV)
+                      if step < plan.cp - 1 else None)
+        meta = ring_step_meta(plan, step)
+        k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
+        sel = meta.q_layout
+        dq_s, dk_s, dv_s = plan.backend.backward(
+            layouts.select_rows(dout, sel, cu_q), layouts.select_rows(q, sel, cu_q), k_s, v_s,
+            layouts.select_rows(out, sel, cu_q), layouts.select_lse(lse, sel, cu_q),
+            layouts.select_lse(dlse, sel, cu_q), meta, plan.softmax_scale)
+        layouts.fold_grad(dq, dq_s, sel, cu_q)
+        if pending_dkv is not None:
+            dkv = pending_dkv.wait()  # the accumulator of the kv received for this step
+        layouts.fold_grad(dkv[0], dk_s, meta.kv_layout, cu_kv)
+        layouts.fold_grad(dkv[1], dv_s, meta.kv_layout, cu_kv)
+        if plan.cp > 1:
+            pending_dkv = comm.RingExchange(dkv, plan.group, plan.cp, plan.rank, comm.TAG_DKV)
+        if pending_kv is not None:
+            kv = pending_kv.wait()
+    if pending_dkv is not None:
+        dkv = pending_dkv.wait()  # home: the accumulator of this rank's own kv
+    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+
+
+class RingAttnFunc(torch.autograd.Function):
+    """Differentiable ring attention; explicit communication in forward and backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan: CPPlan):
+        out, lse = ring_forward(q, k, v, plan)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan = plan
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = ring_backward(dout, dlse, q, k, v, out, lse, ctx.plan)
+        return dq, dk, dv, None

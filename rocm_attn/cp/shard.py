@@ -1,0 +1,68 @@
+"""User helpers: global THD tensor <-> rank-local dual-chunk shard."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import thd
+from . import comm
+
+__all__ = ["shard_for_cp", "gather_from_cp"]
+
+
+def shard_for_cp(x: torch.Tensor, cu_seqlens_padded: torch.Tensor, cp: int, rank: int, *,
+                 dim: int = 0) -> torch.Tensor:
+    """The shard of ``rank`` of a global THD tensor under dual-chunk sharding
+    (:func:`rocm_attn.thd.partition`): for every sequence, chunk ``rank`` then chunk
+    ``2*cp-1-rank`` of its ``2*cp`` equal chunks.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Global ``[T, ...]`` (tokens at ``dim``; ``dim=-1`` for an LSE ``[h, T]``), laid out as
+        ``cu_seqlens_padded`` says, ``T % cp == 0`` (rows past ``cu_seqlens_padded[-1]`` are
+        slack, dealt to the ranks in equal blocks).
+    cu_seqlens_padded : torch.Tensor
+        Global int32 ``[b+1]``, starting at 0, every length a multiple of ``2*cp``
+        (:func:`rocm_attn.thd.pad_for_cp` makes it).
+    cp, rank : int
+        Group size and this rank's index in it.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[T // cp, ...]``: the rank-local input of :func:`rocm_attn.attn_with_cp`.
+    """
+    return thd.partition(x, cu_seqlens_padded, cp, rank, dim=dim)
+
+
+def gather_from_cp(x_local: torch.Tensor, cu_seqlens_padded: torch.Tensor, cp: int, group, *,
+                   dim: int = 0) -> torch.Tensor:
+    """Inverse of :func:`shard_for_cp` across the group: all-gather the rank shards and restore
+    per-sequence contiguous order (:func:`rocm_attn.thd.reorder_to_contiguous`). A collective:
+    every rank of ``group`` must call it. Not differentiable (meant for outputs, gradients,
+    checkpoints and tests).
+
+    Parameters
+    ----------
+    x_local : torch.Tensor
+        Rank-local ``[t, ...]`` (tokens at ``dim``), the same shape on every rank.
+    cu_seqlens_padded : torch.Tensor
+        The **global** padded cu_seqlens (int32 ``[b+1]``).
+    cp : int
+        Must equal the size of ``group``.
+    group : torch.distributed.ProcessGroup
+
+    Returns
+    -------
+    torch.Tensor
+        Global ``[cp * t, ...]`` on every rank.
+    """
+    size, _ = comm.group_info(group)
+    if cp != size:
+        raise ValueError(f"gather_from_cp: cp={cp} but the group has {size} ranks")
+    if not isinstance(x_local, torch.Tensor) or x_local.dim() < 1:
+        raise ValueError("x_local must be a torch.Tensor with a token dim")
+    d = dim % x_local.dim()
+    gathered = comm.all_gather_tokens(x_local.detach().movedim(d, 0), group, cp)
+    return thd.reorder_to_contiguous(gathered, cu_seqlens_padded, cp).movedim(0, d)

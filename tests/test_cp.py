@@ -1,0 +1,633 @@
+"""Tests of rocm_attn.attn_with_cp (context-parallel attention) on CPU with gloo.
+
+Every configuration runs inside ONE spawned process group per world size (2 and 4 ranks; the
+spawn is the slow part): the shards go through attn_with_cp forward and backward, outputs, LSE
+and dq/dk/dv are gathered back (gather_from_cp) and compared with single-process
+reference_attention on the full sequences. Inputs are random, padding and slack rows are NaN
+(poison: they must never be read). Each configuration is its own pytest item, so a failure
+names the configuration and carries the per-rank message. Argument errors are tested in-process
+with a fake group object (no communication happens before the checks) and, for group
+membership, inside the spawned group.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+import traceback
+from datetime import timedelta
+from typing import Dict, List, NamedTuple, Optional
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import rocm_attn
+from rocm_attn import attn_with_cp, gather_from_cp, shard_for_cp
+from rocm_attn.reference import reference_attention
+
+I32 = torch.int32
+F64 = torch.float64
+SPAWN_DEADLINE_S = 240
+
+# --------------------------------------------------------------------------
+# configurations
+# --------------------------------------------------------------------------
+
+
+class Cfg(NamedTuple):
+    name: str
+    comm: str
+    mask: str
+    h_q: int
+    h_kv: int
+    lens_q: List[int]
+    lens_kv: Optional[List[int]] = None  # None: same sequences as q (self-attention)
+    layout: str = "padded"  # padded: pass *_padded | aligned: lengths % 2cp == 0, no *_padded
+    slack: int = 0  # extra rows (in units of 2*cp) past cu_seqlens_padded[-1]
+    dtype: torch.dtype = F64
+    loss: str = "both"  # both | out (lse returned, unused) | nolse (return_lse=False) | lse
+    group: str = "world"  # world | pairs (world 4 split into two cp=2 groups)
+    d: int = 16
+    seed: int = 0
+    backend: str = "reference"
+
+
+MIXED = [13, 3, 37, 6]  # 3 (and 6 for cp=4) are shorter than 2*cp chunks before padding
+SINGLE = [29]
+WITH_EMPTY = [5, 0, 22]
+CROSS_KV = [9, 17, 2, 30]
+
+
+def _heads(comm: str, cp: int, kind: str):
+    if kind == "mha":
+        return 4, 4
+    if kind == "mqa":
+        return 4, 1
+    # gqa; a2a shards heads over the group
+    return (8, 4) if (comm == "a2a" and cp == 4) else (4, 2)
+
+
+def configs(world: int) -> List[Cfg]:
+    cp = world
+    out: List[Cfg] = []
+    seed = 0
+
+    def add(name, comm, mask, heads="gqa", **kw):
+        nonlocal seed
+        seed += 1
+        h_q, h_kv = _heads(comm, kw.pop("cp", cp), heads)
+        out.append(Cfg(f"cp{world}-{name}", comm, mask, h_q, h_kv, seed=seed, **kw))
+
+    for comm in ("p2p", "all_gather", "a2a"):
+        for mask in ("no_mask", "causal"):
+            for heads in ("gqa", "mha"):
+                add(f"{comm}-{mask}-{heads}-mixed", comm, mask, heads, lens_q=MIXED)
+        add(f"{comm}-causal-single", comm, "causal",
+            "mqa" if comm != "a2a" else "gqa", lens_q=SINGLE)
+        add(f"{comm}-no_mask-single", comm, "no_mask", lens_q=SINGLE)
+        add(f"{comm}-causal-empty_seq", comm, "causal", lens_q=WITH_EMPTY)
+        add(f"{comm}-no_mask-cross", comm, "no_mask", lens_q=MIXED, lens_kv=CROSS_KV)
+        add(f"{comm}-causal-slack", comm, "causal", lens_q=MIXED, slack=1)
+        al = [2 * cp * 3, 2 * cp, 2 * cp * 5]
+        add(f"{comm}-causal-aligned_no_padded", comm, "causal", lens_q=al, layout="aligned")
+        add(f"{comm}-no_mask-aligned_no_padded", comm, "no_mask", lens_q=al, layout="aligned")
+    for comm in ("all_gather", "a2a"):  # bottom-right causal between different q / kv lengths
+        add(f"{comm}-causal-cross", comm, "causal", lens_q=MIXED, lens_kv=CROSS_KV)
+    add("p2p-padding_causal-alias", "p2p", "padding_causal", "mqa", lens_q=MIXED)
+    add("all_gather-padding-alias", "all_gather", "padding", lens_q=MIXED)
+    for comm, loss in (("p2p", "out"), ("all_gather", "nolse"), ("a2a", "out"),
+                       ("p2p", "lse"), ("a2a", "lse"), ("all_gather", "lse"), ("a2a", "nolse")):
+        add(f"{comm}-causal-loss_{loss}", comm, "causal", lens_q=MIXED, loss=loss)
+    add("p2p-causal-bf16", "p2p", "causal", lens_q=MIXED, dtype=torch.bfloat16)
+    add("all_gather-causal-fp32", "all_gather", "causal", lens_q=MIXED, dtype=torch.float32)
+    add("a2a-no_mask-bf16", "a2a", "no_mask", "mha", lens_q=MIXED, dtype=torch.bfloat16)
+    add("p2p-no_mask-fp16", "p2p", "no_mask", lens_q=WITH_EMPTY, dtype=torch.float16)
+    if world == 4:  # two cp=2 groups in one world: group-local vs global ranks
+        for comm in ("p2p", "all_gather", "a2a"):
+            add(f"{comm}-causal-pairs", comm, "causal", cp=2, lens_q=MIXED, group="pairs")
+    return out
+
+
+# --------------------------------------------------------------------------
+# problem construction and reference
+# --------------------------------------------------------------------------
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _cu(lens) -> torch.Tensor:
+    c = [0]
+    for n in lens:
+        c.append(c[-1] + n)
+    return torch.tensor(c, dtype=I32)
+
+
+class Side(NamedTuple):
+    cu: torch.Tensor
+    cu_padded: torch.Tensor
+    valid: torch.Tensor  # bool [T]
+    rows: int
+
+
+def _side(lens, cp, layout, slack) -> Side:
+    if layout == "aligned":
+        assert all(n % (2 * cp) == 0 for n in lens)
+        plens = list(lens)
+    else:
+        plens = [_round_up(n, 2 * cp) for n in lens]
+    cu, cu_p = _cu(lens), _cu(plens)
+    rows = int(cu_p[-1]) + slack * 2 * cp
+    valid = torch.zeros(rows, dtype=torch.bool)
+    for i, n in enumerate(lens):
+        valid[int(cu_p[i]): int(cu_p[i]) + n] = True
+    return Side(cu, cu_p, valid, rows)
+
+
+def _rand(gen, shape, valid, dtype):
+    x = torch.randn(shape, generator=gen, dtype=F64)
+    x[~valid] = float("nan")  # poison: padding and slack rows must never be read
+    return x.to(dtype)
+
+
+def _problem(cfg: Cfg, cp: int):
+    gen = torch.Generator().manual_seed(1000 + cfg.seed)
+    sq = _side(cfg.lens_q, cp, cfg.layout, cfg.slack)
+    skv = sq if cfg.lens_kv is None else _side(cfg.lens_kv, cp, cfg.layout, cfg.slack)
+    q = _rand(gen, (sq.rows, cfg.h_q, cfg.d), sq.valid, cfg.dtype)
+    k = _rand(gen, (skv.rows, cfg.h_kv, cfg.d), skv.valid, cfg.dtype)
+    v = _rand(gen, (skv.rows, cfg.h_kv, cfg.d), skv.valid, cfg.dtype)
+    go = torch.randn((sq.rows, cfg.h_q, cfg.d), generator=gen, dtype=F64)
+    gl = torch.randn((cfg.h_q, sq.rows), generator=gen, dtype=F64)
+    return sq, skv, q, k, v, go, gl
+
+
+def _loss(cfg: Cfg, out, lse, go, gl):
+    terms = []
+    if cfg.loss != "lse":
+        terms.append((out.to(F64) * go).sum())
+    if cfg.loss in ("both", "lse"):
+        lse64 = lse.to(F64)
+        terms.append((torch.where(torch.isfinite(lse64), lse64, torch.zeros_like(lse64))
+                      * gl).sum())
+    return sum(terms)
+
+
+def _tolerance(dtype, backend="reference"):
+    # relative to max(1, max |reference|); low precision: rounding of inputs / outputs / grads
+    # (observed with the reference backend: fp32 ~1.5e-7, fp16 ~3.5e-4, bf16 ~5e-3); flash
+    # kernels also round P to 16 bits
+    if backend != "reference" and dtype in (torch.bfloat16, torch.float16):
+        return 3e-2 if dtype == torch.bfloat16 else 5e-3
+    return {F64: 1e-10, torch.float32: 2e-6, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}[dtype]
+
+
+def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tol: float) -> Optional[str]:
+    got = got.to(F64)
+    want = want.to(F64)
+    if got.shape != want.shape:
+        return f"{name}: shape {tuple(got.shape)} != reference {tuple(want.shape)}"
+    nan = torch.isnan(got)
+    if nan.any():
+        return f"{name}: {int(nan.sum())} NaN values"
+    inf_g, inf_w = torch.isinf(got), torch.isinf(want)
+    if not torch.equal(inf_g, inf_w) or not torch.equal(got[inf_g], want[inf_w]):
+        return f"{name}: infinite entries differ from the reference"
+    fin = ~inf_w
+    if not fin.any():
+        return None
+    err = (got[fin] - want[fin]).abs().max().item()
+    scale = max(1.0, want[fin].abs().max().item())
+    if err > tol * scale:
+        return f"{name}: max abs error {err:.3e} > {tol:.1e} * {scale:.3g}"
+    return None
+
+
+def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu") -> Optional[str]:
+    sq, skv, q, k, v, go, gl = _problem(cfg, cp)
+    dev = torch.device(device)
+    sq, skv = (Side(s.cu.to(dev), s.cu_padded.to(dev), s.valid, s.rows) for s in (sq, skv))
+    q, k, v, go, gl = (x.to(dev) for x in (q, k, v, go, gl))
+    padded = cfg.layout == "padded"
+    cu_qp, cu_kvp = sq.cu_padded, skv.cu_padded
+    shard = lambda x, cu, dim=0: shard_for_cp(x, cu, cp, rank, dim=dim)  # noqa: E731
+    q_l = shard(q, cu_qp).requires_grad_(True)
+    k_l = shard(k, cu_kvp).requires_grad_(True)
+    v_l = shard(v, cu_kvp).requires_grad_(True)
+    res = attn_with_cp(
+        q_l, k_l, v_l, sq.cu, skv.cu, max(cfg.lens_q), max(cfg.lens_kv or cfg.lens_q), group,
+        cp_comm_type=cfg.comm, attn_mask_type=cfg.mask,
+        cu_seqlens_q_padded=cu_qp if padded else None,
+        cu_seqlens_kv_padded=cu_kvp if padded else None,
+        backend=cfg.backend, return_lse=cfg.loss != "nolse")
+    out, lse = res if cfg.loss != "nolse" else (res, None)
+    if out.dtype != cfg.dtype or out.shape != q_l.shape:
+        return f"out has dtype {out.dtype} / shape {tuple(out.shape)}"
+    if lse is not None:
+        want = F64 if cfg.dtype == F64 else torch.float32
+        if lse.dtype != want or lse.shape != (cfg.h_q, q_l.shape[0]):
+            return f"lse has dtype {lse.dtype} / shape {tuple(lse.shape)}"
+    _loss(cfg, out, lse, shard(go, cu_qp), shard(gl, cu_qp, -1)).backward()
+    got = {
+        "out": gather_from_cp(out, cu_qp, cp, group),
+        "dq": gather_from_cp(q_l.grad, cu_qp, cp, group),
+        "dk": gather_from_cp(k_l.grad, cu_kvp, cp, group),
+        "dv": gather_from_cp(v_l.grad, cu_kvp, cp, group),
+    }
+    if lse is None:
+        lse = torch.zeros(cfg.h_q, q_l.shape[0], device=dev)  # keep the collectives in step
+    got["lse"] = gather_from_cp(lse, cu_qp, cp, group, dim=-1)
+    if rank != 0:
+        return None
+    # single-process reference on the full sequences, float64 from the same (rounded) inputs
+    qr, kr, vr = (x.to(F64).requires_grad_(True) for x in (q, k, v))
+    ro, rl = reference_attention(qr, kr, vr, sq.cu, skv.cu, cfg.mask, cu_seqlens_q_padded=cu_qp,
+                                 cu_seqlens_kv_padded=cu_kvp)
+    _loss(cfg, ro, rl, go, gl).backward()
+    want = {"out": ro, "lse": rl}
+    for n, x in (("dq", qr), ("dk", kr), ("dv", vr)):  # no grad: the loss does not reach x
+        want[n] = torch.zeros_like(x) if x.grad is None else x.grad
+    if cfg.loss == "nolse":
+        del got["lse"]
+    tol = _tolerance(cfg.dtype, cfg.backend)
+    errs = [e for n in got for e in [_compare(n, got[n], want[n].detach(), tol)] if e]
+    return "; ".join(errs) or None
+
+
+def _run_errors(world: int, rank: int, solo) -> Optional[str]:
+    """Group-membership errors, checked inside the real process group."""
+    if world != 2:
+        return None
+    errs = []
+    cu = torch.tensor([0, 8], dtype=I32)
+    x = torch.randn(4, 2, 8, dtype=F64)
+    if rank != 0:  # not a member of dist.new_group([0])
+        try:
+            attn_with_cp(x, x, x, cu, cu, 8, 8, solo)
+            errs.append("non-member rank: no error")
+        except ValueError as e:
+            if "not a member" not in str(e):
+                errs.append(f"non-member rank: unexpected message {e}")
+    try:
+        gather_from_cp(x, cu, 4, dist.group.WORLD)
+        errs.append("gather_from_cp with cp != group size: no error")
+    except ValueError as e:
+        if "cp=4" not in str(e):
+            errs.append(f"gather_from_cp: unexpected message {e}")
+    return "; ".join(errs) or None
+
+
+# --------------------------------------------------------------------------
+# spawned process group
+# --------------------------------------------------------------------------
+
+
+def _worker(rank: int, world: int, port: int, out_path: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    solo = dist.new_group([0])
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])] if world == 4 else None
+    results: Dict[str, Optional[str]] = {}
+    timings: Dict[str, float] = {}
+    todo = [(c.name, c) for c in configs(world)] + [(f"cp{world}-errors", None)]
+    for name, cfg in todo:
+        t0 = time.time()
+        try:
+            if cfg is None:
+                msg = _run_errors(world, rank, solo)
+            elif cfg.group == "pairs":
+                msg = _run_config(cfg, pairs[rank // 2], 2, rank % 2)
+            else:
+                msg = _run_config(cfg, dist.group.WORLD, world, rank)
+        except Exception:  # noqa: BLE001 - reported per configuration
+            msg = traceback.format_exc(limit=6)
+        msgs: List[Optional[str]] = [None] * world
+        dist.all_gather_object(msgs, msg)
+        results[name] = "\n".join(f"[rank {r}] {m}" for r, m in enumerate(msgs) if m) or None
+        timings[name] = time.time() - t0
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"results": results, "timings": timings}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_RESULTS: Dict[int, dict] = {}
+
+
+def _spawn(world: int, tmpdir: str) -> dict:
+    if world not in _RESULTS:
+        out_path = os.path.join(tmpdir, f"cp_results_{world}.json")
+        ctx = mp.spawn(_worker, args=(world, _free_port(), out_path), nprocs=world, join=False)
+        deadline = time.time() + SPAWN_DEADLINE_S
+        try:
+            while not ctx.join(timeout=5):
+                if time.time() > deadline:
+                    raise TimeoutError(f"{world}-rank CP test group did not finish in "
+                                       f"{SPAWN_DEADLINE_S} s")
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+        with open(out_path) as f:
+            _RESULTS[world] = json.load(f)
+    return _RESULTS[world]
+
+
+def _names(world: int) -> List[str]:
+    return [c.name for c in configs(world)] + [f"cp{world}-errors"]
+
+
+@pytest.mark.parametrize("name", _names(2) + _names(4))
+def test_cp_matches_reference(name, tmp_path_factory):
+    world = int(name[2])
+    res = _spawn(world, str(tmp_path_factory.getbasetemp()))
+    assert name in res["results"], f"{name} did not run"
+    msg = res["results"][name]
+    assert msg is None, f"{name} failed:\n{msg}"
+
+
+# --------------------------------------------------------------------------
+# single process: cp = 1 (no communication) and argument errors
+# --------------------------------------------------------------------------
+
+
+class FakeGroup:
+    """size()/rank() only: attn_with_cp checks arguments before any communication."""
+
+    def __init__(self, size: int, rank: int = 0):
+        self._size, self._rank = size, rank
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank
+
+
+@pytest.mark.parametrize("comm", ["p2p", "all_gather", "a2a"])
+@pytest.mark.parametrize("mask", ["no_mask", "causal"])
+def test_cp1_equals_reference(comm, mask):
+    cfg = Cfg("cp1", comm, mask, 4, 2, MIXED, seed=7)
+    assert _run_config(cfg, FakeGroup(1), 1, 0) is None
+
+
+def _good_args(cp=2):
+    lens = [8, 4]  # multiples of 2*cp for cp in (1, 2)
+    cu = _cu(lens)
+    t = sum(lens) // cp
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(t, 4, 8, generator=g, dtype=F64)
+    k = torch.randn(t, 2, 8, generator=g, dtype=F64)
+    v = torch.randn(t, 2, 8, generator=g, dtype=F64)
+    return dict(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=8,
+                max_seqlen_kv=8, cp_group=FakeGroup(cp, 0))
+
+
+def _with(**change):
+    a = _good_args()
+    a.update(change)
+    return a
+
+
+_ERR_CASES = [
+    ("no_group", lambda: _with(cp_group=None), ValueError, "cp_group is required"),
+    ("not_a_group", lambda: _with(cp_group=object()), ValueError, "ProcessGroup"),
+    ("rank_outside_group", lambda: _with(cp_group=FakeGroup(2, 5)), ValueError, "not a member"),
+    ("comm_unknown", lambda: _with(cp_comm_type="ring"), ValueError, "cp_comm_type must be"),
+    ("comm_later", lambda: _with(cp_comm_type="a2a+p2p"), NotImplementedError, "a2a\\+p2p"),
+    ("mask_unknown", lambda: _with(attn_mask_type="top_left"), ValueError, "attn_mask_type"),
+    ("window", lambda: _with(window_size=(4, 0)), NotImplementedError,
+     "window_size=\\(4, 0\\) with attn_mask_type='causal' and cp_comm_type='p2p'"),
+    ("chunk", lambda: _with(chunk_size=4, cp_comm_type="all_gather"), NotImplementedError,
+     "chunk_size=4 .*cp_comm_type='all_gather'"),
+    ("window_bad", lambda: _with(window_size=(1,)), ValueError, "window_size"),
+    ("dtype_int", lambda: _with(q=torch.zeros(6, 4, 8, dtype=torch.int64)), ValueError,
+     "float16, bfloat16"),
+    ("dtype_mixed", lambda: _with(q=torch.randn(6, 4, 8)), ValueError, "share a dtype"),
+    ("rank_2d", lambda: _with(q=torch.randn(6, 32, dtype=F64)), ValueError, "tokens, heads"),
+    ("gqa_heads", lambda: _with(q=torch.randn(6, 3, 8, dtype=F64)), ValueError,
+     "multiple of h_kv"),
+    ("a2a_heads", lambda: _with(cp_comm_type="a2a", k=torch.randn(6, 1, 8, dtype=F64),
+                                v=torch.randn(6, 1, 8, dtype=F64)), ValueError,
+     "h_kv \\(1\\) must both be multiples of cp \\(2\\)"),
+    ("cu_dtype", lambda: _with(cu_seqlens_q=torch.tensor([0, 8, 12])), ValueError, "int32"),
+    ("cu_batch", lambda: _with(cu_seqlens_kv=_cu([12])), ValueError, "b\\+1 = 3"),
+    ("not_divisible_no_padded", lambda: _with(cu_seqlens_q=_cu([6, 6]), cu_seqlens_kv=_cu([6, 6])),
+     ValueError, "sequence 0 has length 6, not a multiple of 2\\*cp = 4.*pad_for_cp"),
+    ("padded_not_divisible", lambda: _with(cu_seqlens_q_padded=_cu([6, 6]),
+                                           cu_seqlens_kv_padded=_cu([6, 6])),
+     ValueError, "padded length of 6, not a multiple of 2\\*cp = 4"),
+    ("valid_exceeds_slot", lambda: _with(cu_seqlens_q=_cu([9, 3]), cu_seqlens_kv=_cu([9, 3]),
+                                         cu_seqlens_q_padded=_cu([8, 4]),
+                                         cu_seqlens_kv_padded=_cu([8, 4]), max_seqlen_q=9,
+                                         max_seqlen_kv=9), ValueError, "padded slot of 8"),
+    ("shard_too_small", lambda: _with(q=torch.randn(4, 4, 8, dtype=F64)), ValueError,
+     "local q shard has 4 tokens but cu_seqlens_q\\[-1\\] // cp = 12 // 2 = 6"),
+    ("shard_odd", lambda: _with(q=torch.randn(7, 4, 8, dtype=F64)), ValueError, "odd count"),
+    ("global_not_sharded_kv", lambda: _with(k=torch.randn(2, 2, 8, dtype=F64),
+                                            v=torch.randn(2, 2, 8, dtype=F64)), ValueError,
+     "local kv shard has 2 tokens"),
+    ("max_seqlen", lambda: _with(max_seqlen_q=4), ValueError, "max_seqlen_q = 4"),
+    ("max_seqlen_type", lambda: _with(max_seqlen_kv=8.0), ValueError, "max_seqlen_kv"),
+    ("p2p_causal_cross", lambda: _with(cu_seqlens_kv=_cu([4, 8])), ValueError,
+     "cp_comm_type='p2p' with a causal mask needs identical q and kv"),
+    ("backend_unknown", lambda: _with(backend="flash"), ValueError, "backend must be one of"),
+    ("backend_flash_cpu", lambda: _with(backend="torch_flash"), ValueError,
+     "torch_flash needs a CUDA or ROCm GPU"),
+    ("cu_start", lambda: _with(cu_seqlens_q=torch.tensor([4, 12, 16], dtype=I32),
+                               cu_seqlens_kv=torch.tensor([4, 12, 16], dtype=I32)), ValueError,
+     "cu_seqlens_q\\[0\\] must be 0"),
+]
+
+
+@pytest.mark.parametrize("case", _ERR_CASES, ids=[c[0] for c in _ERR_CASES])
+def test_argument_errors(case):
+    _, make, exc, match = case
+    with pytest.raises(exc, match=match):
+        attn_with_cp(**make())
+
+
+def test_good_args_pass_checks():
+    # the error cases above start from arguments that are valid (cp=1 runs them end to end)
+    a = _good_args(cp=1)
+    out = attn_with_cp(**a)
+    ref, _ = reference_attention(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_kv"])
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+
+
+def test_unpadded_kv_side_alone_is_checked():
+    # padded q layout given, kv layout defaults to cu_seqlens_kv which is not divisible
+    a = _with(cu_seqlens_q=_cu([7, 3]), cu_seqlens_kv=_cu([7, 3]),
+              cu_seqlens_q_padded=_cu([8, 4]), cp_comm_type="all_gather",
+              attn_mask_type="no_mask")
+    with pytest.raises(ValueError, match="cu_seqlens_kv: sequence 0 has length 7"):
+        attn_with_cp(**a)
+
+
+def test_public_exports():
+    assert rocm_attn.attn_with_cp is attn_with_cp
+    assert rocm_attn.shard_for_cp is shard_for_cp
+    assert rocm_attn.gather_from_cp is gather_from_cp
+
+
+def test_shard_for_cp_is_thd_partition():
+    cu_p = _cu([8, 0, 16])
+    x = torch.arange(24.0).reshape(24, 1)
+    parts = [shard_for_cp(x, cu_p, 2, r) for r in range(2)]
+    assert parts[0].flatten().tolist() == [0, 1, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23]
+    assert parts[1].flatten().tolist() == [2, 3, 4, 5, 12, 13, 14, 15, 16, 17, 18, 19]
+
+
+def test_auto_backend_on_cpu_is_reference(caplog):
+    import logging
+
+    from rocm_attn.cp.backends import resolve_backend
+
+    with caplog.at_level(logging.DEBUG, logger="rocm_attn.cp"):
+        b = resolve_backend("auto", torch.randn(2, 2, 8, dtype=torch.bfloat16))
+    assert b.name == "reference"
+    assert "auto -> reference" in caplog.text
+
+
+def test_lse_scale_and_math():
+    # softmax_scale reaches the per-step backend; checked against the reference at cp=1
+    a = _good_args(cp=1)
+    out, lse = attn_with_cp(**a, softmax_scale=0.3, return_lse=True)
+    ro, rl = reference_attention(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_kv"],
+                                 softmax_scale=0.3)
+    torch.testing.assert_close(out, ro, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(lse, rl, atol=1e-12, rtol=1e-12)
+    assert math.isfinite(float(lse.sum()))
+
+
+# --------------------------------------------------------------------------
+# GPU (marked gpu, skipped without one): the torch_flash backend and NCCL
+# --------------------------------------------------------------------------
+
+
+def _why_no_flash():
+    if not torch.cuda.is_available():
+        return "no CUDA/ROCm GPU"
+    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
+        return "this torch build has no aten._flash_attention_forward"
+    return None
+
+
+def _step_metas(plan):
+    from rocm_attn.cp import steps
+
+    metas = [steps.ring_step_meta(plan, s) for s in range(plan.cp)]
+    return metas + steps.all_gather_step_metas(plan) + [steps.a2a_step_meta(plan)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_why_no_flash() is not None, reason=str(_why_no_flash()))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mask", ["no_mask", "causal"])
+@pytest.mark.parametrize("cp,rank", [(1, 0), (2, 0), (2, 1), (4, 1), (4, 3)])
+def test_gpu_torch_flash_steps_match_reference_backend(dtype, mask, cp, rank):
+    """Every step kind (diagonal / below / above / full, all_gather halves, a2a) through the
+    torch_flash backend equals the reference backend on the same step tensors, forward and
+    backward (with an LSE cotangent and a 'final' LSE above the step's own)."""
+    from rocm_attn.cp import api, layouts
+    from rocm_attn.cp.backends import ReferenceBackend, TorchFlashBackend
+
+    dev = torch.device("cuda")
+    d, h_q, h_kv = 64, 4, 2
+    sq = _side(MIXED, cp, "padded", 0)
+    cu, cu_p = sq.cu.to(dev), sq.cu_padded.to(dev)
+    t = sq.rows // cp
+    g = torch.Generator(device=dev).manual_seed(cp * 10 + rank)
+    rnd = lambda *shape: torch.randn(*shape, generator=g, device=dev).to(dtype)  # noqa: E731
+    q, k, v = rnd(t, h_q, d), rnd(t, h_kv, d), rnd(t, h_kv, d)
+    plan = api._make_plan(q, k, v, cu, cu, max(MIXED), max(MIXED), FakeGroup(cp, rank), "p2p",
+                          mask, (-1, -1), None, cu_p, cu_p, None, "torch_flash", True, True)
+    k_glob, v_glob = rnd(sq.rows, h_kv, d), rnd(sq.rows, h_kv, d)
+    q_glob = rnd(sq.rows, h_q, d)
+    ref, fl = ReferenceBackend(), TorchFlashBackend()
+    cu_loc = plan.local_cu_q_padded
+    for meta in _step_metas(plan):
+        if meta.q_layout == "global":
+            q_s, k_s, v_s = q_glob, k_glob, v_glob
+        else:
+            q_s = layouts.select_rows(q, meta.q_layout, cu_loc)
+            if meta.kv_layout == "global":
+                k_s, v_s = k_glob, v_glob
+            else:
+                k_s = layouts.select_rows(k, meta.kv_layout, cu_loc)
+                v_s = layouts.select_rows(v, meta.kv_layout, cu_loc)
+        o_r, l_r = ref.forward(q_s, k_s, v_s, meta, plan.softmax_scale)
+        o_f, l_f = fl.forward(q_s, k_s, v_s, meta, plan.softmax_scale)
+        tag = f"{meta.kind} (q {meta.q_layout}, kv {meta.kv_layout})"
+        tol = _tolerance(dtype, "torch_flash")
+        for name, a, b in (("out", o_f, o_r), ("lse", l_f, l_r)):
+            err = _compare(name, a, b, tol)
+            assert err is None, f"{tag}: {err}"
+        lse_fin = torch.where(l_r == float("-inf"), l_r, l_r + 0.3)
+        out_fin = rnd(*o_r.shape)
+        dout, dlse = rnd(*o_r.shape), torch.randn_like(l_r)
+        for with_dlse in (False, True):
+            dl = dlse if with_dlse else None
+            gr = ref.backward(dout, q_s, k_s, v_s, out_fin, lse_fin, dl, meta, plan.softmax_scale)
+            gf = fl.backward(dout, q_s, k_s, v_s, out_fin, lse_fin, dl, meta, plan.softmax_scale)
+            for name, a, b in zip(("dq", "dk", "dv"), gf, gr):
+                err = _compare(name, a, b, tol)
+                assert err is None, f"{tag}, dlse={with_dlse}: {err}"
+
+
+def gpu_configs() -> List[Cfg]:
+    out = []
+    for i, (comm, mask, dtype, backend) in enumerate([
+            ("p2p", "causal", torch.bfloat16, "auto"), ("p2p", "no_mask", torch.float16, "auto"),
+            ("all_gather", "causal", torch.bfloat16, "auto"),
+            ("a2a", "causal", torch.bfloat16, "auto"), ("p2p", "causal", F64, "reference"),
+            ("all_gather", "no_mask", F64, "reference"), ("a2a", "no_mask", F64, "reference")]):
+        out.append(Cfg(f"gpu-{comm}-{mask}-{str(dtype)[6:]}-{backend}", comm, mask, 4, 2, MIXED,
+                       dtype=dtype, backend=backend, d=64, seed=100 + i))
+    return out
+
+
+def _nccl_worker(rank: int, world: int, port: int, out_path: str) -> None:
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=120))
+    results = {}
+    for cfg in gpu_configs():
+        try:
+            msg = _run_config(cfg, dist.group.WORLD, world, rank, device="cuda")
+        except Exception:  # noqa: BLE001
+            msg = traceback.format_exc(limit=6)
+        msgs: List[Optional[str]] = [None] * world
+        dist.all_gather_object(msgs, msg)
+        results[cfg.name] = "\n".join(f"[rank {r}] {m}" for r, m in enumerate(msgs) if m) or None
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_why_no_flash() is not None or torch.cuda.device_count() < 2
+                    or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL / RCCL")
+def test_gpu_nccl_two_ranks(tmp_path):
+    out_path = str(tmp_path / "nccl.json")
+    mp.spawn(_nccl_worker, args=(2, _free_port(), out_path), nprocs=2)
+    with open(out_path) as f:
+        results = json.load(f)
+    bad = {k: m for k, m in results.items() if m}
+    assert not bad, "\n".join(f"{k}:\n{m}" for k, m in bad.items())
