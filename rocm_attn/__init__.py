@@ -4,6 +4,7 @@ Public API:
   fused_attn_small_seq  one query token per segment over 1..16 keys (fwd + bwd kernels)
   check_errors          raise if a kernel saw a segment that broke its contract
   build_info            what this install was built with
+  nn.TargetAttention    target-attention module for recommendation models, on the op
   thd                   context-parallel helpers for packed variable-length (THD) tensors
   reference             float64 reference attention (THD, masks, GQA): the test oracle
   attn_with_cp          context-parallel attention (p2p ring, all_gather, a2a) over THD shards
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext, reference, thd
+from . import _ext, nn, reference, thd
 from .errors import SmallSeqContractError, check_errors
 from .small_seq import fused_attn_small_seq
 from . import cp
@@ -45,6 +46,7 @@ __all__ = [
     "check_errors",
     "cp",
     "fused_attn_small_seq",
+    "nn",
     "gather_from_cp",
     "reference",
     "shard_for_cp",
