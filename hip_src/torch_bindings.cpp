@@ -14,6 +14,7 @@
 #include "common/error_state.h"
 #include "common/selftest_kernel.h"
 #include "small_seq/params.h"
+#include "thd/params.h"
 
 namespace {
 
@@ -225,6 +226,429 @@ std::tuple<at::Tensor, at::Tensor> compat_selftest(const at::Tensor& bf16_bits,
   return {out, vec};
 }
 
+// ---------------------------------------------------------------------------------------------
+// THD context-parallel helpers (hip_src/thd). rocm_attn/thd.py validates every argument and
+// calls these only for layouts they serve (it falls back to its torch path otherwise); the
+// checks here are the last line of defence for direct torch.ops callers.
+// ---------------------------------------------------------------------------------------------
+
+// Dims [begin, end) of t merged into one dim (size, stride in elements); false when they do
+// not merge. Size-1 dims are skipped; an empty range gives (1, 1).
+bool thd_collapse(const at::Tensor& t, int64_t begin, int64_t end, int64_t& size, int64_t& stride) {
+  size = 1;
+  stride = 1;
+  bool first = true;
+  for (int64_t i = end - 1; i >= begin; --i) {
+    const int64_t n = t.size(i);
+    if (n == 1) continue;
+    if (first) {
+      size = n;
+      stride = t.stride(i);
+      first = false;
+    } else if (t.stride(i) == stride * size) {
+      size *= n;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Dims [begin, ndim) of tensors with one trailing shape as [heads, head_elems]: head_elems the
+// trailing dims contiguous in every tensor, heads the dims before them merged (one stride per
+// tensor). Mirrored by rocm_attn.thd._row_split.
+bool thd_split_rows(const std::vector<const at::Tensor*>& ts, int64_t begin, int64_t& heads,
+                    int64_t& head_elems, std::vector<int64_t>& head_strides) {
+  const int64_t nd = ts.front()->dim();
+  int64_t s = begin;
+  for (; s < nd; ++s) {
+    bool ok = true;
+    for (const at::Tensor* t : ts) {
+      int64_t n = 0, st = 0;
+      ok = ok && thd_collapse(*t, s, nd, n, st) && (n == 1 || st == 1);
+    }
+    if (ok) break;
+  }
+  int64_t st = 0;
+  thd_collapse(*ts.front(), s, nd, head_elems, st);
+  head_strides.clear();
+  for (const at::Tensor* t : ts) {
+    int64_t n = 0, hs = 0;
+    if (!thd_collapse(*t, begin, s, n, hs)) return false;
+    heads = n;
+    head_strides.push_back(hs);
+  }
+  return true;
+}
+
+int64_t thd_wrap_dim(int64_t dim, const at::Tensor& t) {
+  TORCH_CHECK(dim >= -t.dim() && dim < t.dim(), "thd: dim ", dim, " out of range for ", t.dim(),
+              " dims");
+  return dim < 0 ? dim + t.dim() : dim;
+}
+
+void thd_check_cu(const at::Tensor& cu, const at::Tensor& ref, int64_t numel, const char* name) {
+  TORCH_CHECK(cu.scalar_type() == at::kInt && cu.dim() == 1 && cu.is_contiguous() &&
+                  cu.numel() >= 1 && (numel < 0 || cu.numel() == numel) &&
+                  cu.device() == ref.device(),
+              "thd: ", name, " must be a contiguous 1-D int32 tensor on ", ref.device());
+}
+
+ThdRowMapParams thd_map(ThdRowMap kind, const at::Tensor& cu) {
+  ThdRowMapParams m{};
+  m.kind = kind;
+  m.cu = cu.data_ptr<int32_t>();
+  m.cu_dst = m.cu;
+  m.cu_src = m.cu;
+  m.b = static_cast<int32_t>(cu.numel() - 1);
+  m.cp = 1;
+  return m;
+}
+
+ThdRowMapParams thd_identity_map() {
+  ThdRowMapParams m{};
+  m.kind = ThdRowMap::kIdentity;
+  m.cp = 1;
+  return m;
+}
+
+// Raw-byte row copy src -> dst along token dim `dim` (shapes equal but for that dim).
+ThdCopyParams thd_copy_params(const at::Tensor& src, const at::Tensor& dst, int64_t dim) {
+  TORCH_CHECK(src.scalar_type() == dst.scalar_type() && src.device() == dst.device() &&
+                  src.dim() == dst.dim(),
+              "thd: src and dst must share dtype, device and rank");
+  for (int64_t i = 0; i < dst.dim(); ++i)
+    TORCH_CHECK(i == dim || src.size(i) == dst.size(i), "thd: src and dst shapes differ in dim ",
+                i);
+  const int64_t es = static_cast<int64_t>(dst.element_size());
+  TORCH_CHECK(es == 2 || es == 4 || es == 8, "thd: kernels copy 2, 4 or 8-byte elements");
+  ThdCopyParams p{};
+  int64_t outer = 1, so = 0, dout = 1, dso = 0;
+  TORCH_CHECK(thd_collapse(src, 0, dim, outer, so) && thd_collapse(dst, 0, dim, dout, dso),
+              "thd: the dims before the token dim must merge into one");
+  int64_t heads = 1, head_elems = 1;
+  std::vector<int64_t> hs;
+  TORCH_CHECK(thd_split_rows({&src, &dst}, dim + 1, heads, head_elems, hs),
+              "thd: the dims after the token dim must be [heads, contiguous elements]");
+  TORCH_CHECK(heads <= INT32_MAX && head_elems * es <= INT32_MAX, "thd: rows too large");
+  p.src = src.data_ptr();
+  p.dst = dst.data_ptr();
+  p.rows = dst.size(dim);
+  p.outer = outer;
+  p.src_outer_stride = so * es;
+  p.dst_outer_stride = dso * es;
+  p.src_row_stride = src.stride(dim) * es;
+  p.dst_row_stride = dst.stride(dim) * es;
+  p.heads = static_cast<int32_t>(heads);
+  p.head_bytes = static_cast<int32_t>(head_elems * es);
+  p.src_head_stride = hs[0] * es;
+  p.dst_head_stride = hs[1] * es;
+  return p;
+}
+
+// partition (mode 0), reorder_to_contiguous (1), reorder_to_rank_sharded (2), read_half (3,
+// `rank` is the half) into a new contiguous tensor.
+at::Tensor thd_gather(const at::Tensor& x, const at::Tensor& cu_seqlens_padded, int64_t mode,
+                      int64_t cp, int64_t rank, int64_t dim) {
+  const c10::DeviceGuard guard(x.device());
+  dim = thd_wrap_dim(dim, x);
+  TORCH_CHECK(mode >= 0 && mode <= 3 && cp >= 1 && rank >= 0 && (mode == 3 || rank < cp),
+              "thd_gather: bad mode / cp / rank");
+  thd_check_cu(cu_seqlens_padded, x, -1, "cu_seqlens_padded");
+  const int64_t total = x.size(dim);
+  const int64_t rows = mode == 0 ? total / cp : (mode == 3 ? total / 2 : total);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes[dim] = rows;
+  at::Tensor out = at::empty(sizes, x.options());
+  if (out.numel() == 0) return out;
+  ThdCopyParams p = thd_copy_params(x, out, dim);
+  p.map = thd_map(static_cast<ThdRowMap>(mode), cu_seqlens_padded);
+  p.map.cp = static_cast<int32_t>(cp);
+  p.map.rank = mode == 0 ? static_cast<int32_t>(rank) : 0;
+  p.map.half = mode == 3 ? static_cast<int32_t>(rank) : 0;
+  p.map.local_rows = mode == 3 ? total : total / cp;
+  check_launch(thd_copy_rows_launch(p, current_stream(x.device())), "thd gather");
+  return out;
+}
+
+// The bit pattern of `fill` in dst's dtype (converted as torch.full_like does), over 16 bytes.
+void thd_fill_bits(double fill, at::ScalarType st, uint32_t (&out)[4]) {
+  uint64_t bits = 0;
+  int bytes = 0;
+  switch (st) {
+    case at::kFloat: {
+      const float f = static_cast<float>(fill);
+      uint32_t u = 0;
+      std::memcpy(&u, &f, 4);
+      bits = u;
+      bytes = 4;
+      break;
+    }
+    case at::kDouble:
+      std::memcpy(&bits, &fill, 8);
+      bytes = 8;
+      break;
+    case at::kHalf:
+      bits = c10::Half(static_cast<float>(fill)).x;
+      bytes = 2;
+      break;
+    case at::kBFloat16:
+      bits = c10::BFloat16(static_cast<float>(fill)).x;
+      bytes = 2;
+      break;
+    default:
+      TORCH_CHECK(false, "thd: fill needs a float16, bfloat16, float32 or float64 dst");
+  }
+  unsigned char buf[16];
+  for (int i = 0; i < 16; i += bytes) std::memcpy(buf + i, &bits, bytes);
+  std::memcpy(out, buf, 16);
+}
+
+void thd_copy_valid_tokens_(at::Tensor& dst, const at::Tensor& src, const at::Tensor& cu_seqlens,
+                            const std::optional<at::Tensor>& cu_seqlens_dst_padded,
+                            const std::optional<at::Tensor>& cu_seqlens_src_padded, int64_t dim,
+                            std::optional<double> fill) {
+  const c10::DeviceGuard guard(dst.device());
+  dim = thd_wrap_dim(dim, dst);
+  thd_check_cu(cu_seqlens, dst, -1, "cu_seqlens");
+  if (cu_seqlens_dst_padded)
+    thd_check_cu(*cu_seqlens_dst_padded, dst, cu_seqlens.numel(), "cu_seqlens_dst_padded");
+  if (cu_seqlens_src_padded)
+    thd_check_cu(*cu_seqlens_src_padded, dst, cu_seqlens.numel(), "cu_seqlens_src_padded");
+  ThdCopyParams p = thd_copy_params(src, dst, dim);
+  if (dst.numel() == 0) return;
+  p.map = thd_map(ThdRowMap::kCopyValid, cu_seqlens);
+  if (cu_seqlens_dst_padded) p.map.cu_dst = cu_seqlens_dst_padded->data_ptr<int32_t>();
+  if (cu_seqlens_src_padded) p.map.cu_src = cu_seqlens_src_padded->data_ptr<int32_t>();
+  p.map.src_rows = src.size(dim);
+  if (fill) {
+    p.fill = 1;
+    thd_fill_bits(*fill, dst.scalar_type(), p.fill_bytes);
+  }
+  check_launch(thd_copy_rows_launch(p, current_stream(dst.device())), "thd copy_valid_tokens");
+}
+
+int32_t thd_math_dtype(const at::Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16:
+      return kThdBFloat16;
+    case at::kHalf:
+      return kThdFloat16;
+    case at::kFloat:
+      return kThdFloat32;
+    default:
+      TORCH_CHECK(false, "thd: ", name, " must be bfloat16, float16 or float32");
+  }
+  return kThdFloat32;
+}
+
+// out [t, *heads, *rest] (heads: nh dims) as [t, H, D] with D contiguous.
+void thd_out_view(const at::Tensor& o, int64_t nh, int64_t& h, int64_t& d, int64_t& tok,
+                  int64_t& head, const char* name) {
+  int64_t st = 0;
+  TORCH_CHECK(o.dim() >= 1 + nh && thd_collapse(o, 1, 1 + nh, h, head) &&
+                  thd_collapse(o, 1 + nh, o.dim(), d, st) && (d == 1 || st == 1),
+              "thd: ", name, " must be [t, heads, contiguous elements]");
+  tok = o.stride(0);
+}
+
+// LSE [*heads, t] float32 as [H, t].
+void thd_lse_view(const at::Tensor& l, const at::Tensor& ref, int64_t& h, int64_t& head,
+                  int64_t& tok, const char* name) {
+  TORCH_CHECK(l.scalar_type() == at::kFloat && l.dim() >= 1 && l.device() == ref.device() &&
+                  thd_collapse(l, 0, l.dim() - 1, h, head),
+              "thd: ", name, " must be float32 [heads, t] on ", ref.device());
+  tok = l.stride(-1);
+}
+
+ThdMergeParams thd_merge_params(const std::optional<at::Tensor>& out, const at::Tensor& lse,
+                                const std::optional<at::Tensor>& out_step,
+                                const at::Tensor& lse_step,
+                                const std::optional<at::Tensor>& cu_seqlens_padded,
+                                bool only_second_half, bool correction) {
+  ThdMergeParams p{};
+  int64_t h = 0, h2 = 0;
+  thd_lse_view(lse, lse, h, p.lse_head, p.lse_tok, "lse");
+  thd_lse_view(lse_step, lse, h2, p.lse_step_head, p.lse_step_tok, "lse_step");
+  const int64_t t = lse.size(-1);
+  p.n = lse_step.size(-1);
+  TORCH_CHECK(lse_step.dim() == lse.dim() && h2 == h &&
+                  p.n == (only_second_half ? t / 2 : t) && (!only_second_half || t % 2 == 0),
+              "thd merge: lse_step must be [heads, t] (or [heads, t/2] for only_second_half)");
+  TORCH_CHECK(h <= INT32_MAX, "thd merge: too many heads");
+  p.heads = static_cast<int32_t>(h);
+  p.lse = lse.data_ptr<float>();
+  p.lse_step = lse_step.data_ptr<float>();
+  TORCH_CHECK(out.has_value() == out_step.has_value() && (out.has_value() || !correction),
+              "thd merge: out and out_step go together (and correction needs them)");
+  if (out) {
+    const int64_t nh = lse.dim() - 1;
+    int64_t d = 0, d2 = 0, hh = 0, hh2 = 0;
+    TORCH_CHECK(out->device() == lse.device() && out_step->device() == lse.device() &&
+                    out->size(0) == t && out_step->size(0) == p.n && out->dim() == out_step->dim(),
+                "thd merge: out [t, ...] / out_step [n, ...] do not match the LSEs");
+    thd_out_view(*out, nh, hh, d, p.out_tok, p.out_head, "out");
+    thd_out_view(*out_step, nh, hh2, d2, p.step_tok, p.step_head, "out_step");
+    for (int64_t i = 1; i < out->dim(); ++i)
+      TORCH_CHECK(out->size(i) == out_step->size(i) && (i > nh || out->size(i) == lse.size(i - 1)),
+                  "thd merge: out, out_step and lse shapes differ");
+    TORCH_CHECK(d <= INT32_MAX, "thd merge: rows too large");
+    p.dim = static_cast<int32_t>(d);
+    p.out = out->data_ptr();
+    p.out_step = out_step->data_ptr();
+    p.out_dtype = thd_math_dtype(*out, "out");
+    p.step_dtype = thd_math_dtype(*out_step, "out_step");
+  }
+  p.correction = correction ? 1 : 0;
+  if (only_second_half) {
+    TORCH_CHECK(cu_seqlens_padded.has_value(),
+                "thd merge: only_second_half needs cu_seqlens_padded");
+    thd_check_cu(*cu_seqlens_padded, lse, -1, "cu_seqlens_padded");
+    p.map = thd_map(ThdRowMap::kHalf, *cu_seqlens_padded);
+    p.map.local_rows = t;
+    p.map.half = 1;
+  } else {
+    p.map = thd_identity_map();
+  }
+  return p;
+}
+
+// merge_partial / lse_correction (correction=false) and out_correction (true) into new
+// tensors: (out or empty [0], lse or empty [0]).
+std::tuple<at::Tensor, at::Tensor> thd_merge(const std::optional<at::Tensor>& out,
+                                             const at::Tensor& lse,
+                                             const std::optional<at::Tensor>& out_step,
+                                             const at::Tensor& lse_step,
+                                             const std::optional<at::Tensor>& cu_seqlens_padded,
+                                             bool only_second_half, bool correction) {
+  const c10::DeviceGuard guard(lse.device());
+  ThdMergeParams p = thd_merge_params(out, lse, out_step, lse_step, cu_seqlens_padded,
+                                      only_second_half, correction);
+  at::Tensor new_out =
+      out ? at::empty(out->sizes(), out->options()) : at::empty({0}, lse.options());
+  at::Tensor new_lse =
+      correction ? at::empty({0}, lse.options()) : at::empty(lse.sizes(), lse.options());
+  if (out && new_out.numel() > 0) {
+    int64_t hh = 0, d = 0;
+    thd_out_view(new_out, lse.dim() - 1, hh, d, p.dst_tok, p.dst_head, "out");
+    p.out_dst = new_out.data_ptr();
+  }
+  if (!correction) {
+    int64_t hh = 0;
+    thd_lse_view(new_lse, lse, hh, p.lse_dst_head, p.lse_dst_tok, "lse");
+    p.lse_dst = new_lse.data_ptr<float>();
+  }
+  p.copy_first_half = only_second_half ? 1 : 0;
+  if (p.out_dst != nullptr || p.lse_dst != nullptr)
+    check_launch(thd_merge_launch(p, current_stream(lse.device())), "thd merge");
+  return {new_out, new_lse};
+}
+
+// merge_partial / lse_correction in place (out may be absent: LSE only).
+void thd_merge_(const std::optional<at::Tensor>& out, at::Tensor& lse,
+                const std::optional<at::Tensor>& out_step, const at::Tensor& lse_step,
+                const std::optional<at::Tensor>& cu_seqlens_padded, bool only_second_half) {
+  const c10::DeviceGuard guard(lse.device());
+  ThdMergeParams p = thd_merge_params(out, lse, out_step, lse_step, cu_seqlens_padded,
+                                      only_second_half, false);
+  if (out && out->numel() > 0) {
+    p.out_dst = out->data_ptr();
+    p.dst_tok = p.out_tok;
+    p.dst_head = p.out_head;
+  }
+  p.lse_dst = lse.data_ptr<float>();
+  p.lse_dst_head = p.lse_head;
+  p.lse_dst_tok = p.lse_tok;
+  check_launch(thd_merge_launch(p, current_stream(lse.device())), "thd merge (in place)");
+}
+
+void thd_out_correction_(at::Tensor& out, const at::Tensor& out_step, const at::Tensor& lse,
+                         const at::Tensor& lse_step,
+                         const std::optional<at::Tensor>& cu_seqlens_padded,
+                         bool only_second_half) {
+  const c10::DeviceGuard guard(lse.device());
+  ThdMergeParams p = thd_merge_params(out, lse, out_step, lse_step, cu_seqlens_padded,
+                                      only_second_half, true);
+  if (out.numel() == 0) return;
+  p.out_dst = out.data_ptr();
+  p.dst_tok = p.out_tok;
+  p.dst_head = p.out_head;
+  check_launch(thd_merge_launch(p, current_stream(lse.device())), "thd out_correction (in place)");
+}
+
+ThdGradParams thd_grad_params(const at::Tensor& grad, const at::Tensor& grad_step,
+                              const at::Tensor& cu_seqlens_padded, int64_t first_half_op,
+                              int64_t second_half_op, const at::Tensor& dst) {
+  TORCH_CHECK(grad.dim() >= 1 && grad_step.dim() == grad.dim() &&
+                  grad_step.device() == grad.device(),
+              "thd grad_correction: grad and grad_step must have one rank and device");
+  for (int64_t i = 1; i < grad.dim(); ++i)
+    TORCH_CHECK(grad.size(i) == grad_step.size(i), "thd grad_correction: shapes differ in dim ", i);
+  TORCH_CHECK(first_half_op >= 0 && first_half_op <= 2 && second_half_op >= 0 &&
+                  second_half_op <= 2,
+              "thd grad_correction: ops are 0 none, 1 copy, 2 add");
+  const int64_t t = grad.size(0);
+  const int64_t ts = grad_step.size(0);
+  const bool full = ts == t;
+  TORCH_CHECK(t % 2 == 0 && (full || ts == t / 2),
+              "thd grad_correction: grad_step must have t or t/2 rows");
+  thd_check_cu(cu_seqlens_padded, grad, -1, "cu_seqlens_padded");
+  ThdGradParams p{};
+  int64_t heads = 1, head_dim = 1;
+  std::vector<int64_t> hs;
+  TORCH_CHECK(thd_split_rows({&grad, &grad_step, &dst}, 1, heads, head_dim, hs),
+              "thd grad_correction: rows must be [heads, contiguous elements]");
+  TORCH_CHECK(heads <= INT32_MAX && head_dim <= INT32_MAX, "thd grad_correction: rows too large");
+  p.grad = grad.data_ptr();
+  p.step = grad_step.data_ptr();
+  p.dst = dst.data_ptr();
+  p.grad_tok = grad.stride(0);
+  p.step_tok = grad_step.stride(0);
+  p.dst_tok = dst.stride(0);
+  p.grad_head = hs[0];
+  p.step_head = hs[1];
+  p.dst_head = hs[2];
+  p.heads = static_cast<int32_t>(heads);
+  p.head_dim = static_cast<int32_t>(head_dim);
+  p.grad_dtype = thd_math_dtype(grad, "grad");
+  p.step_dtype = thd_math_dtype(grad_step, "grad_step");
+  p.op0 = static_cast<int32_t>(first_half_op);
+  p.op1 = static_cast<int32_t>(second_half_op);
+  p.step_is_half = full ? 0 : 1;
+  if (full && first_half_op == second_half_op) {
+    p.map = thd_identity_map();
+    p.n = t;
+  } else {
+    p.map = thd_map(ThdRowMap::kHalf, cu_seqlens_padded);
+    p.map.local_rows = t;
+    p.n = t / 2;
+  }
+  return p;
+}
+
+at::Tensor thd_grad_correction(const at::Tensor& grad, const at::Tensor& grad_step,
+                               const at::Tensor& cu_seqlens_padded, int64_t first_half_op,
+                               int64_t second_half_op) {
+  const c10::DeviceGuard guard(grad.device());
+  at::Tensor dst = at::empty(grad.sizes(), grad.options());
+  if (dst.numel() == 0) return dst;
+  ThdGradParams p = thd_grad_params(grad, grad_step, cu_seqlens_padded, first_half_op,
+                                    second_half_op, dst);
+  p.copy_none = 1;
+  check_launch(thd_grad_launch(p, current_stream(grad.device())), "thd grad_correction");
+  return dst;
+}
+
+void thd_grad_correction_(at::Tensor& grad, const at::Tensor& grad_step,
+                          const at::Tensor& cu_seqlens_padded, int64_t first_half_op,
+                          int64_t second_half_op) {
+  const c10::DeviceGuard guard(grad.device());
+  if (grad.numel() == 0) return;
+  ThdGradParams p = thd_grad_params(grad, grad_step, cu_seqlens_padded, first_half_op,
+                                    second_half_op, grad);
+  check_launch(thd_grad_launch(p, current_stream(grad.device())), "thd grad_correction (in place)");
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rocm_attn, m) {
@@ -238,12 +662,40 @@ TORCH_LIBRARY(rocm_attn, m) {
       "float softmax_scale) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("read_error_state(bool reset) -> int[]", &read_error_state);
   m.def("compat_selftest(Tensor bf16_bits, Tensor fp16_bits, Tensor x) -> (Tensor, Tensor)");
+  m.def(
+      "thd_gather(Tensor x, Tensor cu_seqlens_padded, int mode, int cp, int rank, int dim) "
+      "-> Tensor");
+  m.def(
+      "thd_copy_valid_tokens_(Tensor(a!) dst, Tensor src, Tensor cu_seqlens, "
+      "Tensor? cu_seqlens_dst_padded, Tensor? cu_seqlens_src_padded, int dim, float? fill) -> ()");
+  m.def(
+      "thd_merge(Tensor? out, Tensor lse, Tensor? out_step, Tensor lse_step, "
+      "Tensor? cu_seqlens_padded, bool only_second_half, bool correction) -> (Tensor, Tensor)");
+  m.def(
+      "thd_merge_(Tensor(a!)? out, Tensor(b!) lse, Tensor? out_step, Tensor lse_step, "
+      "Tensor? cu_seqlens_padded, bool only_second_half) -> ()");
+  m.def(
+      "thd_out_correction_(Tensor(a!) out, Tensor out_step, Tensor lse, Tensor lse_step, "
+      "Tensor? cu_seqlens_padded, bool only_second_half) -> ()");
+  m.def(
+      "thd_grad_correction(Tensor grad, Tensor grad_step, Tensor cu_seqlens_padded, "
+      "int first_half_op, int second_half_op) -> Tensor");
+  m.def(
+      "thd_grad_correction_(Tensor(a!) grad, Tensor grad_step, Tensor cu_seqlens_padded, "
+      "int first_half_op, int second_half_op) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) {
   m.impl("small_seq_fwd", &small_seq_fwd);
   m.impl("small_seq_bwd", &small_seq_bwd);
   m.impl("compat_selftest", &compat_selftest);
+  m.impl("thd_gather", &thd_gather);
+  m.impl("thd_copy_valid_tokens_", &thd_copy_valid_tokens_);
+  m.impl("thd_merge", &thd_merge);
+  m.impl("thd_merge_", &thd_merge_);
+  m.impl("thd_out_correction_", &thd_out_correction_);
+  m.impl("thd_grad_correction", &thd_grad_correction);
+  m.impl("thd_grad_correction_", &thd_grad_correction_);
 }
 
 // `import rocm_attn._C` loads this library, which registers the ops above; the Python module

@@ -37,6 +37,9 @@ if [ $BENCH -eq 1 ]; then
   python3 tools/bench_small_seq.py --json "$OUT/bench_small_seq.json" $CASES > "$OUT/bench_small_seq.log" 2>&1
   echo "bench rc=$?"
   tail -14 "$OUT/bench_small_seq.log"
+  python3 tools/bench_thd.py --json "$OUT/bench_thd.json" > "$OUT/bench_thd.log" 2>&1
+  echo "bench_thd rc=$?"
+  tail -47 "$OUT/bench_thd.log"
 fi
 echo "gpu_check: build $((t1 - t0)) s, build_rc=$build_rc tests_rc=$test_rc"
 exit $test_rc

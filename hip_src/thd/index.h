@@ -84,20 +84,31 @@ RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r) {
   return clamp_row(src, cp * m.local_rows);
 }
 
-// _half_index: local row of row k of half `half` (cu: local padded cu_seqlens, even lengths).
-RA_HOST_DEVICE int64_t half_row(const ThdRowMapParams& m, int64_t k, int half) {
+// _half_index: local rows of row k of the first and of the second half (cu: local padded
+// cu_seqlens, even lengths); one search serves both.
+RA_HOST_DEVICE void half_rows(const ThdRowMapParams& m, int64_t k, int64_t& first,
+                              int64_t& second) {
   const int64_t end = m.cu[m.b];
   const int64_t hb_end = floordiv(end, 2);
-  int64_t src;
+  int64_t base, half_len;
   if (k >= hb_end) {
-    src = end + (k - hb_end) + half * floordiv(m.local_rows - end, 2);
+    base = end + (k - hb_end);
+    half_len = floordiv(m.local_rows - end, 2);
   } else {
     const int32_t s = seq_of(m.cu, m.b, 2, k);
     const int64_t start = m.cu[s];
     const int64_t len = s < m.b ? m.cu[s + 1] - start : 0;
-    src = start + (k - floordiv(start, 2)) + half * floordiv(len, 2);
+    base = start + (k - floordiv(start, 2));
+    half_len = floordiv(len, 2);
   }
-  return clamp_row(src, m.local_rows);
+  first = clamp_row(base, m.local_rows);
+  second = clamp_row(base + half_len, m.local_rows);
+}
+
+RA_HOST_DEVICE int64_t half_row(const ThdRowMapParams& m, int64_t k, int half) {
+  int64_t first, second;
+  half_rows(m, k, first, second);
+  return half ? second : first;
 }
 
 // _copy_rows: source row of dst row d, or -1 when d holds no valid token (padding, slack).

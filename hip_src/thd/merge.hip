@@ -4,11 +4,15 @@
 
 namespace {
 
-bool ptr_aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool ptr_aligned16(const void* p) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-unsigned clip_grid(int64_t blocks) { return static_cast<unsigned>(blocks < INT32_MAX ? blocks : INT32_MAX); }
+unsigned clip_grid(int64_t blocks) {
+  return static_cast<unsigned>(blocks < INT32_MAX ? blocks : INT32_MAX);
+}
 
 }  // namespace
 
@@ -16,15 +20,18 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
   if (p.n <= 0 || p.heads <= 0) return hipSuccess;
   if (p.lse == nullptr || p.lse_step == nullptr) return hipErrorInvalidValue;
   const bool rows = p.out_dst != nullptr;
-  if (rows && (p.out == nullptr || p.out_step == nullptr || p.dim <= 0)) return hipErrorInvalidValue;
-  if (p.map.kind != ThdRowMap::kIdentity && p.map.kind != ThdRowMap::kHalf) return hipErrorInvalidValue;
+  if (rows && (p.out == nullptr || p.out_step == nullptr || p.dim <= 0))
+    return hipErrorInvalidValue;
+  if (p.map.kind != ThdRowMap::kIdentity && p.map.kind != ThdRowMap::kHalf)
+    return hipErrorInvalidValue;
   // 8-element vectors: 16 bytes of a 16-bit row, two 16-byte halves of an fp32 row.
   bool vec8 = rows && p.dim % 8 == 0 && ptr_aligned16(p.out) && ptr_aligned16(p.out_step) &&
               ptr_aligned16(p.out_dst);
   for (int64_t s : {p.out_tok, p.out_head, p.step_tok, p.step_head, p.dst_tok, p.dst_head})
     vec8 = vec8 && s % 8 == 0;
   const int vec = vec8 ? 8 : 1;
-  const int shift = rows ? thd::lanes_shift(p.dim / vec, 2, thd::kMergeThreads) : 0;
+  const int shift =
+      rows ? thd::lanes_shift(p.dim / vec, thd::kMergeVecsPerLane, thd::kMergeThreads) : 0;
   const int64_t groups_per_block = thd::kMergeThreads >> shift;
   const dim3 grid(clip_grid(ceil_div(p.n, groups_per_block)),
                   static_cast<unsigned>(p.heads < 65535 ? p.heads : 65535));
@@ -39,15 +46,17 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
 
 hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
   if (p.n <= 0 || p.heads <= 0 || p.head_dim <= 0) return hipSuccess;
-  if (p.map.kind != ThdRowMap::kIdentity && p.map.kind != ThdRowMap::kHalf) return hipErrorInvalidValue;
+  if (p.map.kind != ThdRowMap::kIdentity && p.map.kind != ThdRowMap::kHalf)
+    return hipErrorInvalidValue;
   bool vec8 = p.head_dim % 8 == 0 && ptr_aligned16(p.grad) && ptr_aligned16(p.step) &&
               ptr_aligned16(p.dst) && p.grad_tok % 8 == 0 && p.step_tok % 8 == 0 &&
               p.dst_tok % 8 == 0;
-  if (p.heads > 1) vec8 = vec8 && p.grad_head % 8 == 0 && p.step_head % 8 == 0 && p.dst_head % 8 == 0;
+  if (p.heads > 1)
+    vec8 = vec8 && p.grad_head % 8 == 0 && p.step_head % 8 == 0 && p.dst_head % 8 == 0;
   const int vec = vec8 ? 8 : 1;
   const int64_t nvec = static_cast<int64_t>(p.heads) * (p.head_dim / vec);
   if (nvec > INT32_MAX) return hipErrorInvalidValue;
-  const int shift = thd::lanes_shift(nvec, 2, thd::kMergeThreads);
+  const int shift = thd::lanes_shift(nvec, thd::kMergeVecsPerLane, thd::kMergeThreads);
   const int64_t groups_per_block = thd::kMergeThreads >> shift;
   const dim3 grid(clip_grid(ceil_div(p.n, groups_per_block)));
   const dim3 block(thd::kMergeThreads);

@@ -115,6 +115,11 @@ RA_DEVICE void store_f32(void* base, int64_t off, int dtype, const float (&x)[VE
   }
 }
 
+// VEC-element vectors per lane and tensor (lanes per row ~ vectors per row / this).
+// NOTE: a variant with 4 vectors per lane, all row loads issued before the weights, measured
+// slower on an H200 (122 registers, half the resident threads, 2-lane rows coalescing worse).
+constexpr int kMergeVecsPerLane = 2;
+
 // One group of 2^lpr_shift lanes per (step token k, head h): h from blockIdx.y (LSE reads of
 // consecutive groups are consecutive), k from the x grid. The group computes the two weights
 // (every lane, from the same two LSE words) and streams the D elements of the row.
@@ -129,7 +134,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
   for (int64_t h = blockIdx.y; h < p.heads; h += gridDim.y) {
     for (int64_t k = (static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x) >> lpr_shift;
          k < p.n; k += groups) {
-      const int64_t r = halves ? half_row(p.map, k, 1) : k;
+      int64_t r = k, r0 = -1;  // running row; first-half row (copied when writing new tensors)
+      if (halves) {
+        half_rows(p.map, k, r0, r);  // one search for both halves
+        if (!p.copy_first_half) r0 = -1;
+      }
       const float a = p.lse[h * p.lse_head + r * p.lse_tok];
       const float b = p.lse_step[h * p.lse_step_head + k * p.lse_step_tok];
       float new_lse = 0.f, wa = 1.f, wb;
@@ -142,11 +151,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
       // accumulator, a step row with no keys)
       const bool use_a = p.correction || wa > 0.f;
       const bool use_b = wb > 0.f;
-      int64_t r0 = -1;  // first-half row (copied when writing new tensors)
-      if (halves && p.copy_first_half) r0 = half_row(p.map, k, 0);
       if (lane == 0 && p.lse_dst != nullptr) {
         p.lse_dst[h * p.lse_dst_head + r * p.lse_dst_tok] = new_lse;
-        if (r0 >= 0) p.lse_dst[h * p.lse_dst_head + r0 * p.lse_dst_tok] = p.lse[h * p.lse_head + r0 * p.lse_tok];
+        if (r0 >= 0)
+          p.lse_dst[h * p.lse_dst_head + r0 * p.lse_dst_tok] =
+              p.lse[h * p.lse_head + r0 * p.lse_tok];
       }
       if (nv == 0) continue;
       const int64_t out_row = r * p.out_tok + h * p.out_head;
@@ -198,7 +207,8 @@ RA_DEVICE int64_t row_offset(int v, int vph, int heads, int64_t head_stride) {
   return hh * head_stride + static_cast<int64_t>(v - hh * vph) * VEC;
 }
 
-// One group of 2^lpr_shift lanes per k: the row k (kIdentity) or both halves' rows of k (kHalf).
+// One group of 2^lpr_shift lanes per k: the row k (kIdentity) or both halves' rows of k (kHalf,
+// one search for both).
 template <int VEC>
 __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams p,
                                                              const int lpr_shift) {
@@ -210,10 +220,12 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
   const int64_t groups = (static_cast<int64_t>(gridDim.x) * kMergeThreads) >> lpr_shift;
   for (int64_t k = (static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x) >> lpr_shift;
        k < p.n; k += groups) {
+    int64_t r_first = k, r_second = k;
+    if (halves) half_rows(p.map, k, r_first, r_second);
     for (int hf = 0; hf < (halves ? 2 : 1); ++hf) {
       const int op = hf == 0 ? p.op0 : p.op1;
       if (op == kThdGradNone && !p.copy_none) continue;
-      const int64_t r = halves ? half_row(p.map, k, hf) : k;
+      const int64_t r = hf == 0 ? r_first : r_second;
       const int64_t sr = p.step_is_half ? k : r;
       const bool use_g = op != kThdGradCopy;
       const bool use_s = op != kThdGradNone;

@@ -1,0 +1,690 @@
+"""GPU tests of the THD kernels (hip_src/thd) behind rocm_attn.thd: backend="kernel" against
+backend="torch" (the oracle, itself tested against Python loops in tests/test_thd.py).
+
+Every test is marked ``gpu`` and skipped unless a CUDA/ROCm device is present and the compiled
+extension has the THD ops. Copies (partition, reorders, read_half, copy_valid_tokens,
+pad_for_cp) and grad_correction must match the torch path bitwise; merges (fp32 math) within
+1e-6 (fp32 results) or one unit in the last place (16-bit results, rounded once from fp32
+values that may differ in their last bit).
+
+Kernel calls run with ``thd._fallback`` patched to fail, so a test cannot pass by silently
+taking the torch path. Ops that return fresh tensors run after the caching allocator was
+poisoned (its free blocks filled with 0xFF bytes: NaN in every float dtype), so any element a
+kernel forgets to write shows up as NaN and fails the bitwise checks.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import rocm_attn
+from rocm_attn import thd
+
+NEG_INF = float("-inf")
+I32 = torch.int32
+
+
+def _why_no_gpu():
+    if not torch.cuda.is_available():
+        return "no CUDA/ROCm GPU"
+    if not rocm_attn._ext.HAS_EXTENSION:
+        return f"compiled extension not loaded: {rocm_attn._ext.extension_error()}"
+    if not thd.HAS_KERNELS:
+        return "the compiled extension has no THD ops (rebuild)"
+    return None
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_why_no_gpu() is not None, reason=str(_why_no_gpu())),
+]
+
+DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16"),
+          pytest.param(torch.float32, id="fp32")]
+ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 1e-6}
+
+
+@pytest.fixture
+def dev():
+    why = _why_no_gpu()
+    if why:
+        pytest.skip(why)
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture(autouse=True)
+def _kernels_only(monkeypatch):
+    """The kernel path must serve every call of these tests unless a test allows fallbacks."""
+    calls = []
+
+    def fail(name, why, *args):
+        calls.append((name, why))
+        raise AssertionError(f"rocm_attn.thd.{name} fell back to the torch path: {why}")
+
+    monkeypatch.setattr(thd, "_fallback", fail)
+    monkeypatch.delenv("ROCM_ATTN_VALIDATE", raising=False)
+    yield calls
+
+
+def poison_allocator(device):
+    """Fill the caching allocator's free blocks with 0xFF bytes (NaN in every float dtype) so
+    that the next torch.empty calls return NaN memory; the cache does not grow."""
+    blocks = [torch.empty(n << 20, dtype=torch.uint8, device=device) for n in (256, 64, 16, 4)]
+    blocks += [torch.empty(512 << 10, dtype=torch.uint8, device=device) for _ in range(16)]
+    blocks += [torch.empty(16 << 10, dtype=torch.uint8, device=device) for _ in range(32)]
+    free = [blk["size"] for seg in torch.cuda.memory_snapshot()
+            if seg.get("device", device.index) == device.index
+            for blk in seg["blocks"] if blk["state"] == "inactive"]
+    blocks += [torch.empty(n, dtype=torch.uint8, device=device) for n in sorted(free, reverse=True)]
+    for blk in blocks:
+        blk.fill_(0xFF)
+    del blocks
+
+
+def both(fn, *args, poison=True, **kw):
+    """fn(..., backend="kernel") on a poisoned allocator, then fn(..., backend="torch")."""
+    dev = next(a.device for a in args if isinstance(a, torch.Tensor))
+    if poison:
+        poison_allocator(dev)
+    k = fn(*args, backend="kernel", validate=False, **kw)
+    t = fn(*args, backend="torch", validate=False, **kw)
+    return k, t
+
+
+def assert_bitwise(name, k, t, ctx=""):
+    assert k.shape == t.shape and k.dtype == t.dtype, \
+        f"{name}: {k.shape}/{k.dtype} vs {t.shape}/{t.dtype} {ctx}"
+    if not torch.equal(k, t):
+        bad = (k != t) & ~(torch.isnan(k) & torch.isnan(t))
+        idx = bad.nonzero()[:5].tolist()
+        raise AssertionError(f"{name}: kernel != torch at {idx} (of {int(bad.sum())}) {ctx}")
+
+
+def assert_merge_close(name, k, t, ctx=""):
+    """fp32: rtol/atol 1e-6; 16-bit: one unit in the last place (both rounded once from fp32
+    values that may differ in their last bit)."""
+    assert k.shape == t.shape and k.dtype == t.dtype, \
+        f"{name}: {k.shape}/{k.dtype} vs {t.shape}/{t.dtype}"
+    tol = ULP[k.dtype]
+    torch.testing.assert_close(k, t, rtol=tol, atol=tol, equal_nan=True,
+                               msg=lambda m: f"{name} {ctx}: {m}")
+    assert torch.equal(torch.isneginf(k), torch.isneginf(t)), f"{name}: -inf pattern differs {ctx}"
+
+
+# --------------------------------------------------------------------------------------------
+# case builders
+# --------------------------------------------------------------------------------------------
+
+
+def cu_of(lens, device):
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=I32, device=device)
+
+
+def rand_lens(rng, b, max_len, lo=0):
+    """Random lengths with empty and single-token sequences mixed in."""
+    lens = [rng.randint(lo, max_len) for _ in range(b)]
+    for i in range(0, b, 7):
+        lens[i] = lo
+    for i in range(3, b, 11):
+        lens[i] = max(lo, 1)
+    rng.shuffle(lens)
+    return lens
+
+
+def padded(lens, cp):
+    return [-(-n // (2 * cp)) * (2 * cp) for n in lens]
+
+
+def randn(shape, dtype, device, gen, layout="contiguous"):
+    """Random tensor of `shape` [t, ...]; layout "strided": a slice of a wider fused tensor
+    (token stride != row size), "sliced": last dim cut from a wider one (head stride != d)."""
+    if layout == "strided":
+        base = torch.randn((shape[0], 3) + tuple(shape[1:]), generator=gen).to(device, dtype)
+        return base[:, 1]
+    if layout == "sliced":
+        base = torch.randn(tuple(shape[:-1]) + (shape[-1] + 8,), generator=gen).to(device, dtype)
+        return base[..., 3:3 + shape[-1]]
+    return torch.randn(tuple(shape), generator=gen).to(device, dtype)
+
+
+def global_case(seed, b, max_len, cp, dev, slack=0, lo=0):
+    rng = random.Random(seed)
+    lens = rand_lens(rng, b, max_len, lo)
+    plens = padded(lens, cp)
+    total = sum(plens) + slack * 2 * cp
+    return lens, plens, cu_of(plens, dev), total
+
+
+# --------------------------------------------------------------------------------------------
+# copies: partition, reorders, read_half
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "sliced"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cp", [1, 2, 4, 8])
+def test_partition_reorder_read_half(dev, cp, dtype, layout):
+    lens, plens, cu_p, total = global_case(cp * 7 + 1, 37, 13 * cp, cp, dev, slack=2)
+    gen = torch.Generator().manual_seed(cp)
+    x = randn((total, 5, 24), dtype, dev, gen, layout)
+    ctx = f"cp={cp} {dtype} {layout}"
+    shards = []
+    for r in range(cp):
+        k, t = both(thd.partition, x, cu_p, cp, r)
+        assert_bitwise(f"partition rank {r}", k, t, ctx)
+        assert k.is_contiguous()
+        shards.append(k)
+        cu_loc = thd.local_cu_seqlens(cu_p, cp)
+        for half in ("first", "second"):
+            kh, th = both(thd.read_half, k, cu_loc, half)
+            assert_bitwise(f"read_half {half} rank {r}", kh, th, ctx)
+    gathered = torch.cat(shards)
+    k, t = both(thd.reorder_to_contiguous, gathered, cu_p, cp)
+    assert_bitwise("reorder_to_contiguous", k, t, ctx)
+    assert torch.equal(k, x), f"partition + all-gather + reorder is not the identity ({ctx})"
+    k, t = both(thd.reorder_to_rank_sharded, x, cu_p, cp)
+    assert_bitwise("reorder_to_rank_sharded", k, t, ctx)
+    assert torch.equal(k, gathered), ctx
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_lse_layout_token_dim_last(dev, cp):
+    """LSE [h, t] (token dim last), contiguous and as a strided view."""
+    lens, plens, cu_p, total = global_case(cp, 29, 9 * cp, cp, dev, slack=1)
+    gen = torch.Generator().manual_seed(cp)
+    for lse in (torch.randn(6, total, generator=gen).to(dev),
+                torch.randn(total, 6, generator=gen).to(dev).t(),          # token stride 6
+                torch.randn(2, 3, total, generator=gen).to(dev)):           # heads [2, 3]
+        shards = []
+        for r in range(cp):
+            k, t = both(thd.partition, lse, cu_p, cp, r, dim=-1)
+            assert_bitwise(f"partition lse rank {r}", k, t)
+            shards.append(k)
+            cu_loc = thd.local_cu_seqlens(cu_p, cp)
+            k2, t2 = both(thd.read_half, k, cu_loc, "second", dim=-1)
+            assert_bitwise("read_half lse", k2, t2)
+        gathered = torch.cat(shards, dim=-1)
+        k, t = both(thd.reorder_to_contiguous, gathered, cu_p, cp, dim=-1)
+        assert_bitwise("reorder_to_contiguous lse", k, t)
+        assert torch.equal(k, lse)
+        k, t = both(thd.reorder_to_rank_sharded, lse, cu_p, cp, dim=-1)
+        assert_bitwise("reorder_to_rank_sharded lse", k, t)
+
+
+@pytest.mark.parametrize("shape,dtype", [
+    ((3, 7), torch.bfloat16),     # 14-byte rows: 2-byte vectors
+    ((2, 2), torch.float16),      # 8-byte rows
+    ((5,), torch.float32),        # 20-byte rows: 4-byte vectors
+    ((1, 4, 1), torch.float64),   # size-1 dims, 8-byte elements
+    ((), torch.float32),          # [t] vectors
+    ((16, 128), torch.bfloat16),  # 4 KB rows
+])
+def test_odd_row_sizes(dev, shape, dtype):
+    cp = 2
+    lens, plens, cu_p, total = global_case(11, 23, 20, cp, dev)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn((total,) + shape, generator=gen).to(dev, dtype)
+    for r in range(cp):
+        k, t = both(thd.partition, x, cu_p, cp, r)
+        assert_bitwise(f"partition {shape}", k, t)
+    k, t = both(thd.reorder_to_contiguous, x, cu_p, cp)
+    assert_bitwise(f"reorder {shape}", k, t)
+
+
+def test_misaligned_base_pointer(dev):
+    """A view 2 bytes past a 16-byte boundary: narrower vectors, same bytes."""
+    cp = 2
+    lens, plens, cu_p, total = global_case(3, 19, 16, cp, dev)
+    flat = torch.randn(total * 64 + 1).to(dev, torch.bfloat16)
+    x = flat[1:].view(total, 4, 16)
+    assert x.data_ptr() % 16 == 2
+    k, t = both(thd.partition, x, cu_p, cp, 1)
+    assert_bitwise("partition misaligned", k, t)
+    src = flat[1:1 + total * 64].view(total, 4, 16)
+    cu = cu_of(lens, dev)
+    kd = torch.zeros(total, 4, 16, device=dev, dtype=torch.bfloat16)
+    td = kd.clone()
+    thd.copy_valid_tokens(kd, src, cu, cu_p, None, fill=-1.0, backend="kernel")
+    thd.copy_valid_tokens(td, src, cu, cu_p, None, fill=-1.0, backend="torch")
+    assert_bitwise("copy_valid_tokens misaligned", kd, td)
+
+
+# --------------------------------------------------------------------------------------------
+# copy_valid_tokens / pad_for_cp
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pads", ["both", "dst", "src", "packed"])
+@pytest.mark.parametrize("fill", [None, 0.0, NEG_INF])
+def test_copy_valid_tokens(dev, fill, pads, dtype, layout):
+    rng = random.Random(f"copy{pads}{dtype}{layout}")
+    b = 41
+    lens = rand_lens(rng, b, 9)
+    src_slots = [n + rng.randint(0, 3) if pads in ("both", "src") else n for n in lens]
+    dst_slots = [n + rng.randint(0, 3) if pads in ("both", "dst") else n for n in lens]
+    cu = cu_of(lens, dev)
+    cu_s = cu_of(src_slots, dev) if pads in ("both", "src") else None
+    cu_d = cu_of(dst_slots, dev) if pads in ("both", "dst") else None
+    gen = torch.Generator().manual_seed(5)
+    src = randn((sum(src_slots) + 2, 3, 40), dtype, dev, gen, layout)
+    dst0 = randn((sum(dst_slots) + 3, 3, 40), dtype, dev, gen)
+    kd, td = dst0.clone(), dst0.clone()
+    r = thd.copy_valid_tokens(kd, src, cu, cu_d, cu_s, fill=fill, backend="kernel")
+    assert r is kd
+    thd.copy_valid_tokens(td, src, cu, cu_d, cu_s, fill=fill, backend="torch")
+    assert_bitwise("copy_valid_tokens", kd, td, f"{pads} fill={fill} {dtype} {layout}")
+    # LSE [h, t]: token dim last, into a strided destination
+    lse_src = torch.randn(4, src.shape[0], generator=gen).to(dev)
+    base = torch.randn(dst0.shape[0], 8, generator=gen).to(dev)
+    kl, tl = base.clone().t()[:4], base.clone().t()[:4]
+    thd.copy_valid_tokens(kl, lse_src, cu, cu_d, cu_s, dim=-1, fill=fill, backend="kernel")
+    thd.copy_valid_tokens(tl, lse_src, cu, cu_d, cu_s, dim=-1, fill=fill, backend="torch")
+    assert_bitwise("copy_valid_tokens lse", kl, tl)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cp", [1, 2, 4, 8])
+def test_pad_for_cp(dev, cp, dtype):
+    rng = random.Random(cp)
+    lens = rand_lens(rng, 53, 23)
+    cu = cu_of(lens, dev)
+    gen = torch.Generator().manual_seed(cp)
+    x = randn((sum(lens), 2, 32), dtype, dev, gen, "strided")
+    (kx, kc), (tx, tc) = both(thd.pad_for_cp, x, cu, cp)
+    assert_bitwise("pad_for_cp x", kx, tx)
+    assert_bitwise("pad_for_cp cu", kc, tc)
+
+
+# --------------------------------------------------------------------------------------------
+# merges
+# --------------------------------------------------------------------------------------------
+
+
+def local_case(seed, b, max_half, dev, slack=0):
+    """Rank-local padded cu_seqlens (even lengths, with 0- and 2-token sequences)."""
+    rng = random.Random(seed)
+    lens = [2 * n for n in rand_lens(rng, b, max_half)]
+    t = sum(lens) + 2 * slack
+    return cu_of(lens, dev), t
+
+
+def lse_pair(h, t, t_step, dev, gen, scale=4.0):
+    lse = torch.randn(h, t, generator=gen) * scale
+    lse_step = torch.randn(h, t_step, generator=gen) * scale
+    lse[:, ::5] = NEG_INF          # empty running rows (their out is junk: NaN below)
+    lse_step[:, 1::4] = NEG_INF    # step rows with no keys
+    lse_step[0, 2::9] = 1e4        # huge gaps
+    return lse.to(dev), lse_step.to(dev)
+
+
+MERGE_DTYPES = [  # (out, out_step)
+    pytest.param(torch.bfloat16, torch.bfloat16, id="bf16"),
+    pytest.param(torch.float16, torch.float16, id="fp16"),
+    pytest.param(torch.float32, torch.float32, id="fp32"),
+    pytest.param(torch.float32, torch.bfloat16, id="fp32acc_bf16"),
+    pytest.param(torch.float32, torch.float16, id="fp32acc_fp16"),
+]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["new", "inplace"])
+@pytest.mark.parametrize("half", [False, True], ids=["full", "second_half"])
+@pytest.mark.parametrize("out_dtype,step_dtype", MERGE_DTYPES)
+@pytest.mark.parametrize("d,layout", [(64, "contiguous"), (64, "strided"), (40, "sliced"),
+                                      (13, "contiguous")])
+def test_merge_partial(dev, d, layout, out_dtype, step_dtype, half, inplace):
+    cu, t = local_case(d, 57, 9, dev, slack=1)
+    ts = t // 2 if half else t
+    h = 3
+    gen = torch.Generator().manual_seed(d)
+    out = randn((t, h, d), out_dtype, dev, gen, layout)
+    out_step = randn((ts, h, d), step_dtype, dev, gen, layout)
+    lse, lse_step = lse_pair(h, t, ts, dev, gen)
+    out[torch.isneginf(lse).t()] = float("nan")  # junk in empty accumulator rows is dropped
+    ctx = f"d={d} {layout} {out_dtype}/{step_dtype} half={half} inplace={inplace}"
+    args = (out_step, lse_step, cu if half else None, half)
+    if inplace:
+        ko, kl = out.clone(), lse.clone()
+        r = thd.merge_partial(ko, kl, *args, inplace=True, backend="kernel")
+        assert r[0] is ko and r[1] is kl
+        to, tl = thd.merge_partial(out.clone(), lse.clone(), *args, inplace=True, backend="torch")
+    else:
+        (ko, kl), (to, tl) = both(thd.merge_partial, out, lse, *args)
+    assert not torch.isnan(kl).any()
+    assert_merge_close("out", ko, to, ctx)
+    assert_merge_close("lse", kl, tl, ctx)
+    if half:  # first halves untouched (copied bitwise into new tensors)
+        first = thd._half_index(cu.long(), t, 0)
+        assert torch.equal(ko[first].nan_to_num(7.0), out[first].nan_to_num(7.0)), ctx
+        assert torch.equal(kl[:, first], lse[:, first]), ctx
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["new", "inplace"])
+@pytest.mark.parametrize("half", [False, True], ids=["full", "second_half"])
+def test_lse_and_out_correction(dev, half, inplace):
+    cu, t = local_case(3, 45, 11, dev, slack=2)
+    ts = t // 2 if half else t
+    h, d = 4, 48
+    gen = torch.Generator().manual_seed(3)
+    lse, lse_step = lse_pair(h, t, ts, dev, gen)
+    out = torch.randn(t, h, d, generator=gen).to(dev)  # fp32 accumulator
+    out_step = torch.randn(ts, h, d, generator=gen).to(dev, torch.bfloat16)
+    cu_arg = cu if half else None
+    if inplace:
+        kl = lse.clone()
+        assert thd.lse_correction(kl, lse_step, cu_arg, half, inplace=True, backend="kernel") is kl
+        tl = thd.lse_correction(lse.clone(), lse_step, cu_arg, half, inplace=True, backend="torch")
+    else:
+        kl, tl = both(thd.lse_correction, lse, lse_step, cu_arg, half)
+    assert_merge_close("lse_correction", kl, tl)
+    # the same LSE as merge_partial's, bitwise
+    _, ml = thd.merge_partial(out, lse, out_step, lse_step, cu_arg, half, backend="kernel")
+    assert torch.equal(kl, ml)
+    if inplace:
+        ko = out.clone()
+        assert thd.out_correction(ko, out_step, tl, lse_step, cu_arg, half, inplace=True,
+                                  backend="kernel") is ko
+        to = thd.out_correction(out.clone(), out_step, tl, lse_step, cu_arg, half, inplace=True,
+                                backend="torch")
+    else:
+        ko, to = both(thd.out_correction, out, out_step, tl, lse_step, cu_arg, half)
+    assert_merge_close("out_correction", ko, to)
+
+
+def test_merge_identity_and_two_pass(dev):
+    """(empty, -inf) is the identity of the merge; lse_correction + out_correction over steps
+    equals merging them one by one."""
+    t, h, d = 300, 2, 64
+    gen = torch.Generator().manual_seed(9)
+    steps = [(torch.randn(t, h, d, generator=gen).to(dev, torch.bfloat16),
+              (torch.randn(h, t, generator=gen) * 3).to(dev)) for _ in range(3)]
+    steps[1][1][:, ::3] = NEG_INF
+    acc = torch.full((t, h, d), float("nan"), device=dev)
+    lse = torch.full((h, t), NEG_INF, device=dev)
+    for o_s, l_s in steps:
+        thd.merge_partial(acc, lse, o_s, l_s, inplace=True, backend="kernel")
+    fin = torch.full((h, t), NEG_INF, device=dev)
+    for _, l_s in steps:
+        fin = thd.lse_correction(fin, l_s, backend="kernel")
+    two = torch.zeros(t, h, d, device=dev)
+    for o_s, l_s in steps:
+        two = thd.out_correction(two, o_s, fin, l_s, backend="kernel")
+    torch.testing.assert_close(lse, fin, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(acc, two, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# grad_correction
+# --------------------------------------------------------------------------------------------
+
+GRAD_OPS = [("none", "add"), ("add", "none"), ("copy", "none"), ("none", "copy"), ("add", "add"),
+            ("copy", "copy"), ("copy", "add"), ("add", "copy")]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["new", "inplace"])
+@pytest.mark.parametrize("step", ["full", "half"])
+@pytest.mark.parametrize("ops", GRAD_OPS, ids=lambda o: "-".join(o))
+@pytest.mark.parametrize("gdtype,sdtype", [(torch.bfloat16, torch.bfloat16),
+                                           (torch.float16, torch.float16),
+                                           (torch.float32, torch.bfloat16),
+                                           (torch.bfloat16, torch.float32)])
+def test_grad_correction(dev, gdtype, sdtype, ops, step, inplace):
+    if step == "half" and (ops[0] == "none") == (ops[1] == "none"):
+        pytest.skip("a half step needs exactly one op 'none'")
+    cu, t = local_case(7, 61, 10, dev, slack=1)
+    gen = torch.Generator().manual_seed(7)
+    grad = randn((t, 4, 24), gdtype, dev, gen, "strided")
+    gs = randn((t if step == "full" else t // 2, 4, 24), sdtype, dev, gen)
+    ctx = f"{gdtype}/{sdtype} {ops} {step} inplace={inplace}"
+    if inplace:
+        kg = grad.clone()
+        assert thd.grad_correction(kg, gs, cu, *ops, inplace=True, backend="kernel") is kg
+        tg = thd.grad_correction(grad.clone(), gs, cu, *ops, inplace=True, backend="torch")
+    else:
+        kg, tg = both(thd.grad_correction, grad, gs, cu, *ops)
+    assert_bitwise("grad_correction", kg, tg, ctx)
+
+
+# --------------------------------------------------------------------------------------------
+# scale: 50k sequences
+# --------------------------------------------------------------------------------------------
+
+
+def test_50k_sequences(dev):
+    """50k sequences (0..8 tokens, padded): no cap on the number of sequences anywhere."""
+    cp, b = 2, 50_000
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(0, 9, (b,), generator=g)
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]).to(dev, I32)
+    x = torch.randn(int(lens.sum()), 2, 16, generator=g).to(dev, torch.bfloat16)
+    (xp, cu_p), (txp, tcu) = both(thd.pad_for_cp, x, cu, cp)
+    assert_bitwise("pad_for_cp 50k", xp, txp)
+    assert torch.equal(cu_p, tcu)
+    shards = []
+    for r in range(cp):
+        k, t = both(thd.partition, xp, cu_p, cp, r)
+        assert_bitwise("partition 50k", k, t)
+        shards.append(k)
+    k, t = both(thd.reorder_to_contiguous, torch.cat(shards), cu_p, cp)
+    assert_bitwise("reorder 50k", k, t)
+    assert torch.equal(k, xp)
+    cu_loc = thd.local_cu_seqlens(cu_p, cp)
+    k, t = both(thd.read_half, shards[1], cu_loc, "second")
+    assert_bitwise("read_half 50k", k, t)
+    tl = shards[1].shape[0]
+    lse, lse_step = lse_pair(2, tl, tl // 2, dev, g)
+    out = shards[1].float()
+    step = torch.randn(tl // 2, 2, 16, generator=g).to(dev, torch.bfloat16)
+    (ko, kl), (to, tll) = both(thd.merge_partial, out, lse, step, lse_step, cu_loc, True)
+    assert_merge_close("merge 50k out", ko, to)
+    assert_merge_close("merge 50k lse", kl, tll)
+    kg, tg = both(thd.grad_correction, shards[1], step.to(torch.bfloat16), cu_loc, "none", "add")
+    assert_bitwise("grad 50k", kg, tg)
+    dst = torch.zeros_like(xp)
+    tdst = dst.clone()
+    thd.copy_valid_tokens(dst, x, cu, cu_p, None, fill=1.0, backend="kernel")
+    thd.copy_valid_tokens(tdst, x, cu, cu_p, None, fill=1.0, backend="torch")
+    assert_bitwise("copy_valid_tokens 50k", dst, tdst)
+
+
+# --------------------------------------------------------------------------------------------
+# dispatch: auto picks the kernels; what they do not serve falls back (correctly)
+# --------------------------------------------------------------------------------------------
+
+
+def test_auto_uses_kernels(dev):
+    cp = 2
+    _, _, cu_p, total = global_case(1, 9, 12, cp, dev)
+    x = torch.randn(total, 2, 8, device=dev)
+    assert thd._impl("partition", x, "auto") is thd._kernel_partition
+    assert torch.equal(thd.partition(x, cu_p, cp, 1),
+                       thd.partition(x, cu_p, cp, 1, backend="torch"))
+
+
+def test_fallbacks_are_correct(dev, monkeypatch, _kernels_only):
+    """Calls the kernels do not serve run on the torch path with backend='kernel' too."""
+    seen = []
+
+    def record(name, why, *args):
+        seen.append((name, why))
+        return thd._TORCH[name](*args)
+
+    monkeypatch.setattr(thd, "_fallback", record)
+    cp = 2
+    _, _, cu_p, total = global_case(2, 9, 12, cp, dev)
+    x = torch.randn(total, 3, 8, device=dev, dtype=torch.float64)
+    cu_loc = thd.local_cu_seqlens(cu_p, cp)
+    # mixed-dtype copy: converted on the torch path
+    dst = torch.zeros(total, 3, 8, device=dev, dtype=torch.bfloat16)
+    src = torch.randn(total, 3, 8, device=dev)
+    thd.copy_valid_tokens(dst, src, cu_p, backend="kernel")
+    assert torch.equal(dst, src.bfloat16())
+    # fp64 merge
+    lse = torch.randn(3, total, device=dev, dtype=torch.float64)
+    o, l_ = thd.merge_partial(x, lse, x, lse, backend="kernel")
+    assert torch.allclose(o, x) and torch.allclose(l_, lse + 0.6931471805599453)
+    # inputs that require grad: the torch path keeps the graph
+    xr = torch.randn(total, 3, 8, device=dev, requires_grad=True)
+    shard = thd.partition(xr, cu_p, cp, 0, backend="kernel")
+    shard.sum().backward()
+    assert xr.grad is not None and float(xr.grad.sum()) == shard.numel()
+    # non-mergeable layout: [t, 4, 6] with a permuted head/elem order
+    y = torch.randn(total, 6, 4, device=dev).transpose(1, 2)[:, :, :5]
+    k = thd.read_half(y[: total // cp], cu_loc, "first", backend="kernel")
+    assert torch.equal(k, thd.read_half(y[: total // cp], cu_loc, "first", backend="torch"))
+    # in place with aliasing inputs
+    g = torch.randn(total // cp, 3, 8, device=dev)
+    ref = thd.grad_correction(g.clone(), g.clone(), cu_loc, "add", "copy", backend="torch")
+    thd.grad_correction(g, g, cu_loc, "add", "copy", inplace=True, backend="kernel")
+    assert torch.equal(g, ref)
+    names = [n for n, _ in seen]
+    assert names == ["copy_valid_tokens", "merge_partial", "partition", "read_half",
+                     "grad_correction"], seen
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA graphs, torch.compile, opcheck
+# --------------------------------------------------------------------------------------------
+
+
+def test_cuda_graph_partition_merge(dev):
+    """partition + read_half + merge (second halves, in place) + grad_correction captured once,
+    replayed on new data and new device-side sequence lengths; equal to eager."""
+    cp, rank, b, h, d = 4, 1, 33, 4, 64
+    total = 8 * cp * 40
+    gen = torch.Generator().manual_seed(0)
+
+    def lens_cu(seed):
+        rng = random.Random(seed)
+        plens = padded(rand_lens(rng, b, 30), cp)
+        plens[-1] += total - sum(plens) - 2 * cp * 3  # keep 3 blocks of slack, fixed total
+        assert plens[-1] >= 0 and sum(plens) <= total
+        return cu_of(plens, dev)
+
+    x = torch.randn(total, h, d, generator=gen).to(dev, torch.bfloat16)
+    cu_p = lens_cu(0)
+    t_loc = total // cp
+    out = torch.randn(t_loc, h, d, generator=gen).to(dev)
+    lse = torch.randn(h, t_loc, generator=gen).to(dev)
+    out_step = torch.randn(t_loc // 2, h, d, generator=gen).to(dev, torch.bfloat16)
+    lse_step = torch.randn(h, t_loc // 2, generator=gen).to(dev)
+    cu_loc = torch.empty_like(cu_p)
+
+    def step():
+        cu_loc.copy_(torch.div(cu_p, cp, rounding_mode="floor"))
+        shard = thd.partition(x, cu_p, cp, rank, backend="kernel", validate=False)
+        q2 = thd.read_half(shard, cu_loc, "second", backend="kernel", validate=False)
+        thd.merge_partial(out, lse, out_step, lse_step, cu_loc, True, inplace=True,
+                          backend="kernel", validate=False)
+        dq = thd.grad_correction(shard.float(), q2, cu_loc, "none", "add", backend="kernel",
+                                 validate=False)
+        return shard, q2, dq
+
+    def snapshot():
+        return [t.clone() for t in (x, cu_p, out, lse, out_step, lse_step)]
+
+    def restore(s):
+        for t, v in zip((x, cu_p, out, lse, out_step, lse_step), s):
+            t.copy_(v)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        s0 = snapshot()
+        step()
+        restore(s0)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    # new data, new lengths
+    restore(s0)
+    x.copy_(torch.randn(total, h, d, generator=gen).to(dev, torch.bfloat16))
+    cu_p.copy_(lens_cu(1))
+    out_step.copy_(torch.randn(t_loc // 2, h, d, generator=gen).to(dev, torch.bfloat16))
+    before = snapshot()
+    graph.replay()
+    replayed = [t.clone() for t in static] + [out.clone(), lse.clone()]
+    restore(before)
+    eager = list(step()) + [out.clone(), lse.clone()]
+    for name, a, e in zip(("shard", "q2", "dq", "out", "lse"), replayed, eager):
+        assert torch.equal(a, e), f"{name}: graph replay != eager"
+
+
+def test_torch_compile_fullgraph(dev):
+    """Every kernel-backed helper under torch.compile(fullgraph=True): equal to eager."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    cp = 2
+    _, _, cu_p, total = global_case(4, 21, 16, cp, dev, slack=1)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(total, 3, 32, generator=gen).to(dev, torch.bfloat16)
+    cu_loc = thd.local_cu_seqlens(cu_p, cp)
+    t_loc = total // cp
+    lse_full = torch.randn(3, total, generator=gen).to(dev)
+    acc0 = torch.randn(t_loc, 3, 32, generator=gen).to(dev)
+    step = torch.randn(t_loc // 2, 3, 32, generator=gen).to(dev, torch.bfloat16)
+    lse_s = torch.randn(3, t_loc // 2, generator=gen).to(dev)
+    cu_valid = cu_of([max(int(n) // cp - 1, 0) for n in (cu_p[1:] - cu_p[:-1]).tolist()], dev)
+
+    def fn(x, lse_full, acc, step, lse_s, dst):
+        kw = dict(backend="kernel", validate=False)
+        shard = thd.partition(x, cu_p, cp, 1, **kw)
+        lse = thd.partition(lse_full, cu_p, cp, 1, dim=-1, **kw)
+        q2 = thd.read_half(shard, cu_loc, "second", **kw)
+        o, l_ = thd.merge_partial(acc, lse, step, lse_s, cu_loc, True, **kw)
+        thd.merge_partial(acc, lse, step, lse_s, cu_loc, True, inplace=True, **kw)
+        l2 = thd.lse_correction(l_, lse_s, cu_loc, True, **kw)
+        o2 = thd.out_correction(o, step, l2, lse_s, cu_loc, True, **kw)
+        g = thd.grad_correction(shard, q2, cu_loc, "none", "add", **kw)
+        thd.copy_valid_tokens(dst, shard, cu_valid, cu_loc, cu_loc, fill=0.0, **kw)
+        full = thd.reorder_to_contiguous(torch.cat([shard, shard]), cu_p, cp, **kw)
+        sharded = thd.reorder_to_rank_sharded(x, cu_p, cp, **kw)
+        padded_x, _ = thd.pad_for_cp(shard, cu_valid, cp, **kw)
+        return shard, lse, q2, o, l_, acc, l2, o2, g, dst, full, sharded, padded_x
+
+    def run(f):
+        args = (x, lse_full, acc0.clone(), step, lse_s, torch.zeros_like(x[:t_loc]))
+        return f(*args)
+
+    eager = run(fn)
+    compiled = run(torch.compile(fn, fullgraph=True))
+    for i, (a, e) in enumerate(zip(compiled, eager)):
+        assert torch.equal(a, e), f"output {i}: compiled != eager"
+
+
+def test_opcheck(dev):
+    """torch.library.opcheck on every THD op (schema, fake impl, aot dispatch)."""
+    cp = 2
+    _, _, cu_p, total = global_case(6, 7, 8, cp, dev)
+    cu_loc = thd.local_cu_seqlens(cu_p, cp)
+    t = total // cp
+    x = torch.randn(total, 2, 8, device=dev, dtype=torch.bfloat16)
+    out = torch.randn(t, 2, 8, device=dev)
+    lse = torch.randn(2, t, device=dev)
+    step = torch.randn(t // 2, 2, 8, device=dev, dtype=torch.bfloat16)
+    lse_s = torch.randn(2, t // 2, device=dev)
+    ops = torch.ops.rocm_attn
+    cases = [
+        (ops.thd_gather.default, (x, cu_p, 0, cp, 1, 0)),
+        (ops.thd_gather.default, (x, cu_p, 1, cp, 0, 0)),
+        (ops.thd_gather.default, (x[:t], cu_loc, 3, 1, 1, 0)),
+        (ops.thd_copy_valid_tokens_.default, (x.clone(), x, cu_p, None, None, 0, 0.0)),
+        (ops.thd_merge.default, (out, lse, step, lse_s, cu_loc, True, False)),
+        (ops.thd_merge.default, (None, lse, None, lse_s, cu_loc, True, False)),
+        (ops.thd_merge.default, (out, lse, step, lse_s, cu_loc, True, True)),
+        (ops.thd_merge_.default, (out.clone(), lse.clone(), step, lse_s, cu_loc, True)),
+        (ops.thd_out_correction_.default, (out.clone(), step, lse, lse_s, cu_loc, True)),
+        (ops.thd_grad_correction.default, (out, step, cu_loc, 0, 2)),
+        (ops.thd_grad_correction_.default, (out.clone(), step, cu_loc, 2, 0)),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args)

@@ -1,0 +1,289 @@
+"""Benchmark the THD kernels (rocm_attn.thd, backend="kernel") against their floor and two anchors.
+
+For each case and helper: the kernel's time (median of CUDA-event-timed calls, rotating over
+input sets whose total exceeds L2), the floor (fewest bytes the helper must move over the
+device-to-device copy bandwidth measured in this same run), % of floor, % of a plain
+device-to-device copy of the same bytes (same launch and ramp costs: the realistic ceiling at
+these sizes), and the speed-up over
+  idx    the same data movement in torch with the index precomputed (index_select /
+         index_copy_ with an index built outside the timed region; merges with no index: "-")
+  torch  the torch path of rocm_attn.thd (backend="torch"), index computation included.
+Cases: b=16 sequences x s=4096 tokens for cp 2/4/8, and 64 sequences of random lengths
+128..8192 (cp 4); h=16, d=64, bf16 (LSE float32 [h, t]); rank 1's shard where one is needed.
+
+Usage: python tools/bench_thd.py [--json out.json] [--cases name,...] [--reps 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rocm_attn import thd  # noqa: E402
+
+H, D, DTYPE = 16, 64, torch.bfloat16
+RANK = 1
+CASES = {
+    "b16_s4096_cp2": dict(b=16, s=4096, cp=2),
+    "b16_s4096_cp4": dict(b=16, s=4096, cp=4),
+    "b16_s4096_cp8": dict(b=16, s=4096, cp=8),
+    "var64_cp4": dict(b=64, lo=128, hi=8192, cp=4),
+}
+L2_ROTATION_BYTES = 512 * 2**20
+MAX_SETS = 64
+KW = dict(validate=False)
+
+
+def time_ms(fn, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written)."""
+    n = 2 * 2**30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), reps=20)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n / (ms * 1e-3)
+
+
+def rotating(fns):
+    state = {"i": 0}
+
+    def call():
+        fn = fns[state["i"] % len(fns)]
+        state["i"] += 1
+        return fn()
+
+    return call
+
+
+def cu_of(lens, device="cuda"):
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=device)
+
+
+def layout(spec, seed):
+    """Global padded lengths, cu_seqlens_padded, local cu and local valid-token lengths."""
+    cp = spec["cp"]
+    rng = random.Random(seed)
+    if "s" in spec:
+        lens = [spec["s"]] * spec["b"]
+    else:
+        lens = [rng.randint(spec["lo"], spec["hi"]) for _ in range(spec["b"])]
+    plens = [-(-n // (2 * cp)) * (2 * cp) for n in lens]
+    loc = [p // cp for p in plens]
+    # per-step outputs of a rank are packed over its valid tokens; the accumulator is padded
+    valid = [max(n - rng.randint(0, 2 * cp - 1), 0) if "lo" in spec else n for n in loc]
+    return dict(cp=cp, plens=plens, cu_p=cu_of(plens), total=sum(plens), cu_loc=cu_of(loc),
+                t_loc=sum(loc), cu_valid=cu_of(valid), n_valid=sum(valid))
+
+
+def helpers(L):
+    """name -> (make(gen) -> inputs dict, kernel(x), idx anchor(x) or None, torch(x), bytes)."""
+    cp, T, t = L["cp"], L["total"], L["t_loc"]
+    cu_p, cu_loc, cu_v = L["cu_p"], L["cu_loc"], L["cu_valid"]
+    row = H * D * 2
+    dev = "cuda"
+
+    def rnd(*shape, dtype=DTYPE, gen=None, scale=1.0):
+        return (torch.randn(*shape, device=dev, generator=gen) * scale).to(dtype)
+
+    idx_part = thd.partitioned_indices(cu_p, cp, RANK, T, backend="torch")
+    idx_sharded = torch.cat([thd.partitioned_indices(cu_p, cp, r, T, backend="torch")
+                             for r in range(cp)])
+    idx_contig = thd._global_to_gathered(cu_p.long(), cp, T // cp,
+                                         torch.arange(T, device=dev))
+    idx_half = thd._half_index(cu_loc.long(), t, 1)
+    valid, src_rows = thd._copy_rows(t, L["n_valid"], cu_v, cu_loc, None, dev)
+    dst_idx = valid.nonzero().squeeze(1)
+    src_idx = src_rows[dst_idx]
+
+    def merge_idx(x):
+        o, l_ = thd._merge_math(x["out"].index_select(0, idx_half),
+                                x["lse"].index_select(1, idx_half), x["os"], x["ls"])
+        x["out"].index_copy_(0, idx_half, o)
+        x["lse"].index_copy_(1, idx_half, l_)
+
+    def grad_idx(x):
+        x["g"].index_copy_(0, idx_half, x["g"].index_select(0, idx_half) + x["gs"])
+
+    return {
+        "partition": (
+            lambda g: dict(x=rnd(T, H, D, gen=g)),
+            lambda x: thd.partition(x["x"], cu_p, cp, RANK, backend="kernel", **KW),
+            lambda x: x["x"].index_select(0, idx_part),
+            lambda x: thd.partition(x["x"], cu_p, cp, RANK, backend="torch", **KW),
+            2 * t * row),
+        "reorder_to_contiguous": (
+            lambda g: dict(x=rnd(T, H, D, gen=g)),
+            lambda x: thd.reorder_to_contiguous(x["x"], cu_p, cp, backend="kernel", **KW),
+            lambda x: x["x"].index_select(0, idx_contig),
+            lambda x: thd.reorder_to_contiguous(x["x"], cu_p, cp, backend="torch", **KW),
+            2 * T * row),
+        "reorder_to_rank_sharded": (
+            lambda g: dict(x=rnd(T, H, D, gen=g)),
+            lambda x: thd.reorder_to_rank_sharded(x["x"], cu_p, cp, backend="kernel", **KW),
+            lambda x: x["x"].index_select(0, idx_sharded),
+            lambda x: thd.reorder_to_rank_sharded(x["x"], cu_p, cp, backend="torch", **KW),
+            2 * T * row),
+        "read_half": (
+            lambda g: dict(x=rnd(t, H, D, gen=g)),
+            lambda x: thd.read_half(x["x"], cu_loc, "second", backend="kernel", **KW),
+            lambda x: x["x"].index_select(0, idx_half),
+            lambda x: thd.read_half(x["x"], cu_loc, "second", backend="torch", **KW),
+            2 * (t // 2) * row),
+        "read_half_lse": (
+            lambda g: dict(x=rnd(H, t, dtype=torch.float32, gen=g)),
+            lambda x: thd.read_half(x["x"], cu_loc, "second", dim=-1, backend="kernel", **KW),
+            lambda x: x["x"].index_select(1, idx_half),
+            lambda x: thd.read_half(x["x"], cu_loc, "second", dim=-1, backend="torch", **KW),
+            2 * (t // 2) * H * 4),
+        "copy_valid_tokens": (
+            lambda g: dict(dst=rnd(t, H, D, gen=g), src=rnd(L["n_valid"], H, D, gen=g)),
+            lambda x: thd.copy_valid_tokens(x["dst"], x["src"], cu_v, cu_loc, backend="kernel",
+                                            **KW),
+            lambda x: x["dst"].index_copy_(0, dst_idx, x["src"].index_select(0, src_idx)),
+            lambda x: thd.copy_valid_tokens(x["dst"], x["src"], cu_v, cu_loc, backend="torch",
+                                            **KW),
+            2 * L["n_valid"] * row),
+        "merge_partial": (
+            lambda g: dict(out=rnd(t, H, D, gen=g), lse=rnd(H, t, dtype=torch.float32, gen=g),
+                           os=rnd(t, H, D, gen=g), ls=rnd(H, t, dtype=torch.float32, gen=g)),
+            lambda x: thd.merge_partial(x["out"], x["lse"], x["os"], x["ls"], backend="kernel",
+                                        **KW),
+            None,
+            lambda x: thd.merge_partial(x["out"], x["lse"], x["os"], x["ls"], backend="torch",
+                                        **KW),
+            3 * t * row + 3 * H * t * 4),
+        "merge_second_half_": (
+            lambda g: dict(out=rnd(t, H, D, gen=g), lse=rnd(H, t, dtype=torch.float32, gen=g),
+                           os=rnd(t // 2, H, D, gen=g),
+                           ls=rnd(H, t // 2, dtype=torch.float32, gen=g)),
+            lambda x: thd.merge_partial(x["out"], x["lse"], x["os"], x["ls"], cu_loc, True,
+                                        inplace=True, backend="kernel", **KW),
+            merge_idx,
+            lambda x: thd.merge_partial(x["out"], x["lse"], x["os"], x["ls"], cu_loc, True,
+                                        inplace=True, backend="torch", **KW),
+            3 * (t // 2) * row + 3 * H * (t // 2) * 4),
+        "lse_correction": (
+            lambda g: dict(lse=rnd(H, t, dtype=torch.float32, gen=g),
+                           ls=rnd(H, t, dtype=torch.float32, gen=g)),
+            lambda x: thd.lse_correction(x["lse"], x["ls"], backend="kernel", **KW),
+            None,
+            lambda x: thd.lse_correction(x["lse"], x["ls"], backend="torch", **KW),
+            3 * H * t * 4),
+        "out_correction_fp32acc_": (
+            lambda g: dict(acc=rnd(t, H, D, dtype=torch.float32, gen=g), os=rnd(t, H, D, gen=g),
+                           lse=rnd(H, t, dtype=torch.float32, gen=g),
+                           ls=rnd(H, t, dtype=torch.float32, gen=g)),
+            lambda x: thd.out_correction(x["acc"], x["os"], x["lse"], x["ls"], inplace=True,
+                                         backend="kernel", **KW),
+            None,
+            lambda x: thd.out_correction(x["acc"], x["os"], x["lse"], x["ls"], inplace=True,
+                                         backend="torch", **KW),
+            2 * t * H * D * 4 + t * row + 2 * H * t * 4),
+        "grad_correction_": (
+            lambda g: dict(g=rnd(t, H, D, gen=g), gs=rnd(t // 2, H, D, gen=g)),
+            lambda x: thd.grad_correction(x["g"], x["gs"], cu_loc, "none", "add", inplace=True,
+                                          backend="kernel", **KW),
+            grad_idx,
+            lambda x: thd.grad_correction(x["g"], x["gs"], cu_loc, "none", "add", inplace=True,
+                                          backend="torch", **KW),
+            3 * (t // 2) * row),
+    }
+
+
+def bench_case(name, spec, bw, reps, seed):
+    L = layout(spec, seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rows = []
+    for helper, (make, kern, idx, tor, nbytes) in helpers(L).items():
+        probe = make(gen)
+        set_bytes = sum(v.numel() * v.element_size() for v in probe.values())
+        n_sets = min(MAX_SETS, max(2, math.ceil(L2_ROTATION_BYTES / set_bytes)))
+        sets = [probe] + [make(gen) for _ in range(n_sets - 1)]
+        t = time_ms(rotating([lambda x=x: kern(x) for x in sets]), reps)
+        floor = nbytes / bw * 1e3
+        # a plain device-to-device copy of the same bytes (same launch and ramp costs)
+        n_copy = max(nbytes // 2, 1)
+        bufs = [(torch.empty(n_copy, dtype=torch.uint8, device="cuda"),
+                 torch.empty(n_copy, dtype=torch.uint8, device="cuda"))
+                for _ in range(min(n_sets, max(2, math.ceil(L2_ROTATION_BYTES / n_copy))))]
+        t_copy = time_ms(rotating([lambda b=b: b[1].copy_(b[0]) for b in bufs]), reps)
+        del bufs
+        row = {"case": name, "helper": helper, "cp": L["cp"], "tokens": L["total"],
+               "local_tokens": L["t_loc"], "input_sets": n_sets, "bytes": nbytes, "ms": t,
+               "floor_ms": floor, "pct_floor": 100 * floor / t, "gbps": nbytes / (t * 1e-3) / 1e9,
+               "same_bytes_copy_ms": t_copy, "pct_copy": 100 * t_copy / t}
+        for aname, fn in (("idx", idx), ("torch", tor)):
+            if fn is None:
+                row[aname] = None
+                continue
+            ta = time_ms(rotating([lambda x=x: fn(x) for x in sets]), max(5, reps // 3))
+            row[aname] = {"ms": ta, "speedup": ta / t}
+        rows.append(row)
+        del sets, probe
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() or not thd.HAS_KERNELS:
+        print("bench_thd: needs a GPU and the compiled THD kernels")
+        return 1
+    bw = copy_bandwidth()
+    rows = []
+    for name in args.cases.split(","):
+        rows += bench_case(name, CASES[name], bw, args.reps, args.seed)
+        print(f"done {name}", flush=True)
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "copy_bandwidth_GBps": bw / 1e9, "h": H, "d": D, "dtype": str(DTYPE), "rank": RANK,
+              "rows": rows}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    print(f"\n{report['device']}  copy bandwidth {bw / 1e9:.0f} GB/s  h={H} d={D} bf16  "
+          f"(x idx: vs torch with a precomputed index; x torch: vs backend='torch')")
+    print(f"{'case':14s} {'helper':24s} {'ms':>8s} {'GB/s':>6s} {'%floor':>6s} {'%copy':>6s} "
+          f"{'x idx':>6s} {'x torch':>7s}")
+    for r in rows:
+        sp = lambda a: f"{a['speedup']:.1f}x" if a else "-"  # noqa: E731
+        print(f"{r['case']:14s} {r['helper']:24s} {r['ms']:8.3f} {r['gbps']:6.0f} "
+              f"{r['pct_floor']:5.0f}% {r['pct_copy']:5.0f}% {sp(r['idx']):>6s} "
+              f"{sp(r['torch']):>7s}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
