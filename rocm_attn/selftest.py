@@ -17,8 +17,8 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def _small_seq_case(device, dtype, batch, h_q, h_kv, d, max_kv, backend):
-    gen = torch.Generator(device="cpu").manual_seed(int(time.time_ns() % 2**31))
+def _small_seq_case(device, dtype, batch, h_q, h_kv, d, max_kv, backend, seed):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     lens = torch.randint(0, max_kv + 1, (batch,), generator=gen, dtype=torch.int32)
     cu_kv = torch.zeros(batch + 1, dtype=torch.int32)
     cu_kv[1:] = torch.cumsum(lens, 0)
@@ -55,14 +55,19 @@ def run(verbose: bool = True) -> bool:
             cases.append(("fused_attn_small_seq", backend, dtype, d))
     ok = True
     for name, backend, dtype, d in cases:
-        errs = _small_seq_case(device, dtype, batch=257, h_q=4, h_kv=2, d=d, max_kv=16, backend=backend)
-        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        seed = int(time.time_ns() % 2**31)  # fresh inputs every run; printed on failure
+        errs = _small_seq_case(device, dtype, batch=257, h_q=4, h_kv=2, d=d, max_kv=16,
+                               backend=backend, seed=seed)
+        # fp32: far under 1e-3 but input-dependent (cancellation in a segment); 1e-4 still
+        # catches any indexing or masking error, which lands near 1.
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
         passed = all(e == e and e < tol for e in errs.values())
         ok &= passed
         if verbose:
             detail = " ".join(f"{k}={v:.1e}" for k, v in errs.items())
             print(f"  {'PASS' if passed else 'FAIL'}  {name:22s} {backend:6s} on {device.type:4s} "
-                  f"{str(dtype).replace('torch.', ''):9s} d={d:<4d} rel.err vs float64: {detail}")
+                  f"{str(dtype).replace('torch.', ''):9s} d={d:<4d} rel.err vs float64: {detail}"
+                  + ("" if passed else f"  (seed {seed})"))
     if verbose:
         print("selftest", "passed" if ok else "FAILED")
     return ok

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import rocm_attn  # noqa: E402
+from bench_common import copy_bandwidth, rotating, time_ms  # noqa: E402
 
 # name: (h_q, h_kv, d, kv) where kv is an int (every segment) or (lo, hi) uniform
 CASES = {
@@ -40,42 +40,6 @@ CASES = {
     "h8_d64_kv16": (8, 8, 64, 16),
 }
 L2_ROTATION_BYTES = 512 * 2**20
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written)."""
-    n = 2 * 2**30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), reps=20)
-    return 2 * n / (ms * 1e-3)
-
-
-def time_ms(fn, reps: int = 30, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def rotating(fns):
-    """Cycle through closures over different input sets (defeats L2 reuse between calls)."""
-    state = {"i": 0}
-
-    def call():
-        fn = fns[state["i"] % len(fns)]
-        state["i"] += 1
-        return fn()
-
-    return call
 
 
 def make_inputs(batch, h_q, h_kv, d, kv, dtype, gen):

@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import random
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rocm_attn import thd  # noqa: E402
+from bench_common import copy_bandwidth, rotating, time_ms  # noqa: E402
 
 H, D, DTYPE = 16, 64, torch.bfloat16
 RANK = 1
@@ -41,43 +41,6 @@ CASES = {
 L2_ROTATION_BYTES = 512 * 2**20
 MAX_SETS = 64
 KW = dict(validate=False)
-
-
-def time_ms(fn, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written)."""
-    n = 2 * 2**30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), reps=20)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * n / (ms * 1e-3)
-
-
-def rotating(fns):
-    state = {"i": 0}
-
-    def call():
-        fn = fns[state["i"] % len(fns)]
-        state["i"] += 1
-        return fn()
-
-    return call
 
 
 def cu_of(lens, device="cuda"):

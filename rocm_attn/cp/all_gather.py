@@ -15,6 +15,7 @@ import torch
 
 from .. import thd
 from . import comm, layouts
+from .autograd import make_cp_function
 from .backends import accum_dtype
 from .steps import CPPlan, all_gather_step_metas
 
@@ -65,21 +66,6 @@ def all_gather_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
     return dq.to(q.dtype), dkv[:, 0].to(k.dtype), dkv[:, 1].to(v.dtype)
 
 
-class AllGatherAttnFunc(torch.autograd.Function):
-    """Differentiable all-gather CP attention; explicit collectives in forward and backward."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, plan: CPPlan):
-        out, lse = all_gather_forward(q, k, v, plan)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.plan = plan
-        ctx.set_materialize_grads(False)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = all_gather_backward(dout, dlse, q, k, v, out, lse, ctx.plan)
-        return dq, dk, dv, None
+AllGatherAttnFunc = make_cp_function(
+    "AllGatherAttnFunc", all_gather_forward, all_gather_backward,
+    "Differentiable all-gather CP attention; explicit collectives in forward and backward.")

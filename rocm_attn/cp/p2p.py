@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import comm, layouts
+from .autograd import make_cp_function
 from .backends import accum_dtype
 from .steps import CPPlan, ring_step_meta
 
@@ -80,21 +81,6 @@ def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
-class RingAttnFunc(torch.autograd.Function):
-    """Differentiable ring attention; explicit communication in forward and backward."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, plan: CPPlan):
-        out, lse = ring_forward(q, k, v, plan)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.plan = plan
-        ctx.set_materialize_grads(False)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = ring_backward(dout, dlse, q, k, v, out, lse, ctx.plan)
-        return dq, dk, dv, None
+RingAttnFunc = make_cp_function(
+    "RingAttnFunc", ring_forward, ring_backward,
+    "Differentiable ring attention; explicit communication in forward and backward.")

@@ -1,0 +1,38 @@
+"""One autograd wrapper shape for the comm types whose forward and backward are plain
+functions of (q, k, v, plan): the p2p ring and all_gather."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .steps import CPPlan
+
+ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, CPPlan], tuple]
+BackwardFn = Callable[..., tuple]
+
+
+def make_cp_function(name: str, forward_fn: ForwardFn, backward_fn: BackwardFn,
+                     doc: str) -> type:
+    """A torch.autograd.Function running forward_fn(q, k, v, plan) -> (out, lse) and
+    backward_fn(dout, dlse, q, k, v, out, lse, plan) -> (dq, dk, dv), with explicit
+    communication inside both (no autograd through collectives)."""
+
+    def forward(ctx, q, k, v, plan: CPPlan):
+        out, lse = forward_fn(q, k, v, plan)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan = plan
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:  # every rank must run the same collectives: a missing cotangent is 0
+            dout = torch.zeros_like(out)
+        dq, dk, dv = backward_fn(dout, dlse, q, k, v, out, lse, ctx.plan)
+        return dq, dk, dv, None
+
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward),
+                 "__doc__": doc})
