@@ -1,0 +1,167 @@
+"""Benchmark attn_with_cp scaling on the GPUs of one host, against one GPU on the full batch.
+
+A global THD batch (default 128K tokens in 16 sequences of random lengths, h_q=32, h_kv=8,
+d=128, bf16, causal) is sharded dual-chunk over `cp` ranks (one process per GPU, NCCL). For
+each comm type: forward and forward+backward time (CUDA events, median over repetitions, the
+slowest rank), against single-GPU flash attention (`aten._flash_attention_forward/_backward`
+varlen) on the whole batch in the same run. Speed-up = single / cp time; scaling efficiency =
+speed-up / cp.
+
+Usage: python tools/bench_cp.py [--cp 2] [--tokens 131072] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import rocm_attn  # noqa: E402
+
+COMM_TYPES = ("p2p", "all_gather", "a2a")
+
+
+def seq_lengths(tokens: int, n: int, multiple: int, seed: int) -> list[int]:
+    """n random lengths, each a positive multiple of `multiple`, summing to `tokens`."""
+    g = torch.Generator().manual_seed(seed)
+    units = tokens // multiple
+    cuts = sorted(torch.randperm(units - 1, generator=g)[: n - 1].add(1).tolist())
+    bounds = [0] + cuts + [units]
+    return [(b - a) * multiple for a, b in zip(bounds, bounds[1:])]
+
+
+def timed(fn, reps: int, warmup: int = 3) -> float:
+    """Median ms of fn over reps, each rep fenced by a barrier; the slowest rank's value."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    t = torch.tensor([statistics.median(times)], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def single_gpu(q, k, v, cu, max_len, scale, backward: bool):
+    """Flash attention on the full batch on one GPU (the anchor)."""
+    def fwd():
+        return torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)
+
+    if not backward:
+        return lambda: fwd()
+    out, lse, _, _, _ = fwd()
+    dout = torch.randn_like(out)
+
+    def step():
+        o, l, _, _, _ = fwd()
+        torch.ops.aten._flash_attention_backward(
+            dout, q, k, v, o, l, cu, cu, max_len, max_len, 0.0, True,
+            torch.zeros(2, dtype=torch.uint64, device=q.device), torch.empty(0, device=q.device),
+            scale=scale)
+
+    return step
+
+
+def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    cp, dev, dtype = world, torch.device("cuda", rank), torch.bfloat16
+    lens = seq_lengths(args.tokens, args.seqs, 2 * cp, args.seed)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    g = torch.Generator(device="cpu").manual_seed(args.seed)
+    q = torch.randn(args.tokens, args.heads_q, args.head_dim, generator=g).to(dev, dtype)
+    k = torch.randn(args.tokens, args.heads_kv, args.head_dim, generator=g).to(dev, dtype)
+    v = torch.randn(args.tokens, args.heads_kv, args.head_dim, generator=g).to(dev, dtype)
+    scale = args.head_dim ** -0.5
+    max_len = max(lens)
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cp": cp,
+              "tokens": args.tokens, "seqs": lens, "h_q": args.heads_q, "h_kv": args.heads_kv,
+              "d": args.head_dim, "dtype": "bfloat16", "mask": "causal", "rows": []}
+
+    # anchor: every rank times the single-GPU run on its own GPU; the slowest counts
+    base = {m: timed(single_gpu(q, k, v, cu, max_len, scale, m == "fwdbwd"), args.reps)
+            for m in ("fwd", "fwdbwd")}
+    report["single_gpu_ms"] = base
+
+    group = dist.group.WORLD
+    local = [rocm_attn.shard_for_cp(t, cu, cp, rank).contiguous() for t in (q, k, v)]
+    for comm in COMM_TYPES:
+        ql, kl, vl = (t.detach().clone().requires_grad_() for t in local)
+
+        def fwd(ql=ql, kl=kl, vl=vl, comm=comm):
+            return rocm_attn.attn_with_cp(ql, kl, vl, cu, cu, max_len, max_len, group,
+                                          cp_comm_type=comm, attn_mask_type="causal",
+                                          cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu)
+
+        dout = torch.randn_like(local[0])
+
+        def fwdbwd(fwd=fwd, leaves=(ql, kl, vl), dout=dout):
+            torch.autograd.grad(fwd(), leaves, dout)
+
+        row = {"comm": comm}
+        for mode, fn in (("fwd", lambda fwd=fwd: fwd().detach()), ("fwdbwd", fwdbwd)):
+            with torch.no_grad() if mode == "fwd" else torch.enable_grad():
+                t = timed(fn, args.reps)
+            row[mode] = {"ms": t, "speedup": base[mode] / t, "efficiency": base[mode] / t / cp}
+        report["rows"].append(row)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(report, indent=1))
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cp", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=128 * 1024)
+    parser.add_argument("--seqs", type=int, default=16)
+    parser.add_argument("--heads-q", type=int, default=32)
+    parser.add_argument("--heads-kv", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=Path("build/bench_cp.json"))
+    args = parser.parse_args(argv)
+    if torch.cuda.device_count() < args.cp:
+        print(f"bench_cp: needs {args.cp} GPUs, found {torch.cuda.device_count()}")
+        return 1
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off (shared hosts)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    mp.spawn(worker, args=(args.cp, port, args, str(args.json)), nprocs=args.cp, join=True)
+    r = json.loads(args.json.read_text())
+    b = r["single_gpu_ms"]
+    print(f"\n{r['device']} x{r['cp']}  {r['tokens']} tokens in {len(r['seqs'])} seqs  "
+          f"h_q={r['h_q']} h_kv={r['h_kv']} d={r['d']} bf16 causal")
+    print(f"single GPU: fwd {b['fwd']:.2f} ms  fwd+bwd {b['fwdbwd']:.2f} ms")
+    print(f"{'comm':11s} {'fwd ms':>8s} {'speedup':>8s} {'eff':>5s} {'fwd+bwd ms':>10s} {'speedup':>8s} {'eff':>5s}")
+    for row in r["rows"]:
+        f, fb = row["fwd"], row["fwdbwd"]
+        print(f"{row['comm']:11s} {f['ms']:8.2f} {f['speedup']:7.2f}x {100 * f['efficiency']:4.0f}% "
+              f"{fb['ms']:10.2f} {fb['speedup']:7.2f}x {100 * fb['efficiency']:4.0f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
