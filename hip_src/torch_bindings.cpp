@@ -2,6 +2,10 @@
 // calls the launchers and registers the ops (TORCH_LIBRARY). User-facing validation with
 // ValueErrors naming the argument lives in Python (rocm_attn/small_seq.py); the checks here are
 // the last line of defence for direct torch.ops callers.
+// NOTE: no c10::Device is streamed into a TORCH_CHECK message here: on the GPU image
+// (torch 2.11, g++ 13) the one check that did so segfaulted when it fired, while every other
+// check raised cleanly (docs/NOTES.md).
+
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -48,8 +52,8 @@ void check_index(const std::optional<at::Tensor>& t, const at::Tensor& q, int64_
   if (!t) return;
   TORCH_CHECK(t->scalar_type() == at::kInt && t->dim() == 1 && t->is_contiguous() &&
                   t->numel() == numel && t->device() == q.device(),
-              "small_seq: ", name, " must be a contiguous int32 [", numel, "] tensor on ",
-              q.device());
+              "small_seq: ", name, " must be a contiguous int32 [", numel,
+              "] tensor on the device of q");
 }
 
 // Fills the layout-dependent fields of the params. THD: q [total_q, h, d], k/v [total_kv, h, d].
@@ -291,7 +295,7 @@ void thd_check_cu(const at::Tensor& cu, const at::Tensor& ref, int64_t numel, co
   TORCH_CHECK(cu.scalar_type() == at::kInt && cu.dim() == 1 && cu.is_contiguous() &&
                   cu.numel() >= 1 && (numel < 0 || cu.numel() == numel) &&
                   cu.device() == ref.device(),
-              "thd: ", name, " must be a contiguous 1-D int32 tensor on ", ref.device());
+              "thd: ", name, " must be a contiguous 1-D int32 tensor on the data's device");
 }
 
 ThdRowMapParams thd_map(ThdRowMap kind, const at::Tensor& cu) {
@@ -457,7 +461,7 @@ void thd_lse_view(const at::Tensor& l, const at::Tensor& ref, int64_t& h, int64_
                   int64_t& tok, const char* name) {
   TORCH_CHECK(l.scalar_type() == at::kFloat && l.dim() >= 1 && l.device() == ref.device() &&
                   thd_collapse(l, 0, l.dim() - 1, h, head),
-              "thd: ", name, " must be float32 [heads, t] on ", ref.device());
+              "thd: ", name, " must be float32 [heads, t] on the data's device");
   tok = l.stride(-1);
 }
 
