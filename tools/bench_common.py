@@ -1,14 +1,26 @@
-"""Timing helpers shared by the benchmarks (tools/bench_*.py)."""
+"""Timing helpers shared by the benchmarks (tools/bench_*.py).
+
+Two clocks:
+  device  calls captured back to back in a CUDA/HIP graph and replayed: the GPU time of the
+          work itself, no host dispatch between calls (how graph-captured pipelines run it,
+          and what a % of the byte floor is about);
+  eager   one call at a time between two events, the GPU idle before it: includes the
+          host's dispatch cost, what an eager caller pays per call.
+`time_ms` reports the device clock and falls back to eager (saying so) where capture fails.
+"""
 
 from __future__ import annotations
 
 import statistics
+import sys
 
 import torch
 
+GRAPH_CALLS = 20  # calls per captured graph: amortises the replay's own launch
 
-def time_ms(fn, reps: int = 30, warmup: int = 5) -> float:
-    """Median of `reps` CUDA-event-timed calls of fn, after `warmup` untimed ones."""
+
+def eager_ms(fn, reps: int = 30, warmup: int = 5) -> float:
+    """Median of `reps` event-timed single calls of fn, after `warmup` untimed ones."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -23,12 +35,65 @@ def time_ms(fn, reps: int = 30, warmup: int = 5) -> float:
     return statistics.median(times)
 
 
+def graph_ms(fn, reps: int = 10, warmup: int = 3, calls: int = GRAPH_CALLS) -> float:
+    """Per-call device time: median over `reps` replays of a graph of `calls` calls of fn."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up on a side stream, as capture requires
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del graph
+    return statistics.median(times)
+
+
+_fallbacks: list[str] = []
+
+
+def time_ms(fn, reps: int = 30, warmup: int = 5, name: str = "") -> float:
+    """Device time per call (graph replay); eager time where fn cannot be captured.
+
+    A `rotating` fn is captured over all its input sets at least once, so the graph cycles
+    through as many bytes as the caller sized the rotation for.
+    """
+    try:
+        calls = max(GRAPH_CALLS, getattr(fn, "num_sets", 1))
+        return graph_ms(fn, reps=max(5, reps // 3), warmup=warmup, calls=calls)
+    except Exception as exc:  # e.g. an anchor that syncs: timed eagerly, and reported
+        torch.cuda.synchronize()
+        msg = f"{name or getattr(fn, '__name__', 'fn')}: not capturable " \
+              f"({type(exc).__name__}), timed eagerly"
+        _fallbacks.append(msg)
+        print(f"note: {msg}", file=sys.stderr)
+        return eager_ms(fn, reps, warmup)
+
+
+def eager_fallbacks() -> list[str]:
+    """What time_ms had to time eagerly so far (for the JSON report)."""
+    return list(_fallbacks)
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written), 2 GiB copy."""
     n = 2 * 2**30
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), reps=20)
+    ms = eager_ms(lambda: dst.copy_(src), reps=20)
     src = dst = None  # free the 4 GiB before the benchmark proper
     torch.cuda.empty_cache()
     return 2 * n / (ms * 1e-3)
@@ -43,4 +108,5 @@ def rotating(fns):
         state["i"] += 1
         return fn()
 
+    call.num_sets = len(fns)
     return call

@@ -6,7 +6,8 @@ and the speed-up over anchors measured side by side in this run:
   sdpa     F.scaled_dot_product_attention on padded [b, h, s, d] tensors with a padding mask
   varlen   torch.nn.attention.varlen.varlen_attn on the THD tensors (where this torch has it)
   unfused  einsum / masked softmax / einsum on padded tensors (the torch path of this package)
-Times are medians of CUDA-event-timed calls; inputs rotate over several sets so that the
+Times are device times (graph replays of back-to-back calls, bench_common.py; eager where a
+call cannot be captured, reported); inputs rotate over several sets so that the
 working set exceeds L2. Writes JSON with --json; prints a table last.
 
 Usage: python tools/bench_small_seq.py [--json out.json] [--cases name,...] [--batch 30720]
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import rocm_attn  # noqa: E402
-from bench_common import copy_bandwidth, rotating, time_ms  # noqa: E402
+from bench_common import copy_bandwidth, eager_fallbacks, eager_ms, rotating, time_ms  # noqa: E402
 
 # name: (h_q, h_kv, d, kv) where kv is an int (every segment) or (lo, hi) uniform
 CASES = {
@@ -149,13 +150,15 @@ def bench_case(name, spec, batch, dtype, bw, seed, anchors=True):
     row = {"case": name, "batch": batch, "h_q": h_q, "h_kv": h_kv, "d": d, "kv": kv,
            "total_kv": probe["total"], "dtype": str(dtype), "input_sets": n_sets}
     for mode, backward, nbytes in (("fwd", False, fwd_bytes), ("fwdbwd", True, fb_bytes)):
-        t = time_ms(rotating([ours(x, backward) for x in sets]))
+        t = time_ms(rotating([ours(x, backward) for x in sets]), name=f"{name}/{mode}")
+        t_eager = eager_ms(rotating([ours(x, backward) for x in sets]), reps=10)
         floor = nbytes / bw * 1e3
-        row[mode] = {"ms": t, "floor_ms": floor, "pct_floor": 100 * floor / t,
+        row[mode] = {"ms": t, "eager_ms": t_eager, "floor_ms": floor, "pct_floor": 100 * floor / t,
                      "gbps": nbytes / (t * 1e-3) / 1e9, "anchors": {}}
         for aname, make in (ANCHORS.items() if anchors else ()):
             try:
-                ta = time_ms(rotating([make(x, backward) for x in sets]), reps=10, warmup=2)
+                ta = time_ms(rotating([make(x, backward) for x in sets]), reps=10, warmup=2,
+                             name=f"{name}/{mode}/{aname}")
                 row[mode]["anchors"][aname] = {"ms": ta, "speedup": ta / t}
             except Exception as exc:  # an anchor this torch lacks is reported, not fatal
                 row[mode]["anchors"][aname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
@@ -187,16 +190,19 @@ def main(argv=None) -> int:
                                anchors=not args.no_anchors))
         print(f"done {name}", flush=True)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
+              "copy_bandwidth_GBps": bw / 1e9,
+              "clock": "device (graph replay of back-to-back calls); eager_ms: one call, host "
+                       "dispatch included", "eager_fallbacks": eager_fallbacks(), "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     print(f"\n{report['device']}  copy bandwidth {bw / 1e9:.0f} GB/s  {args.dtype}  B={args.batch}")
-    print(f"{'case':24s} {'fwd ms':>8s} {'%floor':>6s} {'x best':>7s} {'fwd+bwd ms':>10s} {'%floor':>6s} {'x best':>7s}  anchors fwd (ms)")
+    print("times: device (graph replay); eager: one forward call incl. host dispatch")
+    print(f"{'case':24s} {'fwd ms':>8s} {'eager':>7s} {'%floor':>6s} {'x best':>7s} {'fwd+bwd ms':>10s} {'%floor':>6s} {'x best':>7s}  anchors fwd (ms)")
     for r in rows:
         f, fb = r["fwd"], r["fwdbwd"]
         anchors = " ".join(f"{k}={a['ms']:.3f}" if "ms" in a else f"{k}=n/a" for k, a in f["anchors"].items())
         sp = lambda m: f"{m['speedup_vs_best']:.1f}x" if m["speedup_vs_best"] else "-"  # noqa: E731
-        print(f"{r['case']:24s} {f['ms']:8.3f} {f['pct_floor']:5.0f}% {sp(f):>7s} {fb['ms']:10.3f} "
+        print(f"{r['case']:24s} {f['ms']:8.3f} {f['eager_ms']:7.3f} {f['pct_floor']:5.0f}% {sp(f):>7s} {fb['ms']:10.3f} "
               f"{fb['pct_floor']:5.0f}% {sp(fb):>7s}  {anchors}")
     return 0
 

@@ -1,7 +1,8 @@
 """Benchmark the THD kernels (rocm_attn.thd, backend="kernel") against their floor and two anchors.
 
-For each case and helper: the kernel's time (median of CUDA-event-timed calls, rotating over
-input sets whose total exceeds L2), the floor (fewest bytes the helper must move over the
+For each case and helper: the kernel's device time (graph replay of back-to-back calls, see
+bench_common.py; the eager per-call time next to it), rotating over input sets whose total
+exceeds L2, the floor (fewest bytes the helper must move over the
 device-to-device copy bandwidth measured in this same run), % of floor, % of a plain
 device-to-device copy of the same bytes (same launch and ramp costs: the realistic ceiling at
 these sizes), and the speed-up over
@@ -28,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rocm_attn import thd  # noqa: E402
-from bench_common import copy_bandwidth, rotating, time_ms  # noqa: E402
+from bench_common import copy_bandwidth, eager_fallbacks, eager_ms, rotating, time_ms  # noqa: E402
 
 H, D, DTYPE = 16, 64, torch.bfloat16
 RANK = 1
@@ -190,24 +191,27 @@ def bench_case(name, spec, bw, reps, seed):
         set_bytes = sum(v.numel() * v.element_size() for v in probe.values())
         n_sets = min(MAX_SETS, max(2, math.ceil(L2_ROTATION_BYTES / set_bytes)))
         sets = [probe] + [make(gen) for _ in range(n_sets - 1)]
-        t = time_ms(rotating([lambda x=x: kern(x) for x in sets]), reps)
+        t = time_ms(rotating([lambda x=x: kern(x) for x in sets]), reps, name=helper)
+        t_eager = eager_ms(rotating([lambda x=x: kern(x) for x in sets]), reps)
         floor = nbytes / bw * 1e3
         # a plain device-to-device copy of the same bytes (same launch and ramp costs)
         n_copy = max(nbytes // 2, 1)
         bufs = [(torch.empty(n_copy, dtype=torch.uint8, device="cuda"),
                  torch.empty(n_copy, dtype=torch.uint8, device="cuda"))
                 for _ in range(min(n_sets, max(2, math.ceil(L2_ROTATION_BYTES / n_copy))))]
-        t_copy = time_ms(rotating([lambda b=b: b[1].copy_(b[0]) for b in bufs]), reps)
+        t_copy = time_ms(rotating([lambda b=b: b[1].copy_(b[0]) for b in bufs]), reps,
+                         name="copy")
         del bufs
         row = {"case": name, "helper": helper, "cp": L["cp"], "tokens": L["total"],
-               "local_tokens": L["t_loc"], "input_sets": n_sets, "bytes": nbytes, "ms": t,
+               "local_tokens": L["t_loc"], "input_sets": n_sets, "bytes": nbytes, "ms": t, "eager_ms": t_eager,
                "floor_ms": floor, "pct_floor": 100 * floor / t, "gbps": nbytes / (t * 1e-3) / 1e9,
                "same_bytes_copy_ms": t_copy, "pct_copy": 100 * t_copy / t}
         for aname, fn in (("idx", idx), ("torch", tor)):
             if fn is None:
                 row[aname] = None
                 continue
-            ta = time_ms(rotating([lambda x=x: fn(x) for x in sets]), max(5, reps // 3))
+            ta = time_ms(rotating([lambda x=x: fn(x) for x in sets]), max(5, reps // 3),
+                         name=f"{helper}/{aname}")
             row[aname] = {"ms": ta, "speedup": ta / t}
         rows.append(row)
         del sets, probe
@@ -233,16 +237,19 @@ def main(argv=None) -> int:
         print(f"done {name}", flush=True)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "copy_bandwidth_GBps": bw / 1e9, "h": H, "d": D, "dtype": str(DTYPE), "rank": RANK,
-              "rows": rows}
+              "clock": "device (graph replay of back-to-back calls); eager_ms: one call, host "
+                       "dispatch included", "eager_fallbacks": eager_fallbacks(), "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     print(f"\n{report['device']}  copy bandwidth {bw / 1e9:.0f} GB/s  h={H} d={D} bf16  "
           f"(x idx: vs torch with a precomputed index; x torch: vs backend='torch')")
-    print(f"{'case':14s} {'helper':24s} {'ms':>8s} {'GB/s':>6s} {'%floor':>6s} {'%copy':>6s} "
-          f"{'x idx':>6s} {'x torch':>7s}")
+    print("ms: device time (graph replay); eager: one call incl. host dispatch")
+    print(f"{'case':14s} {'helper':24s} {'ms':>8s} {'eager':>7s} {'GB/s':>6s} {'%floor':>6s} "
+          f"{'%copy':>6s} {'x idx':>6s} {'x torch':>7s}")
     for r in rows:
         sp = lambda a: f"{a['speedup']:.1f}x" if a else "-"  # noqa: E731
-        print(f"{r['case']:14s} {r['helper']:24s} {r['ms']:8.3f} {r['gbps']:6.0f} "
+        print(f"{r['case']:14s} {r['helper']:24s} {r['ms']:8.3f} {r['eager_ms']:7.3f} "
+              f"{r['gbps']:6.0f} "
               f"{r['pct_floor']:5.0f}% {r['pct_copy']:5.0f}% {sp(r['idx']):>6s} "
               f"{sp(r['torch']):>7s}")
     return 0

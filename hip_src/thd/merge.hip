@@ -33,8 +33,7 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
   const int shift =
       rows ? thd::lanes_shift(p.dim / vec, thd::kMergeVecsPerLane, thd::kMergeThreads) : 0;
   const int64_t groups_per_block = thd::kMergeThreads >> shift;
-  const dim3 grid(clip_grid(ceil_div(p.n, groups_per_block)),
-                  static_cast<unsigned>(p.heads < 65535 ? p.heads : 65535));
+  const dim3 grid(clip_grid(ceil_div(p.n * p.heads, groups_per_block)));
   const dim3 block(thd::kMergeThreads);
   if (vec8) {
     hipLaunchKernelGGL((thd::merge_kernel<8>), grid, block, 0, stream, p, shift);

@@ -120,9 +120,14 @@ RA_DEVICE void store_f32(void* base, int64_t off, int dtype, const float (&x)[VE
 // slower on an H200 (122 registers, half the resident threads, 2-lane rows coalescing worse).
 constexpr int kMergeVecsPerLane = 2;
 
-// One group of 2^lpr_shift lanes per (step token k, head h): h from blockIdx.y (LSE reads of
-// consecutive groups are consecutive), k from the x grid. The group computes the two weights
-// (every lane, from the same two LSE words) and streams the D elements of the row.
+// One group of 2^lpr_shift lanes per (step token k, head h), heads fastest: the groups of a
+// wave share k, so the row search reads the same cu_seqlens words (one transaction) and the
+// rows they stream are adjacent heads of one token (whole cache lines). Every load of an item
+// (both LSE words and both rows) is issued before any of them is used: the weights only select
+// afterwards, so the item costs one memory round trip, not two.
+// NOTE: the previous mapping (blockIdx.y = head, lanes over tokens) ran the row search once per
+// head and waited for the LSEs before loading rows: 28-47% of the byte floor on an H200, L2-
+// and latency-bound (docs/NOTES.md).
 template <int VEC>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergeParams p,
                                                               const int lpr_shift) {
@@ -131,69 +136,83 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
   const int nv = p.out_dst != nullptr ? p.dim / VEC : 0;
   const bool halves = p.map.kind == ThdRowMap::kHalf;
   const int64_t groups = (static_cast<int64_t>(gridDim.x) * kMergeThreads) >> lpr_shift;
-  for (int64_t h = blockIdx.y; h < p.heads; h += gridDim.y) {
-    for (int64_t k = (static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x) >> lpr_shift;
-         k < p.n; k += groups) {
-      int64_t r = k, r0 = -1;  // running row; first-half row (copied when writing new tensors)
-      if (halves) {
-        half_rows(p.map, k, r0, r);  // one search for both halves
-        if (!p.copy_first_half) r0 = -1;
+  const int64_t items = p.n * p.heads;
+  // LSE-only launches (no rows) go tokens fastest instead: the LSE [H, t] reads coalesce.
+  const bool heads_fastest = nv > 0;
+  for (int64_t item = (static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x) >> lpr_shift;
+       item < items; item += groups) {
+    const int64_t major = item / (heads_fastest ? p.heads : p.n);
+    const int64_t minor = item - major * (heads_fastest ? p.heads : p.n);
+    const int64_t k = heads_fastest ? major : minor;
+    const int64_t h = heads_fastest ? minor : major;
+    int64_t r = k, r0 = -1;  // running row; first-half row (copied when writing new tensors)
+    if (halves) {
+      half_rows(p.map, k, r0, r);  // one search for both halves
+      if (!p.copy_first_half) r0 = -1;
+    }
+    const float a = p.lse[h * p.lse_head + r * p.lse_tok];
+    const float b = p.lse_step[h * p.lse_step_head + k * p.lse_step_tok];
+    const int64_t out_row = r * p.out_tok + h * p.out_head;
+    const int64_t step_row = k * p.step_tok + h * p.step_head;
+    const int64_t dst_row = r * p.dst_tok + h * p.dst_head;
+    // First (usually only) pass of the row's vectors, loaded alongside the LSEs.
+    float x[2][VEC], y[2][VEC];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int v = lane + u * lanes;
+      if (v < nv) {
+        load_f32<VEC>(p.out, out_row + v * VEC, p.out_dtype, x[u]);
+        load_f32<VEC>(p.out_step, step_row + v * VEC, p.step_dtype, y[u]);
       }
-      const float a = p.lse[h * p.lse_head + r * p.lse_tok];
-      const float b = p.lse_step[h * p.lse_step_head + k * p.lse_step_tok];
-      float new_lse = 0.f, wa = 1.f, wb;
-      if (p.correction) {
-        wb = thd_exp(b != -INFINITY ? b - a : -INFINITY);
-      } else {
-        merge_weights(a, b, new_lse, wa, wb);
-      }
-      // correction keeps out as is; merge drops a side whose weight is 0 (junk in an empty
-      // accumulator, a step row with no keys)
-      const bool use_a = p.correction || wa > 0.f;
-      const bool use_b = wb > 0.f;
-      if (lane == 0 && p.lse_dst != nullptr) {
-        p.lse_dst[h * p.lse_dst_head + r * p.lse_dst_tok] = new_lse;
-        if (r0 >= 0)
-          p.lse_dst[h * p.lse_dst_head + r0 * p.lse_dst_tok] =
-              p.lse[h * p.lse_head + r0 * p.lse_tok];
-      }
-      if (nv == 0) continue;
-      const int64_t out_row = r * p.out_tok + h * p.out_head;
-      const int64_t step_row = k * p.step_tok + h * p.step_head;
-      const int64_t dst_row = r * p.dst_tok + h * p.dst_head;
-      for (int v0 = lane; v0 < nv; v0 += 2 * lanes) {
-        float x[2][VEC], y[2][VEC];
+    }
+    float new_lse = 0.f, wa = 1.f, wb;
+    if (p.correction) {
+      wb = thd_exp(b != -INFINITY ? b - a : -INFINITY);
+    } else {
+      merge_weights(a, b, new_lse, wa, wb);
+    }
+    // correction keeps out as is; merge drops a side whose weight is 0 (junk in an empty
+    // accumulator, a step row with no keys): selected away, never multiplied by 0
+    const bool use_a = p.correction || wa > 0.f;
+    const bool use_b = wb > 0.f;
+    if (lane == 0 && p.lse_dst != nullptr) {
+      p.lse_dst[h * p.lse_dst_head + r * p.lse_dst_tok] = new_lse;
+      if (r0 >= 0)
+        p.lse_dst[h * p.lse_dst_head + r0 * p.lse_dst_tok] = p.lse[h * p.lse_head + r0 * p.lse_tok];
+    }
+    for (int v0 = lane; v0 < nv; v0 += 2 * lanes) {
+      if (v0 != lane) {  // rows wider than 2 vectors per lane: later passes load here
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const int v = v0 + u * lanes;
           if (v < nv) {
-            if (use_a) load_f32<VEC>(p.out, out_row + v * VEC, p.out_dtype, x[u]);
-            if (use_b) load_f32<VEC>(p.out_step, step_row + v * VEC, p.step_dtype, y[u]);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int v = v0 + u * lanes;
-          if (v < nv) {
-            float o[VEC];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-              const float xa = use_a ? x[u][e] * wa : 0.f;
-              const float yb = use_b ? y[u][e] * wb : 0.f;
-              o[e] = xa + yb;
-            }
-            store_f32<VEC>(p.out_dst, dst_row + v * VEC, p.out_dtype, o);
+            load_f32<VEC>(p.out, out_row + v * VEC, p.out_dtype, x[u]);
+            load_f32<VEC>(p.out_step, step_row + v * VEC, p.step_dtype, y[u]);
           }
         }
       }
-      if (r0 >= 0) {
-        const int64_t src0 = r0 * p.out_tok + h * p.out_head;
-        const int64_t dst0 = r0 * p.dst_tok + h * p.dst_head;
-        for (int v = lane; v < nv; v += lanes) {
-          float x[VEC];
-          load_f32<VEC>(p.out, src0 + v * VEC, p.out_dtype, x);
-          store_f32<VEC>(p.out_dst, dst0 + v * VEC, p.out_dtype, x);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int v = v0 + u * lanes;
+        if (v < nv) {
+          float o[VEC];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const float xa = use_a ? x[u][e] * wa : 0.f;
+            const float yb = use_b ? y[u][e] * wb : 0.f;
+            o[e] = xa + yb;
+          }
+          store_f32<VEC>(p.out_dst, dst_row + v * VEC, p.out_dtype, o);
         }
+      }
+    }
+    if (r0 >= 0) {
+      const int64_t src0 = r0 * p.out_tok + h * p.out_head;
+      const int64_t dst0 = r0 * p.dst_tok + h * p.dst_head;
+      for (int v = lane; v < nv; v += lanes) {
+        float c[VEC];
+        load_f32<VEC>(p.out, src0 + v * VEC, p.out_dtype, c);
+        store_f32<VEC>(p.out_dst, dst0 + v * VEC, p.out_dtype, c);
       }
     }
   }
@@ -208,7 +227,8 @@ RA_DEVICE int64_t row_offset(int v, int vph, int heads, int64_t head_stride) {
 }
 
 // One group of 2^lpr_shift lanes per k: the row k (kIdentity) or both halves' rows of k (kHalf,
-// one search for both).
+// one search for both). Every load of both halves is issued before the first store, so an
+// item costs one memory round trip after its search.
 template <int VEC>
 __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams p,
                                                              const int lpr_shift) {
@@ -220,39 +240,59 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
   const int64_t groups = (static_cast<int64_t>(gridDim.x) * kMergeThreads) >> lpr_shift;
   for (int64_t k = (static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x) >> lpr_shift;
        k < p.n; k += groups) {
-    int64_t r_first = k, r_second = k;
-    if (halves) half_rows(p.map, k, r_first, r_second);
-    for (int hf = 0; hf < (halves ? 2 : 1); ++hf) {
-      const int op = hf == 0 ? p.op0 : p.op1;
-      if (op == kThdGradNone && !p.copy_none) continue;
-      const int64_t r = hf == 0 ? r_first : r_second;
-      const int64_t sr = p.step_is_half ? k : r;
-      const bool use_g = op != kThdGradCopy;
-      const bool use_s = op != kThdGradNone;
-      for (int v0 = lane; v0 < nvec; v0 += 2 * lanes) {
-        float g[2][VEC], s[2][VEC];
+    int64_t rows[2] = {k, k};
+    if (halves) half_rows(p.map, k, rows[0], rows[1]);
+    int ops[2] = {p.op0, halves ? p.op1 : kThdGradNone};
+    // Both halves in one round trip, unless they are the same row (a 1-row slack has an empty
+    // second half): then the first half's result must be what the second half reads, as on
+    // the torch path, so they run one after the other.
+    const bool same_row = halves && rows[0] == rows[1];
+    for (int pass = 0; pass < (same_row ? 2 : 1); ++pass) {
+      bool live[2];
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int v = v0 + u * lanes;
-          if (v < nvec) {
-            if (use_g)
-              load_f32<VEC>(p.grad, r * p.grad_tok + row_offset<VEC>(v, vph, p.heads, p.grad_head),
-                            p.grad_dtype, g[u]);
-            if (use_s)
-              load_f32<VEC>(p.step, sr * p.step_tok + row_offset<VEC>(v, vph, p.heads, p.step_head),
-                            p.step_dtype, s[u]);
+      for (int hf = 0; hf < 2; ++hf)
+        live[hf] = (hf == 0 || halves) && (ops[hf] != kThdGradNone || p.copy_none) &&
+                   (!same_row || hf == pass);
+      for (int v0 = lane; v0 < nvec; v0 += 2 * lanes) {
+        float g[2][2][VEC], s[2][2][VEC];  // [half][u][element]
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          if (!live[hf]) continue;
+          const int64_t r = rows[hf];
+          const int64_t sr = p.step_is_half ? k : r;
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int v = v0 + u * lanes;
+            if (v < nvec) {
+              if (ops[hf] != kThdGradCopy)
+                load_f32<VEC>(p.grad,
+                              r * p.grad_tok + row_offset<VEC>(v, vph, p.heads, p.grad_head),
+                              p.grad_dtype, g[hf][u]);
+              if (ops[hf] != kThdGradNone)
+                load_f32<VEC>(p.step,
+                              sr * p.step_tok + row_offset<VEC>(v, vph, p.heads, p.step_head),
+                              p.step_dtype, s[hf][u]);
+            }
           }
         }
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int v = v0 + u * lanes;
-          if (v < nvec) {
-            float o[VEC];
+        for (int hf = 0; hf < 2; ++hf) {
+          if (!live[hf]) continue;
+          const bool use_g = ops[hf] != kThdGradCopy;
+          const bool use_s = ops[hf] != kThdGradNone;
 #pragma unroll
-            for (int e = 0; e < VEC; ++e)
-              o[e] = use_g && use_s ? g[u][e] + s[u][e] : (use_g ? g[u][e] : s[u][e]);
-            store_f32<VEC>(p.dst, r * p.dst_tok + row_offset<VEC>(v, vph, p.heads, p.dst_head),
-                           p.grad_dtype, o);
+          for (int u = 0; u < 2; ++u) {
+            const int v = v0 + u * lanes;
+            if (v < nvec) {
+              float o[VEC];
+#pragma unroll
+              for (int e = 0; e < VEC; ++e)
+                o[e] = use_g && use_s ? g[hf][u][e] + s[hf][u][e]
+                                      : (use_g ? g[hf][u][e] : s[hf][u][e]);
+              store_f32<VEC>(p.dst,
+                             rows[hf] * p.dst_tok + row_offset<VEC>(v, vph, p.heads, p.dst_head),
+                             p.grad_dtype, o);
+            }
           }
         }
       }
