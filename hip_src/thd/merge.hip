@@ -31,7 +31,7 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
     vec8 = vec8 && s % 8 == 0;
   const int vec = vec8 ? 8 : 1;
   const int shift =
-      rows ? thd::lanes_shift(p.dim / vec, thd::kMergeVecsPerLane, thd::kMergeThreads) : 0;
+      rows ? thd::lanes_shift(p.dim / vec, thd::kMergeRowVecsPerLane, thd::kMergeThreads) : 0;
   const int64_t groups_per_block = thd::kMergeThreads >> shift;
   const dim3 grid(clip_grid(ceil_div(p.n * p.heads, groups_per_block)));
   const dim3 block(thd::kMergeThreads);

@@ -115,7 +115,7 @@ RA_DEVICE void store_f32(void* base, int64_t off, int dtype, const float (&x)[VE
   }
 }
 
-// VEC-element vectors per lane and tensor (lanes per row ~ vectors per row / this).
+// grad_kernel: VEC-element vectors per lane and tensor (lanes per row ~ vectors per row / this).
 // NOTE: a variant with 4 vectors per lane, all row loads issued before the weights, measured
 // slower on an H200 (122 registers, half the resident threads, 2-lane rows coalescing worse).
 constexpr int kMergeVecsPerLane = 2;
@@ -128,6 +128,10 @@ constexpr int kMergeVecsPerLane = 2;
 // NOTE: the previous mapping (blockIdx.y = head, lanes over tokens) ran the row search once per
 // head and waited for the LSEs before loading rows: 28-47% of the byte floor on an H200, L2-
 // and latency-bound (docs/NOTES.md).
+// NOTE: one vector per lane and tensor (kMergeRowVecsPerLane): 2 measured 74 registers on sm_90
+// and a latency-bound 43-51% of floor (docs/NOTES.md); fewer registers, more resident items.
+constexpr int kMergeRowVecsPerLane = 1;
+
 template <int VEC>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergeParams p,
                                                               const int lpr_shift) {
@@ -156,9 +160,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
     const int64_t step_row = k * p.step_tok + h * p.step_head;
     const int64_t dst_row = r * p.dst_tok + h * p.dst_head;
     // First (usually only) pass of the row's vectors, loaded alongside the LSEs.
-    float x[2][VEC], y[2][VEC];
+    float x[kMergeRowVecsPerLane][VEC], y[kMergeRowVecsPerLane][VEC];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < kMergeRowVecsPerLane; ++u) {
       const int v = lane + u * lanes;
       if (v < nv) {
         load_f32<VEC>(p.out, out_row + v * VEC, p.out_dtype, x[u]);
@@ -180,10 +184,10 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
       if (r0 >= 0)
         p.lse_dst[h * p.lse_dst_head + r0 * p.lse_dst_tok] = p.lse[h * p.lse_head + r0 * p.lse_tok];
     }
-    for (int v0 = lane; v0 < nv; v0 += 2 * lanes) {
+    for (int v0 = lane; v0 < nv; v0 += kMergeRowVecsPerLane * lanes) {
       if (v0 != lane) {  // rows wider than 2 vectors per lane: later passes load here
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
+        for (int u = 0; u < kMergeRowVecsPerLane; ++u) {
           const int v = v0 + u * lanes;
           if (v < nv) {
             load_f32<VEC>(p.out, out_row + v * VEC, p.out_dtype, x[u]);
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
         }
       }
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
+      for (int u = 0; u < kMergeRowVecsPerLane; ++u) {
         const int v = v0 + u * lanes;
         if (v < nv) {
           float o[VEC];
@@ -227,8 +231,7 @@ RA_DEVICE int64_t row_offset(int v, int vph, int heads, int64_t head_stride) {
 }
 
 // One group of 2^lpr_shift lanes per k: the row k (kIdentity) or both halves' rows of k (kHalf,
-// one search for both). Every load of both halves is issued before the first store, so an
-// item costs one memory round trip after its search.
+// one search for both).
 template <int VEC>
 __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams p,
                                                              const int lpr_shift) {
@@ -240,59 +243,39 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
   const int64_t groups = (static_cast<int64_t>(gridDim.x) * kMergeThreads) >> lpr_shift;
   for (int64_t k = (static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x) >> lpr_shift;
        k < p.n; k += groups) {
-    int64_t rows[2] = {k, k};
-    if (halves) half_rows(p.map, k, rows[0], rows[1]);
-    int ops[2] = {p.op0, halves ? p.op1 : kThdGradNone};
-    // Both halves in one round trip, unless they are the same row (a 1-row slack has an empty
-    // second half): then the first half's result must be what the second half reads, as on
-    // the torch path, so they run one after the other.
-    const bool same_row = halves && rows[0] == rows[1];
-    for (int pass = 0; pass < (same_row ? 2 : 1); ++pass) {
-      bool live[2];
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf)
-        live[hf] = (hf == 0 || halves) && (ops[hf] != kThdGradNone || p.copy_none) &&
-                   (!same_row || hf == pass);
+    int64_t r_first = k, r_second = k;
+    if (halves) half_rows(p.map, k, r_first, r_second);
+    for (int hf = 0; hf < (halves ? 2 : 1); ++hf) {
+      const int op = hf == 0 ? p.op0 : p.op1;
+      if (op == kThdGradNone && !p.copy_none) continue;
+      const int64_t r = hf == 0 ? r_first : r_second;
+      const int64_t sr = p.step_is_half ? k : r;
+      const bool use_g = op != kThdGradCopy;
+      const bool use_s = op != kThdGradNone;
       for (int v0 = lane; v0 < nvec; v0 += 2 * lanes) {
-        float g[2][2][VEC], s[2][2][VEC];  // [half][u][element]
+        float g[2][VEC], s[2][VEC];
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          if (!live[hf]) continue;
-          const int64_t r = rows[hf];
-          const int64_t sr = p.step_is_half ? k : r;
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int v = v0 + u * lanes;
-            if (v < nvec) {
-              if (ops[hf] != kThdGradCopy)
-                load_f32<VEC>(p.grad,
-                              r * p.grad_tok + row_offset<VEC>(v, vph, p.heads, p.grad_head),
-                              p.grad_dtype, g[hf][u]);
-              if (ops[hf] != kThdGradNone)
-                load_f32<VEC>(p.step,
-                              sr * p.step_tok + row_offset<VEC>(v, vph, p.heads, p.step_head),
-                              p.step_dtype, s[hf][u]);
-            }
+        for (int u = 0; u < 2; ++u) {
+          const int v = v0 + u * lanes;
+          if (v < nvec) {
+            if (use_g)
+              load_f32<VEC>(p.grad, r * p.grad_tok + row_offset<VEC>(v, vph, p.heads, p.grad_head),
+                            p.grad_dtype, g[u]);
+            if (use_s)
+              load_f32<VEC>(p.step, sr * p.step_tok + row_offset<VEC>(v, vph, p.heads, p.step_head),
+                            p.step_dtype, s[u]);
           }
         }
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          if (!live[hf]) continue;
-          const bool use_g = ops[hf] != kThdGradCopy;
-          const bool use_s = ops[hf] != kThdGradNone;
+        for (int u = 0; u < 2; ++u) {
+          const int v = v0 + u * lanes;
+          if (v < nvec) {
+            float o[VEC];
 #pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int v = v0 + u * lanes;
-            if (v < nvec) {
-              float o[VEC];
-#pragma unroll
-              for (int e = 0; e < VEC; ++e)
-                o[e] = use_g && use_s ? g[hf][u][e] + s[hf][u][e]
-                                      : (use_g ? g[hf][u][e] : s[hf][u][e]);
-              store_f32<VEC>(p.dst,
-                             rows[hf] * p.dst_tok + row_offset<VEC>(v, vph, p.heads, p.dst_head),
-                             p.grad_dtype, o);
-            }
+            for (int e = 0; e < VEC; ++e)
+              o[e] = use_g && use_s ? g[u][e] + s[u][e] : (use_g ? g[u][e] : s[u][e]);
+            store_f32<VEC>(p.dst, r * p.dst_tok + row_offset<VEC>(v, vph, p.heads, p.dst_head),
+                           p.grad_dtype, o);
           }
         }
       }
