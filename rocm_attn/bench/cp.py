@@ -24,8 +24,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import rocm_attn  # noqa: E402
 
 COMM_TYPES = ("p2p", "all_gather", "a2a")

@@ -24,10 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import rocm_attn  # noqa: E402
-from bench_common import copy_bandwidth, eager_fallbacks, eager_ms, rotating, time_ms  # noqa: E402
+from .common import copy_bandwidth, eager_fallbacks, eager_ms, rotating, time_ms  # noqa: E402
 
 # name: (h_q, h_kv, d, kv) where kv is an int (every segment) or (lo, hi) uniform
 CASES = {

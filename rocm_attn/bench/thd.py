@@ -26,10 +26,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from rocm_attn import thd  # noqa: E402
-from bench_common import copy_bandwidth, eager_fallbacks, eager_ms, rotating, time_ms  # noqa: E402
+from .common import copy_bandwidth, eager_fallbacks, eager_ms, rotating, time_ms  # noqa: E402
 
 H, D, DTYPE = 16, 64, torch.bfloat16
 RANK = 1
