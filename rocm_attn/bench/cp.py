@@ -25,6 +25,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import rocm_attn  # noqa: E402
+from .gpu import require_gpu  # noqa: E402
+from .plot import bar_chart, check_plot_arg  # noqa: E402
+from .progress import progress  # noqa: E402
 
 COMM_TYPES = ("p2p", "all_gather", "a2a")
 
@@ -102,7 +105,7 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
 
     group = dist.group.WORLD
     local = [rocm_attn.shard_for_cp(t, cu, cp, rank).contiguous() for t in (q, k, v)]
-    for comm in COMM_TYPES:
+    for comm in progress(COMM_TYPES, f"cp={cp}", rank == 0 and not args.no_progress):
         ql, kl, vl = (t.detach().clone().requires_grad_() for t in local)
 
         def fwd(ql=ql, kl=kl, vl=vl, comm=comm):
@@ -126,6 +129,15 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
     dist.destroy_process_group()
 
 
+def plot_report(report: dict, path: Path) -> Path:
+    """PNG of scaling efficiency (speed-up over one GPU / cp) per comm type; 100% = ideal."""
+    rows = report["rows"]
+    return bar_chart(path, [row["comm"] for row in rows],
+                     {m: [100 * row[m]["efficiency"] for row in rows] for m in ("fwd", "fwdbwd")},
+                     f"attn_with_cp, {report['device']} x{report['cp']}, {report['tokens']} "
+                     f"tokens, {report['mask']}", "scaling efficiency, % (speed-up / cp)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,9 +150,11 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=Path("build/bench_cp.json"))
+    parser.add_argument("--plot", type=Path, help="write a PNG of scaling efficiency per comm type (needs matplotlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     args = parser.parse_args(argv)
-    if torch.cuda.device_count() < args.cp:
-        print(f"bench_cp: needs {args.cp} GPUs, found {torch.cuda.device_count()}")
+    check_plot_arg(parser, args.plot)
+    if not require_gpu("cp", gpus=args.cp, kernels=False):  # per-step attention is torch's flash
         return 1
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off (shared hosts)
     with socket.socket() as s:
@@ -158,6 +172,8 @@ def main(argv=None) -> int:
         f, fb = row["fwd"], row["fwdbwd"]
         print(f"{row['comm']:11s} {f['ms']:8.2f} {f['speedup']:7.2f}x {100 * f['efficiency']:4.0f}% "
               f"{fb['ms']:10.2f} {fb['speedup']:7.2f}x {100 * fb['efficiency']:4.0f}%")
+    if args.plot:
+        print(f"plot: {plot_report(r, args.plot)}")
     return 0
 
 

@@ -26,6 +26,9 @@ import torch.nn.functional as F
 
 import rocm_attn  # noqa: E402
 from .common import copy_bandwidth, eager_fallbacks, eager_ms, rotating, time_ms  # noqa: E402
+from .gpu import require_gpu
+from .plot import bar_chart, check_plot_arg
+from .progress import progress
 
 # name: (h_q, h_kv, d, kv) where kv is an int (every segment) or (lo, hi) uniform
 CASES = {
@@ -168,6 +171,15 @@ def bench_case(name, spec, batch, dtype, bw, seed, anchors=True):
     return row
 
 
+def plot_report(report: dict, path: Path) -> Path:
+    """PNG of % of floor per case, forward and forward+backward."""
+    rows = report["rows"]
+    return bar_chart(path, [r["case"] for r in rows],
+                     {m: [r[m]["pct_floor"] for r in rows] for m in ("fwd", "fwdbwd")},
+                     f"fused_attn_small_seq, {report['device']}, {rows[0]['dtype']}, "
+                     f"B={rows[0]['batch']}", "% of floor (bytes / copy bandwidth)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path)
@@ -176,17 +188,18 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-anchors", action="store_true", help="time only our kernels (quick A/B runs)")
+    parser.add_argument("--plot", type=Path, help="write a PNG of %% of floor per case (needs matplotlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_small_seq: needs a GPU")
+    check_plot_arg(parser, args.plot)
+    if not require_gpu("small-seq"):
         return 1
     dtype = getattr(torch, args.dtype)
     bw = copy_bandwidth()
     rows = []
-    for name in args.cases.split(","):
+    for name in progress(args.cases.split(","), "small-seq", not args.no_progress):
         rows.append(bench_case(name, CASES[name], args.batch, dtype, bw, args.seed,
                                anchors=not args.no_anchors))
-        print(f"done {name}", flush=True)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "copy_bandwidth_GBps": bw / 1e9,
               "clock": "device (graph replay of back-to-back calls); eager_ms: one call, host "
@@ -202,6 +215,8 @@ def main(argv=None) -> int:
         sp = lambda m: f"{m['speedup_vs_best']:.1f}x" if m["speedup_vs_best"] else "-"  # noqa: E731
         print(f"{r['case']:24s} {f['ms']:8.3f} {f['eager_ms']:7.3f} {f['pct_floor']:5.0f}% {sp(f):>7s} {fb['ms']:10.3f} "
               f"{fb['pct_floor']:5.0f}% {sp(fb):>7s}  {anchors}")
+    if args.plot:
+        print(f"plot: {plot_report(report, args.plot)}")
     return 0
 
 

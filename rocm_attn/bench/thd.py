@@ -28,6 +28,9 @@ import torch
 
 from rocm_attn import thd  # noqa: E402
 from .common import copy_bandwidth, eager_fallbacks, eager_ms, rotating, time_ms  # noqa: E402
+from .gpu import require_gpu
+from .plot import bar_chart, check_plot_arg
+from .progress import progress
 
 H, D, DTYPE = 16, 64, torch.bfloat16
 RANK = 1
@@ -217,6 +220,17 @@ def bench_case(name, spec, bw, reps, seed):
     return rows
 
 
+def plot_report(report: dict, path: Path) -> Path:
+    """PNG of % of floor: one group of bars per helper, one bar per case."""
+    rows = report["rows"]
+    helpers_ = list(dict.fromkeys(r["helper"] for r in rows))
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    pct = {(r["case"], r["helper"]): r["pct_floor"] for r in rows}
+    return bar_chart(path, helpers_, {c: [pct.get((c, h)) for h in helpers_] for c in cases},
+                     f"rocm_attn.thd, {report['device']}, h={report['h']} d={report['d']}, "
+                     f"{report['dtype']}", "% of floor (bytes / copy bandwidth)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -224,15 +238,21 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", type=Path, help="write a PNG of %% of floor per case (needs matplotlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available() or not thd.HAS_KERNELS:
-        print("bench_thd: needs a GPU and the compiled THD kernels")
+    check_plot_arg(parser, args.plot)
+    if not require_gpu("thd"):
+        return 1
+    if not thd.HAS_KERNELS:
+        print("rocm-attn bench thd: the extension is loaded but has no THD kernels; rebuild it "
+              "from this source tree (python3 -m pip install --no-build-isolation -e .)",
+              file=sys.stderr)
         return 1
     bw = copy_bandwidth()
     rows = []
-    for name in args.cases.split(","):
+    for name in progress(args.cases.split(","), "thd", not args.no_progress):
         rows += bench_case(name, CASES[name], bw, args.reps, args.seed)
-        print(f"done {name}", flush=True)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "copy_bandwidth_GBps": bw / 1e9, "h": H, "d": D, "dtype": str(DTYPE), "rank": RANK,
               "clock": "device (graph replay of back-to-back calls); eager_ms: one call, host "
@@ -250,6 +270,8 @@ def main(argv=None) -> int:
               f"{r['gbps']:6.0f} "
               f"{r['pct_floor']:5.0f}% {r['pct_copy']:5.0f}% {sp(r['idx']):>6s} "
               f"{sp(r['torch']):>7s}")
+    if args.plot:
+        print(f"plot: {plot_report(report, args.plot)}")
     return 0
 
 
