@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext, nn, reference, thd
-from .errors import SmallSeqContractError, check_errors
-from .small_seq import fused_attn_small_seq
-from . import cp
-from .cp import attn_with_cp, gather_from_cp, shard_for_cp
+from . import _logging
+
+_logging.configure_from_env()  # before _ext loads the extension, so its report can show
+
+from . import _ext, nn, reference, thd  # noqa: E402
+from .errors import SmallSeqContractError, check_errors  # noqa: E402
+from .small_seq import fused_attn_small_seq  # noqa: E402
+from . import cp  # noqa: E402
+from .cp import attn_with_cp, gather_from_cp, shard_for_cp  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -16,23 +16,49 @@ log = logging.getLogger("rocm_attn")
 _LOAD_ERROR: Optional[str] = None
 
 
+# How to get kernels, appended to the reasons below: the fix belongs in the message.
+REBUILD_HINT = ("rebuild against the installed torch, from the source tree: "
+                "`python3 -m pip install --no-build-isolation -e .` (a CUDA torch needs nvcc, a "
+                "ROCm torch needs hipcc)")
+
+
+def _not_built_reason() -> str:
+    backend = build_config()["backend"]
+    if backend != "cpu":
+        return (f"rocm_attn._C is missing although the build recorded backend {backend!r}; "
+                f"{REBUILD_HINT}")
+    if torch.version.cuda is None and torch.version.hip is None:
+        return (f"rocm_attn._C is not built: torch {torch.__version__} is a CPU build, so the "
+                "torch path serves every call. For the GPU kernels install a CUDA or ROCm "
+                f"build of torch, then {REBUILD_HINT}")
+    return ("rocm_attn._C is not built: this install was made without kernels (build backend "
+            "cpu: ROCM_ATTN_FORCE_CPU=1, BUILD_TARGET=cpu or a CPU torch at build time); "
+            f"{REBUILD_HINT}")
+
+
 def _load() -> bool:
     global _LOAD_ERROR
     if os.environ.get("ROCM_ATTN_FORCE_CPU", "0") not in ("", "0"):
-        _LOAD_ERROR = "ROCM_ATTN_FORCE_CPU is set"
+        _LOAD_ERROR = "ROCM_ATTN_FORCE_CPU is set (unset it to use the compiled kernels)"
+        log.info("no compiled kernels: %s", _LOAD_ERROR)
         return False
     if importlib.util.find_spec(f"{__package__}._C") is None:
-        _LOAD_ERROR = (f"rocm_attn._C is not built (build backend: {build_config()['backend']}); "
-                       "the torch path serves every call")
+        _LOAD_ERROR = _not_built_reason()
+        log.info("no compiled kernels: %s", _LOAD_ERROR)
         return False
     try:
         from . import _C  # noqa: F401  (registers torch.ops.rocm_attn.*)
     except ImportError as exc:
-        _LOAD_ERROR = str(exc)
+        # Built but unloadable: usually built against another torch (undefined symbols) or a
+        # missing GPU runtime library. Worth a warning: the user expects kernels here.
+        _LOAD_ERROR = (f"rocm_attn._C failed to load ({exc}); it was probably built against "
+                       f"another torch or GPU runtime: {REBUILD_HINT}")
+        log.warning("%s. The torch path serves every call.", _LOAD_ERROR)
         return False
+    config = build_config()
+    log.info("compiled kernels loaded: backend %s, archs %s, %d kernel variants",
+             config["backend"], ",".join(config["archs"]) or "-", len(config["kernels"]))
     return True
-
-
 
 
 def extension_error() -> Optional[str]:

@@ -77,5 +77,7 @@ def check_errors(reset: bool = True) -> None:
         raise SmallSeqContractError(
             f"fused_attn_small_seq: {count} segment(s) broke the contract (need exactly one query "
             f"token and 0 <= seqlen_kv <= max_seqlen_kv, inside the k/v tensors); first bad "
-            f"segment: {first}. Their outputs are NaN."
+            f"segment: {first}. Their outputs are NaN. Fix the lengths in cu_seqlens_q / "
+            f"cu_seqlens_kv (or seqlens_kv), or raise max_seqlen_kv (at most 16); "
+            f"validate='sync' (env ROCM_ATTN_VALIDATE=1) raises at the offending call instead."
         )

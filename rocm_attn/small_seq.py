@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 
-from . import _ext, errors, ops  # noqa: F401  (ops registers fake impls and autograd)
+from . import _ext, _logging, errors, ops  # noqa: F401  (ops registers fake impls and autograd)
 from .reference import reference_small_seq
 
 log = logging.getLogger("rocm_attn")
@@ -74,7 +74,10 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, ma
     if isinstance(max_seqlen_kv, bool) or not isinstance(max_seqlen_kv, int) or not (
         1 <= max_seqlen_kv <= MAX_SEQLEN_KV
     ):
-        raise ValueError(f"max_seqlen_kv must be an int in 1..{MAX_SEQLEN_KV}, got {max_seqlen_kv!r}")
+        raise ValueError(
+            f"max_seqlen_kv must be an int in 1..{MAX_SEQLEN_KV}, got {max_seqlen_kv!r}: this op "
+            f"serves histories of at most {MAX_SEQLEN_KV} items (keep the latest "
+            f"{MAX_SEQLEN_KV}, or use F.scaled_dot_product_attention for longer ones)")
     if softmax_scale is not None and not isinstance(softmax_scale, (int, float)):
         raise ValueError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
     thd = qkv_layout == "thd_thd_thd"
@@ -119,28 +122,48 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, ma
     return batch
 
 
-def _use_kernel(q, k, v, backend: str) -> bool:
-    if backend not in ("auto", "kernel", "torch"):
-        raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")
-    if backend == "torch":
-        return False
+def _kernel_problems(q, k, v) -> List[str]:
+    """Why the compiled kernels cannot serve this call (empty when they can)."""
     reasons = []
-    if not _ext.kernels_usable(q):
-        reasons.append(f"no compiled kernels for device {q.device} ({_ext.extension_error() or 'cpu'})")
+    if not q.is_cuda:
+        reasons.append(f"no compiled kernels for device {q.device} (the kernels run on CUDA and "
+                       "ROCm GPUs)")
+    elif not _ext.HAS_EXTENSION:
+        reasons.append(f"no compiled kernels: {_ext.extension_error()}")
     if q.dtype not in KERNEL_DTYPES:
         reasons.append(f"dtype {q.dtype} (kernels: float16, bfloat16)")
     if q.shape[-1] not in KERNEL_HEAD_DIMS:
-        reasons.append(f"head dim {q.shape[-1]} (kernels: {KERNEL_HEAD_DIMS})")
+        dims = ", ".join(str(d) for d in KERNEL_HEAD_DIMS)
+        reasons.append(f"head dim {q.shape[-1]} (kernels: {dims})")
     if not reasons:
         for name, t in (("q", q), ("k", k), ("v", v)):
             problem = _kernel_alignment_problem(name, t)
             if problem:
                 reasons.append(problem)
+    return reasons
+
+
+def _use_kernel(q, k, v, backend: str) -> bool:
+    if backend not in ("auto", "kernel", "torch"):
+        raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")
+    if backend == "torch":
+        _logging.log_choice(log, ("small_seq", "torch", "asked"),
+                            "fused_attn_small_seq: torch path (backend='torch')")
+        return False
+    reasons = _kernel_problems(q, k, v)
     if reasons and backend == "kernel":
-        raise ValueError("backend='kernel' cannot serve this call: " + "; ".join(reasons))
-    if reasons and not torch.compiler.is_compiling():  # logging is a dynamo graph break
-        log.debug("fused_attn_small_seq: torch path (%s)", "; ".join(reasons))
-    return not reasons
+        raise ValueError(
+            "backend='kernel' cannot serve this call: " + "; ".join(reasons) + ". Use "
+            "backend='auto' (falls back to the torch path, same results) or backend='torch'.")
+    if reasons:
+        why = "; ".join(reasons)
+        _logging.log_choice(log, ("small_seq", "torch", why), "fused_attn_small_seq: torch path (%s)",
+                            why)
+        return False
+    _logging.log_choice(log, ("small_seq", "kernel", q.device.type, q.dtype, q.shape[-1]),
+                        "fused_attn_small_seq: compiled kernels (%s, %s, head dim %d)", q.device,
+                        q.dtype, q.shape[-1])
+    return True
 
 
 def _thd_to_padded(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_kv):

@@ -43,7 +43,7 @@ from typing import Callable, Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 
-from . import _ext
+from . import _ext, _logging
 from .errors import validate_mode
 
 __all__ = [
@@ -103,11 +103,21 @@ def _impl(name: str, t: torch.Tensor, backend: str) -> Callable:
     if backend != "torch":
         fn = _KERNELS.get(name)
         if fn is not None and _ext.kernels_usable(t):
+            _logging.log_choice(_log, ("thd", name, "kernel"),
+                                "rocm_attn.thd.%s: kernel (a call it cannot serve falls back to "
+                                "the torch path, logged with the reason)", name)
             return fn
+        if not t.is_cuda:
+            why = f"tensors on {t.device} (the kernels run on CUDA and ROCm GPUs)"
+        else:
+            why = _ext.extension_error() or "this build has no kernel for it"
         if backend == "kernel":
             raise ValueError(
-                f"backend='kernel': no usable kernel for rocm_attn.thd.{name} on {t.device}"
+                f"backend='kernel': no usable kernel for rocm_attn.thd.{name}: {why}. Use "
+                "backend='auto' (falls back to the torch path) or backend='torch'."
             )
+        _logging.log_choice(_log, ("thd", name, "torch", why), "rocm_attn.thd.%s: torch path (%s)",
+                            name, why)
     return _TORCH[name]
 
 
@@ -1302,7 +1312,8 @@ _KERNEL_OPS = ("thd_gather", "thd_copy_valid_tokens_", "thd_merge", "thd_merge_"
 
 def _fallback(name: str, why: str, *args):
     """Run the torch path for a call the kernels do not serve."""
-    _log.debug("rocm_attn.thd.%s: torch path (%s)", name, why)
+    _logging.log_choice(_log, ("thd", name, "torch", why), "rocm_attn.thd.%s: torch path (%s)",
+                        name, why)
     return _TORCH[name](*args)
 
 
