@@ -1,26 +1,96 @@
-"""Command line: python -m rocm_attn {info,selftest} (also the `rocm-attn` script)."""
+"""Command line of rocm_attn: `rocm-attn <command>` (or `python3 -m rocm_attn <command>`).
+
+  info       torch, device and arch, what was built, which backend each op uses here
+  selftest   every op on small random inputs against a float64 reference, on this device
+  demo       a recommendation-model inference batch through TargetAttention: throughput and
+             the check against float64 (kernels on a GPU, the CPU path otherwise)
+  bench      the GPU benchmarks: bench small-seq | thd | cp [their flags; --help for each]
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+from typing import List, Optional
+
+from ._logging import LEVELS
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="rocm-attn", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="torch, device, build backend and kernels present")
-    sub.add_parser("selftest", help="run each op on random inputs against the float64 reference")
-    args = parser.parse_args(argv)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rocm-attn", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--log-level", type=str.upper, choices=LEVELS,
+                        help="show rocm_attn's log at this level on stderr (INFO: which backend "
+                             "serves each op and why); same as env ROCM_ATTN_LOG_LEVEL")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+    info = sub.add_parser("info", help="torch, device, arch, kernels built, backends usable")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_parser("selftest", help="each op on random inputs against the float64 reference")
+    demo = sub.add_parser("demo", help="TargetAttention inference batch: throughput and check")
+    demo.add_argument("--device", help="cuda or cpu (default: cuda when present)")
+    demo.add_argument("--batch", type=int, help="candidates (default 30720 on GPU, 2048 on CPU)")
+    demo.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                      help="default bfloat16 on GPU, float32 on CPU")
+    demo.add_argument("--iters", type=int, help="timed batches (default 20 on GPU, 5 on CPU)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--backend", choices=["auto", "kernel", "torch"], default="auto",
+                      help="attention backend (auto: kernels where this install has them)")
+    # bench's own flags belong to each suite; they are forwarded untouched (see _bench)
+    sub.add_parser("bench", add_help=False, help="GPU benchmarks: bench {small-seq,thd,cp} "
+                   "[flags]; `rocm-attn bench SUITE --help` lists a suite's flags")
+    return parser
+
+
+def _bench(argv: List[str]) -> int:
+    from .bench import SUITES
+
+    usage = (f"usage: rocm-attn bench {{{','.join(SUITES)}}} [flags]\n"
+             "  runs the benchmark suite on this machine's GPU(s); flags are the suite's own "
+             "(--json, --cases, --plot out.png, ...): rocm-attn bench SUITE --help")
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0 if argv else 2
+    if argv[0] not in SUITES:
+        print(f"rocm-attn bench: unknown suite {argv[0]!r}\n{usage}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"{__package__}.bench.{SUITES[argv[0]]}")
+    # the suites' argparse names itself after sys.argv[0]: show the command that was typed
+    saved = list(sys.argv)
+    sys.argv[:1] = [f"rocm-attn bench {argv[0]}"]
+    try:
+        return module.main(argv[1:])
+    finally:
+        sys.argv[:] = saved
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    # `bench` forwards everything after the suite name, --help included, so it is split off
+    # before argparse sees it (argparse would claim the suite's flags as its own).
+    split = argv.index("bench") if "bench" in argv else len(argv)
+    args = parser.parse_args(argv[:split + 1])
+    if args.log_level:
+        from ._logging import set_level
+
+        set_level(args.log_level)
+    if args.command == "bench":
+        return _bench(argv[split + 1:])
     if args.command == "info":
-        from . import build_info
+        from .info import collect, format_text
 
-        print(json.dumps(build_info(), indent=1))
+        report = collect()
+        print(json.dumps(report, indent=1) if args.json else format_text(report))
         return 0
-    from . import selftest
+    if args.command == "selftest":
+        from . import selftest
 
-    return 0 if selftest.run() else 1
+        return 0 if selftest.run() else 1
+    from . import demo
+
+    return demo.main(args.device, args.batch, args.dtype, args.iters, args.seed, args.backend)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -66,10 +65,10 @@ def test_build_info_on_cpu_install():
         assert info["extension_error"]
 
 
-@pytest.mark.parametrize("command", ["info", "selftest"])
-def test_command_line_runs(command):
-    proc = subprocess.run([sys.executable, "-m", "rocm_attn", command], cwd=ROOT,
+def test_python_dash_m_entry_runs():
+    # the commands themselves are tested in-process in tests/test_cli.py; this proves the
+    # `python3 -m rocm_attn` entry point
+    proc = subprocess.run([sys.executable, "-m", "rocm_attn", "info"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    if command == "selftest":
-        assert "selftest passed" in proc.stdout and "FAIL" not in proc.stdout
+    assert "backends on this device" in proc.stdout

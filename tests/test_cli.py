@@ -1,0 +1,129 @@
+"""The `rocm-attn` command line: info, selftest, demo, bench (CPU behaviour), plots, progress,
+and the README's set-up commands being the ones CI runs."""
+
+from __future__ import annotations
+
+import re
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rocm_attn import __main__ as cli
+from rocm_attn import demo
+from rocm_attn.bench import SUITES
+from rocm_attn.bench.progress import progress
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_GPU = not torch.cuda.is_available()
+
+
+def test_info_text_and_json(capsys):
+    assert cli.main(["info"]) == 0
+    text = capsys.readouterr().out
+    for field in ("torch", "device", "kernels", "extension", "fused_attn_small_seq", "attn_with_cp"):
+        assert field in text
+    assert cli.main(["info", "--json"]) == 0
+    assert '"backends"' in capsys.readouterr().out
+
+
+def test_selftest_passes(capsys):
+    assert cli.main(["selftest"]) == 0
+    out = capsys.readouterr().out
+    assert "selftest passed" in out and "FAIL" not in out
+    for op in ("fused_attn_small_seq", "nn.TargetAttention", "thd.merge_partial", "attn_with_cp"):
+        assert op in out
+
+
+def test_demo_small_cpu_batch(capsys):
+    assert cli.main(["demo", "--device", "cpu", "--batch", "64", "--iters", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "candidates/s" in out and "PASS" in out and "torch path" in out
+
+
+def test_demo_exits_nonzero_when_the_check_fails(capsys, monkeypatch):
+    monkeypatch.setitem(demo.TOLERANCE, torch.float32, 0.0)
+    assert cli.main(["demo", "--device", "cpu", "--batch", "16", "--iters", "1"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not NO_GPU, reason="checks the message on a machine without a GPU")
+@pytest.mark.parametrize("suite", list(SUITES))
+def test_bench_without_gpu_fails_with_a_clear_message(suite, capsys):
+    assert cli.main(["bench", suite]) != 0
+    err = capsys.readouterr().err
+    assert f"rocm-attn bench {suite}: benchmarks need a GPU" in err and "rocm-attn demo" in err
+
+
+@pytest.mark.skipif(not NO_GPU, reason="checks the message on a machine without a GPU")
+def test_tools_shim_keeps_working(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["tools/bench_small_seq.py", "--json", "x.json"])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(ROOT / "tools" / "bench_small_seq.py"), run_name="__main__")
+    assert exc.value.code == 1 and "benchmarks need a GPU" in capsys.readouterr().err
+
+
+def test_bench_forwards_flags_and_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "small-seq", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "rocm-attn bench small-seq" in out and "--plot" in out and "--cases" in out
+    assert cli.main(["bench", "nonsense"]) == 2
+    assert "unknown suite" in capsys.readouterr().err
+
+
+def test_bench_plot_without_matplotlib_says_how_to_install(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "thd", "--plot", "out.png"])
+    assert exc.value.code == 2
+    assert "pip install matplotlib" in capsys.readouterr().err
+
+
+def test_progress_plain_lines_on_a_log(capsys):
+    assert list(progress(["a", "b"], "suite")) == ["a", "b"]
+    err = capsys.readouterr().err
+    if "it/s" in err or "case/s" in err:  # tqdm drew the bar instead
+        return
+    assert "suite [1/2] a" in err and "suite [2/2] b" in err and "done in" in err
+
+
+def test_plot_reports_of_each_suite(tmp_path):
+    pytest.importorskip("matplotlib")
+    from rocm_attn.bench import cp, small_seq, thd
+
+    mode = {"pct_floor": 80.0, "efficiency": 0.7}
+    small = {"device": "X", "rows": [{"case": "c1", "dtype": "torch.bfloat16", "batch": 8,
+                                      "fwd": mode, "fwdbwd": mode}]}
+    thd_report = {"device": "X", "h": 16, "d": 64, "dtype": "bf16",
+                  "rows": [{"case": "c1", "helper": "partition", "pct_floor": 50.0},
+                           {"case": "c2", "helper": "partition", "pct_floor": 60.0}]}
+    cp_report = {"device": "X", "cp": 2, "tokens": 1024, "mask": "causal",
+                 "rows": [{"comm": "p2p", "fwd": mode, "fwdbwd": mode}]}
+    for module, report in ((small_seq, small), (thd, thd_report), (cp, cp_report)):
+        path = module.plot_report(report, tmp_path / f"{module.__name__}.png")
+        assert path.stat().st_size > 1000
+
+
+def _readme_setup_commands() -> list:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)\n```", section, flags=re.S)
+
+
+def test_ci_runs_exactly_the_readme_setup_commands():
+    commands = _readme_setup_commands()
+    assert len(commands) == 2, commands
+    assert "rocm-attn demo" in commands[0] and "pytest" in commands[1]
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    for command in commands:
+        assert command.strip() in ci_lines, f"{command!r} is not a line of .ci/run"
+
+
+def test_console_script_is_declared():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["rocm-attn"] == "rocm_attn.__main__:main"
