@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     info = sub.add_parser("info", help="torch, device, arch, kernels built, backends usable")
     info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.add_argument("--require-kernels", action="store_true",
+                      help="exit 1 unless the compiled kernels are loaded (image and CI checks)")
     sub.add_parser("selftest", help="each op on random inputs against the float64 reference")
     demo = sub.add_parser("demo", help="TargetAttention inference batch: throughput and check")
     demo.add_argument("--device", help="cuda or cpu (default: cuda when present)")
@@ -83,6 +85,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         report = collect()
         print(json.dumps(report, indent=1) if args.json else format_text(report))
+        if args.require_kernels and not report["extension_loaded"]:
+            print(f"rocm-attn info: the compiled kernels are required but not loaded: "
+                  f"{report['extension_error']}", file=sys.stderr)
+            return 1
         return 0
     if args.command == "selftest":
         from . import selftest

@@ -1,5 +1,6 @@
 """The Dockerfiles promise pinned bases, the right arch lists, a build against the image's own
-torch, and a self-test at build time; check each promise by parsing the files."""
+torch, a check that the kernels were built, and a self-test at build time; check each promise
+by parsing the files."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-DOCKER = Path(__file__).resolve().parent.parent / "docker"
+ROOT = Path(__file__).resolve().parent.parent
+DOCKER = ROOT / "docker"
 
 
 def instructions(path: Path) -> list[tuple[str, str]]:
@@ -34,11 +36,18 @@ def test_dockerfile_promises(name, arch_marker, arches):
     args = {a.split("=", 1)[0]: a.split("=", 1)[1].strip('"') for i, a in ins if i == "ARG"}
     assert all(arch in args[arch_marker].split(";") for arch in arches), args
     runs = " ".join(a for i, a in ins if i == "RUN")
-    assert "--no-build-isolation" in runs and "pip install" in runs
-    assert "python3 -m rocm_attn selftest" in runs
+    assert "--no-build-isolation" in runs and "--no-deps" in runs and "pip install" in runs
+    assert "rocm_attn info --require-kernels" in runs  # the extension was built and loads
+    assert "python3 -m rocm_attn selftest" in runs and "rocm-attn demo" in runs
     assert any(i == "COPY" for i, _ in ins)
     text = (DOCKER / name).read_text().lower()
     assert not re.search(r"(token|password|secret|api_key)\s*=", text)
+
+
+def test_dockerignore_keeps_host_builds_out():
+    patterns = (ROOT / ".dockerignore").read_text().split()
+    for needed in ("build/", "**/*.so", "rocm_attn/_build_config.json", ".git"):
+        assert needed in patterns, needed
 
 
 def test_docker_readme_lists_both_images():
