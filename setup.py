@@ -45,31 +45,54 @@ def pick_target() -> str:
         )
     has_rocm = torch.version.hip is not None
     has_cuda = torch.version.cuda is not None
+    explicit = target != "auto"
     if target == "auto":
         target = "rocm" if has_rocm else "cuda" if has_cuda else "cpu"
+    if not explicit and target != "cpu" and _compiler_problem(target) and not _gpu_visible(torch):
+        # A GPU build of torch on a machine with neither a GPU nor its compiler: the usual
+        # case is a CPU machine that got PyPI's default (CUDA) torch wheel. Install the
+        # pure-Python package rather than fail; BUILD_TARGET=cuda|rocm makes this an error.
+        print(f"rocm_attn: {_compiler_problem(target)}; no GPU is visible either, so the package "
+              "is installed without kernels (torch path). Set BUILD_TARGET="
+              f"{target} to make this an error.", file=sys.stderr)
+        return "cpu"
     if target == "rocm" and not has_rocm:
         sys.exit("rocm_attn: BUILD_TARGET=rocm needs a ROCm build of torch")
     if target == "cuda" and not has_cuda:
         sys.exit("rocm_attn: BUILD_TARGET=cuda needs a CUDA build of torch")
+    problem = _compiler_problem(target) if target != "cpu" else None
+    if problem:
+        sys.exit(f"rocm_attn: {problem}. {_COMPILER_FIX[target]}, or build the pure-Python "
+                 "package with ROCM_ATTN_FORCE_CPU=1.")
+    return target
+
+
+_COMPILER_FIX = {
+    "cuda": "Install the CUDA toolkit matching torch.version.cuda and set CUDA_HOME",
+    "rocm": "Install ROCm (hipcc) and set ROCM_HOME",
+}
+
+
+def _compiler_problem(target: str):
+    """Why the GPU compiler for target is missing (None when it is there)."""
     if target == "cuda":
         from torch.utils.cpp_extension import CUDA_HOME
 
         if CUDA_HOME is None or shutil.which("nvcc", path=str(Path(CUDA_HOME) / "bin")) is None:
-            sys.exit(
-                "rocm_attn: a CUDA build of torch is installed but nvcc was not found. Install "
-                "the CUDA toolkit matching torch.version.cuda and set CUDA_HOME, or build the "
-                "pure-Python package with ROCM_ATTN_FORCE_CPU=1."
-            )
+            return "a CUDA build of torch is installed but nvcc was not found"
     if target == "rocm":
         from torch.utils.cpp_extension import ROCM_HOME
 
         if ROCM_HOME is None:
-            sys.exit(
-                "rocm_attn: a ROCm build of torch is installed but hipcc/ROCM_HOME was not "
-                "found. Install ROCm (hipcc) and set ROCM_HOME, or build the pure-Python "
-                "package with ROCM_ATTN_FORCE_CPU=1."
-            )
-    return target
+            return "a ROCm build of torch is installed but hipcc/ROCM_HOME was not found"
+    return None
+
+
+def _gpu_visible(torch) -> bool:
+    try:
+        return torch.cuda.is_available()
+    except Exception:  # a broken driver install counts as no GPU for this decision
+        return False
 
 
 def write_build_config(target: str, archs: list[str], kernels: list[str]) -> None:
@@ -142,4 +165,5 @@ def main() -> None:
     )
 
 
-main()
+if __name__ == "__main__":  # how pip's build backend and `python3 setup.py ...` run this file
+    main()

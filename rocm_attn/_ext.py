@@ -32,8 +32,8 @@ def _not_built_reason() -> str:
                 "torch path serves every call. For the GPU kernels install a CUDA or ROCm "
                 f"build of torch, then {REBUILD_HINT}")
     return ("rocm_attn._C is not built: this install was made without kernels (build backend "
-            "cpu: ROCM_ATTN_FORCE_CPU=1, BUILD_TARGET=cpu or a CPU torch at build time); "
-            f"{REBUILD_HINT}")
+            "cpu: ROCM_ATTN_FORCE_CPU=1, BUILD_TARGET=cpu, a CPU torch at build time, or no "
+            f"GPU compiler and no GPU visible at build time); {REBUILD_HINT}")
 
 
 def _load() -> bool:
