@@ -18,20 +18,10 @@ from rocm_attn.small_seq import fused_attn_small_seq
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_THREE_CALLS = """
-import torch, rocm_attn
-q, k = torch.randn(3, 2, 64), torch.randn(5, 2, 64)
-cu_q = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
-cu_kv = torch.tensor([0, 1, 3, 5], dtype=torch.int32)
-for _ in range(3):
-    rocm_attn.fused_attn_small_seq(q, k, k, cu_q, cu_kv)
-"""
-
-
-def _run(code: str, **env) -> subprocess.CompletedProcess:
+def _run(args: list, **env) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if k != _logging.ENV_VAR}
     full_env.update(env, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
                           env=full_env, timeout=120)
 
 
@@ -51,11 +41,13 @@ def test_silent_by_default(caplog):
     assert not logging.getLogger("rocm_attn").handlers  # and no handler of our own
 
 
-def test_env_level_info_logs_each_choice_once():
-    proc = _run(_THREE_CALLS, ROCM_ATTN_LOG_LEVEL="INFO")
+def test_env_level_shows_the_backend_report():
+    # also proves the `python3 -m rocm_attn` entry point
+    proc = _run(["-m", "rocm_attn", "info"], ROCM_ATTN_LOG_LEVEL="INFO")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count("fused_attn_small_seq: torch path") == 1, proc.stderr
-    assert "no compiled kernels" in proc.stderr  # the reason is in the message
+    assert "backends on this device" in proc.stdout
+    reason = "no compiled kernels" if not _ext.HAS_EXTENSION else "compiled kernels loaded"
+    assert f"[rocm_attn INFO] {reason}" in proc.stderr, proc.stderr
 
 
 def test_info_once_then_debug_every_call(caplog):
