@@ -173,7 +173,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", help="cuda or cpu (default: cuda when present)")
-    parser.add_argument("--batch", type=int, help="candidates per batch (default 30720 GPU, 512 CPU)")
+    parser.add_argument("--batch", type=int,
+                        help="candidates per batch (default 30720 on a GPU, 512 on a CPU)")
     parser.add_argument("--iters", type=int, help="timed batches per mode (default 50 GPU, 3 CPU)")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                         help="default bfloat16 on GPU, float32 on CPU")

@@ -126,8 +126,8 @@ def _kernel_problems(q, k, v) -> List[str]:
     """Why the compiled kernels cannot serve this call (empty when they can)."""
     reasons = []
     if not q.is_cuda:
-        reasons.append(f"no compiled kernels for device {q.device} (the kernels run on CUDA and "
-                       "ROCm GPUs)")
+        reasons.append(f"no compiled kernels for device {q.device}: the kernels run on CUDA and "
+                       "ROCm GPUs")
     elif not _ext.HAS_EXTENSION:
         reasons.append(f"no compiled kernels: {_ext.extension_error()}")
     if q.dtype not in KERNEL_DTYPES:
@@ -157,8 +157,8 @@ def _use_kernel(q, k, v, backend: str) -> bool:
             "backend='auto' (falls back to the torch path, same results) or backend='torch'.")
     if reasons:
         why = "; ".join(reasons)
-        _logging.log_choice(log, ("small_seq", "torch", why), "fused_attn_small_seq: torch path (%s)",
-                            why)
+        _logging.log_choice(log, ("small_seq", "torch", why),
+                            "fused_attn_small_seq: torch path (%s)", why)
         return False
     _logging.log_choice(log, ("small_seq", "kernel", q.device.type, q.dtype, q.shape[-1]),
                         "fused_attn_small_seq: compiled kernels (%s, %s, head dim %d)", q.device,

@@ -108,7 +108,7 @@ def _impl(name: str, t: torch.Tensor, backend: str) -> Callable:
                                 "the torch path, logged with the reason)", name)
             return fn
         if not t.is_cuda:
-            why = f"tensors on {t.device} (the kernels run on CUDA and ROCm GPUs)"
+            why = f"tensors on {t.device}; the kernels run on CUDA and ROCm GPUs"
         else:
             why = _ext.extension_error() or "this build has no kernel for it"
         if backend == "kernel":

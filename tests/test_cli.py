@@ -23,7 +23,8 @@ NO_GPU = not torch.cuda.is_available()
 def test_info_text_and_json(capsys):
     assert cli.main(["info"]) == 0
     text = capsys.readouterr().out
-    for field in ("torch", "device", "kernels", "extension", "fused_attn_small_seq", "attn_with_cp"):
+    for field in ("torch", "device", "kernels", "extension", "fused_attn_small_seq",
+                  "attn_with_cp"):
         assert field in text
     assert cli.main(["info", "--json"]) == 0
     assert '"backends"' in capsys.readouterr().out

@@ -55,7 +55,8 @@ def test_info_once_then_debug_every_call(caplog):
     logging.getLogger("rocm_attn").propagate = True  # the CLI's --log-level may have turned it off
     caplog.set_level(logging.DEBUG, logger="rocm_attn")
     _three_calls()
-    hits = [r.levelno for r in caplog.records if "fused_attn_small_seq: torch path" in r.getMessage()]
+    hits = [r.levelno for r in caplog.records
+            if "fused_attn_small_seq: torch path" in r.getMessage()]
     assert hits == [logging.INFO, logging.DEBUG, logging.DEBUG]
 
 
@@ -106,5 +107,6 @@ def test_contract_error_message_has_the_fix():
     cu_q = torch.tensor([0, 1, 2], dtype=torch.int32)
     cu_kv = torch.tensor([0, 20, 40], dtype=torch.int32)  # 20 keys > max_seqlen_kv
     fused_attn_small_seq(q, k, k, cu_q, cu_kv, max_seqlen_kv=16)
-    with pytest.raises(rocm_attn.SmallSeqContractError, match="raise max_seqlen_kv.*validate='sync'"):
+    with pytest.raises(rocm_attn.SmallSeqContractError,
+                       match="raise max_seqlen_kv.*validate='sync'"):
         rocm_attn.check_errors()

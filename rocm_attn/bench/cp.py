@@ -150,7 +150,8 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=Path("build/bench_cp.json"))
-    parser.add_argument("--plot", type=Path, help="write a PNG of scaling efficiency per comm type (needs matplotlib)")
+    parser.add_argument("--plot", type=Path,
+                        help="write a PNG of scaling efficiency per comm type (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     args = parser.parse_args(argv)
     check_plot_arg(parser, args.plot)

@@ -238,7 +238,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--plot", type=Path, help="write a PNG of %% of floor per case (needs matplotlib)")
+    parser.add_argument("--plot", type=Path,
+                        help="write a PNG of %% of floor per case (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     args = parser.parse_args(argv)
     check_plot_arg(parser, args.plot)

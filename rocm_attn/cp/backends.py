@@ -38,6 +38,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import thd
+from .._logging import log_choice
 from ..reference import reference_attention
 from .steps import StepMeta
 
@@ -221,7 +222,8 @@ def resolve_backend(backend: str, q: torch.Tensor) -> StepBackend:
             raise ValueError(f"backend='torch_flash' cannot serve this call: {why}")
         return TorchFlashBackend()
     if why:
-        _log.debug("attn_with_cp: backend auto -> reference (%s)", why)
+        log_choice(_log, ("cp", "reference", why), "attn_with_cp: backend auto -> reference (%s)",
+                   why)
         return ReferenceBackend()
-    _log.debug("attn_with_cp: backend auto -> torch_flash")
+    log_choice(_log, ("cp", "torch_flash"), "attn_with_cp: backend auto -> torch_flash")
     return TorchFlashBackend()
