@@ -39,7 +39,7 @@ class Check:
 
 
 def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.double(), ref.double()
+    x, ref = x.double().cpu(), ref.double().cpu()  # results may live on the GPU, references not
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
