@@ -700,3 +700,43 @@ def test_lse_gradient_matches_torch_path(dev, group):
     for name, got, ref in zip("qkv", grads["kernel"], grads["torch"]):
         err = ((got.double() - ref).norm() / ref.norm()).item()
         assert err == err and err < 2e-2, f"d{name} rel err {err}"
+
+
+# ---------------------------------------------------------------- C++ checks of the raw ops
+
+_RAW_OP_PROBE = """
+import sys, torch, rocm_attn
+q = torch.randn(4, 2, 64, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(8, 2, 64, device="cuda", dtype=torch.bfloat16)
+cu = torch.arange(5, dtype=torch.int32, device="cuda")
+q72 = torch.randn(4, 2, 72, device="cuda", dtype=torch.bfloat16)
+calls = {
+    "cu_seqlens_kv": lambda: torch.ops.rocm_attn.small_seq_fwd(q, k, k, cu, cu.long(), None, 4,
+                                                               1.0, False),
+    "head dim": lambda: torch.ops.rocm_attn.small_seq_fwd(q72, q72, q72, cu, cu, None, 4, 1.0,
+                                                          False),
+    "max_seqlen_kv": lambda: torch.ops.rocm_attn.small_seq_fwd(q, k, k, cu, cu, None, 40, 1.0,
+                                                               False),
+}
+for word, call in calls.items():
+    try:
+        call()
+        print("no error for", word)
+        sys.exit(1)
+    except RuntimeError as e:
+        assert word in str(e), (word, str(e))
+print("ALL RAISED")
+"""
+
+
+def test_raw_op_checks_raise_not_crash():
+    """Direct torch.ops callers get a RuntimeError naming the argument (formatted C++ messages
+    once segfaulted on the GPU image); run in a subprocess so that a crash fails one test."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] +
+        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    r = subprocess.run([sys.executable, "-c", _RAW_OP_PROBE], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0 and "ALL RAISED" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
