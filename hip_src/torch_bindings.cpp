@@ -15,6 +15,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -251,6 +252,41 @@ std::tuple<at::Tensor, at::Tensor> compat_selftest(const at::Tensor& bf16_bits,
                                       current_stream(x.device())),
                "compat selftest");
   return {out, vec};
+}
+
+// Runs the matrix-unit API test kernel (mma.h) on one wave. x, y, v: int16 bits [16, d] of bf16
+// (or fp16 when `fp16`) values, contiguous, on the GPU; d in 64/128/256, kv in 4/8/16, heads
+// 8/16. Returns (s [16, 16] float, NaN where no lane wrote; cover [16, 16] int32; o [16, d] int16
+// bits, 0xffff (NaN) where not written; rowstat [16, 2] float; info [4] int32) as described in
+// selftest_kernel.h.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mma_selftest(
+    const at::Tensor& x, const at::Tensor& y, const at::Tensor& v, int64_t kv, int64_t heads,
+    int64_t ny, int64_t nv, int64_t no, bool fp16) {
+  const c10::DeviceGuard guard(x.device());
+  const int64_t d = x.dim() == 2 ? x.size(1) : 0;
+  for (const at::Tensor* t : {&x, &y, &v})
+    RA_CHECK(t->scalar_type() == at::kShort && t->dim() == 2 && t->size(0) == 16 &&
+                    t->size(1) == d && t->is_contiguous() && t->is_cuda(),
+                "mma_selftest: x, y, v must be contiguous int16 [16, d] GPU tensors");
+  RA_CHECK(y.device() == x.device() && v.device() == x.device(),
+              "mma_selftest: x, y, v must be on one device");
+  const auto f32 = x.options().dtype(at::kFloat);
+  at::Tensor s = at::full({16, 16}, std::numeric_limits<float>::quiet_NaN(), f32);
+  at::Tensor cover = at::zeros({16, 16}, x.options().dtype(at::kInt));
+  at::Tensor o = at::full({16, d}, -1, x.options());
+  at::Tensor rowstat = at::full({16, 2}, std::numeric_limits<float>::quiet_NaN(), f32);
+  at::Tensor info = at::full({4}, -1, x.options().dtype(at::kInt));
+  check_launch(
+      mma_selftest_launch(static_cast<const uint16_t*>(x.data_ptr()),
+                          static_cast<const uint16_t*>(y.data_ptr()),
+                          static_cast<const uint16_t*>(v.data_ptr()), static_cast<int>(d),
+                          static_cast<int>(kv), static_cast<int>(heads), static_cast<int>(ny),
+                          static_cast<int>(nv), static_cast<int>(no), fp16, s.data_ptr<float>(),
+                          cover.data_ptr<int32_t>(), static_cast<uint16_t*>(o.data_ptr()),
+                          rowstat.data_ptr<float>(), info.data_ptr<int32_t>(),
+                          current_stream(x.device())),
+      "mma selftest");
+  return {s, cover, o, rowstat, info};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -690,6 +726,9 @@ TORCH_LIBRARY(rocm_attn, m) {
   m.def("read_error_state(bool reset) -> int[]", &read_error_state);
   m.def("compat_selftest(Tensor bf16_bits, Tensor fp16_bits, Tensor x) -> (Tensor, Tensor)");
   m.def(
+      "mma_selftest(Tensor x_bits, Tensor y_bits, Tensor v_bits, int kv, int heads, int ny, "
+      "int nv, int no, bool fp16) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
       "thd_gather(Tensor x, Tensor cu_seqlens_padded, int mode, int cp, int rank, int dim) "
       "-> Tensor");
   m.def(
@@ -716,6 +755,7 @@ TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) {
   m.impl("small_seq_fwd", &small_seq_fwd);
   m.impl("small_seq_bwd", &small_seq_bwd);
   m.impl("compat_selftest", &compat_selftest);
+  m.impl("mma_selftest", &mma_selftest);
   m.impl("thd_gather", &thd_gather);
   m.impl("thd_copy_valid_tokens_", &thd_copy_valid_tokens_);
   m.impl("thd_merge", &thd_merge);

@@ -56,3 +56,100 @@ def test_compat_building_blocks(wave, seed):
     want_vec = bf16.float()[: 32].view(4, 8)[rows]
     assert torch.equal(out[:, 10:18], want_vec)
     assert torch.equal(vec, bf16_bits[:32].view(4, 8)[rows])
+
+
+# --------------------------------------------------------------------------------------------
+# Matrix units (hip_src/common/mma.h) through the mma_selftest op
+# --------------------------------------------------------------------------------------------
+
+
+def _expects_matrix_units() -> bool:
+    """Devices on which the build must have compiled the matrix-unit path (RA_HAS_MMA)."""
+    props = torch.cuda.get_device_properties(0)
+    if torch.version.hip:
+        arch = getattr(props, "gcnArchName", "").split(":")[0]
+        return arch in ("gfx90a", "gfx940", "gfx941", "gfx942")
+    return torch.cuda.get_device_capability(0) >= (8, 0)
+
+
+def _mma_inputs(d, dtype, values, seed):
+    g = torch.Generator().manual_seed(seed)
+    if values == "int":
+        # Small integers: every product, score and output below is exact in fp32, and the
+        # 16-bit roundings match torch's bit for bit, so the comparison is exact.
+        x, y, v = (torch.randint(-2, 3, (16, d), generator=g).to(dtype) for _ in range(3))
+    else:
+        x, y, v = (torch.randn(16, d, generator=g).to(dtype) for _ in range(3))
+    return x, y, v
+
+
+def test_matrix_units_present(wave):
+    """The device pass of this build has the matrix-unit path where the device has the units
+    (a silent fallback would leave the GQA forward on the general kernel)."""
+    x = torch.zeros(16, 64, dtype=torch.int16, device="cuda")
+    *_, info = torch.ops.rocm_attn.mma_selftest(x, x, x, 16, 16, 16, 16, 16, False)
+    info = info.cpu().tolist()
+    assert info[3] == wave
+    if _expects_matrix_units():
+        assert info[0] == 1, f"built without matrix units for this device: info={info}"
+    else:
+        pytest.skip(f"no matrix-unit path for this device (info={info})")
+
+
+@pytest.mark.parametrize("values,rows", [("int", "all"), ("int", "some"), ("randn", "some")])
+@pytest.mark.parametrize("heads", [8, 16])
+@pytest.mark.parametrize("kv", [4, 8, 16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_mma_tiles(wave, dtype, d, kv, heads, values, rows):
+    """S = X Y^T (fp32), its row max / sum, and O = round(S) V against scalar math, in the
+    operand shapes of the small-seq forward. Every accumulator element must be held by exactly
+    one lane (coverage), every output element written once, nothing outside the rows asked for.
+    A fragment-layout mistake shows up here as a wrong element, not as a wrong attention row."""
+    info = torch.ops.rocm_attn.mma_selftest(
+        *(torch.zeros(16, 64, dtype=torch.int16, device="cuda"),) * 3, 16, 16, 16, 16, 16, False
+    )[-1].cpu()
+    if info[0] != 1:
+        assert not _expects_matrix_units(), f"built without matrix units: info={info.tolist()}"
+        pytest.skip("no matrix units on this device")
+    seed = d * 1000 + kv * 10 + heads + (values == "int")
+    x, y, v = _mma_inputs(d, dtype, values, seed)
+    ny, nv, no = (16, 16, 16) if rows == "all" else (max(1, kv - 1), max(1, kv - 2), 3)
+    s, cover, o, rowstat, info = torch.ops.rocm_attn.mma_selftest(
+        *(t.view(torch.int16).cuda() for t in (x, y, v)), kv, heads, ny, nv, no,
+        dtype == torch.float16)
+    s, cover, o, rowstat = s.cpu(), cover.cpu(), o.cpu(), rowstat.cpu()
+    _, ns, hb, _ = info.cpu().tolist()
+    assert ns == (8 if kv <= 8 else 16) or (ns == 16 and wave == 64), info
+    assert hb >= heads, info
+    ctx = f"{dtype} d={d} kv={kv} heads={heads} {values} rows={rows} info={info.tolist()}"
+
+    # reference: rows of X past the tile's rows, of Y / V past min(kv, n) are zeros
+    xm, ym, vm = x.double(), y.double(), v.double()
+    xm[hb:] = 0
+    ym[min(kv, ny):] = 0
+    vm[min(kv, nv):] = 0
+    s_ref = xm @ ym.T  # [16, 16]
+    want_cover = torch.zeros(16, 16, dtype=torch.int32)
+    want_cover[:, :ns] = 1
+    assert torch.equal(cover, want_cover), f"accumulator coverage\n{cover}\n({ctx})"
+    assert torch.isnan(s[:, ns:]).all(), ctx
+    tol = dict(rtol=0, atol=0) if values == "int" else dict(rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(s[:, :ns], s_ref[:, :ns].float(), **tol, msg=lambda m: f"S: {m} ({ctx})")
+    torch.testing.assert_close(rowstat[:, 0], s_ref[:, :ns].amax(1).float(), **tol,
+                               msg=lambda m: f"row max: {m} ({ctx})")
+    torch.testing.assert_close(rowstat[:, 1], s_ref[:, :ns].sum(1).float(), **tol,
+                               msg=lambda m: f"row sum: {m} ({ctx})")
+
+    p = torch.zeros(16, 16, dtype=torch.float64)
+    p[:hb, :ns] = s[:hb, :ns].to(dtype).double()  # the kernel's own S, rounded like the kernel
+    o_ref = (p @ vm).to(dtype)  # [16, d]
+    nrows = min(no, hb)
+    got = o.view(dtype)
+    assert (o[nrows:] == -1).all(), f"O rows past {nrows} were written ({ctx})"
+    if values == "int":
+        assert torch.equal(got[:nrows], o_ref[:nrows]), f"O\n{got[:nrows]}\n{o_ref[:nrows]} ({ctx})"
+    else:
+        err = ((got[:nrows].double() - o_ref[:nrows].double()).norm()
+               / o_ref[:nrows].double().norm()).item()
+        assert err < (4e-3 if dtype == torch.bfloat16 else 1e-3), f"O rel err {err} ({ctx})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -518,6 +519,7 @@ def test_nvcc_compiles_compat_header(tmp_path: Path) -> None:
     src, dst = tmp_path / "hip_src", tmp_path / "cuda_src"
     (src / "common").mkdir(parents=True)
     shutil.copy(ROOT / "hip_src/common/compat.h", src / "common/compat.h")
+    shutil.copy(ROOT / "hip_src/common/mma.h", src / "common/mma.h")
     (src / "probe.hip").write_text(
         textwrap.dedent(
             """\
@@ -551,4 +553,106 @@ def test_nvcc_compiles_compat_header(tmp_path: Path) -> None:
     compat = (dst / "common/compat.h").read_text()
     assert "#include <cuda_runtime.h>" in compat and "__shfl_xor_sync(0xffffffffu," in compat
     _nvcc(dst / "probe.cu", dst, ["-Xcompiler", "-Wall,-Wextra,-Werror"])
-    assert len(outputs) == 2
+    assert len(outputs) == 3
+
+
+def _asm_statements(text: str) -> list[str]:
+    """Every ``asm(...)`` statement of a source, verbatim (strings, constraints, operands)."""
+    out = []
+    for m in re.finditer(r"\basm\s*\(", text):
+        depth, i = 0, m.end() - 1
+        while True:
+            c = text[i]
+            depth += c == "("
+            depth -= c == ")"
+            i += 1
+            if depth == 0:
+                break
+        out.append(text[m.start():i])
+    return out
+
+
+def test_mma_header_passes_through_unchanged() -> None:
+    """mma.h (matrix units) relies on hipify leaving its vendor code alone: the PTX inline asm
+    (instruction strings, constraint letters, operands), the CDNA builtins and vector types, and
+    the preprocessor tests that pick a vendor. Only the usual renames may touch the file."""
+    text = (ROOT / "hip_src/common/mma.h").read_text()
+    out = hipify.hipify_source(text)
+    asm = _asm_statements(text)
+    assert len(asm) >= 4  # mma bf16 / fp16, cvt bf16x2 / f16x2
+    assert _asm_statements(out) == asm
+    for token in ("__builtin_amdgcn_mfma_f32_16x16x16bf16_1k", "__builtin_amdgcn_mfma_f32_16x16x16f16",
+                  "ext_vector_type", "__HIP_DEVICE_COMPILE__", "__gfx90a__", "__gfx942__",
+                  "__CUDA_ARCH__", "__byte_perm", "__builtin_bit_cast"):
+        assert token in text and out.count(token) == text.count(token), token
+    # nothing in mma.h is a HIP runtime name: the translation is the identity
+    assert out == text
+
+
+@needs_nvcc
+def test_nvcc_compiles_mma_header(tmp_path: Path) -> None:
+    # Every mma.h template instantiated the way the small-seq forward does (bf16 and fp16, each
+    # operand shape), hipified and compiled for sm_90 with warnings as errors.
+    src, dst = tmp_path / "hip_src", tmp_path / "cuda_src"
+    (src / "common").mkdir(parents=True)
+    for name in ("compat.h", "mma.h"):
+        shutil.copy(ROOT / "hip_src/common" / name, src / "common" / name)
+    (src / "probe.hip").write_text(
+        textwrap.dedent(
+            """\
+            #include "common/compat.h"
+
+            template <typename T, int D, int KV, int HB>
+            __global__ void probe_kernel(const uint16_t* q, const uint16_t* k,  // [16, D]
+                                         const uint16_t* v, uint16_t* o,        // [16, D]
+                                         float* s) {                            // [16, 16]
+            #if RA_HAS_MMA
+              constexpr int NS = KV <= 8 ? 8 : 16;
+              const int lane = threadIdx.x % RA_WAVE_SIZE;
+              ra_mma_rows<D, HB> qr;
+              ra_mma_rows<D, KV> kr;
+              ra_mma_vrows<D, KV> vr;
+              ra_mma_load_rows(qr, q, D, 16, lane);
+              ra_mma_load_rows(kr, k, D, 16, lane);
+              ra_mma_load_vrows(vr, v, D, 16, lane);
+              ra_mma_acc<NS> acc;
+              ra_mma_zero(acc);
+              ra_mma_dot<T>(acc, qr, kr);
+              for (int i = 0; i < ra_mma_acc<NS>::kElems; ++i)
+                s[ra_mma_acc_row(lane, i) * 16 + ra_mma_acc_col(lane, i)] =
+                    ra_mma_row_max(acc.x[i]) + ra_mma_row_sum(acc.x[i]);
+              const ra_mma_pfrag<HB> pf = ra_mma_to_pfrag<T, HB>(acc);
+              ra_mma_out<D, HB> out;
+              ra_mma_zero(out);
+              ra_mma_pv<T>(out, pf, vr);
+              ra_mma_store_rows<T>(out, o, D, HB, lane);
+            #else
+              (void)q, (void)k, (void)v, (void)o, (void)s;
+            #endif
+            }
+
+            template <typename T>
+            void launch(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o,
+                        float* s, hipStream_t st) {
+              hipLaunchKernelGGL((probe_kernel<T, 64, 4, 8>), dim3(1), dim3(32), 0, st, q, k, v, o, s);
+              hipLaunchKernelGGL((probe_kernel<T, 128, 8, 16>), dim3(1), dim3(32), 0, st, q, k, v, o, s);
+              hipLaunchKernelGGL((probe_kernel<T, 256, 16, 8>), dim3(1), dim3(32), 0, st, q, k, v, o, s);
+            }
+
+            hipError_t probe(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o,
+                             float* s, hipStream_t st) {
+              launch<ra_bf16>(q, k, v, o, s, st);
+              launch<ra_fp16>(q, k, v, o, s, st);
+              return hipGetLastError();
+            }
+            """
+        )
+    )
+    hipify.translate_tree(src, dst)
+    _nvcc(dst / "probe.cu", dst, ["-Xcompiler", "-Wall,-Wextra,-Werror"])
+    ptx = subprocess.run(
+        [NVCC, *NVCC_FLAGS, "-I", str(dst), "-ptx", str(dst / "probe.cu"), "-o", "-"],
+        capture_output=True, text=True, timeout=300)
+    assert ptx.returncode == 0, ptx.stderr
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx.stdout
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx.stdout

@@ -181,6 +181,75 @@ def test_kernel_forward(dev, dtype, d, kv, ratio, seed):
     check_kernel(case, grads=False)
 
 
+# GQA groups (h_q / h_kv) served by the matrix-unit forward (fwd_mma_kernel.h): powers of two and
+# not, one tile of q heads per pass (8 on NVIDIA, 16 on CDNA) and several passes (12, 16, 32 on
+# NVIDIA; 32 on CDNA), with partial last passes.
+GQA_GROUPS = [
+    pytest.param(4, 2, id="g2"),
+    pytest.param(6, 2, id="g3"),
+    pytest.param(16, 2, id="g8"),
+    pytest.param(12, 1, id="g12"),
+    pytest.param(16, 1, id="g16"),
+    pytest.param(32, 1, id="g32"),
+]
+
+
+@pytest.mark.parametrize("seed", seeds(1))
+@pytest.mark.parametrize("h_q,h_kv", GQA_GROUPS)
+@pytest.mark.parametrize("kv", [3, 8, 16], ids=["kv3", "kv8", "kv16"])  # one per bucket
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_forward_gqa(dev, dtype, d, kv, h_q, h_kv, seed):
+    """Every group size x head dim x kv bucket x dtype of the GQA forward against the float64
+    oracle (out, lse, probs), outputs poisoned, random lengths with an empty and a full segment."""
+    rng = Rng(seed, f"kfwdgqa{dtype}{d}{kv}{h_q}{h_kv}")
+    case = thd_case(rng, 157, h_q, h_kv, d, kv, dtype, device=dev)
+    check_kernel(case, grads=False)
+
+
+@pytest.mark.parametrize("seed", seeds(1))
+@pytest.mark.parametrize("h_q,h_kv", [(8, 2), (16, 1)], ids=["g4", "g16"])
+@pytest.mark.parametrize("d", [64, 128, 512])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_forward_gqa_matches_general_kernel(dev, dtype, d, h_q, h_kv, seed, monkeypatch):
+    """The matrix-unit forward and the general kernel (ROCM_ATTN_SMALL_SEQ_MMA=0) on the same
+    inputs: both against the oracle, and lse / probs of the two within fp32 rounding of each
+    other (P is rounded to 16 bits only for the P.V product, never for lse or probs)."""
+    rng = Rng(seed, f"kgqaab{dtype}{d}{h_q}{h_kv}")
+    case = thd_case(rng, 211, h_q, h_kv, d, 16, dtype, device=dev)
+    results = {}
+    for mma in ("1", "0"):
+        monkeypatch.setenv("ROCM_ATTN_SMALL_SEQ_MMA", mma)
+        results[mma] = check_kernel(case, grads=False)
+    (out1, lse1, probs1, _), (out0, lse0, probs0, _) = results["1"], results["0"]
+    ctx = str(case)
+    finite = torch.isfinite(lse0)
+    assert torch.equal(finite, torch.isfinite(lse1)), ctx
+    assert_rel("lse mma vs general", lse1[finite], lse0[finite], TOL_KERNEL_F32, ctx)
+    assert_rel("probs mma vs general", probs1, probs0, TOL_KERNEL_F32, ctx)
+    assert_rel("out mma vs general", out1, out0, 2 * low_tol(case.dtype), ctx)
+
+
+@pytest.mark.parametrize("seed", seeds(2))
+@pytest.mark.parametrize("layout", [THD, BSHD])
+@pytest.mark.parametrize("scale", [None, 3.0], ids=["default_scale", "sharp"])
+def test_kernel_forward_gqa_no_probs(dev, layout, scale, seed):
+    """return_softmax=False (no probs pointer) and a very sharp softmax (scale 3: most weights
+    underflow to 0) on the GQA forward; lse always returned."""
+    rng = Rng(seed, f"kgqanoprobs{layout}{scale}")
+    if layout == THD:
+        case = thd_case(rng, 173, 8, 2, 128, 16, torch.bfloat16, device=dev, scale=scale)
+    else:
+        case = bshd_case(rng, 173, 8, 2, 128, 16, torch.bfloat16, device=dev, scale=scale)
+    q, k, v = case.qkv()
+    poison_allocator(dev)
+    out, lse = call(case, q, k, v, backend="kernel", return_softmax=False)
+    rout, rlse, _, _ = run_ref(case, grads=False)
+    tout, _, _, _ = run_op(case, backend="torch", grads=False)
+    assert_rel("out", out, rout, max(2 * rel_err(tout, rout), low_tol(case.dtype)), str(case))
+    assert_lse(lse, rlse, TOL_KERNEL_F32, str(case))
+
+
 @pytest.mark.parametrize("seed", seeds(1))
 @pytest.mark.parametrize("ratio", [1, 4], ids=["mha", "gqa4"])
 @pytest.mark.parametrize("kv", [1, 5, 8, 13, 16])

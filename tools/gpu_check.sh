@@ -41,7 +41,7 @@ fi
 if [ $BENCH -eq 1 ]; then
   python3 tools/bench_small_seq.py --json "$OUT/bench_small_seq.json" $CASES > "$OUT/bench_small_seq.log" 2>&1
   echo "bench rc=$?"
-  tail -15 "$OUT/bench_small_seq.log"
+  sed -n '/copy bandwidth/,$p' "$OUT/bench_small_seq.log"
   python3 tools/bench_thd.py --json "$OUT/bench_thd.json" > "$OUT/bench_thd.log" 2>&1
   echo "bench_thd rc=$?"
   tail -48 "$OUT/bench_thd.log"

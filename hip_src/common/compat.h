@@ -153,6 +153,15 @@ struct alignas(16) ra_vec8 {
 RA_DEVICE ra_vec8 ra_load16(const void* p) { return *reinterpret_cast<const ra_vec8*>(p); }
 RA_DEVICE void ra_store16(void* p, const ra_vec8& v) { *reinterpret_cast<ra_vec8*>(p) = v; }
 
+// 8-byte vectors (4 x 16-bit), for the few places where a lane's share of a row is 8 bytes
+// (mma.h, head dim 64 on 64-lane waves). Callers guarantee 8-byte alignment.
+struct alignas(8) ra_vec4 {
+  uint32_t w[2];
+};
+
+RA_DEVICE ra_vec4 ra_load8(const void* p) { return *reinterpret_cast<const ra_vec4*>(p); }
+RA_DEVICE void ra_store8(void* p, const ra_vec4& v) { *reinterpret_cast<ra_vec4*>(p) = v; }
+
 template <typename T>
 RA_DEVICE void ra_unpack8(const ra_vec8& v, float (&out)[8]) {
 #pragma unroll
@@ -172,6 +181,9 @@ RA_DEVICE ra_vec8 ra_pack8(const float (&in)[8]) {
   }
   return v;
 }
+
+// Matrix units (mma.sync on NVIDIA, MFMA on CDNA): tiles for attention-sized products.
+#include "mma.h"
 
 // ---------------------------------------------------------------------------------------------
 // Host helpers shared by launchers.

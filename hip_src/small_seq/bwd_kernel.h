@@ -47,29 +47,21 @@ RA_DEVICE float row_dot_out(const float (&dof)[VPL][8], const uint16_t* out_row,
   return ra_group_sum<LPR>(d);
 }
 
-// One (segment, kv head) work item for one wave.
+// Everything of a (segment, kv head) item that is not the gradient of its valid rows: zeros for
+// THD kv tokens outside [cu_seqlens_kv[0], cu_seqlens_kv[b]) (written by the first and last
+// segments' waves) and for BSHD padding rows; NaN dq / dk / dv for a segment that breaks the
+// contract. Returns whether the segment is valid (its gradients still to compute).
 template <typename T, int D, int KV>
-RA_DEVICE void bwd_item(const SmallSeqParams& p, const int seg, const int hk, const int lane) {
-  constexpr int WAVE = RA_WAVE_SIZE;
-  using Tl = Tiling<D, KV, WAVE>;
+RA_DEVICE bool bwd_edges(const SmallSeqParams& p, const int seg, const int hk, const Segment& s,
+                         const int lane) {
+  using Tl = Tiling<D, KV, RA_WAVE_SIZE>;
   constexpr int VPL = Tl::kVecsPerLane;
   constexpr int LPR = Tl::kLanesPerRow;
   constexpr int RPP = Tl::kRowsPerPass;
-  constexpr int SLOTS = Tl::kSlots;
-  // Pass 1 holds K and V of a chunk in registers (<= 8 vectors each); pass 2 (GQA only) holds
-  // K, V and fp32 dK, dV accumulators for SB slots (<= 2 vectors per row) at a time.
-  constexpr int CH = SLOTS < 8 / VPL ? SLOTS : 8 / VPL;
-  constexpr int NCH = (SLOTS + CH - 1) / CH;
-  constexpr int SB = 2 / VPL > 0 ? 2 / VPL : 1;
-
   const int group = p.num_heads_q / p.num_heads_kv;
   const int row_group = lane / LPR;
   const int col_lane = lane % LPR;
-
-  const Segment s = load_segment(p, seg);
   uint16_t* dq = static_cast<uint16_t*>(p.dq);
-  uint16_t* dk = static_cast<uint16_t*>(p.dk) + s.dkv_base + hk * p.dkv_head_stride;
-  uint16_t* dv = static_cast<uint16_t*>(p.dv) + s.dkv_base + hk * p.dkv_head_stride;
 
   // kv tokens of a THD batch outside [cu_seqlens_kv[0], cu_seqlens_kv[b]) belong to no segment:
   // their gradient is zero. The first and last segments' waves write those zeros.
@@ -104,8 +96,35 @@ RA_DEVICE void bwd_item(const SmallSeqParams& p, const int seg, const int hk, co
         store_row_f32<T, VPL>(dq + s.q_row * p.dq_token_stride + (hk * group + g) * p.dq_head_stride,
                               nan_row, col_lane, LPR);
     }
-    return;
+    return false;
   }
+  return true;
+}
+
+// One (segment, kv head) work item for one wave.
+template <typename T, int D, int KV>
+RA_DEVICE void bwd_item(const SmallSeqParams& p, const int seg, const int hk, const int lane) {
+  constexpr int WAVE = RA_WAVE_SIZE;
+  using Tl = Tiling<D, KV, WAVE>;
+  constexpr int VPL = Tl::kVecsPerLane;
+  constexpr int LPR = Tl::kLanesPerRow;
+  constexpr int RPP = Tl::kRowsPerPass;
+  constexpr int SLOTS = Tl::kSlots;
+  // Pass 1 holds K and V of a chunk in registers (<= 8 vectors each); pass 2 (GQA only) holds
+  // K, V and fp32 dK, dV accumulators for SB slots (<= 2 vectors per row) at a time.
+  constexpr int CH = SLOTS < 8 / VPL ? SLOTS : 8 / VPL;
+  constexpr int NCH = (SLOTS + CH - 1) / CH;
+  constexpr int SB = 2 / VPL > 0 ? 2 / VPL : 1;
+
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int row_group = lane / LPR;
+  const int col_lane = lane % LPR;
+
+  const Segment s = load_segment(p, seg);
+  uint16_t* dq = static_cast<uint16_t*>(p.dq);
+  uint16_t* dk = static_cast<uint16_t*>(p.dk) + s.dkv_base + hk * p.dkv_head_stride;
+  uint16_t* dv = static_cast<uint16_t*>(p.dv) + s.dkv_base + hk * p.dkv_head_stride;
+  if (!bwd_edges<T, D, KV>(p, seg, hk, s, lane)) return;
 
   const uint16_t* kbase = static_cast<const uint16_t*>(p.k) + s.k_base + hk * p.k_head_stride;
   const uint16_t* vbase = static_cast<const uint16_t*>(p.v) + s.v_base + hk * p.v_head_stride;
@@ -235,7 +254,7 @@ RA_DEVICE void bwd_item(const SmallSeqParams& p, const int seg, const int hk, co
 // Grid-stride over (segment, kv head) items: the launcher sizes the grid to what stays
 // resident, so waves are not re-launched per item and block scheduling drops out of the loop.
 template <typename T, int D, int KV>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_kernel(const SmallSeqParams p) {
+RA_DEVICE void bwd_persistent(const SmallSeqParams& p) {
   constexpr int WAVE = RA_WAVE_SIZE;
   const int lane = threadIdx.x % WAVE;
   const int64_t waves_in_grid = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE);
@@ -245,6 +264,11 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_kernel(cons
     bwd_item<T, D, KV>(p, static_cast<int>(item / p.num_heads_kv),
                      static_cast<int>(item % p.num_heads_kv), lane);
   }
+}
+
+template <typename T, int D, int KV>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_kernel(const SmallSeqParams p) {
+  bwd_persistent<T, D, KV>(p);
 }
 
 }  // namespace small_seq

@@ -108,6 +108,38 @@ RA_DEVICE void fwd_load(const SmallSeqParams& p, const int64_t item, const Segme
   }
 }
 
+// A segment that breaks the contract: counted once (by the wave of kv head 0), and every output
+// of the group's q heads is NaN (o rows when the q row is in bounds, lse, probs).
+template <typename T, int D, int KV>
+RA_DEVICE void fwd_write_invalid(const SmallSeqParams& p, const int seg, const int hk,
+                                 const Segment& s, const int lane) {
+  constexpr int WAVE = RA_WAVE_SIZE;
+  using S = FwdShape<D, KV>;
+  constexpr int VPL = S::kVPL;
+  constexpr int LPR = S::kLPR;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int row_group = lane / LPR;
+  const int col_lane = lane % LPR;
+  uint16_t* o = static_cast<uint16_t*>(p.o);
+  if (hk == 0 && lane == 0) report_bad_segment(p, seg);
+  for (int g = 0; g < group; ++g) {
+    const int hq = hk * group + g;
+    if (lane == 0) p.lse[static_cast<int64_t>(hq) * p.batch + seg] = ra_nan();
+    if (s.q_row >= 0 && row_group == 0) {
+      float nan_row[VPL][8];
+#pragma unroll
+      for (int vi = 0; vi < VPL; ++vi)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) nan_row[vi][e] = ra_nan();
+      store_row_f32<T, VPL>(o + s.q_row * p.o_token_stride + hq * p.o_head_stride, nan_row,
+                            col_lane, LPR);
+    }
+    if (p.probs != nullptr)
+      for (int j = lane; j < p.max_seqlen_kv; j += WAVE)
+        p.probs[(static_cast<int64_t>(seg) * p.num_heads_q + hq) * p.max_seqlen_kv + j] = ra_nan();
+  }
+}
+
 // Softmax(q K^T) V for every q head of the item's GQA group, from a loaded stage.
 template <typename T, int D, int KV>
 RA_DEVICE void fwd_compute(const SmallSeqParams& p, FwdStage<D, KV>& st, const int lane) {
@@ -129,23 +161,7 @@ RA_DEVICE void fwd_compute(const SmallSeqParams& p, FwdStage<D, KV>& st, const i
 
   uint16_t* o = static_cast<uint16_t*>(p.o);
   if (!s.valid) {
-    if (hk == 0 && lane == 0) report_bad_segment(p, seg);
-    for (int g = 0; g < group; ++g) {
-      const int hq = hk * group + g;
-      if (lane == 0) p.lse[static_cast<int64_t>(hq) * p.batch + seg] = ra_nan();
-      if (s.q_row >= 0 && row_group == 0) {
-        float nan_row[VPL][8];
-#pragma unroll
-        for (int vi = 0; vi < VPL; ++vi)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) nan_row[vi][e] = ra_nan();
-        store_row_f32<T, VPL>(o + s.q_row * p.o_token_stride + hq * p.o_head_stride, nan_row,
-                              col_lane, LPR);
-      }
-      if (p.probs != nullptr)
-        for (int j = lane; j < p.max_seqlen_kv; j += WAVE)
-          p.probs[(static_cast<int64_t>(seg) * p.num_heads_q + hq) * p.max_seqlen_kv + j] = ra_nan();
-    }
+    fwd_write_invalid<T, D, KV>(p, seg, hk, s, lane);
     return;
   }
 
@@ -234,7 +250,7 @@ RA_DEVICE void fwd_compute(const SmallSeqParams& p, FwdStage<D, KV>& st, const i
 // Grid-stride over (segment, kv head) items: the launcher sizes the grid to what stays
 // resident, so waves are not re-launched per item and block scheduling drops out of the loop.
 template <typename T, int D, int KV>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_kernel(const SmallSeqParams p) {
+RA_DEVICE void fwd_persistent(const SmallSeqParams& p) {
   constexpr int WAVE = RA_WAVE_SIZE;
   const int lane = threadIdx.x % WAVE;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE);
@@ -267,6 +283,11 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_kernel(cons
       fwd_compute<T, D, KV>(p, st, lane);
     }
   }
+}
+
+template <typename T, int D, int KV>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_kernel(const SmallSeqParams p) {
+  fwd_persistent<T, D, KV>(p);
 }
 
 }  // namespace small_seq

@@ -5,6 +5,7 @@
 #include "bwd_kernel.h"
 #include "dispatch.h"
 #include "fwd_kernel.h"
+#include "fwd_mma_kernel.h"
 
 #include <stdlib.h>
 
@@ -20,15 +21,26 @@ inline int grid_residency_factor(int default_factor) {
   return env != nullptr ? atoi(env) : default_factor;
 }
 
+// Whether GQA forwards take the matrix-unit kernel (fwd_mma_kernel.h). ROCM_ATTN_SMALL_SEQ_MMA=0
+// turns it off (A/B experiments, or a suspected bug): the general kernel then serves them.
+inline bool mma_forward_enabled() {
+  const char* env = getenv("ROCM_ATTN_SMALL_SEQ_MMA");
+  return env == nullptr || atoi(env) != 0;
+}
+
 // Blocks for `items` (segment, kv head) work items: at most `factor` x the blocks that are
-// resident at once (from the occupancy API, cached per device), at least one.
+// resident at once (from the occupancy API, cached per device in `resident_per_mp`), at least
+// one.
+// NOTE: the cache belongs to the caller, one per kernel. Every kernel here has the same type
+// (void(*)(SmallSeqParams)), so a static inside this template was one cache shared by all of
+// them: the first kernel launched set the residency used for every other one.
 template <typename Kernel>
-dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor) {
+dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor,
+              int (&resident_per_mp)[64]) {
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   int64_t blocks = (items + kWavesPerBlock - 1) / kWavesPerBlock;
   const int factor = grid_residency_factor(default_factor);
   if (factor > 0) {
-    static int resident_per_mp[64] = {};  // one cache per kernel instantiation
     const int device = ra_device_index();
     if (device >= 0 && device < 64 && resident_per_mp[device] == 0) {
       int n = 0;
@@ -44,10 +56,22 @@ dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor) {
   return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
 }
 
+// GQA groups (two or more q heads per kv head) take the matrix-unit forward; one q head per kv
+// head keeps the general kernel (a 16-row tile for one row would waste 15/16 of the unit, and
+// that kernel is already near the byte floor there). On targets without matrix units the MMA
+// kernel compiles the general body, so the choice is always safe.
 template <typename T, int D, int KV>
 hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
-  const dim3 grid = grid_for(p, small_seq_fwd_kernel<T, D, KV>, kFwdResidencyFactor);
+  if (p.num_heads_q / p.num_heads_kv >= 2 && mma_forward_enabled()) {
+    static int resident_mma[64] = {};
+    const dim3 grid =
+        grid_for(p, small_seq_fwd_mma_kernel<T, D, KV>, kFwdResidencyFactor, resident_mma);
+    hipLaunchKernelGGL((small_seq_fwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
+    return hipGetLastError();
+  }
+  static int resident[64] = {};
+  const dim3 grid = grid_for(p, small_seq_fwd_kernel<T, D, KV>, kFwdResidencyFactor, resident);
   hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
   return hipGetLastError();
 }
@@ -55,7 +79,8 @@ hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
 template <typename T, int D, int KV>
 hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
-  const dim3 grid = grid_for(p, small_seq_bwd_kernel<T, D, KV>, kBwdResidencyFactor);
+  static int resident[64] = {};
+  const dim3 grid = grid_for(p, small_seq_bwd_kernel<T, D, KV>, kBwdResidencyFactor, resident);
   hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
   return hipGetLastError();
 }

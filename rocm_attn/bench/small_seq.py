@@ -8,7 +8,9 @@ and the speed-up over anchors measured side by side in this run:
   unfused  einsum / masked softmax / einsum on padded tensors (the torch path of this package)
 Times are device times (graph replays of back-to-back calls, bench_common.py; eager where a
 call cannot be captured, reported); inputs rotate over several sets so that the
-working set exceeds L2. Writes JSON with --json; prints a table last.
+working set exceeds L2. GQA cases (h_q > h_kv) also time the general kernel in the same run
+(ROCM_ATTN_SMALL_SEQ_MMA=0, column "general"), so the matrix-unit forward's gain is read off one
+run. Writes JSON with --json; prints a table last.
 
 Usage: python tools/bench_small_seq.py [--json out.json] [--cases name,...] [--batch 30720]
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -40,7 +43,15 @@ CASES = {
     "h1_d128_kv4": (1, 1, 128, 4),
     "gqa_h8_hkv2_d128_kv16": (8, 2, 128, 16),
     "h8_d64_kv16": (8, 8, 64, 16),
+    # GQA on the matrix-unit forward: group 8 and 16 (two 8-head passes on NVIDIA), kv8, d64/256
+    "gqa_h8_hkv1_d128_kv16": (8, 1, 128, 16),
+    "gqa_h16_hkv1_d128_kv16": (16, 1, 128, 16),
+    "gqa_h8_hkv2_d128_kv8": (8, 2, 128, 8),
+    "gqa_h8_hkv2_d64_kv16": (8, 2, 64, 16),
+    "gqa_h8_hkv2_d256_kv16": (8, 2, 256, 16),
 }
+# Env switch of the matrix-unit GQA forward (read by the launcher at every call).
+MMA_ENV = "ROCM_ATTN_SMALL_SEQ_MMA"
 L2_ROTATION_BYTES = 512 * 2**20
 
 
@@ -156,6 +167,19 @@ def bench_case(name, spec, batch, dtype, bw, seed, anchors=True):
         floor = nbytes / bw * 1e3
         row[mode] = {"ms": t, "eager_ms": t_eager, "floor_ms": floor, "pct_floor": 100 * floor / t,
                      "gbps": nbytes / (t * 1e-3) / 1e9, "anchors": {}}
+        if h_q // h_kv >= 2:  # the general kernel on the same inputs, for the A/B
+            saved = os.environ.get(MMA_ENV)
+            os.environ[MMA_ENV] = "0"
+            try:
+                tg = time_ms(rotating([ours(x, backward) for x in sets]),
+                             name=f"{name}/{mode}/general")
+            finally:
+                if saved is None:
+                    del os.environ[MMA_ENV]
+                else:
+                    os.environ[MMA_ENV] = saved
+            row[mode]["general_ms"] = tg
+            row[mode]["general_pct_floor"] = 100 * floor / tg
         for aname, make in (ANCHORS.items() if anchors else ()):
             try:
                 ta = time_ms(rotating([make(x, backward) for x in sets]), reps=10, warmup=2,
@@ -209,13 +233,17 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps(report, indent=1))
     print(f"\n{report['device']}  copy bandwidth {bw / 1e9:.0f} GB/s  {args.dtype}  B={args.batch}")
     print("times: device (graph replay); eager: one forward call incl. host dispatch")
-    print(f"{'case':24s} {'fwd ms':>8s} {'eager':>7s} {'%floor':>6s} {'x best':>7s} {'fwd+bwd ms':>10s} {'%floor':>6s} {'x best':>7s}  anchors fwd (ms)")
+    print("general: the general kernel's fwd ms and % floor (GQA cases; matrix units off)")
+    print(f"{'case':24s} {'fwd ms':>8s} {'eager':>7s} {'%floor':>6s} {'x best':>7s} "
+          f"{'general':>14s} {'fwd+bwd ms':>10s} {'%floor':>6s} {'x best':>7s}  anchors fwd (ms)")
     for r in rows:
         f, fb = r["fwd"], r["fwdbwd"]
         anchors = " ".join(f"{k}={a['ms']:.3f}" if "ms" in a else f"{k}=n/a" for k, a in f["anchors"].items())
         sp = lambda m: f"{m['speedup_vs_best']:.1f}x" if m["speedup_vs_best"] else "-"  # noqa: E731
-        print(f"{r['case']:24s} {f['ms']:8.3f} {f['eager_ms']:7.3f} {f['pct_floor']:5.0f}% {sp(f):>7s} {fb['ms']:10.3f} "
-              f"{fb['pct_floor']:5.0f}% {sp(fb):>7s}  {anchors}")
+        gen = f"{f['general_ms']:.3f} {f['general_pct_floor']:3.0f}%" if "general_ms" in f else "-"
+        print(f"{r['case']:24s} {f['ms']:8.3f} {f['eager_ms']:7.3f} {f['pct_floor']:5.0f}% "
+              f"{sp(f):>7s} {gen:>14s} {fb['ms']:10.3f} {fb['pct_floor']:5.0f}% {sp(fb):>7s}  "
+              f"{anchors}")
     if args.plot:
         print(f"plot: {plot_report(report, args.plot)}")
     return 0
