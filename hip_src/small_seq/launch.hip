@@ -1,10 +1,6 @@
 // Run-time dispatch of the small-seq kernels onto their compiled variants.
 #include "dispatch.h"
 
-bool small_seq_supports(int head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512;
-}
-
 hipError_t small_seq_fwd_launch(const SmallSeqParams& p, SmallSeqDtype dtype, int head_dim,
                                 hipStream_t stream) {
   if (!small_seq_supports(head_dim) || p.max_seqlen_kv > 16) return hipErrorInvalidValue;

@@ -11,6 +11,7 @@ Two clocks:
 
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 
@@ -79,12 +80,17 @@ def time_ms(fn, reps: int = 30, warmup: int = 5, name: str = "") -> float:
         calls = max(GRAPH_CALLS, getattr(fn, "num_sets", 1))
         return graph_ms(fn, reps=max(5, reps // 3), warmup=warmup, calls=calls)
     except Exception as exc:  # e.g. an anchor that syncs: timed eagerly, and reported
-        torch.cuda.synchronize()
-        msg = f"{name or getattr(fn, '__name__', 'fn')}: not capturable " \
-              f"({type(exc).__name__}), timed eagerly"
-        _fallbacks.append(msg)
-        print(f"note: {msg}", file=sys.stderr)
-        return eager_ms(fn, reps, warmup)
+        why = type(exc).__name__
+    # NOTE: outside the except block, so the failed capture's frames (its graph and memory
+    # pool) are gone before the pool is released; a leaked pool per failed capture ran an H200
+    # out of memory within a few cases.
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    msg = f"{name or getattr(fn, '__name__', 'fn')}: not capturable ({why}), timed eagerly"
+    _fallbacks.append(msg)
+    print(f"note: {msg}", file=sys.stderr)
+    return eager_ms(fn, reps, warmup)
 
 
 def eager_fallbacks() -> list[str]:
