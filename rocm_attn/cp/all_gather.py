@@ -4,7 +4,9 @@ Forward: K and V (stacked, one collective) are all-gathered and put in global co
 with ``thd.reorder_to_contiguous``; the local q attends in the steps of
 :func:`~rocm_attn.cp.steps.all_gather_step_metas` (causal: one step per local half, each with
 its own cu_seqlens and bottom-right causal offset; no mask: one step) and the halves are placed
-into the output. Backward: K/V are gathered again (not saved: saves ``cp`` x the kv memory),
+into the output; with a window or chunking the steps are the pieces of
+:mod:`~rocm_attn.cp.bands` over the whole local q (several calls may cover one row: they are
+merged). Backward: K/V are gathered again (not saved: saves ``cp`` x the kv memory),
 every step's dK/dV accumulate into a global fp32 (fp64) buffer, which is put back in rank
 order (``thd.reorder_to_rank_sharded``) and reduce-scattered.
 """
@@ -37,7 +39,9 @@ def all_gather_forward(q, k, v, plan: CPPlan):
     for meta in all_gather_step_metas(plan):
         q_s = layouts.select_rows(q, meta.q_layout, cu_q)
         o_s, l_s = plan.backend.forward(q_s, k_g, v_g, meta, plan.softmax_scale)
-        if meta.q_layout == "full":
+        if meta.packed_kv_rows is not None:  # pieces: merge (several may cover one row)
+            layouts.merge_step(out, lse, o_s.to(cdt), l_s.to(cdt), meta.q_layout, cu_q)
+        elif meta.q_layout == "full":
             out.copy_(o_s)
             lse.copy_(l_s)
         else:

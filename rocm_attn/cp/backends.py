@@ -26,6 +26,10 @@ Backends
   the chain rule through the online-softmax merge this equals the flash-style ``dS`` above.
 * ``torch_flash``: ``aten._flash_attention_forward`` / ``_backward`` (varlen) on CUDA / ROCm,
   fp16 / bf16, head dim <= 256. **Untested in this repository's CPU CI**: it needs a GPU.
+
+Steps with ``meta.packed_kv_rows`` set (windows, chunking: kv ranges may overlap) go through
+packed buffers in both backends: rows are gathered by index (:func:`layouts.packed_rows`),
+outputs scattered back, kv gradients scatter-added.
 * ``auto``: ``torch_flash`` for CUDA/ROCm fp16/bf16 inputs with ``d <= 256`` and ``d % 8 == 0``,
   else ``reference``; the choice is logged at debug level (logger ``rocm_attn.cp``).
 """
@@ -39,6 +43,7 @@ import torch
 
 from .. import thd
 from ..reference import reference_attention
+from . import layouts
 from .steps import StepMeta
 
 __all__ = ["BACKENDS", "StepBackend", "ReferenceBackend", "TorchFlashBackend", "resolve_backend",
@@ -77,6 +82,8 @@ class ReferenceBackend(StepBackend):
     @staticmethod
     def _attend(q, k, v, meta: StepMeta, softmax_scale: float):
         cdt = accum_dtype(q.dtype)
+        if meta.packed_kv_rows is not None:
+            return _attend_packed(q.to(cdt), k.to(cdt), v.to(cdt), meta, softmax_scale, cdt)
         # inputs converted first so that the output stays in cdt (rounded once, by the caller)
         return reference_attention(
             q.to(cdt), k.to(cdt), v.to(cdt), meta.cu_seqlens_q, meta.cu_seqlens_kv,
@@ -94,6 +101,8 @@ class ReferenceBackend(StepBackend):
         vc = v.detach().to(cdt).requires_grad_(True)
         with torch.enable_grad():
             o_s, l_s = self._attend(qc, kc, vc, meta, softmax_scale)
+        if not (o_s.requires_grad or l_s.requires_grad):  # no sub-sequence had a key
+            return tuple(torch.zeros_like(x) for x in (qc, kc, vc))
         ls = l_s.detach()
         lse_c = lse.to(ls.dtype)
         # weight of this step in the merged result; 0 where the step saw no key
@@ -108,6 +117,26 @@ class ReferenceBackend(StepBackend):
         grads = torch.autograd.grad((o_s, l_s), (qc, kc, vc), (d_o, d_l.to(l_s.dtype)),
                                     allow_unused=True)
         return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, (qc, kc, vc)))
+
+
+def _row_maps(meta: StepMeta, q_rows: int, kv_rows: int):
+    """Packed-buffer row maps of a general step (q: disjoint rows, kv: may overlap)."""
+    return (layouts.packed_rows(meta.cu_seqlens_q, meta.cu_seqlens_q_padded, q_rows, q_rows),
+            layouts.packed_rows(meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded,
+                                meta.packed_kv_rows, kv_rows))
+
+
+def _attend_packed(q, k, v, meta: StepMeta, softmax_scale: float, cdt):
+    """Reference attention of a general step: gather, attend on the packed sub-sequences,
+    scatter back (all differentiable, so autograd scatter-adds kv gradients)."""
+    mq, mkv = _row_maps(meta, q.shape[0], k.shape[0])
+    out_p, lse_p = reference_attention(
+        layouts.gather_packed(q, mq), layouts.gather_packed(k, mkv),
+        layouts.gather_packed(v, mkv), meta.cu_seqlens_q, meta.cu_seqlens_kv,
+        attn_mask_type=meta.attn_mask_type, window_size=meta.window_size,
+        softmax_scale=softmax_scale, compute_dtype=cdt)
+    return (layouts.scatter_packed(out_p, mq, 0.0),
+            layouts.scatter_packed(lse_p, mq, NEG_INF, dim=-1))
 
 
 def _pack(x: torch.Tensor, cu: torch.Tensor, cu_padded: torch.Tensor, dim: int = 0):
@@ -140,51 +169,104 @@ class TorchFlashBackend(StepBackend):
     def _is_causal(meta: StepMeta) -> bool:
         return meta.attn_mask_type == "causal"
 
-    def forward(self, q, k, v, meta, softmax_scale):
-        qp = _pack(q, meta.cu_seqlens_q, meta.cu_seqlens_q_padded)
-        kp = _pack(k, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
-        vp = _pack(v, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
+    @staticmethod
+    def _max_seqlens(meta: StepMeta) -> Tuple[int, int]:
+        """Host bounds passed to the kernels, adjusted for two quirks of the aten wrapper:
+
+        * ``max_seqlen_q == 1`` with GQA and no window switches to a path that assumes one
+          query per sub-sequence and no varlen q; our packed buffers have slack rows, so
+          pass at least 2 (a looser bound only grows the grid).
+        * a window ``(left >= 0, -1)`` without causal becomes ``(left, max_seqlen_k)`` inside
+          the wrapper, i.e. query ``i`` sees keys up to ``i + sk - sq + max_seqlen_k``: that
+          is "unbounded" only when ``max_seqlen_k >= sq - 1``, so raise it to ``max_seqlen_q``
+          (the ``rev`` pieces of windowed steps have ``sk <= sq``).
+        """
+        max_q, max_k = max(2, meta.max_seqlen_q), meta.max_seqlen_kv
+        left, right = meta.window_size
+        if left >= 0 and right < 0 and not TorchFlashBackend._is_causal(meta):
+            max_k = max(max_k, max_q)
+        return max_q, max_k
+
+    def _flash_fwd(self, q_p, k_p, v_p, meta, softmax_scale):
+        max_q, max_k = self._max_seqlens(meta)
         out_p, lse_p, _, _, _ = torch.ops.aten._flash_attention_forward(
-            qp, kp, vp, meta.cu_seqlens_q, meta.cu_seqlens_kv, meta.max_seqlen_q,
-            meta.max_seqlen_kv, 0.0, self._is_causal(meta), False, scale=softmax_scale,
+            q_p, k_p, v_p, meta.cu_seqlens_q, meta.cu_seqlens_kv, max_q, max_k, 0.0,
+            self._is_causal(meta), False, scale=softmax_scale,
             window_size_left=meta.window_size[0], window_size_right=meta.window_size[1])
         lse_p = lse_p.float()
         lse_p = torch.where(torch.isfinite(lse_p), lse_p, torch.full_like(lse_p, NEG_INF))
         out_p = out_p.masked_fill((lse_p == NEG_INF).t().unsqueeze(-1), 0)
+        return out_p, lse_p
+
+    def forward(self, q, k, v, meta, softmax_scale):
+        if meta.packed_kv_rows is not None:
+            mq, mkv = _row_maps(meta, q.shape[0], k.shape[0])
+            out_p, lse_p = self._flash_fwd(
+                layouts.gather_packed(q, mq).contiguous(),
+                layouts.gather_packed(k, mkv).contiguous(),
+                layouts.gather_packed(v, mkv).contiguous(), meta, softmax_scale)
+            return (layouts.scatter_packed(out_p, mq, 0.0),
+                    layouts.scatter_packed(lse_p, mq, NEG_INF, dim=-1))
+        qp = _pack(q, meta.cu_seqlens_q, meta.cu_seqlens_q_padded)
+        kp = _pack(k, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
+        vp = _pack(v, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
+        out_p, lse_p = self._flash_fwd(qp, kp, vp, meta, softmax_scale)
         out = _unpack(out_p, meta.cu_seqlens_q, meta.cu_seqlens_q_padded, 0.0)
         lse = _unpack(lse_p, meta.cu_seqlens_q, meta.cu_seqlens_q_padded, NEG_INF, dim=-1)
         return out, lse
 
     def _flash_bwd(self, dout_p, q_p, k_p, v_p, out_p, lse_p, meta, softmax_scale):
+        max_q, max_k = self._max_seqlens(meta)
         return torch.ops.aten._flash_attention_backward(
             dout_p, q_p, k_p, v_p, out_p, lse_p, meta.cu_seqlens_q, meta.cu_seqlens_kv,
-            meta.max_seqlen_q, meta.max_seqlen_kv, 0.0, self._is_causal(meta),
+            max_q, max_k, 0.0, self._is_causal(meta),
             torch.zeros(2, dtype=torch.uint64, device=q_p.device),
             torch.empty(0, device=q_p.device), scale=softmax_scale,
             window_size_left=meta.window_size[0], window_size_right=meta.window_size[1])
 
-    def backward(self, dout, q, k, v, out, lse, dlse, meta, softmax_scale):
-        cq, cqp = meta.cu_seqlens_q, meta.cu_seqlens_q_padded
-        ckv, ckvp = meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded
-        lse_p = _pack(lse.float(), cq, cqp, dim=-1)
+    def _packed_bwd(self, dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta, softmax_scale):
+        """Flash backward on packed buffers, plus the LSE cotangent's term."""
         # flash convention for rows without keys: +inf, so that exp(S - lse) = 0
         lse_p = torch.where(lse_p == NEG_INF, torch.full_like(lse_p, float("inf")), lse_p)
-        q_p, k_p = _pack(q, cq, cqp), _pack(k, ckv, ckvp)
-        dq_p, dk_p, dv_p = self._flash_bwd(
-            _pack(dout.to(q.dtype), cq, cqp), q_p, k_p, _pack(v, ckv, ckvp),
-            _pack(out.to(q.dtype), cq, cqp), lse_p, meta, softmax_scale)
-        if dlse is not None:
+        dq_p, dk_p, dv_p = self._flash_bwd(dout_p, q_p, k_p, v_p, out_p, lse_p, meta,
+                                           softmax_scale)
+        if dlse_p is not None:
             # The LSE cotangent adds dS = dlse * P. The flash backward computes
             # dS = P * (dO V^T - rowdot(dO, O)): with V = 0, dO = e_0 and O = -dlse * e_0 that
             # is exactly dlse * P (dV of this call is discarded). dlse is rounded to q.dtype.
             e0 = torch.zeros_like(q_p)
             e0[..., 0] = 1
             o_l = torch.zeros_like(q_p)
-            o_l[..., 0] = -_pack(dlse.float(), cq, cqp, dim=-1).t().to(q.dtype)
+            o_l[..., 0] = -dlse_p.t().to(q_p.dtype)
             dq_l, dk_l, _ = self._flash_bwd(e0, q_p, k_p, torch.zeros_like(k_p), o_l, lse_p,
                                             meta, softmax_scale)
             dq_p = dq_p + dq_l
             dk_p = dk_p + dk_l
+        return dq_p, dk_p, dv_p
+
+    def backward(self, dout, q, k, v, out, lse, dlse, meta, softmax_scale):
+        if meta.packed_kv_rows is not None:
+            mq, mkv = _row_maps(meta, q.shape[0], k.shape[0])
+            g = layouts.gather_packed
+            dq_p, dk_p, dv_p = self._packed_bwd(
+                g(dout.to(q.dtype), mq).contiguous(), g(q, mq).contiguous(),
+                g(k, mkv).contiguous(), g(v, mkv).contiguous(),
+                g(out.to(q.dtype), mq).contiguous(), g(lse.float(), mq, dim=-1),
+                None if dlse is None else g(dlse.float(), mq, dim=-1), meta, softmax_scale)
+            # packed rows outside every sub-sequence may hold junk: scatter only valid rows
+            return (layouts.scatter_packed(dq_p, mq, 0.0),
+                    layouts.scatter_add_packed(dk_p.masked_fill(~mkv.valid.view(-1, 1, 1), 0),
+                                               mkv),
+                    layouts.scatter_add_packed(dv_p.masked_fill(~mkv.valid.view(-1, 1, 1), 0),
+                                               mkv))
+        cq, cqp = meta.cu_seqlens_q, meta.cu_seqlens_q_padded
+        ckv, ckvp = meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded
+        lse_p = _pack(lse.float(), cq, cqp, dim=-1)
+        dlse_p = None if dlse is None else _pack(dlse.float(), cq, cqp, dim=-1)
+        dq_p, dk_p, dv_p = self._packed_bwd(
+            _pack(dout.to(q.dtype), cq, cqp), _pack(q, cq, cqp), _pack(k, ckv, ckvp),
+            _pack(v, ckv, ckvp), _pack(out.to(q.dtype), cq, cqp), lse_p, dlse_p, meta,
+            softmax_scale)
         return (_unpack(dq_p, cq, cqp, 0.0), _unpack(dk_p, ckv, ckvp, 0.0),
                 _unpack(dv_p, ckv, ckvp, 0.0))
 

@@ -6,6 +6,10 @@ stream on GPUs) *before* computing the step, computes it (metadata from
 :func:`~rocm_attn.cp.steps.ring_step_meta`: diagonal / below / above under a causal mask) and
 merges it into fp32 (fp64) accumulators with ``thd.merge_partial`` (``only_second_half`` for
 ``above`` steps), then waits for the exchange. The output is rounded to the input dtype once.
+A step may be several attention calls (windows, chunking: one per piece kind, see
+:func:`~rocm_attn.cp.steps.ring_step_metas`), each merged in turn, or none when the mask
+cannot reach that step's kv: its compute is skipped, its exchange still runs (the kv must
+travel on to the ranks that need it).
 
 Backward: the same ring. dQ accumulates locally; dK/dV accumulators travel with the kv they
 belong to: at step ``s`` the rank receives the accumulator of ``kv_rank`` (from the previous
@@ -21,7 +25,7 @@ import torch
 from . import comm, layouts
 from .autograd import make_cp_function
 from .backends import accum_dtype
-from .steps import CPPlan, ring_step_meta
+from .steps import CPPlan, ring_step_metas
 
 __all__ = ["RingAttnFunc"]
 
@@ -40,11 +44,11 @@ def ring_forward(q, k, v, plan: CPPlan):
     for step in range(plan.cp):
         pending = (comm.RingExchange(kv, plan.group, plan.cp, plan.rank, comm.TAG_KV)
                    if step < plan.cp - 1 else None)
-        meta = ring_step_meta(plan, step)
-        k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
-        q_s = layouts.select_rows(q, meta.q_layout, cu_q)
-        o_s, l_s = plan.backend.forward(q_s, k_s, v_s, meta, plan.softmax_scale)
-        layouts.merge_step(out, lse, o_s, l_s.to(cdt), meta.q_layout, cu_q)
+        for meta in ring_step_metas(plan, step):
+            k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
+            q_s = layouts.select_rows(q, meta.q_layout, cu_q)
+            o_s, l_s = plan.backend.forward(q_s, k_s, v_s, meta, plan.softmax_scale)
+            layouts.merge_step(out, lse, o_s, l_s.to(cdt), meta.q_layout, cu_q)
         if pending is not None:
             kv = pending.wait()
     return out.to(q.dtype), lse
@@ -60,18 +64,21 @@ def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
     for step in range(plan.cp):
         pending_kv = (comm.RingExchange(kv, plan.group, plan.cp, plan.rank, comm.TAG_KV)
                       if step < plan.cp - 1 else None)
-        meta = ring_step_meta(plan, step)
-        k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
-        sel = meta.q_layout
-        dq_s, dk_s, dv_s = plan.backend.backward(
-            layouts.select_rows(dout, sel, cu_q), layouts.select_rows(q, sel, cu_q), k_s, v_s,
-            layouts.select_rows(out, sel, cu_q), layouts.select_lse(lse, sel, cu_q),
-            layouts.select_lse(dlse, sel, cu_q), meta, plan.softmax_scale)
-        layouts.fold_grad(dq, dq_s, sel, cu_q)
+        grads = []
+        for meta in ring_step_metas(plan, step):
+            k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
+            sel = meta.q_layout
+            dq_s, dk_s, dv_s = plan.backend.backward(
+                layouts.select_rows(dout, sel, cu_q), layouts.select_rows(q, sel, cu_q), k_s,
+                v_s, layouts.select_rows(out, sel, cu_q), layouts.select_lse(lse, sel, cu_q),
+                layouts.select_lse(dlse, sel, cu_q), meta, plan.softmax_scale)
+            layouts.fold_grad(dq, dq_s, sel, cu_q)
+            grads.append((meta.kv_layout, dk_s, dv_s))
         if pending_dkv is not None:
             dkv = pending_dkv.wait()  # the accumulator of the kv received for this step
-        layouts.fold_grad(dkv[0], dk_s, meta.kv_layout, cu_kv)
-        layouts.fold_grad(dkv[1], dv_s, meta.kv_layout, cu_kv)
+        for kv_layout, dk_s, dv_s in grads:
+            layouts.fold_grad(dkv[0], dk_s, kv_layout, cu_kv)
+            layouts.fold_grad(dkv[1], dv_s, kv_layout, cu_kv)
         if plan.cp > 1:
             pending_dkv = comm.RingExchange(dkv, plan.group, plan.cp, plan.rank, comm.TAG_DKV)
         if pending_kv is not None:
