@@ -319,3 +319,160 @@ def test_cp_masks_match_reference(name, tmp_path_factory):
     assert name in res["results"], f"{name} did not run"
     msg = res["results"][name]
     assert msg is None, f"{name} failed:\n{msg}"
+
+
+# --------------------------------------------------------------------------
+# GPU (marked gpu, skipped without one): torch_flash per step, and the matrix on 2 GPUs
+# --------------------------------------------------------------------------
+
+
+def _why_no_flash():
+    if not torch.cuda.is_available():
+        return "no CUDA/ROCm GPU"
+    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
+        return "this torch build has no aten._flash_attention_forward"
+    return None
+
+
+class _FakeGroup:
+    """size()/rank() only: step metadata needs no communication."""
+
+    def __init__(self, size: int, rank: int):
+        self._size, self._rank = size, rank
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank
+
+
+GPU_STEP_SPECS = [("causal", (128, 0), None), ("causal", (-1, -1), 256), ("causal", (64, 0), 96),
+                  ("no_mask", (512, 512), None), ("no_mask", (64, 64), 256),
+                  ("no_mask", (0, -1), None), ("no_mask", (-1, 30), 100)]
+
+
+def _check_flash_steps(mask, window, chunk, cp, rank, device, dtype, tol, d=64,
+                       lens=(300, 1100, 9, 0, 150)):
+    """Every call of every comm type (ring steps, all_gather, a2a) through TorchFlashBackend
+    equals ReferenceBackend on the same step tensors, forward and backward (with and without
+    an LSE cotangent, against a 'final' LSE above the step's own)."""
+    from rocm_attn.cp import api, layouts, steps
+    from rocm_attn.cp.backends import ReferenceBackend, TorchFlashBackend
+
+    dev = torch.device(device)
+    h_q, h_kv = 4, 2
+    lens = list(lens)
+    sq = _side(lens, cp, True)
+    cu, cu_p = sq.cu.to(dev), sq.cu_padded.to(dev)
+    t = len(sq.valid) // cp
+    g = torch.Generator(device=dev).manual_seed(cp * 10 + rank)
+    rnd = lambda *shape: torch.randn(*shape, generator=g, device=dev).to(dtype)  # noqa: E731
+    q, k, v = rnd(t, h_q, d), rnd(t, h_kv, d), rnd(t, h_kv, d)
+    plan = api._make_plan(q, k, v, cu, cu, max(lens), max(lens), _FakeGroup(cp, rank), "p2p",
+                          mask, window, chunk, cu_p, cu_p, None, "reference", True, False)
+    q_glob, k_glob, v_glob = rnd(len(sq.valid), h_q, d), rnd(len(sq.valid), h_kv, d), rnd(
+        len(sq.valid), h_kv, d)
+    metas = [m for s in range(cp) for m in steps.ring_step_metas(plan, s)]
+    metas += steps.all_gather_step_metas(plan) + [steps.a2a_step_meta(plan)]
+    ref, fl = ReferenceBackend(), TorchFlashBackend()
+    cu_loc = plan.local_cu_q_padded
+    for meta in metas:
+        q_s = q_glob if meta.q_layout == "global" else layouts.select_rows(q, meta.q_layout,
+                                                                           cu_loc)
+        if meta.kv_layout == "global":
+            k_s, v_s = k_glob, v_glob
+        else:
+            k_s = layouts.select_rows(k, meta.kv_layout, cu_loc)
+            v_s = layouts.select_rows(v, meta.kv_layout, cu_loc)
+        o_r, l_r = ref.forward(q_s, k_s, v_s, meta, plan.softmax_scale)
+        o_f, l_f = fl.forward(q_s, k_s, v_s, meta, plan.softmax_scale)
+        tag = f"{meta.kind} (q {meta.q_layout}, kv {meta.kv_layout}, window {meta.window_size})"
+        for name, a, b in (("out", o_f, o_r), ("lse", l_f, l_r)):
+            err = _compare(name, a.cpu(), b.cpu(), tol)
+            assert err is None, f"{tag}: {err}"
+        lse_fin = torch.where(l_r == float("-inf"), l_r, l_r + 0.3)
+        out_fin, dout, dlse = rnd(*o_r.shape), rnd(*o_r.shape), torch.randn_like(l_r)
+        for dl in (None, dlse):
+            gr = ref.backward(dout, q_s, k_s, v_s, out_fin, lse_fin, dl, meta, plan.softmax_scale)
+            gf = fl.backward(dout, q_s, k_s, v_s, out_fin, lse_fin, dl, meta, plan.softmax_scale)
+            for name, a, b in zip(("dq", "dk", "dv"), gf, gr):
+                err = _compare(name, a.cpu(), b.cpu(), tol)
+                assert err is None, f"{tag}, dlse={dl is not None}: {err}"
+
+
+STEP_CASES = [(m, w, c, cp, r) for m, w, c in GPU_STEP_SPECS
+              for cp, r in [(1, 0), (2, 0), (2, 1), (4, 1), (4, 3)]]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_why_no_flash() is not None, reason=str(_why_no_flash()))
+@pytest.mark.parametrize("mask,window,chunk,cp,rank", STEP_CASES)
+def test_gpu_torch_flash_mask_steps_match_reference_backend(mask, window, chunk, cp, rank):
+    """torch_flash (bf16) on every windowed / chunked call: where the flash window conventions
+    (bottom-right alignment, -1 handling, rows without keys) meet the piece metadata."""
+    _check_flash_steps(mask, window, chunk, cp, rank, "cuda", torch.bfloat16, 3e-2)
+
+
+# the GPU specs scaled down 4x (windows, chunks and lengths), one (cp, rank) per spec, plus
+# the core (unwindowed) steps
+EMULATOR_CASES = [("causal", (32, 0), None, 2, 1), ("causal", (-1, -1), 64, 4, 1),
+                  ("causal", (16, 0), 24, 4, 3), ("no_mask", (128, 128), None, 1, 0),
+                  ("no_mask", (16, 16), 64, 2, 1), ("no_mask", (0, -1), None, 4, 1),
+                  ("no_mask", (-1, 8), 25, 4, 3), ("causal", (-1, -1), None, 4, 2),
+                  ("no_mask", (-1, -1), None, 2, 1)]
+
+
+@pytest.mark.parametrize("mask,window,chunk,cp,rank", EMULATOR_CASES)
+def test_flash_backend_on_cpu_emulator(mask, window, chunk, cp, rank, monkeypatch):
+    """The same checks on CPU with tests/flash_emulator.py standing in for the aten ops (the
+    wrapper's window conversions, +inf LSE of empty rows, uninitialised rows as NaN), in
+    float64: the backend's packing, max_seqlen adjustments and LSE-cotangent trick."""
+    import flash_emulator
+    from rocm_attn.cp import backends
+
+    monkeypatch.setattr(backends, "_aten_flash",
+                        lambda: (flash_emulator.flash_forward, flash_emulator.flash_backward))
+    _check_flash_steps(mask, window, chunk, cp, rank, "cpu", F64, 1e-5, d=8,
+                       lens=(75, 275, 9, 0, 38))
+
+
+def gpu_configs() -> List[Cfg]:
+    """The CPU matrix at cp=2 in bf16 (torch_flash through backend='auto')."""
+    return [c._replace(name="gpu-" + c.name, dtype=torch.bfloat16)
+            for c in configs(2) if c.dtype == F64]
+
+
+def _nccl_worker(rank: int, world: int, port: int, out_path: str) -> None:
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=300))
+    results = {}
+    for cfg in gpu_configs():
+        try:
+            msg = _run_config(cfg, dist.group.WORLD, world, rank, device="cuda", backend="auto",
+                              d=64)
+        except Exception:  # noqa: BLE001
+            msg = traceback.format_exc(limit=8)
+        msgs: List[Optional[str]] = [None] * world
+        dist.all_gather_object(msgs, msg)
+        results[cfg.name] = "\n".join(f"[rank {r}] {m}" for r, m in enumerate(msgs) if m) or None
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_why_no_flash() is not None or torch.cuda.device_count() < 2
+                    or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL / RCCL")
+def test_gpu_nccl_two_ranks_masks(tmp_path):
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    out_path = str(tmp_path / "nccl_masks.json")
+    mp.spawn(_nccl_worker, args=(2, _free_port(), out_path), nprocs=2)
+    with open(out_path) as f:
+        results = json.load(f)
+    bad = {k: m for k, m in results.items() if m}
+    assert not bad, f"{len(bad)} of {len(results)} failed:\n" + "\n".join(
+        f"{k}:\n{m}" for k, m in bad.items())

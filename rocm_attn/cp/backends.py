@@ -189,7 +189,7 @@ class TorchFlashBackend(StepBackend):
 
     def _flash_fwd(self, q_p, k_p, v_p, meta, softmax_scale):
         max_q, max_k = self._max_seqlens(meta)
-        out_p, lse_p, _, _, _ = torch.ops.aten._flash_attention_forward(
+        out_p, lse_p, _, _, _ = _aten_flash()[0](
             q_p, k_p, v_p, meta.cu_seqlens_q, meta.cu_seqlens_kv, max_q, max_k, 0.0,
             self._is_causal(meta), False, scale=softmax_scale,
             window_size_left=meta.window_size[0], window_size_right=meta.window_size[1])
@@ -217,7 +217,7 @@ class TorchFlashBackend(StepBackend):
 
     def _flash_bwd(self, dout_p, q_p, k_p, v_p, out_p, lse_p, meta, softmax_scale):
         max_q, max_k = self._max_seqlens(meta)
-        return torch.ops.aten._flash_attention_backward(
+        return _aten_flash()[1](
             dout_p, q_p, k_p, v_p, out_p, lse_p, meta.cu_seqlens_q, meta.cu_seqlens_kv,
             max_q, max_k, 0.0, self._is_causal(meta),
             torch.zeros(2, dtype=torch.uint64, device=q_p.device),
@@ -269,6 +269,12 @@ class TorchFlashBackend(StepBackend):
             softmax_scale)
         return (_unpack(dq_p, cq, cqp, 0.0), _unpack(dk_p, ckv, ckvp, 0.0),
                 _unpack(dv_p, ckv, ckvp, 0.0))
+
+
+def _aten_flash():
+    """``(forward, backward)`` flash ops; tests substitute a CPU emulator of the aten wrapper
+    (tests/flash_emulator.py) to run this backend's packing and window logic without a GPU."""
+    return torch.ops.aten._flash_attention_forward, torch.ops.aten._flash_attention_backward
 
 
 def _flash_problem(q: torch.Tensor) -> Optional[str]:
