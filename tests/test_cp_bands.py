@@ -1,5 +1,5 @@
 """Unit tests of rocm_attn.cp.bands (windows and chunks as flash-expressible pieces), the
-packed-row helpers of rocm_attn.cp.layouts and the ring-step reach rule, against brute force."""
+packed-row helpers of rocm_attn.cp.packed and the ring-step reach rule, against brute force."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from rocm_attn.cp import bands, layouts
+from rocm_attn.cp import bands, packed
 from rocm_attn.cp.bands import MaskSpec, Segment
 from rocm_attn.reference import attention_mask
 
@@ -135,15 +135,15 @@ def test_packed_rows_gather_scatter():
     x = torch.arange(10.0).reshape(10, 1)
     cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
     starts = torch.tensor([6, 0, 2, 99], dtype=torch.int32)  # any order, overlap allowed
-    rows = layouts.packed_rows(cu, starts, 7, 10)
-    got = layouts.gather_packed(x, rows)
+    rows = packed.packed_rows(cu, starts, 7, 10)
+    got = packed.gather_packed(x, rows)
     assert got.flatten().tolist() == [6, 7, 8, 2, 3, 0, 0]
-    back = layouts.scatter_packed(got, rows, -1.0)
+    back = packed.scatter_packed(got, rows, -1.0)
     assert back.flatten().tolist() == [-1, -1, 2, 3, -1, -1, 6, 7, 8, -1]
     cu2 = torch.tensor([0, 3, 5], dtype=torch.int32)
-    rows2 = layouts.packed_rows(cu2, torch.tensor([1, 2, 0], dtype=torch.int32), 6, 4)
-    summed = layouts.scatter_add_packed(torch.ones(6, 1), rows2)
+    rows2 = packed.packed_rows(cu2, torch.tensor([1, 2, 0], dtype=torch.int32), 6, 4)
+    summed = packed.scatter_add_packed(torch.ones(6, 1), rows2)
     assert summed.flatten().tolist() == [0, 1, 2, 2]
     lse = torch.arange(20.0).reshape(2, 10)
-    g = layouts.gather_packed(lse, rows, dim=-1)
+    g = packed.gather_packed(lse, rows, dim=-1)
     assert g[1].tolist() == [16, 17, 18, 12, 13, 0, 0]

@@ -27,9 +27,12 @@ Backends
 * ``torch_flash``: ``aten._flash_attention_forward`` / ``_backward`` (varlen) on CUDA / ROCm,
   fp16 / bf16, head dim <= 256. **Untested in this repository's CPU CI**: it needs a GPU.
 
-Steps with ``meta.packed_kv_rows`` set (windows, chunking: kv ranges may overlap) go through
-packed buffers in both backends: rows are gathered by index (:func:`layouts.packed_rows`),
-outputs scattered back, kv gradients scatter-added.
+Steps with ``meta.packed_kv_rows`` set (windows, chunking: kv ranges may overlap) run on
+packed buffers (:mod:`~rocm_attn.cp.packed`): ``forward_packed(q_p, k_p, v_p, meta, scale)``
+and ``backward_packed(dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta, scale)`` take and
+return packed rows (sub-sequence ``i`` at rows ``[cu[i], cu[i+1])``; rows past ``cu[-1]`` may
+come back as junk). The comm types merge those straight into their accumulators;
+``forward`` / ``backward`` on such a step gather, call them and scatter back.
 * ``auto``: ``torch_flash`` for CUDA/ROCm fp16/bf16 inputs with ``d <= 256`` and ``d % 8 == 0``,
   else ``reference``; the choice is logged at debug level (logger ``rocm_attn.cp``).
 """
@@ -43,7 +46,7 @@ import torch
 
 from .. import thd
 from ..reference import reference_attention
-from . import layouts
+from . import packed
 from .steps import StepMeta
 
 __all__ = ["BACKENDS", "StepBackend", "ReferenceBackend", "TorchFlashBackend", "resolve_backend",
@@ -73,6 +76,34 @@ class StepBackend:
                  softmax_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def forward_packed(self, q_p, k_p, v_p, meta: StepMeta, softmax_scale: float
+                       ) -> Tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def backward_packed(self, dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta: StepMeta,
+                        softmax_scale: float):
+        raise NotImplementedError
+
+    def _general_forward(self, q, k, v, meta: StepMeta, softmax_scale: float):
+        """``forward`` of a packed-contract step: gather, attend, scatter back."""
+        mq, mkv = packed.step_rows(meta, q.shape[0], k.shape[0])
+        out_p, lse_p = self.forward_packed(
+            packed.gather_packed(q, mq), packed.gather_packed(k, mkv),
+            packed.gather_packed(v, mkv), meta, softmax_scale)
+        return (packed.scatter_packed(out_p, mq, 0.0),
+                packed.scatter_packed(lse_p, mq, NEG_INF, dim=-1))
+
+    def _general_backward(self, dout, q, k, v, out, lse, dlse, meta: StepMeta,
+                          softmax_scale: float):
+        """``backward`` of a packed-contract step: gather, differentiate, scatter(-add)."""
+        cdt = accum_dtype(q.dtype)
+        shapes = ((q.shape[0] + 1,) + tuple(q.shape[1:]), (k.shape[0] + 1,) + tuple(k.shape[1:]))
+        dq = q.new_zeros(shapes[0], dtype=cdt)
+        dk, dv = (k.new_zeros(shapes[1], dtype=cdt) for _ in range(2))
+        packed.backward_into(dq, dk, dv, self, dout, q, k, v, out, lse, dlse, meta,
+                             softmax_scale)
+        return dq[:-1], dk[:-1], dv[:-1]
+
 
 class ReferenceBackend(StepBackend):
     """Pure torch per-step attention (the CPU path). Gradients by autograd on a recomputation."""
@@ -82,8 +113,6 @@ class ReferenceBackend(StepBackend):
     @staticmethod
     def _attend(q, k, v, meta: StepMeta, softmax_scale: float):
         cdt = accum_dtype(q.dtype)
-        if meta.packed_kv_rows is not None:
-            return _attend_packed(q.to(cdt), k.to(cdt), v.to(cdt), meta, softmax_scale, cdt)
         # inputs converted first so that the output stays in cdt (rounded once, by the caller)
         return reference_attention(
             q.to(cdt), k.to(cdt), v.to(cdt), meta.cu_seqlens_q, meta.cu_seqlens_kv,
@@ -91,52 +120,60 @@ class ReferenceBackend(StepBackend):
             softmax_scale=softmax_scale, cu_seqlens_q_padded=meta.cu_seqlens_q_padded,
             cu_seqlens_kv_padded=meta.cu_seqlens_kv_padded, compute_dtype=cdt)
 
+    @staticmethod
+    def _attend_packed(q_p, k_p, v_p, meta: StepMeta, softmax_scale: float):
+        cdt = accum_dtype(q_p.dtype)
+        return reference_attention(
+            q_p.to(cdt), k_p.to(cdt), v_p.to(cdt), meta.cu_seqlens_q, meta.cu_seqlens_kv,
+            attn_mask_type=meta.attn_mask_type, window_size=meta.window_size,
+            softmax_scale=softmax_scale, compute_dtype=cdt)
+
     def forward(self, q, k, v, meta, softmax_scale):
+        if meta.packed_kv_rows is not None:
+            return self._general_forward(q, k, v, meta, softmax_scale)
         return self._attend(q, k, v, meta, softmax_scale)
 
+    def forward_packed(self, q_p, k_p, v_p, meta, softmax_scale):
+        return self._attend_packed(q_p, k_p, v_p, meta, softmax_scale)
+
     def backward(self, dout, q, k, v, out, lse, dlse, meta, softmax_scale):
-        cdt = accum_dtype(q.dtype)
-        qc = q.detach().to(cdt).requires_grad_(True)
-        kc = k.detach().to(cdt).requires_grad_(True)
-        vc = v.detach().to(cdt).requires_grad_(True)
-        with torch.enable_grad():
-            o_s, l_s = self._attend(qc, kc, vc, meta, softmax_scale)
-        if not (o_s.requires_grad or l_s.requires_grad):  # no sub-sequence had a key
-            return tuple(torch.zeros_like(x) for x in (qc, kc, vc))
-        ls = l_s.detach()
-        lse_c = lse.to(ls.dtype)
-        # weight of this step in the merged result; 0 where the step saw no key
-        w = torch.where(ls == NEG_INF, torch.zeros_like(ls),
-                        torch.exp(ls - torch.where(lse_c == NEG_INF, ls, lse_c)))
-        do = dout.to(cdt)
-        d_o = do * w.t().unsqueeze(-1)
-        d_l = (do * (o_s.detach() - out.to(cdt))).sum(-1).t()
-        if dlse is not None:
-            d_l = d_l + dlse.to(cdt)
-        d_l = torch.where(w > 0, w * d_l, torch.zeros_like(d_l))
-        grads = torch.autograd.grad((o_s, l_s), (qc, kc, vc), (d_o, d_l.to(l_s.dtype)),
-                                    allow_unused=True)
-        return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, (qc, kc, vc)))
+        if meta.packed_kv_rows is not None:
+            return self._general_backward(dout, q, k, v, out, lse, dlse, meta, softmax_scale)
+        return _autograd_step_grads(self._attend, dout, q, k, v, out, lse, dlse, meta,
+                                    softmax_scale)
+
+    def backward_packed(self, dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta, softmax_scale):
+        return _autograd_step_grads(self._attend_packed, dout_p, q_p, k_p, v_p, out_p, lse_p,
+                                    dlse_p, meta, softmax_scale)
 
 
-def _row_maps(meta: StepMeta, q_rows: int, kv_rows: int):
-    """Packed-buffer row maps of a general step (q: disjoint rows, kv: may overlap)."""
-    return (layouts.packed_rows(meta.cu_seqlens_q, meta.cu_seqlens_q_padded, q_rows, q_rows),
-            layouts.packed_rows(meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded,
-                                meta.packed_kv_rows, kv_rows))
-
-
-def _attend_packed(q, k, v, meta: StepMeta, softmax_scale: float, cdt):
-    """Reference attention of a general step: gather, attend on the packed sub-sequences,
-    scatter back (all differentiable, so autograd scatter-adds kv gradients)."""
-    mq, mkv = _row_maps(meta, q.shape[0], k.shape[0])
-    out_p, lse_p = reference_attention(
-        layouts.gather_packed(q, mq), layouts.gather_packed(k, mkv),
-        layouts.gather_packed(v, mkv), meta.cu_seqlens_q, meta.cu_seqlens_kv,
-        attn_mask_type=meta.attn_mask_type, window_size=meta.window_size,
-        softmax_scale=softmax_scale, compute_dtype=cdt)
-    return (layouts.scatter_packed(out_p, mq, 0.0),
-            layouts.scatter_packed(lse_p, mq, NEG_INF, dim=-1))
+def _autograd_step_grads(attend, dout, q, k, v, out, lse, dlse, meta: StepMeta,
+                         softmax_scale: float):
+    """This step's exact share of the gradients: recompute the step with autograd and pull
+    ``(w * dO, w * (dlse + rowdot(dO, out_step - out)))``, ``w = exp(lse_step - lse)`` (the
+    chain rule through the online-softmax merge), through it."""
+    cdt = accum_dtype(q.dtype)
+    qc = q.detach().to(cdt).requires_grad_(True)
+    kc = k.detach().to(cdt).requires_grad_(True)
+    vc = v.detach().to(cdt).requires_grad_(True)
+    with torch.enable_grad():
+        o_s, l_s = attend(qc, kc, vc, meta, softmax_scale)
+    if not (o_s.requires_grad or l_s.requires_grad):  # no sub-sequence had a key
+        return tuple(torch.zeros_like(x) for x in (qc, kc, vc))
+    ls = l_s.detach()
+    lse_c = lse.to(ls.dtype)
+    # weight of this step in the merged result; 0 where the step saw no key
+    w = torch.where(ls == NEG_INF, torch.zeros_like(ls),
+                    torch.exp(ls - torch.where(lse_c == NEG_INF, ls, lse_c)))
+    do = dout.to(cdt)
+    d_o = do * w.t().unsqueeze(-1)
+    d_l = (do * (o_s.detach() - out.to(cdt))).sum(-1).t()
+    if dlse is not None:
+        d_l = d_l + dlse.to(cdt)
+    d_l = torch.where(w > 0, w * d_l, torch.zeros_like(d_l))
+    grads = torch.autograd.grad((o_s, l_s), (qc, kc, vc), (d_o, d_l.to(l_s.dtype)),
+                                allow_unused=True)
+    return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, (qc, kc, vc)))
 
 
 def _pack(x: torch.Tensor, cu: torch.Tensor, cu_padded: torch.Tensor, dim: int = 0):
@@ -200,13 +237,7 @@ class TorchFlashBackend(StepBackend):
 
     def forward(self, q, k, v, meta, softmax_scale):
         if meta.packed_kv_rows is not None:
-            mq, mkv = _row_maps(meta, q.shape[0], k.shape[0])
-            out_p, lse_p = self._flash_fwd(
-                layouts.gather_packed(q, mq).contiguous(),
-                layouts.gather_packed(k, mkv).contiguous(),
-                layouts.gather_packed(v, mkv).contiguous(), meta, softmax_scale)
-            return (layouts.scatter_packed(out_p, mq, 0.0),
-                    layouts.scatter_packed(lse_p, mq, NEG_INF, dim=-1))
+            return self._general_forward(q, k, v, meta, softmax_scale)
         qp = _pack(q, meta.cu_seqlens_q, meta.cu_seqlens_q_padded)
         kp = _pack(k, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
         vp = _pack(v, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
@@ -244,21 +275,20 @@ class TorchFlashBackend(StepBackend):
             dk_p = dk_p + dk_l
         return dq_p, dk_p, dv_p
 
+    def forward_packed(self, q_p, k_p, v_p, meta, softmax_scale):
+        return self._flash_fwd(q_p.contiguous(), k_p.contiguous(), v_p.contiguous(), meta,
+                               softmax_scale)
+
+    def backward_packed(self, dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta, softmax_scale):
+        dt = q_p.dtype
+        return self._packed_bwd(
+            dout_p.to(dt).contiguous(), q_p.contiguous(), k_p.contiguous(), v_p.contiguous(),
+            out_p.to(dt).contiguous(), lse_p.float(),
+            None if dlse_p is None else dlse_p.float(), meta, softmax_scale)
+
     def backward(self, dout, q, k, v, out, lse, dlse, meta, softmax_scale):
         if meta.packed_kv_rows is not None:
-            mq, mkv = _row_maps(meta, q.shape[0], k.shape[0])
-            g = layouts.gather_packed
-            dq_p, dk_p, dv_p = self._packed_bwd(
-                g(dout.to(q.dtype), mq).contiguous(), g(q, mq).contiguous(),
-                g(k, mkv).contiguous(), g(v, mkv).contiguous(),
-                g(out.to(q.dtype), mq).contiguous(), g(lse.float(), mq, dim=-1),
-                None if dlse is None else g(dlse.float(), mq, dim=-1), meta, softmax_scale)
-            # packed rows outside every sub-sequence may hold junk: scatter only valid rows
-            return (layouts.scatter_packed(dq_p, mq, 0.0),
-                    layouts.scatter_add_packed(dk_p.masked_fill(~mkv.valid.view(-1, 1, 1), 0),
-                                               mkv),
-                    layouts.scatter_add_packed(dv_p.masked_fill(~mkv.valid.view(-1, 1, 1), 0),
-                                               mkv))
+            return self._general_backward(dout, q, k, v, out, lse, dlse, meta, softmax_scale)
         cq, cqp = meta.cu_seqlens_q, meta.cu_seqlens_q_padded
         ckv, ckvp = meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded
         lse_p = _pack(lse.float(), cq, cqp, dim=-1)

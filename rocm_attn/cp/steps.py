@@ -159,9 +159,9 @@ class StepMeta(NamedTuple):
       sides (the ``cu_seqlens_*_padded`` convention of ``reference_attention``).
     * an int (windowed / chunked steps from :mod:`~rocm_attn.cp.bands`): q ranges are disjoint
       but in any order, kv ranges may overlap (two q halves reading the same kv half), the
-      last entry of ``cu_seqlens_*_padded`` is unused, and the sum of the kv lengths is at most
-      ``packed_kv_rows`` (the size of a packed kv buffer). Backends gather rows by index and
-      scatter-add kv gradients.
+      last entry of ``cu_seqlens_*_padded`` is unused, and the sums of the q / kv lengths are
+      at most ``packed_q_rows`` / ``packed_kv_rows`` (the sizes of the packed buffers,
+      :mod:`~rocm_attn.cp.packed`; ``packed_q_rows`` None: the q tensor's rows).
     """
 
     kind: str  # diagonal | below | above | full | first_half | second_half | global
@@ -177,6 +177,7 @@ class StepMeta(NamedTuple):
     attn_mask_type: str
     window_size: Tuple[int, int]
     packed_kv_rows: Optional[int] = None
+    packed_q_rows: Optional[int] = None
 
 
 # --------------------------------------------------------------------------
@@ -269,6 +270,21 @@ def ring_step_meta(plan: CPPlan, step: int) -> StepMeta:
                  _local_valid(gkv, kv_rank), "no_mask", half_q, full_kv)
 
 
+def uses_packed_steps(plan: CPPlan, comm_type: str) -> bool:
+    """Whether the steps of ``comm_type`` ("p2p" / "all_gather") under this plan follow the
+    packed contract (``packed_kv_rows`` set), so that the comm type allocates accumulators
+    with the dummy row of :mod:`~rocm_attn.cp.packed`: any window or chunking, except causal
+    chunked p2p without window (the chunkify helpers' steps)."""
+    spec = plan.spec
+    if spec.plain:
+        return False
+    return not (comm_type == "p2p" and _chunkify_ring(spec))
+
+
+def _chunkify_ring(spec: MaskSpec) -> bool:
+    return spec.causal and spec.left is None and spec.chunk is not None
+
+
 def ring_step_metas(plan: CPPlan, step: int) -> List[StepMeta]:
     """The attention calls of ring step ``step`` on ``plan.rank``; an empty list when the mask
     cannot reach the kv of this step for any sequence (the step's compute is skipped; its
@@ -289,7 +305,7 @@ def ring_step_metas(plan: CPPlan, step: int) -> List[StepMeta]:
              if reachable(p.relation, spec, p.distance, plan.min_chunk_tokens)]
     if not pairs:
         return []
-    if spec.causal and spec.left is None:
+    if _chunkify_ring(spec):
         return [_chunked_ring_meta(plan, step)]
     return _piece_metas(plan, pairs, kind, kv_rank, "full", "full")
 
@@ -447,8 +463,7 @@ def _piece_rows(piece: str, pair: _Pair, spec: MaskSpec):
 
 
 def _calls_meta(spec: MaskSpec, piece: str, pairs: List[_Pair], kind: str, kv_rank: int,
-                q_layout: str, kv_layout: str, q_rows: Optional[int] = None,
-                kv_rows: Optional[int] = None) -> StepMeta:
+                q_layout: str, kv_layout: str) -> StepMeta:
     """One call over ``piece`` of every pair (slots of the pairs concatenated)."""
     parts = [_piece_rows(piece, p, spec) for p in pairs]
     q_start, q_len, kv_start, kv_len = (torch.cat([x[i] for x in parts]) for i in range(4))
@@ -465,7 +480,8 @@ def _calls_meta(spec: MaskSpec, piece: str, pairs: List[_Pair], kind: str, kv_ra
         cu_seqlens_q_padded=torch.cat([q_start, end]).to(torch.int32),
         cu_seqlens_kv_padded=torch.cat([kv_start, end]).to(torch.int32),
         max_seqlen_q=max_q, max_seqlen_kv=max_kv, attn_mask_type=mask, window_size=window,
-        packed_kv_rows=max(1, sum(p.kv_total for p in pairs)))
+        packed_kv_rows=max(1, sum(p.kv_total for p in pairs)),
+        packed_q_rows=max(1, sum(p.q_total for p in pairs)))
 
 
 def whole_sequence_meta(spec: MaskSpec, q: Segment, kv: Segment, max_q: int, max_kv: int,
