@@ -3,6 +3,7 @@ packed-row helpers of rocm_attn.cp.packed and the ring-step reach rule, against 
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -147,3 +148,48 @@ def test_packed_rows_gather_scatter():
     lse = torch.arange(20.0).reshape(2, 10)
     g = packed.gather_packed(lse, rows, dim=-1)
     assert g[1].tolist() == [16, 17, 18, 12, 13, 0, 0]
+
+
+class _Group:
+    def __init__(self, size, rank):
+        self._s, self._r = size, rank
+
+    def size(self):
+        return self._s
+
+    def rank(self):
+        return self._r
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_packed_buffers_hold_every_step(seed):
+    """Host bounds of the packed buffers (packed_q_rows / packed_kv_rows, max_seqlen_*) hold
+    for every step of every comm type on random sequences, windows and chunk sizes."""
+    from rocm_attn.cp import api, steps
+
+    rng = random.Random(seed)
+    for _ in range(12):
+        cp = rng.choice([1, 2, 4])
+        rank = rng.randrange(cp)
+        lens = [rng.choice([0, 1, 5, 17, 40, 90]) for _ in range(rng.randint(1, 4))]
+        plens = [-(-n // (2 * cp)) * 2 * cp + 2 * cp * rng.randint(0, 1) for n in lens]
+        cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+        cu_p = torch.tensor([0] + list(itertools.accumulate(plens)), dtype=torch.int32)
+        mask = rng.choice(["causal", "no_mask"])
+        window = (rng.choice([-1, 0, 3, 20]), rng.choice([-1, 0, 7]))
+        chunk = rng.choice([None, 4, 16])
+        if window == (-1, -1) and chunk is None:
+            continue
+        t = int(cu_p[-1]) // cp
+        x = torch.zeros(t, cp, 8, dtype=torch.float64)
+        plan = api._make_plan(x, x, x, cu, cu, max(lens), max(lens), _Group(cp, rank), "p2p",
+                              mask, window, chunk, cu_p, cu_p, None, "reference", True, False)
+        metas = [m for s in range(cp) for m in steps.ring_step_metas(plan, s)]
+        metas += steps.all_gather_step_metas(plan) + [steps.a2a_step_meta(plan)]
+        for m in metas:
+            ql = m.cu_seqlens_q[1:] - m.cu_seqlens_q[:-1]
+            kl = m.cu_seqlens_kv[1:] - m.cu_seqlens_kv[:-1]
+            assert int(ql.max()) <= m.max_seqlen_q and int(kl.max()) <= m.max_seqlen_kv, m.kind
+            if m.packed_kv_rows is not None:
+                assert int(m.cu_seqlens_kv[-1]) <= m.packed_kv_rows, (m.kind, lens, window)
+                assert int(m.cu_seqlens_q[-1]) <= m.packed_q_rows, (m.kind, lens, window)

@@ -474,14 +474,37 @@ def _calls_meta(spec: MaskSpec, piece: str, pairs: List[_Pair], kind: str, kv_ra
         max_q, max_kv = min(max_q, cap), min(max_kv, cap)
     mask, window = piece_mask(piece, spec)
     end = q_start.new_zeros(1)  # the last *_padded entry is unused in this contract
+    kv_rows = sum(_piece_kv_bound(piece, p, spec) for p in pairs)
     return StepMeta(
         kind=kind, q_layout=q_layout, kv_layout=kv_layout, kv_rank=kv_rank,
         cu_seqlens_q=_cu(q_len), cu_seqlens_kv=_cu(kv_len),
         cu_seqlens_q_padded=torch.cat([q_start, end]).to(torch.int32),
         cu_seqlens_kv_padded=torch.cat([kv_start, end]).to(torch.int32),
         max_seqlen_q=max_q, max_seqlen_kv=max_kv, attn_mask_type=mask, window_size=window,
-        packed_kv_rows=max(1, sum(p.kv_total for p in pairs)),
+        packed_kv_rows=max(1, kv_rows),
         packed_q_rows=max(1, sum(p.q_total for p in pairs)))
+
+
+def _piece_kv_bound(piece: str, pair: _Pair, spec: MaskSpec) -> int:
+    """Host bound of the keys one piece reads over all sequences: the kv segment, or less when
+    the window bounds it (per slot, a piece's keys span its rows plus the window reach:
+    ``native`` rows + L (its keys end with its rows), ``diag`` rows + L + R, ``rev`` at most its
+    rows, ``full`` L + R)."""
+    b = pair.q.n.numel()
+    slots = slot_bound(pair.q_total, b, spec.chunk)
+    left = spec.left
+    right = 0 if spec.right is None else spec.right
+    if piece == "rev":
+        bound = pair.q_total
+    elif left is None or (spec.right is None and piece == "full"):
+        bound = pair.kv_total
+    elif piece == "native":  # aligned: the keys end with the rows
+        bound = pair.q_total + slots * left
+    elif piece == "diag":
+        bound = pair.q_total + slots * (left + right)
+    else:  # full
+        bound = slots * (left + right)
+    return min(pair.kv_total, bound)
 
 
 def whole_sequence_meta(spec: MaskSpec, q: Segment, kv: Segment, max_q: int, max_kv: int,
