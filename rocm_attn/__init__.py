@@ -7,7 +7,7 @@ Public API:
   nn.TargetAttention    target-attention module for recommendation models, on the op
   thd                   context-parallel helpers for packed variable-length (THD) tensors
   reference             float64 reference attention (THD, masks, GQA): the test oracle
-  attention             varlen THD attention (causal, sliding window, chunked, padded), differentiable
+  attention             varlen THD attention (causal, sliding window, chunked, padded)
   attn_with_cp          context-parallel attention (p2p ring, all_gather, a2a) over THD shards
   shard_for_cp          global THD tensor -> rank shard (dual-chunk); gather_from_cp: the inverse
 """

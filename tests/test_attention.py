@@ -138,6 +138,7 @@ def test_attention_without_lse_and_exported():
 def test_attention_torch_flash_backend_on_cpu_emulator(causal, window, chunk, pad, monkeypatch):
     """backend='torch_flash' with tests/flash_emulator.py standing in for the aten ops."""
     import flash_emulator
+
     from rocm_attn.cp import backends
 
     monkeypatch.setattr(backends, "_aten_flash",

@@ -429,6 +429,7 @@ def test_flash_backend_on_cpu_emulator(mask, window, chunk, cp, rank, monkeypatc
     wrapper's window conversions, +inf LSE of empty rows, uninitialised rows as NaN), in
     float64: the backend's packing, max_seqlen adjustments and LSE-cotangent trick."""
     import flash_emulator
+
     from rocm_attn.cp import backends
 
     monkeypatch.setattr(backends, "_aten_flash",

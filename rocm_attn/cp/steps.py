@@ -4,9 +4,8 @@ attention call a comm type makes, which rows of which tensor attend to which, un
 A comm type (``p2p.py``, ``all_gather.py``, ``a2a.py``) never computes ranges itself: it asks
 this module for a :class:`StepMeta` per attention call, materialises the q / kv tensors the
 meta names (``q_layout`` / ``kv_layout``), hands both to a per-step backend (``backends.py``)
-and folds the result back with :mod:`rocm_attn.thd` helpers. Masks that later issues add
-(sliding windows, chunked attention) change only this file: the per-sequence lengths and
-offsets below and the ``attn_mask_type`` / ``window_size`` of every step.
+and folds the result back with :mod:`rocm_attn.thd` helpers (or, for windowed / chunked
+steps, merges packed results by index: :mod:`~rocm_attn.cp.packed`).
 
 Geometry (dual-chunk sharding, DESIGN section 2)
 ------------------------------------------------
@@ -42,6 +41,18 @@ Step kinds
   to the global kv prefix it may see, ``causal`` with the bottom-right offset that puts the
   chunk at its global position; no mask: one ``full`` step.
 * a2a (:func:`a2a_step_meta`): one ``global`` step over whole sequences (a head group).
+
+Windows and chunking (:func:`ring_step_metas`, and the masked branches of the two others)
+-----------------------------------------------------------------------------------------
+* p2p, causal chunked without window: one call per step from
+  :func:`rocm_attn.thd.chunkify_ring_step` (runs of one chunk id), clipped to valid tokens.
+* anything else with a window or chunking: every step is a set of (q segment x kv segment)
+  rectangles per sequence (p2p: the two q halves x the two kv halves, related by their chunk
+  order; all_gather: the two q halves x the whole kv sequence; a2a: whole sequences), cut into
+  the pieces of :mod:`~rocm_attn.cp.bands`; one call per piece kind and set of pairs with
+  disjoint q rows (``packed_kv_rows`` contract). Pairs the mask cannot reach for sequences of
+  ``plan.min_seqlen`` tokens are dropped on the host (:func:`~rocm_attn.cp.bands.reachable`); a
+  ring step left without pairs runs no attention.
 """
 
 from __future__ import annotations
@@ -52,8 +63,16 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 import torch
 
 from .. import thd
-from .bands import (MaskSpec, Segment, pair_slots, piece_mask, piece_ranges, pieces_for,
-                    reachable, slot_bound)
+from .bands import (
+    MaskSpec,
+    Segment,
+    pair_slots,
+    piece_mask,
+    piece_ranges,
+    pieces_for,
+    reachable,
+    slot_bound,
+)
 
 __all__ = [
     "CPPlan",
