@@ -7,6 +7,7 @@ Public API:
   nn.TargetAttention    target-attention module for recommendation models, on the op
   thd                   context-parallel helpers for packed variable-length (THD) tensors
   reference             float64 reference attention (THD, masks, GQA): the test oracle
+  attention             varlen THD attention (causal, sliding window, chunked, padded)
   attn_with_cp          context-parallel attention (p2p ring, all_gather, a2a) over THD shards
   shard_for_cp          global THD tensor -> rank shard (dual-chunk); gather_from_cp: the inverse
 """
@@ -24,6 +25,7 @@ from .errors import SmallSeqContractError, check_errors  # noqa: E402
 from .small_seq import fused_attn_small_seq  # noqa: E402
 from . import cp  # noqa: E402
 from .cp import attn_with_cp, gather_from_cp, shard_for_cp  # noqa: E402
+from .varlen import attention  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -45,6 +47,7 @@ def build_info() -> dict:
 
 __all__ = [
     "SmallSeqContractError",
+    "attention",
     "attn_with_cp",
     "build_info",
     "check_errors",

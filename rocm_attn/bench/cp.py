@@ -7,7 +7,16 @@ slowest rank), against single-GPU flash attention (`aten._flash_attention_forwar
 varlen) on the whole batch in the same run. Speed-up = single / cp time; scaling efficiency =
 speed-up / cp.
 
-Usage: python tools/bench_cp.py [--cp 2] [--tokens 131072] [--json out.json]
+Mask cases (``--masks``): ``causal``; ``swa4096``: causal sliding window (4096, 0); ``chunk8192``:
+causal chunked attention, chunks of 8192 (Llama-4 style). For the masked cases the table adds
+the work skipped (visible (query, key) pairs of causal over those of the case) next to the time
+ratio against the causal ring of the same comm type: a windowed ring should gain roughly the
+work it skips on long sequences (e.g. ``--seqs 2``). The single-GPU anchor of a masked case is
+``rocm_attn.attention`` (torch_flash) on the whole batch. ``attn_with_cp`` gets
+``min_seqlen = min(lengths)`` so that p2p skips ring steps the mask cannot reach.
+
+Usage: python tools/bench_cp.py [--cp 2] [--tokens 131072] [--seqs 16]
+       [--masks causal,swa4096,chunk8192] [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,6 +39,22 @@ from .plot import bar_chart, check_plot_arg  # noqa: E402
 from .progress import progress  # noqa: E402
 
 COMM_TYPES = ("p2p", "all_gather", "a2a")
+# mask case -> (window_size, chunk_size), all causal
+MASKS = {"causal": ((-1, -1), None), "swa4096": ((4096, 0), None), "chunk8192": ((-1, -1), 8192)}
+
+
+def visible_pairs(lens: list[int], window: tuple[int, int], chunk) -> int:
+    """(query, key) pairs a causal mask with this window / chunking lets through (host)."""
+    total = 0
+    for n in lens:
+        for start in range(0, n, chunk or max(n, 1)):
+            m = min(chunk or n, n - start)  # a chunk attends causally inside itself
+            if window[0] < 0 or window[0] + 1 >= m:
+                total += m * (m + 1) // 2
+            else:
+                w = window[0] + 1  # keys per query once the window is full
+                total += w * (w + 1) // 2 + (m - w) * w
+    return total
 
 
 def seq_lengths(tokens: int, n: int, multiple: int, seed: int) -> list[int]:
@@ -58,6 +83,20 @@ def timed(fn, reps: int, warmup: int = 3) -> float:
     t = torch.tensor([statistics.median(times)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
+
+
+def single_gpu_masked(q, k, v, cu, max_len, window, chunk, backward: bool):
+    """rocm_attn.attention (torch_flash) on the full batch on one GPU: the masked anchor."""
+    leaves = [t.detach().clone().requires_grad_(backward) for t in (q, k, v)]
+
+    def fwd():
+        return rocm_attn.attention(*leaves, cu, cu, max_len, max_len, causal=True,
+                                   window_size=window, chunk_size=chunk, backend="torch_flash")
+
+    if not backward:
+        return lambda: fwd().detach()
+    dout = torch.randn_like(q)
+    return lambda: torch.autograd.grad(fwd(), leaves, dout)
 
 
 def single_gpu(q, k, v, cu, max_len, scale, backward: bool):
@@ -96,7 +135,7 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
     max_len = max(lens)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cp": cp,
               "tokens": args.tokens, "seqs": lens, "h_q": args.heads_q, "h_kv": args.heads_kv,
-              "d": args.head_dim, "dtype": "bfloat16", "mask": "causal", "rows": []}
+              "d": args.head_dim, "dtype": "bfloat16", "masks": args.masks, "rows": []}
 
     # anchor: every rank times the single-GPU run on its own GPU; the slowest counts
     base = {m: timed(single_gpu(q, k, v, cu, max_len, scale, m == "fwdbwd"), args.reps)
@@ -105,24 +144,38 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
 
     group = dist.group.WORLD
     local = [rocm_attn.shard_for_cp(t, cu, cp, rank).contiguous() for t in (q, k, v)]
-    for comm in progress(COMM_TYPES, f"cp={cp}", rank == 0 and not args.no_progress):
+    causal_pairs = visible_pairs(lens, (-1, -1), None)
+    cases = [(mask, comm) for mask in args.masks for comm in COMM_TYPES]
+    anchors = {"causal": base}
+    for mask, comm in progress(cases, f"cp={cp}", rank == 0 and not args.no_progress):
+        window, chunk = MASKS[mask]
+        if mask not in anchors:
+            anchors[mask] = {m: timed(single_gpu_masked(q, k, v, cu, max_len, window, chunk,
+                                                        m == "fwdbwd"), args.reps)
+                             for m in ("fwd", "fwdbwd")}
+            report.setdefault("single_gpu_masked_ms", {})[mask] = anchors[mask]
+        anchor = anchors[mask]
         ql, kl, vl = (t.detach().clone().requires_grad_() for t in local)
 
-        def fwd(ql=ql, kl=kl, vl=vl, comm=comm):
+        def fwd(ql=ql, kl=kl, vl=vl, comm=comm, window=window, chunk=chunk):
             return rocm_attn.attn_with_cp(ql, kl, vl, cu, cu, max_len, max_len, group,
                                           cp_comm_type=comm, attn_mask_type="causal",
-                                          cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu)
+                                          window_size=window, chunk_size=chunk,
+                                          cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu,
+                                          min_seqlen=min(lens))
 
         dout = torch.randn_like(local[0])
 
         def fwdbwd(fwd=fwd, leaves=(ql, kl, vl), dout=dout):
             torch.autograd.grad(fwd(), leaves, dout)
 
-        row = {"comm": comm}
+        row = {"comm": comm, "mask": mask,
+               "work_skipped": causal_pairs / visible_pairs(lens, window, chunk)}
         for mode, fn in (("fwd", lambda fwd=fwd: fwd().detach()), ("fwdbwd", fwdbwd)):
             with torch.no_grad() if mode == "fwd" else torch.enable_grad():
                 t = timed(fn, args.reps)
-            row[mode] = {"ms": t, "speedup": base[mode] / t, "efficiency": base[mode] / t / cp}
+            row[mode] = {"ms": t, "speedup": anchor[mode] / t,
+                         "efficiency": anchor[mode] / t / cp}
         report["rows"].append(row)
     if rank == 0:
         Path(out_path).write_text(json.dumps(report, indent=1))
@@ -132,10 +185,10 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
 def plot_report(report: dict, path: Path) -> Path:
     """PNG of scaling efficiency (speed-up over one GPU / cp) per comm type; 100% = ideal."""
     rows = report["rows"]
-    return bar_chart(path, [row["comm"] for row in rows],
+    return bar_chart(path, [f"{row['comm']} {row['mask']}" for row in rows],
                      {m: [100 * row[m]["efficiency"] for row in rows] for m in ("fwd", "fwdbwd")},
                      f"attn_with_cp, {report['device']} x{report['cp']}, {report['tokens']} "
-                     f"tokens, {report['mask']}", "scaling efficiency, % (speed-up / cp)")
+                     f"tokens", "scaling efficiency, % (speed-up / cp)")
 
 
 def main(argv=None) -> int:
@@ -149,12 +202,17 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--masks", type=lambda x: x.split(","), default=["causal"],
+                        help=f"comma-separated mask cases of {sorted(MASKS)}")
     parser.add_argument("--json", type=Path, default=Path("build/bench_cp.json"))
     parser.add_argument("--plot", type=Path,
                         help="write a PNG of scaling efficiency per comm type (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     args = parser.parse_args(argv)
     check_plot_arg(parser, args.plot)
+    bad = [m for m in args.masks if m not in MASKS]
+    if bad:
+        parser.error(f"--masks: unknown case(s) {bad}; choose from {sorted(MASKS)}")
     if not require_gpu("cp", gpus=args.cp, kernels=False):  # per-step attention is torch's flash
         return 1
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off (shared hosts)
@@ -168,11 +226,19 @@ def main(argv=None) -> int:
     print(f"\n{r['device']} x{r['cp']}  {r['tokens']} tokens in {len(r['seqs'])} seqs  "
           f"h_q={r['h_q']} h_kv={r['h_kv']} d={r['d']} bf16 causal")
     print(f"single GPU: fwd {b['fwd']:.2f} ms  fwd+bwd {b['fwdbwd']:.2f} ms")
-    print(f"{'comm':11s} {'fwd ms':>8s} {'speedup':>8s} {'eff':>5s} {'fwd+bwd ms':>10s} {'speedup':>8s} {'eff':>5s}")
+    for mask, a in r.get("single_gpu_masked_ms", {}).items():
+        print(f"single GPU {mask}: fwd {a['fwd']:.2f} ms  fwd+bwd {a['fwdbwd']:.2f} ms")
+    causal = {row["comm"]: row for row in r["rows"] if row["mask"] == "causal"}
+    print(f"{'mask':9s} {'comm':11s} {'fwd ms':>8s} {'speedup':>8s} {'eff':>5s} "
+          f"{'fwd+bwd ms':>10s} {'speedup':>8s} {'eff':>5s} {'work/':>6s} {'t_causal/t':>10s}")
     for row in r["rows"]:
         f, fb = row["fwd"], row["fwdbwd"]
-        print(f"{row['comm']:11s} {f['ms']:8.2f} {f['speedup']:7.2f}x {100 * f['efficiency']:4.0f}% "
-              f"{fb['ms']:10.2f} {fb['speedup']:7.2f}x {100 * fb['efficiency']:4.0f}%")
+        ref = causal.get(row["comm"])
+        gain = (f"{ref['fwd']['ms'] / f['ms']:4.1f}/{ref['fwdbwd']['ms'] / fb['ms']:4.1f}"
+                if ref and row["mask"] != "causal" else "")
+        print(f"{row['mask']:9s} {row['comm']:11s} {f['ms']:8.2f} {f['speedup']:7.2f}x "
+              f"{100 * f['efficiency']:4.0f}% {fb['ms']:10.2f} {fb['speedup']:7.2f}x "
+              f"{100 * fb['efficiency']:4.0f}% {row['work_skipped']:5.1f}x {gain:>10s}")
     if args.plot:
         print(f"plot: {plot_report(r, args.plot)}")
     return 0

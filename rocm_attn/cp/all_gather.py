@@ -4,7 +4,10 @@ Forward: K and V (stacked, one collective) are all-gathered and put in global co
 with ``thd.reorder_to_contiguous``; the local q attends in the steps of
 :func:`~rocm_attn.cp.steps.all_gather_step_metas` (causal: one step per local half, each with
 its own cu_seqlens and bottom-right causal offset; no mask: one step) and the halves are placed
-into the output. Backward: K/V are gathered again (not saved: saves ``cp`` x the kv memory),
+into the output; with a window or chunking the steps are the pieces of
+:mod:`~rocm_attn.cp.bands` of both local halves against the whole kv sequence, run on packed
+buffers and merged by index (several calls may cover one row; :mod:`~rocm_attn.cp.packed`).
+Backward: K/V are gathered again (not saved: saves ``cp`` x the kv memory),
 every step's dK/dV accumulate into a global fp32 (fp64) buffer, which is put back in rank
 order (``thd.reorder_to_rank_sharded``) and reduce-scattered.
 """
@@ -14,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from .. import thd
-from . import comm, layouts
+from . import comm, layouts, packed
 from .autograd import make_cp_function
 from .backends import accum_dtype
-from .steps import CPPlan, all_gather_step_metas
+from .steps import CPPlan, all_gather_step_metas, uses_packed_steps
 
 __all__ = ["AllGatherAttnFunc"]
 
@@ -32,9 +35,14 @@ def all_gather_forward(q, k, v, plan: CPPlan):
     cdt = accum_dtype(q.dtype)
     cu_q = plan.local_cu_q_padded
     k_g, v_g = _gather_kv(k, v, plan)
-    out = torch.zeros(q.shape, dtype=cdt, device=q.device)
-    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=cdt, device=q.device)
+    t = q.shape[0]
+    rows = packed.accumulator_rows(t) if uses_packed_steps(plan, "all_gather") else t
+    out = torch.zeros((rows,) + tuple(q.shape[1:]), dtype=cdt, device=q.device)
+    lse = torch.full((q.shape[1], rows), float("-inf"), dtype=cdt, device=q.device)
     for meta in all_gather_step_metas(plan):
+        if meta.packed_kv_rows is not None:  # pieces: merge (several may cover one row)
+            packed.forward_into(out, lse, plan.backend, q, k_g, v_g, meta, plan.softmax_scale)
+            continue
         q_s = layouts.select_rows(q, meta.q_layout, cu_q)
         o_s, l_s = plan.backend.forward(q_s, k_g, v_g, meta, plan.softmax_scale)
         if meta.q_layout == "full":
@@ -43,16 +51,22 @@ def all_gather_forward(q, k, v, plan: CPPlan):
         else:
             layouts.place_half(out, o_s.to(cdt), meta.q_layout, cu_q)
             layouts.place_half(lse, l_s.to(cdt), meta.q_layout, cu_q, token_dim_last=True)
-    return out.to(q.dtype), lse
+    return out[:t].to(q.dtype), lse[:, :t].contiguous()
 
 
 def all_gather_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
     cdt = accum_dtype(q.dtype)
     cu_q = plan.local_cu_q_padded
     k_g, v_g = _gather_kv(k, v, plan)
-    dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
-    dkv = torch.zeros((k_g.shape[0], 2) + tuple(k_g.shape[1:]), dtype=cdt, device=q.device)
+    extra = 1 if uses_packed_steps(plan, "all_gather") else 0  # dummy rows of packed steps
+    t, t_g = q.shape[0], k_g.shape[0]
+    dq = torch.zeros((t + extra,) + tuple(q.shape[1:]), dtype=cdt, device=q.device)
+    dkv = torch.zeros((t_g + extra, 2) + tuple(k_g.shape[1:]), dtype=cdt, device=q.device)
     for meta in all_gather_step_metas(plan):
+        if meta.packed_kv_rows is not None:
+            packed.backward_into(dq, dkv[:, 0], dkv[:, 1], plan.backend, dout, q, k_g, v_g, out,
+                                 lse, dlse, meta, plan.softmax_scale)
+            continue
         sel = meta.q_layout
         dq_s, dk_s, dv_s = plan.backend.backward(
             layouts.select_rows(dout, sel, cu_q), layouts.select_rows(q, sel, cu_q), k_g, v_g,
@@ -61,9 +75,9 @@ def all_gather_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
         layouts.fold_grad(dq, dq_s, sel, cu_q)
         dkv[:, 0] += dk_s
         dkv[:, 1] += dv_s
-    dkv = thd.reorder_to_rank_sharded(dkv, plan.cu_seqlens_kv_padded, plan.cp)
+    dkv = thd.reorder_to_rank_sharded(dkv[:t_g], plan.cu_seqlens_kv_padded, plan.cp)
     dkv = comm.reduce_scatter_tokens(dkv, plan.group, plan.cp)
-    return dq.to(q.dtype), dkv[:, 0].to(k.dtype), dkv[:, 1].to(v.dtype)
+    return dq[:t].to(q.dtype), dkv[:, 0].to(k.dtype), dkv[:, 1].to(v.dtype)
 
 
 AllGatherAttnFunc = make_cp_function(

@@ -171,6 +171,7 @@ def attn_with_cp(
     *,
     return_lse: bool = False,
     validate: Optional[bool] = None,
+    min_seqlen: Optional[int] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Context-parallel attention over THD sequences sharded across ``cp_group``.
 
@@ -200,8 +201,16 @@ def attn_with_cp(
     attn_mask_type : str
         ``"no_mask"`` / ``"padding"`` or ``"causal"`` / ``"padding_causal"`` (bottom-right
         aligned; ``"p2p"`` needs identical q and kv sequences for it).
-    window_size, chunk_size :
-        Only ``(-1, -1)`` and ``None`` for now (``NotImplementedError`` otherwise).
+    window_size : (int, int)
+        Sliding window ``(left, right)``, ``-1`` = unbounded, as in flash-attention: query at
+        position ``p`` (bottom-right aligned, ``p = i + n_kv - n_q``) sees keys
+        ``p - left <= j <= p + right``, intersected with ``j <= p`` when causal. Every comm
+        type; ``"p2p"`` needs identical q and kv sequences for a window.
+    chunk_size : int, optional
+        Chunked attention (Llama-4 style): ``p`` sees ``j`` only when ``j // chunk_size ==
+        p // chunk_size`` (chunks from the start of every sequence); combines with the mask
+        type and the window (all constraints apply). Every comm type; ``"p2p"`` needs
+        identical q and kv sequences. See ``docs/CP.md`` for the support matrix.
     cu_seqlens_q_padded, cu_seqlens_kv_padded : torch.Tensor, optional
         Global int32 ``[b+1]`` starting at 0: where every sequence's slot starts; every slot
         length a multiple of ``2*cp`` (valid tokens first, padding after). They define the
@@ -215,9 +224,15 @@ def attn_with_cp(
     return_lse : bool
         Also return the LSE (differentiable).
     validate : bool, optional
-        Check the cu_seqlens *values* (layout, divisibility, shard size, max_seqlen). Reading
-        them synchronises, so by default (None) this runs for CPU tensors or with env
-        ``ROCM_ATTN_VALIDATE=1`` only; ``True`` / ``False`` force it on / off.
+        Check the cu_seqlens *values* (layout, divisibility, shard size, max_seqlen,
+        min_seqlen). Reading them synchronises, so by default (None) this runs for CPU tensors
+        or with env ``ROCM_ATTN_VALIDATE=1`` only; ``True`` / ``False`` force it on / off.
+    min_seqlen : int, optional
+        A promise: every sequence with at least one valid token has at least ``min_seqlen``
+        of them (q and kv). With a window or chunking, ``"p2p"`` skips the compute of ring
+        steps the mask cannot reach for sequences that long (``docs/CP.md`` says how many
+        run); without the promise only steps beyond reach for *any* length are skipped. A
+        broken promise gives wrong results (checked when values are validated).
 
     Returns
     -------
@@ -235,12 +250,12 @@ def attn_with_cp(
         ``2*cp``, heads not divisible by ``cp`` for ``"a2a"``, ``"p2p"`` causal with different
         q and kv sequences, ``backend="torch_flash"`` for inputs it cannot serve.
     NotImplementedError
-        Sliding windows, chunked attention, comm type ``"a2a+p2p"`` (named in the message).
+        Comm type ``"a2a+p2p"`` (named in the message).
     """
     plan = _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
                       cp_group, cp_comm_type, attn_mask_type, window_size, chunk_size,
                       cu_seqlens_q_padded, cu_seqlens_kv_padded, softmax_scale, backend,
-                      bool(return_lse), validate)
+                      bool(return_lse), validate, min_seqlen)
     _log.debug("attn_with_cp: comm=%s mask=%s cp=%d rank=%d backend=%s", cp_comm_type,
                plan.attn_mask_type, plan.cp, plan.rank, plan.backend.name)
     out, lse = _FUNCS[cp_comm_type].apply(q, k, v, plan)
@@ -249,7 +264,8 @@ def attn_with_cp(
 
 def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, cp_group,
                cp_comm_type, attn_mask_type, window_size, chunk_size, cu_seqlens_q_padded,
-               cu_seqlens_kv_padded, softmax_scale, backend, return_lse, validate) -> CPPlan:
+               cu_seqlens_kv_padded, softmax_scale, backend, return_lse, validate,
+               min_seqlen=None) -> CPPlan:
     cp, rank = comm.group_info(cp_group)
     if cp_comm_type in _LATER_COMM_TYPES:
         raise NotImplementedError(f"attn_with_cp: cp_comm_type={cp_comm_type!r} "
@@ -261,16 +277,11 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
     window = _check_window(window_size)
     if chunk_size is not None and (not _is_int(chunk_size) or chunk_size <= 0):
         raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
-    later = []
-    if window != (-1, -1):
-        later.append(f"window_size={window}")
-    if chunk_size is not None:
-        later.append(f"chunk_size={chunk_size}")
-    if later:
-        raise NotImplementedError(
-            f"attn_with_cp: {' and '.join(later)} with attn_mask_type={attn_mask_type!r} and "
-            f"cp_comm_type={cp_comm_type!r} is not implemented yet (sliding-window and chunked "
-            "attention under context parallelism come with the masks issue)")
+    if min_seqlen is None:
+        min_seqlen = 0
+    elif not _is_int(min_seqlen) or min_seqlen < 0:
+        raise ValueError(f"min_seqlen must be None or an int >= 0, got {min_seqlen!r}")
+    masked = window != (-1, -1) or chunk_size is not None
     _check_tensors(q, k, v)
     h_q, h_kv, d = q.shape[1], k.shape[1], q.shape[2]
     if cp_comm_type == "a2a" and (h_q % cp or h_kv % cp):
@@ -302,13 +313,15 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
                            q.shape[0], max_seqlen_q)
         _check_side_values("kv", cu_seqlens_kv, cu_kv_p, cu_seqlens_kv_padded is not None, cp,
                            k.shape[0], max_seqlen_kv)
-        if causal and cp_comm_type == "p2p" and not (
+        if (causal or masked) and cp_comm_type == "p2p" and not (
                 torch.equal(cu_seqlens_q, cu_seqlens_kv) and torch.equal(cu_q_p, cu_kv_p)):
+            what = "a causal mask" if causal else _mask_words(window, chunk_size)
             raise ValueError(
-                "cp_comm_type='p2p' with a causal mask needs identical q and kv sequences "
-                "(cu_seqlens_q == cu_seqlens_kv and the same padded layout): its diagonal / "
-                "below / above ring steps rely on q and kv chunks at the same positions; use "
-                "'all_gather' or 'a2a' for causal attention between different q and kv lengths")
+                f"cp_comm_type='p2p' with {what} needs identical q and kv sequences "
+                "(cu_seqlens_q == cu_seqlens_kv and the same padded layout): its ring steps "
+                "rely on q and kv chunks at the same positions; use 'all_gather' or 'a2a' for "
+                "masked attention between different q and kv lengths")
+        _check_min_seqlen(min_seqlen, cu_seqlens_q, cu_seqlens_kv)
     return CPPlan(
         group=cp_group, cp=cp, rank=rank, attn_mask_type="causal" if causal else "no_mask",
         window_size=window, chunk_size=chunk_size, softmax_scale=float(softmax_scale),
@@ -316,4 +329,26 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
         cu_seqlens_kv_padded=cu_kv_p, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
         rows_q=q.shape[0], rows_kv=k.shape[0], backend=step_backend, return_lse=return_lse,
         geom_q=side_geometry(cu_seqlens_q, cu_q_p, cp),
-        geom_kv=side_geometry(cu_seqlens_kv, cu_kv_p, cp))
+        geom_kv=side_geometry(cu_seqlens_kv, cu_kv_p, cp), min_seqlen=min_seqlen)
+
+
+def _mask_words(window: Tuple[int, int], chunk_size: Optional[int]) -> str:
+    parts = []
+    if window != (-1, -1):
+        parts.append(f"window_size={window}")
+    if chunk_size is not None:
+        parts.append(f"chunk_size={chunk_size}")
+    return " and ".join(parts)
+
+
+def _check_min_seqlen(min_seqlen: int, cu_q: torch.Tensor, cu_kv: torch.Tensor) -> None:
+    if not min_seqlen:
+        return
+    for side, cu in (("q", cu_q), ("kv", cu_kv)):
+        lens = (cu[1:] - cu[:-1]).long().cpu()
+        bad = torch.nonzero((lens > 0) & (lens < min_seqlen))
+        if bad.numel():
+            i = int(bad[0, 0])
+            raise ValueError(f"min_seqlen={min_seqlen} promises every non-empty sequence has at "
+                             f"least that many tokens, but sequence {i} has {int(lens[i])} "
+                             f"valid {side} tokens")

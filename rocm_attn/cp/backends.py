@@ -26,6 +26,13 @@ Backends
   the chain rule through the online-softmax merge this equals the flash-style ``dS`` above.
 * ``torch_flash``: ``aten._flash_attention_forward`` / ``_backward`` (varlen) on CUDA / ROCm,
   fp16 / bf16, head dim <= 256. **Untested in this repository's CPU CI**: it needs a GPU.
+
+Steps with ``meta.packed_kv_rows`` set (windows, chunking: kv ranges may overlap) run on
+packed buffers (:mod:`~rocm_attn.cp.packed`): ``forward_packed(q_p, k_p, v_p, meta, scale)``
+and ``backward_packed(dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta, scale)`` take and
+return packed rows (sub-sequence ``i`` at rows ``[cu[i], cu[i+1])``; rows past ``cu[-1]`` may
+come back as junk). The comm types merge those straight into their accumulators;
+``forward`` / ``backward`` on such a step gather, call them and scatter back.
 * ``auto``: ``torch_flash`` for CUDA/ROCm fp16/bf16 inputs with ``d <= 256`` and ``d % 8 == 0``,
   else ``reference``; the choice is logged at debug level (logger ``rocm_attn.cp``).
 """
@@ -40,6 +47,7 @@ import torch
 from .. import thd
 from .._logging import log_choice
 from ..reference import reference_attention
+from . import packed
 from .steps import StepMeta
 
 __all__ = ["BACKENDS", "StepBackend", "ReferenceBackend", "TorchFlashBackend", "resolve_backend",
@@ -69,6 +77,34 @@ class StepBackend:
                  softmax_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def forward_packed(self, q_p, k_p, v_p, meta: StepMeta, softmax_scale: float
+                       ) -> Tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def backward_packed(self, dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta: StepMeta,
+                        softmax_scale: float):
+        raise NotImplementedError
+
+    def _general_forward(self, q, k, v, meta: StepMeta, softmax_scale: float):
+        """``forward`` of a packed-contract step: gather, attend, scatter back."""
+        mq, mkv = packed.step_rows(meta, q.shape[0], k.shape[0])
+        out_p, lse_p = self.forward_packed(
+            packed.gather_packed(q, mq), packed.gather_packed(k, mkv),
+            packed.gather_packed(v, mkv), meta, softmax_scale)
+        return (packed.scatter_packed(out_p, mq, 0.0),
+                packed.scatter_packed(lse_p, mq, NEG_INF, dim=-1))
+
+    def _general_backward(self, dout, q, k, v, out, lse, dlse, meta: StepMeta,
+                          softmax_scale: float):
+        """``backward`` of a packed-contract step: gather, differentiate, scatter(-add)."""
+        cdt = accum_dtype(q.dtype)
+        shapes = ((q.shape[0] + 1,) + tuple(q.shape[1:]), (k.shape[0] + 1,) + tuple(k.shape[1:]))
+        dq = q.new_zeros(shapes[0], dtype=cdt)
+        dk, dv = (k.new_zeros(shapes[1], dtype=cdt) for _ in range(2))
+        packed.backward_into(dq, dk, dv, self, dout, q, k, v, out, lse, dlse, meta,
+                             softmax_scale)
+        return dq[:-1], dk[:-1], dv[:-1]
+
 
 class ReferenceBackend(StepBackend):
     """Pure torch per-step attention (the CPU path). Gradients by autograd on a recomputation."""
@@ -85,30 +121,60 @@ class ReferenceBackend(StepBackend):
             softmax_scale=softmax_scale, cu_seqlens_q_padded=meta.cu_seqlens_q_padded,
             cu_seqlens_kv_padded=meta.cu_seqlens_kv_padded, compute_dtype=cdt)
 
+    @staticmethod
+    def _attend_packed(q_p, k_p, v_p, meta: StepMeta, softmax_scale: float):
+        cdt = accum_dtype(q_p.dtype)
+        return reference_attention(
+            q_p.to(cdt), k_p.to(cdt), v_p.to(cdt), meta.cu_seqlens_q, meta.cu_seqlens_kv,
+            attn_mask_type=meta.attn_mask_type, window_size=meta.window_size,
+            softmax_scale=softmax_scale, compute_dtype=cdt)
+
     def forward(self, q, k, v, meta, softmax_scale):
+        if meta.packed_kv_rows is not None:
+            return self._general_forward(q, k, v, meta, softmax_scale)
         return self._attend(q, k, v, meta, softmax_scale)
 
+    def forward_packed(self, q_p, k_p, v_p, meta, softmax_scale):
+        return self._attend_packed(q_p, k_p, v_p, meta, softmax_scale)
+
     def backward(self, dout, q, k, v, out, lse, dlse, meta, softmax_scale):
-        cdt = accum_dtype(q.dtype)
-        qc = q.detach().to(cdt).requires_grad_(True)
-        kc = k.detach().to(cdt).requires_grad_(True)
-        vc = v.detach().to(cdt).requires_grad_(True)
-        with torch.enable_grad():
-            o_s, l_s = self._attend(qc, kc, vc, meta, softmax_scale)
-        ls = l_s.detach()
-        lse_c = lse.to(ls.dtype)
-        # weight of this step in the merged result; 0 where the step saw no key
-        w = torch.where(ls == NEG_INF, torch.zeros_like(ls),
-                        torch.exp(ls - torch.where(lse_c == NEG_INF, ls, lse_c)))
-        do = dout.to(cdt)
-        d_o = do * w.t().unsqueeze(-1)
-        d_l = (do * (o_s.detach() - out.to(cdt))).sum(-1).t()
-        if dlse is not None:
-            d_l = d_l + dlse.to(cdt)
-        d_l = torch.where(w > 0, w * d_l, torch.zeros_like(d_l))
-        grads = torch.autograd.grad((o_s, l_s), (qc, kc, vc), (d_o, d_l.to(l_s.dtype)),
-                                    allow_unused=True)
-        return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, (qc, kc, vc)))
+        if meta.packed_kv_rows is not None:
+            return self._general_backward(dout, q, k, v, out, lse, dlse, meta, softmax_scale)
+        return _autograd_step_grads(self._attend, dout, q, k, v, out, lse, dlse, meta,
+                                    softmax_scale)
+
+    def backward_packed(self, dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta, softmax_scale):
+        return _autograd_step_grads(self._attend_packed, dout_p, q_p, k_p, v_p, out_p, lse_p,
+                                    dlse_p, meta, softmax_scale)
+
+
+def _autograd_step_grads(attend, dout, q, k, v, out, lse, dlse, meta: StepMeta,
+                         softmax_scale: float):
+    """This step's exact share of the gradients: recompute the step with autograd and pull
+    ``(w * dO, w * (dlse + rowdot(dO, out_step - out)))``, ``w = exp(lse_step - lse)`` (the
+    chain rule through the online-softmax merge), through it."""
+    cdt = accum_dtype(q.dtype)
+    qc = q.detach().to(cdt).requires_grad_(True)
+    kc = k.detach().to(cdt).requires_grad_(True)
+    vc = v.detach().to(cdt).requires_grad_(True)
+    with torch.enable_grad():
+        o_s, l_s = attend(qc, kc, vc, meta, softmax_scale)
+    if not (o_s.requires_grad or l_s.requires_grad):  # no sub-sequence had a key
+        return tuple(torch.zeros_like(x) for x in (qc, kc, vc))
+    ls = l_s.detach()
+    lse_c = lse.to(ls.dtype)
+    # weight of this step in the merged result; 0 where the step saw no key
+    w = torch.where(ls == NEG_INF, torch.zeros_like(ls),
+                    torch.exp(ls - torch.where(lse_c == NEG_INF, ls, lse_c)))
+    do = dout.to(cdt)
+    d_o = do * w.t().unsqueeze(-1)
+    d_l = (do * (o_s.detach() - out.to(cdt))).sum(-1).t()
+    if dlse is not None:
+        d_l = d_l + dlse.to(cdt)
+    d_l = torch.where(w > 0, w * d_l, torch.zeros_like(d_l))
+    grads = torch.autograd.grad((o_s, l_s), (qc, kc, vc), (d_o, d_l.to(l_s.dtype)),
+                                allow_unused=True)
+    return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, (qc, kc, vc)))
 
 
 def _pack(x: torch.Tensor, cu: torch.Tensor, cu_padded: torch.Tensor, dim: int = 0):
@@ -141,53 +207,105 @@ class TorchFlashBackend(StepBackend):
     def _is_causal(meta: StepMeta) -> bool:
         return meta.attn_mask_type == "causal"
 
-    def forward(self, q, k, v, meta, softmax_scale):
-        qp = _pack(q, meta.cu_seqlens_q, meta.cu_seqlens_q_padded)
-        kp = _pack(k, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
-        vp = _pack(v, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
-        out_p, lse_p, _, _, _ = torch.ops.aten._flash_attention_forward(
-            qp, kp, vp, meta.cu_seqlens_q, meta.cu_seqlens_kv, meta.max_seqlen_q,
-            meta.max_seqlen_kv, 0.0, self._is_causal(meta), False, scale=softmax_scale,
+    @staticmethod
+    def _max_seqlens(meta: StepMeta) -> Tuple[int, int]:
+        """Host bounds passed to the kernels, adjusted for two quirks of the aten wrapper:
+
+        * ``max_seqlen_q == 1`` with GQA and no window switches to a path that assumes one
+          query per sub-sequence and no varlen q; our packed buffers have slack rows, so
+          pass at least 2 (a looser bound only grows the grid).
+        * a window ``(left >= 0, -1)`` without causal becomes ``(left, max_seqlen_k)`` inside
+          the wrapper, i.e. query ``i`` sees keys up to ``i + sk - sq + max_seqlen_k``: that
+          is "unbounded" only when ``max_seqlen_k >= sq - 1``, so raise it to ``max_seqlen_q``
+          (the ``rev`` pieces of windowed steps have ``sk <= sq``).
+        """
+        max_q, max_k = max(2, meta.max_seqlen_q), meta.max_seqlen_kv
+        left, right = meta.window_size
+        if left >= 0 and right < 0 and not TorchFlashBackend._is_causal(meta):
+            max_k = max(max_k, max_q)
+        return max_q, max_k
+
+    def _flash_fwd(self, q_p, k_p, v_p, meta, softmax_scale):
+        max_q, max_k = self._max_seqlens(meta)
+        out_p, lse_p, _, _, _ = _aten_flash()[0](
+            q_p, k_p, v_p, meta.cu_seqlens_q, meta.cu_seqlens_kv, max_q, max_k, 0.0,
+            self._is_causal(meta), False, scale=softmax_scale,
             window_size_left=meta.window_size[0], window_size_right=meta.window_size[1])
         lse_p = lse_p.float()
         lse_p = torch.where(torch.isfinite(lse_p), lse_p, torch.full_like(lse_p, NEG_INF))
         out_p = out_p.masked_fill((lse_p == NEG_INF).t().unsqueeze(-1), 0)
+        return out_p, lse_p
+
+    def forward(self, q, k, v, meta, softmax_scale):
+        if meta.packed_kv_rows is not None:
+            return self._general_forward(q, k, v, meta, softmax_scale)
+        qp = _pack(q, meta.cu_seqlens_q, meta.cu_seqlens_q_padded)
+        kp = _pack(k, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
+        vp = _pack(v, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
+        out_p, lse_p = self._flash_fwd(qp, kp, vp, meta, softmax_scale)
         out = _unpack(out_p, meta.cu_seqlens_q, meta.cu_seqlens_q_padded, 0.0)
         lse = _unpack(lse_p, meta.cu_seqlens_q, meta.cu_seqlens_q_padded, NEG_INF, dim=-1)
         return out, lse
 
     def _flash_bwd(self, dout_p, q_p, k_p, v_p, out_p, lse_p, meta, softmax_scale):
-        return torch.ops.aten._flash_attention_backward(
+        max_q, max_k = self._max_seqlens(meta)
+        return _aten_flash()[1](
             dout_p, q_p, k_p, v_p, out_p, lse_p, meta.cu_seqlens_q, meta.cu_seqlens_kv,
-            meta.max_seqlen_q, meta.max_seqlen_kv, 0.0, self._is_causal(meta),
+            max_q, max_k, 0.0, self._is_causal(meta),
             torch.zeros(2, dtype=torch.uint64, device=q_p.device),
             torch.empty(0, device=q_p.device), scale=softmax_scale,
             window_size_left=meta.window_size[0], window_size_right=meta.window_size[1])
 
-    def backward(self, dout, q, k, v, out, lse, dlse, meta, softmax_scale):
-        cq, cqp = meta.cu_seqlens_q, meta.cu_seqlens_q_padded
-        ckv, ckvp = meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded
-        lse_p = _pack(lse.float(), cq, cqp, dim=-1)
+    def _packed_bwd(self, dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta, softmax_scale):
+        """Flash backward on packed buffers, plus the LSE cotangent's term."""
         # flash convention for rows without keys: +inf, so that exp(S - lse) = 0
         lse_p = torch.where(lse_p == NEG_INF, torch.full_like(lse_p, float("inf")), lse_p)
-        q_p, k_p = _pack(q, cq, cqp), _pack(k, ckv, ckvp)
-        dq_p, dk_p, dv_p = self._flash_bwd(
-            _pack(dout.to(q.dtype), cq, cqp), q_p, k_p, _pack(v, ckv, ckvp),
-            _pack(out.to(q.dtype), cq, cqp), lse_p, meta, softmax_scale)
-        if dlse is not None:
+        dq_p, dk_p, dv_p = self._flash_bwd(dout_p, q_p, k_p, v_p, out_p, lse_p, meta,
+                                           softmax_scale)
+        if dlse_p is not None:
             # The LSE cotangent adds dS = dlse * P. The flash backward computes
             # dS = P * (dO V^T - rowdot(dO, O)): with V = 0, dO = e_0 and O = -dlse * e_0 that
             # is exactly dlse * P (dV of this call is discarded). dlse is rounded to q.dtype.
             e0 = torch.zeros_like(q_p)
             e0[..., 0] = 1
             o_l = torch.zeros_like(q_p)
-            o_l[..., 0] = -_pack(dlse.float(), cq, cqp, dim=-1).t().to(q.dtype)
+            o_l[..., 0] = -dlse_p.t().to(q_p.dtype)
             dq_l, dk_l, _ = self._flash_bwd(e0, q_p, k_p, torch.zeros_like(k_p), o_l, lse_p,
                                             meta, softmax_scale)
             dq_p = dq_p + dq_l
             dk_p = dk_p + dk_l
+        return dq_p, dk_p, dv_p
+
+    def forward_packed(self, q_p, k_p, v_p, meta, softmax_scale):
+        return self._flash_fwd(q_p.contiguous(), k_p.contiguous(), v_p.contiguous(), meta,
+                               softmax_scale)
+
+    def backward_packed(self, dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta, softmax_scale):
+        dt = q_p.dtype
+        return self._packed_bwd(
+            dout_p.to(dt).contiguous(), q_p.contiguous(), k_p.contiguous(), v_p.contiguous(),
+            out_p.to(dt).contiguous(), lse_p.float(),
+            None if dlse_p is None else dlse_p.float(), meta, softmax_scale)
+
+    def backward(self, dout, q, k, v, out, lse, dlse, meta, softmax_scale):
+        if meta.packed_kv_rows is not None:
+            return self._general_backward(dout, q, k, v, out, lse, dlse, meta, softmax_scale)
+        cq, cqp = meta.cu_seqlens_q, meta.cu_seqlens_q_padded
+        ckv, ckvp = meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded
+        lse_p = _pack(lse.float(), cq, cqp, dim=-1)
+        dlse_p = None if dlse is None else _pack(dlse.float(), cq, cqp, dim=-1)
+        dq_p, dk_p, dv_p = self._packed_bwd(
+            _pack(dout.to(q.dtype), cq, cqp), _pack(q, cq, cqp), _pack(k, ckv, ckvp),
+            _pack(v, ckv, ckvp), _pack(out.to(q.dtype), cq, cqp), lse_p, dlse_p, meta,
+            softmax_scale)
         return (_unpack(dq_p, cq, cqp, 0.0), _unpack(dk_p, ckv, ckvp, 0.0),
                 _unpack(dv_p, ckv, ckvp, 0.0))
+
+
+def _aten_flash():
+    """``(forward, backward)`` flash ops; tests substitute a CPU emulator of the aten wrapper
+    (tests/flash_emulator.py) to run this backend's packing and window logic without a GPU."""
+    return torch.ops.aten._flash_attention_forward, torch.ops.aten._flash_attention_backward
 
 
 def _flash_problem(q: torch.Tensor) -> Optional[str]:

@@ -3,9 +3,15 @@
 Forward: ``cp`` steps; at step ``s`` this rank holds the kv of ``kv_rank = (rank - s) % cp``,
 posts the exchange that brings the next one (``RingExchange``: batched isend/irecv, on a side
 stream on GPUs) *before* computing the step, computes it (metadata from
-:func:`~rocm_attn.cp.steps.ring_step_meta`: diagonal / below / above under a causal mask) and
+:func:`~rocm_attn.cp.steps.ring_step_metas`: diagonal / below / above under a causal mask) and
 merges it into fp32 (fp64) accumulators with ``thd.merge_partial`` (``only_second_half`` for
 ``above`` steps), then waits for the exchange. The output is rounded to the input dtype once.
+
+With a window or chunking a step may be several attention calls (one per piece kind, see
+:mod:`~rocm_attn.cp.bands`), run on packed buffers and merged by index into accumulators with
+a dummy row (:mod:`~rocm_attn.cp.packed`), or none when the mask cannot reach that step's kv:
+its compute is skipped, its exchange still runs (the kv must travel on to the ranks that need
+it, so every rank makes the same exchanges).
 
 Backward: the same ring. dQ accumulates locally; dK/dV accumulators travel with the kv they
 belong to: at step ``s`` the rank receives the accumulator of ``kv_rank`` (from the previous
@@ -18,10 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from . import comm, layouts
+from . import comm, layouts, packed
 from .autograd import make_cp_function
 from .backends import accum_dtype
-from .steps import CPPlan, ring_step_meta
+from .steps import CPPlan, ring_step_metas, uses_packed_steps
 
 __all__ = ["RingAttnFunc"]
 
@@ -34,51 +40,71 @@ def _kv_step(kv: torch.Tensor, layout: str, local_cu_kv: torch.Tensor):
 def ring_forward(q, k, v, plan: CPPlan):
     cdt = accum_dtype(q.dtype)
     cu_q, cu_kv = plan.local_cu_q_padded, plan.local_cu_kv_padded
-    out = torch.zeros(q.shape, dtype=cdt, device=q.device)
-    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=cdt, device=q.device)
+    t = q.shape[0]
+    rows = packed.accumulator_rows(t) if uses_packed_steps(plan, "p2p") else t
+    out = torch.zeros((rows,) + tuple(q.shape[1:]), dtype=cdt, device=q.device)
+    lse = torch.full((q.shape[1], rows), float("-inf"), dtype=cdt, device=q.device)
     kv = torch.stack([k, v])  # [2, t_kv, h_kv, d]: one message per step
     for step in range(plan.cp):
         pending = (comm.RingExchange(kv, plan.group, plan.cp, plan.rank, comm.TAG_KV)
                    if step < plan.cp - 1 else None)
-        meta = ring_step_meta(plan, step)
-        k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
-        q_s = layouts.select_rows(q, meta.q_layout, cu_q)
-        o_s, l_s = plan.backend.forward(q_s, k_s, v_s, meta, plan.softmax_scale)
-        layouts.merge_step(out, lse, o_s, l_s.to(cdt), meta.q_layout, cu_q)
+        for meta in ring_step_metas(plan, step):
+            k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
+            if meta.packed_kv_rows is not None:
+                packed.forward_into(out, lse, plan.backend, q, k_s, v_s, meta,
+                                    plan.softmax_scale)
+                continue
+            q_s = layouts.select_rows(q, meta.q_layout, cu_q)
+            o_s, l_s = plan.backend.forward(q_s, k_s, v_s, meta, plan.softmax_scale)
+            layouts.merge_step(out, lse, o_s, l_s.to(cdt), meta.q_layout, cu_q)
         if pending is not None:
             kv = pending.wait()
-    return out.to(q.dtype), lse
+    return out[:t].to(q.dtype), lse[:, :t].contiguous()
 
 
 def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
     cdt = accum_dtype(q.dtype)
     cu_q, cu_kv = plan.local_cu_q_padded, plan.local_cu_kv_padded
-    dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
+    extra = 1 if uses_packed_steps(plan, "p2p") else 0  # dummy rows of packed steps
+    t, t_kv = q.shape[0], k.shape[0]
+    dq = torch.zeros((t + extra,) + tuple(q.shape[1:]), dtype=cdt, device=q.device)
     kv = torch.stack([k, v])
-    dkv = torch.zeros(kv.shape, dtype=cdt, device=q.device)  # accumulator of the kv held
+    # accumulator of the kv held
+    dkv = torch.zeros((2, t_kv + extra) + tuple(k.shape[1:]), dtype=cdt, device=q.device)
     pending_dkv = None
     for step in range(plan.cp):
         pending_kv = (comm.RingExchange(kv, plan.group, plan.cp, plan.rank, comm.TAG_KV)
                       if step < plan.cp - 1 else None)
-        meta = ring_step_meta(plan, step)
-        k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
-        sel = meta.q_layout
-        dq_s, dk_s, dv_s = plan.backend.backward(
-            layouts.select_rows(dout, sel, cu_q), layouts.select_rows(q, sel, cu_q), k_s, v_s,
-            layouts.select_rows(out, sel, cu_q), layouts.select_lse(lse, sel, cu_q),
-            layouts.select_lse(dlse, sel, cu_q), meta, plan.softmax_scale)
-        layouts.fold_grad(dq, dq_s, sel, cu_q)
+        grads, step_dkv = [], None  # this step's dK/dV, folded once its accumulator arrives
+        for meta in ring_step_metas(plan, step):
+            k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
+            if meta.packed_kv_rows is not None:
+                if step_dkv is None:
+                    step_dkv = torch.zeros_like(dkv)
+                packed.backward_into(dq, step_dkv[0], step_dkv[1], plan.backend, dout, q, k_s,
+                                     v_s, out, lse, dlse, meta, plan.softmax_scale)
+                continue
+            sel = meta.q_layout
+            dq_s, dk_s, dv_s = plan.backend.backward(
+                layouts.select_rows(dout, sel, cu_q), layouts.select_rows(q, sel, cu_q), k_s,
+                v_s, layouts.select_rows(out, sel, cu_q), layouts.select_lse(lse, sel, cu_q),
+                layouts.select_lse(dlse, sel, cu_q), meta, plan.softmax_scale)
+            layouts.fold_grad(dq, dq_s, sel, cu_q)
+            grads.append((meta.kv_layout, dk_s, dv_s))
         if pending_dkv is not None:
             dkv = pending_dkv.wait()  # the accumulator of the kv received for this step
-        layouts.fold_grad(dkv[0], dk_s, meta.kv_layout, cu_kv)
-        layouts.fold_grad(dkv[1], dv_s, meta.kv_layout, cu_kv)
+        for kv_layout, dk_s, dv_s in grads:
+            layouts.fold_grad(dkv[0], dk_s, kv_layout, cu_kv)
+            layouts.fold_grad(dkv[1], dv_s, kv_layout, cu_kv)
+        if step_dkv is not None:
+            dkv += step_dkv
         if plan.cp > 1:
             pending_dkv = comm.RingExchange(dkv, plan.group, plan.cp, plan.rank, comm.TAG_DKV)
         if pending_kv is not None:
             kv = pending_kv.wait()
     if pending_dkv is not None:
         dkv = pending_dkv.wait()  # home: the accumulator of this rank's own kv
-    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+    return (dq[:t].to(q.dtype), dkv[0, :t_kv].to(k.dtype), dkv[1, :t_kv].to(v.dtype))
 
 
 RingAttnFunc = make_cp_function(

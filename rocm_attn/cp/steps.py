@@ -4,9 +4,8 @@ attention call a comm type makes, which rows of which tensor attend to which, un
 A comm type (``p2p.py``, ``all_gather.py``, ``a2a.py``) never computes ranges itself: it asks
 this module for a :class:`StepMeta` per attention call, materialises the q / kv tensors the
 meta names (``q_layout`` / ``kv_layout``), hands both to a per-step backend (``backends.py``)
-and folds the result back with :mod:`rocm_attn.thd` helpers. Masks that later issues add
-(sliding windows, chunked attention) change only this file: the per-sequence lengths and
-offsets below and the ``attn_mask_type`` / ``window_size`` of every step.
+and folds the result back with :mod:`rocm_attn.thd` helpers (or, for windowed / chunked
+steps, merges packed results by index: :mod:`~rocm_attn.cp.packed`).
 
 Geometry (dual-chunk sharding, DESIGN section 2)
 ------------------------------------------------
@@ -42,6 +41,18 @@ Step kinds
   to the global kv prefix it may see, ``causal`` with the bottom-right offset that puts the
   chunk at its global position; no mask: one ``full`` step.
 * a2a (:func:`a2a_step_meta`): one ``global`` step over whole sequences (a head group).
+
+Windows and chunking (:func:`ring_step_metas`, and the masked branches of the two others)
+-----------------------------------------------------------------------------------------
+* p2p, causal chunked without window: one call per step from
+  :func:`rocm_attn.thd.chunkify_ring_step` (runs of one chunk id), clipped to valid tokens.
+* anything else with a window or chunking: every step is a set of (q segment x kv segment)
+  rectangles per sequence (p2p: the two q halves x the two kv halves, related by their chunk
+  order; all_gather: the two q halves x the whole kv sequence; a2a: whole sequences), cut into
+  the pieces of :mod:`~rocm_attn.cp.bands`; one call per piece kind and set of pairs with
+  disjoint q rows (``packed_kv_rows`` contract). Pairs the mask cannot reach for sequences of
+  ``plan.min_seqlen`` tokens are dropped on the host (:func:`~rocm_attn.cp.bands.reachable`); a
+  ring step left without pairs runs no attention.
 """
 
 from __future__ import annotations
@@ -52,6 +63,16 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 import torch
 
 from .. import thd
+from .bands import (
+    MaskSpec,
+    Segment,
+    pair_slots,
+    piece_mask,
+    piece_ranges,
+    pieces_for,
+    reachable,
+    slot_bound,
+)
 
 __all__ = [
     "CPPlan",
@@ -112,10 +133,22 @@ class CPPlan:
     return_lse: bool  # the caller sees the LSE (so it may carry a gradient)
     geom_q: SideGeometry
     geom_kv: SideGeometry
+    # promise: every sequence with a valid token has >= min_seqlen of them (0: no promise);
+    # lets the ring skip steps a window or chunk cannot reach (bands.reachable)
+    min_seqlen: int = 0
 
     @property
     def causal(self) -> bool:
         return self.attn_mask_type == "causal"
+
+    @property
+    def spec(self) -> MaskSpec:
+        return MaskSpec.make(self.causal, self.window_size, self.chunk_size)
+
+    @property
+    def min_chunk_tokens(self) -> int:
+        """Lower bound of the dual-chunk size ``H`` of every sequence with a valid token."""
+        return max(1, -(-self.min_seqlen // (2 * self.cp)))
 
     @property
     def local_cu_q_padded(self) -> torch.Tensor:
@@ -130,12 +163,24 @@ class CPPlan:
 class StepMeta(NamedTuple):
     """One attention call of a comm type.
 
-    Sub-sequence ``i`` (one per global sequence) has ``cu_seqlens_q[i+1] - cu_seqlens_q[i]``
-    valid queries starting at row ``cu_seqlens_q_padded[i]`` of the step's q tensor, and
-    likewise for kv; all four int32 ``[b+1]``. Rows outside those ranges are never read; the
-    step's output is zero and its LSE ``-inf`` there. ``attn_mask_type`` (``"causal"``:
-    bottom-right aligned, or ``"no_mask"``) and ``window_size`` apply inside every sub-sequence.
-    ``max_seqlen_*`` are host upper bounds of the valid counts (for kernels that size grids).
+    Sub-sequence ``i`` has ``cu_seqlens_q[i+1] - cu_seqlens_q[i]`` valid queries starting at
+    row ``cu_seqlens_q_padded[i]`` of the step's q tensor, and likewise for kv; all four int32
+    ``[m+1]``. Rows outside those ranges are never read; the step's output is zero and its LSE
+    ``-inf`` there. ``attn_mask_type`` (``"causal"``: bottom-right aligned, or ``"no_mask"``)
+    and ``window_size`` (flash convention, bottom-right aligned) apply inside every
+    sub-sequence. ``max_seqlen_*`` are host upper bounds of the valid counts (for kernels that
+    size grids).
+
+    Two contracts, told apart by ``packed_kv_rows``:
+
+    * ``None`` (the core steps and the chunkify-based ring steps): one sub-sequence per
+      sequence or chunk run, starts non-decreasing, ``start[i] + len[i] <= start[i+1]`` on both
+      sides (the ``cu_seqlens_*_padded`` convention of ``reference_attention``).
+    * an int (windowed / chunked steps from :mod:`~rocm_attn.cp.bands`): q ranges are disjoint
+      but in any order, kv ranges may overlap (two q halves reading the same kv half), the
+      last entry of ``cu_seqlens_*_padded`` is unused, and the sums of the q / kv lengths are
+      at most ``packed_q_rows`` / ``packed_kv_rows`` (the sizes of the packed buffers,
+      :mod:`~rocm_attn.cp.packed`; ``packed_q_rows`` None: the q tensor's rows).
     """
 
     kind: str  # diagonal | below | above | full | first_half | second_half | global
@@ -150,6 +195,8 @@ class StepMeta(NamedTuple):
     max_seqlen_kv: int
     attn_mask_type: str
     window_size: Tuple[int, int]
+    packed_kv_rows: Optional[int] = None
+    packed_q_rows: Optional[int] = None
 
 
 # --------------------------------------------------------------------------
@@ -205,8 +252,9 @@ def _meta(kind, q_layout, kv_layout, kv_rank, plan: CPPlan, q_lens, kv_lens, mas
 
 
 def _check_scope(plan: CPPlan) -> None:
-    if plan.window_size != (-1, -1) or plan.chunk_size is not None:
-        raise NotImplementedError("step metadata for sliding windows / chunked attention")
+    if not plan.spec.plain:
+        raise ValueError("the core step metadata serves no window and no chunking; use "
+                         "ring_step_metas / all_gather_step_metas / a2a_step_meta")
 
 
 # --------------------------------------------------------------------------
@@ -215,7 +263,8 @@ def _check_scope(plan: CPPlan) -> None:
 
 
 def ring_step_meta(plan: CPPlan, step: int) -> StepMeta:
-    """Metadata of ring step ``step`` (0 .. cp-1) of the p2p comm type on ``plan.rank``.
+    """Metadata of ring step ``step`` (0 .. cp-1) of the p2p comm type on ``plan.rank``, for
+    masks without window or chunking (the core steps; see :func:`ring_step_metas`).
 
     The kv tensor of the step is the **rank-local** kv of ``kv_rank = (rank - step) % cp``
     (``kv_layout`` ``"full"``, or ``"first_half"``: ``thd.read_half(kv, local_cu, "first")``).
@@ -240,17 +289,66 @@ def ring_step_meta(plan: CPPlan, step: int) -> StepMeta:
                  _local_valid(gkv, kv_rank), "no_mask", half_q, full_kv)
 
 
+def uses_packed_steps(plan: CPPlan, comm_type: str) -> bool:
+    """Whether the steps of ``comm_type`` ("p2p" / "all_gather") under this plan follow the
+    packed contract (``packed_kv_rows`` set), so that the comm type allocates accumulators
+    with the dummy row of :mod:`~rocm_attn.cp.packed`: any window or chunking, except causal
+    chunked p2p without window (the chunkify helpers' steps)."""
+    spec = plan.spec
+    if spec.plain:
+        return False
+    return not (comm_type == "p2p" and _chunkify_ring(spec))
+
+
+def _chunkify_ring(spec: MaskSpec) -> bool:
+    return spec.causal and spec.left is None and spec.chunk is not None
+
+
+def ring_step_metas(plan: CPPlan, step: int) -> List[StepMeta]:
+    """The attention calls of ring step ``step`` on ``plan.rank``; an empty list when the mask
+    cannot reach the kv of this step for any sequence (the step's compute is skipped; its
+    communication still runs, so every rank makes the same exchanges).
+
+    * no window, no chunking: one call (:func:`ring_step_meta`);
+    * causal chunked attention without window: one call from the THD chunkify helpers
+      (:func:`rocm_attn.thd.chunkify_ring_step`), runs clipped to the valid tokens;
+    * anything with a window (or non-causal chunking): the pieces of :mod:`.bands` between
+      the two q halves and the two kv halves, one call per piece kind and set of disjoint q
+      halves.
+    """
+    spec = plan.spec
+    if spec.plain:
+        return [ring_step_meta(plan, step)]
+    kind, kv_rank = thd.ring_step(plan.rank, step, plan.cp)
+    pairs = [p for p in _ring_pairs(plan, kv_rank)
+             if reachable(p.relation, spec, p.distance, plan.min_chunk_tokens)]
+    if not pairs:
+        return []
+    if _chunkify_ring(spec):
+        return [_chunked_ring_meta(plan, step)]
+    return _piece_metas(plan, pairs, kind, kv_rank, "full", "full")
+
+
 def all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
     """Metadata of the all_gather comm type: q from the local shard, kv = global (gathered and
     reordered to contiguous order, ``thd.reorder_to_contiguous``).
 
-    Causal: one step per local half. The half is global chunk ``c`` of every sequence; its
-    ``qv`` valid queries sit at global positions ``c*H_q ..`` and (bottom-right) see kv
-    ``[0, c*H_q + i + n_kv - n_q]``, i.e. a kv prefix of ``c*H_q + qv + n_kv - n_q`` tokens
-    with the causal diagonal at the step's bottom-right corner (exact for ``n_q != n_kv`` too).
+    Causal without window or chunking: one step per local half. The half is global chunk ``c``
+    of every sequence; its ``qv`` valid queries sit at global positions ``c*H_q ..`` and
+    (bottom-right) see kv ``[0, c*H_q + i + n_kv - n_q]``, i.e. a kv prefix of
+    ``c*H_q + qv + n_kv - n_q`` tokens with the causal diagonal at the step's bottom-right
+    corner (exact for ``n_q != n_kv`` too). With a window or chunking: the :mod:`.bands` pieces
+    of both local halves against the whole kv sequence (``q_layout`` ``"full"``: one call per
+    piece kind serves both halves; each half's kv range is cut to what its window sees).
     """
-    _check_scope(plan)
     gq, gkv, cp, r = plan.geom_q, plan.geom_kv, plan.cp, plan.rank
+    if not plan.spec.plain:
+        kv = _global_segment(gkv, shift=None)
+        pairs = [_Pair(name, _half_segment(gq, plan, c, first, gkv.n - gq.n), kv, "whole", None,
+                       _bound(plan.max_seqlen_q, plan.rows_q // 2), plan.rows_q // 2,
+                       max(0, plan.max_seqlen_kv), gkv_rows(plan))
+                 for name, c, first in (("A", r, True), ("B", 2 * cp - 1 - r, False))]
+        return _piece_metas(plan, pairs, "all_gather", -1, "full", "global")
     glob_kv = max(0, plan.max_seqlen_kv)
     if not plan.causal:
         return [_meta("full", "full", "global", -1, plan, _local_valid(gq, r), gkv.n, "no_mask",
@@ -266,7 +364,219 @@ def all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
 
 
 def a2a_step_meta(plan: CPPlan) -> StepMeta:
-    """Metadata of the a2a (Ulysses) comm type: whole global sequences (one head group)."""
-    _check_scope(plan)
+    """Metadata of the a2a (Ulysses) comm type: whole global sequences (one head group). Whole
+    sequences are aligned rectangles, so a window passes through unchanged; chunking splits
+    every sequence into its chunks (:func:`whole_sequence_meta`)."""
+    if not plan.spec.plain:
+        return whole_sequence_meta(
+            plan.spec, _global_segment(plan.geom_q, plan.geom_kv.n - plan.geom_q.n),
+            _global_segment(plan.geom_kv, None), max(0, plan.max_seqlen_q),
+            max(0, plan.max_seqlen_kv), gq_rows(plan), gkv_rows(plan), "a2a")
     return _meta("global", "global", "global", -1, plan, plan.geom_q.n, plan.geom_kv.n,
                  plan.attn_mask_type, max(0, plan.max_seqlen_q), max(0, plan.max_seqlen_kv))
+
+
+# --------------------------------------------------------------------------
+# windowed / chunked steps (pieces of bands.py)
+# --------------------------------------------------------------------------
+
+
+class _Pair(NamedTuple):
+    """One (q segment x kv segment) rectangle of every sequence, with host bounds."""
+
+    q_name: str  # which q rows: pairs of one call must have different q names
+    q: Segment
+    kv: Segment
+    relation: str  # bands.RELATIONS
+    distance: Optional[int]  # dual-chunk halves: |chunk index difference|; None otherwise
+    q_max: int  # bound of one sequence's q segment rows
+    q_total: int  # bound of the sum of q segment rows over the sequences
+    kv_max: int
+    kv_total: int
+
+
+def gq_rows(plan: CPPlan) -> int:
+    """Rows of the global (gathered) q: cp times the local rows."""
+    return plan.cp * plan.rows_q
+
+
+def gkv_rows(plan: CPPlan) -> int:
+    return plan.cp * plan.rows_kv
+
+
+def _global_segment(g: SideGeometry, shift: Optional[torch.Tensor]) -> Segment:
+    """Whole valid sequences in the global layout, positions shifted by ``shift`` (q side:
+    ``n_kv - n_q``, the bottom-right alignment)."""
+    pos = torch.zeros_like(g.n) if shift is None else shift
+    return Segment(pos, g.n, g.cu_padded[:-1])
+
+
+def _half_segment(g: SideGeometry, plan: CPPlan, c: int, first: bool,
+                  shift: Optional[torch.Tensor] = None) -> Segment:
+    """Global chunk ``c`` of every sequence, as the first or second half of the rank-local
+    tensor that holds it (positions ``c*H ..``, plus ``shift``)."""
+    start = torch.div(g.cu_padded[:-1], g.cp, rounding_mode="floor")
+    pos = c * g.H if shift is None else c * g.H + shift
+    return Segment(pos, _chunk_valid(g, c), start if first else start + g.H)
+
+
+def _ring_pairs(plan: CPPlan, kv_rank: int) -> List[_Pair]:
+    """The four (q half x kv half) rectangles of a ring step (q and kv sequences identical,
+    so the chunk order alone says how the halves lie)."""
+    cp, r = plan.cp, plan.rank
+    q_halves = (("A", r, True), ("B", 2 * cp - 1 - r, False))
+    kv_halves = ((kv_rank, True), (2 * cp - 1 - kv_rank, False))
+    q_max = _bound(plan.max_seqlen_q, plan.rows_q // 2)
+    kv_max = _bound(plan.max_seqlen_kv, plan.rows_kv // 2)
+    pairs = []
+    for name, gq, q_first in q_halves:
+        for gk, kv_first in kv_halves:
+            rel = "aligned" if gq == gk else ("before" if gk < gq else "after")
+            pairs.append(_Pair(name, _half_segment(plan.geom_q, plan, gq, q_first),
+                               _half_segment(plan.geom_kv, plan, gk, kv_first), rel,
+                               abs(gq - gk), q_max, plan.rows_q // 2, kv_max, plan.rows_kv // 2))
+    return pairs
+
+
+def _group_by_q(pairs: List[_Pair]) -> List[List[_Pair]]:
+    """Split pairs into groups with pairwise different q segments (q rows of a call must be
+    disjoint, kv rows may repeat), first fit in order."""
+    groups: List[List[_Pair]] = []
+    for p in pairs:
+        for g in groups:
+            if all(o.q_name != p.q_name for o in g):
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    return groups
+
+
+def _piece_metas(plan: CPPlan, pairs: List[_Pair], kind: str, kv_rank: int, q_layout: str,
+                 kv_layout: str) -> List[StepMeta]:
+    spec = plan.spec
+    metas = []
+    for piece in ("native", "diag", "rev", "full"):
+        with_piece = [p for p in pairs if piece in pieces_for(p.relation, spec)]
+        for group in _group_by_q(with_piece):
+            metas.append(_calls_meta(spec, piece, group, f"{kind}:{piece}", kv_rank, q_layout,
+                                     kv_layout))
+    return metas
+
+
+def _piece_rows(piece: str, pair: _Pair, spec: MaskSpec):
+    """Per-slot (q start row, q rows, kv start row, kv rows) of one piece of one pair."""
+    b = pair.q.n.numel()
+    slots = pair_slots(pair.q, pair.kv, spec.chunk, slot_bound(pair.q_total, b, spec.chunk))
+    r0, r1, s0, s1 = piece_ranges(piece, slots, spec)
+
+    def ext(v):
+        return torch.cat([v, v.new_zeros(1)])[slots.seq]
+
+    q_len, kv_len = r1 - r0, s1 - s0
+    live = q_len > 0
+    q_start = torch.where(live, ext(pair.q.row) + (r0 - ext(pair.q.pos)), torch.zeros_like(r0))
+    kv_start = torch.where(live, ext(pair.kv.row) + (s0 - ext(pair.kv.pos)),
+                           torch.zeros_like(s0))
+    return q_start, q_len, kv_start, kv_len
+
+
+def _calls_meta(spec: MaskSpec, piece: str, pairs: List[_Pair], kind: str, kv_rank: int,
+                q_layout: str, kv_layout: str) -> StepMeta:
+    """One call over ``piece`` of every pair (slots of the pairs concatenated)."""
+    parts = [_piece_rows(piece, p, spec) for p in pairs]
+    q_start, q_len, kv_start, kv_len = (torch.cat([x[i] for x in parts]) for i in range(4))
+    cap = spec.chunk if spec.chunk is not None else None
+    max_q = max(p.q_max for p in pairs)
+    max_kv = max(p.kv_max for p in pairs)
+    if cap is not None:
+        max_q, max_kv = min(max_q, cap), min(max_kv, cap)
+    mask, window = piece_mask(piece, spec)
+    end = q_start.new_zeros(1)  # the last *_padded entry is unused in this contract
+    kv_rows = sum(_piece_kv_bound(piece, p, spec) for p in pairs)
+    return StepMeta(
+        kind=kind, q_layout=q_layout, kv_layout=kv_layout, kv_rank=kv_rank,
+        cu_seqlens_q=_cu(q_len), cu_seqlens_kv=_cu(kv_len),
+        cu_seqlens_q_padded=torch.cat([q_start, end]).to(torch.int32),
+        cu_seqlens_kv_padded=torch.cat([kv_start, end]).to(torch.int32),
+        max_seqlen_q=max_q, max_seqlen_kv=max_kv, attn_mask_type=mask, window_size=window,
+        packed_kv_rows=max(1, kv_rows),
+        packed_q_rows=max(1, sum(p.q_total for p in pairs)))
+
+
+def _piece_kv_bound(piece: str, pair: _Pair, spec: MaskSpec) -> int:
+    """Host bound of the keys one piece reads over all sequences: the kv segment, or less when
+    the window bounds it (per slot, a piece's keys span its rows plus the window reach:
+    ``native`` rows + L (its keys end with its rows), ``diag`` rows + L + R, ``rev`` at most its
+    rows, ``full`` L + R)."""
+    b = pair.q.n.numel()
+    slots = slot_bound(pair.q_total, b, spec.chunk)
+    left = spec.left
+    right = 0 if spec.right is None else spec.right
+    if piece == "rev":
+        bound = pair.q_total
+    elif left is None or (spec.right is None and piece == "full"):
+        bound = pair.kv_total
+    elif piece == "native":  # aligned: the keys end with the rows
+        bound = pair.q_total + slots * left
+    elif piece == "diag":
+        bound = pair.q_total + slots * (left + right)
+    else:  # full
+        bound = slots * (left + right)
+    return min(pair.kv_total, bound)
+
+
+def whole_sequence_meta(spec: MaskSpec, q: Segment, kv: Segment, max_q: int, max_kv: int,
+                        q_total: int, kv_total: int, kind: str) -> StepMeta:
+    """One call over whole sequences (aligned rectangles: ``q.pos + q.n == kv.pos + kv.n``):
+    the user's window as is, chunking as one sub-sequence per chunk. Used by a2a and by
+    :func:`rocm_attn.attention`."""
+    pair = _Pair("Q", q, kv, "aligned", None, max_q, q_total, max_kv, kv_total)
+    return _calls_meta(spec, "native", [pair], f"{kind}:native", -1, "global", "global")
+
+
+def _chunked_ring_meta(plan: CPPlan, step: int) -> StepMeta:
+    """Causal chunked ring step from :func:`rocm_attn.thd.chunkify_ring_step`.
+
+    The helper cuts the padded local layout into runs of one chunk id (padding counted as
+    tokens); valid tokens are a prefix of every local sequence (and of every half), so each
+    run's valid rows are a prefix of the run: clipping q and kv runs to the valid rows keeps
+    every mask exact (diagonal runs are identical on both sides and clip identically).
+    """
+    gq, gkv, cp, r, cs = plan.geom_q, plan.geom_kv, plan.cp, plan.rank, plan.chunk_size
+    kind, kv_rank = thd.ring_step(r, step, cp)
+    cu_loc = plan.local_cu_q_padded
+    b = cu_loc.numel() - 1
+    max_chunks = thd.max_chunks_bound(max(plan.rows_q, plan.rows_kv), b, cs, dual_chunk=True)
+    st = thd.chunkify_ring_step(cu_loc, cs, cp, r, step, max(1, max_chunks), kv_layout="half")
+    if st.q_layout == "full":
+        q_valid = _local_valid(gq, r)
+    else:  # second half: global chunk 2cp-1-r
+        q_valid = _chunk_valid(gq, 2 * cp - 1 - r)
+    kv_valid = (_chunk_valid(gkv, kv_rank) if st.kv_layout == "first_half"
+                else _local_valid(gkv, kv_rank))
+    q_start, q_len = _clip_runs(st.cu_seqlens_q, st.cu_seqlens_q_padded,
+                                _starts(gq, st.q_layout), q_valid)
+    kv_start, kv_len = _clip_runs(st.cu_seqlens_kv, st.cu_seqlens_kv_padded,
+                                  _starts(gkv, st.kv_layout), kv_valid)
+    q_rows = plan.rows_q if st.q_layout == "full" else plan.rows_q // 2
+    kv_rows = plan.rows_kv if st.kv_layout == "full" else plan.rows_kv // 2
+    return StepMeta(
+        kind=f"{kind}:chunked", q_layout=st.q_layout, kv_layout=st.kv_layout, kv_rank=kv_rank,
+        cu_seqlens_q=_cu(q_len), cu_seqlens_kv=_cu(kv_len),
+        cu_seqlens_q_padded=q_start.to(torch.int32), cu_seqlens_kv_padded=kv_start.to(torch.int32),
+        max_seqlen_q=min(cs, _bound(plan.max_seqlen_q, q_rows)),
+        max_seqlen_kv=min(cs, _bound(plan.max_seqlen_kv, kv_rows)),
+        attn_mask_type=st.attn_mask_type, window_size=(-1, -1))
+
+
+def _clip_runs(cu: torch.Tensor, cu_padded: torch.Tensor, seq_starts: torch.Tensor,
+               valid: torch.Tensor):
+    """Runs ``[cu_padded[j], + cu[j+1]-cu[j])`` cut to the valid prefix of their sequence
+    (``seq_starts`` int64 ``[b+1]`` of the layout, ``valid`` ``[b]``). Returns the run starts
+    ``[m+1]`` (int64, unchanged) and the clipped lengths ``[m]``."""
+    start = cu_padded.long()
+    lens = (cu[1:] - cu[:-1]).long()
+    seq = torch.searchsorted(seq_starts[1:].contiguous(), start[:-1], right=True)
+    vend = torch.cat([seq_starts[:-1] + valid, valid.new_zeros(1)])[seq]
+    return start, (vend - start[:-1]).clamp(min=0).minimum(lens)

@@ -1,0 +1,207 @@
+"""``rocm_attn.attention``: varlen (THD) attention on one device with causal, sliding-window and
+chunked masks and padding between sequences, differentiable.
+
+The same machinery as :func:`rocm_attn.attn_with_cp` with one "rank": the sequences are
+aligned rectangles (:mod:`rocm_attn.cp.bands`), so one call of the per-step backend serves
+them, with the user's window as is and chunking as one sub-sequence per chunk (flash-attention
+has no chunk argument). ``torch_flash`` on CUDA / ROCm (fp16 / bf16), ``reference`` anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from .cp.api import _check_cu, _check_window, _is_int
+from .cp.backends import accum_dtype, resolve_backend
+from .cp.bands import MaskSpec, Segment
+from .cp.steps import StepMeta, whole_sequence_meta
+from .errors import validate_mode
+
+__all__ = ["attention"]
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class _VarlenAttnFunc(torch.autograd.Function):
+    """One backend call forward, its backward backward (the backend contract of cp/backends)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, meta: StepMeta, backend, scale: float):
+        out, lse = backend.forward(q, k, v, meta, scale)
+        out = out.to(q.dtype)
+        lse = lse.to(accum_dtype(q.dtype))
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.meta, ctx.backend, ctx.scale = meta, backend, scale
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = ctx.backend.backward(dout, q, k, v, out, lse, dlse, ctx.meta, ctx.scale)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def _check_tensors(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be [tokens, heads, head_dim] (THD), got shape "
+                             f"{tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"{name} has dtype {t.dtype}; attention takes float16, bfloat16, "
+                             "float32, float64")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"head dims differ: q has {q.shape[2]}, k/v have {k.shape[2]}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"h_q ({q.shape[1]}) must be a multiple of h_kv ({k.shape[1]}) "
+                         "(GQA / MQA)")
+
+
+def _check_values(side: str, cu: torch.Tensor, starts: Optional[torch.Tensor], rows: int,
+                  max_seqlen: int) -> None:
+    """Host checks of the cu_seqlens values (they synchronise: CPU tensors or validate)."""
+    c = cu.long().cpu()
+    lens = c[1:] - c[:-1]
+    if int(c[0]) != 0 or bool((lens < 0).any()):
+        raise ValueError(f"cu_seqlens_{side} must start at 0 and be non-decreasing")
+    if lens.numel() and int(lens.max()) > max_seqlen:
+        raise ValueError(f"max_seqlen_{side} = {max_seqlen} but sequence "
+                         f"{int(torch.argmax(lens))} has {int(lens.max())} tokens")
+    if starts is None:
+        if int(c[-1]) > rows:
+            raise ValueError(f"cu_seqlens_{side} ends at {int(c[-1])} but the {side} tensor has "
+                             f"{rows} tokens")
+        return
+    p = starts.long().cpu()
+    slots = p[1:] - p[:-1]
+    bad = torch.nonzero((lens > slots) | (p[:-1] < 0))
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ValueError(f"cu_seqlens_{side}_padded: sequence {i} has {int(lens[i])} valid "
+                         f"tokens but a padded slot [{int(p[i])}, {int(p[i + 1])})")
+    if int(p[-1]) > rows:
+        raise ValueError(f"cu_seqlens_{side}_padded ends at {int(p[-1])} but the {side} tensor "
+                         f"has {rows} tokens")
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_kv: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+    *,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    chunk_size: Optional[int] = None,
+    softmax_scale: Optional[float] = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+    cu_seqlens_q_padded: Optional[torch.Tensor] = None,
+    cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+    validate: Optional[bool] = None,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Varlen attention over THD sequences on one device (no context parallelism).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[t_q, h_q, d]``; float16 / bfloat16 / float32 / float64; any strides.
+    k, v : torch.Tensor
+        ``[t_kv, h_kv, d]``, ``h_q % h_kv == 0`` (GQA / MQA).
+    cu_seqlens_q, cu_seqlens_kv : torch.Tensor
+        int32 ``[b+1]`` on q's device: valid tokens per sequence.
+    max_seqlen_q, max_seqlen_kv : int
+        Host upper bounds of the valid lengths.
+    causal : bool
+        Causal mask, bottom-right aligned (query ``i`` of ``n_q`` sits at kv position
+        ``p = i + n_kv - n_q`` and sees keys ``j <= p``).
+    window_size : (int, int)
+        Sliding window ``(left, right)``, ``-1`` = unbounded: ``p - left <= j <= p + right``
+        (flash-attention semantics), intersected with the causal mask.
+    chunk_size : int, optional
+        Chunked attention (Llama-4): ``j // chunk_size == p // chunk_size``, chunks from the
+        start of every kv sequence; combines with ``causal`` and ``window_size``.
+    softmax_scale : float, optional
+        Default ``1 / sqrt(d)``.
+    return_lse : bool
+        Also return the LSE (differentiable).
+    backend : str
+        ``"auto"`` (``torch_flash`` for CUDA / ROCm fp16 / bf16 with ``d % 8 == 0``, ``d <= 256``,
+        else ``reference``), ``"torch_flash"`` or ``"reference"``.
+    cu_seqlens_q_padded, cu_seqlens_kv_padded : torch.Tensor, optional
+        int32 ``[b+1]``: where every sequence starts (padding between sequences). Valid tokens
+        of sequence ``i`` are ``[cu_padded[i], cu_padded[i] + n_i)``; other rows are never read,
+        get zero outputs and gradients and ``-inf`` LSE.
+    validate : bool, optional
+        Check the cu_seqlens values on the host (synchronises); default: CPU tensors only, or
+        env ``ROCM_ATTN_VALIDATE=1``.
+
+    Returns
+    -------
+    out : torch.Tensor
+        ``[t_q, h_q, d]`` in q's dtype; zero at padding rows and rows that see no key.
+    lse : torch.Tensor
+        With ``return_lse``: ``[h_q, t_q]`` natural log, float32 (float64 for float64 inputs),
+        ``-inf`` at padding rows and rows that see no key.
+
+    Raises
+    ------
+    ValueError
+        Bad arguments (the message names the argument), ``backend="torch_flash"`` for inputs
+        it cannot serve.
+    """
+    _check_tensors(q, k, v)
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {causal!r}")
+    window = _check_window(window_size)
+    if chunk_size is not None and (not _is_int(chunk_size) or chunk_size <= 0):
+        raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+    dev = q.device
+    _check_cu("cu_seqlens_q", cu_seqlens_q, dev, None)
+    b1 = cu_seqlens_q.numel()
+    _check_cu("cu_seqlens_kv", cu_seqlens_kv, dev, b1)
+    for name, t in (("cu_seqlens_q_padded", cu_seqlens_q_padded),
+                    ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
+        if t is not None:
+            _check_cu(name, t, dev, b1)
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
+        if not _is_int(m) or m < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {m!r}")
+    d = q.shape[2]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise ValueError(f"softmax_scale must be None or a float, got {softmax_scale!r}")
+    step_backend = resolve_backend(backend, q)
+    if validate_mode(validate) or (validate is None and dev.type == "cpu"):
+        _check_values("q", cu_seqlens_q, cu_seqlens_q_padded, q.shape[0], max_seqlen_q)
+        _check_values("kv", cu_seqlens_kv, cu_seqlens_kv_padded, k.shape[0], max_seqlen_kv)
+
+    n_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()
+    n_kv = (cu_seqlens_kv[1:] - cu_seqlens_kv[:-1]).long()
+    start_q = (cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded)[:-1].long()
+    start_kv = (cu_seqlens_kv if cu_seqlens_kv_padded is None
+                else cu_seqlens_kv_padded)[:-1].long()
+    meta = whole_sequence_meta(
+        MaskSpec.make(causal, window, chunk_size), Segment(n_kv - n_q, n_q, start_q),
+        Segment(torch.zeros_like(n_kv), n_kv, start_kv), max_seqlen_q, max_seqlen_kv,
+        q.shape[0], k.shape[0], "attention")
+    out, lse = _VarlenAttnFunc.apply(q, k, v, meta, step_backend, float(softmax_scale))
+    return (out, lse) if return_lse else out
