@@ -103,7 +103,7 @@ def test_plot_reports_of_each_suite(tmp_path):
                   "rows": [{"case": "c1", "helper": "partition", "pct_floor": 50.0},
                            {"case": "c2", "helper": "partition", "pct_floor": 60.0}]}
     cp_report = {"device": "X", "cp": 2, "tokens": 1024, "mask": "causal",
-                 "rows": [{"comm": "p2p", "fwd": mode, "fwdbwd": mode}]}
+                 "rows": [{"comm": "p2p", "mask": "causal", "fwd": mode, "fwdbwd": mode}]}
     for module, report in ((small_seq, small), (thd, thd_report), (cp, cp_report)):
         path = module.plot_report(report, tmp_path / f"{module.__name__}.png")
         assert path.stat().st_size > 1000
