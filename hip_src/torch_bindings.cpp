@@ -528,16 +528,24 @@ ThdMergeParams thd_merge_params(const std::optional<at::Tensor>& out, const at::
                                 const std::optional<at::Tensor>& out_step,
                                 const at::Tensor& lse_step,
                                 const std::optional<at::Tensor>& cu_seqlens_padded,
-                                bool only_second_half, bool correction) {
+                                bool only_second_half, bool correction,
+                                const at::Tensor* rows = nullptr) {
   ThdMergeParams p{};
   int64_t h = 0, h2 = 0;
   thd_lse_view(lse, lse, h, p.lse_head, p.lse_tok, "lse");
   thd_lse_view(lse_step, lse, h2, p.lse_step_head, p.lse_step_tok, "lse_step");
   const int64_t t = lse.size(-1);
   p.n = lse_step.size(-1);
-  RA_CHECK(lse_step.dim() == lse.dim() && h2 == h &&
-                  p.n == (only_second_half ? t / 2 : t) && (!only_second_half || t % 2 == 0),
-              "thd merge: lse_step must be [heads, t] (or [heads, t/2] for only_second_half)");
+  if (rows != nullptr) {
+    RA_CHECK(rows->scalar_type() == at::kLong && rows->dim() == 1 && rows->is_contiguous() &&
+                 rows->device() == lse.device() && rows->numel() == p.n && t > 0,
+             "thd merge_rows: rows must be a contiguous int64 [n] tensor on the device of lse, "
+             "n = lse_step.size(-1), and lse must have rows");
+  } else {
+    RA_CHECK(p.n == (only_second_half ? t / 2 : t) && (!only_second_half || t % 2 == 0),
+             "thd merge: lse_step must be [heads, t] (or [heads, t/2] for only_second_half)");
+  }
+  RA_CHECK(lse_step.dim() == lse.dim() && h2 == h, "thd merge: lse_step heads differ from lse");
   RA_CHECK(h <= INT32_MAX, "thd merge: too many heads");
   p.heads = static_cast<int32_t>(h);
   p.lse = lse.data_ptr<float>();
@@ -563,7 +571,12 @@ ThdMergeParams thd_merge_params(const std::optional<at::Tensor>& out, const at::
     p.step_dtype = thd_math_dtype(*out_step, "out_step");
   }
   p.correction = correction ? 1 : 0;
-  if (only_second_half) {
+  if (rows != nullptr) {
+    p.map = thd_identity_map();
+    p.map.kind = ThdRowMap::kIndex;
+    p.map.index = rows->data_ptr<int64_t>();
+    p.map.local_rows = t;
+  } else if (only_second_half) {
     RA_CHECK(cu_seqlens_padded.has_value(),
                 "thd merge: only_second_half needs cu_seqlens_padded");
     thd_check_cu(*cu_seqlens_padded, lse, -1, "cu_seqlens_padded");
@@ -623,6 +636,23 @@ void thd_merge_(const std::optional<at::Tensor>& out, at::Tensor& lse,
   p.lse_dst_head = p.lse_head;
   p.lse_dst_tok = p.lse_tok;
   check_launch(thd_merge_launch(p, current_stream(lse.device())), "thd merge (in place)");
+}
+
+// In-place merge of packed step results: step row k into row rows[k] of (out, lse).
+void thd_merge_rows_(at::Tensor& out, at::Tensor& lse, const at::Tensor& out_step,
+                     const at::Tensor& lse_step, const at::Tensor& rows) {
+  const c10::DeviceGuard guard(lse.device());
+  ThdMergeParams p = thd_merge_params(out, lse, out_step, lse_step, std::nullopt, false, false,
+                                      &rows);
+  if (out.numel() > 0) {
+    p.out_dst = out.data_ptr();
+    p.dst_tok = p.out_tok;
+    p.dst_head = p.out_head;
+  }
+  p.lse_dst = lse.data_ptr<float>();
+  p.lse_dst_head = p.lse_head;
+  p.lse_dst_tok = p.lse_tok;
+  check_launch(thd_merge_launch(p, current_stream(lse.device())), "thd merge_rows (in place)");
 }
 
 void thd_out_correction_(at::Tensor& out, const at::Tensor& out_step, const at::Tensor& lse,
@@ -741,6 +771,9 @@ TORCH_LIBRARY(rocm_attn, m) {
       "thd_merge_(Tensor(a!)? out, Tensor(b!) lse, Tensor? out_step, Tensor lse_step, "
       "Tensor? cu_seqlens_padded, bool only_second_half) -> ()");
   m.def(
+      "thd_merge_rows_(Tensor(a!) out, Tensor(b!) lse, Tensor out_step, Tensor lse_step, "
+      "Tensor rows) -> ()");
+  m.def(
       "thd_out_correction_(Tensor(a!) out, Tensor out_step, Tensor lse, Tensor lse_step, "
       "Tensor? cu_seqlens_padded, bool only_second_half) -> ()");
   m.def(
@@ -760,6 +793,7 @@ TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) {
   m.impl("thd_copy_valid_tokens_", &thd_copy_valid_tokens_);
   m.impl("thd_merge", &thd_merge);
   m.impl("thd_merge_", &thd_merge_);
+  m.impl("thd_merge_rows_", &thd_merge_rows_);
   m.impl("thd_out_correction_", &thd_out_correction_);
   m.impl("thd_grad_correction", &thd_grad_correction);
   m.impl("thd_grad_correction_", &thd_grad_correction_);

@@ -1268,6 +1268,29 @@ def pad_for_cp(x: torch.Tensor, cu_seqlens: torch.Tensor, cp: int,
     return _impl("pad_for_cp", x, backend)(x, cu_seqlens, cp, total_padded)
 
 
+def _torch_merge_rows_(out, lse, out_step, lse_step, rows):
+    new_o, new_l = _merge_math(out.index_select(0, rows), lse.index_select(-1, rows), out_step,
+                               lse_step)
+    out.index_copy_(0, rows, new_o)
+    lse.index_copy_(-1, rows, new_l)
+    return out, lse
+
+
+def merge_rows_(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
+                lse_step: torch.Tensor, rows: torch.Tensor, *, backend: str = "auto"):
+    """In-place online-softmax merge of step row ``k`` into row ``rows[k]`` of ``(out, lse)``.
+
+    For results computed on packed buffers (attn_with_cp's windowed / chunked steps):
+    ``out [T, H, D]``, ``lse [H, T]`` float32, ``out_step [n, H, D]``, ``lse_step [H, n]``,
+    ``rows`` int64 ``[n]`` in ``[0, T)``. A row named twice gets one of the two updates (the
+    callers send only a dropped dummy row more than once). Same math as :func:`merge_partial`.
+    """
+    if rows.dtype != torch.int64 or rows.dim() != 1 or rows.numel() != lse_step.shape[-1]:
+        raise ValueError(f"rows must be int64 [n] with n = lse_step.shape[-1] = "
+                         f"{lse_step.shape[-1]}, got {rows.dtype} {list(rows.shape)}")
+    return _impl("merge_rows_", lse, backend)(out, lse, out_step, lse_step, rows)
+
+
 _TORCH: Dict[str, Callable] = {
     "partitioned_indices": _torch_partitioned_indices,
     "partition": _torch_partition,
@@ -1276,6 +1299,7 @@ _TORCH: Dict[str, Callable] = {
     "copy_valid_tokens": _torch_copy_valid_tokens,
     "read_half": _torch_read_half,
     "merge_partial": _torch_merge_partial,
+    "merge_rows_": _torch_merge_rows_,
     "lse_correction": _torch_lse_correction,
     "out_correction": _torch_out_correction,
     "grad_correction": _torch_grad_correction,
@@ -1307,7 +1331,8 @@ _KERNEL_MATH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _GRAD_OP_CODES = {"none": 0, "copy": 1, "add": 2}
 _I32_MAX = 2**31 - 1
 _KERNEL_OPS = ("thd_gather", "thd_copy_valid_tokens_", "thd_merge", "thd_merge_",
-               "thd_out_correction_", "thd_grad_correction", "thd_grad_correction_")
+               "thd_merge_rows_", "thd_out_correction_", "thd_grad_correction",
+               "thd_grad_correction_")
 
 
 def _fallback(name: str, why: str, *args):
@@ -1494,6 +1519,16 @@ def _kernel_merge_partial(out, lse, out_step, lse_step, cu_seqlens_padded, only_
     return o, l_
 
 
+def _kernel_merge_rows_(out, lse, out_step, lse_step, rows):
+    why = (_merge_problem(out, lse, out_step, lse_step)
+           or _overlap_problem(out, lse, out_step, lse_step)
+           or (None if rows.device == lse.device else f"rows on {rows.device}"))
+    if why:
+        return _fallback("merge_rows_", why, out, lse, out_step, lse_step, rows)
+    torch.ops.rocm_attn.thd_merge_rows_(out, lse, out_step, lse_step, rows.contiguous())
+    return out, lse
+
+
 def _kernel_lse_correction(lse, lse_step, cu_seqlens_padded, only_second_half, inplace):
     why = _merge_problem(None, lse, None, lse_step) or (
         _overlap_problem(lse, lse_step) if inplace else None)
@@ -1574,6 +1609,7 @@ _KERNEL_IMPLS: Dict[str, Callable] = {
     "copy_valid_tokens": _kernel_copy_valid_tokens,
     "pad_for_cp": _kernel_pad_for_cp,
     "merge_partial": _kernel_merge_partial,
+    "merge_rows_": _kernel_merge_rows_,
     "lse_correction": _kernel_lse_correction,
     "out_correction": _kernel_out_correction,
     "grad_correction": _kernel_grad_correction,
@@ -1587,8 +1623,8 @@ def _register_compiled_kernels() -> bool:
     torch.library.register_fake("rocm_attn::thd_gather")(_fake_gather)
     torch.library.register_fake("rocm_attn::thd_merge")(_fake_merge)
     torch.library.register_fake("rocm_attn::thd_grad_correction")(_fake_grad_correction)
-    for op in ("thd_copy_valid_tokens_", "thd_merge_", "thd_out_correction_",
-               "thd_grad_correction_"):
+    for op in ("thd_copy_valid_tokens_", "thd_merge_", "thd_merge_rows_",
+               "thd_out_correction_", "thd_grad_correction_"):
         torch.library.register_fake(f"rocm_attn::{op}")(_fake_mutating)
     for name, fn in _KERNEL_IMPLS.items():
         register_kernel(name, fn)

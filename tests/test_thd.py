@@ -751,3 +751,24 @@ def test_compile_partition_and_merge():
     torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-6)
     assert not torch.isnan(got[1]).any() and not torch.isnan(got[2]).any()
+
+
+def test_merge_rows_equals_merge_partial_on_gathered_rows():
+    """merge_rows_ (packed results merged by row index) is merge_partial on the named rows."""
+    gen = torch.Generator().manual_seed(5)
+    t, n, h, d = 40, 17, 2, 8
+    out = torch.randn(t, h, d, generator=gen, dtype=torch.float64)
+    lse = torch.randn(h, t, generator=gen, dtype=torch.float64)
+    lse[0, 3] = float("-inf")
+    out_step = torch.randn(n, h, d, generator=gen, dtype=torch.float64)
+    lse_step = torch.randn(h, n, generator=gen, dtype=torch.float64)
+    rows = torch.randperm(t, generator=gen)[:n]
+    want_o, want_l = thd.merge_partial(out[rows], lse[:, rows], out_step, lse_step)
+    got_o, got_l = thd.merge_rows_(out.clone(), lse.clone(), out_step, lse_step, rows)
+    torch.testing.assert_close(got_o[rows], want_o, rtol=0, atol=0)
+    torch.testing.assert_close(got_l[:, rows], want_l, rtol=0, atol=0)
+    others = torch.ones(t, dtype=torch.bool)
+    others[rows] = False
+    assert torch.equal(got_o[others], out[others]) and torch.equal(got_l[:, others], lse[:, others])
+    with pytest.raises(ValueError, match="rows must be int64"):
+        thd.merge_rows_(out, lse, out_step, lse_step, rows.int())

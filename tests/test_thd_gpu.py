@@ -366,6 +366,31 @@ def test_merge_partial(dev, d, layout, out_dtype, step_dtype, half, inplace):
         assert torch.equal(kl[:, first], lse[:, first]), ctx
 
 
+@pytest.mark.parametrize("out_dtype,step_dtype", MERGE_DTYPES)
+@pytest.mark.parametrize("d", [64, 13])
+def test_merge_rows(dev, d, out_dtype, step_dtype):
+    """Packed step rows merged by index (attn_with_cp's windowed steps): kernel vs torch path;
+    rows not named stay bitwise, the dummy row named many times is not compared."""
+    gen = torch.Generator().manual_seed(d)
+    t, n, h = 97, 61, 3
+    out = randn((t + 1, h, d), out_dtype, dev, gen, "contiguous")
+    lse, _ = lse_pair(h, t + 1, t + 1, dev, gen)
+    out_step = randn((n, h, d), step_dtype, dev, gen, "contiguous")
+    _, lse_step = lse_pair(h, n, n, dev, gen)
+    rows = torch.randperm(t, generator=gen)[:n].to(dev)
+    rows[::7] = t  # the dummy row, several times
+    ko, kl = thd.merge_rows_(out.clone(), lse.clone(), out_step, lse_step, rows,
+                             backend="kernel")
+    to, tl = thd.merge_rows_(out.clone(), lse.clone(), out_step, lse_step, rows,
+                             backend="torch")
+    ctx = f"d={d} {out_dtype}/{step_dtype}"
+    assert_merge_close("out", ko[:t], to[:t], ctx)
+    assert_merge_close("lse", kl[:, :t], tl[:, :t], ctx)
+    untouched = torch.ones(t + 1, dtype=torch.bool, device=dev)
+    untouched[rows] = False
+    assert torch.equal(ko[untouched].nan_to_num(7.0), out[untouched].nan_to_num(7.0)), ctx
+
+
 @pytest.mark.parametrize("inplace", [False, True], ids=["new", "inplace"])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "second_half"])
 def test_lse_and_out_correction(dev, half, inplace):

@@ -22,7 +22,10 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
   const bool rows = p.out_dst != nullptr;
   if (rows && (p.out == nullptr || p.out_step == nullptr || p.dim <= 0))
     return hipErrorInvalidValue;
-  if (p.map.kind != ThdRowMap::kIdentity && p.map.kind != ThdRowMap::kHalf)
+  if (p.map.kind != ThdRowMap::kIdentity && p.map.kind != ThdRowMap::kHalf &&
+      p.map.kind != ThdRowMap::kIndex)
+    return hipErrorInvalidValue;
+  if (p.map.kind == ThdRowMap::kIndex && (p.map.index == nullptr || p.map.local_rows <= 0))
     return hipErrorInvalidValue;
   // 8-element vectors: 16 bytes of a 16-bit row, two 16-byte halves of an fp32 row.
   bool vec8 = rows && p.dim % 8 == 0 && ptr_aligned16(p.out) && ptr_aligned16(p.out_step) &&

@@ -153,6 +153,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
     if (halves) {
       half_rows(p.map, k, r0, r);  // one search for both halves
       if (!p.copy_first_half) r0 = -1;
+    } else if (p.map.kind == ThdRowMap::kIndex) {
+      r = clamp_row(p.map.index[k], p.map.local_rows);
     }
     const float a = p.lse[h * p.lse_head + r * p.lse_tok];
     const float b = p.lse_step[h * p.lse_step_head + k * p.lse_step_tok];

@@ -24,6 +24,7 @@ enum class ThdRowMap : int32_t {
   kHalf = 3,           // dst: row k of half `half`; src: local row (_half_index)
   kCopyValid = 4,      // dst: row of the dst layout; src: row of the same valid token, or none
   kIdentity = 5,       // row k is row k (merge / grad correction without halves)
+  kIndex = 6,          // merge: step row k updates row index[k] (clamped into [0, local_rows))
 };
 
 struct ThdRowMapParams {
@@ -39,6 +40,7 @@ struct ThdRowMapParams {
   int64_t local_rows;       // rows of one rank's shard (partition, reorders) or of the local
                             // tensor (half)
   int64_t src_rows;         // kCopyValid: rows of src (sources are clamped into it)
+  const int64_t* index;     // kIndex: [n] destination row of every step row
 };
 
 // dst[o, r, ...] = src[o, map(r), ...] over whole rows, raw bytes (dtype-agnostic).
@@ -63,7 +65,9 @@ enum ThdDtype : int32_t { kThdBFloat16 = 0, kThdFloat16 = 1, kThdFloat32 = 2 };
 //   merge      : new = max + log1p(exp(min - max)); out = out*exp(lse-new) + step*exp(step_lse-new)
 //                (a side whose weight is 0 is dropped); lse_dst = new.
 //   correction : out += out_step * exp(lse_step - lse) (lse is the final LSE); no LSE written.
-// Step token k updates row k (kIdentity) or row half_row(k, 1) (kHalf: second halves only).
+// Step token k updates row k (kIdentity), row half_row(k, 1) (kHalf: second halves only) or
+// row index[k] (kIndex: packed step results; rows repeated in index race, so callers point
+// only rows they drop, e.g. a dummy row, more than once).
 struct ThdMergeParams {
   const void* out;           // [t, H, D] or nullptr (LSE only)
   const float* lse;          // [H, t]

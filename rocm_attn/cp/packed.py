@@ -112,11 +112,10 @@ def merge_packed(out: torch.Tensor, lse: torch.Tensor, out_p: torch.Tensor,
     """Online-softmax merge of a packed result into ``out [T+1, ...]`` / ``lse [h, T+1]`` (in
     place, last row dummy). Sub-sequences of one call have disjoint q rows, so every real row
     is written at most once per call."""
-    tgt = rows.targets
-    new_o, new_l = thd._merge_math(out.index_select(0, tgt), lse.index_select(1, tgt), out_p,
-                                   lse_p)
-    out.index_copy_(0, tgt, new_o)
-    lse.index_copy_(1, tgt, new_l)
+    # NOTE: one pass over the packed rows on GPUs (thd merge kernel, row-index map); the
+    # torch ops (gather, ~10 elementwise passes over fp32 rows, scatter) made a windowed p2p
+    # ring slower than the causal one on 2 x H200 (docs/BENCHMARKS.md).
+    thd.merge_rows_(out, lse, out_p, lse_p, rows.targets)
 
 
 def add_packed(acc: torch.Tensor, x_p: torch.Tensor, rows: PackedRows) -> None:
