@@ -98,7 +98,7 @@ __global__ void mma_selftest_kernel(const uint16_t* x,  // [16, D]
   ra_mma_store_rows<T>(out, o_out, D, no, lane);
   if (lane == 0) {
     info[0] = 1;
-    info[1] = NS;
+    info[1] = Acc::kElems * RA_WAVE_SIZE / 16;  // columns the accumulator holds (>= NS)
     info[2] = HB;
   }
 #else
