@@ -257,7 +257,7 @@ std::tuple<at::Tensor, at::Tensor> compat_selftest(const at::Tensor& bf16_bits,
 // Runs the matrix-unit API test kernel (mma.h) on one wave. x, y, v: int16 bits [16, d] of bf16
 // (or fp16 when `fp16`) values, contiguous, on the GPU; d in 64/128/256, kv in 4/8/16, heads
 // 8/16. Returns (s [16, 16] float, NaN where no lane wrote; cover [16, 16] int32; o [16, d] int16
-// bits, 0xffff (NaN) where not written; rowstat [16, 2] float; info [4] int32) as described in
+// bits, 0xffff (NaN) where not written; rowstat [16, 3] float; info [4] int32) as described in
 // selftest_kernel.h.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mma_selftest(
     const at::Tensor& x, const at::Tensor& y, const at::Tensor& v, int64_t kv, int64_t heads,
@@ -274,7 +274,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mma_selft
   at::Tensor s = at::full({16, 16}, std::numeric_limits<float>::quiet_NaN(), f32);
   at::Tensor cover = at::zeros({16, 16}, x.options().dtype(at::kInt));
   at::Tensor o = at::full({16, d}, -1, x.options());
-  at::Tensor rowstat = at::full({16, 2}, std::numeric_limits<float>::quiet_NaN(), f32);
+  at::Tensor rowstat = at::full({16, 3}, std::numeric_limits<float>::quiet_NaN(), f32);
   at::Tensor info = at::full({4}, -1, x.options().dtype(at::kInt));
   check_launch(
       mma_selftest_launch(static_cast<const uint16_t*>(x.data_ptr()),

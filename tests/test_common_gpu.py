@@ -102,7 +102,7 @@ def test_matrix_units_present(wave):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_mma_tiles(wave, dtype, d, kv, heads, values, rows):
-    """S = X Y^T (fp32), its row max / sum, and O = round(S) V against scalar math, in the
+    """S = X Y^T (fp32), its row max / sum and column sums, and O = round(S) V against scalar math, in the
     operand shapes of the small-seq forward. Every accumulator element must be held by exactly
     one lane (coverage), every output element written once, nothing outside the rows asked for.
     A fragment-layout mistake shows up here as a wrong element, not as a wrong attention row."""
@@ -140,6 +140,9 @@ def test_mma_tiles(wave, dtype, d, kv, heads, values, rows):
                                msg=lambda m: f"row max: {m} ({ctx})")
     torch.testing.assert_close(rowstat[:, 1], s_ref[:, :ns].sum(1).float(), **tol,
                                msg=lambda m: f"row sum: {m} ({ctx})")
+    torch.testing.assert_close(rowstat[:ns, 2], s_ref[:, :ns].sum(0).float(), **tol,
+                               msg=lambda m: f"column sum: {m} ({ctx})")
+    assert torch.isnan(rowstat[ns:, 2]).all(), ctx
 
     p = torch.zeros(16, 16, dtype=torch.float64)
     p[:hb, :ns] = s[:hb, :ns].to(dtype).double()  # the kernel's own S, rounded like the kernel

@@ -618,9 +618,10 @@ def test_nvcc_compiles_mma_header(tmp_path: Path) -> None:
               ra_mma_acc<NS> acc;
               ra_mma_zero(acc);
               ra_mma_dot<T>(acc, qr, kr);
+              const ra_mma_acc<NS> cs = ra_mma_col_sum(acc);
               for (int i = 0; i < ra_mma_acc<NS>::kElems; ++i)
                 s[ra_mma_acc_row(lane, i) * 16 + ra_mma_acc_col(lane, i)] =
-                    ra_mma_row_max(acc.x[i]) + ra_mma_row_sum(acc.x[i]);
+                    ra_mma_row_max(acc.x[i]) + ra_mma_row_sum(acc.x[i]) + cs.x[i];
               const ra_mma_pfrag<HB> pf = ra_mma_to_pfrag<T, HB>(acc);
               ra_mma_out<D, HB> out;
               ra_mma_zero(out);

@@ -85,6 +85,28 @@ class Vendor:
             return 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
         return 4 * (lane >> 4) + i
 
+    # ra_mma_row_sum / ra_mma_col_sum: lane butterflies (xor masks), modelled on all lanes
+    def _xor_sum(self, vals, masks):
+        for m in masks:
+            vals = [vals[lane] + vals[lane ^ m] for lane in range(self.wave)]
+        return vals
+
+    def row_sum(self, part):  # part[lane]: one value per lane for one row slot
+        return self._xor_sum(part, (1, 2) if self.name == "nv" else (16, 32))
+
+    def col_sum(self, acc):
+        n_el = len(acc[0])
+        out = [[0.0] * n_el for _ in range(self.wave)]
+        for i in range(n_el):
+            if self.name == "nv":
+                v = self._xor_sum([acc[lane][i] + acc[lane][i ^ 2] for lane in range(32)],
+                                  (4, 8, 16))
+            else:
+                v = self._xor_sum([acc[lane][i] for lane in range(64)], (1, 2, 4, 8))
+            for lane in range(self.wave):
+                out[lane][i] = v[lane]
+        return out
+
     # ra_mma_load_rows: returns per lane v[h][j] = 8 values (a 16-byte piece)
     def load_rows(self, M, d, r, nrows):
         rows_per_lane = (2 if r > 8 else 1) if self.name == "nv" else 1
@@ -284,6 +306,23 @@ def test_mma_model_matches_matrix_products(vendor, d, kv, heads):
             cover[r, c] += 1
     assert (cover[:, :n_acc] == 1).all() and (cover[:, n_acc:] == 0).all()
     np.testing.assert_array_equal(S[:, :n_acc], S_ref[:, :n_acc])
+
+    # row sums (per row slot of a lane) and column sums, as the kernels reduce them
+    n_el = ven.acc_elems(ns)
+    slots = 2 if vendor == "nv" else 1
+    slot_of = (lambda i: (i >> 1) & 1) if vendor == "nv" else (lambda i: 0)  # noqa: E731
+    for slot in range(slots):
+        part = [sum(s[lane][i] for i in range(n_el) if slot_of(i) == slot)
+                for lane in range(ven.wave)]
+        tot = ven.row_sum(part)
+        for lane in range(ven.wave):
+            for i in range(n_el):
+                if slot_of(i) == slot:
+                    assert tot[lane] == S_ref[ven.acc_row(lane, i), :n_acc].sum()
+    cs = ven.col_sum(s)
+    for lane in range(ven.wave):
+        for i in range(n_el):
+            assert cs[lane][i] == S_ref[:, ven.acc_col(lane, i)].sum()
 
     p = ven.to_pfrag(s, hb, ns)
     vr = ven.load_vrows(V, d, kv, nv_)

@@ -183,7 +183,8 @@ def test_kernel_forward(dev, dtype, d, kv, ratio, seed):
 
 # GQA groups (h_q / h_kv) served by the matrix-unit forward (fwd_mma_kernel.h): powers of two and
 # not, one tile of q heads per pass (8 on NVIDIA, 16 on CDNA) and several passes (12, 16, 32 on
-# NVIDIA; 32 on CDNA), with partial last passes.
+# NVIDIA; 32 on CDNA), with partial last passes. The matrix-unit backward (bwd_mma_kernel.h)
+# takes groups up to 8; 12, 16, 32 check the general backward behind the new forward.
 GQA_GROUPS = [
     pytest.param(4, 2, id="g2"),
     pytest.param(6, 2, id="g3"),
@@ -212,9 +213,10 @@ def test_kernel_forward_gqa(dev, dtype, d, kv, h_q, h_kv, seed):
 @pytest.mark.parametrize("d", [64, 128, 512])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernel_forward_gqa_matches_general_kernel(dev, dtype, d, h_q, h_kv, seed, monkeypatch):
-    """The matrix-unit forward and the general kernel (ROCM_ATTN_SMALL_SEQ_MMA=0) on the same
-    inputs: both against the oracle, and lse / probs of the two within fp32 rounding of each
-    other (P is rounded to 16 bits only for the P.V product, never for lse or probs)."""
+    """The matrix-unit forward (ROCM_ATTN_SMALL_SEQ_MMA=1, the forward bit) and the general
+    kernel (=0) on the same inputs: both against the oracle, and lse / probs of the two within
+    fp32 rounding of each other (P is rounded to 16 bits only for the P.V product, never for lse
+    or probs)."""
     rng = Rng(seed, f"kgqaab{dtype}{d}{h_q}{h_kv}")
     case = thd_case(rng, 211, h_q, h_kv, d, 16, dtype, device=dev)
     results = {}
@@ -228,6 +230,41 @@ def test_kernel_forward_gqa_matches_general_kernel(dev, dtype, d, h_q, h_kv, see
     assert_rel("lse mma vs general", lse1[finite], lse0[finite], TOL_KERNEL_F32, ctx)
     assert_rel("probs mma vs general", probs1, probs0, TOL_KERNEL_F32, ctx)
     assert_rel("out mma vs general", out1, out0, 2 * low_tol(case.dtype), ctx)
+
+
+@pytest.mark.parametrize("seed", seeds(1))
+@pytest.mark.parametrize("h_q,h_kv", GQA_GROUPS)
+@pytest.mark.parametrize("kv", [3, 16], ids=["kv3", "kv16"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_backward_gqa(dev, dtype, d, kv, h_q, h_kv, seed):
+    """dq, dk, dv for every group size (2..8: matrix-unit backward; wider: general backward)
+    x head dim x dtype against the float64 oracle, gradients poisoned."""
+    rng = Rng(seed, f"kbwdgqa{dtype}{d}{kv}{h_q}{h_kv}")
+    case = thd_case(rng, 97, h_q, h_kv, d, kv, dtype, device=dev)
+    check_kernel(case, grads=True)
+
+
+@pytest.mark.parametrize("seed", seeds(1))
+@pytest.mark.parametrize("layout", [THD, BSHD])
+@pytest.mark.parametrize("h_q,h_kv", [(4, 2), (8, 1)], ids=["g2", "g8"])
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_backward_gqa_matches_general_kernel(dev, dtype, d, h_q, h_kv, layout, seed,
+                                                    monkeypatch):
+    """Same forward (matrix units), backward on matrix units (ROCM_ATTN_SMALL_SEQ_MMA=3) and on
+    the general kernel (=1): both against the oracle and close to each other."""
+    rng = Rng(seed, f"kbwdab{dtype}{d}{h_q}{h_kv}{layout}")
+    if layout == THD:
+        case = thd_case(rng, 151, h_q, h_kv, d, 13, dtype, device=dev, pad_before=2, pad_after=3)
+    else:
+        case = bshd_case(rng, 151, h_q, h_kv, d, 13, dtype, s_kv=16, device=dev)
+    grads = {}
+    for mask in ("3", "1"):
+        monkeypatch.setenv("ROCM_ATTN_SMALL_SEQ_MMA", mask)
+        grads[mask] = check_kernel(case, grads=True)[3]
+    for name, x, y in zip(("dq", "dk", "dv"), grads["3"], grads["1"]):
+        assert_rel(f"{name} mma vs general", x, y, 2 * low_tol(case.dtype), str(case))
 
 
 @pytest.mark.parametrize("seed", seeds(2))

@@ -19,7 +19,8 @@
 // Callers never see the permutations; they only see matrices by (base, row stride, rows).
 //
 // The accumulator's element coordinates are public (ra_mma_acc_row / _col), so a softmax can
-// run on the accumulator in registers; rows are reduced across lanes with ra_mma_row_max / _sum.
+// run on the accumulator in registers; rows are reduced across lanes with ra_mma_row_max / _sum,
+// columns with ra_mma_col_sum.
 //
 // NOTE (AMD): every MFMA here is issued with its A and B operands swapped, i.e. it computes the
 // transpose of the logical product. With that, the logical accumulator layout (lane = row +
@@ -200,6 +201,33 @@ RA_DEVICE float ra_mma_row_sum(float v) {
   return v + ra_shfl_xor(v, 32);
 }
 #endif
+
+// Column totals: element i of the result holds the sum over all 16 rows of element i's column.
+template <int N>
+RA_DEVICE ra_mma_acc<N> ra_mma_col_sum(const ra_mma_acc<N>& a) {
+  ra_mma_acc<N> r;
+#if defined(RA_MMA_SM80)
+  // Elements i and i ^ 2 are rows g and g + 8 of one column; lanes sharing t share columns.
+#pragma unroll
+  for (int i = 0; i < ra_mma_acc<N>::kElems; ++i) {
+    float v = a.x[i] + a.x[i ^ 2];
+    v += ra_shfl_xor(v, 4);
+    v += ra_shfl_xor(v, 8);
+    r.x[i] = v + ra_shfl_xor(v, 16);
+  }
+#else
+  // One row per lane; lanes sharing lane / 16 share columns.
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float v = a.x[i];
+    v += ra_shfl_xor(v, 1);
+    v += ra_shfl_xor(v, 2);
+    v += ra_shfl_xor(v, 4);
+    r.x[i] = v + ra_shfl_xor(v, 8);
+  }
+#endif
+  return r;
+}
 
 template <int N>
 RA_DEVICE void ra_mma_zero(ra_mma_acc<N>& c) {

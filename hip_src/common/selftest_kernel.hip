@@ -44,7 +44,7 @@ __global__ void mma_selftest_kernel(const uint16_t* x,  // [16, D]
                                     float* s_out,        // [16, 16]
                                     int32_t* cover,      // [16, 16]
                                     uint16_t* o_out,     // [16, D]
-                                    float* rowstat,      // [16, 2]
+                                    float* rowstat,      // [16, 3]
                                     int32_t* info) {     // [4]
   const int lane = threadIdx.x;
 #if RA_HAS_MMA
@@ -80,12 +80,16 @@ __global__ void mma_selftest_kernel(const uint16_t* x,  // [16, D]
     mx[r] = ra_mma_row_max(mx[r]);
     sum[r] = ra_mma_row_sum(sum[r]);
   }
+  const Acc colsum = ra_mma_col_sum(acc);
 #pragma unroll
   for (int i = 0; i < Acc::kElems; ++i) {
-    if (ra_mma_acc_col(lane, i) != 0) continue;
     const int row = ra_mma_acc_row(lane, i);
-    rowstat[2 * row] = mx[ra_mma_acc_slot(i)];
-    rowstat[2 * row + 1] = sum[ra_mma_acc_slot(i)];
+    const int col = ra_mma_acc_col(lane, i);
+    if (col == 0) {
+      rowstat[3 * row] = mx[ra_mma_acc_slot(i)];
+      rowstat[3 * row + 1] = sum[ra_mma_acc_slot(i)];
+    }
+    if (row == 0) rowstat[3 * col + 2] = colsum.x[i];
   }
   const ra_mma_pfrag<HB> pf = ra_mma_to_pfrag<T, HB>(acc);
   ra_mma_out<D, HB> out;
@@ -94,7 +98,7 @@ __global__ void mma_selftest_kernel(const uint16_t* x,  // [16, D]
   ra_mma_store_rows<T>(out, o_out, D, no, lane);
   if (lane == 0) {
     info[0] = 1;
-    info[1] = NS;
+    info[1] = Acc::kElems * RA_WAVE_SIZE / 16;  // columns the accumulator holds (>= NS)
     info[2] = HB;
   }
 #else

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "bwd_kernel.h"
+#include "bwd_mma_kernel.h"
 #include "dispatch.h"
 #include "fwd_kernel.h"
 #include "fwd_mma_kernel.h"
@@ -21,11 +22,14 @@ inline int grid_residency_factor(int default_factor) {
   return env != nullptr ? atoi(env) : default_factor;
 }
 
-// Whether GQA forwards take the matrix-unit kernel (fwd_mma_kernel.h). ROCM_ATTN_SMALL_SEQ_MMA=0
-// turns it off (A/B experiments, or a suspected bug): the general kernel then serves them.
-inline bool mma_forward_enabled() {
+// Which GQA passes take the matrix-unit kernels (fwd_mma_kernel.h, bwd_mma_kernel.h):
+// ROCM_ATTN_SMALL_SEQ_MMA is a bit mask, 1 = forward, 2 = backward, unset = both; 0 sends every
+// GQA call to the general kernels (A/B experiments, or a suspected bug).
+constexpr int kMmaForward = 1;
+constexpr int kMmaBackward = 2;
+inline bool mma_enabled(int pass) {
   const char* env = getenv("ROCM_ATTN_SMALL_SEQ_MMA");
-  return env == nullptr || atoi(env) != 0;
+  return env == nullptr || (atoi(env) & pass) != 0;
 }
 
 // Blocks for `items` (segment, kv head) work items: at most `factor` x the blocks that are
@@ -63,7 +67,7 @@ dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor,
 template <typename T, int D, int KV>
 hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
-  if (p.num_heads_q / p.num_heads_kv >= 2 && mma_forward_enabled()) {
+  if (p.num_heads_q / p.num_heads_kv >= 2 && mma_enabled(kMmaForward)) {
     static int resident_mma[64] = {};
     const dim3 grid =
         grid_for(p, small_seq_fwd_mma_kernel<T, D, KV>, kFwdResidencyFactor, resident_mma);
@@ -76,9 +80,19 @@ hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
   return hipGetLastError();
 }
 
+// Groups of 2..kBwdMmaMaxGroup q heads per kv head take the matrix-unit backward (one tile of q
+// heads holds the group on every vendor); single heads and wider groups the general kernel.
 template <typename T, int D, int KV>
 hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  if (group >= 2 && group <= kBwdMmaMaxGroup && mma_enabled(kMmaBackward)) {
+    static int resident_mma[64] = {};
+    const dim3 grid =
+        grid_for(p, small_seq_bwd_mma_kernel<T, D, KV>, kBwdResidencyFactor, resident_mma);
+    hipLaunchKernelGGL((small_seq_bwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
+    return hipGetLastError();
+  }
   static int resident[64] = {};
   const dim3 grid = grid_for(p, small_seq_bwd_kernel<T, D, KV>, kBwdResidencyFactor, resident);
   hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
