@@ -36,19 +36,6 @@ def eager_ms(fn, reps: int = 30, warmup: int = 5) -> float:
     return statistics.median(times)
 
 
-_pool = None
-
-
-def _shared_pool():
-    """One memory pool for every benchmark graph: a graph's memory is reused by the next, and a
-    capture that fails cannot strand a pool of its own (separate pools, one per capture, ran an
-    H200 out of memory within a few cases)."""
-    global _pool
-    if _pool is None:
-        _pool = torch.cuda.graph_pool_handle()
-    return _pool
-
-
 def graph_ms(fn, reps: int = 10, warmup: int = 3, calls: int = GRAPH_CALLS) -> float:
     """Per-call device time: median over `reps` replays of a graph of `calls` calls of fn."""
     side = torch.cuda.Stream()
@@ -59,7 +46,7 @@ def graph_ms(fn, reps: int = 10, warmup: int = 3, calls: int = GRAPH_CALLS) -> f
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=_shared_pool()):
+    with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
     graph.replay()
