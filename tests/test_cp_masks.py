@@ -57,6 +57,7 @@ class Cfg(NamedTuple):
     dtype: torch.dtype = F64
     min_seqlen: Optional[int] = None
     expect_steps: Optional[Dict[int, int]] = None  # p2p: rank -> ring steps computed
+    a2a_size: int = 0  # a2a+p2p: size of the a2a groups (consecutive ranks)
     seed: int = 0
 
 
@@ -108,6 +109,17 @@ def configs(world: int) -> List[Cfg]:
                 window=window, chunk=None, pad=True, lens_q=[400], min_seqlen=400)
         add("p2p-skip-tiny_window_no_promise", comm="p2p", mask="causal", window=(0, 0),
             chunk=None, pad=True, lens_q=[41, 5], expect_steps={r: 1 for r in range(4)})
+    # hierarchical: a2a inside groups of consecutive ranks, ring across them
+    hier = [(2, "causal", (128, 0), None), (2, "no_mask", (512, 512), 256),
+            (2, "causal", (-1, -1), 256), (2, "causal", (-1, -1), None),
+            (2, "no_mask", (64, 64), None), (1, "causal", (128, 0), 256)]
+    if cp == 4:
+        hier += [(2, "no_mask", (-1, -1), None), (4, "causal", (64, 0), None)]
+    for a, mask, window, chunk in hier:
+        lens = WINDOWS[(64, 64)] if window == (64, 64) else WINDOWS[(128, 0)]
+        add(f"a2a+p2p-a{a}-{mask}-w{window[0]}x{window[1]}-c{chunk}", comm="a2a+p2p",
+            mask=mask, window=window, chunk=chunk, pad=True, lens_q=lens, h_q=4,
+            h_kv=2 if a <= 2 else 4, a2a_size=a)
     for comm in COMMS:  # low precision through the same machinery
         h_q, h_kv = _heads(comm, cp)
         add(f"{comm}-bf16-causal-w64x0-c128", comm=comm, mask="causal", window=(64, 0),
@@ -199,7 +211,10 @@ def _steps_computed(cfg: Cfg, group, cp: int, rank: int) -> int:
 
 
 def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu",
-                backend: str = "reference", d: int = 8) -> Optional[str]:
+                backend: str = "reference", d: int = 8, gather_group=None) -> Optional[str]:
+    """One configuration on this rank; ``group`` is the cp_group argument (a pair for
+    a2a+p2p), ``gather_group`` the group of all ``cp`` ranks (default: ``group``)."""
+    gather_group = group if gather_group is None else gather_group
     gen = torch.Generator().manual_seed(2000 + cfg.seed)
     sq = _side(cfg.lens_q, cp, cfg.pad)
     skv = sq if cfg.lens_kv is None else _side(cfg.lens_kv, cp, cfg.pad)
@@ -226,11 +241,12 @@ def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu",
         torch.where(torch.isfinite(lse64), lse64, torch.zeros_like(lse64))
         * shard(gl, cu_qp, -1)).sum()
     loss.backward()
-    got = {"out": gather_from_cp(out, cu_qp, cp, group),
-           "lse": gather_from_cp(lse, cu_qp, cp, group, dim=-1),
-           "dq": gather_from_cp(q_l.grad, cu_qp, cp, group),
-           "dk": gather_from_cp(k_l.grad, cu_kvp, cp, group),
-           "dv": gather_from_cp(v_l.grad, cu_kvp, cp, group)}
+    gg = gather_group
+    got = {"out": gather_from_cp(out, cu_qp, cp, gg),
+           "lse": gather_from_cp(lse, cu_qp, cp, gg, dim=-1),
+           "dq": gather_from_cp(q_l.grad, cu_qp, cp, gg),
+           "dk": gather_from_cp(k_l.grad, cu_kvp, cp, gg),
+           "dv": gather_from_cp(v_l.grad, cu_kvp, cp, gg)}
     errs = []
     if cfg.expect_steps is not None:
         n = _steps_computed(cfg, group, cp, rank)
@@ -259,16 +275,32 @@ def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu",
 # --------------------------------------------------------------------------
 
 
+def _hier_groups(world: int, rank: int) -> Dict[int, tuple]:
+    """a2a size -> (a2a_group, p2p_group) of this rank: a2a over consecutive ranks, the ring
+    over ranks with the same index in their a2a group (every rank creates every group, in the
+    same order, as torch.distributed requires)."""
+    out = {}
+    for a in (1, 2, 4):
+        if world % a:
+            continue
+        a2a = [dist.new_group(list(range(s, s + a))) for s in range(0, world, a)]
+        ring = [dist.new_group(list(range(i, world, a))) for i in range(a)]
+        out[a] = (a2a[rank // a], ring[rank % a])
+    return out
+
+
 def _worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
+    hier = _hier_groups(world, rank)
     results: Dict[str, Optional[str]] = {}
     timings: Dict[str, float] = {}
     for cfg in configs(world):
         t0 = time.time()
         try:
-            msg = _run_config(cfg, dist.group.WORLD, world, rank)
+            group = hier[cfg.a2a_size] if cfg.comm == "a2a+p2p" else dist.group.WORLD
+            msg = _run_config(cfg, group, world, rank, gather_group=dist.group.WORLD)
         except Exception:  # noqa: BLE001 - reported per configuration
             msg = traceback.format_exc(limit=8)
         msgs: List[Optional[str]] = [None] * world

@@ -80,6 +80,8 @@ __all__ = [
     "StepMeta",
     "side_geometry",
     "ring_step_meta",
+    "ring_step_metas",
+    "ring_steps_run",
     "all_gather_step_metas",
     "a2a_step_meta",
 ]
@@ -420,22 +422,49 @@ def _half_segment(g: SideGeometry, plan: CPPlan, c: int, first: bool,
     return Segment(pos, _chunk_valid(g, c), start if first else start + g.H)
 
 
+class _HalfPair(NamedTuple):
+    q_name: str
+    q_chunk: int
+    q_first: bool
+    kv_chunk: int
+    kv_first: bool
+    relation: str
+    distance: int
+
+
+def _ring_half_pairs(cp: int, rank: int, kv_rank: int) -> List[_HalfPair]:
+    """The four (q half x kv half) rectangles of a ring step, host-only (q and kv sequences
+    identical, so the chunk order alone says how the halves lie)."""
+    out = []
+    for name, gq, q_first in (("A", rank, True), ("B", 2 * cp - 1 - rank, False)):
+        for gk, kv_first in ((kv_rank, True), (2 * cp - 1 - kv_rank, False)):
+            rel = "aligned" if gq == gk else ("before" if gk < gq else "after")
+            out.append(_HalfPair(name, gq, q_first, gk, kv_first, rel, abs(gq - gk)))
+    return out
+
+
+def ring_steps_run(cp: int, rank: int, causal: bool, window_size: Tuple[int, int] = (-1, -1),
+                   chunk_size: Optional[int] = None, min_seqlen: int = 0) -> List[int]:
+    """Ring steps (0 .. cp-1) in which ``rank`` runs attention under this mask when every
+    non-empty sequence has at least ``min_seqlen`` tokens (host-only; the rule of
+    :func:`ring_step_metas`, see docs/CP.md). The other steps only pass kv along."""
+    spec = MaskSpec.make(causal, window_size, chunk_size)
+    if spec.plain:
+        return list(range(cp))
+    min_h = max(1, -(-min_seqlen // (2 * cp)))
+    return [s for s in range(cp)
+            if any(reachable(p.relation, spec, p.distance, min_h)
+                   for p in _ring_half_pairs(cp, rank, thd.ring_step(rank, s, cp)[1]))]
+
+
 def _ring_pairs(plan: CPPlan, kv_rank: int) -> List[_Pair]:
-    """The four (q half x kv half) rectangles of a ring step (q and kv sequences identical,
-    so the chunk order alone says how the halves lie)."""
-    cp, r = plan.cp, plan.rank
-    q_halves = (("A", r, True), ("B", 2 * cp - 1 - r, False))
-    kv_halves = ((kv_rank, True), (2 * cp - 1 - kv_rank, False))
+    """The four (q half x kv half) rectangles of a ring step, with their segments."""
     q_max = _bound(plan.max_seqlen_q, plan.rows_q // 2)
     kv_max = _bound(plan.max_seqlen_kv, plan.rows_kv // 2)
-    pairs = []
-    for name, gq, q_first in q_halves:
-        for gk, kv_first in kv_halves:
-            rel = "aligned" if gq == gk else ("before" if gk < gq else "after")
-            pairs.append(_Pair(name, _half_segment(plan.geom_q, plan, gq, q_first),
-                               _half_segment(plan.geom_kv, plan, gk, kv_first), rel,
-                               abs(gq - gk), q_max, plan.rows_q // 2, kv_max, plan.rows_kv // 2))
-    return pairs
+    return [_Pair(h.q_name, _half_segment(plan.geom_q, plan, h.q_chunk, h.q_first),
+                  _half_segment(plan.geom_kv, plan, h.kv_chunk, h.kv_first), h.relation,
+                  h.distance, q_max, plan.rows_q // 2, kv_max, plan.rows_kv // 2)
+            for h in _ring_half_pairs(plan.cp, plan.rank, kv_rank)]
 
 
 def _group_by_q(pairs: List[_Pair]) -> List[List[_Pair]]:
