@@ -480,11 +480,13 @@ def _nccl_worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=300))
+    hier = _hier_groups(world, rank)
     results = {}
     for cfg in gpu_configs():
         try:
-            msg = _run_config(cfg, dist.group.WORLD, world, rank, device="cuda", backend="auto",
-                              d=64)
+            group = hier[cfg.a2a_size] if cfg.comm == "a2a+p2p" else dist.group.WORLD
+            msg = _run_config(cfg, group, world, rank, device="cuda", backend="auto", d=64,
+                              gather_group=dist.group.WORLD)
         except Exception:  # noqa: BLE001
             msg = traceback.format_exc(limit=8)
         msgs: List[Optional[str]] = [None] * world
