@@ -91,7 +91,8 @@ def ring_plan(plan: CPPlan, p2p_group, g: int, num_groups: int, a: int) -> CPPla
         plan, group=p2p_group, cp=num_groups, rank=g, rows_q=a * plan.rows_q,
         rows_kv=a * plan.rows_kv,
         geom_q=side_geometry(plan.cu_seqlens_q, plan.cu_seqlens_q_padded, num_groups),
-        geom_kv=side_geometry(plan.cu_seqlens_kv, plan.cu_seqlens_kv_padded, num_groups))
+        geom_kv=side_geometry(plan.cu_seqlens_kv, plan.cu_seqlens_kv_padded, num_groups),
+        meta_cache={})
 
 
 class A2AP2PAttnFunc(torch.autograd.Function):

@@ -57,7 +57,7 @@ Windows and chunking (:func:`ring_step_metas`, and the masked branches of the tw
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -138,6 +138,9 @@ class CPPlan:
     # promise: every sequence with a valid token has >= min_seqlen of them (0: no promise);
     # lets the ring skip steps a window or chunk cannot reach (bands.reachable)
     min_seqlen: int = 0
+    # step metadata computed in the forward, reused by the backward (the plan lives in the
+    # autograd context); a plan derived with dataclasses.replace must get a fresh dict
+    meta_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def causal(self) -> bool:
@@ -318,6 +321,13 @@ def ring_step_metas(plan: CPPlan, step: int) -> List[StepMeta]:
       the two q halves and the two kv halves, one call per piece kind and set of disjoint q
       halves.
     """
+    key = ("ring", step)
+    if key not in plan.meta_cache:
+        plan.meta_cache[key] = _ring_step_metas(plan, step)
+    return plan.meta_cache[key]
+
+
+def _ring_step_metas(plan: CPPlan, step: int) -> List[StepMeta]:
     spec = plan.spec
     if spec.plain:
         return [ring_step_meta(plan, step)]
@@ -343,6 +353,12 @@ def all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
     of both local halves against the whole kv sequence (``q_layout`` ``"full"``: one call per
     piece kind serves both halves; each half's kv range is cut to what its window sees).
     """
+    if ("all_gather",) not in plan.meta_cache:
+        plan.meta_cache[("all_gather",)] = _all_gather_step_metas(plan)
+    return plan.meta_cache[("all_gather",)]
+
+
+def _all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
     gq, gkv, cp, r = plan.geom_q, plan.geom_kv, plan.cp, plan.rank
     if not plan.spec.plain:
         kv = _global_segment(gkv, shift=None)
