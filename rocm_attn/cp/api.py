@@ -252,8 +252,10 @@ def attn_with_cp(
     ValueError
         Bad arguments (each message names the argument), a rank outside ``cp_group``, a shard
         size inconsistent with ``cu_seqlens_*_padded[-1] // cp``, lengths not divisible by
-        ``2*cp``, heads not divisible by ``cp`` for ``"a2a"``, ``"p2p"`` causal with different
-        q and kv sequences, ``backend="torch_flash"`` for inputs it cannot serve.
+        ``2*cp``, heads not divisible by ``cp`` for ``"a2a"`` (by the a2a group size for
+        ``"a2a+p2p"``), ``"p2p"`` / ``"a2a+p2p"`` with a causal mask, a window or chunking
+        between different q and kv sequences, ``"a2a+p2p"`` without a pair of groups, a
+        broken ``min_seqlen`` promise, ``backend="torch_flash"`` for inputs it cannot serve.
     """
     plan = _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
                       cp_group, cp_comm_type, attn_mask_type, window_size, chunk_size,
