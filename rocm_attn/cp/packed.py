@@ -108,11 +108,17 @@ def accumulator_rows(rows: int) -> int:
 
 
 def merge_packed(out: torch.Tensor, lse: torch.Tensor, out_p: torch.Tensor,
-                 lse_p: torch.Tensor, rows: PackedRows) -> None:
+                 lse_p: torch.Tensor, rows: PackedRows, first: bool = False) -> None:
     """Online-softmax merge of a packed result into ``out [T+1, ...]`` / ``lse [h, T+1]`` (in
     place, last row dummy). Sub-sequences of one call have disjoint q rows, so every real row
-    is written at most once per call."""
+    is written at most once per call. ``first``: the accumulators are still empty (zero /
+    ``-inf``), so the result is written as is (a merge into nothing is a copy)."""
     tgt = rows.targets
+    if first:
+        lse_p = torch.where(rows.valid, lse_p, torch.full_like(lse_p, float("-inf")))
+        out.index_copy_(0, tgt, out_p.to(out.dtype).masked_fill(~rows.valid.view(-1, 1, 1), 0))
+        lse.index_copy_(1, tgt, lse_p.to(lse.dtype))
+        return
     new_o, new_l = thd._merge_math(out.index_select(0, tgt), lse.index_select(1, tgt), out_p,
                                    lse_p)
     out.index_copy_(0, tgt, new_o)
@@ -125,12 +131,14 @@ def add_packed(acc: torch.Tensor, x_p: torch.Tensor, rows: PackedRows) -> None:
 
 
 def forward_into(out: torch.Tensor, lse: torch.Tensor, backend, q: torch.Tensor,
-                 k: torch.Tensor, v: torch.Tensor, meta: StepMeta, scale: float) -> None:
-    """Run one general step on the step tensors and merge it into the accumulators."""
+                 k: torch.Tensor, v: torch.Tensor, meta: StepMeta, scale: float,
+                 first: bool = False) -> None:
+    """Run one general step on the step tensors and merge it into the accumulators
+    (``first``: nothing was merged into them yet)."""
     mq, mkv = step_rows(meta, q.shape[0], k.shape[0])
     o_p, l_p = backend.forward_packed(gather_packed(q, mq), gather_packed(k, mkv),
                                       gather_packed(v, mkv), meta, scale)
-    merge_packed(out, lse, o_p, l_p.to(lse.dtype), mq)
+    merge_packed(out, lse, o_p, l_p.to(lse.dtype), mq, first)
 
 
 def backward_into(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, backend,

@@ -538,6 +538,7 @@ def _calls_meta(spec: MaskSpec, piece: str, pairs: List[_Pair], kind: str, kv_ra
         max_q, max_kv = min(max_q, cap), min(max_kv, cap)
     mask, window = piece_mask(piece, spec)
     end = q_start.new_zeros(1)  # the last *_padded entry is unused in this contract
+    q_rows = sum(_piece_q_bound(piece, p, spec) for p in pairs)
     kv_rows = sum(_piece_kv_bound(piece, p, spec) for p in pairs)
     return StepMeta(
         kind=kind, q_layout=q_layout, kv_layout=kv_layout, kv_rank=kv_rank,
@@ -546,7 +547,26 @@ def _calls_meta(spec: MaskSpec, piece: str, pairs: List[_Pair], kind: str, kv_ra
         cu_seqlens_kv_padded=torch.cat([kv_start, end]).to(torch.int32),
         max_seqlen_q=max_q, max_seqlen_kv=max_kv, attn_mask_type=mask, window_size=window,
         packed_kv_rows=max(1, kv_rows),
-        packed_q_rows=max(1, sum(p.q_total for p in pairs)))
+        packed_q_rows=max(1, q_rows))
+
+
+def _piece_q_bound(piece: str, pair: _Pair, spec: MaskSpec) -> int:
+    """Host bound of the rows one piece covers over all sequences. Rows that see keys lying
+    entirely before them are within ``reach("left")`` of the keys' end, rows that see keys
+    after them within ``reach("right")`` of their start; the tail rows of a ``whole`` pair
+    (``rev`` / ``full``) lie in ``[k1 - R, k1 + L)``. Everything else: the q segment."""
+    b = pair.q.n.numel()
+    slots = slot_bound(pair.q_total, b, spec.chunk)
+    if pair.relation == "before":
+        reach = spec.reach("left")
+    elif pair.relation == "after":
+        reach = spec.reach("right")
+    elif pair.relation == "whole" and piece in ("rev", "full") and spec.left is not None \
+            and spec.right is not None:
+        reach = spec.left + spec.right
+    else:
+        reach = None
+    return pair.q_total if reach is None else min(pair.q_total, slots * reach)
 
 
 def _piece_kv_bound(piece: str, pair: _Pair, spec: MaskSpec) -> int:
@@ -556,16 +576,17 @@ def _piece_kv_bound(piece: str, pair: _Pair, spec: MaskSpec) -> int:
     rows, ``full`` L + R)."""
     b = pair.q.n.numel()
     slots = slot_bound(pair.q_total, b, spec.chunk)
+    rows = _piece_q_bound(piece, pair, spec)
     left = spec.left
     right = 0 if spec.right is None else spec.right
     if piece == "rev":
-        bound = pair.q_total
+        bound = rows
     elif left is None or (spec.right is None and piece == "full"):
         bound = pair.kv_total
     elif piece == "native":  # aligned: the keys end with the rows
-        bound = pair.q_total + slots * left
+        bound = rows + slots * left
     elif piece == "diag":
-        bound = pair.q_total + slots * (left + right)
+        bound = rows + slots * (left + right)
     else:  # full
         bound = slots * (left + right)
     return min(pair.kv_total, bound)
