@@ -364,7 +364,7 @@ def _all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
         kv = _global_segment(gkv, shift=None)
         pairs = [_Pair(name, _half_segment(gq, plan, c, first, gkv.n - gq.n), kv, "whole", None,
                        _bound(plan.max_seqlen_q, plan.rows_q // 2), plan.rows_q // 2,
-                       max(0, plan.max_seqlen_kv), gkv_rows(plan))
+                       max(0, plan.max_seqlen_kv), _gkv_rows(plan))
                  for name, c, first in (("A", r, True), ("B", 2 * cp - 1 - r, False))]
         return _piece_metas(plan, pairs, "all_gather", -1, "full", "global")
     glob_kv = max(0, plan.max_seqlen_kv)
@@ -389,7 +389,7 @@ def a2a_step_meta(plan: CPPlan) -> StepMeta:
         return whole_sequence_meta(
             plan.spec, _global_segment(plan.geom_q, plan.geom_kv.n - plan.geom_q.n),
             _global_segment(plan.geom_kv, None), max(0, plan.max_seqlen_q),
-            max(0, plan.max_seqlen_kv), gq_rows(plan), gkv_rows(plan), "a2a")
+            max(0, plan.max_seqlen_kv), _gq_rows(plan), _gkv_rows(plan), "a2a")
     return _meta("global", "global", "global", -1, plan, plan.geom_q.n, plan.geom_kv.n,
                  plan.attn_mask_type, max(0, plan.max_seqlen_q), max(0, plan.max_seqlen_kv))
 
@@ -413,12 +413,12 @@ class _Pair(NamedTuple):
     kv_total: int
 
 
-def gq_rows(plan: CPPlan) -> int:
+def _gq_rows(plan: CPPlan) -> int:
     """Rows of the global (gathered) q: cp times the local rows."""
     return plan.cp * plan.rows_q
 
 
-def gkv_rows(plan: CPPlan) -> int:
+def _gkv_rows(plan: CPPlan) -> int:
     return plan.cp * plan.rows_kv
 
 
