@@ -193,3 +193,25 @@ def test_packed_buffers_hold_every_step(seed):
             if m.packed_kv_rows is not None:
                 assert int(m.cu_seqlens_kv[-1]) <= m.packed_kv_rows, (m.kind, lens, window)
                 assert int(m.cu_seqlens_q[-1]) <= m.packed_q_rows, (m.kind, lens, window)
+
+
+def test_ring_steps_run_matches_the_step_metadata():
+    from rocm_attn.cp import api, steps
+
+    rng = random.Random(9)
+    for _ in range(25):
+        cp = rng.choice([2, 3, 4, 8])
+        rank = rng.randrange(cp)
+        causal = rng.random() < 0.5
+        window = (rng.choice([-1, 0, 5, 40]), rng.choice([-1, 0, 9]))
+        chunk = rng.choice([None, 8, 64])
+        min_seqlen = rng.choice([0, 64, 400])
+        n = max(min_seqlen, 2 * cp)
+        lens = [-(-n // (2 * cp)) * 2 * cp]
+        cu = torch.tensor([0, lens[0]], dtype=torch.int32)
+        x = torch.zeros(lens[0] // cp, 1, 8, dtype=torch.float64)
+        plan = api._make_plan(x, x, x, cu, cu, lens[0], lens[0], _Group(cp, rank), "p2p",
+                              "causal" if causal else "no_mask", window, chunk, None, None,
+                              None, "reference", True, False, min_seqlen)
+        want = [s for s in range(cp) if steps.ring_step_metas(plan, s)]
+        assert steps.ring_steps_run(cp, rank, causal, window, chunk, min_seqlen) == want

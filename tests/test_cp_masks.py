@@ -39,7 +39,7 @@ WINDOWS = {
     (-1, -1): [300, 1100],
     (128, 0): [300, 1100],
     (512, 512): [300, 1100],
-    (64, 64): [40, 96, 9, 150, 23],  # short: one window spans several ranks' chunks
+    (64, 64): [40, 96, 9, 0, 150, 23],  # short: one window spans several ranks' chunks
 }
 
 
@@ -57,6 +57,9 @@ class Cfg(NamedTuple):
     dtype: torch.dtype = F64
     min_seqlen: Optional[int] = None
     expect_steps: Optional[Dict[int, int]] = None  # p2p: rank -> ring steps computed
+    a2a_size: int = 0  # a2a+p2p: size of the a2a groups (consecutive ranks)
+    slack: int = 0  # extra rows (units of 2*cp) past cu_seqlens_padded[-1]
+    return_lse: bool = True  # False: the loss sees the output only (no LSE cotangent)
     seed: int = 0
 
 
@@ -108,6 +111,29 @@ def configs(world: int) -> List[Cfg]:
                 window=window, chunk=None, pad=True, lens_q=[400], min_seqlen=400)
         add("p2p-skip-tiny_window_no_promise", comm="p2p", mask="causal", window=(0, 0),
             chunk=None, pad=True, lens_q=[41, 5], expect_steps={r: 1 for r in range(4)})
+    # hierarchical: a2a inside groups of consecutive ranks, ring across them
+    hier = [(2, "causal", (128, 0), None), (2, "no_mask", (512, 512), 256),
+            (2, "causal", (-1, -1), 256), (2, "causal", (-1, -1), None),
+            (2, "no_mask", (64, 64), None), (1, "causal", (128, 0), 256)]
+    if cp == 4:
+        hier += [(2, "no_mask", (-1, -1), None), (4, "causal", (64, 0), None)]
+    for a, mask, window, chunk in hier:
+        lens = WINDOWS[(64, 64)] if window == (64, 64) else WINDOWS[(128, 0)]
+        add(f"a2a+p2p-a{a}-{mask}-w{window[0]}x{window[1]}-c{chunk}", comm="a2a+p2p",
+            mask=mask, window=window, chunk=chunk, pad=True, lens_q=lens, h_q=4,
+            h_kv=2 if a <= 2 else 4, a2a_size=a)
+    # slack rows past the last sequence, and no LSE in the loss
+    for comm, mask, window, chunk in (("p2p", "causal", (128, 0), None),
+                                      ("all_gather", "no_mask", (64, 64), 256),
+                                      ("a2a", "causal", (-1, -1), 256),
+                                      ("p2p", "no_mask", (512, 512), None)):
+        h_q, h_kv = _heads(comm, cp)
+        lens = WINDOWS[window]
+        add(f"{comm}-slack-{mask}-w{window[0]}x{window[1]}-c{chunk}", comm=comm, mask=mask,
+            window=window, chunk=chunk, pad=True, lens_q=lens, h_q=h_q, h_kv=h_kv, slack=1)
+        add(f"{comm}-nolse-{mask}-w{window[0]}x{window[1]}-c{chunk}", comm=comm, mask=mask,
+            window=window, chunk=chunk, pad=True, lens_q=lens, h_q=h_q, h_kv=h_kv,
+            return_lse=False)
     for comm in COMMS:  # low precision through the same machinery
         h_q, h_kv = _heads(comm, cp)
         add(f"{comm}-bf16-causal-w64x0-c128", comm=comm, mask="causal", window=(64, 0),
@@ -133,12 +159,12 @@ class Side(NamedTuple):
     valid: torch.Tensor  # bool [T]
 
 
-def _side(lens: List[int], cp: int, pad: bool) -> Side:
+def _side(lens: List[int], cp: int, pad: bool, slack: int = 0) -> Side:
     m = 2 * cp
     # padding between sequences: round up to 2*cp, and every other sequence one more 2*cp
     plens = [(-(-n // m) + (i % 2 if pad else 0)) * m for i, n in enumerate(lens)]
     cu, cu_p = _cu(lens), _cu(plens)
-    valid = torch.zeros(int(cu_p[-1]), dtype=torch.bool)
+    valid = torch.zeros(int(cu_p[-1]) + slack * m, dtype=torch.bool)
     for i, n in enumerate(lens):
         valid[int(cu_p[i]): int(cu_p[i]) + n] = True
     return Side(cu, cu_p, valid)
@@ -178,7 +204,7 @@ def _padding_exact(got: Dict[str, torch.Tensor], sq: Side, skv: Side) -> List[st
         pad = got[name][~side.valid]
         if pad.numel() and not torch.equal(pad, torch.zeros_like(pad)):
             errs.append(f"{name}: padding rows are not exactly zero")
-    lse_pad = got["lse"][:, ~sq.valid]
+    lse_pad = got["lse"][:, ~sq.valid] if "lse" in got else torch.zeros(0)
     if lse_pad.numel() and not bool((lse_pad == float("-inf")).all()):
         errs.append("lse: padding rows are not -inf")
     return errs
@@ -199,10 +225,13 @@ def _steps_computed(cfg: Cfg, group, cp: int, rank: int) -> int:
 
 
 def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu",
-                backend: str = "reference", d: int = 8) -> Optional[str]:
+                backend: str = "reference", d: int = 8, gather_group=None) -> Optional[str]:
+    """One configuration on this rank; ``group`` is the cp_group argument (a pair for
+    a2a+p2p), ``gather_group`` the group of all ``cp`` ranks (default: ``group``)."""
+    gather_group = group if gather_group is None else gather_group
     gen = torch.Generator().manual_seed(2000 + cfg.seed)
-    sq = _side(cfg.lens_q, cp, cfg.pad)
-    skv = sq if cfg.lens_kv is None else _side(cfg.lens_kv, cp, cfg.pad)
+    sq = _side(cfg.lens_q, cp, cfg.pad, cfg.slack)
+    skv = sq if cfg.lens_kv is None else _side(cfg.lens_kv, cp, cfg.pad, cfg.slack)
     q = _rand(gen, (len(sq.valid), cfg.h_q, d), sq.valid, cfg.dtype)
     k = _rand(gen, (len(skv.valid), cfg.h_kv, d), skv.valid, cfg.dtype)
     v = _rand(gen, (len(skv.valid), cfg.h_kv, d), skv.valid, cfg.dtype)
@@ -215,22 +244,28 @@ def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu",
     q_l = shard(q, cu_qp).requires_grad_(True)
     k_l = shard(k, cu_kvp).requires_grad_(True)
     v_l = shard(v, cu_kvp).requires_grad_(True)
-    out, lse = attn_with_cp(
+    out = attn_with_cp(
         q_l, k_l, v_l, cu_q, cu_kv, max(cfg.lens_q), max(cfg.lens_kv or cfg.lens_q), group,
         cp_comm_type=cfg.comm, attn_mask_type=cfg.mask, window_size=cfg.window,
         chunk_size=cfg.chunk, cu_seqlens_q_padded=cu_qp if cfg.pad else None,
-        cu_seqlens_kv_padded=cu_kvp if cfg.pad else None, backend=backend, return_lse=True,
-        min_seqlen=cfg.min_seqlen)
-    lse64 = lse.to(F64)
-    loss = (out.to(F64) * shard(go, cu_qp)).sum() + (
-        torch.where(torch.isfinite(lse64), lse64, torch.zeros_like(lse64))
-        * shard(gl, cu_qp, -1)).sum()
+        cu_seqlens_kv_padded=cu_kvp if cfg.pad else None, backend=backend,
+        return_lse=cfg.return_lse, min_seqlen=cfg.min_seqlen)
+    out, lse = out if cfg.return_lse else (out, None)
+    loss = (out.to(F64) * shard(go, cu_qp)).sum()
+    if lse is not None:
+        lse64 = lse.to(F64)
+        loss = loss + (torch.where(torch.isfinite(lse64), lse64, torch.zeros_like(lse64))
+                       * shard(gl, cu_qp, -1)).sum()
+    else:  # the reference loss leaves the LSE out too; a placeholder keeps every rank's
+        gl = torch.zeros_like(gl)  # gathers in step (it is not compared)
+        lse = torch.full((cfg.h_q, q_l.shape[0]), float("-inf"), dtype=F64, device=dev)
     loss.backward()
-    got = {"out": gather_from_cp(out, cu_qp, cp, group),
-           "lse": gather_from_cp(lse, cu_qp, cp, group, dim=-1),
-           "dq": gather_from_cp(q_l.grad, cu_qp, cp, group),
-           "dk": gather_from_cp(k_l.grad, cu_kvp, cp, group),
-           "dv": gather_from_cp(v_l.grad, cu_kvp, cp, group)}
+    gg = gather_group
+    got = {"out": gather_from_cp(out, cu_qp, cp, gg),
+           "lse": gather_from_cp(lse, cu_qp, cp, gg, dim=-1),
+           "dq": gather_from_cp(q_l.grad, cu_qp, cp, gg),
+           "dk": gather_from_cp(k_l.grad, cu_kvp, cp, gg),
+           "dv": gather_from_cp(v_l.grad, cu_kvp, cp, gg)}
     errs = []
     if cfg.expect_steps is not None:
         n = _steps_computed(cfg, group, cp, rank)
@@ -248,6 +283,8 @@ def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu",
     want = {"out": ro, "lse": rl}
     for n, x in (("dq", qr), ("dk", kr), ("dv", vr)):
         want[n] = torch.zeros_like(x) if x.grad is None else x.grad
+    if not cfg.return_lse:
+        del got["lse"], want["lse"]
     tol = _tolerance(cfg.dtype) if backend == "reference" else 3e-2
     errs += [e for n in got for e in [_compare(n, got[n], want[n].detach(), tol)] if e]
     errs += _padding_exact(got, sq, skv)
@@ -259,16 +296,32 @@ def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu",
 # --------------------------------------------------------------------------
 
 
+def _hier_groups(world: int, rank: int) -> Dict[int, tuple]:
+    """a2a size -> (a2a_group, p2p_group) of this rank: a2a over consecutive ranks, the ring
+    over ranks with the same index in their a2a group (every rank creates every group, in the
+    same order, as torch.distributed requires)."""
+    out = {}
+    for a in (1, 2, 4):
+        if world % a:
+            continue
+        a2a = [dist.new_group(list(range(s, s + a))) for s in range(0, world, a)]
+        ring = [dist.new_group(list(range(i, world, a))) for i in range(a)]
+        out[a] = (a2a[rank // a], ring[rank % a])
+    return out
+
+
 def _worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
+    hier = _hier_groups(world, rank)
     results: Dict[str, Optional[str]] = {}
     timings: Dict[str, float] = {}
     for cfg in configs(world):
         t0 = time.time()
         try:
-            msg = _run_config(cfg, dist.group.WORLD, world, rank)
+            group = hier[cfg.a2a_size] if cfg.comm == "a2a+p2p" else dist.group.WORLD
+            msg = _run_config(cfg, group, world, rank, gather_group=dist.group.WORLD)
         except Exception:  # noqa: BLE001 - reported per configuration
             msg = traceback.format_exc(limit=8)
         msgs: List[Optional[str]] = [None] * world
@@ -448,11 +501,13 @@ def _nccl_worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=300))
+    hier = _hier_groups(world, rank)
     results = {}
     for cfg in gpu_configs():
         try:
-            msg = _run_config(cfg, dist.group.WORLD, world, rank, device="cuda", backend="auto",
-                              d=64)
+            group = hier[cfg.a2a_size] if cfg.comm == "a2a+p2p" else dist.group.WORLD
+            msg = _run_config(cfg, group, world, rank, device="cuda", backend="auto", d=64,
+                              gather_group=dist.group.WORLD)
         except Exception:  # noqa: BLE001
             msg = traceback.format_exc(limit=8)
         msgs: List[Optional[str]] = [None] * world

@@ -185,6 +185,34 @@ def test_forward_matches_naive(seed, mask, window, chunk, h_q, h_kv):
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
 
 
+@pytest.mark.parametrize("mask,window,chunk", [("causal", (3, 0), 4), ("no_mask", (2, 3), 3),
+                                               ("no_mask", (0, -1), None), ("causal", (-1, -1), 5)])
+def test_padded_windows_chunks_match_naive(mask, window, chunk):
+    """Padding between sequences with windows and chunks, cross lengths, vs the naive loops
+    reading the padded starts; padding rows stay zero / -inf (and hold NaN: never read)."""
+    gen = torch.Generator().manual_seed(5)
+    lens_q, lens_kv = [6, 0, 9, 2], [8, 3, 9, 5]
+    pad = [1, 3, 0, 2]
+    cq_p, ck_p = cu([n + e for n, e in zip(lens_q, pad)]), cu([n + e for n, e in zip(lens_kv, pad)])
+    q = rand_thd(gen, int(cq_p[-1]), 4, 4)
+    k = rand_thd(gen, int(ck_p[-1]), 2, 4)
+    v = rand_thd(gen, int(ck_p[-1]), 2, 4)
+    valid_q = torch.zeros(q.shape[0], dtype=torch.bool)
+    valid_kv = torch.zeros(k.shape[0], dtype=torch.bool)
+    for i, (nq, nk) in enumerate(zip(lens_q, lens_kv)):
+        valid_q[int(cq_p[i]): int(cq_p[i]) + nq] = True
+        valid_kv[int(ck_p[i]): int(ck_p[i]) + nk] = True
+    nan = float("nan")  # poison: padding must never be read
+    q[~valid_q], k[~valid_kv], v[~valid_kv] = nan, nan, nan
+    out, lse = reference_attention(q, k, v, cu(lens_q), cu(lens_kv), mask, window, chunk,
+                                   cu_seqlens_q_padded=cq_p, cu_seqlens_kv_padded=ck_p)
+    ref_o, ref_l = naive_attention(q, k, v, lens_q, lens_kv, cq_p.tolist()[:-1],
+                                   ck_p.tolist()[:-1], "causal" in mask, window, chunk, 0.5)
+    torch.testing.assert_close(out, ref_o, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(lse, ref_l, rtol=1e-10, atol=1e-12)
+    assert bool((out[~valid_q] == 0).all()) and bool((lse[:, ~valid_q] == NEG_INF).all())
+
+
 # ---------------------------------------------------------------------------
 # forward and backward vs SDPA (float64)
 # ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ Mask cases (``--masks``): ``causal``; ``swa4096``: causal sliding window (4096, 
 causal chunked attention, chunks of 8192 (Llama-4 style). For the masked cases the table adds
 the work skipped (visible (query, key) pairs of causal over those of the case) next to the time
 ratio against the causal ring of the same comm type: a windowed ring should gain roughly the
-work it skips on long sequences (e.g. ``--seqs 2``). The single-GPU anchor of a masked case is
+work it skips on long sequences (e.g. ``--seqs 1``). The single-GPU anchor of a masked case is
 ``rocm_attn.attention`` (torch_flash) on the whole batch. ``attn_with_cp`` gets
 ``min_seqlen = min(lengths)`` so that p2p skips ring steps the mask cannot reach.
 

@@ -3,8 +3,9 @@
 One module per concern:
 
 * ``api.py``        public entry ``attn_with_cp``: argument / layout checks, plan, dispatch
-* ``steps.py``      per-step metadata (q/kv ranges, mask, window) for every comm type: the one
-                    place the masks issue extends
+* ``steps.py``      per-step metadata (q/kv ranges, mask, window) for every comm type
+* ``bands.py``      sliding windows and chunking as flash-expressible pieces (host + sync-free)
+* ``packed.py``     packed execution of windowed / chunked steps (gather, merge / add by index)
 * ``backends.py``   per-step attention: ``reference`` (pure torch), ``torch_flash`` (aten
                     flash varlen, GPU), ``auto``
 * ``layouts.py``    materialise a step's tensors (read_half) and fold results back (merge_partial,
@@ -17,5 +18,7 @@ One module per concern:
 from .api import COMM_TYPES, attn_with_cp
 from .backends import BACKENDS
 from .shard import gather_from_cp, shard_for_cp
+from .steps import ring_steps_run
 
-__all__ = ["BACKENDS", "COMM_TYPES", "attn_with_cp", "gather_from_cp", "shard_for_cp"]
+__all__ = ["BACKENDS", "COMM_TYPES", "attn_with_cp", "gather_from_cp", "ring_steps_run",
+           "shard_for_cp"]

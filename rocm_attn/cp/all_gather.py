@@ -39,9 +39,12 @@ def all_gather_forward(q, k, v, plan: CPPlan):
     rows = packed.accumulator_rows(t) if uses_packed_steps(plan, "all_gather") else t
     out = torch.zeros((rows,) + tuple(q.shape[1:]), dtype=cdt, device=q.device)
     lse = torch.full((q.shape[1], rows), float("-inf"), dtype=cdt, device=q.device)
+    fresh = True  # no packed call merged yet: the first one writes
     for meta in all_gather_step_metas(plan):
         if meta.packed_kv_rows is not None:  # pieces: merge (several may cover one row)
-            packed.forward_into(out, lse, plan.backend, q, k_g, v_g, meta, plan.softmax_scale)
+            packed.forward_into(out, lse, plan.backend, q, k_g, v_g, meta, plan.softmax_scale,
+                                first=fresh)
+            fresh = False
             continue
         q_s = layouts.select_rows(q, meta.q_layout, cu_q)
         o_s, l_s = plan.backend.forward(q_s, k_g, v_g, meta, plan.softmax_scale)

@@ -13,6 +13,7 @@ from ..errors import validate_mode
 from ..reference import normalize_mask_type
 from . import comm
 from .a2a import A2AAttnFunc
+from .a2a_p2p import A2AP2PAttnFunc, ring_plan
 from .all_gather import AllGatherAttnFunc
 from .backends import resolve_backend
 from .p2p import RingAttnFunc
@@ -20,11 +21,11 @@ from .steps import CPPlan, side_geometry
 
 __all__ = ["COMM_TYPES", "attn_with_cp"]
 
-COMM_TYPES = ("p2p", "all_gather", "a2a")
-# named in DESIGN section 3, not implemented yet
-_LATER_COMM_TYPES = {"a2a+p2p": "hierarchical a2a+p2p"}
+COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _FUNCS = {"p2p": RingAttnFunc, "all_gather": AllGatherAttnFunc, "a2a": A2AAttnFunc}
+# comm types whose ring steps need identical q and kv sequences under a causal / masked mask
+_RING_TYPES = ("p2p", "a2a+p2p")
 
 _log = logging.getLogger("rocm_attn.cp")
 
@@ -194,10 +195,14 @@ def attn_with_cp(
     max_seqlen_q, max_seqlen_kv : int
         Host upper bounds of the valid sequence lengths (sizes kernel grids).
     cp_group : torch.distributed.ProcessGroup
-        The context-parallel group (gloo on CPU, NCCL / RCCL on GPUs).
+        The context-parallel group (gloo on CPU, NCCL / RCCL on GPUs). For ``"a2a+p2p"``, the
+        pair ``(a2a_group, p2p_group)``; the process holds the shard of CP rank
+        ``p2p_rank * a2a_size + a2a_rank`` of ``cp = a2a_size * p2p_size``.
     cp_comm_type : str
         ``"p2p"`` (ring with batched isend/irecv), ``"all_gather"`` (all-gather K/V, reduce-
-        scatter dK/dV) or ``"a2a"`` (Ulysses all-to-all; needs ``h_q % cp == h_kv % cp == 0``).
+        scatter dK/dV), ``"a2a"`` (Ulysses all-to-all; needs ``h_q % cp == h_kv % cp == 0``) or
+        ``"a2a+p2p"`` (all-to-all inside the a2a group, ring across groups; heads multiples of
+        the a2a group size).
     attn_mask_type : str
         ``"no_mask"`` / ``"padding"`` or ``"causal"`` / ``"padding_causal"`` (bottom-right
         aligned; ``"p2p"`` needs identical q and kv sequences for it).
@@ -247,10 +252,10 @@ def attn_with_cp(
     ValueError
         Bad arguments (each message names the argument), a rank outside ``cp_group``, a shard
         size inconsistent with ``cu_seqlens_*_padded[-1] // cp``, lengths not divisible by
-        ``2*cp``, heads not divisible by ``cp`` for ``"a2a"``, ``"p2p"`` causal with different
-        q and kv sequences, ``backend="torch_flash"`` for inputs it cannot serve.
-    NotImplementedError
-        Comm type ``"a2a+p2p"`` (named in the message).
+        ``2*cp``, heads not divisible by ``cp`` for ``"a2a"`` (by the a2a group size for
+        ``"a2a+p2p"``), ``"p2p"`` / ``"a2a+p2p"`` with a causal mask, a window or chunking
+        between different q and kv sequences, ``"a2a+p2p"`` without a pair of groups, a
+        broken ``min_seqlen`` promise, ``backend="torch_flash"`` for inputs it cannot serve.
     """
     plan = _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
                       cp_group, cp_comm_type, attn_mask_type, window_size, chunk_size,
@@ -258,7 +263,14 @@ def attn_with_cp(
                       bool(return_lse), validate, min_seqlen)
     _log.debug("attn_with_cp: comm=%s mask=%s cp=%d rank=%d backend=%s", cp_comm_type,
                plan.attn_mask_type, plan.cp, plan.rank, plan.backend.name)
-    out, lse = _FUNCS[cp_comm_type].apply(q, k, v, plan)
+    if cp_comm_type == "a2a+p2p":
+        a2a_group, p2p_group = cp_group
+        a, i = comm.group_info(a2a_group)
+        num_groups, g = comm.group_info(p2p_group)
+        ring = ring_plan(plan, p2p_group, g, num_groups, a)
+        out, lse = A2AP2PAttnFunc.apply(q, k, v, plan, (a2a_group, a, ring))
+    else:
+        out, lse = _FUNCS[cp_comm_type].apply(q, k, v, plan)
     return (out, lse) if return_lse else out
 
 
@@ -266,13 +278,9 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
                cp_comm_type, attn_mask_type, window_size, chunk_size, cu_seqlens_q_padded,
                cu_seqlens_kv_padded, softmax_scale, backend, return_lse, validate,
                min_seqlen=None) -> CPPlan:
-    cp, rank = comm.group_info(cp_group)
-    if cp_comm_type in _LATER_COMM_TYPES:
-        raise NotImplementedError(f"attn_with_cp: cp_comm_type={cp_comm_type!r} "
-                                  f"({_LATER_COMM_TYPES[cp_comm_type]}) is not implemented yet; "
-                                  f"use one of {COMM_TYPES}")
     if cp_comm_type not in COMM_TYPES:
         raise ValueError(f"cp_comm_type must be one of {COMM_TYPES}, got {cp_comm_type!r}")
+    cp, rank = _group_info(cp_group, cp_comm_type)
     causal = normalize_mask_type(attn_mask_type)
     window = _check_window(window_size)
     if chunk_size is not None and (not _is_int(chunk_size) or chunk_size <= 0):
@@ -288,6 +296,12 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
         raise ValueError(f"cp_comm_type='a2a' shards heads over the group: h_q ({h_q}) and "
                          f"h_kv ({h_kv}) must both be multiples of cp ({cp}); use 'p2p' or "
                          "'all_gather'")
+    if cp_comm_type == "a2a+p2p":
+        a = comm.group_info(cp_group[0])[0]
+        if h_q % a or h_kv % a:
+            raise ValueError(f"cp_comm_type='a2a+p2p' shards heads over the a2a group: h_q "
+                             f"({h_q}) and h_kv ({h_kv}) must both be multiples of its size "
+                             f"({a})")
     dev = q.device
     _check_cu("cu_seqlens_q", cu_seqlens_q, dev, None)
     b1 = cu_seqlens_q.numel()
@@ -313,11 +327,11 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
                            q.shape[0], max_seqlen_q)
         _check_side_values("kv", cu_seqlens_kv, cu_kv_p, cu_seqlens_kv_padded is not None, cp,
                            k.shape[0], max_seqlen_kv)
-        if (causal or masked) and cp_comm_type == "p2p" and not (
+        if (causal or masked) and cp_comm_type in _RING_TYPES and not (
                 torch.equal(cu_seqlens_q, cu_seqlens_kv) and torch.equal(cu_q_p, cu_kv_p)):
             what = "a causal mask" if causal else _mask_words(window, chunk_size)
             raise ValueError(
-                f"cp_comm_type='p2p' with {what} needs identical q and kv sequences "
+                f"cp_comm_type={cp_comm_type!r} with {what} needs identical q and kv sequences "
                 "(cu_seqlens_q == cu_seqlens_kv and the same padded layout): its ring steps "
                 "rely on q and kv chunks at the same positions; use 'all_gather' or 'a2a' for "
                 "masked attention between different q and kv lengths")
@@ -330,6 +344,20 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
         rows_q=q.shape[0], rows_kv=k.shape[0], backend=step_backend, return_lse=return_lse,
         geom_q=side_geometry(cu_seqlens_q, cu_q_p, cp),
         geom_kv=side_geometry(cu_seqlens_kv, cu_kv_p, cp), min_seqlen=min_seqlen)
+
+
+def _group_info(cp_group, cp_comm_type: str) -> Tuple[int, int]:
+    """``(cp, rank)``; for ``"a2a+p2p"`` from the pair ``(a2a_group, p2p_group)``: ``cp = a * G``
+    and the CP rank ``p2p_rank * a + a2a_rank``."""
+    if cp_comm_type != "a2a+p2p":
+        return comm.group_info(cp_group)
+    if not isinstance(cp_group, (tuple, list)) or len(cp_group) != 2:
+        raise ValueError("cp_comm_type='a2a+p2p' takes cp_group=(a2a_group, p2p_group): the "
+                         "all-to-all group inside a node and the ring group across them, got "
+                         f"{type(cp_group).__name__}")
+    a, i = comm.group_info(cp_group[0])
+    num_groups, g = comm.group_info(cp_group[1])
+    return a * num_groups, g * a + i
 
 
 def _mask_words(window: Tuple[int, int], chunk_size: Optional[int]) -> str:

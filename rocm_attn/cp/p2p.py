@@ -44,6 +44,7 @@ def ring_forward(q, k, v, plan: CPPlan):
     rows = packed.accumulator_rows(t) if uses_packed_steps(plan, "p2p") else t
     out = torch.zeros((rows,) + tuple(q.shape[1:]), dtype=cdt, device=q.device)
     lse = torch.full((q.shape[1], rows), float("-inf"), dtype=cdt, device=q.device)
+    fresh = True  # no packed call merged yet: the first one writes
     kv = torch.stack([k, v])  # [2, t_kv, h_kv, d]: one message per step
     for step in range(plan.cp):
         pending = (comm.RingExchange(kv, plan.group, plan.cp, plan.rank, comm.TAG_KV)
@@ -52,7 +53,8 @@ def ring_forward(q, k, v, plan: CPPlan):
             k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
             if meta.packed_kv_rows is not None:
                 packed.forward_into(out, lse, plan.backend, q, k_s, v_s, meta,
-                                    plan.softmax_scale)
+                                    plan.softmax_scale, first=fresh)
+                fresh = False
                 continue
             q_s = layouts.select_rows(q, meta.q_layout, cu_q)
             o_s, l_s = plan.backend.forward(q_s, k_s, v_s, meta, plan.softmax_scale)

@@ -108,14 +108,21 @@ def accumulator_rows(rows: int) -> int:
 
 
 def merge_packed(out: torch.Tensor, lse: torch.Tensor, out_p: torch.Tensor,
-                 lse_p: torch.Tensor, rows: PackedRows) -> None:
+                 lse_p: torch.Tensor, rows: PackedRows, first: bool = False) -> None:
     """Online-softmax merge of a packed result into ``out [T+1, ...]`` / ``lse [h, T+1]`` (in
     place, last row dummy). Sub-sequences of one call have disjoint q rows, so every real row
-    is written at most once per call."""
+    is written at most once per call. ``first``: the accumulators are still empty (zero /
+    ``-inf``), so the result is written as is (a merge into nothing is a copy)."""
+    tgt = rows.targets
+    if first:
+        lse_p = torch.where(rows.valid, lse_p, torch.full_like(lse_p, float("-inf")))
+        out.index_copy_(0, tgt, out_p.to(out.dtype).masked_fill(~rows.valid.view(-1, 1, 1), 0))
+        lse.index_copy_(1, tgt, lse_p.to(lse.dtype))
+        return
     # NOTE: one pass over the packed rows on GPUs (thd merge kernel, row-index map); the
     # torch ops (gather, ~10 elementwise passes over fp32 rows, scatter) made a windowed p2p
     # ring slower than the causal one on 2 x H200 (docs/BENCHMARKS.md).
-    thd.merge_rows_(out, lse, out_p, lse_p, rows.targets)
+    thd.merge_rows_(out, lse, out_p, lse_p, tgt)
 
 
 def add_packed(acc: torch.Tensor, x_p: torch.Tensor, rows: PackedRows) -> None:
@@ -124,12 +131,14 @@ def add_packed(acc: torch.Tensor, x_p: torch.Tensor, rows: PackedRows) -> None:
 
 
 def forward_into(out: torch.Tensor, lse: torch.Tensor, backend, q: torch.Tensor,
-                 k: torch.Tensor, v: torch.Tensor, meta: StepMeta, scale: float) -> None:
-    """Run one general step on the step tensors and merge it into the accumulators."""
+                 k: torch.Tensor, v: torch.Tensor, meta: StepMeta, scale: float,
+                 first: bool = False) -> None:
+    """Run one general step on the step tensors and merge it into the accumulators
+    (``first``: nothing was merged into them yet)."""
     mq, mkv = step_rows(meta, q.shape[0], k.shape[0])
     o_p, l_p = backend.forward_packed(gather_packed(q, mq), gather_packed(k, mkv),
                                       gather_packed(v, mkv), meta, scale)
-    merge_packed(out, lse, o_p, l_p.to(lse.dtype), mq)
+    merge_packed(out, lse, o_p, l_p.to(lse.dtype), mq, first)
 
 
 def backward_into(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, backend,

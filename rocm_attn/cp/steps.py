@@ -57,7 +57,7 @@ Windows and chunking (:func:`ring_step_metas`, and the masked branches of the tw
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -80,6 +80,8 @@ __all__ = [
     "StepMeta",
     "side_geometry",
     "ring_step_meta",
+    "ring_step_metas",
+    "ring_steps_run",
     "all_gather_step_metas",
     "a2a_step_meta",
 ]
@@ -136,6 +138,9 @@ class CPPlan:
     # promise: every sequence with a valid token has >= min_seqlen of them (0: no promise);
     # lets the ring skip steps a window or chunk cannot reach (bands.reachable)
     min_seqlen: int = 0
+    # step metadata computed in the forward, reused by the backward (the plan lives in the
+    # autograd context); a plan derived with dataclasses.replace must get a fresh dict
+    meta_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def causal(self) -> bool:
@@ -316,6 +321,13 @@ def ring_step_metas(plan: CPPlan, step: int) -> List[StepMeta]:
       the two q halves and the two kv halves, one call per piece kind and set of disjoint q
       halves.
     """
+    key = ("ring", step)
+    if key not in plan.meta_cache:
+        plan.meta_cache[key] = _ring_step_metas(plan, step)
+    return plan.meta_cache[key]
+
+
+def _ring_step_metas(plan: CPPlan, step: int) -> List[StepMeta]:
     spec = plan.spec
     if spec.plain:
         return [ring_step_meta(plan, step)]
@@ -341,12 +353,18 @@ def all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
     of both local halves against the whole kv sequence (``q_layout`` ``"full"``: one call per
     piece kind serves both halves; each half's kv range is cut to what its window sees).
     """
+    if ("all_gather",) not in plan.meta_cache:
+        plan.meta_cache[("all_gather",)] = _all_gather_step_metas(plan)
+    return plan.meta_cache[("all_gather",)]
+
+
+def _all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
     gq, gkv, cp, r = plan.geom_q, plan.geom_kv, plan.cp, plan.rank
     if not plan.spec.plain:
         kv = _global_segment(gkv, shift=None)
         pairs = [_Pair(name, _half_segment(gq, plan, c, first, gkv.n - gq.n), kv, "whole", None,
                        _bound(plan.max_seqlen_q, plan.rows_q // 2), plan.rows_q // 2,
-                       max(0, plan.max_seqlen_kv), gkv_rows(plan))
+                       max(0, plan.max_seqlen_kv), _gkv_rows(plan))
                  for name, c, first in (("A", r, True), ("B", 2 * cp - 1 - r, False))]
         return _piece_metas(plan, pairs, "all_gather", -1, "full", "global")
     glob_kv = max(0, plan.max_seqlen_kv)
@@ -371,7 +389,7 @@ def a2a_step_meta(plan: CPPlan) -> StepMeta:
         return whole_sequence_meta(
             plan.spec, _global_segment(plan.geom_q, plan.geom_kv.n - plan.geom_q.n),
             _global_segment(plan.geom_kv, None), max(0, plan.max_seqlen_q),
-            max(0, plan.max_seqlen_kv), gq_rows(plan), gkv_rows(plan), "a2a")
+            max(0, plan.max_seqlen_kv), _gq_rows(plan), _gkv_rows(plan), "a2a")
     return _meta("global", "global", "global", -1, plan, plan.geom_q.n, plan.geom_kv.n,
                  plan.attn_mask_type, max(0, plan.max_seqlen_q), max(0, plan.max_seqlen_kv))
 
@@ -395,12 +413,12 @@ class _Pair(NamedTuple):
     kv_total: int
 
 
-def gq_rows(plan: CPPlan) -> int:
+def _gq_rows(plan: CPPlan) -> int:
     """Rows of the global (gathered) q: cp times the local rows."""
     return plan.cp * plan.rows_q
 
 
-def gkv_rows(plan: CPPlan) -> int:
+def _gkv_rows(plan: CPPlan) -> int:
     return plan.cp * plan.rows_kv
 
 
@@ -420,22 +438,49 @@ def _half_segment(g: SideGeometry, plan: CPPlan, c: int, first: bool,
     return Segment(pos, _chunk_valid(g, c), start if first else start + g.H)
 
 
+class _HalfPair(NamedTuple):
+    q_name: str
+    q_chunk: int
+    q_first: bool
+    kv_chunk: int
+    kv_first: bool
+    relation: str
+    distance: int
+
+
+def _ring_half_pairs(cp: int, rank: int, kv_rank: int) -> List[_HalfPair]:
+    """The four (q half x kv half) rectangles of a ring step, host-only (q and kv sequences
+    identical, so the chunk order alone says how the halves lie)."""
+    out = []
+    for name, gq, q_first in (("A", rank, True), ("B", 2 * cp - 1 - rank, False)):
+        for gk, kv_first in ((kv_rank, True), (2 * cp - 1 - kv_rank, False)):
+            rel = "aligned" if gq == gk else ("before" if gk < gq else "after")
+            out.append(_HalfPair(name, gq, q_first, gk, kv_first, rel, abs(gq - gk)))
+    return out
+
+
+def ring_steps_run(cp: int, rank: int, causal: bool, window_size: Tuple[int, int] = (-1, -1),
+                   chunk_size: Optional[int] = None, min_seqlen: int = 0) -> List[int]:
+    """Ring steps (0 .. cp-1) in which ``rank`` runs attention under this mask when every
+    non-empty sequence has at least ``min_seqlen`` tokens (host-only; the rule of
+    :func:`ring_step_metas`, see docs/CP.md). The other steps only pass kv along."""
+    spec = MaskSpec.make(causal, window_size, chunk_size)
+    if spec.plain:
+        return list(range(cp))
+    min_h = max(1, -(-min_seqlen // (2 * cp)))
+    return [s for s in range(cp)
+            if any(reachable(p.relation, spec, p.distance, min_h)
+                   for p in _ring_half_pairs(cp, rank, thd.ring_step(rank, s, cp)[1]))]
+
+
 def _ring_pairs(plan: CPPlan, kv_rank: int) -> List[_Pair]:
-    """The four (q half x kv half) rectangles of a ring step (q and kv sequences identical,
-    so the chunk order alone says how the halves lie)."""
-    cp, r = plan.cp, plan.rank
-    q_halves = (("A", r, True), ("B", 2 * cp - 1 - r, False))
-    kv_halves = ((kv_rank, True), (2 * cp - 1 - kv_rank, False))
+    """The four (q half x kv half) rectangles of a ring step, with their segments."""
     q_max = _bound(plan.max_seqlen_q, plan.rows_q // 2)
     kv_max = _bound(plan.max_seqlen_kv, plan.rows_kv // 2)
-    pairs = []
-    for name, gq, q_first in q_halves:
-        for gk, kv_first in kv_halves:
-            rel = "aligned" if gq == gk else ("before" if gk < gq else "after")
-            pairs.append(_Pair(name, _half_segment(plan.geom_q, plan, gq, q_first),
-                               _half_segment(plan.geom_kv, plan, gk, kv_first), rel,
-                               abs(gq - gk), q_max, plan.rows_q // 2, kv_max, plan.rows_kv // 2))
-    return pairs
+    return [_Pair(h.q_name, _half_segment(plan.geom_q, plan, h.q_chunk, h.q_first),
+                  _half_segment(plan.geom_kv, plan, h.kv_chunk, h.kv_first), h.relation,
+                  h.distance, q_max, plan.rows_q // 2, kv_max, plan.rows_kv // 2)
+            for h in _ring_half_pairs(plan.cp, plan.rank, kv_rank)]
 
 
 def _group_by_q(pairs: List[_Pair]) -> List[List[_Pair]]:
@@ -493,6 +538,7 @@ def _calls_meta(spec: MaskSpec, piece: str, pairs: List[_Pair], kind: str, kv_ra
         max_q, max_kv = min(max_q, cap), min(max_kv, cap)
     mask, window = piece_mask(piece, spec)
     end = q_start.new_zeros(1)  # the last *_padded entry is unused in this contract
+    q_rows = sum(_piece_q_bound(piece, p, spec) for p in pairs)
     kv_rows = sum(_piece_kv_bound(piece, p, spec) for p in pairs)
     return StepMeta(
         kind=kind, q_layout=q_layout, kv_layout=kv_layout, kv_rank=kv_rank,
@@ -501,7 +547,26 @@ def _calls_meta(spec: MaskSpec, piece: str, pairs: List[_Pair], kind: str, kv_ra
         cu_seqlens_kv_padded=torch.cat([kv_start, end]).to(torch.int32),
         max_seqlen_q=max_q, max_seqlen_kv=max_kv, attn_mask_type=mask, window_size=window,
         packed_kv_rows=max(1, kv_rows),
-        packed_q_rows=max(1, sum(p.q_total for p in pairs)))
+        packed_q_rows=max(1, q_rows))
+
+
+def _piece_q_bound(piece: str, pair: _Pair, spec: MaskSpec) -> int:
+    """Host bound of the rows one piece covers over all sequences. Rows that see keys lying
+    entirely before them are within ``reach("left")`` of the keys' end, rows that see keys
+    after them within ``reach("right")`` of their start; the tail rows of a ``whole`` pair
+    (``rev`` / ``full``) lie in ``[k1 - R, k1 + L)``. Everything else: the q segment."""
+    b = pair.q.n.numel()
+    slots = slot_bound(pair.q_total, b, spec.chunk)
+    if pair.relation == "before":
+        reach = spec.reach("left")
+    elif pair.relation == "after":
+        reach = spec.reach("right")
+    elif pair.relation == "whole" and piece in ("rev", "full") and spec.left is not None \
+            and spec.right is not None:
+        reach = spec.left + spec.right
+    else:
+        reach = None
+    return pair.q_total if reach is None else min(pair.q_total, slots * reach)
 
 
 def _piece_kv_bound(piece: str, pair: _Pair, spec: MaskSpec) -> int:
@@ -511,16 +576,17 @@ def _piece_kv_bound(piece: str, pair: _Pair, spec: MaskSpec) -> int:
     rows, ``full`` L + R)."""
     b = pair.q.n.numel()
     slots = slot_bound(pair.q_total, b, spec.chunk)
+    rows = _piece_q_bound(piece, pair, spec)
     left = spec.left
     right = 0 if spec.right is None else spec.right
     if piece == "rev":
-        bound = pair.q_total
+        bound = rows
     elif left is None or (spec.right is None and piece == "full"):
         bound = pair.kv_total
     elif piece == "native":  # aligned: the keys end with the rows
-        bound = pair.q_total + slots * left
+        bound = rows + slots * left
     elif piece == "diag":
-        bound = pair.q_total + slots * (left + right)
+        bound = rows + slots * (left + right)
     else:  # full
         bound = slots * (left + right)
     return min(pair.kv_total, bound)
