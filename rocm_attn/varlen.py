@@ -14,7 +14,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from .cp.api import _check_cu, _check_window, _is_int
+from .cp.api import _check_cu, _check_window, _is_int, check_qkv
 from .cp.backends import accum_dtype, resolve_backend
 from .cp.bands import MaskSpec, Segment
 from .cp.steps import StepMeta, whole_sequence_meta
@@ -22,7 +22,6 @@ from .errors import validate_mode
 
 __all__ = ["attention"]
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class _VarlenAttnFunc(torch.autograd.Function):
@@ -45,30 +44,6 @@ class _VarlenAttnFunc(torch.autograd.Function):
             dout = torch.zeros_like(out)
         dq, dk, dv = ctx.backend.backward(dout, q, k, v, out, lse, dlse, ctx.meta, ctx.scale)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
-
-
-def _check_tensors(q, k, v) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be [tokens, heads, head_dim] (THD), got shape "
-                             f"{tuple(t.shape)}")
-        if t.dtype not in _DTYPES:
-            raise ValueError(f"{name} has dtype {t.dtype}; attention takes float16, bfloat16, "
-                             "float32, float64")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
-    if q.shape[2] != k.shape[2]:
-        raise ValueError(f"head dims differ: q has {q.shape[2]}, k/v have {k.shape[2]}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(f"h_q ({q.shape[1]}) must be a multiple of h_kv ({k.shape[1]}) "
-                         "(GQA / MQA)")
 
 
 def _check_values(side: str, cu: torch.Tensor, starts: Optional[torch.Tensor], rows: int,
@@ -167,7 +142,7 @@ def attention(
         Bad arguments (the message names the argument), ``backend="torch_flash"`` for inputs
         it cannot serve.
     """
-    _check_tensors(q, k, v)
+    check_qkv(q, k, v, "attention", "THD")
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
     window = _check_window(window_size)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import time
 import traceback
 from datetime import timedelta
@@ -29,6 +28,8 @@ import torch.multiprocessing as mp
 import rocm_attn
 from rocm_attn import attn_with_cp, gather_from_cp, shard_for_cp
 from rocm_attn.reference import reference_attention
+
+from cp_spawn import free_port, run_world  # noqa: E402  (tests/ is on sys.path)
 
 I32 = torch.int32
 F64 = torch.float64
@@ -319,31 +320,13 @@ def _worker(rank: int, world: int, port: int, out_path: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 _RESULTS: Dict[int, dict] = {}
 
 
 def _spawn(world: int, tmpdir: str) -> dict:
     if world not in _RESULTS:
         out_path = os.path.join(tmpdir, f"cp_results_{world}.json")
-        ctx = mp.spawn(_worker, args=(world, _free_port(), out_path), nprocs=world, join=False)
-        deadline = time.time() + SPAWN_DEADLINE_S
-        try:
-            while not ctx.join(timeout=5):
-                if time.time() > deadline:
-                    raise TimeoutError(f"{world}-rank CP test group did not finish in "
-                                       f"{SPAWN_DEADLINE_S} s")
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
-        with open(out_path) as f:
-            _RESULTS[world] = json.load(f)
+        _RESULTS[world] = run_world(_worker, world, out_path, SPAWN_DEADLINE_S, "CP test group")
     return _RESULTS[world]
 
 
@@ -638,7 +621,7 @@ def _nccl_worker(rank: int, world: int, port: int, out_path: str) -> None:
                     or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL / RCCL")
 def test_gpu_nccl_two_ranks(tmp_path):
     out_path = str(tmp_path / "nccl.json")
-    mp.spawn(_nccl_worker, args=(2, _free_port(), out_path), nprocs=2)
+    mp.spawn(_nccl_worker, args=(2, free_port(), out_path), nprocs=2)
     with open(out_path) as f:
         results = json.load(f)
     bad = {k: m for k, m in results.items() if m}

@@ -161,16 +161,18 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
     const int64_t out_row = r * p.out_tok + h * p.out_head;
     const int64_t step_row = k * p.step_tok + h * p.step_head;
     const int64_t dst_row = r * p.dst_tok + h * p.dst_head;
-    // First (usually only) pass of the row's vectors, loaded alongside the LSEs.
     float x[kMergeRowVecsPerLane][VEC], y[kMergeRowVecsPerLane][VEC];
+    auto load_pass = [&](int v0) {
 #pragma unroll
-    for (int u = 0; u < kMergeRowVecsPerLane; ++u) {
-      const int v = lane + u * lanes;
-      if (v < nv) {
-        load_f32<VEC>(p.out, out_row + v * VEC, p.out_dtype, x[u]);
-        load_f32<VEC>(p.out_step, step_row + v * VEC, p.step_dtype, y[u]);
+      for (int u = 0; u < kMergeRowVecsPerLane; ++u) {
+        const int v = v0 + u * lanes;
+        if (v < nv) {
+          load_f32<VEC>(p.out, out_row + v * VEC, p.out_dtype, x[u]);
+          load_f32<VEC>(p.out_step, step_row + v * VEC, p.step_dtype, y[u]);
+        }
       }
-    }
+    };
+    load_pass(lane);  // the first (usually only) pass of the row, alongside the LSE loads
     float new_lse = 0.f, wa = 1.f, wb;
     if (p.correction) {
       wb = thd_exp(b != -INFINITY ? b - a : -INFINITY);
@@ -187,16 +189,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
         p.lse_dst[h * p.lse_dst_head + r0 * p.lse_dst_tok] = p.lse[h * p.lse_head + r0 * p.lse_tok];
     }
     for (int v0 = lane; v0 < nv; v0 += kMergeRowVecsPerLane * lanes) {
-      if (v0 != lane) {  // rows wider than 2 vectors per lane: later passes load here
-#pragma unroll
-        for (int u = 0; u < kMergeRowVecsPerLane; ++u) {
-          const int v = v0 + u * lanes;
-          if (v < nv) {
-            load_f32<VEC>(p.out, out_row + v * VEC, p.out_dtype, x[u]);
-            load_f32<VEC>(p.out_step, step_row + v * VEC, p.step_dtype, y[u]);
-          }
-        }
-      }
+      if (v0 != lane) load_pass(v0);  // rows wider than the group: later passes load here
 #pragma unroll
       for (int u = 0; u < kMergeRowVecsPerLane; ++u) {
         const int v = v0 + u * lanes;

@@ -49,15 +49,17 @@ def _check_window(window_size) -> Tuple[int, int]:
     return int(window_size[0]), int(window_size[1])
 
 
-def _check_tensors(q, k, v) -> None:
+def check_qkv(q, k, v, op: str, layout: str) -> None:
+    """ValueErrors for q / k / v that are not THD tensors of one dtype and device with
+    matching head dims and a GQA head ratio (shared by attn_with_cp and attention)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3:
-            raise ValueError(f"{name} must be [tokens, heads, head_dim] (rank-local THD), got "
+            raise ValueError(f"{name} must be [tokens, heads, head_dim] ({layout}), got "
                              f"shape {tuple(t.shape)}")
         if t.dtype not in _DTYPES:
-            raise ValueError(f"{name} has dtype {t.dtype}; attn_with_cp takes float16, bfloat16, "
+            raise ValueError(f"{name} has dtype {t.dtype}; {op} takes float16, bfloat16, "
                              "float32, float64")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -71,6 +73,10 @@ def _check_tensors(q, k, v) -> None:
     h_q, h_kv = q.shape[1], k.shape[1]
     if h_kv == 0 or h_q % h_kv:
         raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv}) (GQA / MQA)")
+
+
+def _check_tensors(q, k, v) -> None:
+    check_qkv(q, k, v, "attn_with_cp", "rank-local THD")
     for name, t in (("q", q), ("k", k)):
         if t.shape[0] % 2:
             raise ValueError(
