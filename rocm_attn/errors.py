@@ -33,13 +33,15 @@ def validate_mode(validate) -> bool:
     raise ValueError(f"validate must be None, 'sync', True or False, got {validate!r}")
 
 
-def record_torch_path_errors(bad: torch.Tensor) -> None:
-    """Count bad segments found by the torch path (bad: bool [b]) without a host sync."""
-    if torch.compiler.is_compiling() or bad.numel() == 0:
+# NOTE: its own namespace, apart from the C++ extension's TORCH_LIBRARY(rocm_attn, ...).
+@torch.library.custom_op("rocm_attn_torch_path::record_errors", mutates_args=("state",))
+def _record(state: torch.Tensor, bad: torch.Tensor) -> None:
+    """state int64 [2] += (number of bad segments, lowest bad segment + 1 if lower or unset).
+
+    A custom op so that torch.compile keeps it as one opaque call that runs every time (a
+    traced version would be free to drop a side effect nobody reads)."""
+    if bad.numel() == 0:
         return
-    state = _torch_path_state.get(bad.device)
-    if state is None:
-        state = _torch_path_state[bad.device] = torch.zeros(2, dtype=torch.int64, device=bad.device)
     idx = torch.arange(1, bad.numel() + 1, device=bad.device)
     first = torch.where(bad, idx, torch.full_like(idx, bad.numel() + 1)).min()
     state[0] += bad.sum()
@@ -47,6 +49,27 @@ def record_torch_path_errors(bad: torch.Tensor) -> None:
     cur = state[1]
     cand = torch.where(first <= bad.numel(), first, torch.zeros_like(first))
     state[1] = torch.where((cur == 0) | ((cand > 0) & (cand < cur)), cand, cur)
+
+
+@_record.register_fake
+def _record_fake(state: torch.Tensor, bad: torch.Tensor) -> None:
+    return None
+
+
+def torch_path_state(device: torch.device) -> torch.Tensor:
+    """The torch path's counter of `device` (created on first use)."""
+    state = _torch_path_state.get(device)
+    if state is None:
+        state = _torch_path_state[device] = torch.zeros(2, dtype=torch.int64, device=device)
+    return state
+
+
+def record_torch_path_errors(bad: torch.Tensor) -> None:
+    """Count bad segments found by the torch path (bad: bool [b]) without a host sync, in
+    eager and inside torch.compile alike (the update is one opaque custom op)."""
+    if bad.numel() == 0:
+        return
+    _record(torch_path_state(bad.device), bad)
 
 
 def read_errors(reset: bool = True) -> Tuple[int, int]:
