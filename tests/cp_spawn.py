@@ -1,12 +1,14 @@
 """Process-group plumbing shared by the CP test modules (tests/test_cp.py, test_cp_masks.py):
-a free port, and one spawned world per module that runs every case and reports by JSON."""
+a free port, one spawned world per module, and the per-case reporting its workers share."""
 
 from __future__ import annotations
 
 import json
 import socket
 import time
+import traceback
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
@@ -31,3 +33,26 @@ def run_world(worker, world: int, out_path: str, deadline_s: float, what: str) -
                 p.terminate()
     with open(out_path) as f:
         return json.load(f)
+
+
+def report_cases(cases, world: int, rank: int, out_path: str, trace_limit: int = 6) -> None:
+    """Run every (name, fn) case on this rank; fn returns None or a failure message, and an
+    exception counts as its traceback. Every rank's messages are gathered per case, rank 0
+    writes {"results": name -> message or None, "timings": name -> s} to out_path, and the
+    process group is torn down."""
+    results, timings = {}, {}
+    for name, fn in cases:
+        t0 = time.time()
+        try:
+            msg = fn()
+        except Exception:  # noqa: BLE001 - reported per case
+            msg = traceback.format_exc(limit=trace_limit)
+        msgs = [None] * world
+        dist.all_gather_object(msgs, msg)
+        results[name] = "\n".join(f"[rank {r}] {m}" for r, m in enumerate(msgs) if m) or None
+        timings[name] = time.time() - t0
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"results": results, "timings": timings}, f)
+    dist.barrier()
+    dist.destroy_process_group()

@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
-import traceback
 from datetime import timedelta
 from typing import Dict, List, NamedTuple, Optional
 
@@ -29,7 +27,7 @@ import rocm_attn
 from rocm_attn import attn_with_cp, gather_from_cp, shard_for_cp
 from rocm_attn.reference import reference_attention
 
-from cp_spawn import free_port, run_world  # noqa: E402  (tests/ is on sys.path)
+from cp_spawn import free_port, report_cases, run_world  # noqa: E402  (tests/ is on sys.path)
 
 I32 = torch.int32
 F64 = torch.float64
@@ -295,29 +293,16 @@ def _worker(rank: int, world: int, port: int, out_path: str) -> None:
                             world_size=world, timeout=timedelta(seconds=60))
     solo = dist.new_group([0])
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])] if world == 4 else None
-    results: Dict[str, Optional[str]] = {}
-    timings: Dict[str, float] = {}
+
+    def case(cfg):
+        if cfg is None:
+            return lambda: _run_errors(world, rank, solo)
+        if cfg.group == "pairs":
+            return lambda: _run_config(cfg, pairs[rank // 2], 2, rank % 2)
+        return lambda: _run_config(cfg, dist.group.WORLD, world, rank)
+
     todo = [(c.name, c) for c in configs(world)] + [(f"cp{world}-errors", None)]
-    for name, cfg in todo:
-        t0 = time.time()
-        try:
-            if cfg is None:
-                msg = _run_errors(world, rank, solo)
-            elif cfg.group == "pairs":
-                msg = _run_config(cfg, pairs[rank // 2], 2, rank % 2)
-            else:
-                msg = _run_config(cfg, dist.group.WORLD, world, rank)
-        except Exception:  # noqa: BLE001 - reported per configuration
-            msg = traceback.format_exc(limit=6)
-        msgs: List[Optional[str]] = [None] * world
-        dist.all_gather_object(msgs, msg)
-        results[name] = "\n".join(f"[rank {r}] {m}" for r, m in enumerate(msgs) if m) or None
-        timings[name] = time.time() - t0
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump({"results": results, "timings": timings}, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    report_cases([(name, case(cfg)) for name, cfg in todo], world, rank, out_path)
 
 
 _RESULTS: Dict[int, dict] = {}
@@ -600,20 +585,9 @@ def _nccl_worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
-    results = {}
-    for cfg in gpu_configs():
-        try:
-            msg = _run_config(cfg, dist.group.WORLD, world, rank, device="cuda")
-        except Exception:  # noqa: BLE001
-            msg = traceback.format_exc(limit=6)
-        msgs: List[Optional[str]] = [None] * world
-        dist.all_gather_object(msgs, msg)
-        results[cfg.name] = "\n".join(f"[rank {r}] {m}" for r, m in enumerate(msgs) if m) or None
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    report_cases([(cfg.name, lambda cfg=cfg: _run_config(cfg, dist.group.WORLD, world, rank,
+                                                          device="cuda"))
+                  for cfg in gpu_configs()], world, rank, out_path)
 
 
 @pytest.mark.gpu
@@ -623,6 +597,6 @@ def test_gpu_nccl_two_ranks(tmp_path):
     out_path = str(tmp_path / "nccl.json")
     mp.spawn(_nccl_worker, args=(2, free_port(), out_path), nprocs=2)
     with open(out_path) as f:
-        results = json.load(f)
+        results = json.load(f)["results"]
     bad = {k: m for k, m in results.items() if m}
     assert not bad, "\n".join(f"{k}:\n{m}" for k, m in bad.items())

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
-import traceback
 from datetime import timedelta
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
@@ -29,7 +27,7 @@ import torch.multiprocessing as mp
 from rocm_attn import attn_with_cp, gather_from_cp, shard_for_cp
 from rocm_attn.reference import reference_attention
 
-from cp_spawn import free_port, run_world  # noqa: E402  (tests/ is on sys.path)
+from cp_spawn import free_port, report_cases, run_world  # noqa: E402  (tests/ is on sys.path)
 
 I32 = torch.int32
 F64 = torch.float64
@@ -317,24 +315,13 @@ def _worker(rank: int, world: int, port: int, out_path: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
     hier = _hier_groups(world, rank)
-    results: Dict[str, Optional[str]] = {}
-    timings: Dict[str, float] = {}
-    for cfg in configs(world):
-        t0 = time.time()
-        try:
-            group = hier[cfg.a2a_size] if cfg.comm == "a2a+p2p" else dist.group.WORLD
-            msg = _run_config(cfg, group, world, rank, gather_group=dist.group.WORLD)
-        except Exception:  # noqa: BLE001 - reported per configuration
-            msg = traceback.format_exc(limit=8)
-        msgs: List[Optional[str]] = [None] * world
-        dist.all_gather_object(msgs, msg)
-        results[cfg.name] = "\n".join(f"[rank {r}] {m}" for r, m in enumerate(msgs) if m) or None
-        timings[cfg.name] = time.time() - t0
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump({"results": results, "timings": timings}, f)
-    dist.barrier()
-    dist.destroy_process_group()
+
+    def case(cfg):
+        group = hier[cfg.a2a_size] if cfg.comm == "a2a+p2p" else dist.group.WORLD
+        return lambda: _run_config(cfg, group, world, rank, gather_group=dist.group.WORLD)
+
+    report_cases([(c.name, case(c)) for c in configs(world)], world, rank, out_path,
+                 trace_limit=8)
 
 
 _RESULTS: Dict[int, dict] = {}
@@ -484,22 +471,14 @@ def _nccl_worker(rank: int, world: int, port: int, out_path: str) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=300))
     hier = _hier_groups(world, rank)
-    results = {}
-    for cfg in gpu_configs():
-        try:
-            group = hier[cfg.a2a_size] if cfg.comm == "a2a+p2p" else dist.group.WORLD
-            msg = _run_config(cfg, group, world, rank, device="cuda", backend="auto", d=64,
-                              gather_group=dist.group.WORLD)
-        except Exception:  # noqa: BLE001
-            msg = traceback.format_exc(limit=8)
-        msgs: List[Optional[str]] = [None] * world
-        dist.all_gather_object(msgs, msg)
-        results[cfg.name] = "\n".join(f"[rank {r}] {m}" for r, m in enumerate(msgs) if m) or None
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+
+    def case(cfg):
+        group = hier[cfg.a2a_size] if cfg.comm == "a2a+p2p" else dist.group.WORLD
+        return lambda: _run_config(cfg, group, world, rank, device="cuda", backend="auto", d=64,
+                                   gather_group=dist.group.WORLD)
+
+    report_cases([(c.name, case(c)) for c in gpu_configs()], world, rank, out_path,
+                 trace_limit=8)
 
 
 @pytest.mark.gpu
@@ -510,7 +489,7 @@ def test_gpu_nccl_two_ranks_masks(tmp_path):
     out_path = str(tmp_path / "nccl_masks.json")
     mp.spawn(_nccl_worker, args=(2, free_port(), out_path), nprocs=2)
     with open(out_path) as f:
-        results = json.load(f)
+        results = json.load(f)["results"]
     bad = {k: m for k, m in results.items() if m}
     assert not bad, f"{len(bad)} of {len(results)} failed:\n" + "\n".join(
         f"{k}:\n{m}" for k, m in bad.items())
