@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rocm_attn  # noqa: E402
 from rocm_attn import SmallSeqContractError, check_errors, fused_attn_small_seq  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
+import test_small_seq  # noqa: E402
 from test_small_seq import (  # noqa: E402  (helpers only: no test functions are imported)
     BSHD,
     THD,
@@ -72,24 +73,10 @@ def dev():
     return torch.device("cuda", torch.cuda.current_device())
 
 
-@pytest.fixture(autouse=True)
-def _error_counter(request, monkeypatch):
-    """Clean error counter (device and torch path) before each test; afterwards a test that did
-    not ask for `allow_contract_errors` must not have tripped it."""
-    if _why_no_gpu():
-        yield
-        return
-    monkeypatch.delenv("ROCM_ATTN_VALIDATE", raising=False)
-    read_errors(reset=True)
-    yield
-    count, first = read_errors(reset=True)
-    if "allow_contract_errors" not in request.fixturenames:
-        assert count == 0, f"valid inputs tripped the error counter: {count} (first {first})"
-
-
-@pytest.fixture
-def allow_contract_errors():
-    return True
+# The CPU module's error-counter fixtures: a clean counter before each test (autouse), which
+# must stay clean unless the test asks for allow_contract_errors.
+_error_counter = test_small_seq._error_counter
+allow_contract_errors = test_small_seq.allow_contract_errors
 
 
 def poison_allocator(device):
