@@ -9,12 +9,11 @@ has no chunk argument). ``torch_flash`` on CUDA / ROCm (fp16 / bf16), ``referenc
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from .cp.api import _check_cu, _check_window, _is_int, check_qkv
+from .cp.api import _check_window, _is_int, check_qkv, check_seq_args
 from .cp.backends import accum_dtype, resolve_backend
 from .cp.bands import MaskSpec, Segment
 from .cp.steps import StepMeta, whole_sequence_meta
@@ -149,21 +148,9 @@ def attention(
     if chunk_size is not None and (not _is_int(chunk_size) or chunk_size <= 0):
         raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
     dev = q.device
-    _check_cu("cu_seqlens_q", cu_seqlens_q, dev, None)
-    b1 = cu_seqlens_q.numel()
-    _check_cu("cu_seqlens_kv", cu_seqlens_kv, dev, b1)
-    for name, t in (("cu_seqlens_q_padded", cu_seqlens_q_padded),
-                    ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
-        if t is not None:
-            _check_cu(name, t, dev, b1)
-    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
-        if not _is_int(m) or m < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {m!r}")
-    d = q.shape[2]
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
-    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise ValueError(f"softmax_scale must be None or a float, got {softmax_scale!r}")
+    softmax_scale = check_seq_args(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                                   cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv,
+                                   softmax_scale)
     step_backend = resolve_backend(backend, q)
     if validate_mode(validate) or (validate is None and dev.type == "cpu"):
         _check_values("q", cu_seqlens_q, cu_seqlens_q_padded, q.shape[0], max_seqlen_q)

@@ -75,6 +75,30 @@ def check_qkv(q, k, v, op: str, layout: str) -> None:
         raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv}) (GQA / MQA)")
 
 
+def check_seq_args(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                   max_seqlen_q, max_seqlen_kv, softmax_scale) -> float:
+    """ValueErrors for the cu_seqlens (int32 [b+1] on q's device, one b for all), the host
+    max_seqlen bounds and softmax_scale; returns the scale (1/sqrt(d) when None). Shared by
+    attn_with_cp and attention."""
+    dev = q.device
+    _check_cu("cu_seqlens_q", cu_seqlens_q, dev, None)
+    b1 = cu_seqlens_q.numel()
+    _check_cu("cu_seqlens_kv", cu_seqlens_kv, dev, b1)
+    for name, t in (("cu_seqlens_q_padded", cu_seqlens_q_padded),
+                    ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
+        if t is not None:
+            _check_cu(name, t, dev, b1)
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
+        if not _is_int(m) or m < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {m!r}")
+    d = q.shape[2]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise ValueError(f"softmax_scale must be None or a float, got {softmax_scale!r}")
+    return softmax_scale
+
+
 def _check_tensors(q, k, v) -> None:
     check_qkv(q, k, v, "attn_with_cp", "rank-local THD")
     for name, t in (("q", q), ("k", k)):
@@ -297,7 +321,7 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
         raise ValueError(f"min_seqlen must be None or an int >= 0, got {min_seqlen!r}")
     masked = window != (-1, -1) or chunk_size is not None
     _check_tensors(q, k, v)
-    h_q, h_kv, d = q.shape[1], k.shape[1], q.shape[2]
+    h_q, h_kv = q.shape[1], k.shape[1]
     if cp_comm_type == "a2a" and (h_q % cp or h_kv % cp):
         raise ValueError(f"cp_comm_type='a2a' shards heads over the group: h_q ({h_q}) and "
                          f"h_kv ({h_kv}) must both be multiples of cp ({cp}); use 'p2p' or "
@@ -309,20 +333,9 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
                              f"({h_q}) and h_kv ({h_kv}) must both be multiples of its size "
                              f"({a})")
     dev = q.device
-    _check_cu("cu_seqlens_q", cu_seqlens_q, dev, None)
-    b1 = cu_seqlens_q.numel()
-    _check_cu("cu_seqlens_kv", cu_seqlens_kv, dev, b1)
-    for name, t in (("cu_seqlens_q_padded", cu_seqlens_q_padded),
-                    ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
-        if t is not None:
-            _check_cu(name, t, dev, b1)
-    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
-        if not _is_int(m) or m < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {m!r}")
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
-    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise ValueError(f"softmax_scale must be None or a float, got {softmax_scale!r}")
+    softmax_scale = check_seq_args(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                                   cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv,
+                                   softmax_scale)
     step_backend = resolve_backend(backend, q)
     cu_q_p = cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded
     cu_kv_p = cu_seqlens_kv if cu_seqlens_kv_padded is None else cu_seqlens_kv_padded
