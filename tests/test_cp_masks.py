@@ -28,6 +28,7 @@ from rocm_attn import attn_with_cp, gather_from_cp, shard_for_cp
 from rocm_attn.reference import reference_attention
 
 from cp_spawn import free_port, report_cases, run_world  # noqa: E402  (tests/ is on sys.path)
+from test_cp import FakeGroup, _compare, _cu, _rand, _why_no_flash  # noqa: E402  (helpers only)
 
 I32 = torch.int32
 F64 = torch.float64
@@ -146,13 +147,6 @@ def configs(world: int) -> List[Cfg]:
 # --------------------------------------------------------------------------
 
 
-def _cu(lens) -> torch.Tensor:
-    c = [0]
-    for n in lens:
-        c.append(c[-1] + n)
-    return torch.tensor(c, dtype=I32)
-
-
 class Side(NamedTuple):
     cu: torch.Tensor
     cu_padded: torch.Tensor
@@ -170,32 +164,8 @@ def _side(lens: List[int], cp: int, pad: bool, slack: int = 0) -> Side:
     return Side(cu, cu_p, valid)
 
 
-def _rand(gen, shape, valid, dtype):
-    x = torch.randn(shape, generator=gen, dtype=F64)
-    x[~valid] = float("nan")  # poison: padding rows must never be read
-    return x.to(dtype)
-
-
 def _tolerance(dtype) -> float:
     return {F64: 1e-10, torch.float32: 2e-6, torch.bfloat16: 1.5e-2}[dtype]
-
-
-def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tol: float) -> Optional[str]:
-    got, want = got.to(F64), want.to(F64)
-    if got.shape != want.shape:
-        return f"{name}: shape {tuple(got.shape)} != reference {tuple(want.shape)}"
-    if torch.isnan(got).any():
-        return f"{name}: {int(torch.isnan(got).sum())} NaN values"
-    inf_g, inf_w = torch.isinf(got), torch.isinf(want)
-    if not torch.equal(inf_g, inf_w) or not torch.equal(got[inf_g], want[inf_w]):
-        return f"{name}: infinite entries differ from the reference"
-    fin = ~inf_w
-    if not fin.any():
-        return None
-    err = (got[fin] - want[fin]).abs().max().item()
-    scale = max(1.0, want[fin].abs().max().item())
-    return f"{name}: max abs error {err:.3e} > {tol:.1e} * {scale:.3g}" if err > tol * scale \
-        else None
 
 
 def _padding_exact(got: Dict[str, torch.Tensor], sq: Side, skv: Side) -> List[str]:
@@ -348,27 +318,6 @@ def test_cp_masks_match_reference(name, tmp_path_factory):
 # --------------------------------------------------------------------------
 
 
-def _why_no_flash():
-    if not torch.cuda.is_available():
-        return "no CUDA/ROCm GPU"
-    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
-        return "this torch build has no aten._flash_attention_forward"
-    return None
-
-
-class _FakeGroup:
-    """size()/rank() only: step metadata needs no communication."""
-
-    def __init__(self, size: int, rank: int):
-        self._size, self._rank = size, rank
-
-    def size(self):
-        return self._size
-
-    def rank(self):
-        return self._rank
-
-
 GPU_STEP_SPECS = [("causal", (128, 0), None), ("causal", (-1, -1), 256), ("causal", (64, 0), 96),
                   ("no_mask", (512, 512), None), ("no_mask", (64, 64), 256),
                   ("no_mask", (0, -1), None), ("no_mask", (-1, 30), 100)]
@@ -391,7 +340,7 @@ def _check_flash_steps(mask, window, chunk, cp, rank, device, dtype, tol, d=64,
     g = torch.Generator(device=dev).manual_seed(cp * 10 + rank)
     rnd = lambda *shape: torch.randn(*shape, generator=g, device=dev).to(dtype)  # noqa: E731
     q, k, v = rnd(t, h_q, d), rnd(t, h_kv, d), rnd(t, h_kv, d)
-    plan = api._make_plan(q, k, v, cu, cu, max(lens), max(lens), _FakeGroup(cp, rank), "p2p",
+    plan = api._make_plan(q, k, v, cu, cu, max(lens), max(lens), FakeGroup(cp, rank), "p2p",
                           mask, window, chunk, cu_p, cu_p, None, "reference", True, False)
     q_glob, k_glob, v_glob = rnd(len(sq.valid), h_q, d), rnd(len(sq.valid), h_kv, d), rnd(
         len(sq.valid), h_kv, d)
