@@ -20,13 +20,16 @@ import torch
 GRAPH_CALLS = 20  # calls per captured graph: amortises the replay's own launch
 
 
-def eager_ms(fn, reps: int = 30, warmup: int = 5) -> float:
-    """Median of `reps` event-timed single calls of fn, after `warmup` untimed ones."""
+def eager_ms(fn, reps: int = 30, warmup: int = 5, before_each=None) -> float:
+    """Median of `reps` event-timed single calls of fn, after `warmup` untimed ones;
+    `before_each` (untimed) runs ahead of every timed call, e.g. a barrier across ranks."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
+        if before_each is not None:
+            before_each()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

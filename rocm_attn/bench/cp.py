@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import sys
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import rocm_attn  # noqa: E402
+from .common import eager_ms  # noqa: E402
 from .gpu import require_gpu  # noqa: E402
 from .plot import bar_chart, check_plot_arg  # noqa: E402
 from .progress import progress  # noqa: E402
@@ -68,19 +68,7 @@ def seq_lengths(tokens: int, n: int, multiple: int, seed: int) -> list[int]:
 
 def timed(fn, reps: int, warmup: int = 3) -> float:
     """Median ms of fn over reps, each rep fenced by a barrier; the slowest rank's value."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    t = torch.tensor([statistics.median(times)], device="cuda")
+    t = torch.tensor([eager_ms(fn, reps, warmup, before_each=dist.barrier)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
 
