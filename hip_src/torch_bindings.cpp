@@ -2,11 +2,9 @@
 // calls the launchers and registers the ops (TORCH_LIBRARY). User-facing validation with
 // ValueErrors naming the argument lives in Python (rocm_attn/small_seq.py); the checks here are
 // the last line of defence for direct torch.ops callers.
-// NOTE: every check goes through RA_CHECK, never a multi-argument TORCH_CHECK: on the GPU image
-// (torch 2.11+cu130, g++) a TORCH_CHECK whose message has more than one argument segfaults when
-// it fires (the std::string message handed to libc10), while single-literal messages raise
-// cleanly (probed on an H200, docs/NOTES.md). RA_CHECK formats the message in this file and
-// hands libc10 only a const char*.
+// NOTE: on the GPU image (torch 2.11+cu130) a failed check here segfaults on some builds
+// instead of raising; which check crashes moves from build to build, whatever its message
+// (probed on an H200, docs/NOTES.md). Python validates every such input first.
 
 #include <Python.h>
 
@@ -17,32 +15,11 @@
 
 #include <limits>
 #include <optional>
-#include <sstream>
-#include <string>
 
 #include "common/error_state.h"
 #include "common/selftest_kernel.h"
 #include "small_seq/params.h"
 #include "thd/params.h"
-
-namespace {
-
-template <typename... Args>
-std::string ra_format(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
-
-}  // namespace
-
-#define RA_CHECK(cond, ...)                                    \
-  do {                                                         \
-    if (!(cond)) {                                             \
-      const std::string ra_check_msg = ra_format(__VA_ARGS__); \
-      TORCH_CHECK(false, ra_check_msg.c_str());                \
-    }                                                          \
-  } while (0)
 
 namespace {
 
@@ -52,29 +29,29 @@ hipStream_t current_stream(const at::Device& device) {
 }
 
 void check_launch(hipError_t err, const char* what) {
-  RA_CHECK(err == hipSuccess, "rocm_attn: ", what, " failed: ", hipGetErrorString(err));
+  TORCH_CHECK(err == hipSuccess, "rocm_attn: ", what, " failed: ", hipGetErrorString(err));
 }
 
 SmallSeqDtype small_seq_dtype(const at::Tensor& t) {
-  RA_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
+  TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
               "small_seq: expected float16 or bfloat16, got ", t.scalar_type());
   return t.scalar_type() == at::kBFloat16 ? SmallSeqDtype::kBFloat16 : SmallSeqDtype::kFloat16;
 }
 
 // 16-byte vector access needs 16-byte aligned rows: base pointer and every stride but the last.
 void check_rows_16b(const at::Tensor& t, const char* name) {
-  RA_CHECK(t.stride(-1) == 1, "small_seq: ", name, " must have a contiguous last dim");
-  RA_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "small_seq: ", name,
+  TORCH_CHECK(t.stride(-1) == 1, "small_seq: ", name, " must have a contiguous last dim");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "small_seq: ", name,
               " must be 16-byte aligned");
   for (int64_t i = 0; i + 1 < t.dim(); ++i)
-    RA_CHECK(t.stride(i) % 8 == 0 || t.size(i) == 1, "small_seq: ", name,
+    TORCH_CHECK(t.stride(i) % 8 == 0 || t.size(i) == 1, "small_seq: ", name,
                 " strides must be multiples of 8 elements");
 }
 
 void check_index(const std::optional<at::Tensor>& t, const at::Tensor& q, int64_t numel,
                  const char* name) {
   if (!t) return;
-  RA_CHECK(t->scalar_type() == at::kInt && t->dim() == 1 && t->is_contiguous() &&
+  TORCH_CHECK(t->scalar_type() == at::kInt && t->dim() == 1 && t->is_contiguous() &&
                   t->numel() == numel && t->device() == q.device(),
               "small_seq: ", name, " must be a contiguous int32 [", numel,
               "] tensor on the device of q");
@@ -88,25 +65,25 @@ SmallSeqParams make_params(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv,
                            double softmax_scale) {
   const bool thd = q.dim() == 3;
-  RA_CHECK(thd || q.dim() == 4, "small_seq: q must be [total_q, h, d] or [b, 1, h, d]");
-  RA_CHECK(k.dim() == q.dim() && v.dim() == q.dim(), "small_seq: q, k, v ranks differ");
-  RA_CHECK(k.sizes() == v.sizes(), "small_seq: k and v shapes differ");
-  RA_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+  TORCH_CHECK(thd || q.dim() == 4, "small_seq: q must be [total_q, h, d] or [b, 1, h, d]");
+  TORCH_CHECK(k.dim() == q.dim() && v.dim() == q.dim(), "small_seq: q, k, v ranks differ");
+  TORCH_CHECK(k.sizes() == v.sizes(), "small_seq: k and v shapes differ");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
               "small_seq: q, k, v dtypes differ");
-  RA_CHECK(k.device() == q.device() && v.device() == q.device(), "small_seq: devices differ");
+  TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), "small_seq: devices differ");
   check_rows_16b(q, "q");
   check_rows_16b(k, "k");
   check_rows_16b(v, "v");
-  RA_CHECK(max_seqlen_kv >= 1 && max_seqlen_kv <= 16, "small_seq: max_seqlen_kv must be in 1..16");
+  TORCH_CHECK(max_seqlen_kv >= 1 && max_seqlen_kv <= 16, "small_seq: max_seqlen_kv must be in 1..16");
 
   SmallSeqParams p{};
   const int64_t d = q.size(-1);
-  RA_CHECK(small_seq_supports(static_cast<int>(d)), "small_seq: head dim ", d,
+  TORCH_CHECK(small_seq_supports(static_cast<int>(d)), "small_seq: head dim ", d,
               " unsupported (64, 128, 256, 512)");
-  RA_CHECK(k.size(-1) == d, "small_seq: k head dim differs from q");
+  TORCH_CHECK(k.size(-1) == d, "small_seq: k head dim differs from q");
   p.num_heads_q = static_cast<int32_t>(q.size(-2));
   p.num_heads_kv = static_cast<int32_t>(k.size(-2));
-  RA_CHECK(p.num_heads_kv > 0 && p.num_heads_q % p.num_heads_kv == 0,
+  TORCH_CHECK(p.num_heads_kv > 0 && p.num_heads_q % p.num_heads_kv == 0,
               "small_seq: num_heads_q must be a multiple of num_heads_kv");
   p.q_head_stride = q.stride(-2);
   p.k_head_stride = k.stride(-2);
@@ -114,10 +91,10 @@ SmallSeqParams make_params(const at::Tensor& q, const at::Tensor& k, const at::T
   p.max_seqlen_kv = static_cast<int32_t>(max_seqlen_kv);
   p.softmax_scale = static_cast<float>(softmax_scale);
   if (thd) {
-    RA_CHECK(cu_seqlens_q && cu_seqlens_kv && !seqlens_kv,
+    TORCH_CHECK(cu_seqlens_q && cu_seqlens_kv && !seqlens_kv,
                 "small_seq: THD needs cu_seqlens_q and cu_seqlens_kv");
     p.batch = static_cast<int32_t>(cu_seqlens_q->numel() - 1);
-    RA_CHECK(q.size(0) == p.batch, "small_seq: q must have one row per segment");
+    TORCH_CHECK(q.size(0) == p.batch, "small_seq: q must have one row per segment");
     check_index(cu_seqlens_q, q, p.batch + 1, "cu_seqlens_q");
     check_index(cu_seqlens_kv, q, p.batch + 1, "cu_seqlens_kv");
     p.cu_seqlens_q = cu_seqlens_q->data_ptr<int32_t>();
@@ -128,9 +105,9 @@ SmallSeqParams make_params(const at::Tensor& q, const at::Tensor& k, const at::T
     p.k_token_stride = k.stride(0);
     p.v_token_stride = v.stride(0);
   } else {
-    RA_CHECK(seqlens_kv && !cu_seqlens_q && !cu_seqlens_kv, "small_seq: BSHD needs seqlens_kv");
-    RA_CHECK(q.size(1) == 1, "small_seq: BSHD q must be [b, 1, h, d]");
-    RA_CHECK(k.size(0) == q.size(0) && k.size(1) <= 16, "small_seq: BSHD k must be [b, s<=16, h, d]");
+    TORCH_CHECK(seqlens_kv && !cu_seqlens_q && !cu_seqlens_kv, "small_seq: BSHD needs seqlens_kv");
+    TORCH_CHECK(q.size(1) == 1, "small_seq: BSHD q must be [b, 1, h, d]");
+    TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) <= 16, "small_seq: BSHD k must be [b, s<=16, h, d]");
     p.batch = static_cast<int32_t>(q.size(0));
     check_index(seqlens_kv, q, p.batch, "seqlens_kv");
     p.seqlens_kv = seqlens_kv->data_ptr<int32_t>();
@@ -147,7 +124,7 @@ SmallSeqParams make_params(const at::Tensor& q, const at::Tensor& k, const at::T
   p.k = k.data_ptr();
   p.v = v.data_ptr();
   p.error_state = ra_error_state_ptr();
-  RA_CHECK(p.error_state != nullptr, "rocm_attn: could not reach the device error counter");
+  TORCH_CHECK(p.error_state != nullptr, "rocm_attn: could not reach the device error counter");
   return p;
 }
 
@@ -188,16 +165,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_bwd(
   SmallSeqParams p =
       make_params(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale);
   const c10::DeviceGuard guard(q.device());
-  RA_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes() &&
+  TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes() &&
                   dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
               "small_seq backward: dout and out must match q");
   check_rows_16b(dout, "dout");
   check_rows_16b(out, "out");
-  RA_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 2 &&
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 2 &&
                   lse.size(0) == p.num_heads_q && lse.size(1) == p.batch,
               "small_seq backward: lse must be contiguous float32 [h_q, b]");
   if (dlse) {
-    RA_CHECK(dlse->scalar_type() == at::kFloat && dlse->is_contiguous() &&
+    TORCH_CHECK(dlse->scalar_type() == at::kFloat && dlse->is_contiguous() &&
                     dlse->sizes() == lse.sizes() && dlse->device() == q.device(),
                 "small_seq backward: dlse must be contiguous float32 like lse");
     p.dlse = dlse->data_ptr<float>();
@@ -237,8 +214,8 @@ std::tuple<at::Tensor, at::Tensor> compat_selftest(const at::Tensor& bf16_bits,
                                                    const at::Tensor& fp16_bits, const at::Tensor& x) {
   const c10::DeviceGuard guard(x.device());
   const int64_t wave = x.numel();
-  RA_CHECK(wave == 32 || wave == 64, "compat_selftest: x must have one value per lane");
-  RA_CHECK(bf16_bits.scalar_type() == at::kShort && fp16_bits.scalar_type() == at::kShort &&
+  TORCH_CHECK(wave == 32 || wave == 64, "compat_selftest: x must have one value per lane");
+  TORCH_CHECK(bf16_bits.scalar_type() == at::kShort && fp16_bits.scalar_type() == at::kShort &&
                   x.scalar_type() == at::kFloat && bf16_bits.numel() == wave &&
                   fp16_bits.numel() == wave && bf16_bits.is_contiguous() &&
                   fp16_bits.is_contiguous() && x.is_contiguous(),
@@ -265,10 +242,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mma_selft
   const c10::DeviceGuard guard(x.device());
   const int64_t d = x.dim() == 2 ? x.size(1) : 0;
   for (const at::Tensor* t : {&x, &y, &v})
-    RA_CHECK(t->scalar_type() == at::kShort && t->dim() == 2 && t->size(0) == 16 &&
+    TORCH_CHECK(t->scalar_type() == at::kShort && t->dim() == 2 && t->size(0) == 16 &&
                     t->size(1) == d && t->is_contiguous() && t->is_cuda(),
                 "mma_selftest: x, y, v must be contiguous int16 [16, d] GPU tensors");
-  RA_CHECK(y.device() == x.device() && v.device() == x.device(),
+  TORCH_CHECK(y.device() == x.device() && v.device() == x.device(),
               "mma_selftest: x, y, v must be on one device");
   const auto f32 = x.options().dtype(at::kFloat);
   at::Tensor s = at::full({16, 16}, std::numeric_limits<float>::quiet_NaN(), f32);
@@ -345,13 +322,13 @@ bool thd_split_rows(const std::vector<const at::Tensor*>& ts, int64_t begin, int
 }
 
 int64_t thd_wrap_dim(int64_t dim, const at::Tensor& t) {
-  RA_CHECK(dim >= -t.dim() && dim < t.dim(), "thd: dim ", dim, " out of range for ", t.dim(),
+  TORCH_CHECK(dim >= -t.dim() && dim < t.dim(), "thd: dim ", dim, " out of range for ", t.dim(),
               " dims");
   return dim < 0 ? dim + t.dim() : dim;
 }
 
 void thd_check_cu(const at::Tensor& cu, const at::Tensor& ref, int64_t numel, const char* name) {
-  RA_CHECK(cu.scalar_type() == at::kInt && cu.dim() == 1 && cu.is_contiguous() &&
+  TORCH_CHECK(cu.scalar_type() == at::kInt && cu.dim() == 1 && cu.is_contiguous() &&
                   cu.numel() >= 1 && (numel < 0 || cu.numel() == numel) &&
                   cu.device() == ref.device(),
               "thd: ", name, " must be a contiguous 1-D int32 tensor on the data's device");
@@ -377,23 +354,23 @@ ThdRowMapParams thd_identity_map() {
 
 // Raw-byte row copy src -> dst along token dim `dim` (shapes equal but for that dim).
 ThdCopyParams thd_copy_params(const at::Tensor& src, const at::Tensor& dst, int64_t dim) {
-  RA_CHECK(src.scalar_type() == dst.scalar_type() && src.device() == dst.device() &&
+  TORCH_CHECK(src.scalar_type() == dst.scalar_type() && src.device() == dst.device() &&
                   src.dim() == dst.dim(),
               "thd: src and dst must share dtype, device and rank");
   for (int64_t i = 0; i < dst.dim(); ++i)
-    RA_CHECK(i == dim || src.size(i) == dst.size(i), "thd: src and dst shapes differ in dim ",
+    TORCH_CHECK(i == dim || src.size(i) == dst.size(i), "thd: src and dst shapes differ in dim ",
                 i);
   const int64_t es = static_cast<int64_t>(dst.element_size());
-  RA_CHECK(es == 2 || es == 4 || es == 8, "thd: kernels copy 2, 4 or 8-byte elements");
+  TORCH_CHECK(es == 2 || es == 4 || es == 8, "thd: kernels copy 2, 4 or 8-byte elements");
   ThdCopyParams p{};
   int64_t outer = 1, so = 0, dout = 1, dso = 0;
-  RA_CHECK(thd_collapse(src, 0, dim, outer, so) && thd_collapse(dst, 0, dim, dout, dso),
+  TORCH_CHECK(thd_collapse(src, 0, dim, outer, so) && thd_collapse(dst, 0, dim, dout, dso),
               "thd: the dims before the token dim must merge into one");
   int64_t heads = 1, head_elems = 1;
   std::vector<int64_t> hs;
-  RA_CHECK(thd_split_rows({&src, &dst}, dim + 1, heads, head_elems, hs),
+  TORCH_CHECK(thd_split_rows({&src, &dst}, dim + 1, heads, head_elems, hs),
               "thd: the dims after the token dim must be [heads, contiguous elements]");
-  RA_CHECK(heads <= INT32_MAX && head_elems * es <= INT32_MAX, "thd: rows too large");
+  TORCH_CHECK(heads <= INT32_MAX && head_elems * es <= INT32_MAX, "thd: rows too large");
   p.src = src.data_ptr();
   p.dst = dst.data_ptr();
   p.rows = dst.size(dim);
@@ -415,7 +392,7 @@ at::Tensor thd_gather(const at::Tensor& x, const at::Tensor& cu_seqlens_padded, 
                       int64_t cp, int64_t rank, int64_t dim) {
   const c10::DeviceGuard guard(x.device());
   dim = thd_wrap_dim(dim, x);
-  RA_CHECK(mode >= 0 && mode <= 3 && cp >= 1 && rank >= 0 && (mode == 3 || rank < cp),
+  TORCH_CHECK(mode >= 0 && mode <= 3 && cp >= 1 && rank >= 0 && (mode == 3 || rank < cp),
               "thd_gather: bad mode / cp / rank");
   thd_check_cu(cu_seqlens_padded, x, -1, "cu_seqlens_padded");
   const int64_t total = x.size(dim);
@@ -460,7 +437,7 @@ void thd_fill_bits(double fill, at::ScalarType st, uint32_t (&out)[4]) {
       bytes = 2;
       break;
     default:
-      RA_CHECK(false, "thd: fill needs a float16, bfloat16, float32 or float64 dst");
+      TORCH_CHECK(false, "thd: fill needs a float16, bfloat16, float32 or float64 dst");
   }
   unsigned char buf[16];
   for (int i = 0; i < 16; i += bytes) std::memcpy(buf + i, &bits, bytes);
@@ -500,7 +477,7 @@ int32_t thd_math_dtype(const at::Tensor& t, const char* name) {
     case at::kFloat:
       return kThdFloat32;
     default:
-      RA_CHECK(false, "thd: ", name, " must be bfloat16, float16 or float32");
+      TORCH_CHECK(false, "thd: ", name, " must be bfloat16, float16 or float32");
   }
   return kThdFloat32;
 }
@@ -509,7 +486,7 @@ int32_t thd_math_dtype(const at::Tensor& t, const char* name) {
 void thd_out_view(const at::Tensor& o, int64_t nh, int64_t& h, int64_t& d, int64_t& tok,
                   int64_t& head, const char* name) {
   int64_t st = 0;
-  RA_CHECK(o.dim() >= 1 + nh && thd_collapse(o, 1, 1 + nh, h, head) &&
+  TORCH_CHECK(o.dim() >= 1 + nh && thd_collapse(o, 1, 1 + nh, h, head) &&
                   thd_collapse(o, 1 + nh, o.dim(), d, st) && (d == 1 || st == 1),
               "thd: ", name, " must be [t, heads, contiguous elements]");
   tok = o.stride(0);
@@ -518,7 +495,7 @@ void thd_out_view(const at::Tensor& o, int64_t nh, int64_t& h, int64_t& d, int64
 // LSE [*heads, t] float32 as [H, t].
 void thd_lse_view(const at::Tensor& l, const at::Tensor& ref, int64_t& h, int64_t& head,
                   int64_t& tok, const char* name) {
-  RA_CHECK(l.scalar_type() == at::kFloat && l.dim() >= 1 && l.device() == ref.device() &&
+  TORCH_CHECK(l.scalar_type() == at::kFloat && l.dim() >= 1 && l.device() == ref.device() &&
                   thd_collapse(l, 0, l.dim() - 1, h, head),
               "thd: ", name, " must be float32 [heads, t] on the data's device");
   tok = l.stride(-1);
@@ -537,33 +514,33 @@ ThdMergeParams thd_merge_params(const std::optional<at::Tensor>& out, const at::
   const int64_t t = lse.size(-1);
   p.n = lse_step.size(-1);
   if (rows != nullptr) {
-    RA_CHECK(rows->scalar_type() == at::kLong && rows->dim() == 1 && rows->is_contiguous() &&
+    TORCH_CHECK(rows->scalar_type() == at::kLong && rows->dim() == 1 && rows->is_contiguous() &&
                  rows->device() == lse.device() && rows->numel() == p.n && t > 0,
              "thd merge_rows: rows must be a contiguous int64 [n] tensor on the device of lse, "
              "n = lse_step.size(-1), and lse must have rows");
   } else {
-    RA_CHECK(p.n == (only_second_half ? t / 2 : t) && (!only_second_half || t % 2 == 0),
+    TORCH_CHECK(p.n == (only_second_half ? t / 2 : t) && (!only_second_half || t % 2 == 0),
              "thd merge: lse_step must be [heads, t] (or [heads, t/2] for only_second_half)");
   }
-  RA_CHECK(lse_step.dim() == lse.dim() && h2 == h, "thd merge: lse_step heads differ from lse");
-  RA_CHECK(h <= INT32_MAX, "thd merge: too many heads");
+  TORCH_CHECK(lse_step.dim() == lse.dim() && h2 == h, "thd merge: lse_step heads differ from lse");
+  TORCH_CHECK(h <= INT32_MAX, "thd merge: too many heads");
   p.heads = static_cast<int32_t>(h);
   p.lse = lse.data_ptr<float>();
   p.lse_step = lse_step.data_ptr<float>();
-  RA_CHECK(out.has_value() == out_step.has_value() && (out.has_value() || !correction),
+  TORCH_CHECK(out.has_value() == out_step.has_value() && (out.has_value() || !correction),
               "thd merge: out and out_step go together (and correction needs them)");
   if (out) {
     const int64_t nh = lse.dim() - 1;
     int64_t d = 0, d2 = 0, hh = 0, hh2 = 0;
-    RA_CHECK(out->device() == lse.device() && out_step->device() == lse.device() &&
+    TORCH_CHECK(out->device() == lse.device() && out_step->device() == lse.device() &&
                     out->size(0) == t && out_step->size(0) == p.n && out->dim() == out_step->dim(),
                 "thd merge: out [t, ...] / out_step [n, ...] do not match the LSEs");
     thd_out_view(*out, nh, hh, d, p.out_tok, p.out_head, "out");
     thd_out_view(*out_step, nh, hh2, d2, p.step_tok, p.step_head, "out_step");
     for (int64_t i = 1; i < out->dim(); ++i)
-      RA_CHECK(out->size(i) == out_step->size(i) && (i > nh || out->size(i) == lse.size(i - 1)),
+      TORCH_CHECK(out->size(i) == out_step->size(i) && (i > nh || out->size(i) == lse.size(i - 1)),
                   "thd merge: out, out_step and lse shapes differ");
-    RA_CHECK(d <= INT32_MAX, "thd merge: rows too large");
+    TORCH_CHECK(d <= INT32_MAX, "thd merge: rows too large");
     p.dim = static_cast<int32_t>(d);
     p.out = out->data_ptr();
     p.out_step = out_step->data_ptr();
@@ -577,7 +554,7 @@ ThdMergeParams thd_merge_params(const std::optional<at::Tensor>& out, const at::
     p.map.index = rows->data_ptr<int64_t>();
     p.map.local_rows = t;
   } else if (only_second_half) {
-    RA_CHECK(cu_seqlens_padded.has_value(),
+    TORCH_CHECK(cu_seqlens_padded.has_value(),
                 "thd merge: only_second_half needs cu_seqlens_padded");
     thd_check_cu(*cu_seqlens_padded, lse, -1, "cu_seqlens_padded");
     p.map = thd_map(ThdRowMap::kHalf, *cu_seqlens_padded);
@@ -672,26 +649,26 @@ void thd_out_correction_(at::Tensor& out, const at::Tensor& out_step, const at::
 ThdGradParams thd_grad_params(const at::Tensor& grad, const at::Tensor& grad_step,
                               const at::Tensor& cu_seqlens_padded, int64_t first_half_op,
                               int64_t second_half_op, const at::Tensor& dst) {
-  RA_CHECK(grad.dim() >= 1 && grad_step.dim() == grad.dim() &&
+  TORCH_CHECK(grad.dim() >= 1 && grad_step.dim() == grad.dim() &&
                   grad_step.device() == grad.device(),
               "thd grad_correction: grad and grad_step must have one rank and device");
   for (int64_t i = 1; i < grad.dim(); ++i)
-    RA_CHECK(grad.size(i) == grad_step.size(i), "thd grad_correction: shapes differ in dim ", i);
-  RA_CHECK(first_half_op >= 0 && first_half_op <= 2 && second_half_op >= 0 &&
+    TORCH_CHECK(grad.size(i) == grad_step.size(i), "thd grad_correction: shapes differ in dim ", i);
+  TORCH_CHECK(first_half_op >= 0 && first_half_op <= 2 && second_half_op >= 0 &&
                   second_half_op <= 2,
               "thd grad_correction: ops are 0 none, 1 copy, 2 add");
   const int64_t t = grad.size(0);
   const int64_t ts = grad_step.size(0);
   const bool full = ts == t;
-  RA_CHECK(t % 2 == 0 && (full || ts == t / 2),
+  TORCH_CHECK(t % 2 == 0 && (full || ts == t / 2),
               "thd grad_correction: grad_step must have t or t/2 rows");
   thd_check_cu(cu_seqlens_padded, grad, -1, "cu_seqlens_padded");
   ThdGradParams p{};
   int64_t heads = 1, head_dim = 1;
   std::vector<int64_t> hs;
-  RA_CHECK(thd_split_rows({&grad, &grad_step, &dst}, 1, heads, head_dim, hs),
+  TORCH_CHECK(thd_split_rows({&grad, &grad_step, &dst}, 1, heads, head_dim, hs),
               "thd grad_correction: rows must be [heads, contiguous elements]");
-  RA_CHECK(heads <= INT32_MAX && head_dim <= INT32_MAX, "thd grad_correction: rows too large");
+  TORCH_CHECK(heads <= INT32_MAX && head_dim <= INT32_MAX, "thd grad_correction: rows too large");
   p.grad = grad.data_ptr();
   p.step = grad_step.data_ptr();
   p.dst = dst.data_ptr();

@@ -57,8 +57,7 @@ hipError_t small_seq_bwd_launch(const SmallSeqParams& p, SmallSeqDtype dtype, in
                                 hipStream_t stream);
 
 // Supported head dims and kv buckets; the launcher rejects others loudly.
-// Inline on purpose: the bindings check head dims before any call into the kernels' translation
-// units (a failed check thrown after such a call crashed on the GPU image, docs/NOTES.md).
+// Inline: the bindings and the launchers share it without a call across translation units.
 inline bool small_seq_supports(int head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512;
 }
