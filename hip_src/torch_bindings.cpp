@@ -506,18 +506,28 @@ ThdMergeParams thd_merge_params(const std::optional<at::Tensor>& out, const at::
                                 const at::Tensor& lse_step,
                                 const std::optional<at::Tensor>& cu_seqlens_padded,
                                 bool only_second_half, bool correction,
-                                const at::Tensor* rows = nullptr) {
+                                const at::Tensor* rows = nullptr,
+                                const at::Tensor* step_rows = nullptr) {
   ThdMergeParams p{};
   int64_t h = 0, h2 = 0;
   thd_lse_view(lse, lse, h, p.lse_head, p.lse_tok, "lse");
   thd_lse_view(lse_step, lse, h2, p.lse_step_head, p.lse_step_tok, "lse_step");
   const int64_t t = lse.size(-1);
-  p.n = lse_step.size(-1);
+  const int64_t step_tokens = lse_step.size(-1);
+  p.n = step_tokens;
   if (rows != nullptr) {
+    // step_rows: entry k reads step row step_rows[k] (a result laid out like out)
+    p.n = rows->numel();
     TORCH_CHECK(rows->scalar_type() == at::kLong && rows->dim() == 1 && rows->is_contiguous() &&
-                 rows->device() == lse.device() && rows->numel() == p.n && t > 0,
+                 rows->device() == lse.device() && t > 0 &&
+                 (step_rows != nullptr ? step_tokens > 0 : p.n == step_tokens),
              "thd merge_rows: rows must be a contiguous int64 [n] tensor on the device of lse, "
-             "n = lse_step.size(-1), and lse must have rows");
+             "n = lse_step.size(-1) unless step_rows is given, and lse must have rows");
+    TORCH_CHECK(step_rows == nullptr ||
+                    (step_rows->scalar_type() == at::kLong && step_rows->dim() == 1 &&
+                     step_rows->is_contiguous() && step_rows->device() == lse.device() &&
+                     step_rows->numel() == p.n),
+                "thd merge_rows: step_rows must be a contiguous int64 tensor like rows");
   } else {
     TORCH_CHECK(p.n == (only_second_half ? t / 2 : t) && (!only_second_half || t % 2 == 0),
              "thd merge: lse_step must be [heads, t] (or [heads, t/2] for only_second_half)");
@@ -533,7 +543,8 @@ ThdMergeParams thd_merge_params(const std::optional<at::Tensor>& out, const at::
     const int64_t nh = lse.dim() - 1;
     int64_t d = 0, d2 = 0, hh = 0, hh2 = 0;
     TORCH_CHECK(out->device() == lse.device() && out_step->device() == lse.device() &&
-                    out->size(0) == t && out_step->size(0) == p.n && out->dim() == out_step->dim(),
+                    out->size(0) == t && out_step->size(0) == step_tokens &&
+                    out->dim() == out_step->dim(),
                 "thd merge: out [t, ...] / out_step [n, ...] do not match the LSEs");
     thd_out_view(*out, nh, hh, d, p.out_tok, p.out_head, "out");
     thd_out_view(*out_step, nh, hh2, d2, p.step_tok, p.step_head, "out_step");
@@ -553,6 +564,10 @@ ThdMergeParams thd_merge_params(const std::optional<at::Tensor>& out, const at::
     p.map.kind = ThdRowMap::kIndex;
     p.map.index = rows->data_ptr<int64_t>();
     p.map.local_rows = t;
+    if (step_rows != nullptr) {
+      p.map.step_index = step_rows->data_ptr<int64_t>();
+      p.map.step_count = step_tokens;
+    }
   } else if (only_second_half) {
     TORCH_CHECK(cu_seqlens_padded.has_value(),
                 "thd merge: only_second_half needs cu_seqlens_padded");
@@ -616,11 +631,13 @@ void thd_merge_(const std::optional<at::Tensor>& out, at::Tensor& lse,
 }
 
 // In-place merge of packed step results: step row k into row rows[k] of (out, lse).
+// With step_rows: entry k merges step row step_rows[k] into row rows[k].
 void thd_merge_rows_(at::Tensor& out, at::Tensor& lse, const at::Tensor& out_step,
-                     const at::Tensor& lse_step, const at::Tensor& rows) {
+                     const at::Tensor& lse_step, const at::Tensor& rows,
+                     const std::optional<at::Tensor>& step_rows) {
   const c10::DeviceGuard guard(lse.device());
   ThdMergeParams p = thd_merge_params(out, lse, out_step, lse_step, std::nullopt, false, false,
-                                      &rows);
+                                      &rows, step_rows ? &*step_rows : nullptr);
   if (out.numel() > 0) {
     p.out_dst = out.data_ptr();
     p.dst_tok = p.out_tok;
@@ -719,6 +736,58 @@ void thd_grad_correction_(at::Tensor& grad, const at::Tensor& grad_step,
   check_launch(thd_grad_launch(p, current_stream(grad.device())), "thd grad_correction (in place)");
 }
 
+// grad[rows[k]] += step[step_rows[k]] (step row k without step_rows), fp32 math, in place.
+void thd_add_rows_(at::Tensor& grad, const at::Tensor& step, const at::Tensor& rows,
+                   const std::optional<at::Tensor>& step_rows) {
+  const c10::DeviceGuard guard(grad.device());
+  TORCH_CHECK(grad.dim() >= 1 && step.dim() == grad.dim() && step.device() == grad.device(),
+              "thd add_rows: grad and step must have one rank and device");
+  for (int64_t i = 1; i < grad.dim(); ++i)
+    TORCH_CHECK(grad.size(i) == step.size(i), "thd add_rows: shapes differ in dim ", i);
+  const int64_t n = rows.numel();
+  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.dim() == 1 && rows.is_contiguous() &&
+                  rows.device() == grad.device() &&
+                  (step_rows ? step.size(0) > 0 : step.size(0) == n),
+              "thd add_rows: rows must be a contiguous int64 [n] tensor on grad's device, "
+              "n = step.size(0) unless step_rows is given");
+  TORCH_CHECK(!step_rows || (step_rows->scalar_type() == at::kLong && step_rows->dim() == 1 &&
+                             step_rows->is_contiguous() && step_rows->device() == grad.device() &&
+                             step_rows->numel() == n),
+              "thd add_rows: step_rows must be a contiguous int64 tensor like rows");
+  if (grad.numel() == 0 || n == 0) return;
+  ThdGradParams p{};
+  int64_t heads = 1, head_dim = 1;
+  std::vector<int64_t> hs;
+  TORCH_CHECK(thd_split_rows({&grad, &step, &grad}, 1, heads, head_dim, hs),
+              "thd add_rows: rows must be [heads, contiguous elements]");
+  TORCH_CHECK(heads <= INT32_MAX && head_dim <= INT32_MAX, "thd add_rows: rows too large");
+  p.grad = grad.data_ptr();
+  p.step = step.data_ptr();
+  p.dst = grad.data_ptr();
+  p.grad_tok = grad.stride(0);
+  p.step_tok = step.stride(0);
+  p.dst_tok = grad.stride(0);
+  p.grad_head = hs[0];
+  p.step_head = hs[1];
+  p.dst_head = hs[2];
+  p.heads = static_cast<int32_t>(heads);
+  p.head_dim = static_cast<int32_t>(head_dim);
+  p.grad_dtype = thd_math_dtype(grad, "grad");
+  p.step_dtype = thd_math_dtype(step, "step");
+  p.op0 = kThdGradAdd;
+  p.op1 = kThdGradAdd;
+  p.map = thd_identity_map();
+  p.map.kind = ThdRowMap::kIndex;
+  p.map.index = rows.data_ptr<int64_t>();
+  p.map.local_rows = grad.size(0);
+  if (step_rows) {
+    p.map.step_index = step_rows->data_ptr<int64_t>();
+    p.map.step_count = step.size(0);
+  }
+  p.n = n;
+  check_launch(thd_grad_launch(p, current_stream(grad.device())), "thd add_rows (in place)");
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rocm_attn, m) {
@@ -749,7 +818,8 @@ TORCH_LIBRARY(rocm_attn, m) {
       "Tensor? cu_seqlens_padded, bool only_second_half) -> ()");
   m.def(
       "thd_merge_rows_(Tensor(a!) out, Tensor(b!) lse, Tensor out_step, Tensor lse_step, "
-      "Tensor rows) -> ()");
+      "Tensor rows, Tensor? step_rows=None) -> ()");
+  m.def("thd_add_rows_(Tensor(a!) grad, Tensor step, Tensor rows, Tensor? step_rows=None) -> ()");
   m.def(
       "thd_out_correction_(Tensor(a!) out, Tensor out_step, Tensor lse, Tensor lse_step, "
       "Tensor? cu_seqlens_padded, bool only_second_half) -> ()");
@@ -771,6 +841,7 @@ TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) {
   m.impl("thd_merge", &thd_merge);
   m.impl("thd_merge_", &thd_merge_);
   m.impl("thd_merge_rows_", &thd_merge_rows_);
+  m.impl("thd_add_rows_", &thd_add_rows_);
   m.impl("thd_out_correction_", &thd_out_correction_);
   m.impl("thd_grad_correction", &thd_grad_correction);
   m.impl("thd_grad_correction_", &thd_grad_correction_);

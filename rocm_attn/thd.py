@@ -61,6 +61,8 @@ __all__ = [
     "lse_correction",
     "out_correction",
     "grad_correction",
+    "merge_rows_",
+    "add_rows_",
     "max_chunks_bound",
     "chunkify",
     "ring_step",
@@ -1268,7 +1270,17 @@ def pad_for_cp(x: torch.Tensor, cu_seqlens: torch.Tensor, cp: int,
     return _impl("pad_for_cp", x, backend)(x, cu_seqlens, cp, total_padded)
 
 
-def _torch_merge_rows_(out, lse, out_step, lse_step, rows):
+def _step_rows_of(step: torch.Tensor, dim: int, rows: torch.Tensor,
+                  step_rows: Optional[torch.Tensor]) -> torch.Tensor:
+    """The step rows entry ``k`` reads: row ``k``, or ``step_rows[k]`` clamped into ``step``."""
+    if step_rows is None:
+        return step
+    return step.index_select(dim, step_rows.clamp(0, max(step.shape[dim] - 1, 0)))
+
+
+def _torch_merge_rows_(out, lse, out_step, lse_step, rows, step_rows):
+    out_step = _step_rows_of(out_step, 0, rows, step_rows)
+    lse_step = _step_rows_of(lse_step, -1, rows, step_rows)
     new_o, new_l = _merge_math(out.index_select(0, rows), lse.index_select(-1, rows), out_step,
                                lse_step)
     out.index_copy_(0, rows, new_o)
@@ -1276,19 +1288,54 @@ def _torch_merge_rows_(out, lse, out_step, lse_step, rows):
     return out, lse
 
 
+def _check_row_index(name: str, rows: torch.Tensor, n: Optional[int], what: str) -> None:
+    if rows.dtype != torch.int64 or rows.dim() != 1 or (n is not None and rows.numel() != n):
+        want = "int64 [n]" if n is None else f"int64 [n] with n = {what} = {n}"
+        raise ValueError(f"{name} must be {want}, got {rows.dtype} {list(rows.shape)}")
+
+
 def merge_rows_(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
-                lse_step: torch.Tensor, rows: torch.Tensor, *, backend: str = "auto"):
+                lse_step: torch.Tensor, rows: torch.Tensor,
+                step_rows: Optional[torch.Tensor] = None, *, backend: str = "auto"):
     """In-place online-softmax merge of step row ``k`` into row ``rows[k]`` of ``(out, lse)``.
 
     For results computed on packed buffers (attn_with_cp's windowed / chunked steps):
     ``out [T, H, D]``, ``lse [H, T]`` float32, ``out_step [n, H, D]``, ``lse_step [H, n]``,
-    ``rows`` int64 ``[n]`` in ``[0, T)``. A row named twice gets one of the two updates (the
-    callers send only a dropped dummy row more than once). Same math as :func:`merge_partial`.
+    ``rows`` int64 ``[n]`` in ``[0, T)``. With ``step_rows`` (int64 ``[n]``), entry ``k`` reads
+    step row ``step_rows[k]`` instead (a step result of any number of rows, e.g. laid out like
+    ``out``; rows only some entries name are never read). A row named twice gets one of the two
+    updates (the callers send only a dropped dummy row more than once). Same math as
+    :func:`merge_partial`.
     """
-    if rows.dtype != torch.int64 or rows.dim() != 1 or rows.numel() != lse_step.shape[-1]:
-        raise ValueError(f"rows must be int64 [n] with n = lse_step.shape[-1] = "
-                         f"{lse_step.shape[-1]}, got {rows.dtype} {list(rows.shape)}")
-    return _impl("merge_rows_", lse, backend)(out, lse, out_step, lse_step, rows)
+    if step_rows is None:
+        _check_row_index("rows", rows, lse_step.shape[-1], "lse_step.shape[-1]")
+    else:
+        _check_row_index("rows", rows, None, "")
+        _check_row_index("step_rows", step_rows, rows.numel(), "rows.numel()")
+    return _impl("merge_rows_", lse, backend)(out, lse, out_step, lse_step, rows, step_rows)
+
+
+def _torch_add_rows_(grad, step, rows, step_rows):
+    step = _step_rows_of(step, 0, rows, step_rows)
+    grad.index_copy_(0, rows, (grad.index_select(0, rows).float() + step.float()).to(grad.dtype))
+    return grad
+
+
+def add_rows_(grad: torch.Tensor, step: torch.Tensor, rows: torch.Tensor,
+              step_rows: Optional[torch.Tensor] = None, *, backend: str = "auto"):
+    """In place ``grad[rows[k]] += step[k]`` (``step[step_rows[k]]`` with ``step_rows``), in
+    fp32 and rounded once to ``grad``'s dtype: the gradient counterpart of :func:`merge_rows_`
+    (``grad [T, ...]``, ``step [n or any, ...]``, ``rows`` / ``step_rows`` int64 ``[n]``). A row
+    named twice gets one of the two updates."""
+    if step_rows is None:
+        _check_row_index("rows", rows, step.shape[0], "step.shape[0]")
+    else:
+        _check_row_index("rows", rows, None, "")
+        _check_row_index("step_rows", step_rows, rows.numel(), "rows.numel()")
+    if grad.shape[1:] != step.shape[1:]:
+        raise ValueError(f"grad {list(grad.shape)} and step {list(step.shape)} differ after the "
+                         "token dim")
+    return _impl("add_rows_", grad, backend)(grad, step, rows, step_rows)
 
 
 _TORCH: Dict[str, Callable] = {
@@ -1300,6 +1347,7 @@ _TORCH: Dict[str, Callable] = {
     "read_half": _torch_read_half,
     "merge_partial": _torch_merge_partial,
     "merge_rows_": _torch_merge_rows_,
+    "add_rows_": _torch_add_rows_,
     "lse_correction": _torch_lse_correction,
     "out_correction": _torch_out_correction,
     "grad_correction": _torch_grad_correction,
@@ -1331,7 +1379,7 @@ _KERNEL_MATH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _GRAD_OP_CODES = {"none": 0, "copy": 1, "add": 2}
 _I32_MAX = 2**31 - 1
 _KERNEL_OPS = ("thd_gather", "thd_copy_valid_tokens_", "thd_merge", "thd_merge_",
-               "thd_merge_rows_", "thd_out_correction_", "thd_grad_correction",
+               "thd_merge_rows_", "thd_add_rows_", "thd_out_correction_", "thd_grad_correction",
                "thd_grad_correction_")
 
 
@@ -1519,14 +1567,33 @@ def _kernel_merge_partial(out, lse, out_step, lse_step, cu_seqlens_padded, only_
     return o, l_
 
 
-def _kernel_merge_rows_(out, lse, out_step, lse_step, rows):
+def _kernel_merge_rows_(out, lse, out_step, lse_step, rows, step_rows):
     why = (_merge_problem(out, lse, out_step, lse_step)
            or _overlap_problem(out, lse, out_step, lse_step)
-           or (None if rows.device == lse.device else f"rows on {rows.device}"))
+           or (None if rows.device == lse.device else f"rows on {rows.device}")
+           or (None if step_rows is None or step_rows.device == lse.device
+               else f"step_rows on {step_rows.device}"))
     if why:
-        return _fallback("merge_rows_", why, out, lse, out_step, lse_step, rows)
-    torch.ops.rocm_attn.thd_merge_rows_(out, lse, out_step, lse_step, rows.contiguous())
+        return _fallback("merge_rows_", why, out, lse, out_step, lse_step, rows, step_rows)
+    torch.ops.rocm_attn.thd_merge_rows_(out, lse, out_step, lse_step, rows.contiguous(),
+                                        None if step_rows is None else step_rows.contiguous())
     return out, lse
+
+
+def _kernel_add_rows_(grad, step, rows, step_rows):
+    split = _row_split((grad, step), 1)
+    why = _math_dtype_problem(grad=grad, step=step) or (
+        "rows are not [heads, contiguous elements]" if split is None
+        or split[0] > _I32_MAX or split[1] > _I32_MAX else None) \
+        or _autograd_problem(grad, step) or _overlap_problem(grad, step) \
+        or (None if rows.device == grad.device else f"rows on {rows.device}") \
+        or (None if step_rows is None or step_rows.device == grad.device
+            else f"step_rows on {step_rows.device}")
+    if why:
+        return _fallback("add_rows_", why, grad, step, rows, step_rows)
+    torch.ops.rocm_attn.thd_add_rows_(grad, step, rows.contiguous(),
+                                      None if step_rows is None else step_rows.contiguous())
+    return grad
 
 
 def _kernel_lse_correction(lse, lse_step, cu_seqlens_padded, only_second_half, inplace):
@@ -1610,6 +1677,7 @@ _KERNEL_IMPLS: Dict[str, Callable] = {
     "pad_for_cp": _kernel_pad_for_cp,
     "merge_partial": _kernel_merge_partial,
     "merge_rows_": _kernel_merge_rows_,
+    "add_rows_": _kernel_add_rows_,
     "lse_correction": _kernel_lse_correction,
     "out_correction": _kernel_out_correction,
     "grad_correction": _kernel_grad_correction,
@@ -1623,7 +1691,7 @@ def _register_compiled_kernels() -> bool:
     torch.library.register_fake("rocm_attn::thd_gather")(_fake_gather)
     torch.library.register_fake("rocm_attn::thd_merge")(_fake_merge)
     torch.library.register_fake("rocm_attn::thd_grad_correction")(_fake_grad_correction)
-    for op in ("thd_copy_valid_tokens_", "thd_merge_", "thd_merge_rows_",
+    for op in ("thd_copy_valid_tokens_", "thd_merge_", "thd_merge_rows_", "thd_add_rows_",
                "thd_out_correction_", "thd_grad_correction_"):
         torch.library.register_fake(f"rocm_attn::{op}")(_fake_mutating)
     for name, fn in _KERNEL_IMPLS.items():

@@ -13,6 +13,10 @@ tested without a GPU:
   ``[max(0, i + sk - sq - wl), min(sk, i + 1 + sk - sq + wr))`` when a window is active.
 * a row without keys: output 0, LSE ``+inf``; rows past ``cu_seqlens_q[-1]`` (and dk / dv rows
   past ``cu_seqlens_k[-1]``) are left uninitialised: NaN here.
+* the grids cover ``max_seqlen_q`` rows (forward, dq) / ``max_seqlen_k`` rows (dk, dv) of every
+  sub-sequence: a longer one is allowed only without keys (forward) / without queries (dk, dv),
+  i.e. a dummy; its rows past the bound stay uninitialised (NaN here), the rest are zero.
+* ``cu_seqlens`` must be non-decreasing (asserted).
 
 Computation in the input dtype (use float64 for exact comparisons); LSE is float32 as in aten.
 """
@@ -55,6 +59,9 @@ def _mask(sq, sk, wl, wr):
 
 def _spans(cu_q, cu_k):
     cq, ck = cu_q.tolist(), cu_k.tolist()
+    assert len(cq) == len(ck), "cu_seqlens_q and cu_seqlens_k differ in length"
+    assert all(a <= b for a, b in zip(cq, cq[1:])), "cu_seqlens_q decreases"
+    assert all(a <= b for a, b in zip(ck, ck[1:])), "cu_seqlens_k decreases"
     return [(cq[b], cq[b + 1], ck[b], ck[b + 1]) for b in range(len(cq) - 1)]
 
 
@@ -71,11 +78,11 @@ def flash_forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, retur
         sq, sk = q1 - q0, k1 - k0
         if sq == 0:
             continue
-        assert sq <= max_q and sk <= max_k, "a sub-sequence exceeds max_seqlen"
-        if sk == 0:  # no key: the kernel writes zeros and LSE +inf
-            out[q0:q1] = 0
-            lse[:, q0:q1] = float("inf")
+        if sk == 0:  # no key: the kernel writes zeros and LSE +inf (rows its grid covers)
+            out[q0:q0 + min(sq, max_q)] = 0
+            lse[:, q0:q0 + min(sq, max_q)] = float("inf")
             continue
+        assert sq <= max_q and sk <= max_k, "a sub-sequence exceeds max_seqlen"
         m = _mask(sq, sk, wl, wr)
         kk = k[k0:k1].repeat_interleave(g, dim=1)
         vv = v[k0:k1].repeat_interleave(g, dim=1)
@@ -106,13 +113,12 @@ def flash_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p,
     dv = torch.full_like(v, NAN)
     for q0, q1, k0, k1 in _spans(cu_q, cu_k):
         sq, sk = q1 - q0, k1 - k0
-        if sk:
-            dk[k0:k1] = 0
-            dv[k0:k1] = 0
-        if sq == 0 or sk == 0:
-            if sq:
-                dq[q0:q1] = 0
+        if sq == 0 or sk == 0:  # a dummy: zeros on the rows the grids cover
+            dk[k0:k0 + min(sk, max_k)] = 0
+            dv[k0:k0 + min(sk, max_k)] = 0
+            dq[q0:q0 + min(sq, max_q)] = 0
             continue
+        assert sq <= max_q and sk <= max_k, "a sub-sequence exceeds max_seqlen"
         m = _mask(sq, sk, wl, wr)
         kk = k[k0:k1].repeat_interleave(g, dim=1)
         vv = v[k0:k1].repeat_interleave(g, dim=1)

@@ -409,6 +409,83 @@ def test_flash_backend_on_cpu_emulator(mask, window, chunk, cp, rank, monkeypatc
                        lens=(75, 275, 9, 0, 38))
 
 
+def _check_direct_ring_steps(mask, window, chunk, cp, rank, device, dtype, tol, d=64,
+                             lens=(300, 1100, 9, 0, 150)):
+    """Every p2p ring step through TorchFlashBackend's direct calls (whole tensors, dummy
+    sub-sequences, merges and gradient adds by row index) equals the same step through
+    ReferenceBackend's calls, accumulated as ring_forward / ring_backward do."""
+    import dataclasses
+
+    from rocm_attn.cp import api, p2p, steps
+    from rocm_attn.cp.backends import TorchFlashBackend
+
+    dev = torch.device(device)
+    h_q, h_kv = 4, 2
+    sq = _side(list(lens), cp, True)
+    cu, cu_p = sq.cu.to(dev), sq.cu_padded.to(dev)
+    t = len(sq.valid) // cp
+    g = torch.Generator(device=dev).manual_seed(cp * 10 + rank + 1)
+    rnd = lambda *shape: torch.randn(*shape, generator=g, device=dev).to(dtype)  # noqa: E731
+    q, kv = rnd(t, h_q, d), rnd(2, t, h_kv, d)
+    ref_plan = api._make_plan(q, kv[0], kv[1], cu, cu, max(lens), max(lens), FakeGroup(cp, rank),
+                              "p2p", mask, window, chunk, cu_p, cu_p, None, "reference", True,
+                              False)
+    dir_plan = dataclasses.replace(ref_plan, backend=TorchFlashBackend(), meta_cache={})
+    cdt = torch.float64 if dtype == F64 else torch.float32
+    for step in range(cp):
+        metas = steps.ring_step_metas(dir_plan, step)
+        assert all(m.direct is not None for m in metas)
+        res = {}
+        for name, plan in (("ref", ref_plan), ("dir", dir_plan)):
+            rows = t + (1 if p2p._dummy_row(plan) else 0)
+            out = torch.zeros(rows, h_q, d, dtype=cdt, device=dev)
+            lse = torch.full((h_q, rows), float("-inf"), dtype=cdt, device=dev)
+            p2p.forward_step(out, lse, plan, q, kv, step, True)
+            res[name] = [out[:t], lse[:, :t]]
+        tag = f"step {step} ({[m.kind for m in metas]})"
+        for i, what in enumerate(("out", "lse")):
+            err = _compare(what, res["dir"][i].cpu(), res["ref"][i].cpu(), tol)
+            assert err is None, f"{tag}: {err}"
+        l_ref = res["ref"][1]
+        lse_fin = torch.where(l_ref == float("-inf"), l_ref, l_ref + 0.3).contiguous()
+        out_fin, dout = rnd(t, h_q, d), rnd(t, h_q, d)
+        dlse = torch.randn(h_q, t, generator=g, device=dev, dtype=cdt)
+        for dl in (None, dlse):
+            grads = {}
+            for name, plan in (("ref", ref_plan), ("dir", dir_plan)):
+                extra = 1 if p2p._dummy_row(plan) else 0
+                dq = torch.zeros(t + extra, h_q, d, dtype=cdt, device=dev)
+                dkv = torch.zeros(2, t + extra, h_kv, d, dtype=cdt, device=dev)
+                parts = p2p.backward_step(dq, plan, dout, dl, q, kv, out_fin, lse_fin, step)
+                p2p.fold_kv_grads(dkv, parts, plan)
+                grads[name] = (dq[:t], dkv[0, :t], dkv[1, :t])
+            for what, a, b in zip(("dq", "dk", "dv"), grads["dir"], grads["ref"]):
+                err = _compare(what, a.cpu(), b.cpu(), tol)
+                assert err is None, f"{tag}, dlse={dl is not None}: {err}"
+
+
+@pytest.mark.parametrize("mask,window,chunk,cp,rank", EMULATOR_CASES)
+def test_direct_ring_steps_on_cpu_emulator(mask, window, chunk, cp, rank, monkeypatch):
+    """Direct flash calls (no packing copies) on CPU with the emulator, float64: the dummy
+    sub-sequences, the grouping that keeps q and kv ranges increasing, merges and adds by
+    row index, padding between sequences."""
+    import flash_emulator
+
+    from rocm_attn.cp import backends
+
+    monkeypatch.setattr(backends, "_aten_flash",
+                        lambda: (flash_emulator.flash_forward, flash_emulator.flash_backward))
+    _check_direct_ring_steps(mask, window, chunk, cp, rank, "cpu", F64, 1e-5, d=8,
+                             lens=(75, 275, 9, 0, 38))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_why_no_flash() is not None, reason=str(_why_no_flash()))
+@pytest.mark.parametrize("mask,window,chunk,cp,rank", STEP_CASES)
+def test_gpu_direct_ring_steps_match_reference(mask, window, chunk, cp, rank):
+    _check_direct_ring_steps(mask, window, chunk, cp, rank, "cuda", torch.bfloat16, 3e-2)
+
+
 def gpu_configs() -> List[Cfg]:
     """The CPU matrix at cp=2 in bf16 (torch_flash through backend='auto')."""
     return [c._replace(name="gpu-" + c.name, dtype=torch.bfloat16)

@@ -772,3 +772,47 @@ def test_merge_rows_equals_merge_partial_on_gathered_rows():
     assert torch.equal(got_o[others], out[others]) and torch.equal(got_l[:, others], lse[:, others])
     with pytest.raises(ValueError, match="rows must be int64"):
         thd.merge_rows_(out, lse, out_step, lse_step, rows.int())
+
+
+def test_merge_rows_with_step_rows_reads_named_step_rows():
+    """step_rows: entry k merges step row step_rows[k] (a result laid out like out, whose other
+    rows hold junk) into row rows[k]: the same as gathering those step rows first."""
+    gen = torch.Generator().manual_seed(6)
+    t, n, h, d = 40, 17, 2, 8
+    out = torch.randn(t, h, d, generator=gen, dtype=torch.float64)
+    lse = torch.randn(h, t, generator=gen, dtype=torch.float64)
+    step_o = torch.randn(t, h, d, generator=gen, dtype=torch.float64)
+    step_l = torch.randn(h, t, generator=gen, dtype=torch.float64)
+    rows = torch.randperm(t, generator=gen)[:n]
+    want_o, want_l = thd.merge_rows_(out.clone(), lse.clone(), step_o[rows], step_l[:, rows], rows)
+    step_o_junk, step_l_junk = step_o.clone(), step_l.clone()
+    junk = torch.ones(t, dtype=torch.bool)
+    junk[rows] = False
+    step_o_junk[junk] = float("nan")
+    step_l_junk[:, junk] = float("nan")
+    got_o, got_l = thd.merge_rows_(out.clone(), lse.clone(), step_o_junk, step_l_junk, rows,
+                                   rows.clone())
+    assert torch.equal(got_o, want_o) and torch.equal(got_l, want_l)
+    with pytest.raises(ValueError, match="step_rows must be int64"):
+        thd.merge_rows_(out, lse, step_o, step_l, rows, rows[:-1])
+
+
+def test_add_rows_adds_named_rows_only():
+    gen = torch.Generator().manual_seed(7)
+    t, n, h, d = 30, 11, 3, 4
+    grad = torch.randn(t, h, d, generator=gen)
+    step = torch.randn(t, h, d, generator=gen, dtype=torch.float64).to(torch.bfloat16)
+    rows = torch.randperm(t, generator=gen)[:n]
+    got = thd.add_rows_(grad.clone(), step, rows, rows)
+    want = grad.clone()
+    want[rows] = (grad[rows].double() + step[rows].double()).float()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    others = torch.ones(t, dtype=torch.bool)
+    others[rows] = False
+    assert torch.equal(got[others], grad[others])
+    packed = thd.add_rows_(grad.clone(), step[rows], rows)  # step row k -> row rows[k]
+    assert torch.equal(packed, got)
+    with pytest.raises(ValueError, match="rows must be int64"):
+        thd.add_rows_(grad, step[rows], rows.int())
+    with pytest.raises(ValueError, match="differ after the token dim"):
+        thd.add_rows_(grad, step[rows, :1], rows)

@@ -391,6 +391,59 @@ def test_merge_rows(dev, d, out_dtype, step_dtype):
     assert torch.equal(ko[untouched].nan_to_num(7.0), out[untouched].nan_to_num(7.0)), ctx
 
 
+@pytest.mark.parametrize("out_dtype,step_dtype", MERGE_DTYPES)
+@pytest.mark.parametrize("d", [64, 13])
+def test_merge_rows_with_step_rows(dev, d, out_dtype, step_dtype):
+    """Step results laid out like out (attn_with_cp's direct flash calls): entry k reads step
+    row step_rows[k]; kernel vs torch path, junk in unnamed step rows never read."""
+    gen = torch.Generator().manual_seed(d + 1)
+    t, n, h = 97, 61, 3
+    out = randn((t + 1, h, d), out_dtype, dev, gen, "contiguous")
+    lse, _ = lse_pair(h, t + 1, t + 1, dev, gen)
+    out_step = randn((t, h, d), step_dtype, dev, gen, "contiguous")
+    _, lse_step = lse_pair(h, t, t, dev, gen)
+    src = torch.randperm(t, generator=gen)[:n].to(dev)
+    rows = src.clone()
+    rows[::7] = t  # dropped entries go to the dummy row
+    junk = torch.ones(t, dtype=torch.bool, device=dev)
+    junk[src] = False
+    out_step[junk] = float("nan")
+    lse_step[:, junk] = float("nan")
+    ko, kl = thd.merge_rows_(out.clone(), lse.clone(), out_step, lse_step, rows, src,
+                             backend="kernel")
+    to, tl = thd.merge_rows_(out.clone(), lse.clone(), out_step, lse_step, rows, src,
+                             backend="torch")
+    ctx = f"d={d} {out_dtype}/{step_dtype}"
+    assert not torch.isnan(kl[:, :t]).any(), ctx
+    assert_merge_close("out", ko[:t], to[:t], ctx)
+    assert_merge_close("lse", kl[:, :t], tl[:, :t], ctx)
+
+
+@pytest.mark.parametrize("grad_dtype,step_dtype", MERGE_DTYPES)
+@pytest.mark.parametrize("d", [64, 13])
+def test_add_rows(dev, d, grad_dtype, step_dtype):
+    gen = torch.Generator().manual_seed(d + 2)
+    t, n, h = 97, 61, 3
+    grad = randn((t + 1, h, d), grad_dtype, dev, gen, "contiguous")
+    step = randn((t, h, d), step_dtype, dev, gen, "contiguous")
+    src = torch.randperm(t, generator=gen)[:n].to(dev)
+    rows = src.clone()
+    rows[::7] = t
+    junk = torch.ones(t, dtype=torch.bool, device=dev)
+    junk[src] = False
+    step[junk] = float("nan")
+    kg = thd.add_rows_(grad.clone(), step, rows, src, backend="kernel")
+    tg = thd.add_rows_(grad.clone(), step, rows, src, backend="torch")
+    ctx = f"d={d} {grad_dtype}/{step_dtype}"
+    assert not torch.isnan(kg[:t].float()).any(), ctx
+    torch.testing.assert_close(kg[:t].float(), tg[:t].float(), rtol=1e-2, atol=1e-2, msg=ctx)
+    untouched = torch.ones(t + 1, dtype=torch.bool, device=dev)
+    untouched[rows] = False
+    assert torch.equal(kg[untouched], grad[untouched]), ctx
+    kp = thd.add_rows_(grad.clone(), step[src], rows, backend="kernel")  # packed: row k
+    assert torch.equal(kp[:t], kg[:t]), ctx
+
+
 @pytest.mark.parametrize("inplace", [False, True], ids=["new", "inplace"])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "second_half"])
 def test_lse_and_out_correction(dev, half, inplace):

@@ -25,7 +25,9 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
   if (p.map.kind != ThdRowMap::kIdentity && p.map.kind != ThdRowMap::kHalf &&
       p.map.kind != ThdRowMap::kIndex)
     return hipErrorInvalidValue;
-  if (p.map.kind == ThdRowMap::kIndex && (p.map.index == nullptr || p.map.local_rows <= 0))
+  if (p.map.kind == ThdRowMap::kIndex &&
+      (p.map.index == nullptr || p.map.local_rows <= 0 ||
+       (p.map.step_index != nullptr && p.map.step_count <= 0)))
     return hipErrorInvalidValue;
   // 8-element vectors: 16 bytes of a 16-bit row, two 16-byte halves of an fp32 row.
   bool vec8 = rows && p.dim % 8 == 0 && ptr_aligned16(p.out) && ptr_aligned16(p.out_step) &&
@@ -48,7 +50,12 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
 
 hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
   if (p.n <= 0 || p.heads <= 0 || p.head_dim <= 0) return hipSuccess;
-  if (p.map.kind != ThdRowMap::kIdentity && p.map.kind != ThdRowMap::kHalf)
+  if (p.map.kind != ThdRowMap::kIdentity && p.map.kind != ThdRowMap::kHalf &&
+      p.map.kind != ThdRowMap::kIndex)
+    return hipErrorInvalidValue;
+  if (p.map.kind == ThdRowMap::kIndex &&
+      (p.map.index == nullptr || p.map.local_rows <= 0 ||
+       (p.map.step_index != nullptr && p.map.step_count <= 0)))
     return hipErrorInvalidValue;
   bool vec8 = p.head_dim % 8 == 0 && ptr_aligned16(p.grad) && ptr_aligned16(p.step) &&
               ptr_aligned16(p.dst) && p.grad_tok % 8 == 0 && p.step_tok % 8 == 0 &&

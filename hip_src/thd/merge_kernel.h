@@ -150,16 +150,18 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
     const int64_t k = heads_fastest ? major : minor;
     const int64_t h = heads_fastest ? minor : major;
     int64_t r = k, r0 = -1;  // running row; first-half row (copied when writing new tensors)
+    int64_t sk = k;          // step row
     if (halves) {
       half_rows(p.map, k, r0, r);  // one search for both halves
       if (!p.copy_first_half) r0 = -1;
     } else if (p.map.kind == ThdRowMap::kIndex) {
       r = clamp_row(p.map.index[k], p.map.local_rows);
+      if (p.map.step_index != nullptr) sk = clamp_row(p.map.step_index[k], p.map.step_count);
     }
     const float a = p.lse[h * p.lse_head + r * p.lse_tok];
-    const float b = p.lse_step[h * p.lse_step_head + k * p.lse_step_tok];
+    const float b = p.lse_step[h * p.lse_step_head + sk * p.lse_step_tok];
     const int64_t out_row = r * p.out_tok + h * p.out_head;
-    const int64_t step_row = k * p.step_tok + h * p.step_head;
+    const int64_t step_row = sk * p.step_tok + h * p.step_head;
     const int64_t dst_row = r * p.dst_tok + h * p.dst_head;
     float x[kMergeRowVecsPerLane][VEC], y[kMergeRowVecsPerLane][VEC];
     auto load_pass = [&](int v0) {
@@ -238,13 +240,18 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
   const int64_t groups = (static_cast<int64_t>(gridDim.x) * kMergeThreads) >> lpr_shift;
   for (int64_t k = (static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x) >> lpr_shift;
        k < p.n; k += groups) {
-    int64_t r_first = k, r_second = k;
-    if (halves) half_rows(p.map, k, r_first, r_second);
+    int64_t r_first = k, r_second = k, s_index = k;
+    if (halves) {
+      half_rows(p.map, k, r_first, r_second);
+    } else if (p.map.kind == ThdRowMap::kIndex) {
+      r_first = clamp_row(p.map.index[k], p.map.local_rows);
+      if (p.map.step_index != nullptr) s_index = clamp_row(p.map.step_index[k], p.map.step_count);
+    }
     for (int hf = 0; hf < (halves ? 2 : 1); ++hf) {
       const int op = hf == 0 ? p.op0 : p.op1;
       if (op == kThdGradNone && !p.copy_none) continue;
       const int64_t r = hf == 0 ? r_first : r_second;
-      const int64_t sr = p.step_is_half ? k : r;
+      const int64_t sr = p.map.kind == ThdRowMap::kIndex ? s_index : (p.step_is_half ? k : r);
       const bool use_g = op != kThdGradCopy;
       const bool use_s = op != kThdGradNone;
       for (int v0 = lane; v0 < nvec; v0 += 2 * lanes) {

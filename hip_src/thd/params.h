@@ -24,7 +24,8 @@ enum class ThdRowMap : int32_t {
   kHalf = 3,           // dst: row k of half `half`; src: local row (_half_index)
   kCopyValid = 4,      // dst: row of the dst layout; src: row of the same valid token, or none
   kIdentity = 5,       // row k is row k (merge / grad correction without halves)
-  kIndex = 6,          // merge: step row k updates row index[k] (clamped into [0, local_rows))
+  kIndex = 6,          // merge / grad: step row k (or step_index[k]) updates row index[k]
+                       // (both clamped into their tensors)
 };
 
 struct ThdRowMapParams {
@@ -41,6 +42,8 @@ struct ThdRowMapParams {
                             // tensor (half)
   int64_t src_rows;         // kCopyValid: rows of src (sources are clamped into it)
   const int64_t* index;     // kIndex: [n] destination row of every step row
+  const int64_t* step_index;  // kIndex: [n] step row read for entry k; nullptr: row k
+  int64_t step_count;       // kIndex with step_index: rows of the step tensor
 };
 
 // dst[o, r, ...] = src[o, map(r), ...] over whole rows, raw bytes (dtype-agnostic).
@@ -66,8 +69,9 @@ enum ThdDtype : int32_t { kThdBFloat16 = 0, kThdFloat16 = 1, kThdFloat32 = 2 };
 //                (a side whose weight is 0 is dropped); lse_dst = new.
 //   correction : out += out_step * exp(lse_step - lse) (lse is the final LSE); no LSE written.
 // Step token k updates row k (kIdentity), row half_row(k, 1) (kHalf: second halves only) or
-// row index[k] (kIndex: packed step results; rows repeated in index race, so callers point
-// only rows they drop, e.g. a dummy row, more than once).
+// row index[k] (kIndex: packed step results, or with step_index the step's row step_index[k]
+// of a result laid out like out; rows repeated in index race, so callers point only rows
+// they drop, e.g. a dummy row, more than once).
 struct ThdMergeParams {
   const void* out;           // [t, H, D] or nullptr (LSE only)
   const float* lse;          // [H, t]
@@ -108,7 +112,8 @@ struct ThdGradParams {
   int32_t op0, op1;          // ThdGradOp of the first / second half (kIdentity: op0)
   int32_t step_is_half;      // step row k (one half) instead of step row = grad row
   int32_t copy_none;         // rows whose op is none: copy grad -> dst (dst is a new tensor)
-  ThdRowMapParams map;       // kIdentity or kHalf
+  ThdRowMapParams map;       // kIdentity, kHalf, or kIndex (op0 for every entry: grad row
+                             // index[k] gets step row step_index[k] / k)
 };
 
 // Launchers (thd/copy.hip, thd/merge.hip). hipSuccess, or hipErrorInvalidValue when the

@@ -225,6 +225,31 @@ class TorchFlashBackend(StepBackend):
             max_k = max(max_k, max_q)
         return max_q, max_k
 
+    direct = True  # reads sub-sequences in place (StepMeta.direct): forward/backward_direct
+
+    def forward_direct(self, q, k, v, meta, softmax_scale):
+        """Flash on the whole step tensors with :class:`~rocm_attn.cp.steps.DirectCall`'s
+        dummy sub-sequences: no packing copies. Valid only at the rows ``meta.direct`` covers
+        (the caller merges those by index); LSE ``-inf`` where a covered row saw no key."""
+        dc = meta.direct
+        max_q, max_k = self._max_seqlens(meta)
+        out, lse, _, _, _ = _aten_flash()[0](
+            q.contiguous(), k.contiguous(), v.contiguous(), dc.cu_q, dc.cu_kv, max_q, max_k,
+            0.0, self._is_causal(meta), False, scale=softmax_scale,
+            window_size_left=meta.window_size[0], window_size_right=meta.window_size[1])
+        lse = lse.float()
+        return out, lse.masked_fill_(lse == float("inf"), NEG_INF)
+
+    def backward_direct(self, dout, q, k, v, out, lse, dlse, meta, softmax_scale):
+        """Gradients of a :class:`~rocm_attn.cp.steps.DirectCall` step on the whole tensors
+        (``out`` / ``lse`` / ``dout`` / ``dlse`` the final ones); valid at covered rows only."""
+        dc = meta.direct
+        dt = q.dtype
+        return self._packed_bwd(dout.to(dt).contiguous(), q.contiguous(), k.contiguous(),
+                                v.contiguous(), out.to(dt).contiguous(), lse.float(),
+                                None if dlse is None else dlse.float(), meta, softmax_scale,
+                                (dc.cu_q, dc.cu_kv))
+
     def _flash_fwd(self, q_p, k_p, v_p, meta, softmax_scale):
         max_q, max_k = self._max_seqlens(meta)
         out_p, lse_p, _, _, _ = _aten_flash()[0](
@@ -247,21 +272,24 @@ class TorchFlashBackend(StepBackend):
         lse = _unpack(lse_p, meta.cu_seqlens_q, meta.cu_seqlens_q_padded, NEG_INF, dim=-1)
         return out, lse
 
-    def _flash_bwd(self, dout_p, q_p, k_p, v_p, out_p, lse_p, meta, softmax_scale):
+    def _flash_bwd(self, dout_p, q_p, k_p, v_p, out_p, lse_p, meta, softmax_scale, cu=None):
         max_q, max_k = self._max_seqlens(meta)
+        cu_q, cu_kv = cu if cu is not None else (meta.cu_seqlens_q, meta.cu_seqlens_kv)
         return _aten_flash()[1](
-            dout_p, q_p, k_p, v_p, out_p, lse_p, meta.cu_seqlens_q, meta.cu_seqlens_kv,
+            dout_p, q_p, k_p, v_p, out_p, lse_p, cu_q, cu_kv,
             max_q, max_k, 0.0, self._is_causal(meta),
             torch.zeros(2, dtype=torch.uint64, device=q_p.device),
             torch.empty(0, device=q_p.device), scale=softmax_scale,
             window_size_left=meta.window_size[0], window_size_right=meta.window_size[1])
 
-    def _packed_bwd(self, dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta, softmax_scale):
-        """Flash backward on packed buffers, plus the LSE cotangent's term."""
+    def _packed_bwd(self, dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta, softmax_scale,
+                    cu=None):
+        """Flash backward on packed buffers (or, with ``cu``, on whole tensors addressed by
+        those cu_seqlens), plus the LSE cotangent's term."""
         # flash convention for rows without keys: +inf, so that exp(S - lse) = 0
         lse_p = torch.where(lse_p == NEG_INF, torch.full_like(lse_p, float("inf")), lse_p)
         dq_p, dk_p, dv_p = self._flash_bwd(dout_p, q_p, k_p, v_p, out_p, lse_p, meta,
-                                           softmax_scale)
+                                           softmax_scale, cu)
         if dlse_p is not None:
             # The LSE cotangent adds dS = dlse * P. The flash backward computes
             # dS = P * (dO V^T - rowdot(dO, O)): with V = 0, dO = e_0 and O = -dlse * e_0 that
@@ -271,7 +299,7 @@ class TorchFlashBackend(StepBackend):
             o_l = torch.zeros_like(q_p)
             o_l[..., 0] = -dlse_p.t().to(q_p.dtype)
             dq_l, dk_l, _ = self._flash_bwd(e0, q_p, k_p, torch.zeros_like(k_p), o_l, lse_p,
-                                            meta, softmax_scale)
+                                            meta, softmax_scale, cu)
             dq_p = dq_p + dq_l
             dk_p = dk_p + dk_l
         return dq_p, dk_p, dv_p

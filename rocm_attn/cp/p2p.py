@@ -37,11 +37,77 @@ def _kv_step(kv: torch.Tensor, layout: str, local_cu_kv: torch.Tensor):
             layouts.select_rows(kv[1], layout, local_cu_kv))
 
 
+def forward_step(out, lse, plan: CPPlan, q, kv, step: int, fresh: bool) -> bool:
+    """Attention of ring step ``step`` (kv ``[2, t_kv, ...]`` of ``kv_rank``) merged into the
+    accumulators; returns the new ``fresh`` (no packed call merged yet)."""
+    cu_q, cu_kv = plan.local_cu_q_padded, plan.local_cu_kv_padded
+    for meta in ring_step_metas(plan, step):
+        if meta.direct is not None:  # whole tensors, merged by row index
+            packed.forward_direct_into(out, lse, plan.backend, q, kv[0], kv[1], meta,
+                                       plan.softmax_scale)
+            continue
+        k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
+        if meta.packed_kv_rows is not None:
+            packed.forward_into(out, lse, plan.backend, q, k_s, v_s, meta, plan.softmax_scale,
+                                first=fresh)
+            fresh = False
+            continue
+        q_s = layouts.select_rows(q, meta.q_layout, cu_q)
+        o_s, l_s = plan.backend.forward(q_s, k_s, v_s, meta, plan.softmax_scale)
+        layouts.merge_step(out, lse, o_s, l_s.to(lse.dtype), meta.q_layout, cu_q)
+    return fresh
+
+
+def backward_step(dq, plan: CPPlan, dout, dlse, q, kv, out, lse, step: int) -> list:
+    """Gradients of ring step ``step``: dQ added into ``dq`` at once; the dK/dV parts come back
+    as a list for :func:`fold_kv_grads` (their accumulator arrives later)."""
+    cu_q, cu_kv = plan.local_cu_q_padded, plan.local_cu_kv_padded
+    grads, step_dkv = [], None
+    for meta in ring_step_metas(plan, step):
+        if meta.direct is not None:  # whole tensors
+            dc = meta.direct
+            dq_s, dk_s, dv_s = packed.backward_direct(plan.backend, dout, q, kv[0], kv[1], out,
+                                                      lse, dlse, meta, plan.softmax_scale)
+            packed.add_direct(dq, dq_s, dc.q_src, dc.q_dst)
+            grads.append((dc, dk_s, dv_s))
+            continue
+        k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
+        if meta.packed_kv_rows is not None:
+            if step_dkv is None:
+                step_dkv = kv.new_zeros((2, kv.shape[1] + 1) + tuple(kv.shape[2:]),
+                                        dtype=dq.dtype)
+                grads.append((None, step_dkv, None))
+            packed.backward_into(dq, step_dkv[0], step_dkv[1], plan.backend, dout, q, k_s, v_s,
+                                 out, lse, dlse, meta, plan.softmax_scale)
+            continue
+        sel = meta.q_layout
+        dq_s, dk_s, dv_s = plan.backend.backward(
+            layouts.select_rows(dout, sel, cu_q), layouts.select_rows(q, sel, cu_q), k_s, v_s,
+            layouts.select_rows(out, sel, cu_q), layouts.select_lse(lse, sel, cu_q),
+            layouts.select_lse(dlse, sel, cu_q), meta, plan.softmax_scale)
+        layouts.fold_grad(dq, dq_s, sel, cu_q)
+        grads.append((meta.kv_layout, dk_s, dv_s))
+    return grads
+
+
+def fold_kv_grads(dkv, grads: list, plan: CPPlan) -> None:
+    """Add a step's dK/dV parts (:func:`backward_step`) into the accumulator ``dkv``."""
+    cu_kv = plan.local_cu_kv_padded
+    for where, dk_s, dv_s in grads:
+        if where is None:  # packed steps' accumulator (dummy row included)
+            dkv += dk_s
+        elif isinstance(where, str):  # a kv layout
+            layouts.fold_grad(dkv[0], dk_s, where, cu_kv)
+            layouts.fold_grad(dkv[1], dv_s, where, cu_kv)
+        else:  # a DirectCall
+            packed.add_direct(dkv[0], dk_s, where.kv_src, where.kv_dst)
+            packed.add_direct(dkv[1], dv_s, where.kv_src, where.kv_dst)
+
+
 def ring_forward(q, k, v, plan: CPPlan):
     cdt = accum_dtype(q.dtype)
-    cu_q, cu_kv = plan.local_cu_q_padded, plan.local_cu_kv_padded
     t = q.shape[0]
-    rows = packed.accumulator_rows(t) if uses_packed_steps(plan, "p2p") else t
+    rows = packed.accumulator_rows(t) if _dummy_row(plan) else t
     out = torch.zeros((rows,) + tuple(q.shape[1:]), dtype=cdt, device=q.device)
     lse = torch.full((q.shape[1], rows), float("-inf"), dtype=cdt, device=q.device)
     fresh = True  # no packed call merged yet: the first one writes
@@ -49,16 +115,7 @@ def ring_forward(q, k, v, plan: CPPlan):
     for step in range(plan.cp):
         pending = (comm.RingExchange(kv, plan.group, plan.cp, plan.rank, comm.TAG_KV)
                    if step < plan.cp - 1 else None)
-        for meta in ring_step_metas(plan, step):
-            k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
-            if meta.packed_kv_rows is not None:
-                packed.forward_into(out, lse, plan.backend, q, k_s, v_s, meta,
-                                    plan.softmax_scale, first=fresh)
-                fresh = False
-                continue
-            q_s = layouts.select_rows(q, meta.q_layout, cu_q)
-            o_s, l_s = plan.backend.forward(q_s, k_s, v_s, meta, plan.softmax_scale)
-            layouts.merge_step(out, lse, o_s, l_s.to(cdt), meta.q_layout, cu_q)
+        fresh = forward_step(out, lse, plan, q, kv, step, fresh)
         if pending is not None:
             kv = pending.wait()
     return out[:t].to(q.dtype), lse[:, :t].contiguous()
@@ -66,8 +123,7 @@ def ring_forward(q, k, v, plan: CPPlan):
 
 def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
     cdt = accum_dtype(q.dtype)
-    cu_q, cu_kv = plan.local_cu_q_padded, plan.local_cu_kv_padded
-    extra = 1 if uses_packed_steps(plan, "p2p") else 0  # dummy rows of packed steps
+    extra = 1 if _dummy_row(plan) else 0  # dummy rows of packed / direct steps
     t, t_kv = q.shape[0], k.shape[0]
     dq = torch.zeros((t + extra,) + tuple(q.shape[1:]), dtype=cdt, device=q.device)
     kv = torch.stack([k, v])
@@ -77,29 +133,10 @@ def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
     for step in range(plan.cp):
         pending_kv = (comm.RingExchange(kv, plan.group, plan.cp, plan.rank, comm.TAG_KV)
                       if step < plan.cp - 1 else None)
-        grads, step_dkv = [], None  # this step's dK/dV, folded once its accumulator arrives
-        for meta in ring_step_metas(plan, step):
-            k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
-            if meta.packed_kv_rows is not None:
-                if step_dkv is None:
-                    step_dkv = torch.zeros_like(dkv)
-                packed.backward_into(dq, step_dkv[0], step_dkv[1], plan.backend, dout, q, k_s,
-                                     v_s, out, lse, dlse, meta, plan.softmax_scale)
-                continue
-            sel = meta.q_layout
-            dq_s, dk_s, dv_s = plan.backend.backward(
-                layouts.select_rows(dout, sel, cu_q), layouts.select_rows(q, sel, cu_q), k_s,
-                v_s, layouts.select_rows(out, sel, cu_q), layouts.select_lse(lse, sel, cu_q),
-                layouts.select_lse(dlse, sel, cu_q), meta, plan.softmax_scale)
-            layouts.fold_grad(dq, dq_s, sel, cu_q)
-            grads.append((meta.kv_layout, dk_s, dv_s))
+        grads = backward_step(dq, plan, dout, dlse, q, kv, out, lse, step)
         if pending_dkv is not None:
             dkv = pending_dkv.wait()  # the accumulator of the kv received for this step
-        for kv_layout, dk_s, dv_s in grads:
-            layouts.fold_grad(dkv[0], dk_s, kv_layout, cu_kv)
-            layouts.fold_grad(dkv[1], dv_s, kv_layout, cu_kv)
-        if step_dkv is not None:
-            dkv += step_dkv
+        fold_kv_grads(dkv, grads, plan)
         if plan.cp > 1:
             pending_dkv = comm.RingExchange(dkv, plan.group, plan.cp, plan.rank, comm.TAG_DKV)
         if pending_kv is not None:
@@ -107,6 +144,12 @@ def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
     if pending_dkv is not None:
         dkv = pending_dkv.wait()  # home: the accumulator of this rank's own kv
     return (dq[:t].to(q.dtype), dkv[0, :t_kv].to(k.dtype), dkv[1, :t_kv].to(v.dtype))
+
+
+def _dummy_row(plan: CPPlan) -> bool:
+    """Accumulators carry a dummy row for packed steps and for direct calls (slack entries of
+    their row maps land there)."""
+    return uses_packed_steps(plan, "p2p") or bool(getattr(plan.backend, "direct", False))
 
 
 RingAttnFunc = make_cp_function(

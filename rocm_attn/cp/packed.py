@@ -27,7 +27,8 @@ from .. import thd
 from .steps import StepMeta
 
 __all__ = ["PackedRows", "packed_rows", "step_rows", "gather_packed", "scatter_packed",
-           "scatter_add_packed", "merge_packed", "add_packed", "forward_into", "backward_into"]
+           "scatter_add_packed", "merge_packed", "add_packed", "forward_into", "backward_into",
+           "forward_direct_into", "backward_direct", "add_direct"]
 
 
 class PackedRows(NamedTuple):
@@ -139,6 +140,30 @@ def forward_into(out: torch.Tensor, lse: torch.Tensor, backend, q: torch.Tensor,
     o_p, l_p = backend.forward_packed(gather_packed(q, mq), gather_packed(k, mkv),
                                       gather_packed(v, mkv), meta, scale)
     merge_packed(out, lse, o_p, l_p.to(lse.dtype), mq, first)
+
+
+def forward_direct_into(out: torch.Tensor, lse: torch.Tensor, backend, q: torch.Tensor,
+                        k: torch.Tensor, v: torch.Tensor, meta: StepMeta, scale: float) -> None:
+    """Run a step with a :class:`~rocm_attn.cp.steps.DirectCall` on the whole tensors and merge
+    its covered rows into the accumulators (dummy row last) by index: no packing copies."""
+    dc = meta.direct
+    o, l_ = backend.forward_direct(q, k, v, meta, scale)
+    thd.merge_rows_(out, lse, o, l_.to(lse.dtype), dc.q_dst, dc.q_src)
+
+
+def backward_direct(backend, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                    dlse: Optional[torch.Tensor], meta: StepMeta, scale: float):
+    """Gradients of a direct step on the whole tensors (valid at covered rows only; fold them
+    with :func:`add_direct`)."""
+    return backend.backward_direct(dout, q, k, v, out, lse, dlse, meta, scale)
+
+
+def add_direct(acc: torch.Tensor, grad: torch.Tensor, src: torch.Tensor,
+               dst: torch.Tensor) -> None:
+    """``acc[dst[k]] += grad[src[k]]``: a direct step's covered rows into an accumulator with a
+    dummy row (slack entries land there)."""
+    thd.add_rows_(acc, grad, dst, src)
 
 
 def backward_into(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, backend,

@@ -82,6 +82,9 @@ __all__ = [
     "ring_step_meta",
     "ring_step_metas",
     "ring_steps_run",
+    "DirectCall",
+    "direct_call",
+    "with_direct",
     "all_gather_step_metas",
     "a2a_step_meta",
 ]
@@ -202,6 +205,114 @@ class StepMeta(NamedTuple):
     window_size: Tuple[int, int]
     packed_kv_rows: Optional[int] = None
     packed_q_rows: Optional[int] = None
+    # the same call addressed to the whole rank-local (p2p) or gathered tensors, for backends
+    # that read sub-sequences in place (:class:`DirectCall`); None where not built
+    direct: Optional["DirectCall"] = None
+
+
+class DirectCall(NamedTuple):
+    """A step as one varlen call over whole tensors, no copies: the step's sub-sequences (sorted,
+    disjoint on both sides) with **dummy sub-sequences** in between, so that a kernel reading
+    sub-sequences back to back (flash varlen: ``cu_seqlens`` only) finds each one in place.
+
+    Before every real sub-sequence ``i`` come a dummy with the q gap and no keys, and one with
+    no queries and the kv gap; after the last, the same for the tails: ``3m + 2``
+    sub-sequences, ``cu_q`` / ``cu_kv`` int32 ``[3m + 3]``. A kernel writes nothing useful at
+    gap rows (zeros, or nothing at all past ``max_seqlen`` rows of a dummy), so results are
+    read back only at the rows the real sub-sequences cover: entry ``k`` of ``q_src`` is such a
+    row (slack entries clamp into the tensor), ``q_dst`` the same row or the dummy row
+    ``q_rows`` of an accumulator (:mod:`~rocm_attn.cp.packed`); likewise for kv.
+    """
+
+    cu_q: torch.Tensor
+    cu_kv: torch.Tensor
+    q_src: torch.Tensor  # int64 [P_q]
+    q_dst: torch.Tensor
+    kv_src: torch.Tensor  # int64 [P_kv]
+    kv_dst: torch.Tensor
+    q_rows: int  # rows of the q tensor the call reads (full local / gathered)
+    kv_rows: int
+
+
+def _covered_rows(starts: torch.Tensor, lens: torch.Tensor, bound: int, rows: int):
+    """``(src, dst)`` int64 ``[bound]``: the rows of ``[start_i, start_i + len_i)`` in order,
+    then slack (``src`` clamped, ``dst`` = the dummy row ``rows``). One search per entry."""
+    cu = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)])
+    d = torch.arange(bound, device=lens.device, dtype=torch.int64)
+    seg = torch.searchsorted(cu[1:].contiguous(), d, right=True)
+    valid = seg < lens.numel()
+    seg_c = seg.clamp(max=max(lens.numel() - 1, 0))
+    src = (starts[seg_c] + d - cu[seg_c]).clamp(0, max(rows - 1, 0))
+    return src, torch.where(valid, src, torch.full_like(src, rows))
+
+
+def direct_call(q_start: torch.Tensor, q_len: torch.Tensor, kv_start: torch.Tensor,
+                kv_len: torch.Tensor, q_rows: int, kv_rows: int, q_bound: int,
+                kv_bound: int) -> DirectCall:
+    """:class:`DirectCall` of sub-sequences ``[start, start + len)`` (int64 ``[m]``, any order;
+    once sorted by q start their q ranges **and kv ranges** must be disjoint and increasing,
+    which the callers guarantee by construction). ``*_bound``: host bounds of the covered rows."""
+    # a sub-sequence without queries or without keys contributes nothing: drop it (it sits
+    # empty at row 0, sorted first)
+    live = (q_len > 0) & (kv_len > 0)
+    key = torch.where(live, 2 * q_start + 1, torch.zeros_like(q_start))
+    order = torch.sort(key, stable=True).indices
+    live = live[order]
+    qs, ql, ks, kl = (torch.where(live, x[order], torch.zeros_like(x))
+                      for x in (q_start, q_len, kv_start, kv_len))
+
+    def bounds(start, length, rows):
+        end = start + length
+        prev_end = torch.cat([end.new_zeros(1), end])  # end of sub-sequence i-1 (0 before)
+        nxt = torch.cat([start, start.new_full((1,), rows)])  # start of i (rows after the last)
+        return prev_end, nxt
+
+    qe, qn = bounds(qs, ql, q_rows)
+    ke, kn = bounds(ks, kl, kv_rows)
+    cu_q = torch.stack([qe, qn, qn], 1).flatten()
+    cu_kv = torch.stack([ke, ke, kn], 1).flatten()
+    cu_q = torch.cat([cu_q, cu_q.new_full((1,), q_rows)]).to(torch.int32)
+    cu_kv = torch.cat([cu_kv, cu_kv.new_full((1,), kv_rows)]).to(torch.int32)
+    q_src, q_dst = _covered_rows(qs, ql, max(1, q_bound), q_rows)
+    kv_src, kv_dst = _covered_rows(ks, kl, max(1, kv_bound), kv_rows)
+    return DirectCall(cu_q, cu_kv, q_src, q_dst, kv_src, kv_dst, q_rows, kv_rows)
+
+
+def _layout_starts(meta: StepMeta, side: str, g: "SideGeometry") -> torch.Tensor:
+    """Start rows (int64 ``[m]``) of a core meta's sub-sequences in the **full** rank-local (or
+    global) tensor. In a half tensor sequence ``i`` starts at ``hs_i = cu_padded[i] / 2cp``; in
+    the full local tensor at ``2 hs_i``, its second half ``H_i`` later: a half row ``r`` of
+    sequence ``i`` is full row ``r + hs_i`` (``+ H_i``)."""
+    layout = meta.q_layout if side == "q" else meta.kv_layout
+    starts = (meta.cu_seqlens_q_padded if side == "q" else meta.cu_seqlens_kv_padded).long()
+    starts = starts[:-1]
+    if layout in ("full", "global"):
+        return starts
+    half_starts = _starts(g, "first_half")
+    b = g.n.numel()
+    seq = torch.searchsorted(half_starts[1:].contiguous(), starts, right=True).clamp(max=b - 1)
+    full = starts + half_starts[seq]
+    return full if layout == "first_half" else full + g.H[seq]
+
+
+def with_direct(meta: StepMeta, plan: "CPPlan", q_rows: int, kv_rows: int) -> StepMeta:
+    """``meta`` with its :class:`DirectCall` over tensors of ``q_rows`` / ``kv_rows`` rows (the
+    full local or the gathered ones). Core metas (one sub-sequence per sequence, halves allowed)
+    and packed metas whose sorted q and kv ranges are both increasing (see
+    :func:`_group_direct`)."""
+    q_len = (meta.cu_seqlens_q[1:] - meta.cu_seqlens_q[:-1]).long()
+    kv_len = (meta.cu_seqlens_kv[1:] - meta.cu_seqlens_kv[:-1]).long()
+    if meta.packed_kv_rows is None:
+        q_start = _layout_starts(meta, "q", plan.geom_q)
+        kv_start = _layout_starts(meta, "kv", plan.geom_kv)
+        q_bound = q_rows // 2 if meta.q_layout in ("first_half", "second_half") else q_rows
+        kv_bound = kv_rows // 2 if meta.kv_layout == "first_half" else kv_rows
+    else:
+        q_start = meta.cu_seqlens_q_padded[:-1].long()
+        kv_start = meta.cu_seqlens_kv_padded[:-1].long()
+        q_bound, kv_bound = meta.packed_q_rows or q_rows, meta.packed_kv_rows
+    return meta._replace(direct=direct_call(q_start, q_len, kv_start, kv_len, q_rows, kv_rows,
+                                            min(q_bound, q_rows), min(kv_bound, kv_rows)))
 
 
 # --------------------------------------------------------------------------
@@ -329,16 +440,21 @@ def ring_step_metas(plan: CPPlan, step: int) -> List[StepMeta]:
 
 def _ring_step_metas(plan: CPPlan, step: int) -> List[StepMeta]:
     spec = plan.spec
+    rows = (plan.rows_q, plan.rows_kv) if _direct(plan) else None
+
+    def annotate(meta: StepMeta) -> StepMeta:
+        return meta if rows is None else with_direct(meta, plan, *rows)
+
     if spec.plain:
-        return [ring_step_meta(plan, step)]
+        return [annotate(ring_step_meta(plan, step))]
     kind, kv_rank = thd.ring_step(plan.rank, step, plan.cp)
     pairs = [p for p in _ring_pairs(plan, kv_rank)
              if reachable(p.relation, spec, p.distance, plan.min_chunk_tokens)]
     if not pairs:
         return []
     if _chunkify_ring(spec):
-        return [_chunked_ring_meta(plan, step)]
-    return _piece_metas(plan, pairs, kind, kv_rank, "full", "full")
+        return [annotate(_chunked_ring_meta(plan, step))]
+    return _piece_metas(plan, pairs, kind, kv_rank, "full", "full", rows)
 
 
 def all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
@@ -362,7 +478,8 @@ def _all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
     gq, gkv, cp, r = plan.geom_q, plan.geom_kv, plan.cp, plan.rank
     if not plan.spec.plain:
         kv = _global_segment(gkv, shift=None)
-        pairs = [_Pair(name, _half_segment(gq, plan, c, first, gkv.n - gq.n), kv, "whole", None,
+        pairs = [_Pair(name, "G", _half_segment(gq, plan, c, first, gkv.n - gq.n), kv, "whole",
+                       None,
                        _bound(plan.max_seqlen_q, plan.rows_q // 2), plan.rows_q // 2,
                        max(0, plan.max_seqlen_kv), _gkv_rows(plan))
                  for name, c, first in (("A", r, True), ("B", 2 * cp - 1 - r, False))]
@@ -403,6 +520,7 @@ class _Pair(NamedTuple):
     """One (q segment x kv segment) rectangle of every sequence, with host bounds."""
 
     q_name: str  # which q rows: pairs of one call must have different q names
+    kv_name: str  # which kv rows ("first" / "second" half of a ring step's kv, else one name)
     q: Segment
     kv: Segment
     relation: str  # bands.RELATIONS
@@ -477,7 +595,8 @@ def _ring_pairs(plan: CPPlan, kv_rank: int) -> List[_Pair]:
     """The four (q half x kv half) rectangles of a ring step, with their segments."""
     q_max = _bound(plan.max_seqlen_q, plan.rows_q // 2)
     kv_max = _bound(plan.max_seqlen_kv, plan.rows_kv // 2)
-    return [_Pair(h.q_name, _half_segment(plan.geom_q, plan, h.q_chunk, h.q_first),
+    return [_Pair(h.q_name, "first" if h.kv_first else "second",
+                  _half_segment(plan.geom_q, plan, h.q_chunk, h.q_first),
                   _half_segment(plan.geom_kv, plan, h.kv_chunk, h.kv_first), h.relation,
                   h.distance, q_max, plan.rows_q // 2, kv_max, plan.rows_kv // 2)
             for h in _ring_half_pairs(plan.cp, plan.rank, kv_rank)]
@@ -497,15 +616,54 @@ def _group_by_q(pairs: List[_Pair]) -> List[List[_Pair]]:
     return groups
 
 
+# q halves and kv halves in row order within every rank-local sequence
+_ROW_ORDER = {"A": 0, "B": 1, "first": 0, "second": 1}
+
+
+def _group_direct(pairs: List[_Pair]) -> List[List[_Pair]]:
+    """Split pairs into groups a :class:`DirectCall` can serve: per sequence, the q segments of
+    a group in row order must have their kv segments in row order too, all distinct (so that
+    sorted q ranges come with disjoint increasing kv ranges), first fit in order."""
+    def fits(group, p):
+        members = sorted(group + [p], key=lambda x: _ROW_ORDER.get(x.q_name, 0))
+        qs = [_ROW_ORDER.get(x.q_name, -1) for x in members]
+        kvs = [_ROW_ORDER.get(x.kv_name, -1) for x in members]
+        return (len(set(x.q_name for x in members)) == len(members)
+                and len(set(x.kv_name for x in members)) == len(members)
+                and min(qs + kvs) >= 0 and kvs == sorted(kvs))
+
+    groups: List[List[_Pair]] = []
+    for p in pairs:
+        for g in groups:
+            if fits(g, p):
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    return groups
+
+
+def _direct(plan: CPPlan) -> bool:
+    """Whether the plan's backend reads sub-sequences in place (:class:`DirectCall`)."""
+    return bool(getattr(plan.backend, "direct", False))
+
+
 def _piece_metas(plan: CPPlan, pairs: List[_Pair], kind: str, kv_rank: int, q_layout: str,
-                 kv_layout: str) -> List[StepMeta]:
+                 kv_layout: str, direct_rows: Optional[Tuple[int, int]] = None
+                 ) -> List[StepMeta]:
+    """One call per piece kind and group of pairs; with ``direct_rows`` (the q / kv tensors'
+    rows) grouped and annotated for :class:`DirectCall`."""
     spec = plan.spec
     metas = []
+    group_by = _group_direct if direct_rows is not None else _group_by_q
     for piece in ("native", "diag", "rev", "full"):
         with_piece = [p for p in pairs if piece in pieces_for(p.relation, spec)]
-        for group in _group_by_q(with_piece):
-            metas.append(_calls_meta(spec, piece, group, f"{kind}:{piece}", kv_rank, q_layout,
-                                     kv_layout))
+        for group in group_by(with_piece):
+            meta = _calls_meta(spec, piece, group, f"{kind}:{piece}", kv_rank, q_layout,
+                               kv_layout)
+            if direct_rows is not None:
+                meta = with_direct(meta, plan, *direct_rows)
+            metas.append(meta)
     return metas
 
 
@@ -597,7 +755,7 @@ def whole_sequence_meta(spec: MaskSpec, q: Segment, kv: Segment, max_q: int, max
     """One call over whole sequences (aligned rectangles: ``q.pos + q.n == kv.pos + kv.n``):
     the user's window as is, chunking as one sub-sequence per chunk. Used by a2a and by
     :func:`rocm_attn.attention`."""
-    pair = _Pair("Q", q, kv, "aligned", None, max_q, q_total, max_kv, kv_total)
+    pair = _Pair("Q", "K", q, kv, "aligned", None, max_q, q_total, max_kv, kv_total)
     return _calls_meta(spec, "native", [pair], f"{kind}:native", -1, "global", "global")
 
 
