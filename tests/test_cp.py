@@ -600,3 +600,23 @@ def test_gpu_nccl_two_ranks(tmp_path):
         results = json.load(f)["results"]
     bad = {k: m for k, m in results.items() if m}
     assert not bad, "\n".join(f"{k}:\n{m}" for k, m in bad.items())
+
+
+def test_step_metadata_is_shared_between_calls_on_the_same_cu_seqlens():
+    """Plans of calls on the same (unmodified) cu_seqlens tensors share their step metadata
+    (computed once, e.g. for all layers of a model); a cu_seqlens modified in place or a new
+    tensor gets fresh metadata."""
+    from rocm_attn.cp import api
+
+    cu = torch.tensor([0, 8, 24], dtype=torch.int32)
+    q, k, v = (torch.randn(12, 2, 8) for _ in range(3))
+
+    def plan(c):
+        return api._make_plan(q, k, v, c, c, 16, 16, FakeGroup(2, 0), "p2p", "causal", (-1, -1),
+                              None, None, None, None, "reference", False, False)
+
+    a, b = plan(cu), plan(cu)
+    assert a.meta_cache is b.meta_cache
+    assert plan(cu.clone()).meta_cache is not a.meta_cache
+    cu[2] = 24  # in place (same values): the version moves on, so no reuse
+    assert plan(cu).meta_cache is not a.meta_cache

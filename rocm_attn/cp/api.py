@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import logging
 import math
 from typing import Optional, Sequence, Tuple, Union
@@ -355,7 +357,12 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
                 "rely on q and kv chunks at the same positions; use 'all_gather' or 'a2a' for "
                 "masked attention between different q and kv lengths")
         _check_min_seqlen(min_seqlen, cu_seqlens_q, cu_seqlens_kv)
+    shared = _shared_step_cache(
+        (cu_seqlens_q, cu_seqlens_kv, cu_q_p, cu_kv_p),
+        (cp_comm_type, cp, rank, causal, window, chunk_size, max_seqlen_q, max_seqlen_kv,
+         q.shape[0], k.shape[0], min_seqlen, step_backend.name, str(dev)))
     return CPPlan(
+        meta_cache=shared,
         group=cp_group, cp=cp, rank=rank, attn_mask_type="causal" if causal else "no_mask",
         window_size=window, chunk_size=chunk_size, softmax_scale=float(softmax_scale),
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_q_p,
@@ -363,6 +370,32 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
         rows_q=q.shape[0], rows_kv=k.shape[0], backend=step_backend, return_lse=return_lse,
         geom_q=side_geometry(cu_seqlens_q, cu_q_p, cp),
         geom_kv=side_geometry(cu_seqlens_kv, cu_kv_p, cp), min_seqlen=min_seqlen)
+
+
+# Step metadata (StepMeta, DirectCall: tens to hundreds of small device ops per call) shared
+# by calls with the same cu_seqlens tensors and geometry, e.g. every layer of a model in one
+# step. Keyed by tensor identity and version; an entry holds its tensors, so no other tensor
+# can take their ids while it lives. Few entries: a new batch's tensors push old ones out.
+_STEP_CACHE: "OrderedDict[tuple, dict]" = OrderedDict()
+_STEP_CACHE_SIZE = 8
+
+
+def _shared_step_cache(tensors: tuple, params: tuple) -> dict:
+    """The ``meta_cache`` dict for a plan: shared with earlier calls on the same cu_seqlens
+    tensors (same objects, unmodified) and parameters; a fresh dict while compiling or
+    capturing a graph (metadata made there must not be read outside it)."""
+    if torch.compiler.is_compiling() or (
+            tensors[0].is_cuda and torch.cuda.is_current_stream_capturing()):
+        return {}
+    key = tuple((id(t), t._version) for t in tensors) + params
+    entry = _STEP_CACHE.get(key)
+    if entry is None or any(a is not b for a, b in zip(entry[0], tensors)):
+        entry = (tensors, {})
+        _STEP_CACHE[key] = entry
+        while len(_STEP_CACHE) > _STEP_CACHE_SIZE:
+            _STEP_CACHE.popitem(last=False)
+    _STEP_CACHE.move_to_end(key)
+    return entry[1]
 
 
 def _group_info(cp_group, cp_comm_type: str) -> Tuple[int, int]:
