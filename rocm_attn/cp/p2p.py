@@ -16,7 +16,8 @@ it, so every rank makes the same exchanges).
 Backward: the same ring. dQ accumulates locally; dK/dV accumulators travel with the kv they
 belong to: at step ``s`` the rank receives the accumulator of ``kv_rank`` (from the previous
 rank, which added its step ``s-1`` contribution), adds its own step contribution and sends it
-on. After the last step one more hop brings every accumulator home. The kv exchange of the next
+on. After the last step one more hop brings every accumulator home, rounded to the input
+dtype first (the finished gradient: half the bytes of the one exchange no compute hides). The kv exchange of the next
 step is posted before the step's compute; the accumulator exchange after it.
 """
 
@@ -138,11 +139,16 @@ def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
             dkv = pending_dkv.wait()  # the accumulator of the kv received for this step
         fold_kv_grads(dkv, grads, plan)
         if plan.cp > 1:
-            pending_dkv = comm.RingExchange(dkv, plan.group, plan.cp, plan.rank, comm.TAG_DKV)
+            # the last hop only carries the finished dK/dV home: rounded to the input dtype
+            # before it travels (half the bytes of the one exchange no compute hides)
+            last = step == plan.cp - 1
+            send = dkv[:, :t_kv].to(k.dtype).contiguous() if last else dkv
+            pending_dkv = comm.RingExchange(send, plan.group, plan.cp, plan.rank, comm.TAG_DKV)
         if pending_kv is not None:
             kv = pending_kv.wait()
     if pending_dkv is not None:
-        dkv = pending_dkv.wait()  # home: the accumulator of this rank's own kv
+        home = pending_dkv.wait()  # the finished dK/dV of this rank's own kv
+        return dq[:t].to(q.dtype), home[0], home[1]
     return (dq[:t].to(q.dtype), dkv[0, :t_kv].to(k.dtype), dkv[1, :t_kv].to(v.dtype))
 
 
