@@ -228,8 +228,8 @@ RA_DEVICE void half_rows_wave(const ThdRowMapParams& m, int k, int& first, int& 
 }
 
 // Row units in flight per lane (U x 16 bytes per tensor, kept packed until used).
-// NOTE: H200, bf16 rows: U = 2 (58-64 registers) ties U = 4 (80) on the merges and beats it by
-// 2-9 points on grad_correction; U = 8 (127) lost 5-15 points (docs/NOTES.md).
+// NOTE: H200, bf16 rows: U = 2 (58-64 registers) is within 2 points of U = 4 (80) on the merges
+// and 2-9 points above it on grad_correction; U = 8 (127) lost 2-16 points (docs/NOTES.md).
 constexpr int kMergeUnits = 2;
 
 // Merge kernel: one wave per tile of 2^tile_shift (step token k, head h) items, heads fastest
@@ -237,11 +237,11 @@ constexpr int kMergeUnits = 2;
 //  1. Owner lanes (lane j < tile: item tile_base + j) do the per-item work once: the row search,
 //     both LSE loads, the merge weights (exp/log1p) and the LSE writes.
 //  2. The rows are streamed in units: one unit = VEC elements of one item per lane, groups of
-//     2^lpr_shift lanes per item (a pass moves 2^(wave - lpr_shift) items); the lanes fetch the
+//     2^lpr_shift lanes per item (a pass moves wave >> lpr_shift items); the lanes fetch the
 //     item's rows and weights from its owner by shuffles. U units per lane are loaded before
 //     any is used (U x 32 bytes in flight per lane for 16-bit rows), kept packed until then.
 // The first units' row loads are issued before the weights are computed (they need only the
-// rows), so the LSE round trip overlaps them.
+// row indices), so the LSE round trip overlaps them.
 // NOTE: previous kernel (every lane of a group recomputed the int64 item division, the weights
 // and exp/log1p; one 16-byte vector per lane and item): 45-50% of floor for bf16 rows, 62
 // registers, too few bytes in flight per SM (docs/NOTES.md).
