@@ -32,6 +32,10 @@
 // ---------------------------------------------------------------------------------------------
 RA_DEVICE float ra_shfl_xor(float v, int lane_mask) { return __shfl_xor(v, lane_mask); }
 
+// Value of `v` in lane src_lane (0 <= src_lane < wave width) of this wave.
+RA_DEVICE float ra_shfl(float v, int src_lane) { return __shfl(v, src_lane); }
+RA_DEVICE int ra_shfl(int v, int src_lane) { return __shfl(v, src_lane); }
+
 // Butterfly sum over aligned groups of GROUP lanes (GROUP a power of two <= wave width): every
 // lane of a group ends with the group's total.
 template <int GROUP>
@@ -127,6 +131,22 @@ RA_HOST_DEVICE uint16_t ra_float_to_fp16_bits(float f) {
   return __half_as_ushort(__float2half_rn(f));
 }
 #endif
+
+// Two floats rounded to bf16 (nearest even) and packed: lo in bits 0-15, hi in bits 16-31.
+// sm_90 converts a pair in one instruction (cvt.rn.bf16x2.f32; a NaN becomes the canonical
+// 0x7fff); elsewhere the bit arithmetic of ra_float_to_bf16_bits, twice.
+#if !defined(__HIP__)
+#include <cuda_bf16.h>
+#endif
+RA_DEVICE uint32_t ra_pack_bf16x2(float lo, float hi) {
+#if !defined(__HIP__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+#else
+  return static_cast<uint32_t>(ra_float_to_bf16_bits(lo)) |
+         (static_cast<uint32_t>(ra_float_to_bf16_bits(hi)) << 16);
+#endif
+}
 
 // Type traits used by kernels templated on the storage type.
 template <typename T>

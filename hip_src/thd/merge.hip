@@ -1,5 +1,6 @@
 // Launchers of the THD merge / correction kernels: 8-element vectors when every row allows
-// them, else scalar. Two instantiations per kernel.
+// them, else scalar; the row dtypes as template arguments for the common combinations
+// (kThdAnyDtype, read at run time, for the rest and for scalar rows).
 #include "merge_kernel.h"
 
 namespace {
@@ -12,6 +13,20 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 unsigned clip_grid(int64_t blocks) {
   return static_cast<unsigned>(blocks < INT32_MAX ? blocks : INT32_MAX);
+}
+
+// Items per wave tile (log2, <= log2(wave)): the largest tile that still leaves a full
+// residency of waves (1024 threads per multiprocessor) to spread the items over.
+int tile_shift_for(int64_t items, int wave) {
+  const int64_t want_waves = static_cast<int64_t>(ra_device_multiprocessors()) * (1024 / wave);
+  int s = 0;
+  while ((1 << (s + 1)) <= wave && (items >> (s + 1)) >= want_waves) ++s;
+  return s;
+}
+
+dim3 grid_for(int64_t items, int tshift, int wave) {
+  const int64_t tiles = ceil_div(items, int64_t{1} << tshift);
+  return dim3(clip_grid(ceil_div(tiles, thd::kMergeThreads / wave)));
 }
 
 }  // namespace
@@ -29,22 +44,44 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
       (p.map.index == nullptr || p.map.local_rows <= 0 ||
        (p.map.step_index != nullptr && p.map.step_count <= 0)))
     return hipErrorInvalidValue;
+  // 32-bit item and row indices in the kernel (64-bit pointer offsets)
+  const int64_t items = p.n * p.heads;
+  if (items >= INT32_MAX || p.map.local_rows >= INT32_MAX || p.map.step_count >= INT32_MAX)
+    return hipErrorInvalidValue;
   // 8-element vectors: 16 bytes of a 16-bit row, two 16-byte halves of an fp32 row.
   bool vec8 = rows && p.dim % 8 == 0 && ptr_aligned16(p.out) && ptr_aligned16(p.out_step) &&
               ptr_aligned16(p.out_dst);
   for (int64_t s : {p.out_tok, p.out_head, p.step_tok, p.step_head, p.dst_tok, p.dst_head})
     vec8 = vec8 && s % 8 == 0;
   const int vec = vec8 ? 8 : 1;
-  const int shift =
-      rows ? thd::lanes_shift(p.dim / vec, thd::kMergeRowVecsPerLane, thd::kMergeThreads) : 0;
-  const int64_t groups_per_block = thd::kMergeThreads >> shift;
-  const dim3 grid(clip_grid(ceil_div(p.n * p.heads, groups_per_block)));
+  const int wave = ra_device_wave_size();
+  // lanes per item: about one vector each (the kernel caps it at the wave)
+  const int shift = rows ? thd::lanes_shift(p.dim / vec, 1, thd::kMergeThreads) : 0;
+  // a whole wave of items per tile, one owner lane each. NOTE: the grad kernel's residency-based
+  // tile (smaller tiles for small launches) measured on an H200 at cp=8: merge_second_half_
+  // 47% vs 58% of floor, out_correction 78% vs 82%, merge_partial 77% vs 75%; equal elsewhere.
+  const int tshift = thd::log2_pow2(wave);
+  const dim3 grid = grid_for(items, tshift, wave);
   const dim3 block(thd::kMergeThreads);
-  if (vec8) {
-    hipLaunchKernelGGL((thd::merge_kernel<8>), grid, block, 0, stream, p, shift);
+#define RA_THD_MERGE(VEC, ODT, SDT) \
+  hipLaunchKernelGGL((thd::merge_kernel<VEC, ODT, SDT>), grid, block, 0, stream, p, shift, tshift)
+  const int od = p.out_dtype, sd = p.step_dtype;
+  if (!vec8) {
+    RA_THD_MERGE(1, thd::kThdAnyDtype, thd::kThdAnyDtype);
+  } else if (od == kThdBFloat16 && sd == kThdBFloat16) {
+    RA_THD_MERGE(8, kThdBFloat16, kThdBFloat16);
+  } else if (od == kThdFloat16 && sd == kThdFloat16) {
+    RA_THD_MERGE(8, kThdFloat16, kThdFloat16);
+  } else if (od == kThdFloat32 && sd == kThdBFloat16) {
+    RA_THD_MERGE(8, kThdFloat32, kThdBFloat16);
+  } else if (od == kThdFloat32 && sd == kThdFloat16) {
+    RA_THD_MERGE(8, kThdFloat32, kThdFloat16);
+  } else if (od == kThdFloat32 && sd == kThdFloat32) {
+    RA_THD_MERGE(8, kThdFloat32, kThdFloat32);
   } else {
-    hipLaunchKernelGGL((thd::merge_kernel<1>), grid, block, 0, stream, p, shift);
+    RA_THD_MERGE(8, thd::kThdAnyDtype, thd::kThdAnyDtype);
   }
+#undef RA_THD_MERGE
   return hipGetLastError();
 }
 
@@ -57,6 +94,9 @@ hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
       (p.map.index == nullptr || p.map.local_rows <= 0 ||
        (p.map.step_index != nullptr && p.map.step_count <= 0)))
     return hipErrorInvalidValue;
+  // 32-bit k and row indices in the kernel (64-bit pointer offsets)
+  if (p.n >= INT32_MAX || p.map.local_rows >= INT32_MAX || p.map.step_count >= INT32_MAX)
+    return hipErrorInvalidValue;
   bool vec8 = p.head_dim % 8 == 0 && ptr_aligned16(p.grad) && ptr_aligned16(p.step) &&
               ptr_aligned16(p.dst) && p.grad_tok % 8 == 0 && p.step_tok % 8 == 0 &&
               p.dst_tok % 8 == 0;
@@ -64,15 +104,28 @@ hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
     vec8 = vec8 && p.grad_head % 8 == 0 && p.step_head % 8 == 0 && p.dst_head % 8 == 0;
   const int vec = vec8 ? 8 : 1;
   const int64_t nvec = static_cast<int64_t>(p.heads) * (p.head_dim / vec);
-  if (nvec > INT32_MAX) return hipErrorInvalidValue;
-  const int shift = thd::lanes_shift(nvec, thd::kMergeVecsPerLane, thd::kMergeThreads);
-  const int64_t groups_per_block = thd::kMergeThreads >> shift;
-  const dim3 grid(clip_grid(ceil_div(p.n, groups_per_block)));
+  if (nvec > INT32_MAX / 2) return hipErrorInvalidValue;
+  const int wave = ra_device_wave_size();
+  // NOTE: a whole wave of k per tile (as the merge kernel) leaves too few waves: H200
+  // grad_correction_ 36% / 19% / 9% of floor at cp = 2 / 4 / 8, against 81% / 68% / 52% with
+  // this tile (both U = 4).
+  const int tshift = tile_shift_for(p.n, wave);
+  const dim3 grid = grid_for(p.n, tshift, wave);
   const dim3 block(thd::kMergeThreads);
-  if (vec8) {
-    hipLaunchKernelGGL((thd::grad_kernel<8>), grid, block, 0, stream, p, shift);
+#define RA_THD_GRAD(VEC, GDT, SDT) \
+  hipLaunchKernelGGL((thd::grad_kernel<VEC, GDT, SDT>), grid, block, 0, stream, p, tshift)
+  const int gd = p.grad_dtype, sd = p.step_dtype;
+  if (!vec8) {
+    RA_THD_GRAD(1, thd::kThdAnyDtype, thd::kThdAnyDtype);
+  } else if (gd == kThdBFloat16 && sd == kThdBFloat16) {
+    RA_THD_GRAD(8, kThdBFloat16, kThdBFloat16);
+  } else if (gd == kThdFloat16 && sd == kThdFloat16) {
+    RA_THD_GRAD(8, kThdFloat16, kThdFloat16);
+  } else if (gd == kThdFloat32 && sd == kThdFloat32) {
+    RA_THD_GRAD(8, kThdFloat32, kThdFloat32);
   } else {
-    hipLaunchKernelGGL((thd::grad_kernel<1>), grid, block, 0, stream, p, shift);
+    RA_THD_GRAD(8, thd::kThdAnyDtype, thd::kThdAnyDtype);
   }
+#undef RA_THD_GRAD
   return hipGetLastError();
 }

@@ -1,10 +1,11 @@
 // Merge / correction kernels of the THD helpers: merge_partial, lse_correction, out_correction
 // (thd::merge_kernel) and grad_correction (thd::grad_kernel).
 //
-// Element dtypes (bf16 / fp16 / fp32) are run-time values, uniform over the grid, so one
-// instantiation per vector width serves every combination (a float32 accumulator with bf16
-// steps included); the arithmetic is fp32 and each output is rounded once. VEC = 8 elements
-// per access (16 bytes of a 16-bit row, 2 x 16 bytes of an fp32 row) when rows allow it, else 1.
+// Element dtypes (bf16 / fp16 / fp32) are template arguments for the common combinations
+// (kThdAnyDtype: read at run time, for the rest); the arithmetic is fp32 and each output is
+// rounded once. VEC = 8 elements per access (16 bytes of a 16-bit row, 2 x 16 bytes of an fp32
+// row) when rows allow it, else 1. Item and row indices are 32-bit (the launchers check that
+// they fit); only pointer offsets are 64-bit.
 #pragma once
 
 #include "index.h"
@@ -50,176 +51,357 @@ RA_DEVICE void merge_weights(float a, float b, float& lse, float& wa, float& wb)
   wb = thd_exp(b - safe_new);
 }
 
-RA_DEVICE float to_f32(uint32_t bits, int dtype) {
-  return dtype == kThdBFloat16 ? ra_bf16_bits_to_float(bits) : ra_fp16_bits_to_float(bits);
-}
-RA_DEVICE uint32_t from_f32(float f, int dtype) {
-  return dtype == kThdBFloat16 ? ra_float_to_bf16_bits(f) : ra_float_to_fp16_bits(f);
-}
+// Storage dtype of a row tensor as a template argument: kThdBFloat16 / kThdFloat16 /
+// kThdFloat32, or kThdAnyDtype (read at run time: the fallback instantiation).
+constexpr int kThdAnyDtype = -1;
 
-// VEC elements at element offset off of a row of dtype `dtype`, as float.
-template <int VEC>
-RA_DEVICE void load_f32(const void* base, int64_t off, int dtype, float (&x)[VEC]) {
-  if constexpr (VEC == 8) {
-    if (dtype == kThdFloat32) {
-      const float* p = static_cast<const float*>(base) + off;
-      const ra_vec8 a = ra_load16(p);
-      const ra_vec8 b = ra_load16(p + 4);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x[i] = __uint_as_float(a.w[i]);
-        x[4 + i] = __uint_as_float(b.w[i]);
-      }
-    } else {
-      const ra_vec8 v = ra_load16(static_cast<const uint16_t*>(base) + off);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x[2 * i] = to_f32(v.w[i] & 0xffffu, dtype);
-        x[2 * i + 1] = to_f32(v.w[i] >> 16, dtype);
-      }
-    }
-  } else {
-    static_assert(VEC == 1, "VEC is 8 or 1");
-    x[0] = dtype == kThdFloat32 ? static_cast<const float*>(base)[off]
-                                : to_f32(static_cast<const uint16_t*>(base)[off], dtype);
-  }
-}
+// VEC elements of a row kept as raw bits (packed 16-bit pairs stay packed) from load to use.
+template <int DT, int VEC>
+struct RowVec {
+  static_assert(VEC == 8 || VEC == 1, "VEC is 8 or 1");
+  static constexpr bool kIs16 = DT == kThdBFloat16 || DT == kThdFloat16;
+  static constexpr int kWords = kIs16 ? (VEC + 1) / 2 : VEC;  // kThdAnyDtype: room for fp32
+  uint32_t w[kWords];
 
-template <int VEC>
-RA_DEVICE void store_f32(void* base, int64_t off, int dtype, const float (&x)[VEC]) {
-  if constexpr (VEC == 8) {
-    if (dtype == kThdFloat32) {
-      float* p = static_cast<float*>(base) + off;
-      ra_vec8 a, b;
+  static RA_DEVICE int dtype(int dt) { return DT == kThdAnyDtype ? dt : DT; }
+
+  RA_DEVICE void load(const void* base, int64_t off, int dt) {
+    const int d = dtype(dt);
+    if constexpr (VEC == 8) {
+      if (d != kThdFloat32) {
+        const ra_vec8 v = ra_load16(static_cast<const uint16_t*>(base) + off);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        a.w[i] = __float_as_uint(x[i]);
-        b.w[i] = __float_as_uint(x[4 + i]);
+        for (int i = 0; i < 4; ++i) w[i] = v.w[i];
+      } else if constexpr (!kIs16) {
+        const float* p = static_cast<const float*>(base) + off;
+        const ra_vec8 a = ra_load16(p);
+        const ra_vec8 b = ra_load16(p + 4);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          w[i] = a.w[i];
+          w[4 + i] = b.w[i];
+        }
       }
-      ra_store16(p, a);
-      ra_store16(p + 4, b);
     } else {
-      ra_vec8 v;
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        v.w[i] = from_f32(x[2 * i], dtype) | (from_f32(x[2 * i + 1], dtype) << 16);
-      ra_store16(static_cast<uint16_t*>(base) + off, v);
-    }
-  } else {
-    static_assert(VEC == 1, "VEC is 8 or 1");
-    if (dtype == kThdFloat32) {
-      static_cast<float*>(base)[off] = x[0];
-    } else {
-      static_cast<uint16_t*>(base)[off] = static_cast<uint16_t>(from_f32(x[0], dtype));
+      w[0] = d != kThdFloat32 ? static_cast<const uint16_t*>(base)[off]
+                              : static_cast<const uint32_t*>(base)[off];
     }
   }
+
+  RA_DEVICE void store(void* base, int64_t off, int dt) const {
+    const int d = dtype(dt);
+    if constexpr (VEC == 8) {
+      if (d != kThdFloat32) {
+        ra_vec8 v;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v.w[i] = w[i];
+        ra_store16(static_cast<uint16_t*>(base) + off, v);
+      } else if constexpr (!kIs16) {
+        float* p = static_cast<float*>(base) + off;
+        ra_vec8 a, b;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          a.w[i] = w[i];
+          b.w[i] = w[4 + i];
+        }
+        ra_store16(p, a);
+        ra_store16(p + 4, b);
+      }
+    } else {
+      if (d != kThdFloat32) {
+        static_cast<uint16_t*>(base)[off] = static_cast<uint16_t>(w[0]);
+      } else {
+        static_cast<uint32_t*>(base)[off] = w[0];
+      }
+    }
+  }
+
+  static RA_DEVICE float half_to_f32(uint32_t bits, int d) {  // bits: 16 significant
+    return d == kThdBFloat16 ? __uint_as_float(bits << 16) : ra_fp16_bits_to_float(bits);
+  }
+
+  RA_DEVICE void unpack(float (&x)[VEC], int dt) const {
+    const int d = dtype(dt);
+    if (d == kThdFloat32) {
+      if constexpr (!kIs16) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) x[i] = __uint_as_float(w[i]);
+      }
+    } else if constexpr (VEC == 8) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (d == kThdBFloat16) {
+          x[2 * i] = __uint_as_float(w[i] << 16);
+          x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        } else {
+          x[2 * i] = ra_fp16_bits_to_float(w[i] & 0xffffu);
+          x[2 * i + 1] = ra_fp16_bits_to_float(w[i] >> 16);
+        }
+      }
+    } else {
+      x[0] = half_to_f32(w[0] & 0xffffu, d);
+    }
+  }
+
+  RA_DEVICE void pack(const float (&x)[VEC], int dt) {
+    const int d = dtype(dt);
+    if (d == kThdFloat32) {
+      if constexpr (!kIs16) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) w[i] = __float_as_uint(x[i]);
+      }
+    } else if constexpr (VEC == 8) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[i] = d == kThdBFloat16 ? ra_pack_bf16x2(x[2 * i], x[2 * i + 1])
+                                 : static_cast<uint32_t>(ra_float_to_fp16_bits(x[2 * i])) |
+                                       (static_cast<uint32_t>(ra_float_to_fp16_bits(x[2 * i + 1]))
+                                        << 16);
+      }
+    } else {
+      w[0] = d == kThdBFloat16 ? ra_float_to_bf16_bits(x[0]) : ra_float_to_fp16_bits(x[0]);
+    }
+  }
+};
+
+RA_HOST_DEVICE int log2_pow2(int x) {  // x a power of two
+  int s = 0;
+  while ((1 << s) < x) ++s;
+  return s;
 }
 
-// grad_kernel: VEC-element vectors per lane and tensor (lanes per row ~ vectors per row / this).
-// NOTE: a variant with 4 vectors per lane, all row loads issued before the weights, measured
-// slower on an H200 (122 registers, half the resident threads, 2-lane rows coalescing worse).
-constexpr int kMergeVecsPerLane = 2;
+// half_rows for every lane of a wave at once (every lane calls it, converged; k >= 0 any row
+// for lanes whose result is not used): the cu_seqlens words are read in coalesced chunks of
+// one per lane, all chunks at once, and each lane finds its sequence by a binary search over
+// the chunks held in registers (shuffles), so the search costs two memory round trips (chunks,
+// then the sequence's bounds) instead of log2(b) + 2 dependent ones. Same counts as seq_of;
+// more than kWaveSearchChunks x wave sequences: the per-lane search (half_rows).
+constexpr int kWaveSearchChunks = 2;
 
-// One group of 2^lpr_shift lanes per (step token k, head h), heads fastest: the groups of a
-// wave share k, so the row search reads the same cu_seqlens words (one transaction) and the
-// rows they stream are adjacent heads of one token (whole cache lines). Every load of an item
-// (both LSE words and both rows) is issued before any of them is used: the weights only select
-// afterwards, so the item costs one memory round trip, not two.
-// NOTE: the previous mapping (blockIdx.y = head, lanes over tokens) ran the row search once per
-// head and waited for the LSEs before loading rows: 28-47% of the byte floor on an H200, L2-
-// and latency-bound (docs/NOTES.md).
-// NOTE: one vector per lane and tensor (kMergeRowVecsPerLane): 2 measured 74 registers on sm_90
-// and a latency-bound 43-51% of floor (docs/NOTES.md); fewer registers, more resident items.
-constexpr int kMergeRowVecsPerLane = 1;
+template <int W>
+RA_DEVICE void half_rows_wave(const ThdRowMapParams& m, int k, int& first, int& second) {
+  const int lane = threadIdx.x & (W - 1);
+  const int b = m.b;
+  if (b > kWaveSearchChunks * W) {
+    int64_t f, sc;
+    half_rows(m, k, f, sc);
+    first = static_cast<int>(f);
+    second = static_cast<int>(sc);
+    return;
+  }
+  const int64_t end = m.cu[b];
+  int val[kWaveSearchChunks];
+#pragma unroll
+  for (int c = 0; c < kWaveSearchChunks; ++c) {
+    const int i = 1 + c * W + lane;
+    val[c] = i <= b ? m.cu[i] : 0;
+  }
+  // seq_of(cu, b, 2, k): the number of i in [1, b] with cu[i] < 2 (k + 1)
+  const int64_t lim = 2 * (static_cast<int64_t>(k) + 1);
+  int s = 0;
+#pragma unroll
+  for (int c = 0; c < kWaveSearchChunks; ++c) {
+    if (c * W >= b) break;  // uniform
+    int cnt = 0;            // entries of chunk c below lim: binary lifting over lanes
+#pragma unroll
+    for (int st = W / 2; st >= 1; st >>= 1) {
+      const int v = ra_shfl(val[c], cnt + st - 1);
+      if (c * W + cnt + st <= b && v < lim) cnt += st;
+    }
+    const int v = ra_shfl(val[c], cnt);
+    if (c * W + cnt + 1 <= b && v < lim) cnt += 1;
+    s += cnt;
+  }
+  const int64_t hb_end = floordiv(end, 2);
+  int64_t base, half_len;
+  if (k >= hb_end) {
+    base = end + (k - hb_end);
+    half_len = floordiv(m.local_rows - end, 2);
+  } else {
+    const int64_t start = m.cu[s];
+    const int64_t len = s < b ? m.cu[s + 1] - start : 0;
+    base = start + (k - floordiv(start, 2));
+    half_len = floordiv(len, 2);
+  }
+  first = static_cast<int>(clamp_row(base, m.local_rows));
+  second = static_cast<int>(clamp_row(base + half_len, m.local_rows));
+}
 
-template <int VEC>
+// Row units in flight per lane (U x 16 bytes per tensor, kept packed until used).
+// NOTE: H200, bf16 rows: U = 2 (58-64 registers) is within 2 points of U = 4 (80) on the merges
+// and 2-9 points above it on grad_correction; U = 8 (127) lost 2-16 points (docs/NOTES.md).
+constexpr int kMergeUnits = 2;
+
+// Merge kernel: one wave per tile of 2^tile_shift (step token k, head h) items, heads fastest
+// (tokens fastest in LSE-only launches, where the LSE [H, t] accesses then coalesce).
+//  1. Owner lanes (lane j < tile: item tile_base + j) do the per-item work once: the row search,
+//     both LSE loads, the merge weights (exp/log1p) and the LSE writes.
+//  2. The rows are streamed in units: one unit = VEC elements of one item per lane, groups of
+//     2^lpr_shift lanes per item (a pass moves wave >> lpr_shift items); the lanes fetch the
+//     item's rows and weights from its owner by shuffles. U units per lane are loaded before
+//     any is used (U x 32 bytes in flight per lane for 16-bit rows), kept packed until then.
+// The first units' row loads are issued before the weights are computed (they need only the
+// row indices), so the LSE round trip overlaps them.
+// NOTE: previous kernel (every lane of a group recomputed the int64 item division, the weights
+// and exp/log1p; one 16-byte vector per lane and item): 45-50% of floor for bf16 rows, 62
+// registers, too few bytes in flight per SM (docs/NOTES.md).
+template <int VEC, int ODT, int SDT>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergeParams p,
-                                                              const int lpr_shift) {
-  const int lanes = 1 << lpr_shift;
-  const int lane = threadIdx.x & (lanes - 1);
+                                                              const int lpr_shift,
+                                                              const int tile_shift) {
+  constexpr int U = kMergeUnits;
+  constexpr int kW = RA_WAVE_SIZE;
+  constexpr int kWShift = kW == 64 ? 6 : 5;
+  const int lane = threadIdx.x & (kW - 1);
   const int nv = p.out_dst != nullptr ? p.dim / VEC : 0;
+  const int shift = lpr_shift < kWShift ? lpr_shift : kWShift;  // lanes per item: 1 << shift
+  const int tshift = tile_shift < kWShift ? tile_shift : kWShift;
+  const int sub = lane & ((1 << shift) - 1);
+  const int grp = lane >> shift;
+  const int ipp_shift = kWShift - shift;  // items per pass: 1 << ipp_shift
+  int cshift = 0;                         // units per item and pass (rows wider than the group)
+  while ((1 << (shift + cshift)) < nv) ++cshift;
+  const int cmask = (1 << cshift) - 1;
   const bool halves = p.map.kind == ThdRowMap::kHalf;
-  const int64_t groups = (static_cast<int64_t>(gridDim.x) * kMergeThreads) >> lpr_shift;
-  const int64_t items = p.n * p.heads;
-  // LSE-only launches (no rows) go tokens fastest instead: the LSE [H, t] reads coalesce.
   const bool heads_fastest = nv > 0;
-  for (int64_t item = (static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x) >> lpr_shift;
-       item < items; item += groups) {
-    const int64_t major = item / (heads_fastest ? p.heads : p.n);
-    const int64_t minor = item - major * (heads_fastest ? p.heads : p.n);
-    const int64_t k = heads_fastest ? major : minor;
-    const int64_t h = heads_fastest ? minor : major;
-    int64_t r = k, r0 = -1;  // running row; first-half row (copied when writing new tensors)
-    int64_t sk = k;          // step row
-    if (halves) {
-      half_rows(p.map, k, r0, r);  // one search for both halves
-      if (!p.copy_first_half) r0 = -1;
-    } else if (p.map.kind == ThdRowMap::kIndex) {
-      r = clamp_row(p.map.index[k], p.map.local_rows);
-      if (p.map.step_index != nullptr) sk = clamp_row(p.map.step_index[k], p.map.step_count);
+  // host-checked: n * heads < 2^31 and every row index < 2^31; 64-bit only in pointer offsets
+  const uint32_t heads = static_cast<uint32_t>(p.heads);
+  const uint32_t nn = static_cast<uint32_t>(p.n);
+  const uint32_t items = nn * heads;
+  const uint32_t minor_n = heads_fastest ? heads : nn;
+  const uint32_t warp = (blockIdx.x * kMergeThreads + threadIdx.x) >> kWShift;
+  const uint32_t warps = (gridDim.x * kMergeThreads) >> kWShift;
+  for (uint32_t base = warp << tshift; base < items; base += warps << tshift) {
+    const uint32_t left = items - base;
+    const int in_tile = left < (1u << tshift) ? static_cast<int>(left) : (1 << tshift);
+    // 1. owner lanes: rows and LSE loads
+    const uint32_t item = base + (lane < in_tile ? lane : 0);
+    const uint32_t major = item / minor_n;
+    const uint32_t minor = item - major * minor_n;
+    const int k = static_cast<int>(heads_fastest ? major : minor);
+    int h = static_cast<int>(heads_fastest ? minor : major);
+    int r = k, r0 = -1, sk = k;  // running row, first-half row, step row
+    if (halves) {  // one search for both halves
+      int rf, rs;
+      half_rows_wave<kW>(p.map, k, rf, rs);
+      r = rs;
+      r0 = p.copy_first_half ? rf : -1;
     }
-    const float a = p.lse[h * p.lse_head + r * p.lse_tok];
-    const float b = p.lse_step[h * p.lse_step_head + sk * p.lse_step_tok];
-    const int64_t out_row = r * p.out_tok + h * p.out_head;
-    const int64_t step_row = sk * p.step_tok + h * p.step_head;
-    const int64_t dst_row = r * p.dst_tok + h * p.dst_head;
-    float x[kMergeRowVecsPerLane][VEC], y[kMergeRowVecsPerLane][VEC];
-    auto load_pass = [&](int v0) {
-#pragma unroll
-      for (int u = 0; u < kMergeRowVecsPerLane; ++u) {
-        const int v = v0 + u * lanes;
-        if (v < nv) {
-          load_f32<VEC>(p.out, out_row + v * VEC, p.out_dtype, x[u]);
-          load_f32<VEC>(p.out_step, step_row + v * VEC, p.step_dtype, y[u]);
+    float a = 0.f, b = 0.f;
+    if (lane >= in_tile) {
+      h = -1;
+      r0 = -1;
+    } else {
+      if (p.map.kind == ThdRowMap::kIndex) {
+        r = static_cast<int>(clamp_row(p.map.index[k], p.map.local_rows));
+        if (p.map.step_index != nullptr)  // step results laid out like out (direct CP calls)
+          sk = static_cast<int>(clamp_row(p.map.step_index[k], p.map.step_count));
+      }
+      a = p.lse[h * p.lse_head + r * p.lse_tok];
+      b = p.lse_step[h * p.lse_step_head + sk * p.lse_step_tok];
+    }
+    float wa = 1.f, wb = 0.f;
+    auto weights = [&]() {
+      if (lane < in_tile) {
+        float new_lse = 0.f;
+        if (p.correction) {
+          wb = thd_exp(b != -INFINITY ? b - a : -INFINITY);
+        } else {
+          merge_weights(a, b, new_lse, wa, wb);
+        }
+        if (p.lse_dst != nullptr) {
+          p.lse_dst[h * p.lse_dst_head + r * p.lse_dst_tok] = new_lse;
+          if (r0 >= 0)
+            p.lse_dst[h * p.lse_dst_head + r0 * p.lse_dst_tok] =
+                p.lse[h * p.lse_head + r0 * p.lse_tok];
         }
       }
     };
-    load_pass(lane);  // the first (usually only) pass of the row, alongside the LSE loads
-    float new_lse = 0.f, wa = 1.f, wb;
-    if (p.correction) {
-      wb = thd_exp(b != -INFINITY ? b - a : -INFINITY);
-    } else {
-      merge_weights(a, b, new_lse, wa, wb);
+    if (nv == 0) {
+      weights();
+      continue;
     }
-    // correction keeps out as is; merge drops a side whose weight is 0 (junk in an empty
-    // accumulator, a step row with no keys): selected away, never multiplied by 0
-    const bool use_a = p.correction || wa > 0.f;
-    const bool use_b = wb > 0.f;
-    if (lane == 0 && p.lse_dst != nullptr) {
-      p.lse_dst[h * p.lse_dst_head + r * p.lse_dst_tok] = new_lse;
-      if (r0 >= 0)
-        p.lse_dst[h * p.lse_dst_head + r0 * p.lse_dst_tok] = p.lse[h * p.lse_head + r0 * p.lse_tok];
-    }
-    for (int v0 = lane; v0 < nv; v0 += kMergeRowVecsPerLane * lanes) {
-      if (v0 != lane) load_pass(v0);  // rows wider than the group: later passes load here
+    // 2. row units (warp-uniform counts: shuffles need every lane)
+    const int passes = (in_tile + (1 << ipp_shift) - 1) >> ipp_shift;
+    const int units = passes << cshift;
+    for (int u0 = 0; u0 < units; u0 += U) {
+      RowVec<ODT, VEC> x[U];
+      RowVec<SDT, VEC> y[U];
+      bool act[U];
 #pragma unroll
-      for (int u = 0; u < kMergeRowVecsPerLane; ++u) {
-        const int v = v0 + u * lanes;
-        if (v < nv) {
-          float o[VEC];
+      for (int u = 0; u < U; ++u) {
+        const int unit = u0 + u;
+        const int it = ((unit >> cshift) << ipp_shift) + grp;  // item of this lane's group
+        const int src = it & (kW - 1);
+        const int ur = ra_shfl(r, src);
+        const int uk = ra_shfl(sk, src);
+        const int uh = ra_shfl(h, src);
+        const int v = ((unit & cmask) << shift) + sub;
+        act[u] = unit < units && it < in_tile && v < nv;
+        if (act[u]) {
+          x[u].load(p.out, ur * p.out_tok + uh * p.out_head + v * VEC, p.out_dtype);
+          y[u].load(p.out_step, uk * p.step_tok + uh * p.step_head + v * VEC, p.step_dtype);
+        }
+      }
+      if (u0 == 0) weights();
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int unit = u0 + u;
+        const int it = ((unit >> cshift) << ipp_shift) + grp;
+        const int src = it & (kW - 1);
+        const float ua = ra_shfl(wa, src);
+        const float ub = ra_shfl(wb, src);
+        const int ur = ra_shfl(r, src);
+        const int uh = ra_shfl(h, src);
+        const int v = ((unit & cmask) << shift) + sub;
+        if (act[u]) {
+          // correction: wa = 1 keeps out as is; merge drops a side whose weight is 0 (junk in
+          // an empty accumulator, a step row with no keys): selected away, never times 0
+          const bool use_a = ua > 0.f;
+          const bool use_b = ub > 0.f;
+          float xf[VEC], yf[VEC];
+          x[u].unpack(xf, p.out_dtype);
+          y[u].unpack(yf, p.step_dtype);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
-            const float xa = use_a ? x[u][e] * wa : 0.f;
-            const float yb = use_b ? y[u][e] * wb : 0.f;
-            o[e] = xa + yb;
+            const float xa = use_a ? xf[e] * ua : 0.f;
+            const float yb = use_b ? yf[e] * ub : 0.f;
+            xf[e] = xa + yb;
           }
-          store_f32<VEC>(p.out_dst, dst_row + v * VEC, p.out_dtype, o);
+          x[u].pack(xf, p.out_dtype);
+          x[u].store(p.out_dst, ur * p.dst_tok + uh * p.dst_head + v * VEC, p.out_dtype);
         }
       }
     }
-    if (r0 >= 0) {
-      const int64_t src0 = r0 * p.out_tok + h * p.out_head;
-      const int64_t dst0 = r0 * p.dst_tok + h * p.dst_head;
-      for (int v = lane; v < nv; v += lanes) {
-        float c[VEC];
-        load_f32<VEC>(p.out, src0 + v * VEC, p.out_dtype, c);
-        store_f32<VEC>(p.out_dst, dst0 + v * VEC, p.out_dtype, c);
+    // 3. kHalf into new tensors: the first halves' rows, copied bitwise
+    if (halves && p.copy_first_half) {
+      for (int u0 = 0; u0 < units; u0 += U) {
+        RowVec<ODT, VEC> x[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int unit = u0 + u;
+          const int it = ((unit >> cshift) << ipp_shift) + grp;
+          const int src = it & (kW - 1);
+          const int ur = ra_shfl(r0, src);
+          const int uh = ra_shfl(h, src);
+          const int v = ((unit & cmask) << shift) + sub;
+          if (unit < units && it < in_tile && v < nv && ur >= 0) {
+            x[u].load(p.out, ur * p.out_tok + uh * p.out_head + v * VEC, p.out_dtype);
+            x[u].store(p.out_dst, ur * p.dst_tok + uh * p.dst_head + v * VEC, p.out_dtype);
+          }
+        }
       }
     }
   }
 }
 
-// Element offset of vector v of a [heads, head_dim] row.
+// Grad kernel: one wave per tile of 2^tile_shift step tokens k. Owner lanes (lane j: k =
+// tile_base + j) do the row search once per k (both halves' rows); the rows, [heads, head_dim]
+// as VEC-element vectors over the whole wave, are moved in units (one vector per lane of one
+// half of one k; U units in flight per lane, kept packed) whose row comes from the owner by a
+// shuffle. Every unit is warp-uniform in (k, half), so the shuffle is a broadcast.
+// NOTE: hoisting both halves' loads as floats before any store (99 registers) lost: 57% -> 35%
+// of floor; packed raw vectors keep U loads in flight at fewer registers (docs/NOTES.md).
 template <int VEC>
 RA_DEVICE int64_t row_offset(int v, int vph, int heads, int64_t head_stride) {
   if (heads == 1) return static_cast<int64_t>(v) * VEC;
@@ -227,58 +409,91 @@ RA_DEVICE int64_t row_offset(int v, int vph, int heads, int64_t head_stride) {
   return hh * head_stride + static_cast<int64_t>(v - hh * vph) * VEC;
 }
 
-// One group of 2^lpr_shift lanes per k: the row k (kIdentity) or both halves' rows of k (kHalf,
-// one search for both).
-template <int VEC>
+template <int VEC, int GDT, int SDT>
 __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams p,
-                                                             const int lpr_shift) {
-  const int lanes = 1 << lpr_shift;
-  const int lane = threadIdx.x & (lanes - 1);
+                                                             const int tile_shift) {
+  constexpr int U = kMergeUnits;
+  constexpr int kW = RA_WAVE_SIZE;
+  constexpr int kWShift = kW == 64 ? 6 : 5;
+  const int lane = threadIdx.x & (kW - 1);
+  const int tshift = tile_shift < kWShift ? tile_shift : kWShift;
   const int vph = p.head_dim / VEC;
   const int nvec = p.heads * vph;
+  int cshift = 0;  // units per row and lane: 1 << cshift
+  while ((kW << cshift) < nvec) ++cshift;
   const bool halves = p.map.kind == ThdRowMap::kHalf;
-  const int64_t groups = (static_cast<int64_t>(gridDim.x) * kMergeThreads) >> lpr_shift;
-  for (int64_t k = (static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x) >> lpr_shift;
-       k < p.n; k += groups) {
-    int64_t r_first = k, r_second = k, s_index = k;
+  const bool indexed = p.map.kind == ThdRowMap::kIndex;
+  // the halves that move data: both (hshift 1: bit cshift of a unit picks the half) or one
+  const bool move0 = p.op0 != kThdGradNone || p.copy_none;
+  const bool move1 = halves && (p.op1 != kThdGradNone || p.copy_none);
+  if (!move0 && !move1) return;
+  const int hshift = move0 && move1 ? 1 : 0;
+  const int only_half = move0 ? 0 : 1;
+  const uint32_t nn = static_cast<uint32_t>(p.n);  // host-checked: rows < 2^31
+  const uint32_t warp = (blockIdx.x * kMergeThreads + threadIdx.x) >> kWShift;
+  const uint32_t warps = (gridDim.x * kMergeThreads) >> kWShift;
+  for (uint32_t base = warp << tshift; base < nn; base += warps << tshift) {
+    const uint32_t left = nn - base;
+    const int in_tile = left < (1u << tshift) ? static_cast<int>(left) : (1 << tshift);
+    const int k = static_cast<int>(base) + (lane < in_tile ? lane : 0);
+    int r_first = k, r_second = k, s_index = k;
     if (halves) {
-      half_rows(p.map, k, r_first, r_second);
-    } else if (p.map.kind == ThdRowMap::kIndex) {
-      r_first = clamp_row(p.map.index[k], p.map.local_rows);
-      if (p.map.step_index != nullptr) s_index = clamp_row(p.map.step_index[k], p.map.step_count);
+      half_rows_wave<kW>(p.map, k, r_first, r_second);  // one search, both halves
+    } else if (indexed) {  // add_rows: grad row index[k] gets step row step_index[k] (or k)
+      r_first = static_cast<int>(clamp_row(p.map.index[k], p.map.local_rows));
+      if (p.map.step_index != nullptr)
+        s_index = static_cast<int>(clamp_row(p.map.step_index[k], p.map.step_count));
     }
-    for (int hf = 0; hf < (halves ? 2 : 1); ++hf) {
-      const int op = hf == 0 ? p.op0 : p.op1;
-      if (op == kThdGradNone && !p.copy_none) continue;
-      const int64_t r = hf == 0 ? r_first : r_second;
-      const int64_t sr = p.map.kind == ThdRowMap::kIndex ? s_index : (p.step_is_half ? k : r);
-      const bool use_g = op != kThdGradCopy;
-      const bool use_s = op != kThdGradNone;
-      for (int v0 = lane; v0 < nvec; v0 += 2 * lanes) {
-        float g[2][VEC], s[2][VEC];
+    const int units = in_tile << (cshift + hshift);
+    for (int u0 = 0; u0 < units; u0 += U) {
+      RowVec<GDT, VEC> g[U];
+      RowVec<SDT, VEC> s[U];
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int v = v0 + u * lanes;
-          if (v < nvec) {
-            if (use_g)
-              load_f32<VEC>(p.grad, r * p.grad_tok + row_offset<VEC>(v, vph, p.heads, p.grad_head),
-                            p.grad_dtype, g[u]);
-            if (use_s)
-              load_f32<VEC>(p.step, sr * p.step_tok + row_offset<VEC>(v, vph, p.heads, p.step_head),
-                            p.step_dtype, s[u]);
-          }
+      for (int u = 0; u < U; ++u) {
+        const int unit = u0 + u;
+        const int it = unit >> (cshift + hshift);
+        const int hf = hshift ? (unit >> cshift) & 1 : only_half;
+        const int op = hf == 0 ? p.op0 : p.op1;
+        const int r = ra_shfl(hf == 0 ? r_first : r_second, it & (kW - 1));
+        const int si = indexed ? ra_shfl(s_index, it & (kW - 1)) : 0;  // uniform branch
+        const int v = ((unit & ((1 << cshift) - 1)) << kWShift) + lane;
+        if (unit < units && v < nvec) {
+          const int sr = indexed ? si : (p.step_is_half ? static_cast<int>(base) + it : r);
+          if (op != kThdGradCopy)
+            g[u].load(p.grad, r * p.grad_tok + row_offset<VEC>(v, vph, p.heads, p.grad_head),
+                      p.grad_dtype);
+          if (op != kThdGradNone)
+            s[u].load(p.step, sr * p.step_tok + row_offset<VEC>(v, vph, p.heads, p.step_head),
+                      p.step_dtype);
         }
+      }
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int v = v0 + u * lanes;
-          if (v < nvec) {
-            float o[VEC];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e)
-              o[e] = use_g && use_s ? g[u][e] + s[u][e] : (use_g ? g[u][e] : s[u][e]);
-            store_f32<VEC>(p.dst, r * p.dst_tok + row_offset<VEC>(v, vph, p.heads, p.dst_head),
-                           p.grad_dtype, o);
+      for (int u = 0; u < U; ++u) {
+        const int unit = u0 + u;
+        const int it = unit >> (cshift + hshift);
+        const int hf = hshift ? (unit >> cshift) & 1 : only_half;
+        const int op = hf == 0 ? p.op0 : p.op1;
+        const int r = ra_shfl(hf == 0 ? r_first : r_second, it & (kW - 1));
+        const int v = ((unit & ((1 << cshift) - 1)) << kWShift) + lane;
+        if (unit < units && v < nvec) {
+          float gf[VEC];
+          if (op == kThdGradNone) {  // copy_none: grad -> dst, bitwise
+            g[u].store(p.dst, r * p.dst_tok + row_offset<VEC>(v, vph, p.heads, p.dst_head),
+                       p.grad_dtype);
+            continue;
           }
+          if (op == kThdGradAdd) {
+            float sf[VEC];
+            g[u].unpack(gf, p.grad_dtype);
+            s[u].unpack(sf, p.step_dtype);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) gf[e] += sf[e];
+          } else if (op == kThdGradCopy) {
+            s[u].unpack(gf, p.step_dtype);
+          }
+          g[u].pack(gf, p.grad_dtype);
+          g[u].store(p.dst, r * p.dst_tok + row_offset<VEC>(v, vph, p.heads, p.dst_head),
+                     p.grad_dtype);
         }
       }
     }
