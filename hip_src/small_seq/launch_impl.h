@@ -32,6 +32,13 @@ inline bool mma_enabled(int pass) {
   return env == nullptr || (atoi(env) & pass) != 0;
 }
 
+// Software-pipelined forward loops (fwd_kernel.h fwd_pipelined, fwd_mma_kernel.h
+// fwd_mma_pipelined): on unless ROCM_ATTN_SMALL_SEQ_PIPE=0 (A/B experiments).
+inline bool pipe_enabled() {
+  const char* env = getenv("ROCM_ATTN_SMALL_SEQ_PIPE");
+  return env == nullptr || atoi(env) != 0;
+}
+
 // Blocks for `items` (segment, kv head) work items: at most `factor` x the blocks that are
 // resident at once (from the occupancy API, cached per device in `resident_per_mp`), at least
 // one.
@@ -64,20 +71,33 @@ dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor,
 // head keeps the general kernel (a 16-row tile for one row would waste 15/16 of the unit, and
 // that kernel is already near the byte floor there). On targets without matrix units the MMA
 // kernel compiles the general body, so the choice is always safe.
-template <typename T, int D, int KV>
-hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
-  if (p.batch == 0) return hipSuccess;
+template <typename T, int D, int KV, bool PIPE>
+hipError_t launch_fwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.num_heads_q / p.num_heads_kv >= 2 && mma_enabled(kMmaForward)) {
     static int resident_mma[64] = {};
     const dim3 grid =
-        grid_for(p, small_seq_fwd_mma_kernel<T, D, KV>, kFwdResidencyFactor, resident_mma);
-    hipLaunchKernelGGL((small_seq_fwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
+        grid_for(p, small_seq_fwd_mma_kernel<T, D, KV, PIPE>, kFwdResidencyFactor, resident_mma);
+    hipLaunchKernelGGL((small_seq_fwd_mma_kernel<T, D, KV, PIPE>), grid, block_for(), 0, stream, p);
     return hipGetLastError();
   }
   static int resident[64] = {};
-  const dim3 grid = grid_for(p, small_seq_fwd_kernel<T, D, KV>, kFwdResidencyFactor, resident);
-  hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
+  const dim3 grid = grid_for(p, small_seq_fwd_kernel<T, D, KV, PIPE>, kFwdResidencyFactor, resident);
+  hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV, PIPE>), grid, block_for(), 0, stream, p);
   return hipGetLastError();
+}
+
+// The pipelined general loop serves one q head per kv head (GQA groups on the general kernel,
+// i.e. with matrix units off, keep the plain loop, which re-uses K/V across the group).
+template <typename T, int D, int KV>
+hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
+  if (p.batch == 0) return hipSuccess;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const bool mma = group >= 2 && mma_enabled(kMmaForward);
+  const bool pipelinable = mma ? kFwdMmaPipelinable<D, KV> : (kFwdPipelinable<D, KV> && group == 1);
+  if constexpr (kFwdPipelinable<D, KV> || kFwdMmaPipelinable<D, KV>) {
+    if (pipelinable && pipe_enabled()) return launch_fwd<T, D, KV, true>(p, stream);
+  }
+  return launch_fwd<T, D, KV, false>(p, stream);
 }
 
 // Groups of 2..kBwdMmaMaxGroup q heads per kv head take the matrix-unit backward (one tile of q
