@@ -103,7 +103,8 @@ RA_DEVICE bool bwd_edges(const SmallSeqParams& p, const int seg, const int hk, c
 
 // One (segment, kv head) work item for one wave.
 template <typename T, int D, int KV>
-RA_DEVICE void bwd_item(const SmallSeqParams& p, const int seg, const int hk, const int lane) {
+RA_DEVICE void bwd_item(const SmallSeqParams& p, const int seg, const int hk, const Segment& s,
+                        const int lane) {
   constexpr int WAVE = RA_WAVE_SIZE;
   using Tl = Tiling<D, KV, WAVE>;
   constexpr int VPL = Tl::kVecsPerLane;
@@ -120,7 +121,6 @@ RA_DEVICE void bwd_item(const SmallSeqParams& p, const int seg, const int hk, co
   const int row_group = lane / LPR;
   const int col_lane = lane % LPR;
 
-  const Segment s = load_segment(p, seg);
   uint16_t* dq = static_cast<uint16_t*>(p.dq);
   uint16_t* dk = static_cast<uint16_t*>(p.dk) + s.dkv_base + hk * p.dkv_head_stride;
   uint16_t* dv = static_cast<uint16_t*>(p.dv) + s.dkv_base + hk * p.dkv_head_stride;
@@ -251,19 +251,31 @@ RA_DEVICE void bwd_item(const SmallSeqParams& p, const int seg, const int hk, co
   }
 }
 
-// Grid-stride over (segment, kv head) items: the launcher sizes the grid to what stays
-// resident, so waves are not re-launched per item and block scheduling drops out of the loop.
+// Grid-stride over (segment, kv head) items, `item_fn(seg, hk, segment)` per item: the launcher
+// sizes the grid to what stays resident, so waves are not re-launched per item and block
+// scheduling drops out of the loop. The next item's segment bounds are read before this item
+// is computed, so only its K/V/q latency is exposed per item (as in the forward loops).
+template <typename ItemFn>
+RA_DEVICE void bwd_grid_stride(const SmallSeqParams& p, ItemFn&& item_fn) {
+  constexpr int WAVE = RA_WAVE_SIZE;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE);
+  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE;
+  SegmentBounds bounds =
+      item < items ? fetch_bounds(p, static_cast<int>(item / p.num_heads_kv)) : SegmentBounds{};
+  for (; item < items; item += stride) {
+    const int seg = static_cast<int>(item / p.num_heads_kv);
+    const Segment s = resolve_segment(p, seg, bounds);
+    if (item + stride < items)
+      bounds = fetch_bounds(p, static_cast<int>((item + stride) / p.num_heads_kv));
+    item_fn(seg, static_cast<int>(item % p.num_heads_kv), s);
+  }
+}
+
 template <typename T, int D, int KV>
 RA_DEVICE void bwd_persistent(const SmallSeqParams& p) {
-  constexpr int WAVE = RA_WAVE_SIZE;
-  const int lane = threadIdx.x % WAVE;
-  const int64_t waves_in_grid = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE);
-  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
-  for (int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE;
-       item < items; item += waves_in_grid) {
-    bwd_item<T, D, KV>(p, static_cast<int>(item / p.num_heads_kv),
-                     static_cast<int>(item % p.num_heads_kv), lane);
-  }
+  const int lane = threadIdx.x % RA_WAVE_SIZE;
+  bwd_grid_stride(p, [&](int seg, int hk, const Segment& s) { bwd_item<T, D, KV>(p, seg, hk, s, lane); });
 }
 
 template <typename T, int D, int KV>

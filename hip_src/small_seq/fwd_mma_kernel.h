@@ -186,95 +186,11 @@ RA_DEVICE void fwd_mma_item(const SmallSeqParams& p, const int seg, const int hk
   }
 }
 
-// Software-pipelined grid-stride loop for D <= 128 (one head-dim slice) and a group that fits
-// one pass: K and q are dead once S = q K^T is issued and V once O = P V is, so the next item's
-// K and q loads go out right after this item's score product and its V loads right after the
-// P.V product. Loads stay in flight through the softmax and the stores, with one stage of
-// registers (the plain loop below exposed the whole load latency once per item).
-template <typename T, int D, int KV>
-RA_DEVICE void fwd_mma_pipelined(const SmallSeqParams& p, int64_t item, const int64_t stride,
-                                 const int64_t items, const int lane) {
-  using M = MmaShape<D, KV>;
-  static_assert(M::kSlices == 1, "the pipelined loop holds all of an item's K/V/q at once");
-  constexpr int DS = M::kSliceD;
-  constexpr int NS = M::kScoreN;
-  constexpr int HB = M::kHeads;
-  const int group = p.num_heads_q / p.num_heads_kv;  // <= HB (launcher)
-  const uint16_t* k = static_cast<const uint16_t*>(p.k);
-  const uint16_t* v = static_cast<const uint16_t*>(p.v);
-  const uint16_t* q = static_cast<const uint16_t*>(p.q);
-  auto load_k = [&](ra_mma_rows<DS, KV>& kr, const Segment& sg, int hk) {
-    ra_mma_load_rows(kr, k + sg.k_base + hk * p.k_head_stride, p.k_token_stride, sg.len, lane);
-  };
-  auto load_v = [&](ra_mma_vrows<DS, KV>& vr, const Segment& sg, int hk) {
-    ra_mma_load_vrows(vr, v + sg.v_base + hk * p.v_head_stride, p.v_token_stride, sg.len, lane);
-  };
-  // An invalid segment's q row may be out of bounds: its q panel is not read (zeros).
-  auto load_q = [&](ra_mma_rows<DS, HB>& qr, const Segment& sg, int hk) {
-    const int64_t row = sg.valid ? sg.q_row : 0;
-    ra_mma_load_rows(qr, q + row * p.q_token_stride + static_cast<int64_t>(hk) * group * p.q_head_stride,
-                     p.q_head_stride, sg.valid ? group : 0, lane);
-  };
-
-  int seg = static_cast<int>(item / p.num_heads_kv);
-  int hk = static_cast<int>(item % p.num_heads_kv);
-  Segment s = resolve_segment(p, seg, fetch_bounds(p, seg));
-  ra_mma_rows<DS, KV> kr;
-  ra_mma_rows<DS, HB> qr;
-  ra_mma_vrows<DS, KV> vr;
-  load_k(kr, s, hk);
-  load_q(qr, s, hk);
-  load_v(vr, s, hk);
-  SegmentBounds nb = item + stride < items
-                         ? fetch_bounds(p, static_cast<int>((item + stride) / p.num_heads_kv))
-                         : SegmentBounds{};
-  for (;;) {
-    const int64_t next = item + stride;
-    const bool has_next = next < items;
-    const int nseg = static_cast<int>(next / p.num_heads_kv);
-    const int nhk = static_cast<int>(next % p.num_heads_kv);
-    const Segment ns = has_next ? resolve_segment(p, nseg, nb) : Segment{};
-    if (next + stride < items)
-      nb = fetch_bounds(p, static_cast<int>((next + stride) / p.num_heads_kv));
-    if (!s.valid) {
-      fwd_write_invalid<T, D, KV>(p, seg, hk, s, lane);
-      if (has_next) {
-        load_k(kr, ns, nhk);
-        load_q(qr, ns, nhk);
-        load_v(vr, ns, nhk);
-      }
-    } else {
-      ra_mma_acc<NS> sc;
-      ra_mma_zero(sc);
-      ra_mma_dot<T>(sc, qr, kr);
-      if (has_next) {
-        load_k(kr, ns, nhk);
-        load_q(qr, ns, nhk);
-      }
-      mma_softmax<NS, HB>(p, sc, seg, hk * group, group, s.len, lane);
-      const ra_mma_pfrag<HB> pf = ra_mma_to_pfrag<T, HB>(sc);
-      ra_mma_out<DS, HB> out;
-      ra_mma_zero(out);
-      ra_mma_pv<T>(out, pf, vr);
-      if (has_next) load_v(vr, ns, nhk);
-      uint16_t* obase = static_cast<uint16_t*>(p.o) + s.q_row * p.o_token_stride +
-                        static_cast<int64_t>(hk) * group * p.o_head_stride;
-      ra_mma_store_rows<T>(out, obase, p.o_head_stride, group, lane);
-    }
-    if (!has_next) break;
-    item = next;
-    seg = nseg;
-    hk = nhk;
-    s = ns;
-  }
-}
-
 #endif  // RA_HAS_MMA
 
 // Grid-stride over (segment, kv head) items like the general forward (launch_impl.h picks this
 // kernel for GQA groups). Targets without matrix units compile the general forward's body here.
-// PIPE: the pipelined loop where it applies (D <= 128 and the group fits one pass).
-template <typename T, int D, int KV, bool PIPE>
+template <typename T, int D, int KV>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_mma_kernel(const SmallSeqParams p) {
 #if RA_HAS_MMA
   constexpr int WAVE = RA_WAVE_SIZE;
@@ -282,12 +198,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_mma_kernel(
   const int64_t stride = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE);
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE;
-  if constexpr (PIPE && MmaShape<D, KV>::kSlices == 1) {
-    if (p.num_heads_q / p.num_heads_kv <= MmaShape<D, KV>::kHeads) {
-      if (item < items) fwd_mma_pipelined<T, D, KV>(p, item, stride, items, lane);
-      return;
-    }
-  }
   // The next item's segment bounds are read before this item computes, so only the K/V
   // latency is exposed per item (as in the general forward's single-stage loop).
   SegmentBounds bounds =
@@ -304,9 +214,5 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_mma_kernel(
   fwd_persistent<T, D, KV>(p);
 #endif
 }
-
-// Whether the matrix-unit forward has a pipelined loop for this shape (launch_impl.h).
-template <int D, int KV>
-constexpr bool kFwdMmaPipelinable = D <= 128;
 
 }  // namespace small_seq

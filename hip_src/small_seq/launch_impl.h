@@ -15,10 +15,12 @@ namespace small_seq {
 inline dim3 block_for() { return dim3(kWavesPerBlock * ra_device_wave_size()); }
 
 // How many resident waves per multiprocessor the grid-stride loop is sized for, as a multiple
-// of what fits at once. ROCM_ATTN_SMALL_SEQ_GRID overrides it for experiments (0: one wave per
-// item, i.e. no grid-stride reuse).
-inline int grid_residency_factor(int default_factor) {
-  const char* env = getenv("ROCM_ATTN_SMALL_SEQ_GRID");
+// of what fits at once. ROCM_ATTN_SMALL_SEQ_GRID (forward) and ROCM_ATTN_SMALL_SEQ_BWD_GRID
+// (backward) override it for experiments (0: one wave per item, i.e. no grid-stride reuse).
+constexpr const char* kGridEnv = "ROCM_ATTN_SMALL_SEQ_GRID";
+constexpr const char* kBwdGridEnv = "ROCM_ATTN_SMALL_SEQ_BWD_GRID";
+inline int grid_residency_factor(int default_factor, const char* env_name) {
+  const char* env = getenv(env_name);
   return env != nullptr ? atoi(env) : default_factor;
 }
 
@@ -32,8 +34,8 @@ inline bool mma_enabled(int pass) {
   return env == nullptr || (atoi(env) & pass) != 0;
 }
 
-// Software-pipelined forward loops (fwd_kernel.h fwd_pipelined, fwd_mma_kernel.h
-// fwd_mma_pipelined): on unless ROCM_ATTN_SMALL_SEQ_PIPE=0 (A/B experiments).
+// Software-pipelined general forward loop (fwd_kernel.h fwd_pipelined): on unless
+// ROCM_ATTN_SMALL_SEQ_PIPE=0 (A/B experiments).
 inline bool pipe_enabled() {
   const char* env = getenv("ROCM_ATTN_SMALL_SEQ_PIPE");
   return env == nullptr || atoi(env) != 0;
@@ -47,10 +49,10 @@ inline bool pipe_enabled() {
 // them: the first kernel launched set the residency used for every other one.
 template <typename Kernel>
 dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor,
-              int (&resident_per_mp)[64]) {
+              int (&resident_per_mp)[64], const char* env_name) {
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   int64_t blocks = (items + kWavesPerBlock - 1) / kWavesPerBlock;
-  const int factor = grid_residency_factor(default_factor);
+  const int factor = grid_residency_factor(default_factor, env_name);
   if (factor > 0) {
     const int device = ra_device_index();
     if (device >= 0 && device < 64 && resident_per_mp[device] == 0) {
@@ -72,32 +74,38 @@ dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor,
 // that kernel is already near the byte floor there). On targets without matrix units the MMA
 // kernel compiles the general body, so the choice is always safe.
 template <typename T, int D, int KV, bool PIPE>
-hipError_t launch_fwd(const SmallSeqParams& p, hipStream_t stream) {
-  if (p.num_heads_q / p.num_heads_kv >= 2 && mma_enabled(kMmaForward)) {
-    static int resident_mma[64] = {};
-    const dim3 grid =
-        grid_for(p, small_seq_fwd_mma_kernel<T, D, KV, PIPE>, kFwdResidencyFactor, resident_mma);
-    hipLaunchKernelGGL((small_seq_fwd_mma_kernel<T, D, KV, PIPE>), grid, block_for(), 0, stream, p);
-    return hipGetLastError();
-  }
+hipError_t launch_fwd_general(const SmallSeqParams& p, hipStream_t stream) {
   static int resident[64] = {};
-  const dim3 grid = grid_for(p, small_seq_fwd_kernel<T, D, KV, PIPE>, kFwdResidencyFactor, resident);
+  const dim3 grid =
+      grid_for(p, small_seq_fwd_kernel<T, D, KV, PIPE>, kFwdResidencyFactor, resident, kGridEnv);
   hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV, PIPE>), grid, block_for(), 0, stream, p);
   return hipGetLastError();
 }
 
-// The pipelined general loop serves one q head per kv head (GQA groups on the general kernel,
-// i.e. with matrix units off, keep the plain loop, which re-uses K/V across the group).
+// GQA groups (two or more q heads per kv head) take the matrix-unit forward; one q head per kv
+// head keeps the general kernel (a 16-row tile for one row would waste 15/16 of the unit, and
+// that kernel is already near the byte floor there), in its software-pipelined loop where the
+// shape allows. On targets without matrix units the MMA kernel compiles the general body, so
+// the choice is always safe.
+// NOTE: the matrix-unit forward had a pipelined loop too (H200, 2026-11-22): no gain at d=128
+// (100% of floor either way) and a loss at d=64 (93% -> 85%): removed (docs/NOTES.md).
 template <typename T, int D, int KV>
 hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
   const int group = p.num_heads_q / p.num_heads_kv;
-  const bool mma = group >= 2 && mma_enabled(kMmaForward);
-  const bool pipelinable = mma ? kFwdMmaPipelinable<D, KV> : (kFwdPipelinable<D, KV> && group == 1);
-  if constexpr (kFwdPipelinable<D, KV> || kFwdMmaPipelinable<D, KV>) {
-    if (pipelinable && pipe_enabled()) return launch_fwd<T, D, KV, true>(p, stream);
+  if (group >= 2 && mma_enabled(kMmaForward)) {
+    static int resident_mma[64] = {};
+    const dim3 grid = grid_for(p, small_seq_fwd_mma_kernel<T, D, KV>, kFwdResidencyFactor,
+                               resident_mma, kGridEnv);
+    hipLaunchKernelGGL((small_seq_fwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
+    return hipGetLastError();
   }
-  return launch_fwd<T, D, KV, false>(p, stream);
+  // The pipelined loop serves one q head per kv head (GQA groups on the general kernel, i.e.
+  // matrix units off or absent, keep the plain loop, which re-uses K/V across the group).
+  if constexpr (kFwdPipelinable<D, KV>) {
+    if (group == 1 && pipe_enabled()) return launch_fwd_general<T, D, KV, true>(p, stream);
+  }
+  return launch_fwd_general<T, D, KV, false>(p, stream);
 }
 
 // Groups of 2..kBwdMmaMaxGroup q heads per kv head take the matrix-unit backward (one tile of q
@@ -109,12 +117,14 @@ hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream) {
   if (group >= 2 && group <= kBwdMmaMaxGroup && mma_enabled(kMmaBackward)) {
     static int resident_mma[64] = {};
     const dim3 grid =
-        grid_for(p, small_seq_bwd_mma_kernel<T, D, KV>, kBwdResidencyFactor, resident_mma);
+        grid_for(p, small_seq_bwd_mma_kernel<T, D, KV>, kBwdResidencyFactor, resident_mma,
+                 kBwdGridEnv);
     hipLaunchKernelGGL((small_seq_bwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
     return hipGetLastError();
   }
   static int resident[64] = {};
-  const dim3 grid = grid_for(p, small_seq_bwd_kernel<T, D, KV>, kBwdResidencyFactor, resident);
+  const dim3 grid = grid_for(p, small_seq_bwd_kernel<T, D, KV>, kBwdResidencyFactor, resident,
+                              kBwdGridEnv);
   hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
   return hipGetLastError();
 }
