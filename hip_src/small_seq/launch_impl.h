@@ -27,18 +27,19 @@ inline int grid_residency_factor(int default_factor, const char* env_name) {
 // Which GQA passes take the matrix-unit kernels (fwd_mma_kernel.h, bwd_mma_kernel.h):
 // ROCM_ATTN_SMALL_SEQ_MMA is a bit mask, 1 = forward, 2 = backward, unset = both; 0 sends every
 // GQA call to the general kernels (A/B experiments, or a suspected bug).
-constexpr int kMmaForward = 1;
-constexpr int kMmaBackward = 2;
+constexpr int kPassForward = 1;
+constexpr int kPassBackward = 2;
 inline bool mma_enabled(int pass) {
   const char* env = getenv("ROCM_ATTN_SMALL_SEQ_MMA");
   return env == nullptr || (atoi(env) & pass) != 0;
 }
 
-// Software-pipelined general forward loop (fwd_kernel.h fwd_pipelined): on unless
-// ROCM_ATTN_SMALL_SEQ_PIPE=0 (A/B experiments).
-inline bool pipe_enabled() {
+// Software-pipelined general loops (fwd_kernel.h fwd_pipelined, bwd_kernel.h bwd_pipelined):
+// ROCM_ATTN_SMALL_SEQ_PIPE is a bit mask like ROCM_ATTN_SMALL_SEQ_MMA (1 = forward,
+// 2 = backward, unset = both); 0 keeps the plain loops (A/B experiments).
+inline bool pipe_enabled(int pass) {
   const char* env = getenv("ROCM_ATTN_SMALL_SEQ_PIPE");
-  return env == nullptr || atoi(env) != 0;
+  return env == nullptr || (atoi(env) & pass) != 0;
 }
 
 // Blocks for `items` (segment, kv head) work items: at most `factor` x the blocks that are
@@ -93,7 +94,7 @@ template <typename T, int D, int KV>
 hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
   const int group = p.num_heads_q / p.num_heads_kv;
-  if (group >= 2 && mma_enabled(kMmaForward)) {
+  if (group >= 2 && mma_enabled(kPassForward)) {
     static int resident_mma[64] = {};
     const dim3 grid = grid_for(p, small_seq_fwd_mma_kernel<T, D, KV>, kFwdResidencyFactor,
                                resident_mma, kGridEnv);
@@ -103,18 +104,29 @@ hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
   // The pipelined loop serves one q head per kv head (GQA groups on the general kernel, i.e.
   // matrix units off or absent, keep the plain loop, which re-uses K/V across the group).
   if constexpr (kFwdPipelinable<D, KV>) {
-    if (group == 1 && pipe_enabled()) return launch_fwd_general<T, D, KV, true>(p, stream);
+    if (group == 1 && pipe_enabled(kPassForward))
+      return launch_fwd_general<T, D, KV, true>(p, stream);
   }
   return launch_fwd_general<T, D, KV, false>(p, stream);
 }
 
+template <typename T, int D, int KV, bool PIPE>
+hipError_t launch_bwd_general(const SmallSeqParams& p, hipStream_t stream) {
+  static int resident[64] = {};
+  const dim3 grid = grid_for(p, small_seq_bwd_kernel<T, D, KV, PIPE>, kBwdResidencyFactor,
+                             resident, kBwdGridEnv);
+  hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV, PIPE>), grid, block_for(), 0, stream, p);
+  return hipGetLastError();
+}
+
 // Groups of 2..kBwdMmaMaxGroup q heads per kv head take the matrix-unit backward (one tile of q
-// heads holds the group on every vendor); single heads and wider groups the general kernel.
+// heads holds the group on every vendor); single heads and wider groups the general kernel,
+// single heads in its software-pipelined loop where the shape allows.
 template <typename T, int D, int KV>
 hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
   const int group = p.num_heads_q / p.num_heads_kv;
-  if (group >= 2 && group <= kBwdMmaMaxGroup && mma_enabled(kMmaBackward)) {
+  if (group >= 2 && group <= kBwdMmaMaxGroup && mma_enabled(kPassBackward)) {
     static int resident_mma[64] = {};
     const dim3 grid =
         grid_for(p, small_seq_bwd_mma_kernel<T, D, KV>, kBwdResidencyFactor, resident_mma,
@@ -122,11 +134,11 @@ hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream) {
     hipLaunchKernelGGL((small_seq_bwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
     return hipGetLastError();
   }
-  static int resident[64] = {};
-  const dim3 grid = grid_for(p, small_seq_bwd_kernel<T, D, KV>, kBwdResidencyFactor, resident,
-                              kBwdGridEnv);
-  hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
-  return hipGetLastError();
+  if constexpr (kBwdPipelinable<D, KV>) {
+    if (group == 1 && pipe_enabled(kPassBackward))
+      return launch_bwd_general<T, D, KV, true>(p, stream);
+  }
+  return launch_bwd_general<T, D, KV, false>(p, stream);
 }
 
 }  // namespace small_seq
