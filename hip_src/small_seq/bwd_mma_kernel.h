@@ -172,7 +172,7 @@ template <typename T, int D, int KV>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_mma_kernel(const SmallSeqParams p) {
 #if RA_HAS_MMA
   const int lane = threadIdx.x % RA_WAVE_SIZE;
-  bwd_grid_stride(
+  bwd_grid_stride<true>(
       p, [&](int seg, int hk, const Segment& s) { bwd_mma_item<T, D, KV>(p, seg, hk, s, lane); });
 #else
   bwd_persistent<T, D, KV>(p);

@@ -240,15 +240,16 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     bw = copy_bandwidth()
     rows = []
-    for name in progress(args.cases.split(","), "small-seq", not args.no_progress):
-        rows.append(bench_case(name, CASES[name], args.batch, dtype, bw, args.seed,
-                               anchors=not args.no_anchors, ab=args.ab))
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "copy_bandwidth_GBps": bw / 1e9,
               "clock": "ours: device (graph replay of back-to-back calls); eager_ms and the "
-                       "anchors: one call at a time, host dispatch included", "eager_fallbacks": eager_fallbacks(), "rows": rows}
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+                       "anchors: one call at a time, host dispatch included", "rows": rows}
+    for name in progress(args.cases.split(","), "small-seq", not args.no_progress):
+        rows.append(bench_case(name, CASES[name], args.batch, dtype, bw, args.seed,
+                               anchors=not args.no_anchors, ab=args.ab))
+        report["eager_fallbacks"] = eager_fallbacks()
+        if args.json:  # after every case: a sweep cut short still leaves its finished rows
+            args.json.write_text(json.dumps(report, indent=1))
     print(f"\n{report['device']}  copy bandwidth {bw / 1e9:.0f} GB/s  {args.dtype}  B={args.batch}")
     print("times: device (graph replay); eager: one forward call incl. host dispatch")
     print("general: the general kernel's fwd ms and % floor (GQA cases; matrix units off)")
