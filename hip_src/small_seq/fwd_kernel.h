@@ -69,9 +69,10 @@ struct FwdShape {
   // wave width and d=256/512 on a 32-lane warp in a few chunks without spilling.
   static constexpr int kChunk = kSlots < 8 / kVPL ? kSlots : 8 / kVPL;
   static constexpr int kChunks = (kSlots + kChunk - 1) / kChunk;
-  // Small items (K+V of a segment <= 8 vectors per lane) are double buffered: the next item's
-  // loads are in flight while this one computes, which hides the per-item latency chain
-  // (cu_seqlens -> K/V) that dominates short segments.
+  // Small items (K+V of a segment <= 8 vectors per lane) are double buffered in the plain loop:
+  // the next item's loads are in flight while this one computes, which hides the per-item
+  // latency chain (cu_seqlens -> K/V) that dominates short segments. One q head per kv head
+  // takes fwd_pipelined instead (same overlap, one stage of registers).
   static constexpr bool kDoubleBuffer = kChunks == 1 && 2 * kChunk * kVPL <= 8;
 };
 

@@ -101,6 +101,8 @@ constexpr int kMaxThreadsPerBlock = 128;
 // (d=128 kv=16: 73% -> 85-89% of floor). The backward gains too once timed on the device clock
 // (graph replay, 2026-11-22: fwd+bwd ragged 60% -> 63%, d=128 kv8 66% -> 70%, GQA 89% -> 94%,
 // h1/kv4 unchanged); the loss first seen on h1/kv4 was host dispatch in eager timing.
+// NOTE: d=256/512 kv=16 measured the other way round (d=512 fwd+bwd 87% here, 92% with one
+// wave per item): a per-shape factor is the open next step (docs/NOTES.md).
 constexpr int kFwdResidencyFactor = 4;
 constexpr int kBwdResidencyFactor = 4;
 
