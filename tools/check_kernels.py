@@ -10,7 +10,10 @@ Warnings are errors. Spills to scratch on AMD targets fail the check unless --al
 nvcc's own register heuristics sometimes trade a few bytes of local memory for occupancy on
 sm_90, so spills there are reported, not fatal. --install apt-installs clang-19 and the HIP headers when missing.
 
-Usage: python tools/check_kernels.py [--targets sm_90,gfx90a,gfx942] [--install] [--json OUT]
+Usage: python tools/check_kernels.py [--targets sm_90,gfx90a,gfx942] [--only SUBSTR,...] [--install]
+       [--json OUT]
+--only keeps the sources whose file name contains one of the substrings (e.g.
+--only fwd_bf16_d128 while iterating on one kernel; the full run is the check).
 """
 
 from __future__ import annotations
@@ -147,6 +150,7 @@ def main(argv=None) -> int:
     parser.add_argument("--allow-spills", action="store_true")
     parser.add_argument("--json", type=Path, help="write the full per-kernel report here")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--only", default="", help="comma-separated file-name substrings to keep")
     args = parser.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
     unknown = set(targets) - set(ALL_TARGETS)
@@ -162,7 +166,10 @@ def main(argv=None) -> int:
             print(f"check_kernels: {tool} not found for {target} (use --install for the HIP toolchain)")
             return 1
         include = ROOT / "build" / "cuda_src" if target == "sm_90" else ROOT / "hip_src"
+        only = [o for o in args.only.split(",") if o]
         for src in (cuda if target == "sm_90" else hip):
+            if only and not any(o in src.name for o in only):
+                continue
             jobs.append((target, src, include, ROOT / "build" / "check" / target))
     with cf.ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda j: compile_one(*j), jobs))

@@ -30,7 +30,8 @@ constexpr int kBwdMmaMaxGroup = 8;
 #if RA_HAS_MMA
 
 template <typename T, int D, int KV>
-RA_DEVICE void bwd_mma_item(const SmallSeqParams& p, const int seg, const int hk, const int lane) {
+RA_DEVICE void bwd_mma_item(const SmallSeqParams& p, const int seg, const int hk,
+                            const Segment& s, const int lane) {
   using M = MmaShape<D, KV>;
   constexpr int DS = M::kSliceD;
   constexpr int NSL = M::kSlices;
@@ -38,7 +39,6 @@ RA_DEVICE void bwd_mma_item(const SmallSeqParams& p, const int seg, const int hk
   constexpr int HB = M::kHeads;
   static_assert(HB >= kBwdMmaMaxGroup, "one tile of q heads must hold the group");
 
-  const Segment s = load_segment(p, seg);
   if (!bwd_edges<T, D, KV>(p, seg, hk, s, lane)) return;
 
   const int group = p.num_heads_q / p.num_heads_kv;  // 2 .. kBwdMmaMaxGroup (launcher)
@@ -165,21 +165,15 @@ RA_DEVICE void bwd_mma_item(const SmallSeqParams& p, const int seg, const int hk
 
 #endif  // RA_HAS_MMA
 
-// One wave per (segment, kv head) item, like the general backward (launch_impl.h picks this
-// kernel for groups of 2..kBwdMmaMaxGroup). Targets without matrix units compile the general
+// Grid-stride over (segment, kv head) items, like the general backward (launch_impl.h picks
+// this kernel for groups of 2..kBwdMmaMaxGroup). Targets without matrix units compile the general
 // body here.
 template <typename T, int D, int KV>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_bwd_mma_kernel(const SmallSeqParams p) {
 #if RA_HAS_MMA
-  constexpr int WAVE = RA_WAVE_SIZE;
-  const int lane = threadIdx.x % WAVE;
-  const int64_t waves_in_grid = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE);
-  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
-  for (int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE;
-       item < items; item += waves_in_grid) {
-    bwd_mma_item<T, D, KV>(p, static_cast<int>(item / p.num_heads_kv),
-                           static_cast<int>(item % p.num_heads_kv), lane);
-  }
+  const int lane = threadIdx.x % RA_WAVE_SIZE;
+  bwd_grid_stride<true>(
+      p, [&](int seg, int hk, const Segment& s) { bwd_mma_item<T, D, KV>(p, seg, hk, s, lane); });
 #else
   bwd_persistent<T, D, KV>(p);
 #endif

@@ -69,9 +69,10 @@ struct FwdShape {
   // wave width and d=256/512 on a 32-lane warp in a few chunks without spilling.
   static constexpr int kChunk = kSlots < 8 / kVPL ? kSlots : 8 / kVPL;
   static constexpr int kChunks = (kSlots + kChunk - 1) / kChunk;
-  // Small items (K+V of a segment <= 8 vectors per lane) are double buffered: the next item's
-  // loads are in flight while this one computes, which hides the per-item latency chain
-  // (cu_seqlens -> K/V) that dominates short segments.
+  // Small items (K+V of a segment <= 8 vectors per lane) are double buffered in the plain loop:
+  // the next item's loads are in flight while this one computes, which hides the per-item
+  // latency chain (cu_seqlens -> K/V) that dominates short segments. One q head per kv head
+  // takes fwd_pipelined instead (same overlap, one stage of registers).
   static constexpr bool kDoubleBuffer = kChunks == 1 && 2 * kChunk * kVPL <= 8;
 };
 
@@ -285,9 +286,159 @@ RA_DEVICE void fwd_persistent(const SmallSeqParams& p) {
   }
 }
 
+// Software-pipelined grid-stride loop for one q head per kv head and K/V in one chunk: a lane's
+// K registers are dead once the scores are reduced and its V registers once P.V is summed, so the
+// next item's K and q loads are issued right after this item's scores and its V loads right
+// after this item's P.V. Loads stay in flight through the softmax, the output reductions and the
+// stores, with the registers of one stage (the double buffer needs two, and at d=128 kv=16 it
+// lost more warps per SM than it gained: docs/NOTES.md). The arithmetic is fwd_compute's, in the
+// same order, so both loops give bitwise equal results.
 template <typename T, int D, int KV>
+RA_DEVICE void fwd_pipelined(const SmallSeqParams& p) {
+  constexpr int WAVE = RA_WAVE_SIZE;
+  using S = FwdShape<D, KV>;
+  static_assert(S::kChunks == 1, "the pipelined loop holds all of an item's K/V at once");
+  constexpr int VPL = S::kVPL;
+  constexpr int LPR = S::kLPR;
+  constexpr int RPP = S::kRPP;
+  constexpr int SLOTS = S::kSlots;
+  const int lane = threadIdx.x % WAVE;
+  const int row_group = lane / LPR;
+  const int col_lane = lane % LPR;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE);
+  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE;
+  if (item >= items) return;
+  const float qscale = p.softmax_scale * kLog2e;
+  const uint16_t* k = static_cast<const uint16_t*>(p.k);
+  const uint16_t* v = static_cast<const uint16_t*>(p.v);
+  const uint16_t* q = static_cast<const uint16_t*>(p.q);
+  uint16_t* o = static_cast<uint16_t*>(p.o);
+
+  auto k_of = [&](const Segment& sg, int hk) { return k + sg.k_base + hk * p.k_head_stride; };
+  auto v_of = [&](const Segment& sg, int hk) { return v + sg.v_base + hk * p.v_head_stride; };
+  // q row of an item (group == 1: q head == kv head); an invalid segment's q row may be -1.
+  auto load_q = [&](const Segment& sg, int hq, ra_vec8 (&dst)[VPL]) {
+    const int64_t row = sg.q_row < 0 ? 0 : sg.q_row;
+#pragma unroll
+    for (int vi = 0; vi < VPL; ++vi)
+      dst[vi] = ra_load16(q + row * p.q_token_stride + hq * p.q_head_stride +
+                          (col_lane + vi * LPR) * 8);
+  };
+
+  // Stage of the current item: its segment, K, V and raw q.
+  int seg = static_cast<int>(item / p.num_heads_kv);
+  int hk = static_cast<int>(item % p.num_heads_kv);
+  Segment s = resolve_segment(p, seg, fetch_bounds(p, seg));
+  ra_vec8 kr[SLOTS][VPL], vr[SLOTS][VPL], qr[VPL];
+  load_rows<SLOTS, VPL, LPR, RPP>(kr, k_of(s, hk), p.k_token_stride, 0, row_group, col_lane, s.len);
+  load_q(s, hk, qr);
+  load_rows<SLOTS, VPL, LPR, RPP>(vr, v_of(s, hk), p.v_token_stride, 0, row_group, col_lane, s.len);
+  SegmentBounds nb = item + stride < items
+                         ? fetch_bounds(p, static_cast<int>((item + stride) / p.num_heads_kv))
+                         : SegmentBounds{};
+  for (;;) {
+    const int64_t next = item + stride;
+    const bool has_next = next < items;
+    const int nseg = static_cast<int>(next / p.num_heads_kv);
+    const int nhk = static_cast<int>(next % p.num_heads_kv);
+    const Segment ns = has_next ? resolve_segment(p, nseg, nb) : Segment{};
+    if (next + stride < items)
+      nb = fetch_bounds(p, static_cast<int>((next + stride) / p.num_heads_kv));
+
+    if (!s.valid) {
+      fwd_write_invalid<T, D, KV>(p, seg, hk, s, lane);
+      if (has_next) {
+        load_rows<SLOTS, VPL, LPR, RPP>(kr, k_of(ns, nhk), p.k_token_stride, 0, row_group,
+                                        col_lane, ns.len);
+        load_q(ns, nhk, qr);
+        load_rows<SLOTS, VPL, LPR, RPP>(vr, v_of(ns, nhk), p.v_token_stride, 0, row_group,
+                                        col_lane, ns.len);
+      }
+    } else {
+      float qf[VPL][8];
+#pragma unroll
+      for (int vi = 0; vi < VPL; ++vi) {
+        ra_unpack8<T>(qr[vi], qf[vi]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) qf[vi][e] *= qscale;
+      }
+      float scores[SLOTS];
+      float m = -INFINITY;
+#pragma unroll
+      for (int slot = 0; slot < SLOTS; ++slot) {
+        const float d = ra_group_sum<LPR>(dot_part<T, VPL>(qf, kr[slot]));
+        const int row = slot * RPP + row_group;
+        scores[slot] = row < s.len ? d : -INFINITY;
+        m = fmaxf(m, scores[slot]);
+      }
+      // K and q are consumed: the next item's loads go out now.
+      if (has_next) {
+        load_rows<SLOTS, VPL, LPR, RPP>(kr, k_of(ns, nhk), p.k_token_stride, 0, row_group,
+                                        col_lane, ns.len);
+        load_q(ns, nhk, qr);
+      }
+      m = ra_strided_max<LPR, WAVE>(m);
+      float l = 0.f;
+      float acc[VPL][8] = {};
+      if (m != -INFINITY) {
+#pragma unroll
+        for (int slot = 0; slot < SLOTS; ++slot) {
+          const float pr = exp2f(scores[slot] - m);
+          l += pr;
+#pragma unroll
+          for (int vi = 0; vi < VPL; ++vi) {
+            float vf[8];
+            ra_unpack8<T>(vr[slot][vi], vf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[vi][e] = fmaf(pr, vf[e], acc[vi][e]);
+          }
+        }
+      }
+      if (has_next)
+        load_rows<SLOTS, VPL, LPR, RPP>(vr, v_of(ns, nhk), p.v_token_stride, 0, row_group,
+                                        col_lane, ns.len);
+      const float l_total = ra_strided_sum<LPR, WAVE>(l);
+      const float inv = l_total > 0.f ? 1.f / l_total : 0.f;
+#pragma unroll
+      for (int vi = 0; vi < VPL; ++vi)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[vi][e] = ra_strided_sum<LPR, WAVE>(acc[vi][e]) * inv;
+      if (row_group == 0)
+        store_row_f32<T, VPL>(o + s.q_row * p.o_token_stride + hk * p.o_head_stride, acc,
+                              col_lane, LPR);
+      if (lane == 0)
+        p.lse[static_cast<int64_t>(hk) * p.batch + seg] =
+            l_total > 0.f ? (m + log2f(l_total)) * kLn2 : -INFINITY;
+      if (p.probs != nullptr && col_lane == 0) {
+        float* prow = p.probs + (static_cast<int64_t>(seg) * p.num_heads_q + hk) * p.max_seqlen_kv;
+#pragma unroll
+        for (int slot = 0; slot < SLOTS; ++slot) {
+          const int row = slot * RPP + row_group;
+          if (row < p.max_seqlen_kv) prow[row] = row < s.len ? exp2f(scores[slot] - m) * inv : 0.f;
+        }
+      }
+    }
+    if (!has_next) break;
+    item = next;
+    seg = nseg;
+    hk = nhk;
+    s = ns;
+  }
+}
+
+// Whether a shape can take the pipelined loop (all of an item's K/V in one chunk); the launcher
+// also requires one q head per kv head and ROCM_ATTN_SMALL_SEQ_PIPE != 0.
+template <int D, int KV>
+constexpr bool kFwdPipelinable = FwdShape<D, KV>::kChunks == 1;
+
+template <typename T, int D, int KV, bool PIPE>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_kernel(const SmallSeqParams p) {
-  fwd_persistent<T, D, KV>(p);
+  if constexpr (PIPE && kFwdPipelinable<D, KV>) {
+    fwd_pipelined<T, D, KV>(p);
+  } else {
+    fwd_persistent<T, D, KV>(p);
+  }
 }
 
 }  // namespace small_seq

@@ -15,20 +15,30 @@ namespace small_seq {
 inline dim3 block_for() { return dim3(kWavesPerBlock * ra_device_wave_size()); }
 
 // How many resident waves per multiprocessor the grid-stride loop is sized for, as a multiple
-// of what fits at once. ROCM_ATTN_SMALL_SEQ_GRID overrides it for experiments (0: one wave per
-// item, i.e. no grid-stride reuse).
-inline int grid_residency_factor(int default_factor) {
-  const char* env = getenv("ROCM_ATTN_SMALL_SEQ_GRID");
+// of what fits at once. ROCM_ATTN_SMALL_SEQ_GRID (forward) and ROCM_ATTN_SMALL_SEQ_BWD_GRID
+// (backward) override it for experiments (0: one wave per item, i.e. no grid-stride reuse).
+constexpr const char* kGridEnv = "ROCM_ATTN_SMALL_SEQ_GRID";
+constexpr const char* kBwdGridEnv = "ROCM_ATTN_SMALL_SEQ_BWD_GRID";
+inline int grid_residency_factor(int default_factor, const char* env_name) {
+  const char* env = getenv(env_name);
   return env != nullptr ? atoi(env) : default_factor;
 }
 
 // Which GQA passes take the matrix-unit kernels (fwd_mma_kernel.h, bwd_mma_kernel.h):
 // ROCM_ATTN_SMALL_SEQ_MMA is a bit mask, 1 = forward, 2 = backward, unset = both; 0 sends every
 // GQA call to the general kernels (A/B experiments, or a suspected bug).
-constexpr int kMmaForward = 1;
-constexpr int kMmaBackward = 2;
+constexpr int kPassForward = 1;
+constexpr int kPassBackward = 2;
 inline bool mma_enabled(int pass) {
   const char* env = getenv("ROCM_ATTN_SMALL_SEQ_MMA");
+  return env == nullptr || (atoi(env) & pass) != 0;
+}
+
+// Software-pipelined general loops (fwd_kernel.h fwd_pipelined, bwd_kernel.h bwd_pipelined):
+// ROCM_ATTN_SMALL_SEQ_PIPE is a bit mask like ROCM_ATTN_SMALL_SEQ_MMA (1 = forward,
+// 2 = backward, unset = both); 0 keeps the plain loops (A/B experiments).
+inline bool pipe_enabled(int pass) {
+  const char* env = getenv("ROCM_ATTN_SMALL_SEQ_PIPE");
   return env == nullptr || (atoi(env) & pass) != 0;
 }
 
@@ -40,10 +50,10 @@ inline bool mma_enabled(int pass) {
 // them: the first kernel launched set the residency used for every other one.
 template <typename Kernel>
 dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor,
-              int (&resident_per_mp)[64]) {
+              int (&resident_per_mp)[64], const char* env_name) {
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   int64_t blocks = (items + kWavesPerBlock - 1) / kWavesPerBlock;
-  const int factor = grid_residency_factor(default_factor);
+  const int factor = grid_residency_factor(default_factor, env_name);
   if (factor > 0) {
     const int device = ra_device_index();
     if (device >= 0 && device < 64 && resident_per_mp[device] == 0) {
@@ -64,39 +74,71 @@ dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor,
 // head keeps the general kernel (a 16-row tile for one row would waste 15/16 of the unit, and
 // that kernel is already near the byte floor there). On targets without matrix units the MMA
 // kernel compiles the general body, so the choice is always safe.
+template <typename T, int D, int KV, bool PIPE>
+hipError_t launch_fwd_general(const SmallSeqParams& p, hipStream_t stream) {
+  static int resident[64] = {};
+  const dim3 grid =
+      grid_for(p, small_seq_fwd_kernel<T, D, KV, PIPE>, kFwdResidencyFactor, resident, kGridEnv);
+  hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV, PIPE>), grid, block_for(), 0, stream, p);
+  return hipGetLastError();
+}
+
+// GQA groups (two or more q heads per kv head) take the matrix-unit forward; one q head per kv
+// head keeps the general kernel (a 16-row tile for one row would waste 15/16 of the unit, and
+// that kernel is already near the byte floor there), in its software-pipelined loop where the
+// shape allows. On targets without matrix units the MMA kernel compiles the general body, so
+// the choice is always safe.
+// NOTE: the matrix-unit forward had a pipelined loop too (H200, 2026-11-22): no gain at d=128
+// (100% of floor either way) and a loss at d=64 (93% -> 85%): removed (docs/NOTES.md).
 template <typename T, int D, int KV>
 hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
-  if (p.num_heads_q / p.num_heads_kv >= 2 && mma_enabled(kMmaForward)) {
+  const int group = p.num_heads_q / p.num_heads_kv;
+  if (group >= 2 && mma_enabled(kPassForward)) {
     static int resident_mma[64] = {};
-    const dim3 grid =
-        grid_for(p, small_seq_fwd_mma_kernel<T, D, KV>, kFwdResidencyFactor, resident_mma);
+    const dim3 grid = grid_for(p, small_seq_fwd_mma_kernel<T, D, KV>, kFwdResidencyFactor,
+                               resident_mma, kGridEnv);
     hipLaunchKernelGGL((small_seq_fwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
     return hipGetLastError();
   }
+  // The pipelined loop serves one q head per kv head (GQA groups on the general kernel, i.e.
+  // matrix units off or absent, keep the plain loop, which re-uses K/V across the group).
+  if constexpr (kFwdPipelinable<D, KV>) {
+    if (group == 1 && pipe_enabled(kPassForward))
+      return launch_fwd_general<T, D, KV, true>(p, stream);
+  }
+  return launch_fwd_general<T, D, KV, false>(p, stream);
+}
+
+template <typename T, int D, int KV, bool PIPE>
+hipError_t launch_bwd_general(const SmallSeqParams& p, hipStream_t stream) {
   static int resident[64] = {};
-  const dim3 grid = grid_for(p, small_seq_fwd_kernel<T, D, KV>, kFwdResidencyFactor, resident);
-  hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
+  const dim3 grid = grid_for(p, small_seq_bwd_kernel<T, D, KV, PIPE>, kBwdResidencyFactor,
+                             resident, kBwdGridEnv);
+  hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV, PIPE>), grid, block_for(), 0, stream, p);
   return hipGetLastError();
 }
 
 // Groups of 2..kBwdMmaMaxGroup q heads per kv head take the matrix-unit backward (one tile of q
-// heads holds the group on every vendor); single heads and wider groups the general kernel.
+// heads holds the group on every vendor); single heads and wider groups the general kernel,
+// single heads in its software-pipelined loop where the shape allows.
 template <typename T, int D, int KV>
 hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
   const int group = p.num_heads_q / p.num_heads_kv;
-  if (group >= 2 && group <= kBwdMmaMaxGroup && mma_enabled(kMmaBackward)) {
+  if (group >= 2 && group <= kBwdMmaMaxGroup && mma_enabled(kPassBackward)) {
     static int resident_mma[64] = {};
     const dim3 grid =
-        grid_for(p, small_seq_bwd_mma_kernel<T, D, KV>, kBwdResidencyFactor, resident_mma);
+        grid_for(p, small_seq_bwd_mma_kernel<T, D, KV>, kBwdResidencyFactor, resident_mma,
+                 kBwdGridEnv);
     hipLaunchKernelGGL((small_seq_bwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
     return hipGetLastError();
   }
-  static int resident[64] = {};
-  const dim3 grid = grid_for(p, small_seq_bwd_kernel<T, D, KV>, kBwdResidencyFactor, resident);
-  hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
-  return hipGetLastError();
+  if constexpr (kBwdPipelinable<D, KV>) {
+    if (group == 1 && pipe_enabled(kPassBackward))
+      return launch_bwd_general<T, D, KV, true>(p, stream);
+  }
+  return launch_bwd_general<T, D, KV, false>(p, stream);
 }
 
 }  // namespace small_seq

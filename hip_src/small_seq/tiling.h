@@ -83,10 +83,6 @@ RA_DEVICE Segment resolve_segment(const SmallSeqParams& p, int seg, const Segmen
   return s;
 }
 
-RA_DEVICE Segment load_segment(const SmallSeqParams& p, int seg) {
-  return resolve_segment(p, seg, fetch_bounds(p, seg));
-}
-
 RA_DEVICE void report_bad_segment(const SmallSeqParams& p, int seg) {
   atomicAdd(p.error_state, 1);
   // Largest (INT32_MAX - seg) wins: the lowest bad segment index, whatever the launch order.
@@ -102,9 +98,13 @@ constexpr int kWavesPerBlock = 2;
 constexpr int kMaxThreadsPerBlock = 128;
 // Grid = this many times the blocks resident at once (launch_impl.h grid_for); 0 = one wave
 // per item. Measured on an H200 (docs/NOTES.md): the forward gains from re-using resident waves
-// (d=128 kv=16: 73% -> 85-89% of floor), the backward does not (and loses on small batches).
+// (d=128 kv=16: 73% -> 85-89% of floor). The backward gains too once timed on the device clock
+// (graph replay, 2026-11-22: fwd+bwd ragged 60% -> 63%, d=128 kv8 66% -> 70%, GQA 89% -> 94%,
+// h1/kv4 unchanged); the loss first seen on h1/kv4 was host dispatch in eager timing.
+// NOTE: d=256/512 kv=16 measured the other way round (d=512 fwd+bwd 87% here, 92% with one
+// wave per item): a per-shape factor is the open next step (docs/NOTES.md).
 constexpr int kFwdResidencyFactor = 4;
-constexpr int kBwdResidencyFactor = 0;
+constexpr int kBwdResidencyFactor = 4;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

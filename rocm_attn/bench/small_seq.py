@@ -15,6 +15,7 @@ working set exceeds L2. GQA cases (h_q > h_kv) also time the general kernel in t
 run. Writes JSON with --json; prints a table last.
 
 Usage: python tools/bench_small_seq.py [--json out.json] [--cases name,...] [--batch 30720]
+       [--no-anchors] [--ab VAR=VALUE ...]
 """
 
 from __future__ import annotations
@@ -153,7 +154,20 @@ def _with_backward(fwd, leaves):
 ANCHORS = {"sdpa": sdpa, "varlen": varlen, "unfused": unfused}
 
 
-def bench_case(name, spec, batch, dtype, bw, seed, anchors=True):
+def _with_env(var, value, fn):
+    """fn() with os.environ[var] = value (the launchers read their switches at every call)."""
+    saved = os.environ.get(var)
+    os.environ[var] = value
+    try:
+        return fn()
+    finally:
+        if saved is None:
+            del os.environ[var]
+        else:
+            os.environ[var] = saved
+
+
+def bench_case(name, spec, batch, dtype, bw, seed, anchors=True, ab=()):
     h_q, h_kv, d, kv = spec
     gen = torch.Generator().manual_seed(seed)
     probe = make_inputs(batch, h_q, h_kv, d, kv, dtype, gen)
@@ -170,18 +184,15 @@ def bench_case(name, spec, batch, dtype, bw, seed, anchors=True):
         row[mode] = {"ms": t, "eager_ms": t_eager, "floor_ms": floor, "pct_floor": 100 * floor / t,
                      "gbps": nbytes / (t * 1e-3) / 1e9, "anchors": {}}
         if h_q // h_kv >= 2:  # the general kernel on the same inputs, for the A/B
-            saved = os.environ.get(MMA_ENV)
-            os.environ[MMA_ENV] = "0"
-            try:
-                tg = time_ms(rotating([ours(x, backward) for x in sets]),
-                             name=f"{name}/{mode}/general")
-            finally:
-                if saved is None:
-                    del os.environ[MMA_ENV]
-                else:
-                    os.environ[MMA_ENV] = saved
+            tg = _with_env(MMA_ENV, "0", lambda: time_ms(
+                rotating([ours(x, backward) for x in sets]), name=f"{name}/{mode}/general"))
             row[mode]["general_ms"] = tg
             row[mode]["general_pct_floor"] = 100 * floor / tg
+        for setting in ab:  # --ab VAR=VALUE: ours again on the same inputs with a switch set
+            var, value = setting.split("=", 1)
+            ta = _with_env(var, value, lambda: time_ms(
+                rotating([ours(x, backward) for x in sets]), name=f"{name}/{mode}/{setting}"))
+            row[mode].setdefault("ab", {})[setting] = {"ms": ta, "pct_floor": 100 * floor / ta}
         for aname, make in (ANCHORS.items() if anchors else ()):
             try:
                 # NOTE: anchors are timed eagerly (one call, host dispatch included; they run
@@ -216,6 +227,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-anchors", action="store_true", help="time only our kernels (quick A/B runs)")
+    parser.add_argument("--ab", action="append", default=[], metavar="VAR=VALUE",
+                        help="also time our op with this environment switch set, on the same "
+                             "inputs (repeatable; e.g. ROCM_ATTN_SMALL_SEQ_PIPE=0)")
     parser.add_argument("--plot", type=Path,
                         help="write a PNG of %% of floor per case (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
@@ -226,15 +240,16 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     bw = copy_bandwidth()
     rows = []
-    for name in progress(args.cases.split(","), "small-seq", not args.no_progress):
-        rows.append(bench_case(name, CASES[name], args.batch, dtype, bw, args.seed,
-                               anchors=not args.no_anchors))
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "copy_bandwidth_GBps": bw / 1e9,
               "clock": "ours: device (graph replay of back-to-back calls); eager_ms and the "
-                       "anchors: one call at a time, host dispatch included", "eager_fallbacks": eager_fallbacks(), "rows": rows}
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+                       "anchors: one call at a time, host dispatch included", "rows": rows}
+    for name in progress(args.cases.split(","), "small-seq", not args.no_progress):
+        rows.append(bench_case(name, CASES[name], args.batch, dtype, bw, args.seed,
+                               anchors=not args.no_anchors, ab=args.ab))
+        report["eager_fallbacks"] = eager_fallbacks()
+        if args.json:  # after every case: a sweep cut short still leaves its finished rows
+            args.json.write_text(json.dumps(report, indent=1))
     print(f"\n{report['device']}  copy bandwidth {bw / 1e9:.0f} GB/s  {args.dtype}  B={args.batch}")
     print("times: device (graph replay); eager: one forward call incl. host dispatch")
     print("general: the general kernel's fwd ms and % floor (GQA cases; matrix units off)")
@@ -248,6 +263,14 @@ def main(argv=None) -> int:
         print(f"{r['case']:24s} {f['ms']:8.3f} {f['eager_ms']:7.3f} {f['pct_floor']:5.0f}% "
               f"{sp(f):>7s} {gen:>14s} {fb['ms']:10.3f} {fb['pct_floor']:5.0f}% {sp(fb):>7s}  "
               f"{anchors}")
+    for setting in args.ab:
+        print(f"\nA/B {setting}: fwd ms (% floor) / fwd+bwd ms (% floor), default first")
+        for r in rows:
+            f, fb = r["fwd"], r["fwdbwd"]
+            a, ab_ = f["ab"][setting], fb["ab"][setting]
+            print(f"{r['case']:24s} {f['ms']:.3f} ({f['pct_floor']:3.0f}%) -> {a['ms']:.3f} "
+                  f"({a['pct_floor']:3.0f}%)   {fb['ms']:.3f} ({fb['pct_floor']:3.0f}%) -> "
+                  f"{ab_['ms']:.3f} ({ab_['pct_floor']:3.0f}%)")
     if args.plot:
         print(f"plot: {plot_report(report, args.plot)}")
     return 0
