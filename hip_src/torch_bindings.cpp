@@ -663,6 +663,32 @@ void thd_out_correction_(at::Tensor& out, const at::Tensor& out_step, const at::
   check_launch(thd_merge_launch(p, current_stream(lse.device())), "thd out_correction (in place)");
 }
 
+// The row side of a grad launch (pointers, strides, [heads, head_dim] split, dtypes) of grad,
+// step and dst: shared by grad_correction and add_rows.
+ThdGradParams thd_grad_rows(const at::Tensor& grad, const at::Tensor& step, const at::Tensor& dst,
+                            const char* op, const char* step_name) {
+  ThdGradParams p{};
+  int64_t heads = 1, head_dim = 1;
+  std::vector<int64_t> hs;
+  TORCH_CHECK(thd_split_rows({&grad, &step, &dst}, 1, heads, head_dim, hs), "thd ", op,
+              ": rows must be [heads, contiguous elements]");
+  TORCH_CHECK(heads <= INT32_MAX && head_dim <= INT32_MAX, "thd ", op, ": rows too large");
+  p.grad = grad.data_ptr();
+  p.step = step.data_ptr();
+  p.dst = dst.data_ptr();
+  p.grad_tok = grad.stride(0);
+  p.step_tok = step.stride(0);
+  p.dst_tok = dst.stride(0);
+  p.grad_head = hs[0];
+  p.step_head = hs[1];
+  p.dst_head = hs[2];
+  p.heads = static_cast<int32_t>(heads);
+  p.head_dim = static_cast<int32_t>(head_dim);
+  p.grad_dtype = thd_math_dtype(grad, "grad");
+  p.step_dtype = thd_math_dtype(step, step_name);
+  return p;
+}
+
 ThdGradParams thd_grad_params(const at::Tensor& grad, const at::Tensor& grad_step,
                               const at::Tensor& cu_seqlens_padded, int64_t first_half_op,
                               int64_t second_half_op, const at::Tensor& dst) {
@@ -680,25 +706,7 @@ ThdGradParams thd_grad_params(const at::Tensor& grad, const at::Tensor& grad_ste
   TORCH_CHECK(t % 2 == 0 && (full || ts == t / 2),
               "thd grad_correction: grad_step must have t or t/2 rows");
   thd_check_cu(cu_seqlens_padded, grad, -1, "cu_seqlens_padded");
-  ThdGradParams p{};
-  int64_t heads = 1, head_dim = 1;
-  std::vector<int64_t> hs;
-  TORCH_CHECK(thd_split_rows({&grad, &grad_step, &dst}, 1, heads, head_dim, hs),
-              "thd grad_correction: rows must be [heads, contiguous elements]");
-  TORCH_CHECK(heads <= INT32_MAX && head_dim <= INT32_MAX, "thd grad_correction: rows too large");
-  p.grad = grad.data_ptr();
-  p.step = grad_step.data_ptr();
-  p.dst = dst.data_ptr();
-  p.grad_tok = grad.stride(0);
-  p.step_tok = grad_step.stride(0);
-  p.dst_tok = dst.stride(0);
-  p.grad_head = hs[0];
-  p.step_head = hs[1];
-  p.dst_head = hs[2];
-  p.heads = static_cast<int32_t>(heads);
-  p.head_dim = static_cast<int32_t>(head_dim);
-  p.grad_dtype = thd_math_dtype(grad, "grad");
-  p.step_dtype = thd_math_dtype(grad_step, "grad_step");
+  ThdGradParams p = thd_grad_rows(grad, grad_step, dst, "grad_correction", "grad_step");
   p.op0 = static_cast<int32_t>(first_half_op);
   p.op1 = static_cast<int32_t>(second_half_op);
   p.step_is_half = full ? 0 : 1;
@@ -755,25 +763,7 @@ void thd_add_rows_(at::Tensor& grad, const at::Tensor& step, const at::Tensor& r
                              step_rows->numel() == n),
               "thd add_rows: step_rows must be a contiguous int64 tensor like rows");
   if (grad.numel() == 0 || n == 0) return;
-  ThdGradParams p{};
-  int64_t heads = 1, head_dim = 1;
-  std::vector<int64_t> hs;
-  TORCH_CHECK(thd_split_rows({&grad, &step, &grad}, 1, heads, head_dim, hs),
-              "thd add_rows: rows must be [heads, contiguous elements]");
-  TORCH_CHECK(heads <= INT32_MAX && head_dim <= INT32_MAX, "thd add_rows: rows too large");
-  p.grad = grad.data_ptr();
-  p.step = step.data_ptr();
-  p.dst = grad.data_ptr();
-  p.grad_tok = grad.stride(0);
-  p.step_tok = step.stride(0);
-  p.dst_tok = grad.stride(0);
-  p.grad_head = hs[0];
-  p.step_head = hs[1];
-  p.dst_head = hs[2];
-  p.heads = static_cast<int32_t>(heads);
-  p.head_dim = static_cast<int32_t>(head_dim);
-  p.grad_dtype = thd_math_dtype(grad, "grad");
-  p.step_dtype = thd_math_dtype(step, "step");
+  ThdGradParams p = thd_grad_rows(grad, step, grad, "add_rows", "step");
   p.op0 = kThdGradAdd;
   p.op1 = kThdGradAdd;
   p.map = thd_identity_map();
