@@ -63,12 +63,13 @@ CROSS_KV = [9, 17, 2, 30]
 
 
 def _heads(comm: str, cp: int, kind: str):
+    """(h_q, h_kv); a2a shards heads over the group, so its counts are multiples of cp (the
+    same counts as the other comm types at cp 2, wider at 4 and 8)."""
     if kind == "mha":
-        return 4, 4
+        return (max(4, cp),) * 2 if comm == "a2a" else (4, 4)
     if kind == "mqa":
         return 4, 1
-    # gqa; a2a shards heads over the group
-    return (8, 4) if (comm == "a2a" and cp == 4) else (4, 2)
+    return (2 * cp, cp) if comm == "a2a" and cp > 2 else (4, 2)
 
 
 def configs(world: int) -> List[Cfg]:
