@@ -59,7 +59,6 @@ def all_gather_forward(q, k, v, plan: CPPlan):
 
 def all_gather_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
     cdt = accum_dtype(q.dtype)
-    cu_q = plan.local_cu_q_padded
     k_g, v_g = _gather_kv(k, v, plan)
     extra = 1 if uses_packed_steps(plan, "all_gather") else 0  # dummy rows of packed steps
     t, t_g = q.shape[0], k_g.shape[0]
@@ -70,12 +69,7 @@ def all_gather_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
             packed.backward_into(dq, dkv[:, 0], dkv[:, 1], plan.backend, dout, q, k_g, v_g, out,
                                  lse, dlse, meta, plan.softmax_scale)
             continue
-        sel = meta.q_layout
-        dq_s, dk_s, dv_s = plan.backend.backward(
-            layouts.select_rows(dout, sel, cu_q), layouts.select_rows(q, sel, cu_q), k_g, v_g,
-            layouts.select_rows(out, sel, cu_q), layouts.select_lse(lse, sel, cu_q),
-            layouts.select_lse(dlse, sel, cu_q), meta, plan.softmax_scale)
-        layouts.fold_grad(dq, dq_s, sel, cu_q)
+        dk_s, dv_s = layouts.step_backward(plan, meta, dq, dout, q, k_g, v_g, out, lse, dlse)
         dkv[:, 0] += dk_s
         dkv[:, 1] += dv_s
     dkv = thd.reorder_to_rank_sharded(dkv[:t_g], plan.cu_seqlens_kv_padded, plan.cp)

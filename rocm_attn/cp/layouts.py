@@ -10,7 +10,8 @@ import torch
 
 from .. import thd
 
-__all__ = ["select_rows", "select_lse", "merge_step", "fold_grad", "place_half"]
+__all__ = ["select_rows", "select_lse", "merge_step", "fold_grad", "place_half",
+           "step_backward"]
 
 
 def select_rows(x: torch.Tensor, layout: str, local_cu_padded: torch.Tensor) -> torch.Tensor:
@@ -58,3 +59,17 @@ def place_half(dst: torch.Tensor, half_vals: torch.Tensor, layout: str,
     if token_dim_last:
         dst, half_vals = dst.movedim(-1, 0), half_vals.movedim(-1, 0)
     thd.grad_correction(dst, half_vals, local_cu_padded, ops[0], ops[1], inplace=True)
+
+
+def step_backward(plan, meta, dq: torch.Tensor, dout: torch.Tensor, q: torch.Tensor,
+                  k_s: torch.Tensor, v_s: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                  dlse: Optional[torch.Tensor]):
+    """Backward of a core step (q rows of ``meta.q_layout``, kv tensors as the step reads them):
+    dQ folded into ``dq`` at once, ``(dk_s, dv_s)`` returned for the comm type to fold."""
+    sel, cu_q = meta.q_layout, plan.local_cu_q_padded
+    dq_s, dk_s, dv_s = plan.backend.backward(
+        select_rows(dout, sel, cu_q), select_rows(q, sel, cu_q), k_s, v_s,
+        select_rows(out, sel, cu_q), select_lse(lse, sel, cu_q), select_lse(dlse, sel, cu_q),
+        meta, plan.softmax_scale)
+    fold_grad(dq, dq_s, sel, cu_q)
+    return dk_s, dv_s

@@ -62,7 +62,7 @@ def forward_step(out, lse, plan: CPPlan, q, kv, step: int, fresh: bool) -> bool:
 def backward_step(dq, plan: CPPlan, dout, dlse, q, kv, out, lse, step: int) -> list:
     """Gradients of ring step ``step``: dQ added into ``dq`` at once; the dK/dV parts come back
     as a list for :func:`fold_kv_grads` (their accumulator arrives later)."""
-    cu_q, cu_kv = plan.local_cu_q_padded, plan.local_cu_kv_padded
+    cu_kv = plan.local_cu_kv_padded
     grads, step_dkv = [], None
     for meta in ring_step_metas(plan, step):
         if meta.direct is not None:  # whole tensors
@@ -81,12 +81,7 @@ def backward_step(dq, plan: CPPlan, dout, dlse, q, kv, out, lse, step: int) -> l
             packed.backward_into(dq, step_dkv[0], step_dkv[1], plan.backend, dout, q, k_s, v_s,
                                  out, lse, dlse, meta, plan.softmax_scale)
             continue
-        sel = meta.q_layout
-        dq_s, dk_s, dv_s = plan.backend.backward(
-            layouts.select_rows(dout, sel, cu_q), layouts.select_rows(q, sel, cu_q), k_s, v_s,
-            layouts.select_rows(out, sel, cu_q), layouts.select_lse(lse, sel, cu_q),
-            layouts.select_lse(dlse, sel, cu_q), meta, plan.softmax_scale)
-        layouts.fold_grad(dq, dq_s, sel, cu_q)
+        dk_s, dv_s = layouts.step_backward(plan, meta, dq, dout, q, k_s, v_s, out, lse, dlse)
         grads.append((meta.kv_layout, dk_s, dv_s))
     return grads
 
