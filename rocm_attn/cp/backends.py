@@ -232,12 +232,8 @@ class TorchFlashBackend(StepBackend):
         dummy sub-sequences: no packing copies. Valid only at the rows ``meta.direct`` covers
         (the caller merges those by index); LSE ``-inf`` where a covered row saw no key."""
         dc = meta.direct
-        max_q, max_k = self._max_seqlens(meta)
-        out, lse, _, _, _ = _aten_flash()[0](
-            q.contiguous(), k.contiguous(), v.contiguous(), dc.cu_q, dc.cu_kv, max_q, max_k,
-            0.0, self._is_causal(meta), False, scale=softmax_scale,
-            window_size_left=meta.window_size[0], window_size_right=meta.window_size[1])
-        lse = lse.float()
+        out, lse = self._flash_call(q.contiguous(), k.contiguous(), v.contiguous(), meta,
+                                    softmax_scale, (dc.cu_q, dc.cu_kv))
         return out, lse.masked_fill_(lse == float("inf"), NEG_INF)
 
     def backward_direct(self, dout, q, k, v, out, lse, dlse, meta, softmax_scale):
@@ -250,13 +246,19 @@ class TorchFlashBackend(StepBackend):
                                 None if dlse is None else dlse.float(), meta, softmax_scale,
                                 (dc.cu_q, dc.cu_kv))
 
-    def _flash_fwd(self, q_p, k_p, v_p, meta, softmax_scale):
+    def _flash_call(self, q, k, v, meta, softmax_scale, cu=None):
+        """The aten flash forward with the meta's mask (and ``cu`` = ``(cu_q, cu_kv)`` instead
+        of the meta's cu_seqlens): raw ``(out, lse float32)``."""
         max_q, max_k = self._max_seqlens(meta)
-        out_p, lse_p, _, _, _ = _aten_flash()[0](
-            q_p, k_p, v_p, meta.cu_seqlens_q, meta.cu_seqlens_kv, max_q, max_k, 0.0,
-            self._is_causal(meta), False, scale=softmax_scale,
-            window_size_left=meta.window_size[0], window_size_right=meta.window_size[1])
-        lse_p = lse_p.float()
+        cu_q, cu_kv = cu if cu is not None else (meta.cu_seqlens_q, meta.cu_seqlens_kv)
+        out, lse, _, _, _ = _aten_flash()[0](
+            q, k, v, cu_q, cu_kv, max_q, max_k, 0.0, self._is_causal(meta), False,
+            scale=softmax_scale, window_size_left=meta.window_size[0],
+            window_size_right=meta.window_size[1])
+        return out, lse.float()
+
+    def _flash_fwd(self, q_p, k_p, v_p, meta, softmax_scale):
+        out_p, lse_p = self._flash_call(q_p, k_p, v_p, meta, softmax_scale)
         lse_p = torch.where(torch.isfinite(lse_p), lse_p, torch.full_like(lse_p, NEG_INF))
         out_p = out_p.masked_fill((lse_p == NEG_INF).t().unsqueeze(-1), 0)
         return out_p, lse_p

@@ -28,7 +28,7 @@ import torch
 from . import comm, layouts, packed
 from .autograd import make_cp_function
 from .backends import accum_dtype
-from .steps import CPPlan, ring_step_metas, uses_packed_steps
+from .steps import CPPlan, ring_step_metas, uses_direct_calls, uses_packed_steps
 
 __all__ = ["RingAttnFunc"]
 
@@ -67,8 +67,8 @@ def backward_step(dq, plan: CPPlan, dout, dlse, q, kv, out, lse, step: int) -> l
     for meta in ring_step_metas(plan, step):
         if meta.direct is not None:  # whole tensors
             dc = meta.direct
-            dq_s, dk_s, dv_s = packed.backward_direct(plan.backend, dout, q, kv[0], kv[1], out,
-                                                      lse, dlse, meta, plan.softmax_scale)
+            dq_s, dk_s, dv_s = plan.backend.backward_direct(dout, q, kv[0], kv[1], out, lse,
+                                                            dlse, meta, plan.softmax_scale)
             packed.add_direct(dq, dq_s, dc.q_src, dc.q_dst)
             grads.append((dc, dk_s, dv_s))
             continue
@@ -150,7 +150,7 @@ def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
 def _dummy_row(plan: CPPlan) -> bool:
     """Accumulators carry a dummy row for packed steps and for direct calls (slack entries of
     their row maps land there)."""
-    return uses_packed_steps(plan, "p2p") or bool(getattr(plan.backend, "direct", False))
+    return uses_packed_steps(plan, "p2p") or uses_direct_calls(plan)
 
 
 RingAttnFunc = make_cp_function(

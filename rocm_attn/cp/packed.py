@@ -19,16 +19,18 @@ caller drops (:func:`accumulator_rows`).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, NamedTuple, Optional, Tuple
 
 import torch
 
 from .. import thd
-from .steps import StepMeta
+
+if TYPE_CHECKING:  # steps.py builds its direct-call row maps with packed_rows
+    from .steps import StepMeta
 
 __all__ = ["PackedRows", "packed_rows", "step_rows", "gather_packed", "scatter_packed",
            "scatter_add_packed", "merge_packed", "add_packed", "forward_into", "backward_into",
-           "forward_direct_into", "backward_direct", "add_direct"]
+           "forward_direct_into", "add_direct"]
 
 
 class PackedRows(NamedTuple):
@@ -149,14 +151,6 @@ def forward_direct_into(out: torch.Tensor, lse: torch.Tensor, backend, q: torch.
     dc = meta.direct
     o, l_ = backend.forward_direct(q, k, v, meta, scale)
     thd.merge_rows_(out, lse, o, l_.to(lse.dtype), dc.q_dst, dc.q_src)
-
-
-def backward_direct(backend, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                    v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                    dlse: Optional[torch.Tensor], meta: StepMeta, scale: float):
-    """Gradients of a direct step on the whole tensors (valid at covered rows only; fold them
-    with :func:`add_direct`)."""
-    return backend.backward_direct(dout, q, k, v, out, lse, dlse, meta, scale)
 
 
 def add_direct(acc: torch.Tensor, grad: torch.Tensor, src: torch.Tensor,

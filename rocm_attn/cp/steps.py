@@ -63,6 +63,7 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 import torch
 
 from .. import thd
+from .packed import packed_rows
 from .bands import (
     MaskSpec,
     Segment,
@@ -85,6 +86,7 @@ __all__ = [
     "DirectCall",
     "direct_call",
     "with_direct",
+    "uses_direct_calls",
     "all_gather_step_metas",
     "a2a_step_meta",
 ]
@@ -236,14 +238,10 @@ class DirectCall(NamedTuple):
 
 def _covered_rows(starts: torch.Tensor, lens: torch.Tensor, bound: int, rows: int):
     """``(src, dst)`` int64 ``[bound]``: the rows of ``[start_i, start_i + len_i)`` in order,
-    then slack (``src`` clamped, ``dst`` = the dummy row ``rows``). One search per entry."""
+    then slack (``src`` clamped, ``dst`` = the dummy row ``rows``): a packed row map."""
     cu = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)])
-    d = torch.arange(bound, device=lens.device, dtype=torch.int64)
-    seg = torch.searchsorted(cu[1:].contiguous(), d, right=True)
-    valid = seg < lens.numel()
-    seg_c = seg.clamp(max=max(lens.numel() - 1, 0))
-    src = (starts[seg_c] + d - cu[seg_c]).clamp(0, max(rows - 1, 0))
-    return src, torch.where(valid, src, torch.full_like(src, rows))
+    m = packed_rows(cu, torch.cat([starts, starts.new_zeros(1)]), bound, rows)
+    return m.src, m.targets
 
 
 def direct_call(q_start: torch.Tensor, q_len: torch.Tensor, kv_start: torch.Tensor,
@@ -440,7 +438,7 @@ def ring_step_metas(plan: CPPlan, step: int) -> List[StepMeta]:
 
 def _ring_step_metas(plan: CPPlan, step: int) -> List[StepMeta]:
     spec = plan.spec
-    rows = (plan.rows_q, plan.rows_kv) if _direct(plan) else None
+    rows = (plan.rows_q, plan.rows_kv) if uses_direct_calls(plan) else None
 
     def annotate(meta: StepMeta) -> StepMeta:
         return meta if rows is None else with_direct(meta, plan, *rows)
@@ -643,8 +641,9 @@ def _group_direct(pairs: List[_Pair]) -> List[List[_Pair]]:
     return groups
 
 
-def _direct(plan: CPPlan) -> bool:
-    """Whether the plan's backend reads sub-sequences in place (:class:`DirectCall`)."""
+def uses_direct_calls(plan: CPPlan) -> bool:
+    """Whether the plan's backend reads sub-sequences in place (:class:`DirectCall`), so that
+    ring steps carry one and accumulators need the dummy row of their row maps."""
     return bool(getattr(plan.backend, "direct", False))
 
 
