@@ -1270,8 +1270,8 @@ def pad_for_cp(x: torch.Tensor, cu_seqlens: torch.Tensor, cp: int,
     return _impl("pad_for_cp", x, backend)(x, cu_seqlens, cp, total_padded)
 
 
-def _step_rows_of(step: torch.Tensor, dim: int, rows: torch.Tensor,
-                  step_rows: Optional[torch.Tensor]) -> torch.Tensor:
+def _step_rows_of(step: torch.Tensor, dim: int, step_rows: Optional[torch.Tensor]
+                  ) -> torch.Tensor:
     """The step rows entry ``k`` reads: row ``k``, or ``step_rows[k]`` clamped into ``step``."""
     if step_rows is None:
         return step
@@ -1279,8 +1279,8 @@ def _step_rows_of(step: torch.Tensor, dim: int, rows: torch.Tensor,
 
 
 def _torch_merge_rows_(out, lse, out_step, lse_step, rows, step_rows):
-    out_step = _step_rows_of(out_step, 0, rows, step_rows)
-    lse_step = _step_rows_of(lse_step, -1, rows, step_rows)
+    out_step = _step_rows_of(out_step, 0, step_rows)
+    lse_step = _step_rows_of(lse_step, -1, step_rows)
     new_o, new_l = _merge_math(out.index_select(0, rows), lse.index_select(-1, rows), out_step,
                                lse_step)
     out.index_copy_(0, rows, new_o)
@@ -1292,6 +1292,17 @@ def _check_row_index(name: str, rows: torch.Tensor, n: Optional[int], what: str)
     if rows.dtype != torch.int64 or rows.dim() != 1 or (n is not None and rows.numel() != n):
         want = "int64 [n]" if n is None else f"int64 [n] with n = {what} = {n}"
         raise ValueError(f"{name} must be {want}, got {rows.dtype} {list(rows.shape)}")
+
+
+def _check_row_maps(rows: torch.Tensor, step_rows: Optional[torch.Tensor], step_n: int,
+                    step_what: str) -> None:
+    """``rows`` names one row per step row (``step_n`` of them), or, with ``step_rows``, both
+    are int64 ``[n]`` of one length (merge_rows_ / add_rows_)."""
+    if step_rows is None:
+        _check_row_index("rows", rows, step_n, step_what)
+    else:
+        _check_row_index("rows", rows, None, "")
+        _check_row_index("step_rows", step_rows, rows.numel(), "rows.numel()")
 
 
 def merge_rows_(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
@@ -1307,16 +1318,12 @@ def merge_rows_(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
     updates (the callers send only a dropped dummy row more than once). Same math as
     :func:`merge_partial`.
     """
-    if step_rows is None:
-        _check_row_index("rows", rows, lse_step.shape[-1], "lse_step.shape[-1]")
-    else:
-        _check_row_index("rows", rows, None, "")
-        _check_row_index("step_rows", step_rows, rows.numel(), "rows.numel()")
+    _check_row_maps(rows, step_rows, lse_step.shape[-1], "lse_step.shape[-1]")
     return _impl("merge_rows_", lse, backend)(out, lse, out_step, lse_step, rows, step_rows)
 
 
 def _torch_add_rows_(grad, step, rows, step_rows):
-    step = _step_rows_of(step, 0, rows, step_rows)
+    step = _step_rows_of(step, 0, step_rows)
     grad.index_copy_(0, rows, (grad.index_select(0, rows).float() + step.float()).to(grad.dtype))
     return grad
 
@@ -1327,11 +1334,7 @@ def add_rows_(grad: torch.Tensor, step: torch.Tensor, rows: torch.Tensor,
     fp32 and rounded once to ``grad``'s dtype: the gradient counterpart of :func:`merge_rows_`
     (``grad [T, ...]``, ``step [n or any, ...]``, ``rows`` / ``step_rows`` int64 ``[n]``). A row
     named twice gets one of the two updates."""
-    if step_rows is None:
-        _check_row_index("rows", rows, step.shape[0], "step.shape[0]")
-    else:
-        _check_row_index("rows", rows, None, "")
-        _check_row_index("step_rows", step_rows, rows.numel(), "rows.numel()")
+    _check_row_maps(rows, step_rows, step.shape[0], "step.shape[0]")
     if grad.shape[1:] != step.shape[1:]:
         raise ValueError(f"grad {list(grad.shape)} and step {list(step.shape)} differ after the "
                          "token dim")
@@ -1567,12 +1570,27 @@ def _kernel_merge_partial(out, lse, out_step, lse_step, cu_seqlens_padded, only_
     return o, l_
 
 
+def _row_maps_problem(device: torch.device, rows: torch.Tensor,
+                     step_rows: Optional[torch.Tensor]) -> Optional[str]:
+    for name, r in (("rows", rows), ("step_rows", step_rows)):
+        if r is not None and r.device != device:
+            return f"{name} on {r.device}"
+    return None
+
+
+def _grad_problem(grad: torch.Tensor, step: torch.Tensor, step_name: str) -> Optional[str]:
+    """Why the grad kernel cannot add ``step`` rows into ``grad`` rows (None: it can)."""
+    split = _row_split((grad, step), 1)
+    return _math_dtype_problem(grad=grad, **{step_name: step}) or (
+        "rows are not [heads, contiguous elements]" if split is None
+        or split[0] > _I32_MAX or split[1] > _I32_MAX else None) \
+        or _autograd_problem(grad, step)
+
+
 def _kernel_merge_rows_(out, lse, out_step, lse_step, rows, step_rows):
     why = (_merge_problem(out, lse, out_step, lse_step)
            or _overlap_problem(out, lse, out_step, lse_step)
-           or (None if rows.device == lse.device else f"rows on {rows.device}")
-           or (None if step_rows is None or step_rows.device == lse.device
-               else f"step_rows on {step_rows.device}"))
+           or _row_maps_problem(lse.device, rows, step_rows))
     if why:
         return _fallback("merge_rows_", why, out, lse, out_step, lse_step, rows, step_rows)
     torch.ops.rocm_attn.thd_merge_rows_(out, lse, out_step, lse_step, rows.contiguous(),
@@ -1581,14 +1599,8 @@ def _kernel_merge_rows_(out, lse, out_step, lse_step, rows, step_rows):
 
 
 def _kernel_add_rows_(grad, step, rows, step_rows):
-    split = _row_split((grad, step), 1)
-    why = _math_dtype_problem(grad=grad, step=step) or (
-        "rows are not [heads, contiguous elements]" if split is None
-        or split[0] > _I32_MAX or split[1] > _I32_MAX else None) \
-        or _autograd_problem(grad, step) or _overlap_problem(grad, step) \
-        or (None if rows.device == grad.device else f"rows on {rows.device}") \
-        or (None if step_rows is None or step_rows.device == grad.device
-            else f"step_rows on {step_rows.device}")
+    why = (_grad_problem(grad, step, "step") or _overlap_problem(grad, step)
+           or _row_maps_problem(grad.device, rows, step_rows))
     if why:
         return _fallback("add_rows_", why, grad, step, rows, step_rows)
     torch.ops.rocm_attn.thd_add_rows_(grad, step, rows.contiguous(),
@@ -1630,12 +1642,8 @@ def _kernel_grad_correction(grad, grad_step, cu_seqlens_padded, first_half_op, s
                             inplace):
     if first_half_op == "none" and second_half_op == "none":
         return grad  # as the torch path: nothing to do, grad itself
-    split = _row_split((grad, grad_step), 1)
-    why = _math_dtype_problem(grad=grad, grad_step=grad_step) or (
-        "rows are not [heads, contiguous elements]" if split is None
-        or split[0] > _I32_MAX or split[1] > _I32_MAX else None) \
-        or _autograd_problem(grad, grad_step) \
-        or (_overlap_problem(grad, grad_step) if inplace else None)
+    why = _grad_problem(grad, grad_step, "grad_step") or (
+        _overlap_problem(grad, grad_step) if inplace else None)
     if why:
         return _fallback("grad_correction", why, grad, grad_step, cu_seqlens_padded,
                          first_half_op, second_half_op, inplace)
