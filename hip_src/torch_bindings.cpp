@@ -501,6 +501,12 @@ void thd_lse_view(const at::Tensor& l, const at::Tensor& ref, int64_t& h, int64_
   tok = l.stride(-1);
 }
 
+// A row index of merge_rows / add_rows: contiguous int64 [n] on the data's device.
+bool thd_is_row_index(const at::Tensor& idx, const at::Tensor& data, int64_t n) {
+  return idx.scalar_type() == at::kLong && idx.dim() == 1 && idx.is_contiguous() &&
+         idx.device() == data.device() && idx.numel() == n;
+}
+
 ThdMergeParams thd_merge_params(const std::optional<at::Tensor>& out, const at::Tensor& lse,
                                 const std::optional<at::Tensor>& out_step,
                                 const at::Tensor& lse_step,
@@ -518,15 +524,11 @@ ThdMergeParams thd_merge_params(const std::optional<at::Tensor>& out, const at::
   if (rows != nullptr) {
     // step_rows: entry k reads step row step_rows[k] (a result laid out like out)
     p.n = rows->numel();
-    TORCH_CHECK(rows->scalar_type() == at::kLong && rows->dim() == 1 && rows->is_contiguous() &&
-                 rows->device() == lse.device() && t > 0 &&
+    TORCH_CHECK(thd_is_row_index(*rows, lse, p.n) && t > 0 &&
                  (step_rows != nullptr ? step_tokens > 0 : p.n == step_tokens),
              "thd merge_rows: rows must be a contiguous int64 [n] tensor on the device of lse, "
              "n = lse_step.size(-1) unless step_rows is given, and lse must have rows");
-    TORCH_CHECK(step_rows == nullptr ||
-                    (step_rows->scalar_type() == at::kLong && step_rows->dim() == 1 &&
-                     step_rows->is_contiguous() && step_rows->device() == lse.device() &&
-                     step_rows->numel() == p.n),
+    TORCH_CHECK(step_rows == nullptr || thd_is_row_index(*step_rows, lse, p.n),
                 "thd merge_rows: step_rows must be a contiguous int64 tensor like rows");
   } else {
     TORCH_CHECK(p.n == (only_second_half ? t / 2 : t) && (!only_second_half || t % 2 == 0),
@@ -612,14 +614,9 @@ std::tuple<at::Tensor, at::Tensor> thd_merge(const std::optional<at::Tensor>& ou
   return {new_out, new_lse};
 }
 
-// merge_partial / lse_correction in place (out may be absent: LSE only).
-void thd_merge_(const std::optional<at::Tensor>& out, at::Tensor& lse,
-                const std::optional<at::Tensor>& out_step, const at::Tensor& lse_step,
-                const std::optional<at::Tensor>& cu_seqlens_padded, bool only_second_half) {
-  const c10::DeviceGuard guard(lse.device());
-  ThdMergeParams p = thd_merge_params(out, lse, out_step, lse_step, cu_seqlens_padded,
-                                      only_second_half, false);
-  if (out && out->numel() > 0) {
+// Point a merge's outputs at its inputs (in-place merges; out may be absent: LSE only).
+void thd_merge_in_place(ThdMergeParams& p, const at::Tensor* out, at::Tensor& lse) {
+  if (out != nullptr && out->numel() > 0) {
     p.out_dst = out->data_ptr();
     p.dst_tok = p.out_tok;
     p.dst_head = p.out_head;
@@ -627,6 +624,16 @@ void thd_merge_(const std::optional<at::Tensor>& out, at::Tensor& lse,
   p.lse_dst = lse.data_ptr<float>();
   p.lse_dst_head = p.lse_head;
   p.lse_dst_tok = p.lse_tok;
+}
+
+// merge_partial / lse_correction in place (out may be absent: LSE only).
+void thd_merge_(const std::optional<at::Tensor>& out, at::Tensor& lse,
+                const std::optional<at::Tensor>& out_step, const at::Tensor& lse_step,
+                const std::optional<at::Tensor>& cu_seqlens_padded, bool only_second_half) {
+  const c10::DeviceGuard guard(lse.device());
+  ThdMergeParams p = thd_merge_params(out, lse, out_step, lse_step, cu_seqlens_padded,
+                                      only_second_half, false);
+  thd_merge_in_place(p, out ? &*out : nullptr, lse);
   check_launch(thd_merge_launch(p, current_stream(lse.device())), "thd merge (in place)");
 }
 
@@ -638,14 +645,7 @@ void thd_merge_rows_(at::Tensor& out, at::Tensor& lse, const at::Tensor& out_ste
   const c10::DeviceGuard guard(lse.device());
   ThdMergeParams p = thd_merge_params(out, lse, out_step, lse_step, std::nullopt, false, false,
                                       &rows, step_rows ? &*step_rows : nullptr);
-  if (out.numel() > 0) {
-    p.out_dst = out.data_ptr();
-    p.dst_tok = p.out_tok;
-    p.dst_head = p.out_head;
-  }
-  p.lse_dst = lse.data_ptr<float>();
-  p.lse_dst_head = p.lse_head;
-  p.lse_dst_tok = p.lse_tok;
+  thd_merge_in_place(p, &out, lse);
   check_launch(thd_merge_launch(p, current_stream(lse.device())), "thd merge_rows (in place)");
 }
 
@@ -753,14 +753,11 @@ void thd_add_rows_(at::Tensor& grad, const at::Tensor& step, const at::Tensor& r
   for (int64_t i = 1; i < grad.dim(); ++i)
     TORCH_CHECK(grad.size(i) == step.size(i), "thd add_rows: shapes differ in dim ", i);
   const int64_t n = rows.numel();
-  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.dim() == 1 && rows.is_contiguous() &&
-                  rows.device() == grad.device() &&
+  TORCH_CHECK(thd_is_row_index(rows, grad, n) &&
                   (step_rows ? step.size(0) > 0 : step.size(0) == n),
               "thd add_rows: rows must be a contiguous int64 [n] tensor on grad's device, "
               "n = step.size(0) unless step_rows is given");
-  TORCH_CHECK(!step_rows || (step_rows->scalar_type() == at::kLong && step_rows->dim() == 1 &&
-                             step_rows->is_contiguous() && step_rows->device() == grad.device() &&
-                             step_rows->numel() == n),
+  TORCH_CHECK(!step_rows || thd_is_row_index(*step_rows, grad, n),
               "thd add_rows: step_rows must be a contiguous int64 tensor like rows");
   if (grad.numel() == 0 || n == 0) return;
   ThdGradParams p = thd_grad_rows(grad, step, grad, "add_rows", "step");
