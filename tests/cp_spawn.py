@@ -4,6 +4,7 @@ a free port, one spawned world per module, and the per-case reporting its worker
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 import traceback
@@ -33,6 +34,16 @@ def run_world(worker, world: int, out_path: str, deadline_s: float, what: str) -
                 p.terminate()
     with open(out_path) as f:
         return json.load(f)
+
+
+def run_world_once(cache: dict, worker, world: int, tmpdir: str, deadline_s: float,
+                   what: str) -> dict:
+    """:func:`run_world` once per world size per test session (results kept in ``cache``): the
+    many pytest cases of a suite read one spawned run."""
+    if world not in cache:
+        out_path = os.path.join(tmpdir, f"{what.replace(' ', '_')}_{world}.json")
+        cache[world] = run_world(worker, world, out_path, deadline_s, what)
+    return cache[world]
 
 
 def report_cases(cases, world: int, rank: int, out_path: str, trace_limit: int = 6) -> None:

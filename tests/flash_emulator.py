@@ -65,6 +65,17 @@ def _spans(cu_q, cu_k):
     return [(cq[b], cq[b + 1], ck[b], ck[b + 1]) for b in range(len(cq) - 1)]
 
 
+def _scores(q, k, v, span, max_q, max_k, g, scale, wl, wr):
+    """One real sub-sequence: its mask, K and V repeated over the GQA group, and the scaled
+    scores ``[h, sq, sk]`` (unmasked)."""
+    q0, q1, k0, k1 = span
+    sq, sk = q1 - q0, k1 - k0
+    assert sq <= max_q and sk <= max_k, "a sub-sequence exceeds max_seqlen"
+    kk = k[k0:k1].repeat_interleave(g, dim=1)
+    vv = v[k0:k1].repeat_interleave(g, dim=1)
+    return _mask(sq, sk, wl, wr), kk, vv, torch.einsum("ihd,jhd->hij", q[q0:q1], kk) * scale
+
+
 def flash_forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, return_debug_mask,
                   *, scale=None, window_size_left=None, window_size_right=None, **_):
     assert dropout_p == 0.0 and not return_debug_mask
@@ -82,11 +93,7 @@ def flash_forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, retur
             out[q0:q0 + min(sq, max_q)] = 0
             lse[:, q0:q0 + min(sq, max_q)] = float("inf")
             continue
-        assert sq <= max_q and sk <= max_k, "a sub-sequence exceeds max_seqlen"
-        m = _mask(sq, sk, wl, wr)
-        kk = k[k0:k1].repeat_interleave(g, dim=1)
-        vv = v[k0:k1].repeat_interleave(g, dim=1)
-        s = torch.einsum("ihd,jhd->hij", q[q0:q1], kk) * scale
+        m, kk, vv, s = _scores(q, k, v, (q0, q1, k0, k1), max_q, max_k, g, scale, wl, wr)
         s = s.masked_fill(~m, float("-inf"))
         mx = s.amax(-1, keepdim=True)
         mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
@@ -118,11 +125,7 @@ def flash_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p,
             dv[k0:k0 + min(sk, max_k)] = 0
             dq[q0:q0 + min(sq, max_q)] = 0
             continue
-        assert sq <= max_q and sk <= max_k, "a sub-sequence exceeds max_seqlen"
-        m = _mask(sq, sk, wl, wr)
-        kk = k[k0:k1].repeat_interleave(g, dim=1)
-        vv = v[k0:k1].repeat_interleave(g, dim=1)
-        s = torch.einsum("ihd,jhd->hij", q[q0:q1], kk) * scale
+        m, kk, vv, s = _scores(q, k, v, (q0, q1, k0, k1), max_q, max_k, g, scale, wl, wr)
         row_lse = lse[:, q0:q1].to(q.dtype).unsqueeze(-1)  # +inf rows: P = 0
         p = torch.exp(s - row_lse).masked_fill(~m, 0)
         do = dout[q0:q1]

@@ -12,6 +12,8 @@ import rocm_attn
 from rocm_attn import attention
 from rocm_attn.reference import reference_attention
 
+from test_cp import _why_no_flash  # noqa: E402  (tests/ is on sys.path; helpers only)
+
 F64 = torch.float64
 I32 = torch.int32
 
@@ -188,12 +190,6 @@ def test_attention_argument_errors(change, match):
 # --------------------------------------------------------------------------
 
 
-def _why_no_flash():
-    if not torch.cuda.is_available():
-        return "no CUDA/ROCm GPU"
-    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
-        return "this torch build has no aten._flash_attention_forward"
-    return None
 
 
 GPU_CASES = [(c, w, ch, pad) for c, w, ch, pad in itertools.product(

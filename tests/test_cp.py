@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from datetime import timedelta
 from typing import Dict, List, NamedTuple, Optional
 
@@ -27,7 +26,7 @@ import rocm_attn
 from rocm_attn import attn_with_cp, gather_from_cp, shard_for_cp
 from rocm_attn.reference import reference_attention
 
-from cp_spawn import free_port, report_cases, run_world  # noqa: E402  (tests/ is on sys.path)
+from cp_spawn import free_port, report_cases, run_world_once  # noqa: E402  (tests/ is on sys.path)
 
 I32 = torch.int32
 F64 = torch.float64
@@ -310,10 +309,7 @@ _RESULTS: Dict[int, dict] = {}
 
 
 def _spawn(world: int, tmpdir: str) -> dict:
-    if world not in _RESULTS:
-        out_path = os.path.join(tmpdir, f"cp_results_{world}.json")
-        _RESULTS[world] = run_world(_worker, world, out_path, SPAWN_DEADLINE_S, "CP test group")
-    return _RESULTS[world]
+    return run_world_once(_RESULTS, _worker, world, tmpdir, SPAWN_DEADLINE_S, "CP test group")
 
 
 def _names(world: int) -> List[str]:

@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 from rocm_attn import attn_with_cp, gather_from_cp, shard_for_cp
 from rocm_attn.reference import reference_attention
 
-from cp_spawn import free_port, report_cases, run_world  # noqa: E402  (tests/ is on sys.path)
+from cp_spawn import free_port, report_cases, run_world_once  # noqa: E402  (tests/ is on sys.path)
 from test_cp import FakeGroup, _compare, _cu, _rand, _why_no_flash  # noqa: E402  (helpers only)
 
 I32 = torch.int32
@@ -298,10 +298,7 @@ _RESULTS: Dict[int, dict] = {}
 
 
 def _spawn(world: int, tmpdir: str) -> dict:
-    if world not in _RESULTS:
-        out_path = os.path.join(tmpdir, f"cp_masks_{world}.json")
-        _RESULTS[world] = run_world(_worker, world, out_path, SPAWN_DEADLINE_S, "CP mask test group")
-    return _RESULTS[world]
+    return run_world_once(_RESULTS, _worker, world, tmpdir, SPAWN_DEADLINE_S, "CP mask test group")
 
 
 @pytest.mark.parametrize("name", [c.name for w in (2, 4) for c in configs(w)])
