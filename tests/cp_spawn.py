@@ -9,8 +9,12 @@ import socket
 import time
 import traceback
 
+import pytest
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+NCCL_WORLDS = (2, 4, 8)  # the GPU suites run at every size the machine's GPUs allow
 
 
 def free_port() -> int:
@@ -67,3 +71,20 @@ def report_cases(cases, world: int, rank: int, out_path: str, trace_limit: int =
             json.dump({"results": results, "timings": timings}, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def skip_unless_gpus(world: int) -> None:
+    """Skip (with the reason) when this machine cannot host a `world`-rank NCCL / RCCL group."""
+    have = torch.cuda.device_count()
+    if have < world or not dist.is_nccl_available():
+        pytest.skip(f"needs {world} GPUs and NCCL / RCCL (this machine has {have} GPUs)")
+
+
+def assert_world_passes(worker, world: int, tmpdir: str, deadline_s: float, what: str) -> None:
+    """Run a suite's worker over `world` NCCL ranks and fail listing every failed case."""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared hosts
+    out_path = os.path.join(tmpdir, f"{what.replace(' ', '_')}_{world}.json")
+    results = run_world(worker, world, out_path, deadline_s, what)["results"]
+    bad = {name: msg for name, msg in results.items() if msg}
+    assert not bad, f"{len(bad)} of {len(results)} cases failed at {world} ranks:\n" + "\n".join(
+        f"{name}:\n{msg}" for name, msg in bad.items())

@@ -12,7 +12,6 @@ membership, inside the spawned group.
 
 from __future__ import annotations
 
-import json
 import math
 from datetime import timedelta
 from typing import Dict, List, NamedTuple, Optional
@@ -20,13 +19,13 @@ from typing import Dict, List, NamedTuple, Optional
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import rocm_attn
 from rocm_attn import attn_with_cp, gather_from_cp, shard_for_cp
 from rocm_attn.reference import reference_attention
 
-from cp_spawn import free_port, report_cases, run_world_once  # noqa: E402  (tests/ is on sys.path)
+from cp_spawn import (NCCL_WORLDS, assert_world_passes, report_cases,  # noqa: E402  (tests/ is on sys.path)
+                      run_world_once, skip_unless_gpus)
 
 I32 = torch.int32
 F64 = torch.float64
@@ -287,22 +286,27 @@ def _run_errors(world: int, rank: int, solo) -> Optional[str]:
 # --------------------------------------------------------------------------
 
 
+def _suite_cases(cfgs: List[Cfg], world: int, rank: int, device: str):
+    """(name, fn) per configuration, on the world group or (group="pairs") on this rank's half
+    of a 4-rank world split into two cp=2 groups."""
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])] if world == 4 else None
+
+    def case(cfg):
+        if cfg.group == "pairs":
+            return lambda: _run_config(cfg, pairs[rank // 2], 2, rank % 2, device)
+        return lambda: _run_config(cfg, dist.group.WORLD, world, rank, device)
+
+    return [(cfg.name, case(cfg)) for cfg in cfgs]
+
+
 def _worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     solo = dist.new_group([0])
-    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])] if world == 4 else None
-
-    def case(cfg):
-        if cfg is None:
-            return lambda: _run_errors(world, rank, solo)
-        if cfg.group == "pairs":
-            return lambda: _run_config(cfg, pairs[rank // 2], 2, rank % 2)
-        return lambda: _run_config(cfg, dist.group.WORLD, world, rank)
-
-    todo = [(c.name, c) for c in configs(world)] + [(f"cp{world}-errors", None)]
-    report_cases([(name, case(cfg)) for name, cfg in todo], world, rank, out_path)
+    cases = _suite_cases(configs(world), world, rank, "cpu")
+    cases.append((f"cp{world}-errors", lambda: _run_errors(world, rank, solo)))
+    report_cases(cases, world, rank, out_path)
 
 
 _RESULTS: Dict[int, dict] = {}
@@ -566,15 +570,17 @@ def test_gpu_torch_flash_steps_match_reference_backend(dtype, mask, cp, rank):
                 assert err is None, f"{tag}, dlse={with_dlse}: {err}"
 
 
-def gpu_configs() -> List[Cfg]:
-    out = []
+def gpu_configs(world: int) -> List[Cfg]:
+    """Every case of the CPU matrix at this world size in bf16 through backend='auto'
+    (torch_flash), d=64; plus fp16 flash and float64 reference-backend cases over NCCL."""
+    out = [c._replace(name="gpu-" + c.name, dtype=torch.bfloat16, backend="auto", d=64)
+           for c in configs(world) if c.dtype == F64]
     for i, (comm, mask, dtype, backend) in enumerate([
-            ("p2p", "causal", torch.bfloat16, "auto"), ("p2p", "no_mask", torch.float16, "auto"),
-            ("all_gather", "causal", torch.bfloat16, "auto"),
-            ("a2a", "causal", torch.bfloat16, "auto"), ("p2p", "causal", F64, "reference"),
+            ("p2p", "no_mask", torch.float16, "auto"), ("p2p", "causal", F64, "reference"),
             ("all_gather", "no_mask", F64, "reference"), ("a2a", "no_mask", F64, "reference")]):
-        out.append(Cfg(f"gpu-{comm}-{mask}-{str(dtype)[6:]}-{backend}", comm, mask, 4, 2, MIXED,
-                       dtype=dtype, backend=backend, d=64, seed=100 + i))
+        h_q, h_kv = _heads(comm, world, "gqa")
+        out.append(Cfg(f"gpu-cp{world}-{comm}-{mask}-{str(dtype)[6:]}-{backend}", comm, mask,
+                       h_q, h_kv, MIXED, dtype=dtype, backend=backend, d=64, seed=100 + i))
     return out
 
 
@@ -582,21 +588,15 @@ def _nccl_worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
-    report_cases([(cfg.name, lambda cfg=cfg: _run_config(cfg, dist.group.WORLD, world, rank,
-                                                          device="cuda"))
-                  for cfg in gpu_configs()], world, rank, out_path)
+    report_cases(_suite_cases(gpu_configs(world), world, rank, "cuda"), world, rank, out_path)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_why_no_flash() is not None or torch.cuda.device_count() < 2
-                    or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL / RCCL")
-def test_gpu_nccl_two_ranks(tmp_path):
-    out_path = str(tmp_path / "nccl.json")
-    mp.spawn(_nccl_worker, args=(2, free_port(), out_path), nprocs=2)
-    with open(out_path) as f:
-        results = json.load(f)["results"]
-    bad = {k: m for k, m in results.items() if m}
-    assert not bad, "\n".join(f"{k}:\n{m}" for k, m in bad.items())
+@pytest.mark.skipif(_why_no_flash() is not None, reason=str(_why_no_flash()))
+@pytest.mark.parametrize("world", NCCL_WORLDS)
+def test_gpu_nccl_matches_reference(world, tmp_path):
+    skip_unless_gpus(world)
+    assert_world_passes(_nccl_worker, world, str(tmp_path), SPAWN_DEADLINE_S, "CP NCCL group")
 
 
 def test_step_metadata_is_shared_between_calls_on_the_same_cu_seqlens():

@@ -14,20 +14,18 @@ whole matrix stays within a few minutes on two cores.
 
 from __future__ import annotations
 
-import json
-import os
 from datetime import timedelta
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rocm_attn import attn_with_cp, gather_from_cp, shard_for_cp
 from rocm_attn.reference import reference_attention
 
-from cp_spawn import free_port, report_cases, run_world_once  # noqa: E402  (tests/ is on sys.path)
+from cp_spawn import (NCCL_WORLDS, assert_world_passes, report_cases,  # noqa: E402  (tests/ is on sys.path)
+                      run_world_once, skip_unless_gpus)
 from test_cp import FakeGroup, _compare, _cu, _rand, _why_no_flash  # noqa: E402  (helpers only)
 
 I32 = torch.int32
@@ -280,17 +278,24 @@ def _hier_groups(world: int, rank: int) -> Dict[int, tuple]:
     return out
 
 
-def _worker(rank: int, world: int, port: int, out_path: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=120))
+def _suite_cases(cfgs: List[Cfg], world: int, rank: int, device: str, backend: str = "reference",
+                 d: int = 8):
+    """(name, fn) per configuration; a2a+p2p cases get this rank's (a2a, ring) group pair."""
     hier = _hier_groups(world, rank)
 
     def case(cfg):
         group = hier[cfg.a2a_size] if cfg.comm == "a2a+p2p" else dist.group.WORLD
-        return lambda: _run_config(cfg, group, world, rank, gather_group=dist.group.WORLD)
+        return lambda: _run_config(cfg, group, world, rank, device=device, backend=backend, d=d,
+                                   gather_group=dist.group.WORLD)
 
-    report_cases([(c.name, case(c)) for c in configs(world)], world, rank, out_path,
+    return [(cfg.name, case(cfg)) for cfg in cfgs]
+
+
+def _worker(rank: int, world: int, port: int, out_path: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=120))
+    report_cases(_suite_cases(configs(world), world, rank, "cpu"), world, rank, out_path,
                  trace_limit=8)
 
 
@@ -483,36 +488,24 @@ def test_gpu_direct_ring_steps_match_reference(mask, window, chunk, cp, rank):
     _check_direct_ring_steps(mask, window, chunk, cp, rank, "cuda", torch.bfloat16, 3e-2)
 
 
-def gpu_configs() -> List[Cfg]:
-    """The CPU matrix at cp=2 in bf16 (torch_flash through backend='auto')."""
+def gpu_configs(world: int) -> List[Cfg]:
+    """The CPU matrix at this world size in bf16 (torch_flash through backend='auto')."""
     return [c._replace(name="gpu-" + c.name, dtype=torch.bfloat16)
-            for c in configs(2) if c.dtype == F64]
+            for c in configs(world) if c.dtype == F64]
 
 
 def _nccl_worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=300))
-    hier = _hier_groups(world, rank)
-
-    def case(cfg):
-        group = hier[cfg.a2a_size] if cfg.comm == "a2a+p2p" else dist.group.WORLD
-        return lambda: _run_config(cfg, group, world, rank, device="cuda", backend="auto", d=64,
-                                   gather_group=dist.group.WORLD)
-
-    report_cases([(c.name, case(c)) for c in gpu_configs()], world, rank, out_path,
-                 trace_limit=8)
+    report_cases(_suite_cases(gpu_configs(world), world, rank, "cuda", "auto", d=64), world,
+                 rank, out_path, trace_limit=8)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_why_no_flash() is not None or torch.cuda.device_count() < 2
-                    or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL / RCCL")
-def test_gpu_nccl_two_ranks_masks(tmp_path):
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    out_path = str(tmp_path / "nccl_masks.json")
-    mp.spawn(_nccl_worker, args=(2, free_port(), out_path), nprocs=2)
-    with open(out_path) as f:
-        results = json.load(f)["results"]
-    bad = {k: m for k, m in results.items() if m}
-    assert not bad, f"{len(bad)} of {len(results)} failed:\n" + "\n".join(
-        f"{k}:\n{m}" for k, m in bad.items())
+@pytest.mark.skipif(_why_no_flash() is not None, reason=str(_why_no_flash()))
+@pytest.mark.parametrize("world", NCCL_WORLDS)
+def test_gpu_nccl_masks_match_reference(world, tmp_path):
+    skip_unless_gpus(world)
+    assert_world_passes(_nccl_worker, world, str(tmp_path), SPAWN_DEADLINE_S,
+                        "CP mask NCCL group")

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # On a GPU machine: clean build of the extension, GPU tests, benchmarks -- in one call.
 # Prints a short table last; writes logs and JSON under $OUT when set (else build/gpu_check).
-# Usage: bash tools/gpu_check.sh [--no-bench] [--no-tests] [--bench-cases a,b] [--tests "pytest args"]
+# Usage: bash tools/gpu_check.sh [--no-bench] [--no-tests] [--no-build] [--bench-cases a,b]
+#          [--tests "pytest args"] [--cp "bench_cp args"]...
+# --no-bench skips the single-GPU benchmarks (small-seq, THD); each --cp adds one
+# tools/bench_cp.py run with those arguments (after the tests); --no-build reuses the extension
+# a previous call on the same (still warm) machine built.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu_check}
 mkdir -p "$OUT"
 export MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
-BENCH=1; TESTS=1; CASES=""; TEST_ARGS="tests"
+BENCH=1; TESTS=1; BUILD=1; CASES=""; TEST_ARGS="tests"; CP_RUNS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-bench) BENCH=0 ;;
     --no-tests) TESTS=0 ;;
+    --no-build) BUILD=0 ;;
+    --cp) CP_RUNS+=("$2"); shift ;;
     --tests) TEST_ARGS="$2"; shift ;;
     --bench-cases) CASES="--cases $2"; shift ;;
   esac
@@ -20,14 +26,17 @@ done
 
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 nvcc --version | tail -1
-rm -rf build/cuda_src build/gen build/temp* rocm_attn/_C*.so
 t0=$(date +%s)
-ROCM_ATTN_PTXAS_VERBOSE=1 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1
-build_rc=$?
+build_rc=0
+if [ $BUILD -eq 1 ]; then
+  rm -rf build/cuda_src build/gen build/temp* rocm_attn/_C*.so
+  ROCM_ATTN_PTXAS_VERBOSE=1 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1
+  build_rc=$?
+fi
 t1=$(date +%s)
 echo "build rc=$build_rc in $((t1 - t0)) s"
 if [ $build_rc -ne 0 ]; then grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; fi
-grep -E "spill stores|Used [0-9]+ registers" "$OUT/build.log" | sort | uniq -c | sort -rn | head -5
+grep -E "spill stores|Used [0-9]+ registers" "$OUT/build.log" 2>/dev/null | sort | uniq -c | sort -rn | head -5
 
 python3 -m rocm_attn selftest 2>&1 | tee "$OUT/selftest.log"
 test_rc=0
@@ -46,5 +55,13 @@ if [ $BENCH -eq 1 ]; then
   echo "bench_thd rc=$?"
   tail -48 "$OUT/bench_thd.log"
 fi
+i=0
+for cp_args in ${CP_RUNS[@]+"${CP_RUNS[@]}"}; do
+  i=$((i + 1))
+  timeout "${CP_TIMEOUT:-300}" python3 tools/bench_cp.py --no-progress --json "$OUT/bench_cp_$i.json" $cp_args \
+    > "$OUT/bench_cp_$i.log" 2>&1
+  echo "bench_cp $i ($cp_args) rc=$?"
+  sed -n '/ x[0-9]  /,$p' "$OUT/bench_cp_$i.log"
+done
 echo "gpu_check: build $((t1 - t0)) s, build_rc=$build_rc tests_rc=$test_rc"
 exit $test_rc

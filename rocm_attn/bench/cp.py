@@ -11,7 +11,11 @@ Mask cases (``--masks``): ``causal``; ``swa4096``: causal sliding window (4096, 
 causal chunked attention, chunks of 8192 (Llama-4 style). For the masked cases the table adds
 the work skipped (visible (query, key) pairs of causal over those of the case) next to the time
 ratio against the causal ring of the same comm type: a windowed ring should gain roughly the
-work it skips on long sequences (e.g. ``--seqs 1``). The single-GPU anchor of a masked case is
+work it skips on long sequences (e.g. ``--seqs 1``).
+
+Communication hidden (columns ``hid``): one extra traced call per case and mode; the share of
+communication kernel time with a compute kernel running beside it, summed over all ranks
+(``rocm_attn/bench/overlap.py`` says how and what it cannot see). ``--no-comm-hidden`` skips it. The single-GPU anchor of a masked case is
 ``rocm_attn.attention`` (torch_flash) on the whole batch. ``attn_with_cp`` gets
 ``min_seqlen = min(lengths)`` so that p2p skips ring steps the mask cannot reach.
 
@@ -35,6 +39,7 @@ import torch.multiprocessing as mp
 import rocm_attn  # noqa: E402
 from .common import eager_ms  # noqa: E402
 from .gpu import require_gpu  # noqa: E402
+from .overlap import comm_times  # noqa: E402
 from .plot import bar_chart, check_plot_arg  # noqa: E402
 from .progress import progress  # noqa: E402
 
@@ -71,6 +76,15 @@ def timed(fn, reps: int, warmup: int = 3) -> float:
     t = torch.tensor([eager_ms(fn, reps, warmup, before_each=dist.barrier)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
+
+
+def hidden_share(fn) -> dict:
+    """Communication ms (summed over ranks) of one traced call and the share hidden by compute."""
+    t = torch.tensor(comm_times(fn, align=dist.barrier), dtype=torch.float64, device="cuda")
+    dist.all_reduce(t)
+    comm, exposed = t.tolist()
+    return {"comm_ms_all_ranks": comm, "exposed_ms_all_ranks": exposed,
+            "hidden": 1.0 - exposed / comm if comm > 0 else None}
 
 
 def single_gpu_masked(q, k, v, cu, max_len, window, chunk, backward: bool):
@@ -162,8 +176,10 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
         for mode, fn in (("fwd", lambda fwd=fwd: fwd().detach()), ("fwdbwd", fwdbwd)):
             with torch.no_grad() if mode == "fwd" else torch.enable_grad():
                 t = timed(fn, args.reps)
-            row[mode] = {"ms": t, "speedup": anchor[mode] / t,
-                         "efficiency": anchor[mode] / t / cp}
+                row[mode] = {"ms": t, "speedup": anchor[mode] / t,
+                             "efficiency": anchor[mode] / t / cp}
+                if not args.no_comm_hidden:
+                    row[mode].update(hidden_share(fn))
         report["rows"].append(row)
     if rank == 0:
         Path(out_path).write_text(json.dumps(report, indent=1))
@@ -177,6 +193,10 @@ def plot_report(report: dict, path: Path) -> Path:
                      {m: [100 * row[m]["efficiency"] for row in rows] for m in ("fwd", "fwdbwd")},
                      f"attn_with_cp, {report['device']} x{report['cp']}, {report['tokens']} "
                      f"tokens", "scaling efficiency, % (speed-up / cp)")
+
+
+def _pct(x) -> str:
+    return "   -" if x is None else f"{100 * x:3.0f}%"
 
 
 def main(argv=None) -> int:
@@ -196,6 +216,8 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", type=Path,
                         help="write a PNG of scaling efficiency per comm type (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    parser.add_argument("--no-comm-hidden", action="store_true",
+                        help="skip the traced call per case that measures communication hidden")
     args = parser.parse_args(argv)
     check_plot_arg(parser, args.plot)
     bad = [m for m in args.masks if m not in MASKS]
@@ -217,16 +239,18 @@ def main(argv=None) -> int:
     for mask, a in r.get("single_gpu_masked_ms", {}).items():
         print(f"single GPU {mask}: fwd {a['fwd']:.2f} ms  fwd+bwd {a['fwdbwd']:.2f} ms")
     causal = {row["comm"]: row for row in r["rows"] if row["mask"] == "causal"}
-    print(f"{'mask':9s} {'comm':11s} {'fwd ms':>8s} {'speedup':>8s} {'eff':>5s} "
-          f"{'fwd+bwd ms':>10s} {'speedup':>8s} {'eff':>5s} {'work/':>6s} {'t_causal/t':>10s}")
+    print(f"{'mask':9s} {'comm':11s} {'fwd ms':>8s} {'speedup':>8s} {'eff':>5s} {'hid':>4s} "
+          f"{'fwd+bwd ms':>10s} {'speedup':>8s} {'eff':>5s} {'hid':>4s} {'work/':>6s} "
+          f"{'t_causal/t':>10s}")
     for row in r["rows"]:
         f, fb = row["fwd"], row["fwdbwd"]
         ref = causal.get(row["comm"])
         gain = (f"{ref['fwd']['ms'] / f['ms']:4.1f}/{ref['fwdbwd']['ms'] / fb['ms']:4.1f}"
                 if ref and row["mask"] != "causal" else "")
         print(f"{row['mask']:9s} {row['comm']:11s} {f['ms']:8.2f} {f['speedup']:7.2f}x "
-              f"{100 * f['efficiency']:4.0f}% {fb['ms']:10.2f} {fb['speedup']:7.2f}x "
-              f"{100 * fb['efficiency']:4.0f}% {row['work_skipped']:5.1f}x {gain:>10s}")
+              f"{100 * f['efficiency']:4.0f}% {_pct(f.get('hidden'))} {fb['ms']:10.2f} "
+              f"{fb['speedup']:7.2f}x {100 * fb['efficiency']:4.0f}% {_pct(fb.get('hidden'))} "
+              f"{row['work_skipped']:5.1f}x {gain:>10s}")
     if args.plot:
         print(f"plot: {plot_report(r, args.plot)}")
     return 0
