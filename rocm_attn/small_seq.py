@@ -265,9 +265,8 @@ def fused_attn_small_seq(
         lse = q.new_empty((q.shape[-2], 0), dtype=torch.float32)
         probs = q.new_empty((0, q.shape[-2], max_seqlen_kv), dtype=torch.float32)
     elif _use_kernel(q, k, v, backend):
-        out, lse, probs = torch.ops.rocm_attn.small_seq_fwd(
-            q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, scale, return_softmax
-        )
+        out, lse, probs = ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                                                max_seqlen_kv, scale, return_softmax)
     else:
         out, lse, probs = _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
                                       max_seqlen_kv, scale, thd)

@@ -823,6 +823,27 @@ def test_lse_gradient_matches_torch_path(dev, group):
         assert err == err and err < 2e-2, f"d{name} rel err {err}"
 
 
+def test_calls_without_gradients_skip_autograd_and_match(dev):
+    """Inference calls (no input needs a gradient, or grad mode off) take the op below the
+    autograd layer (ops.small_seq_forward): bit-identical results, no graph; a call whose
+    inputs need gradients still builds one and backpropagates."""
+    rng = Rng(0, "noautograd")
+    case = thd_case(rng, 301, 8, 2, 128, 13, torch.bfloat16, device=dev)
+    q, k, v = (t.detach() for t in case.leaves)
+    args = (case.cu_q, case.cu_kv, 1, case.max_kv)
+    plain = fused_attn_small_seq(q, k, v, *args, return_lse=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with torch.no_grad():
+        no_grad = fused_attn_small_seq(*leaves, *args, return_lse=True)
+    graph = fused_attn_small_seq(*leaves, *args, return_lse=True)
+    for a, b, c in zip(plain, no_grad, graph):
+        assert torch.equal(a, b) and torch.equal(a, c.detach())
+    assert not any(t.requires_grad for t in plain + no_grad)
+    assert graph[0].requires_grad and graph[0].grad_fn is not None
+    grads = torch.autograd.grad(graph[0].float().sum(), leaves)
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
 # ---------------------------------------------------------------- C++ checks of the raw ops
 
 _RAW_OP_PROBE = """
