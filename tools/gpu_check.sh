@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU machine: clean build of the extension, GPU tests, benchmarks -- in one call.
 # Prints a short table last; writes logs and JSON under $OUT when set (else build/gpu_check).
-# Usage: bash tools/gpu_check.sh [--no-bench] [--no-tests] [--no-build] [--bench-cases a,b]
+# Usage: bash tools/gpu_check.sh [--no-bench] [--no-thd-bench] [--no-tests] [--no-build] [--bench-cases a,b]
 #          [--tests "pytest args"] [--cp "bench_cp args"]...
-# --no-bench skips the single-GPU benchmarks (small-seq, THD); each --cp adds one
+# --no-bench skips the single-GPU benchmarks (small-seq, THD), --no-thd-bench the THD one; each --cp adds one
 # tools/bench_cp.py run with those arguments (after the tests); --no-build reuses the extension
 # a previous call on the same (still warm) machine built.
 set -uo pipefail
@@ -11,11 +11,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu_check}
 mkdir -p "$OUT"
 export MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
-BENCH=1; TESTS=1; BUILD=1; CASES=""; TEST_ARGS="tests"; CP_RUNS=()
+BENCH=1; THD_BENCH=1; TESTS=1; BUILD=1; CASES=""; TEST_ARGS="tests"; CP_RUNS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-bench) BENCH=0 ;;
     --no-tests) TESTS=0 ;;
+    --no-thd-bench) THD_BENCH=0 ;;
     --no-build) BUILD=0 ;;
     --cp) CP_RUNS+=("$2"); shift ;;
     --tests) TEST_ARGS="$2"; shift ;;
@@ -51,9 +52,11 @@ if [ $BENCH -eq 1 ]; then
   python3 tools/bench_small_seq.py --json "$OUT/bench_small_seq.json" $CASES > "$OUT/bench_small_seq.log" 2>&1
   echo "bench rc=$?"
   sed -n '/copy bandwidth/,$p' "$OUT/bench_small_seq.log"
-  python3 tools/bench_thd.py --json "$OUT/bench_thd.json" > "$OUT/bench_thd.log" 2>&1
-  echo "bench_thd rc=$?"
-  tail -48 "$OUT/bench_thd.log"
+  if [ $THD_BENCH -eq 1 ]; then
+    python3 tools/bench_thd.py --json "$OUT/bench_thd.json" > "$OUT/bench_thd.log" 2>&1
+    echo "bench_thd rc=$?"
+    tail -48 "$OUT/bench_thd.log"
+  fi
 fi
 i=0
 for cp_args in ${CP_RUNS[@]+"${CP_RUNS[@]}"}; do
