@@ -171,7 +171,8 @@ def test_kernel_forward(dev, dtype, d, kv, ratio, seed):
 # GQA groups (h_q / h_kv) served by the matrix-unit forward (fwd_mma_kernel.h): powers of two and
 # not, one tile of q heads per pass (8 on NVIDIA, 16 on CDNA) and several passes (12, 16, 32 on
 # NVIDIA; 32 on CDNA), with partial last passes. The matrix-unit backward (bwd_mma_kernel.h)
-# takes groups up to 8; 12, 16, 32 check the general backward behind the new forward.
+# serves groups up to 8 with its one-tile kernel and 12, 16, 32 with its blocked kernel (blocks
+# of one tile of q heads, dK/dV summed over the blocks; partial last block at 12 on NVIDIA).
 GQA_GROUPS = [
     pytest.param(4, 2, id="g2"),
     pytest.param(6, 2, id="g3"),
@@ -253,8 +254,8 @@ def test_kernel_pipelined_matches_plain(dev, d, max_kv, h_q, h_kv, seed, monkeyp
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernel_backward_gqa(dev, dtype, d, kv, h_q, h_kv, seed):
-    """dq, dk, dv for every group size (2..8: matrix-unit backward; wider: general backward)
-    x head dim x dtype against the float64 oracle, gradients poisoned."""
+    """dq, dk, dv for every group size (2..8: the matrix-unit backward's one-tile kernel; wider:
+    its blocked kernel) x head dim x dtype against the float64 oracle, gradients poisoned."""
     rng = Rng(seed, f"kbwdgqa{dtype}{d}{kv}{h_q}{h_kv}")
     case = thd_case(rng, 97, h_q, h_kv, d, kv, dtype, device=dev)
     check_kernel(case, grads=True)
@@ -262,13 +263,15 @@ def test_kernel_backward_gqa(dev, dtype, d, kv, h_q, h_kv, seed):
 
 @pytest.mark.parametrize("seed", seeds(1))
 @pytest.mark.parametrize("layout", [THD, BSHD])
-@pytest.mark.parametrize("h_q,h_kv", [(4, 2), (8, 1)], ids=["g2", "g8"])
+@pytest.mark.parametrize("h_q,h_kv", [(4, 2), (8, 1), (24, 2)], ids=["g2", "g8", "g12"])
 @pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernel_backward_gqa_matches_general_kernel(dev, dtype, d, h_q, h_kv, layout, seed,
                                                     monkeypatch):
     """Same forward (matrix units), backward on matrix units (ROCM_ATTN_SMALL_SEQ_MMA=3) and on
-    the general kernel (=1): both against the oracle and close to each other."""
+    the general kernel (=1): both against the oracle and close to each other. g12 takes the
+    blocked kernel (one pass per block at d=64, three passes and two head-dim slices at d=256),
+    with kv rows outside every segment (THD) or padding rows (BSHD) and two kv heads."""
     rng = Rng(seed, f"kbwdab{dtype}{d}{h_q}{h_kv}{layout}")
     if layout == THD:
         case = thd_case(rng, 151, h_q, h_kv, d, 13, dtype, device=dev, pad_before=2, pad_after=3)

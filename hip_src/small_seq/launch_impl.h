@@ -119,19 +119,29 @@ hipError_t launch_bwd_general(const SmallSeqParams& p, hipStream_t stream) {
   return hipGetLastError();
 }
 
-// Groups of 2..kBwdMmaMaxGroup q heads per kv head take the matrix-unit backward (one tile of q
-// heads holds the group on every vendor); single heads and wider groups the general kernel,
-// single heads in its software-pipelined loop where the shape allows.
+// GQA groups (two or more q heads per kv head) take the matrix-unit backward, as they take the
+// matrix-unit forward: groups of 2..kBwdMmaMaxGroup (one tile of q heads on every vendor) its
+// one-tile kernel, wider groups its blocked kernel, which walks the group in tiles of q heads
+// inside the wave (bwd_mma_kernel.h). Two kernels, so that the blocked one's dK/dV accumulators
+// do not raise the one-tile kernel's registers (occupancy of groups 2..8). One q head per kv
+// head keeps the general kernel, in its software-pipelined loop where the shape allows.
 template <typename T, int D, int KV>
 hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;
   const int group = p.num_heads_q / p.num_heads_kv;
-  if (group >= 2 && group <= kBwdMmaMaxGroup && mma_enabled(kPassBackward)) {
-    static int resident_mma[64] = {};
-    const dim3 grid =
-        grid_for(p, small_seq_bwd_mma_kernel<T, D, KV>, kBwdResidencyFactor, resident_mma,
-                 kBwdGridEnv);
-    hipLaunchKernelGGL((small_seq_bwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
+  if (group >= 2 && mma_enabled(kPassBackward)) {
+    if (group <= kBwdMmaMaxGroup) {
+      static int resident_mma[64] = {};
+      const dim3 grid = grid_for(p, small_seq_bwd_mma_kernel<T, D, KV>, kBwdResidencyFactor,
+                                 resident_mma, kBwdGridEnv);
+      hipLaunchKernelGGL((small_seq_bwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
+    } else {
+      static int resident_wide[64] = {};
+      const dim3 grid = grid_for(p, small_seq_bwd_mma_wide_kernel<T, D, KV>,
+                                 kBwdResidencyFactor, resident_wide, kBwdGridEnv);
+      hipLaunchKernelGGL((small_seq_bwd_mma_wide_kernel<T, D, KV>), grid, block_for(), 0, stream,
+                         p);
+    }
     return hipGetLastError();
   }
   if constexpr (kBwdPipelinable<D, KV>) {
