@@ -12,6 +12,8 @@ membership, inside the spawned group.
 
 from __future__ import annotations
 
+import os
+
 import math
 from datetime import timedelta
 from typing import Dict, List, NamedTuple, Optional
@@ -51,7 +53,8 @@ class Cfg(NamedTuple):
     group: str = "world"  # world | pairs (world 4 split into two cp=2 groups)
     d: int = 16
     seed: int = 0
-    backend: str = "reference"
+    backend: str = "reference"  # or "emulated_flash": torch_flash on tests/flash_emulator.py
+    save_ring_kv: bool = True  # ROCM_ATTN_CP_SAVE_RING_KV
 
 
 MIXED = [13, 3, 37, 6]  # 3 (and 6 for cp=4) are shorter than 2*cp chunks before padding
@@ -102,6 +105,14 @@ def configs(world: int) -> List[Cfg]:
                        ("p2p", "lse"), ("a2a", "lse"), ("all_gather", "lse"), ("a2a", "nolse")):
         add(f"{comm}-causal-loss_{loss}", comm, "causal", lens_q=MIXED, loss=loss)
     add("p2p-causal-bf16", "p2p", "causal", lens_q=MIXED, dtype=torch.bfloat16)
+    # torch_flash's direct calls on the CPU emulator: seeded accumulators (fp16 ones at cp=2),
+    # the reverse backward ring with and without the forward's saved kv
+    for name, mask, kw in (("causal", "causal", {}), ("no_mask-slack", "no_mask", {"slack": 1}),
+                           ("causal-no_saved_kv", "causal", {"save_ring_kv": False}),
+                           ("causal-single", "causal", {"lens_q": SINGLE})):
+        kw.setdefault("lens_q", MIXED)
+        add(f"p2p-{name}-emulated_flash", "p2p", mask, dtype=torch.float16,
+            backend="emulated_flash", **kw)
     add("all_gather-causal-fp32", "all_gather", "causal", lens_q=MIXED, dtype=torch.float32)
     add("a2a-no_mask-bf16", "a2a", "no_mask", "mha", lens_q=MIXED, dtype=torch.bfloat16)
     add("p2p-no_mask-fp16", "p2p", "no_mask", lens_q=WITH_EMPTY, dtype=torch.float16)
@@ -218,12 +229,15 @@ def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu") -> Opt
     q_l = shard(q, cu_qp).requires_grad_(True)
     k_l = shard(k, cu_kvp).requires_grad_(True)
     v_l = shard(v, cu_kvp).requires_grad_(True)
+    os.environ["ROCM_ATTN_CP_SAVE_RING_KV"] = "1" if cfg.save_ring_kv else "0"
     res = attn_with_cp(
         q_l, k_l, v_l, sq.cu, skv.cu, max(cfg.lens_q), max(cfg.lens_kv or cfg.lens_q), group,
         cp_comm_type=cfg.comm, attn_mask_type=cfg.mask,
         cu_seqlens_q_padded=cu_qp if padded else None,
         cu_seqlens_kv_padded=cu_kvp if padded else None,
-        backend=cfg.backend, return_lse=cfg.loss != "nolse")
+        backend="torch_flash" if cfg.backend == "emulated_flash" else cfg.backend,
+        return_lse=cfg.loss != "nolse")
+    os.environ.pop("ROCM_ATTN_CP_SAVE_RING_KV")
     out, lse = res if cfg.loss != "nolse" else (res, None)
     if out.dtype != cfg.dtype or out.shape != q_l.shape:
         return f"out has dtype {out.dtype} / shape {tuple(out.shape)}"
@@ -299,11 +313,23 @@ def _suite_cases(cfgs: List[Cfg], world: int, rank: int, device: str):
     return [(cfg.name, case(cfg)) for cfg in cfgs]
 
 
+def _use_flash_emulator() -> None:
+    """In a spawned CPU worker: torch_flash calls tests/flash_emulator.py (backend
+    "emulated_flash" configurations; "auto" and "reference" never reach it on CPU)."""
+    import flash_emulator
+
+    from rocm_attn.cp import backends
+
+    backends._aten_flash = lambda: (flash_emulator.flash_forward, flash_emulator.flash_backward)
+    backends._flash_problem = lambda q: None
+
+
 def _worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     solo = dist.new_group([0])
+    _use_flash_emulator()
     cases = _suite_cases(configs(world), world, rank, "cpu")
     cases.append((f"cp{world}-errors", lambda: _run_errors(world, rank, solo)))
     report_cases(cases, world, rank, out_path)

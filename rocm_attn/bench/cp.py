@@ -39,7 +39,7 @@ import torch.multiprocessing as mp
 import rocm_attn  # noqa: E402
 from .common import eager_ms  # noqa: E402
 from .gpu import require_gpu  # noqa: E402
-from .overlap import comm_times  # noqa: E402
+from .overlap import comm_times, kernel_summary, traced_kernels  # noqa: E402
 from .plot import bar_chart, check_plot_arg  # noqa: E402
 from .progress import progress  # noqa: E402
 
@@ -147,7 +147,7 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
     group = dist.group.WORLD
     local = [rocm_attn.shard_for_cp(t, cu, cp, rank).contiguous() for t in (q, k, v)]
     causal_pairs = visible_pairs(lens, (-1, -1), None)
-    cases = [(mask, comm) for mask in args.masks for comm in COMM_TYPES]
+    cases = [(mask, comm) for mask in args.masks for comm in args.comms]
     anchors = {"causal": base}
     for mask, comm in progress(cases, f"cp={cp}", rank == 0 and not args.no_progress):
         window, chunk = MASKS[mask]
@@ -180,6 +180,11 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
                              "efficiency": anchor[mode] / t / cp}
                 if not args.no_comm_hidden:
                     row[mode].update(hidden_share(fn))
+                if args.profile:  # every rank runs the traced call (it communicates)
+                    table = kernel_summary(traced_kernels(fn, dist.barrier), args.profile)
+                    if rank == 0:
+                        print(f"--- {mask} {comm} {mode}: kernels of one call, rank 0 ---\n"
+                              f"{table}", flush=True)
         report["rows"].append(row)
     if rank == 0:
         Path(out_path).write_text(json.dumps(report, indent=1))
@@ -216,6 +221,10 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", type=Path,
                         help="write a PNG of scaling efficiency per comm type (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    parser.add_argument("--comms", type=lambda x: x.split(","), default=list(COMM_TYPES),
+                        help=f"comma-separated comm types of {list(COMM_TYPES)}")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print the N GPU kernels of one traced call per case (rank 0)")
     parser.add_argument("--no-comm-hidden", action="store_true",
                         help="skip the traced call per case that measures communication hidden")
     args = parser.parse_args(argv)
@@ -223,6 +232,9 @@ def main(argv=None) -> int:
     bad = [m for m in args.masks if m not in MASKS]
     if bad:
         parser.error(f"--masks: unknown case(s) {bad}; choose from {sorted(MASKS)}")
+    bad = [c for c in args.comms if c not in COMM_TYPES]
+    if bad:
+        parser.error(f"--comms: unknown comm type(s) {bad}; choose from {list(COMM_TYPES)}")
     if not require_gpu("cp", gpus=args.cp, kernels=False):  # per-step attention is torch's flash
         return 1
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off (shared hosts)

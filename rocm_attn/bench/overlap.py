@@ -52,9 +52,9 @@ def exposed(comm: Iterable[Interval], compute: Iterable[Interval]) -> float:
     return total
 
 
-def comm_times(fn: Callable[[], object], align: Callable[[], object] = lambda: None
-               ) -> Tuple[float, float]:
-    """(communication ms, exposed communication ms) of one call of fn on this process's GPU.
+def traced_kernels(fn: Callable[[], object], align: Callable[[], object] = lambda: None
+                   ) -> List[Tuple[str, float, float]]:
+    """``(name, start ms, end ms)`` of the GPU kernels of one call of fn on this process's GPU.
 
     ``align`` (e.g. a barrier) runs inside the trace right before fn, so that every rank starts
     fn together; the GPU work it or anything earlier launched is left out (only kernels that
@@ -75,11 +75,39 @@ def comm_times(fn: Callable[[], object], align: Callable[[], object] = lambda: N
     events = prof.events()
     start = min((e.time_range.start for e in events if e.name == "rocm_attn.bench.traced_call"),
                 default=float("-inf"))
-    comm, compute = [], []
-    for e in events:
-        if (e.device_type != torch.autograd.DeviceType.CUDA or e.time_range.start < start
-                or getattr(e, "is_user_annotation", False)):
-            continue
-        span = (e.time_range.start / 1000.0, e.time_range.end / 1000.0)  # us -> ms
-        (comm if "nccl" in e.name.lower() else compute).append(span)
+    return [(e.name, e.time_range.start / 1000.0, e.time_range.end / 1000.0)  # us -> ms
+            for e in events
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.start >= start
+            and not getattr(e, "is_user_annotation", False)]
+
+
+def is_comm(name: str) -> bool:
+    return "nccl" in name.lower()
+
+
+def comm_times(fn: Callable[[], object], align: Callable[[], object] = lambda: None
+               ) -> Tuple[float, float]:
+    """(communication ms, exposed communication ms) of one call of fn (:func:`traced_kernels`)."""
+    kernels = traced_kernels(fn, align)
+    comm = [(s, e) for name, s, e in kernels if is_comm(name)]
+    compute = [(s, e) for name, s, e in kernels if not is_comm(name)]
     return length(comm), exposed(comm, compute)
+
+
+def kernel_summary(kernels: List[Tuple[str, float, float]], top: int) -> str:
+    """Text table of traced kernels: span, GPU busy / idle time, then the ``top`` kernel names
+    by total time (count, total ms)."""
+    if not kernels:
+        return "no kernels traced"
+    span = max(e for _, _, e in kernels) - min(s for _, s, _ in kernels)
+    busy = length((s, e) for _, s, e in kernels)
+    compute = length((s, e) for n, s, e in kernels if not is_comm(n))
+    totals: dict = {}
+    for name, s, e in kernels:
+        n, t = totals.get(name[:90], (0, 0.0))
+        totals[name[:90]] = (n + 1, t + e - s)
+    lines = [f"span {span:.3f} ms  busy {busy:.3f}  compute busy {compute:.3f}  "
+             f"idle {span - busy:.3f}"]
+    for name, (n, t) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"{t:9.3f} ms {n:4d}x  {name}")
+    return "\n".join(lines)

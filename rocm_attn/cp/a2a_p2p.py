@@ -23,7 +23,7 @@ from typing import Tuple
 import torch
 
 from . import comm
-from .p2p import ring_backward, ring_forward
+from .p2p import ring_backward, ring_forward, save_ring_kv
 from .steps import CPPlan, side_geometry
 
 __all__ = ["A2AP2PAttnFunc", "coarse_rows", "ring_plan"]
@@ -106,10 +106,11 @@ class A2AP2PAttnFunc(torch.autograd.Function):
         q_c = _to_coarse(q, 1, idx_q, a2a_group, a)
         kv_c = _to_coarse(torch.stack([k, v], dim=1), 2, idx_kv, a2a_group, a)
         k_c, v_c = kv_c[:, 0].contiguous(), kv_c[:, 1].contiguous()
-        out_c, lse_c = ring_forward(q_c, k_c, v_c, ring)
+        out_c, lse_c, last_kv = ring_forward(q_c, k_c, v_c, ring, return_last_kv=True)
         out = _from_coarse(out_c, 1, idx_q, a2a_group, a)
         lse = _from_coarse(lse_c.t().contiguous(), 1, idx_q, a2a_group, a).t().contiguous()
-        ctx.save_for_backward(q_c, k_c, v_c, out_c, lse_c, idx_q, idx_kv)
+        ctx.save_for_backward(q_c, k_c, v_c, out_c, lse_c, idx_q, idx_kv,
+                              last_kv if save_ring_kv() and ring.cp > 1 else None)
         ctx.plan, ctx.groups = plan, groups
         ctx.dtypes = (q.dtype, k.dtype, v.dtype)
         ctx.out_shape, ctx.lse_shape = tuple(out.shape), tuple(lse.shape)
@@ -118,7 +119,7 @@ class A2AP2PAttnFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q_c, k_c, v_c, out_c, lse_c, idx_q, idx_kv = ctx.saved_tensors
+        q_c, k_c, v_c, out_c, lse_c, idx_q, idx_kv, last_kv = ctx.saved_tensors
         a2a_group, a, ring = ctx.groups
         # every rank must make the same collectives: a missing cotangent is sent as zeros
         if dout is None:
@@ -129,7 +130,8 @@ class A2AP2PAttnFunc(torch.autograd.Function):
             if dlse is None:
                 dlse = torch.zeros(ctx.lse_shape, dtype=lse_c.dtype, device=lse_c.device)
             dlse_c = _to_coarse(dlse.t().contiguous(), 1, idx_q, a2a_group, a).t().contiguous()
-        dq_c, dk_c, dv_c = ring_backward(dout_c, dlse_c, q_c, k_c, v_c, out_c, lse_c, ring)
+        dq_c, dk_c, dv_c = ring_backward(dout_c, dlse_c, q_c, k_c, v_c, out_c, lse_c, ring,
+                                         last_kv)
         dq = _from_coarse(dq_c, 1, idx_q, a2a_group, a)
         dkv = _from_coarse(torch.stack([dk_c, dv_c], dim=1), 2, idx_kv, a2a_group, a)
         qd, kd, vd = ctx.dtypes

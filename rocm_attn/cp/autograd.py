@@ -15,22 +15,23 @@ BackwardFn = Callable[..., tuple]
 
 def make_cp_function(name: str, forward_fn: ForwardFn, backward_fn: BackwardFn,
                      doc: str) -> type:
-    """A torch.autograd.Function running forward_fn(q, k, v, plan) -> (out, lse) and
-    backward_fn(dout, dlse, q, k, v, out, lse, plan) -> (dq, dk, dv), with explicit
-    communication inside both (no autograd through collectives)."""
+    """A torch.autograd.Function running forward_fn(q, k, v, plan) -> (out, lse, *extra) and
+    backward_fn(dout, dlse, q, k, v, out, lse, plan, *extra) -> (dq, dk, dv), with explicit
+    communication inside both (no autograd through collectives); ``extra``: tensors (or None)
+    the forward keeps for the backward, e.g. the p2p ring's last kv."""
 
     def forward(ctx, q, k, v, plan: CPPlan):
-        out, lse = forward_fn(q, k, v, plan)
-        ctx.save_for_backward(q, k, v, out, lse)
+        out, lse, *extra = forward_fn(q, k, v, plan)
+        ctx.save_for_backward(q, k, v, out, lse, *extra)
         ctx.plan = plan
         ctx.set_materialize_grads(False)
         return out, lse
 
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *extra = ctx.saved_tensors
         if dout is None:  # every rank must run the same collectives: a missing cotangent is 0
             dout = torch.zeros_like(out)
-        dq, dk, dv = backward_fn(dout, dlse, q, k, v, out, lse, ctx.plan)
+        dq, dk, dv = backward_fn(dout, dlse, q, k, v, out, lse, ctx.plan, *extra)
         return dq, dk, dv, None
 
     return type(name, (torch.autograd.Function,),

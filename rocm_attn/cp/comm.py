@@ -83,7 +83,8 @@ def _side_stream(device: torch.device):
 
 
 class RingExchange:
-    """Send ``send`` to the next rank of the ring and receive the previous rank's tensor.
+    """Send ``send`` to the next rank of the ring and receive the previous rank's tensor
+    (``reverse``: send to the previous rank, receive from the next).
 
     Posted at construction with ``dist.batch_isend_irecv`` (one isend + one irecv), completed by
     :meth:`wait`, which returns the received tensor. On a GPU the ops are issued on a side
@@ -93,11 +94,13 @@ class RingExchange:
     ``send`` must not be modified before :meth:`wait`; this object keeps it alive until then.
     """
 
-    def __init__(self, send: torch.Tensor, group, cp: int, rank: int, tag: int):
+    def __init__(self, send: torch.Tensor, group, cp: int, rank: int, tag: int,
+                 reverse: bool = False):
         self.send = send
         self.recv = torch.empty_like(send)
-        nxt = _global_rank(group, (rank + 1) % cp)
-        prv = _global_rank(group, (rank - 1) % cp)
+        step = -1 if reverse else 1
+        nxt = _global_rank(group, (rank + step) % cp)
+        prv = _global_rank(group, (rank - step) % cp)
         ops = [dist.P2POp(dist.isend, send, nxt, group, tag),
                dist.P2POp(dist.irecv, self.recv, prv, group, tag)]
         self.stream = None

@@ -4,8 +4,8 @@ Forward: ``cp`` steps; at step ``s`` this rank holds the kv of ``kv_rank = (rank
 posts the exchange that brings the next one (``RingExchange``: batched isend/irecv, on a side
 stream on GPUs) *before* computing the step, computes it (metadata from
 :func:`~rocm_attn.cp.steps.ring_step_metas`: diagonal / below / above under a causal mask) and
-merges it into fp32 (fp64) accumulators with ``thd.merge_partial`` (``only_second_half`` for
-``above`` steps), then waits for the exchange. The output is rounded to the input dtype once.
+merges it into the accumulators with ``thd.merge_rows_`` / ``thd.merge_partial``, then waits
+for the exchange. The kv held at the last step (that of ``rank + 1``) is kept for the backward.
 
 With a window or chunking a step may be several attention calls (one per piece kind, see
 :mod:`~rocm_attn.cp.bands`), run on packed buffers and merged by index into accumulators with
@@ -13,15 +13,27 @@ a dummy row (:mod:`~rocm_attn.cp.packed`), or none when the mask cannot reach th
 its compute is skipped, its exchange still runs (the kv must travel on to the ranks that need
 it, so every rank makes the same exchanges).
 
-Backward: the same ring. dQ accumulates locally; dK/dV accumulators travel with the kv they
-belong to: at step ``s`` the rank receives the accumulator of ``kv_rank`` (from the previous
-rank, which added its step ``s-1`` contribution), adds its own step contribution and sends it
-on. After the last step one more hop brings every accumulator home, rounded to the input
-dtype first (the finished gradient: half the bytes of the one exchange no compute hides). The kv exchange of the next
-step is posted before the step's compute; the accumulator exchange after it.
+Backward: the ring **in reverse**. Iteration ``i`` computes forward step ``cp - 1 - i``, i.e.
+the kv of ``(rank + 1 + i) % cp``: the first is the kv the forward ended with (saved, so no
+exchange precedes it), the last the rank's own. kv and the dK/dV accumulators travel from
+``rank + 1`` to ``rank - 1``: at iteration ``i`` the rank receives the accumulator of the kv it
+holds (``rank + 1`` added its iteration ``i - 1`` part), adds its own part and sends it on.
+The accumulator of the rank's own kv arrives during the last iteration, so the gradients are
+finished there: no hop after the loop (a forward-order ring needs one more, which no compute
+hides), and ``cp - 2`` kv exchanges instead of ``cp - 1``. Without the saved kv
+(``ROCM_ATTN_CP_SAVE_RING_KV=0``, one kv shard less activation memory) it is fetched first.
+
+Accumulators: fp32 (fp64 for fp64 inputs); with fp16 / bf16 at ``cp = 2`` without window or
+chunking every row merges (adds) exactly two partial results, each in fp32 and rounded once,
+which is what fp32 accumulators rounded at the end give, so the accumulators are the
+output dtype (half the bytes of every pass, no final conversion). With direct flash calls and
+no window or chunking the first result written into an accumulator seeds it
+(``packed.seed_direct``) instead of being merged into zeros.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -40,12 +52,15 @@ def _kv_step(kv: torch.Tensor, layout: str, local_cu_kv: torch.Tensor):
 
 def forward_step(out, lse, plan: CPPlan, q, kv, step: int, fresh: bool) -> bool:
     """Attention of ring step ``step`` (kv ``[2, t_kv, ...]`` of ``kv_rank``) merged into the
-    accumulators; returns the new ``fresh`` (no packed call merged yet)."""
+    accumulators; returns the new ``fresh``. ``fresh``: nothing was merged yet; with seeding
+    accumulators (:func:`_seeds`) they are then uninitialised and the step writes every row,
+    otherwise they are zero / ``-inf`` and only packed calls use it (the first one writes)."""
     cu_q, cu_kv = plan.local_cu_q_padded, plan.local_cu_kv_padded
     for meta in ring_step_metas(plan, step):
         if meta.direct is not None:  # whole tensors, merged by row index
             packed.forward_direct_into(out, lse, plan.backend, q, kv[0], kv[1], meta,
-                                       plan.softmax_scale)
+                                       plan.softmax_scale, first=fresh and _seeds(plan))
+            fresh = False
             continue
         k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
         if meta.packed_kv_rows is not None:
@@ -59,9 +74,11 @@ def forward_step(out, lse, plan: CPPlan, q, kv, step: int, fresh: bool) -> bool:
     return fresh
 
 
-def backward_step(dq, plan: CPPlan, dout, dlse, q, kv, out, lse, step: int) -> list:
+def backward_step(dq, plan: CPPlan, dout, dlse, q, kv, out, lse, step: int,
+                  first: bool = False) -> list:
     """Gradients of ring step ``step``: dQ added into ``dq`` at once; the dK/dV parts come back
-    as a list for :func:`fold_kv_grads` (their accumulator arrives later)."""
+    as a list for :func:`fold_kv_grads` (their accumulator arrives later). ``first`` (seeding
+    plans only): ``dq`` is uninitialised and this step seeds it."""
     cu_kv = plan.local_cu_kv_padded
     grads, step_dkv = [], None
     for meta in ring_step_metas(plan, step):
@@ -69,7 +86,10 @@ def backward_step(dq, plan: CPPlan, dout, dlse, q, kv, out, lse, step: int) -> l
             dc = meta.direct
             dq_s, dk_s, dv_s = plan.backend.backward_direct(dout, q, kv[0], kv[1], out, lse,
                                                             dlse, meta, plan.softmax_scale)
-            packed.add_direct(dq, dq_s, dc.q_src, dc.q_dst)
+            if first:
+                packed.seed_direct(dq, dq_s, dc.q_dst, 0.0)
+            else:
+                packed.add_direct(dq, dq_s, dc.q_src, dc.q_dst)
             grads.append((dc, dk_s, dv_s))
             continue
         k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
@@ -86,8 +106,9 @@ def backward_step(dq, plan: CPPlan, dout, dlse, q, kv, out, lse, step: int) -> l
     return grads
 
 
-def fold_kv_grads(dkv, grads: list, plan: CPPlan) -> None:
-    """Add a step's dK/dV parts (:func:`backward_step`) into the accumulator ``dkv``."""
+def fold_kv_grads(dkv, grads: list, plan: CPPlan, first: bool = False) -> None:
+    """Add a step's dK/dV parts (:func:`backward_step`) into the accumulator ``dkv``;
+    ``first`` (seeding plans only): ``dkv`` is uninitialised and these parts seed it."""
     cu_kv = plan.local_cu_kv_padded
     for where, dk_s, dv_s in grads:
         if where is None:  # packed steps' accumulator (dummy row included)
@@ -95,18 +116,32 @@ def fold_kv_grads(dkv, grads: list, plan: CPPlan) -> None:
         elif isinstance(where, str):  # a kv layout
             layouts.fold_grad(dkv[0], dk_s, where, cu_kv)
             layouts.fold_grad(dkv[1], dv_s, where, cu_kv)
+        elif first:  # the one DirectCall of a seeding plan's step
+            packed.seed_direct(dkv[0], dk_s, where.kv_dst, 0.0)
+            packed.seed_direct(dkv[1], dv_s, where.kv_dst, 0.0)
         else:  # a DirectCall
             packed.add_direct(dkv[0], dk_s, where.kv_src, where.kv_dst)
             packed.add_direct(dkv[1], dv_s, where.kv_src, where.kv_dst)
 
 
-def ring_forward(q, k, v, plan: CPPlan):
-    cdt = accum_dtype(q.dtype)
+def _accumulator(plan: CPPlan, rows: int, rest, dtype, device, fill: float, lead=()):
+    """A ``lead + (rows,) + rest`` accumulator, plus the dummy row where the plan's steps need
+    one: uninitialised for seeding plans (the first step writes every row), else ``fill``."""
+    shape = tuple(lead) + (rows + (1 if _dummy_row(plan) else 0),) + tuple(rest)
+    if _seeds(plan):
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.full(shape, fill, dtype=dtype, device=device)
+
+
+def ring_forward(q, k, v, plan: CPPlan, return_last_kv: bool = False):
+    """``(out, lse)``, and with ``return_last_kv`` the kv ``[2, t_kv, ...]`` held at the last
+    step (of ``rank + 1``; the local kv when ``cp == 1``) for :func:`ring_backward`."""
+    cdt = _accumulator_dtype(plan, q.dtype)
     t = q.shape[0]
-    rows = packed.accumulator_rows(t) if _dummy_row(plan) else t
-    out = torch.zeros((rows,) + tuple(q.shape[1:]), dtype=cdt, device=q.device)
-    lse = torch.full((q.shape[1], rows), float("-inf"), dtype=cdt, device=q.device)
-    fresh = True  # no packed call merged yet: the first one writes
+    out = _accumulator(plan, t, q.shape[1:], cdt, q.device, 0.0)
+    lse = _accumulator(plan, t, (), accum_dtype(q.dtype), q.device, float("-inf"),
+                       lead=q.shape[1:2])  # [h, rows]
+    fresh = True  # nothing merged yet
     kv = torch.stack([k, v])  # [2, t_kv, h_kv, d]: one message per step
     for step in range(plan.cp):
         pending = (comm.RingExchange(kv, plan.group, plan.cp, plan.rank, comm.TAG_KV)
@@ -114,37 +149,55 @@ def ring_forward(q, k, v, plan: CPPlan):
         fresh = forward_step(out, lse, plan, q, kv, step, fresh)
         if pending is not None:
             kv = pending.wait()
-    return out[:t].to(q.dtype), lse[:, :t].contiguous()
+    result = (out[:t].to(q.dtype), lse[:, :t].contiguous())
+    return result + (kv,) if return_last_kv else result
 
 
-def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):
-    cdt = accum_dtype(q.dtype)
-    extra = 1 if _dummy_row(plan) else 0  # dummy rows of packed / direct steps
+def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan, last_kv=None):
+    """``(dq, dk, dv)`` by the reverse ring (module docstring); ``last_kv``: what
+    :func:`ring_forward` returned with ``return_last_kv`` (None: fetched here)."""
+    cp = plan.cp
+    cdt = _accumulator_dtype(plan, q.dtype)
     t, t_kv = q.shape[0], k.shape[0]
-    dq = torch.zeros((t + extra,) + tuple(q.shape[1:]), dtype=cdt, device=q.device)
-    kv = torch.stack([k, v])
-    # accumulator of the kv held
-    dkv = torch.zeros((2, t_kv + extra) + tuple(k.shape[1:]), dtype=cdt, device=q.device)
-    pending_dkv = None
-    for step in range(plan.cp):
-        pending_kv = (comm.RingExchange(kv, plan.group, plan.cp, plan.rank, comm.TAG_KV)
-                      if step < plan.cp - 1 else None)
-        grads = backward_step(dq, plan, dout, dlse, q, kv, out, lse, step)
-        if pending_dkv is not None:
-            dkv = pending_dkv.wait()  # the accumulator of the kv received for this step
-        fold_kv_grads(dkv, grads, plan)
-        if plan.cp > 1:
-            # the last hop only carries the finished dK/dV home: rounded to the input dtype
-            # before it travels (half the bytes of the one exchange no compute hides)
-            last = step == plan.cp - 1
-            send = dkv[:, :t_kv].to(k.dtype).contiguous() if last else dkv
-            pending_dkv = comm.RingExchange(send, plan.group, plan.cp, plan.rank, comm.TAG_DKV)
+    local = torch.stack([k, v])
+    ring = dict(group=plan.group, cp=cp, rank=plan.rank, reverse=True)
+    kv = local if cp == 1 else last_kv
+    if kv is None:  # the kv of rank + 1: one exchange no compute hides
+        kv = comm.RingExchange(local, tag=comm.TAG_KV, **ring).wait()
+    dq = _accumulator(plan, t, q.shape[1:], cdt, q.device, 0.0)
+    dkv = pending_dkv = None
+    for i in range(cp):
+        step = cp - 1 - i  # the forward step whose kv (of rank + 1 + i) is held now
+        pending_kv = (comm.RingExchange(kv, tag=comm.TAG_KV, **ring) if i < cp - 2 else None)
+        grads = backward_step(dq, plan, dout, dlse, q, kv, out, lse, step,
+                              first=i == 0 and _seeds(plan))
+        if i == 0:  # the accumulator of this kv starts here
+            dkv = _accumulator(plan, t_kv, k.shape[1:], cdt, q.device, 0.0, lead=(2,))
+            fold_kv_grads(dkv, grads, plan, first=_seeds(plan))
+        else:
+            dkv = pending_dkv.wait()  # rank + 1's accumulator of the kv held now
+            fold_kv_grads(dkv, grads, plan)
+        if i < cp - 1:
+            pending_dkv = comm.RingExchange(dkv, tag=comm.TAG_DKV, **ring)
         if pending_kv is not None:
             kv = pending_kv.wait()
-    if pending_dkv is not None:
-        home = pending_dkv.wait()  # the finished dK/dV of this rank's own kv
-        return dq[:t].to(q.dtype), home[0], home[1]
+        elif i == cp - 2:
+            kv = local  # the last iteration is the rank's own kv
     return (dq[:t].to(q.dtype), dkv[0, :t_kv].to(k.dtype), dkv[1, :t_kv].to(v.dtype))
+
+
+def _accumulator_dtype(plan: CPPlan, dtype: torch.dtype) -> torch.dtype:
+    """fp32 (fp64), or the input dtype where every row merges two partial results in fp16 /
+    bf16 (cp = 2, one call per step): see the module docstring."""
+    if plan.cp == 2 and dtype in (torch.float16, torch.bfloat16) and plan.spec.plain:
+        return dtype
+    return accum_dtype(dtype)
+
+
+def _seeds(plan: CPPlan) -> bool:
+    """Whether the first result written into an accumulator seeds it (every step is one direct
+    call: no window or chunking, a backend reading sub-sequences in place)."""
+    return plan.spec.plain and uses_direct_calls(plan)
 
 
 def _dummy_row(plan: CPPlan) -> bool:
@@ -153,6 +206,18 @@ def _dummy_row(plan: CPPlan) -> bool:
     return uses_packed_steps(plan, "p2p") or uses_direct_calls(plan)
 
 
+def save_ring_kv() -> bool:
+    """Whether the forward keeps its last kv for the backward (env ``ROCM_ATTN_CP_SAVE_RING_KV``,
+    default on; ``0`` saves one kv shard of activation memory per call for one exchange in the
+    backward that no compute hides)."""
+    return os.environ.get("ROCM_ATTN_CP_SAVE_RING_KV", "1") != "0"
+
+
+def _forward_saving_kv(q, k, v, plan: CPPlan):
+    out, lse, last_kv = ring_forward(q, k, v, plan, return_last_kv=True)
+    return out, lse, (last_kv if save_ring_kv() and plan.cp > 1 else None)
+
+
 RingAttnFunc = make_cp_function(
-    "RingAttnFunc", ring_forward, ring_backward,
+    "RingAttnFunc", _forward_saving_kv, ring_backward,
     "Differentiable ring attention; explicit communication in forward and backward.")
