@@ -87,7 +87,7 @@ def backward_step(dq, plan: CPPlan, dout, dlse, q, kv, out, lse, step: int,
             dq_s, dk_s, dv_s = plan.backend.backward_direct(dout, q, kv[0], kv[1], out, lse,
                                                             dlse, meta, plan.softmax_scale)
             if first:
-                packed.seed_direct(dq, dq_s, dc.q_dst, 0.0)
+                packed.seed_direct(dq, dq_s, dc.q_cover_cu, dc.q_cover_starts, 0.0)
             else:
                 packed.add_direct(dq, dq_s, dc.q_src, dc.q_dst)
             grads.append((dc, dk_s, dv_s))
@@ -95,8 +95,8 @@ def backward_step(dq, plan: CPPlan, dout, dlse, q, kv, out, lse, step: int,
         k_s, v_s = _kv_step(kv, meta.kv_layout, cu_kv)
         if meta.packed_kv_rows is not None:
             if step_dkv is None:
-                step_dkv = kv.new_zeros((2, kv.shape[1] + 1) + tuple(kv.shape[2:]),
-                                        dtype=dq.dtype)
+                step_dkv = kv[0].new_zeros((2, kv[0].shape[0] + 1) + tuple(kv[0].shape[1:]),
+                                           dtype=dq.dtype)
                 grads.append((None, step_dkv, None))
             packed.backward_into(dq, step_dkv[0], step_dkv[1], plan.backend, dout, q, k_s, v_s,
                                  out, lse, dlse, meta, plan.softmax_scale)
@@ -117,8 +117,8 @@ def fold_kv_grads(dkv, grads: list, plan: CPPlan, first: bool = False) -> None:
             layouts.fold_grad(dkv[0], dk_s, where, cu_kv)
             layouts.fold_grad(dkv[1], dv_s, where, cu_kv)
         elif first:  # the one DirectCall of a seeding plan's step
-            packed.seed_direct(dkv[0], dk_s, where.kv_dst, 0.0)
-            packed.seed_direct(dkv[1], dv_s, where.kv_dst, 0.0)
+            packed.seed_direct(dkv[0], dk_s, where.kv_cover_cu, where.kv_cover_starts, 0.0)
+            packed.seed_direct(dkv[1], dv_s, where.kv_cover_cu, where.kv_cover_starts, 0.0)
         else:  # a DirectCall
             packed.add_direct(dkv[0], dk_s, where.kv_src, where.kv_dst)
             packed.add_direct(dkv[1], dv_s, where.kv_src, where.kv_dst)
@@ -159,11 +159,11 @@ def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan, last_kv=None):
     cp = plan.cp
     cdt = _accumulator_dtype(plan, q.dtype)
     t, t_kv = q.shape[0], k.shape[0]
-    local = torch.stack([k, v])
+    local = (k, v)  # only computed on (last iteration), never sent: no stacking copy
     ring = dict(group=plan.group, cp=cp, rank=plan.rank, reverse=True)
     kv = local if cp == 1 else last_kv
     if kv is None:  # the kv of rank + 1: one exchange no compute hides
-        kv = comm.RingExchange(local, tag=comm.TAG_KV, **ring).wait()
+        kv = comm.RingExchange(torch.stack(local), tag=comm.TAG_KV, **ring).wait()
     dq = _accumulator(plan, t, q.shape[1:], cdt, q.device, 0.0)
     dkv = pending_dkv = None
     for i in range(cp):

@@ -154,33 +154,25 @@ def forward_direct_into(out: torch.Tensor, lse: torch.Tensor, backend, q: torch.
     dc = meta.direct
     o, l_ = backend.forward_direct(q, k, v, meta, scale)
     if first:
-        seed_direct(out, o, dc.q_dst, 0.0)
-        seed_direct(lse, l_, dc.q_dst, float("-inf"), dim=-1)
+        seed_direct(out, o, dc.q_cover_cu, dc.q_cover_starts, 0.0)
+        seed_direct(lse, l_, dc.q_cover_cu, dc.q_cover_starts, float("-inf"), dim=-1)
         return
     thd.merge_rows_(out, lse, o, l_.to(lse.dtype), dc.q_dst, dc.q_src)
 
 
-def seed_direct(acc: torch.Tensor, x: torch.Tensor, dst: torch.Tensor, fill: float,
-                dim: int = 0) -> None:
+def seed_direct(acc: torch.Tensor, x: torch.Tensor, cover_cu: torch.Tensor,
+                cover_starts: torch.Tensor, fill: float, dim: int = 0) -> None:
     """The first write into an accumulator with a dummy row last along ``dim`` (outputs and
     gradients ``[T+1, ...]``; LSE ``[h, T+1]`` with ``dim=-1``): ``acc = x`` at the rows a
-    :class:`~rocm_attn.cp.steps.DirectCall` covers (``dst``: the identity on covered rows,
-    slack entries on the dummy row), ``fill`` everywhere else, the dummy row included.
+    :class:`~rocm_attn.cp.steps.DirectCall` covers (``cover_*``: its ``q_cover_*`` or
+    ``kv_cover_*``), ``fill`` everywhere else, the dummy row included.
 
-    One pass replaces zero-initialising the accumulator and merging (adding) the first step
-    into it, which read and write it twice more; ``x`` (``T`` rows along ``dim``, the direct
+    One row-copy pass (``thd.copy_valid_tokens``) replaces zero-initialising the accumulator
+    and merging (adding) the first step into it; ``x`` (``T`` rows along ``dim``, the direct
     call's whole-tensor result) holds garbage at the rows it does not cover."""
     rows = acc.shape[dim] - 1
-    covered = torch.zeros(rows + 1, dtype=torch.bool, device=acc.device)
-    covered = covered.index_fill_(0, dst, True)[:rows]
-    shape = [1] * acc.dim()
-    shape[dim] = rows
-    other = torch.full((), fill, dtype=x.dtype, device=x.device)
-    head = acc.narrow(dim, 0, rows)
-    if acc.dtype == x.dtype:
-        torch.where(covered.view(shape), x, other, out=head)
-    else:  # e.g. fp32 accumulators, a bf16 step: where() writes only its own dtype
-        head.copy_(torch.where(covered.view(shape), x, other))
+    thd.copy_valid_tokens(acc.narrow(dim, 0, rows), x.to(acc.dtype), cover_cu, cover_starts,
+                          cover_starts, dim=dim, fill=fill, validate=False)
     acc.narrow(dim, rows, 1).fill_(fill)
 
 

@@ -234,6 +234,12 @@ class DirectCall(NamedTuple):
     kv_dst: torch.Tensor
     q_rows: int  # rows of the q tensor the call reads (full local / gathered)
     kv_rows: int
+    # the covered rows as thd.copy_valid_tokens layouts (int32 [m+1]): sub-sequence i covers
+    # rows [starts[i], starts[i] + cu[i+1] - cu[i]); starts ends with the tensor's rows
+    q_cover_cu: Optional[torch.Tensor] = None
+    q_cover_starts: Optional[torch.Tensor] = None
+    kv_cover_cu: Optional[torch.Tensor] = None
+    kv_cover_starts: Optional[torch.Tensor] = None
 
 
 def _covered_rows(starts: torch.Tensor, lens: torch.Tensor, bound: int, rows: int):
@@ -273,7 +279,12 @@ def direct_call(q_start: torch.Tensor, q_len: torch.Tensor, kv_start: torch.Tens
     cu_kv = torch.cat([cu_kv, cu_kv.new_full((1,), kv_rows)]).to(torch.int32)
     q_src, q_dst = _covered_rows(qs, ql, max(1, q_bound), q_rows)
     kv_src, kv_dst = _covered_rows(ks, kl, max(1, kv_bound), kv_rows)
-    return DirectCall(cu_q, cu_kv, q_src, q_dst, kv_src, kv_dst, q_rows, kv_rows)
+    def cover(start, length, rows):
+        cu = torch.cat([length.new_zeros(1), torch.cumsum(length, 0)]).to(torch.int32)
+        return cu, torch.cat([start, start.new_full((1,), rows)]).to(torch.int32)
+
+    return DirectCall(cu_q, cu_kv, q_src, q_dst, kv_src, kv_dst, q_rows, kv_rows,
+                      *cover(qs, ql, q_rows), *cover(ks, kl, kv_rows))
 
 
 def _layout_starts(meta: StepMeta, side: str, g: "SideGeometry") -> torch.Tensor:
