@@ -2,7 +2,7 @@
 
 import random
 
-from rocm_attn.bench.overlap import exposed, length, union
+from rocm_attn.bench.overlap import exposed, kernel_summary, length, union
 
 
 def _exposed_by_sampling(comm, compute, step=0.25):
@@ -41,3 +41,15 @@ def test_exposed_matches_a_sampling_oracle_on_random_traces():
         comm, compute = rand_ivs(rng.randrange(1, 6)), rand_ivs(rng.randrange(0, 8))
         assert abs(exposed(comm, compute) - _exposed_by_sampling(comm, compute)) < 1e-9, (comm,
                                                                                          compute)
+
+
+def test_kernel_summary_span_busy_idle_and_totals():
+    kernels = [("flash_fwd", 0.0, 4.0), ("ncclDevKernel_SendRecv", 1.0, 6.5),
+               ("merge", 7.0, 8.0), ("flash_fwd", 9.0, 10.0)]
+    lines = kernel_summary(kernels, top=2).splitlines()
+    # span 0..10; busy = union [0, 6.5] + [7, 8] + [9, 10] = 8.5; compute busy 4 + 1 + 1 = 6
+    assert lines[0] == "span 10.000 ms  busy 8.500  compute busy 6.000  idle 1.500"
+    assert len(lines) == 3  # the two largest totals only
+    assert lines[1].split() == ["5.500", "ms", "1x", "ncclDevKernel_SendRecv"]
+    assert lines[2].split() == ["5.000", "ms", "2x", "flash_fwd"]
+    assert kernel_summary([], top=3) == "no kernels traced"
