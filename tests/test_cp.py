@@ -12,9 +12,8 @@ membership, inside the spawned group.
 
 from __future__ import annotations
 
-import os
-
 import math
+import os
 from datetime import timedelta
 from typing import Dict, List, NamedTuple, Optional
 
@@ -230,14 +229,16 @@ def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu") -> Opt
     k_l = shard(k, cu_kvp).requires_grad_(True)
     v_l = shard(v, cu_kvp).requires_grad_(True)
     os.environ["ROCM_ATTN_CP_SAVE_RING_KV"] = "1" if cfg.save_ring_kv else "0"
-    res = attn_with_cp(
-        q_l, k_l, v_l, sq.cu, skv.cu, max(cfg.lens_q), max(cfg.lens_kv or cfg.lens_q), group,
-        cp_comm_type=cfg.comm, attn_mask_type=cfg.mask,
-        cu_seqlens_q_padded=cu_qp if padded else None,
-        cu_seqlens_kv_padded=cu_kvp if padded else None,
-        backend="torch_flash" if cfg.backend == "emulated_flash" else cfg.backend,
-        return_lse=cfg.loss != "nolse")
-    os.environ.pop("ROCM_ATTN_CP_SAVE_RING_KV")
+    try:  # read by the forward only
+        res = attn_with_cp(
+            q_l, k_l, v_l, sq.cu, skv.cu, max(cfg.lens_q), max(cfg.lens_kv or cfg.lens_q),
+            group, cp_comm_type=cfg.comm, attn_mask_type=cfg.mask,
+            cu_seqlens_q_padded=cu_qp if padded else None,
+            cu_seqlens_kv_padded=cu_kvp if padded else None,
+            backend="torch_flash" if cfg.backend == "emulated_flash" else cfg.backend,
+            return_lse=cfg.loss != "nolse")
+    finally:
+        del os.environ["ROCM_ATTN_CP_SAVE_RING_KV"]
     out, lse = res if cfg.loss != "nolse" else (res, None)
     if out.dtype != cfg.dtype or out.shape != q_l.shape:
         return f"out has dtype {out.dtype} / shape {tuple(out.shape)}"

@@ -40,6 +40,7 @@ def _schedule(cp: int, rank: int, save_kv: bool, monkeypatch):
     plan = api._make_plan(q, k, v, cu, cu, max(lens), max(lens), FakeGroup(cp, rank), "p2p",
                           "causal", (-1, -1), None, None, None, None, "reference", True, False)
     log = []
+    monkeypatch.setenv("ROCM_ATTN_CP_SAVE_RING_KV", "1")  # the forward keeps its last kv
     monkeypatch.setattr(comm, "RingExchange", _Recorder(log))
     step_fn = p2p.backward_step
 
@@ -48,7 +49,7 @@ def _schedule(cp: int, rank: int, save_kv: bool, monkeypatch):
         return step_fn(dq, plan_, dout, dlse, q_, kv, out, lse, step, **kw)
 
     monkeypatch.setattr(p2p, "backward_step", traced_step)
-    out, lse, last_kv = p2p.ring_forward(q, k, v, plan, return_last_kv=True)
+    out, lse, last_kv = p2p.ring_forward(q, k, v, plan)
     fwd = list(log)
     log.clear()
     p2p.ring_backward(torch.randn_like(out), None, q, k, v, out, lse, plan,

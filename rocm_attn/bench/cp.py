@@ -78,9 +78,10 @@ def timed(fn, reps: int, warmup: int = 3) -> float:
     return float(t)
 
 
-def hidden_share(fn) -> dict:
-    """Communication ms (summed over ranks) of one traced call and the share hidden by compute."""
-    t = torch.tensor(comm_times(fn, align=dist.barrier), dtype=torch.float64, device="cuda")
+def hidden_share(kernels) -> dict:
+    """Communication ms (summed over ranks) of one traced call's kernels and the share hidden
+    by compute."""
+    t = torch.tensor(comm_times(kernels), dtype=torch.float64, device="cuda")
     dist.all_reduce(t)
     comm, exposed = t.tolist()
     return {"comm_ms_all_ranks": comm, "exposed_ms_all_ranks": exposed,
@@ -178,13 +179,15 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
                 t = timed(fn, args.reps)
                 row[mode] = {"ms": t, "speedup": anchor[mode] / t,
                              "efficiency": anchor[mode] / t / cp}
+                if args.no_comm_hidden and not args.profile:
+                    continue
+                # one traced call serves both; every rank runs it (it communicates)
+                kernels = traced_kernels(fn, dist.barrier)
                 if not args.no_comm_hidden:
-                    row[mode].update(hidden_share(fn))
-                if args.profile:  # every rank runs the traced call (it communicates)
-                    table = kernel_summary(traced_kernels(fn, dist.barrier), args.profile)
-                    if rank == 0:
-                        print(f"--- {mask} {comm} {mode}: kernels of one call, rank 0 ---\n"
-                              f"{table}", flush=True)
+                    row[mode].update(hidden_share(kernels))
+                if args.profile and rank == 0:
+                    print(f"--- {mask} {comm} {mode}: kernels of one call, rank 0 ---\n"
+                          f"{kernel_summary(kernels, args.profile)}", flush=True)
         report["rows"].append(row)
     if rank == 0:
         Path(out_path).write_text(json.dumps(report, indent=1))

@@ -85,10 +85,8 @@ def is_comm(name: str) -> bool:
     return "nccl" in name.lower()
 
 
-def comm_times(fn: Callable[[], object], align: Callable[[], object] = lambda: None
-               ) -> Tuple[float, float]:
-    """(communication ms, exposed communication ms) of one call of fn (:func:`traced_kernels`)."""
-    kernels = traced_kernels(fn, align)
+def comm_times(kernels: List[Tuple[str, float, float]]) -> Tuple[float, float]:
+    """(communication ms, exposed communication ms) of traced kernels (:func:`traced_kernels`)."""
     comm = [(s, e) for name, s, e in kernels if is_comm(name)]
     compute = [(s, e) for name, s, e in kernels if not is_comm(name)]
     return length(comm), exposed(comm, compute)

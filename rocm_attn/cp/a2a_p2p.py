@@ -23,7 +23,7 @@ from typing import Tuple
 import torch
 
 from . import comm
-from .p2p import ring_backward, ring_forward, save_ring_kv
+from .p2p import ring_backward, ring_forward
 from .steps import CPPlan, side_geometry
 
 __all__ = ["A2AP2PAttnFunc", "coarse_rows", "ring_plan"]
@@ -106,11 +106,10 @@ class A2AP2PAttnFunc(torch.autograd.Function):
         q_c = _to_coarse(q, 1, idx_q, a2a_group, a)
         kv_c = _to_coarse(torch.stack([k, v], dim=1), 2, idx_kv, a2a_group, a)
         k_c, v_c = kv_c[:, 0].contiguous(), kv_c[:, 1].contiguous()
-        out_c, lse_c, last_kv = ring_forward(q_c, k_c, v_c, ring, return_last_kv=True)
+        out_c, lse_c, last_kv = ring_forward(q_c, k_c, v_c, ring)
         out = _from_coarse(out_c, 1, idx_q, a2a_group, a)
         lse = _from_coarse(lse_c.t().contiguous(), 1, idx_q, a2a_group, a).t().contiguous()
-        ctx.save_for_backward(q_c, k_c, v_c, out_c, lse_c, idx_q, idx_kv,
-                              last_kv if save_ring_kv() and ring.cp > 1 else None)
+        ctx.save_for_backward(q_c, k_c, v_c, out_c, lse_c, idx_q, idx_kv, last_kv)
         ctx.plan, ctx.groups = plan, groups
         ctx.dtypes = (q.dtype, k.dtype, v.dtype)
         ctx.out_shape, ctx.lse_shape = tuple(out.shape), tuple(lse.shape)

@@ -133,9 +133,10 @@ def _accumulator(plan: CPPlan, rows: int, rest, dtype, device, fill: float, lead
     return torch.full(shape, fill, dtype=dtype, device=device)
 
 
-def ring_forward(q, k, v, plan: CPPlan, return_last_kv: bool = False):
-    """``(out, lse)``, and with ``return_last_kv`` the kv ``[2, t_kv, ...]`` held at the last
-    step (of ``rank + 1``; the local kv when ``cp == 1``) for :func:`ring_backward`."""
+def ring_forward(q, k, v, plan: CPPlan):
+    """``(out, lse, last_kv)``: ``last_kv`` is the kv ``[2, t_kv, ...]`` held at the last step
+    (that of ``rank + 1``) for :func:`ring_backward`, or None when it is not kept (``cp == 1``,
+    or :func:`save_ring_kv` off)."""
     cdt = _accumulator_dtype(plan, q.dtype)
     t = q.shape[0]
     out = _accumulator(plan, t, q.shape[1:], cdt, q.device, 0.0)
@@ -149,13 +150,13 @@ def ring_forward(q, k, v, plan: CPPlan, return_last_kv: bool = False):
         fresh = forward_step(out, lse, plan, q, kv, step, fresh)
         if pending is not None:
             kv = pending.wait()
-    result = (out[:t].to(q.dtype), lse[:, :t].contiguous())
-    return result + (kv,) if return_last_kv else result
+    last_kv = kv if plan.cp > 1 and save_ring_kv() else None
+    return out[:t].to(q.dtype), lse[:, :t].contiguous(), last_kv
 
 
 def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan, last_kv=None):
     """``(dq, dk, dv)`` by the reverse ring (module docstring); ``last_kv``: what
-    :func:`ring_forward` returned with ``return_last_kv`` (None: fetched here)."""
+    :func:`ring_forward` kept (None: fetched here)."""
     cp = plan.cp
     cdt = _accumulator_dtype(plan, q.dtype)
     t, t_kv = q.shape[0], k.shape[0]
@@ -165,15 +166,16 @@ def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan, last_kv=None):
     if kv is None:  # the kv of rank + 1: one exchange no compute hides
         kv = comm.RingExchange(torch.stack(local), tag=comm.TAG_KV, **ring).wait()
     dq = _accumulator(plan, t, q.shape[1:], cdt, q.device, 0.0)
+    seeds = _seeds(plan)
     dkv = pending_dkv = None
     for i in range(cp):
         step = cp - 1 - i  # the forward step whose kv (of rank + 1 + i) is held now
         pending_kv = (comm.RingExchange(kv, tag=comm.TAG_KV, **ring) if i < cp - 2 else None)
         grads = backward_step(dq, plan, dout, dlse, q, kv, out, lse, step,
-                              first=i == 0 and _seeds(plan))
+                              first=i == 0 and seeds)
         if i == 0:  # the accumulator of this kv starts here
             dkv = _accumulator(plan, t_kv, k.shape[1:], cdt, q.device, 0.0, lead=(2,))
-            fold_kv_grads(dkv, grads, plan, first=_seeds(plan))
+            fold_kv_grads(dkv, grads, plan, first=seeds)
         else:
             dkv = pending_dkv.wait()  # rank + 1's accumulator of the kv held now
             fold_kv_grads(dkv, grads, plan)
@@ -213,11 +215,6 @@ def save_ring_kv() -> bool:
     return os.environ.get("ROCM_ATTN_CP_SAVE_RING_KV", "1") != "0"
 
 
-def _forward_saving_kv(q, k, v, plan: CPPlan):
-    out, lse, last_kv = ring_forward(q, k, v, plan, return_last_kv=True)
-    return out, lse, (last_kv if save_ring_kv() and plan.cp > 1 else None)
-
-
 RingAttnFunc = make_cp_function(
-    "RingAttnFunc", _forward_saving_kv, ring_backward,
+    "RingAttnFunc", ring_forward, ring_backward,
     "Differentiable ring attention; explicit communication in forward and backward.")

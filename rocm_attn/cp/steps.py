@@ -236,17 +236,23 @@ class DirectCall(NamedTuple):
     kv_rows: int
     # the covered rows as thd.copy_valid_tokens layouts (int32 [m+1]): sub-sequence i covers
     # rows [starts[i], starts[i] + cu[i+1] - cu[i]); starts ends with the tensor's rows
-    q_cover_cu: Optional[torch.Tensor] = None
-    q_cover_starts: Optional[torch.Tensor] = None
-    kv_cover_cu: Optional[torch.Tensor] = None
-    kv_cover_starts: Optional[torch.Tensor] = None
+    q_cover_cu: torch.Tensor
+    q_cover_starts: torch.Tensor
+    kv_cover_cu: torch.Tensor
+    kv_cover_starts: torch.Tensor
 
 
-def _covered_rows(starts: torch.Tensor, lens: torch.Tensor, bound: int, rows: int):
-    """``(src, dst)`` int64 ``[bound]``: the rows of ``[start_i, start_i + len_i)`` in order,
-    then slack (``src`` clamped, ``dst`` = the dummy row ``rows``): a packed row map."""
-    cu = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)])
-    m = packed_rows(cu, torch.cat([starts, starts.new_zeros(1)]), bound, rows)
+def _cover(start: torch.Tensor, length: torch.Tensor, rows: int):
+    """Sub-sequences ``[start_i, start_i + len_i)`` as a ``thd.copy_valid_tokens`` layout:
+    ``(cu, starts)`` int32 ``[m+1]``, cumulative lengths and starts followed by ``rows``."""
+    cu = torch.cat([length.new_zeros(1), torch.cumsum(length, 0)]).to(torch.int32)
+    return cu, torch.cat([start, start.new_full((1,), rows)]).to(torch.int32)
+
+
+def _covered_rows(cu: torch.Tensor, starts: torch.Tensor, bound: int, rows: int):
+    """``(src, dst)`` int64 ``[bound]``: the rows of a :func:`_cover` in order, then slack
+    (``src`` clamped, ``dst`` = the dummy row ``rows``): a packed row map."""
+    m = packed_rows(cu, starts, bound, rows)
     return m.src, m.targets
 
 
@@ -277,14 +283,11 @@ def direct_call(q_start: torch.Tensor, q_len: torch.Tensor, kv_start: torch.Tens
     cu_kv = torch.stack([ke, ke, kn], 1).flatten()
     cu_q = torch.cat([cu_q, cu_q.new_full((1,), q_rows)]).to(torch.int32)
     cu_kv = torch.cat([cu_kv, cu_kv.new_full((1,), kv_rows)]).to(torch.int32)
-    q_src, q_dst = _covered_rows(qs, ql, max(1, q_bound), q_rows)
-    kv_src, kv_dst = _covered_rows(ks, kl, max(1, kv_bound), kv_rows)
-    def cover(start, length, rows):
-        cu = torch.cat([length.new_zeros(1), torch.cumsum(length, 0)]).to(torch.int32)
-        return cu, torch.cat([start, start.new_full((1,), rows)]).to(torch.int32)
-
+    q_cover, kv_cover = _cover(qs, ql, q_rows), _cover(ks, kl, kv_rows)
+    q_src, q_dst = _covered_rows(*q_cover, max(1, q_bound), q_rows)
+    kv_src, kv_dst = _covered_rows(*kv_cover, max(1, kv_bound), kv_rows)
     return DirectCall(cu_q, cu_kv, q_src, q_dst, kv_src, kv_dst, q_rows, kv_rows,
-                      *cover(qs, ql, q_rows), *cover(ks, kl, kv_rows))
+                      *q_cover, *kv_cover)
 
 
 def _layout_starts(meta: StepMeta, side: str, g: "SideGeometry") -> torch.Tensor:
