@@ -101,6 +101,29 @@ def write_build_config(target: str, archs: list[str], kernels: list[str]) -> Non
     (ROOT / "rocm_attn" / "_build_config.json").write_text(json.dumps(config, indent=1) + "\n")
 
 
+def loaded_libstdcxx() -> list[str]:
+    """The shared libstdc++ this process (torch) has loaded, as a link argument ([] if none).
+
+    The GPU image's toolchain (/opt/gcc) ships only a static libstdc++, so g++ copied its
+    iostream and locale code into the extension; when a TORCH_CHECK streamed a number into its
+    message, torch's stream (the process's libstdc++) ran the copy's code with the process's
+    locale facets and segfaulted instead of raising (H200 image, docs/NOTES.md, session 6).
+    Naming the loaded library on the link line resolves those symbols to it, ahead of the
+    compiler's implicit -lstdc++, so the extension shares one C++ runtime with torch.
+    """
+    import torch  # noqa: F401  (loads the C++ runtime the extension must share)
+
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:  # not Linux: the platform's usual linking applies
+        return []
+    for line in maps:
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        if Path(path).name.startswith("libstdc++.so"):
+            return [path]
+    return []
+
+
 def extension_for(target: str):
     """The rocm_attn._C extension for a GPU target, sources generated as needed."""
     import generate_kernels
@@ -144,6 +167,7 @@ def extension_for(target: str):
         sources=[os.path.relpath(s, ROOT) for s in sources],
         include_dirs=include,
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
+        extra_link_args=loaded_libstdcxx(),
     )
 
 

@@ -5,9 +5,13 @@ a fake impl lets torch.compile trace through them; registering autograd makes th
 differentiable. Nothing here runs when the extension is absent.
 
 Host cost matters: a small-seq call can take 20-30 us on the GPU, about what Python dispatch
-costs. :func:`small_seq_forward` therefore calls the op overload directly and, when nothing
-needs a gradient, below the autograd layer (whose registered Python kernel would otherwise run
-on every call just to find that no graph is needed).
+costs. :func:`small_seq_forward` therefore calls the op overload directly: below the autograd
+layer when nothing needs a gradient (whose registered Python kernel would otherwise run on every
+call just to find that no graph is needed), and through :class:`SmallSeqAttention`, a plain
+autograd.Function, when something does. The registered autograd (``register_autograd``) serves
+torch.compile and direct ``torch.ops`` callers; in eager its generic wrapper cost 3x the host
+time of the Function per forward+backward step (H200 host, h1 d128 kv4: 517 us; its
+zero-filled gradients for the unused LSE and weights outputs alone took two fills).
 """
 
 from __future__ import annotations
@@ -50,17 +54,72 @@ def _small_seq_backward(ctx, dout, dlse, dprobs):
     # merged, as in context parallelism); the attention weights are returned for inspection
     # and are not differentiable.
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv = ctx.saved_tensors
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.rocm_attn.small_seq_bwd.default(
-        dout.contiguous(), q, k, v, out, lse, None if dlse is None else dlse.contiguous(),
-        cu_seqlens_q, cu_seqlens_kv, seqlens_kv, ctx.max_seqlen_kv, ctx.softmax_scale,
-    )
+    dq, dk, dv = _small_seq_bwd_call(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv,
+                                     seqlens_kv, ctx.max_seqlen_kv, ctx.softmax_scale)
     return dq, dk, dv, None, None, None, None, None, None
 
 
-def _needs_autograd(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+def _small_seq_bwd_call(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                        max_seqlen_kv, softmax_scale):
+    """dq, dk, dv of the kernels; dout None (only the LSE is used) reads as zeros."""
+    if dout is None:
+        dout = torch.zeros_like(out)
+    return torch.ops.rocm_attn.small_seq_bwd.default(
+        dout.contiguous(), q, k, v, out, lse, None if dlse is None else dlse.contiguous(),
+        cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale,
+    )
+
+
+class SmallSeqAttention(torch.autograd.Function):
+    """Eager autograd of the small-seq kernels: one node, gradients not materialised.
+
+    Same math as the registered autograd below (which torch.compile traces); this one skips
+    its generic wrapper and never builds zero gradients for outputs the caller did not use.
+    NOTE: forward takes ctx (no separate setup_context): with setup_context, Function.apply
+    binds the arguments through inspect.signature on every call. torch.func transforms need
+    setup_context, so they take the registered autograd (small_seq_forward). The index
+    tensors are kept as attributes, not saved tensors: they never require gradients, and each
+    saved tensor costs an unpack (version check) in the backward.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
+                softmax_scale, return_softmax):
+        with torch._C._AutoDispatchBelowAutograd():
+            out, lse, probs = torch.ops.rocm_attn.small_seq_fwd.default(
+                q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale,
+                return_softmax)
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(probs)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.index = (cu_seqlens_q, cu_seqlens_kv, seqlens_kv)
+        ctx.max_seqlen_kv = max_seqlen_kv
+        ctx.softmax_scale = softmax_scale
+        return out, lse, probs
+
+    @staticmethod
+    def backward(ctx, dout, dlse, dprobs):
+        if torch.is_grad_enabled():  # create_graph=True: the kernels have no second derivative
+            return _backward_once_differentiable(ctx, dout, dlse, dprobs)
+        return _small_seq_function_backward(ctx, dout, dlse, dprobs)
+
+
+def _small_seq_function_backward(ctx, dout, dlse, dprobs):
+    if dout is None and dlse is None:
+        return (None,) * 9
+    q, k, v, out, lse = ctx.saved_tensors
+    with torch._C._AutoDispatchBelowAutograd():
+        dq, dk, dv = _small_seq_bwd_call(dout, q, k, v, out, lse, dlse, *ctx.index,
+                                         ctx.max_seqlen_kv, ctx.softmax_scale)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_backward_once_differentiable = torch.autograd.function.once_differentiable(
+    _small_seq_function_backward)
+
+
+def _needs_autograd(q, k, v) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
 def small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
@@ -68,14 +127,17 @@ def small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seql
     """``rocm_attn::small_seq_fwd`` (out, lse, probs), with the least host work per call.
 
     Skipping the autograd layer is exact when no input needs a gradient: that layer would only
-    redispatch. While torch.compile traces, the op goes through the normal dispatch (the trace
-    records it once; host cost is not paid per call there).
+    redispatch. While torch.compile traces (or torch.func transforms run), the op goes through
+    the normal dispatch and its registered autograd (a trace records it once; host cost is not
+    paid per call there).
     """
     op = torch.ops.rocm_attn.small_seq_fwd.default
     args = (q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale,
             return_softmax)
-    if torch.compiler.is_compiling() or _needs_autograd(q, k, v):
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return op(*args)
+    if _needs_autograd(q, k, v):
+        return SmallSeqAttention.apply(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
 

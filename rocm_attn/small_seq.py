@@ -24,6 +24,11 @@ KERNEL_HEAD_DIMS = (64, 128, 256, 512)
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 TORCH_PATH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_SEQLEN_KV = 16
+LAYOUT_RANKS = {"thd_thd_thd": 3, "bshd_bshd_bshd": 4}
+
+# (layout, dtype, head dim, device) the kernels have served through the checked path: calls
+# like these try the op first (_kernels_unchecked).
+_served_by_kernels: set = set()
 
 
 def _check_tensor(name: str, t, rank: int, shape_doc: str) -> None:
@@ -166,6 +171,42 @@ def _use_kernel(q, k, v, backend: str) -> bool:
     return True
 
 
+def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                       max_seqlen_kv, softmax_scale, qkv_layout, return_softmax, backend):
+    """The kernels' (out, lse, probs) with the C++ op as the only argument check, or None.
+
+    Host cost: a small batch runs 25 us on the GPU, and _validate plus _use_kernel cost about
+    20 us of Python per call on the GPU machines' hosts. The op checks the same arguments
+    itself (torch_bindings.cpp make_params: ranks, shapes, dtypes, devices, cu_seqlens /
+    seqlens_kv, head dims, alignment). So a call shaped like one the kernels have already
+    served through the checked path (same layout, dtype, head dim, device) goes straight to
+    the op; None (the caller then takes the checked path, which raises the ValueError naming
+    the argument, or picks the torch path) when the call differs or the op refuses it.
+    """
+    if (backend not in ("auto", "kernel") or max_seqlen_q != 1 or type(max_seqlen_kv) is not int
+            or not isinstance(q, torch.Tensor) or q.shape[0] == 0
+            or (softmax_scale is not None and type(softmax_scale) is not float)
+            or LAYOUT_RANKS.get(qkv_layout) != q.dim()
+            or (qkv_layout, q.dtype, q.shape[-1], q.device) not in _served_by_kernels
+            or torch.compiler.is_compiling()):
+        return None
+    # Every tensor on a GPU: the op dispatches on the highest backend among its arguments, and
+    # a meta tensor there would run its fake impl instead of the checks.
+    try:
+        if not (k.is_cuda and v.is_cuda and (cu_seqlens_q is None or cu_seqlens_q.is_cuda)
+                and (cu_seqlens_kv is None or cu_seqlens_kv.is_cuda)
+                and (seqlens_kv is None or seqlens_kv.is_cuda)):
+            return None
+    except AttributeError:  # not a tensor
+        return None
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
+    try:
+        return ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                                     max_seqlen_kv, scale, return_softmax)
+    except (RuntimeError, TypeError, ValueError):  # the op refused the arguments
+        return None
+
+
 def _thd_to_padded(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_kv):
     """Gather THD segments into [b, max_seqlen_kv, h, d] without a host sync.
 
@@ -207,6 +248,24 @@ def _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
     if not thd:
         out = out.unsqueeze(1)
     return out, lse, probs
+
+
+def _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                  max_seqlen_kv, softmax_scale, qkv_layout, return_softmax, backend):
+    """(out, lse, probs) after every Python check: kernels where they serve, else torch."""
+    batch = _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                      max_seqlen_kv, softmax_scale, qkv_layout)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    if batch == 0:
+        return (q.new_empty(q.shape), q.new_empty((q.shape[-2], 0), dtype=torch.float32),
+                q.new_empty((0, q.shape[-2], max_seqlen_kv), dtype=torch.float32))
+    if _use_kernel(q, k, v, backend):
+        outputs = ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                                        max_seqlen_kv, scale, return_softmax)
+        _served_by_kernels.add((qkv_layout, q.dtype, q.shape[-1], q.device))
+        return outputs
+    return _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, scale,
+                       qkv_layout == "thd_thd_thd")
 
 
 def fused_attn_small_seq(
@@ -256,20 +315,14 @@ def fused_attn_small_seq(
     ``return_softmax``. A segment with no keys yields zeros; a segment that breaks the contract
     yields NaN and is counted (see ``rocm_attn.check_errors``).
     """
-    batch = _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
-                      max_seqlen_kv, softmax_scale, qkv_layout)
-    thd = qkv_layout == "thd_thd_thd"
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    if batch == 0:
-        out = q.new_empty(q.shape)
-        lse = q.new_empty((q.shape[-2], 0), dtype=torch.float32)
-        probs = q.new_empty((0, q.shape[-2], max_seqlen_kv), dtype=torch.float32)
-    elif _use_kernel(q, k, v, backend):
-        out, lse, probs = ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
-                                                max_seqlen_kv, scale, return_softmax)
-    else:
-        out, lse, probs = _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
-                                      max_seqlen_kv, scale, thd)
+    outputs = _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                                 max_seqlen_kv, softmax_scale, qkv_layout, return_softmax,
+                                 backend)
+    if outputs is None:
+        outputs = _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                                max_seqlen_kv, softmax_scale, qkv_layout, return_softmax,
+                                backend)
+    out, lse, probs = outputs
     if errors.validate_mode(validate):
         errors.check_errors()
     result = (out,) + ((lse,) if return_lse else ()) + ((probs,) if return_softmax else ())

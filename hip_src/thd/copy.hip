@@ -1,5 +1,7 @@
 // Launcher of the THD row gather/scatter kernel: picks the widest vector the row layout allows
 // (16, 8, 4 or 2 bytes) and the lanes per row. Four instantiations in all.
+#include <cstdlib>
+
 #include "copy_kernel.h"
 
 namespace {
@@ -20,6 +22,14 @@ int copy_vector_bytes(const ThdCopyParams& p) {
   return 0;
 }
 
+// Vectors per lane the lanes-per-row choice aims at (kCopyVecsPerLane);
+// ROCM_ATTN_THD_COPY_VECS_PER_LANE overrides it for experiments.
+int copy_vecs_per_lane() {
+  const char* env = getenv("ROCM_ATTN_THD_COPY_VECS_PER_LANE");
+  const int v = env != nullptr ? atoi(env) : 0;
+  return v > 0 ? v : thd::kCopyVecsPerLane;
+}
+
 }  // namespace
 
 hipError_t thd_copy_rows_launch(const ThdCopyParams& p, hipStream_t stream) {
@@ -28,7 +38,7 @@ hipError_t thd_copy_rows_launch(const ThdCopyParams& p, hipStream_t stream) {
   if (vbytes == 0) return hipErrorInvalidValue;  // 1-byte elements or odd strides
   const int64_t nvec = static_cast<int64_t>(p.heads) * (p.head_bytes / vbytes);
   if (nvec > INT32_MAX) return hipErrorInvalidValue;
-  const int shift = thd::lanes_shift(nvec, thd::kCopyVecsPerLane, thd::kCopyThreads);
+  const int shift = thd::lanes_shift(nvec, copy_vecs_per_lane(), thd::kCopyThreads);
   const int64_t rows_per_block = thd::kCopyThreads >> shift;
   const int64_t bx = (p.rows + rows_per_block - 1) / rows_per_block;
   const int64_t by = (p.outer + thd::kCopyOuterPerBlock - 1) / thd::kCopyOuterPerBlock;

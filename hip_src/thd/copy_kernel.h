@@ -1,9 +1,8 @@
 // Row gather/scatter kernel of the copy-type THD helpers: partition, reorder_to_contiguous,
 // reorder_to_rank_sharded, read_half, copy_valid_tokens (and pad_for_cp through it).
 //
-// A group of 2^lpr_shift lanes owns one destination row: it finds the row's source by binary
-// search (map_row; all lanes of the group read the same cu_seqlens words, one transaction),
-// then copies the row (every outer slice of this block, e.g. the LSE heads) with V-byte
+// A group of 2^lpr_shift lanes owns one destination row: it finds the row's source (map_query,
+// one wave search for the rows of all the wave's groups, then map_row_given), then copies the row (every outer slice of this block, e.g. the LSE heads) with V-byte
 // vectors, kCopyUnroll loads in flight per lane before the stores. The grid covers the rows
 // (it scales with tokens), blockIdx.y covers outer slices kCopyOuterPerBlock at a time.
 // NOTE: a variant that capped the grid and prefetched each group's next row mapping while
@@ -18,7 +17,11 @@ namespace thd {
 constexpr int kCopyThreads = 256;
 constexpr int kCopyOuterPerBlock = 8;  // outer slices per block: one search serves 8 LSE heads
 constexpr int kCopyUnroll = 4;         // vectors in flight per lane
-constexpr int kCopyVecsPerLane = 4;    // lanes per row ~ vectors per row / 4
+// Lanes per row ~ vectors per row / kCopyVecsPerLane (launcher; env override for experiments).
+// NOTE: H200, bf16 rows of 2 KB (bench_thd, session 6): 8 vectors per lane against 4 gave
+// reorder_to_rank_sharded 87 -> 92% of floor (b16 cases) and 88 -> 98% (var64), the other copy
+// helpers within +-3 points; 16 lost 1-9 points, 2 and 1 lost 25-55.
+constexpr int kCopyVecsPerLane = 8;
 
 struct alignas(8) Vec8B {
   uint32_t w[2];
@@ -79,10 +82,21 @@ __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyPa
   char* __restrict__ dst = static_cast<char*>(p.dst);
   const int64_t slots = (static_cast<int64_t>(gridDim.x) * kCopyThreads) >> lpr_shift;
   const int64_t outer_step = static_cast<int64_t>(gridDim.y) * kCopyOuterPerBlock;
+  constexpr int kW = RA_WAVE_SIZE;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kCopyThreads + threadIdx.x;
+  // rows of this lane and of the wave's first lane: the loop runs while the wave has a row, so
+  // every lane reaches the wave search (seq_of_wave) together
+  const int64_t lane_row = tid >> lpr_shift;
+  const int64_t wave_row = (tid & ~static_cast<int64_t>(kW - 1)) >> lpr_shift;
 
-  for (int64_t row = (static_cast<int64_t>(blockIdx.x) * kCopyThreads + threadIdx.x) >> lpr_shift;
-       row < p.rows; row += slots) {
-    const int64_t src_row = map_row(p.map, row);
+  for (int64_t step = 0; wave_row + step < p.rows; step += slots) {
+    const int64_t row = lane_row + step;
+    const bool active = row < p.rows;
+    const SeqQuery query = map_query(p.map, active ? row : wave_row + step);
+    const int32_t seq =
+        query.cu != nullptr ? seq_of_wave<kW>(query.cu, p.map.b, query.div, query.pos) : 0;
+    if (!active) continue;
+    const int64_t src_row = map_row_given(p.map, row, seq);
     if (src_row < 0 && !p.fill) continue;
     const Vec fill = VecOf<V>::fill(p.fill_bytes);
     for (int64_t o_begin = static_cast<int64_t>(blockIdx.y) * kCopyOuterPerBlock; o_begin < p.outer;

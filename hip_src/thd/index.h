@@ -1,6 +1,7 @@
-// Row index math of the THD kernels: a token's sequence by binary search over cu_seqlens in
-// global memory (small and cache-resident, no shared-memory copy, so no cap on the number of
-// sequences), then the dual-chunk arithmetic. Each function mirrors one torch helper of
+// Row index math of the THD kernels: a token's sequence by a search over cu_seqlens in global
+// memory (small and cache-resident, no shared-memory copy, so no cap on the number of
+// sequences; a wave searches for all its lanes at once where it can), then the dual-chunk
+// arithmetic. Each function mirrors one torch helper of
 // rocm_attn/thd.py term by term (int64, floor division, the same clamps), so that the kernels
 // give bitwise the rows the torch path gives, slack rows included, and never index out of
 // bounds whatever cu_seqlens holds.
@@ -40,15 +41,25 @@ RA_HOST_DEVICE int32_t seq_of(const int32_t* cu, int32_t b, int64_t div, int64_t
   return lo;
 }
 
-// _local_to_global: global row of local row l of `rank` (cu: global padded cu_seqlens).
-RA_HOST_DEVICE int64_t local_to_global(const ThdRowMapParams& m, int64_t rank, int64_t l) {
+// Every row map below first finds the sequence of a position (seq_of: one binary search), then
+// does arithmetic. The search is split out (map_query) so that a wave can run the searches of
+// all its lanes at once (seq_of_wave); map_row_given finishes with its result.
+struct SeqQuery {
+  const int32_t* cu;  // nullptr: the map needs no search
+  int64_t div;
+  int64_t pos;
+};
+
+// _local_to_global: global row of local row l of `rank` (cu: global padded cu_seqlens);
+// s = seq_of(cu, b, cp, l).
+RA_HOST_DEVICE int64_t local_to_global(const ThdRowMapParams& m, int64_t rank, int64_t l,
+                                       int32_t s) {
   const int64_t cp = m.cp;
   const int64_t loc_end = floordiv(m.cu[m.b], cp);
   int64_t g;
   if (l >= loc_end) {  // slack: rank r owns [end + r*slack_loc, end + (r+1)*slack_loc)
     g = m.cu[m.b] + rank * (m.local_rows - loc_end) + (l - loc_end);
   } else {
-    const int32_t s = seq_of(m.cu, m.b, cp, l);
     const int64_t lstart = floordiv(m.cu[s], cp);
     const int64_t len = s < m.b ? floordiv(m.cu[s + 1], cp) - lstart : 0;
     const int64_t half = floordiv(len, 2);
@@ -58,8 +69,9 @@ RA_HOST_DEVICE int64_t local_to_global(const ThdRowMapParams& m, int64_t rank, i
   return clamp_row(g, cp * m.local_rows);
 }
 
-// _global_to_gathered: row of the all-gathered shards holding global row r.
-RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r) {
+// _global_to_gathered: row of the all-gathered shards holding global row r;
+// s = seq_of(cu, b, 1, r).
+RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r, int32_t s) {
   const int64_t cp = m.cp;
   const int64_t end = m.cu[m.b];
   int64_t src;
@@ -70,7 +82,6 @@ RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r) {
     const int64_t er = floordiv(e, slack);
     src = er * m.local_rows + loc_end + (e - er * slack);
   } else {
-    const int32_t s = seq_of(m.cu, m.b, 1, r);
     const int64_t start = m.cu[s];
     const int64_t len = s < m.b ? m.cu[s + 1] - start : 0;
     const int64_t h = max64(floordiv(len, 2 * cp), 1);
@@ -85,8 +96,8 @@ RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r) {
 }
 
 // _half_index: local rows of row k of the first and of the second half (cu: local padded
-// cu_seqlens, even lengths); one search serves both.
-RA_HOST_DEVICE void half_rows(const ThdRowMapParams& m, int64_t k, int64_t& first,
+// cu_seqlens, even lengths); s = seq_of(cu, b, 2, k) serves both.
+RA_HOST_DEVICE void half_rows(const ThdRowMapParams& m, int64_t k, int32_t s, int64_t& first,
                               int64_t& second) {
   const int64_t end = m.cu[m.b];
   const int64_t hb_end = floordiv(end, 2);
@@ -95,7 +106,6 @@ RA_HOST_DEVICE void half_rows(const ThdRowMapParams& m, int64_t k, int64_t& firs
     base = end + (k - hb_end);
     half_len = floordiv(m.local_rows - end, 2);
   } else {
-    const int32_t s = seq_of(m.cu, m.b, 2, k);
     const int64_t start = m.cu[s];
     const int64_t len = s < m.b ? m.cu[s + 1] - start : 0;
     base = start + (k - floordiv(start, 2));
@@ -105,15 +115,9 @@ RA_HOST_DEVICE void half_rows(const ThdRowMapParams& m, int64_t k, int64_t& firs
   second = clamp_row(base + half_len, m.local_rows);
 }
 
-RA_HOST_DEVICE int64_t half_row(const ThdRowMapParams& m, int64_t k, int half) {
-  int64_t first, second;
-  half_rows(m, k, first, second);
-  return half ? second : first;
-}
-
-// _copy_rows: source row of dst row d, or -1 when d holds no valid token (padding, slack).
-RA_HOST_DEVICE int64_t valid_src_row(const ThdRowMapParams& m, int64_t d) {
-  const int32_t s = seq_of(m.cu_dst, m.b, 1, d);
+// _copy_rows: source row of dst row d, or -1 when d holds no valid token (padding, slack);
+// s = seq_of(cu_dst, b, 1, d).
+RA_HOST_DEVICE int64_t valid_src_row(const ThdRowMapParams& m, int64_t d, int32_t s) {
   const int64_t off = d - m.cu_dst[s];
   const int64_t n = s < m.b ? static_cast<int64_t>(m.cu[s + 1]) - m.cu[s] : 0;
   const int64_t slot = s < m.b ? static_cast<int64_t>(m.cu_dst[s + 1]) - m.cu_dst[s] : 0;
@@ -121,24 +125,81 @@ RA_HOST_DEVICE int64_t valid_src_row(const ThdRowMapParams& m, int64_t d) {
   return clamp_row(m.cu_src[s] + off, m.src_rows);
 }
 
-// Source row of destination row `row` (-1: none).
-RA_HOST_DEVICE int64_t map_row(const ThdRowMapParams& m, int64_t row) {
+// The search map_row_given(m, row, .) needs.
+RA_HOST_DEVICE SeqQuery map_query(const ThdRowMapParams& m, int64_t row) {
   switch (m.kind) {
     case ThdRowMap::kPartition:
-      return local_to_global(m, m.rank, row);
+      return {m.cu, m.cp, row};
     case ThdRowMap::kToContiguous:
-      return global_to_gathered(m, row);
+      return {m.cu, 1, row};
+    case ThdRowMap::kToRankSharded:
+      return {m.cu, m.cp, row - row / max64(m.local_rows, 1) * m.local_rows};
+    case ThdRowMap::kHalf:
+      return {m.cu, 2, row};
+    case ThdRowMap::kCopyValid:
+      return {m.cu_dst, 1, row};
+    default:
+      return {nullptr, 1, 0};
+  }
+}
+
+// Source row of destination row `row` (-1: none), given s = the result of map_query's search.
+RA_HOST_DEVICE int64_t map_row_given(const ThdRowMapParams& m, int64_t row, int32_t s) {
+  switch (m.kind) {
+    case ThdRowMap::kPartition:
+      return local_to_global(m, m.rank, row, s);
+    case ThdRowMap::kToContiguous:
+      return global_to_gathered(m, row, s);
     case ThdRowMap::kToRankSharded: {
       const int64_t rank = row / max64(m.local_rows, 1);
-      return local_to_global(m, rank, row - rank * m.local_rows);
+      return local_to_global(m, rank, row - rank * m.local_rows, s);
     }
-    case ThdRowMap::kHalf:
-      return half_row(m, row, m.half);
+    case ThdRowMap::kHalf: {
+      int64_t first, second;
+      half_rows(m, row, s, first, second);
+      return m.half ? second : first;
+    }
     case ThdRowMap::kCopyValid:
-      return valid_src_row(m, row);
+      return valid_src_row(m, row, s);
     default:
       return row;
   }
+}
+
+// seq_of for every lane of a wave at once, each lane with its own query on the same cu (all
+// lanes call it, converged): the cu_seqlens words are read in coalesced chunks of one per lane,
+// all chunks at once, and each lane counts the entries below its limit by binary lifting over
+// the chunks held in registers (shuffles): one memory round trip instead of log2(b) dependent
+// ones. Same counts as seq_of for monotonic cu; more than kWaveSearchChunks x wave sequences:
+// the per-lane search.
+constexpr int kWaveSearchChunks = 2;
+
+template <int W>
+RA_DEVICE int32_t seq_of_wave(const int32_t* cu, int32_t b, int64_t div, int64_t pos) {
+  if (b > kWaveSearchChunks * W) return seq_of(cu, b, div, pos);  // uniform
+  const int lane = threadIdx.x & (W - 1);
+  int val[kWaveSearchChunks];
+#pragma unroll
+  for (int c = 0; c < kWaveSearchChunks; ++c) {
+    const int i = 1 + c * W + lane;
+    val[c] = i <= b ? cu[i] : 0;
+  }
+  const int64_t lim = (pos + 1) * div;  // count i in [1, b] with cu[i] < lim
+  int s = 0;
+#pragma unroll
+  for (int c = 0; c < kWaveSearchChunks; ++c) {
+    if (c * W >= b) break;  // uniform
+    int cnt = 0;            // entries of chunk c below lim
+#pragma unroll
+    for (int st = W / 2; st >= 1; st >>= 1) {
+      const int v = ra_shfl(val[c], cnt + st - 1);
+      if (c * W + cnt + st <= b && v < lim) cnt += st;
+    }
+    const int v = ra_shfl(val[c], cnt);
+    if (c * W + cnt + 1 <= b && v < lim) cnt += 1;
+    s += cnt;
+  }
+  return s;
 }
 
 // Lanes per row: a power of two <= 256 and <= nvec, about nvec / per_lane, returned as a shift.

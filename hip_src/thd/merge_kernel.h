@@ -171,60 +171,14 @@ RA_HOST_DEVICE int log2_pow2(int x) {  // x a power of two
 }
 
 // half_rows for every lane of a wave at once (every lane calls it, converged; k >= 0 any row
-// for lanes whose result is not used): the cu_seqlens words are read in coalesced chunks of
-// one per lane, all chunks at once, and each lane finds its sequence by a binary search over
-// the chunks held in registers (shuffles), so the search costs two memory round trips (chunks,
-// then the sequence's bounds) instead of log2(b) + 2 dependent ones. Same counts as seq_of;
-// more than kWaveSearchChunks x wave sequences: the per-lane search (half_rows).
-constexpr int kWaveSearchChunks = 2;
-
+// for lanes whose result is not used): one wave search (seq_of_wave), then the sequence's
+// bounds: two memory round trips instead of log2(b) + 2 dependent ones.
 template <int W>
 RA_DEVICE void half_rows_wave(const ThdRowMapParams& m, int k, int& first, int& second) {
-  const int lane = threadIdx.x & (W - 1);
-  const int b = m.b;
-  if (b > kWaveSearchChunks * W) {
-    int64_t f, sc;
-    half_rows(m, k, f, sc);
-    first = static_cast<int>(f);
-    second = static_cast<int>(sc);
-    return;
-  }
-  const int64_t end = m.cu[b];
-  int val[kWaveSearchChunks];
-#pragma unroll
-  for (int c = 0; c < kWaveSearchChunks; ++c) {
-    const int i = 1 + c * W + lane;
-    val[c] = i <= b ? m.cu[i] : 0;
-  }
-  // seq_of(cu, b, 2, k): the number of i in [1, b] with cu[i] < 2 (k + 1)
-  const int64_t lim = 2 * (static_cast<int64_t>(k) + 1);
-  int s = 0;
-#pragma unroll
-  for (int c = 0; c < kWaveSearchChunks; ++c) {
-    if (c * W >= b) break;  // uniform
-    int cnt = 0;            // entries of chunk c below lim: binary lifting over lanes
-#pragma unroll
-    for (int st = W / 2; st >= 1; st >>= 1) {
-      const int v = ra_shfl(val[c], cnt + st - 1);
-      if (c * W + cnt + st <= b && v < lim) cnt += st;
-    }
-    const int v = ra_shfl(val[c], cnt);
-    if (c * W + cnt + 1 <= b && v < lim) cnt += 1;
-    s += cnt;
-  }
-  const int64_t hb_end = floordiv(end, 2);
-  int64_t base, half_len;
-  if (k >= hb_end) {
-    base = end + (k - hb_end);
-    half_len = floordiv(m.local_rows - end, 2);
-  } else {
-    const int64_t start = m.cu[s];
-    const int64_t len = s < b ? m.cu[s + 1] - start : 0;
-    base = start + (k - floordiv(start, 2));
-    half_len = floordiv(len, 2);
-  }
-  first = static_cast<int>(clamp_row(base, m.local_rows));
-  second = static_cast<int>(clamp_row(base + half_len, m.local_rows));
+  int64_t f, sc;
+  half_rows(m, k, seq_of_wave<W>(m.cu, m.b, 2, k), f, sc);
+  first = static_cast<int>(f);
+  second = static_cast<int>(sc);
 }
 
 // Row units in flight per lane (U x 16 bytes per tensor, kept packed until used).

@@ -16,7 +16,7 @@
 #include <hip/hip_runtime.h>
 #include <stdint.h>
 
-// Which source row a destination row reads (thd::map_row); the torch function it mirrors.
+// Which source row a destination row reads (thd::map_row_given); the torch function it mirrors.
 enum class ThdRowMap : int32_t {
   kPartition = 0,      // dst: local row of `rank`; src: global row (_local_to_global)
   kToContiguous = 1,   // dst: global row; src: row of the all-gathered shards (_global_to_gathered)
