@@ -5,10 +5,11 @@ a fake impl lets torch.compile trace through them; registering autograd makes th
 differentiable. Nothing here runs when the extension is absent.
 
 Host cost matters: a small-seq call can take 20-30 us on the GPU, about what Python dispatch
-costs. :func:`small_seq_forward` therefore calls the op overload directly: below the autograd
-layer when nothing needs a gradient (whose registered Python kernel would otherwise run on every
-call just to find that no graph is needed), and through :class:`SmallSeqAttention`, a plain
-autograd.Function, when something does. The registered autograd (``register_autograd``) serves
+costs. :func:`small_seq_forward` therefore skips what it can: when nothing needs a gradient it
+calls the op's C++ function directly (``_C.small_seq_fwd_direct``: no schema boxing, no
+dispatcher), or the op below the autograd layer where that cannot serve (tensor subclasses,
+dispatch modes); when something does, it goes through :class:`SmallSeqAttention`, a plain
+autograd.Function. The registered autograd (``register_autograd``) serves
 torch.compile and direct ``torch.ops`` callers; in eager its generic wrapper cost 3x the host
 time of the Function per forward+backward step (H200 host, h1 d128 kv4: 517 us; its
 zero-filled gradients for the unused LSE and weights outputs alone took two fills).
@@ -19,6 +20,13 @@ from __future__ import annotations
 import torch
 
 from . import _ext
+
+# rocm_attn._C.small_seq_fwd_direct, when the extension is loaded (None otherwise).
+_fwd_direct = None
+if _ext.HAS_EXTENSION:
+    from . import _C
+
+    _fwd_direct = getattr(_C, "small_seq_fwd_direct", None)
 
 
 def _small_seq_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
@@ -85,10 +93,8 @@ class SmallSeqAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
                 softmax_scale, return_softmax):
-        with torch._C._AutoDispatchBelowAutograd():
-            out, lse, probs = torch.ops.rocm_attn.small_seq_fwd.default(
-                q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale,
-                return_softmax)
+        out, lse, probs = _fwd_below_autograd(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                                              max_seqlen_kv, softmax_scale, return_softmax)
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(probs)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -138,8 +144,25 @@ def small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seql
         return op(*args)
     if _needs_autograd(q, k, v):
         return SmallSeqAttention.apply(*args)
+    return _fwd_below_autograd(*args)
+
+
+def _fwd_below_autograd(*args):
+    """The forward op's outputs, dispatched below autograd or, where nothing else could see
+    the call, by the direct entry point.
+
+    NOTE: dispatch and torch-function modes (fake tensors, debug modes) and the profiler (it
+    records ops at dispatch) are entitled to see the op: only without them does the direct call
+    stand in for it.
+    """
+    if (_fwd_direct is not None and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._is_torch_function_mode_enabled()
+            and not torch._C._autograd._profiler_enabled()):
+        outputs = _fwd_direct(*args)
+        if outputs is not None:
+            return outputs
     with torch._C._AutoDispatchBelowAutograd():
-        return op(*args)
+        return torch.ops.rocm_attn.small_seq_fwd.default(*args)
 
 
 if _ext.HAS_EXTENSION:

@@ -883,6 +883,61 @@ def test_eager_autograd_matches_registered_autograd(dev, loss_on):
         torch.autograd.grad(dq.float().sum(), leaves[0])
 
 
+def test_direct_entry_point_matches_op(dev):
+    """rocm_attn._C.small_seq_fwd_direct (the no-autograd eager path) is the op's C++ function
+    without the dispatcher: bit-identical outputs, the op's checks (RuntimeError), and None for
+    arguments it does not take (tensor subclasses, non-float scale), which go to the op."""
+    from rocm_attn import _C
+
+    rng = Rng(0, "direct")
+    case = thd_case(rng, 301, 8, 2, 128, 13, torch.bfloat16, device=dev)
+    q, k, v = case.leaves
+    args = (q, k, v, case.cu_q, case.cu_kv, None, case.max_kv, 0.125, True)
+    direct = _C.small_seq_fwd_direct(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        via_op = torch.ops.rocm_attn.small_seq_fwd.default(*args)
+    for a, b in zip(direct, via_op):
+        assert torch.equal(a, b)
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert _C.small_seq_fwd_direct(q.as_subclass(Sub), *args[1:]) is None
+    assert _C.small_seq_fwd_direct(*args[:7], 1, True) is None  # int scale: the op's business
+    with pytest.raises(RuntimeError, match="cu_seqlens_kv"):
+        _C.small_seq_fwd_direct(q, k, v, case.cu_q, case.cu_kv.long(), None, case.max_kv, 0.125,
+                                False)
+
+
+def test_modes_and_profiler_see_the_op(dev):
+    """The direct entry point stands in for the op only when nothing could watch the dispatch:
+    a TorchDispatchMode and the profiler both still see rocm_attn::small_seq_fwd."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    rng = Rng(0, "modes")
+    case = thd_case(rng, 64, 4, 4, 64, 8, torch.bfloat16, device=dev)
+    q, k, v = case.leaves
+    call = lambda: fused_attn_small_seq(q, k, v, case.cu_q, case.cu_kv, 1, case.max_kv)  # noqa: E731
+    expected = call()
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as mode:
+        got = call()
+    assert any("small_seq_fwd" in name for name in mode.names), mode.names
+    assert torch.equal(got, expected)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        call()
+    assert any("small_seq_fwd" in e.key for e in prof.key_averages())
+
+
 def _on_gpu(value, dev):
     """A CPU bad-input case moved to the GPU: same strides (views stay non-contiguous), 16-bit
     kernel dtypes (float32 -> bf16, bf16 -> fp16, so dtype mismatches stay mismatches); meta

@@ -58,6 +58,19 @@ def main(argv=None) -> int:
         out = rocm_attn.fused_attn_small_seq(qg, kg, vg, cu_q, cu_kv, 1, 4)
         torch.autograd.grad(out, (qg, kg, vg), dout)
 
+    x2 = torch.randn(1024, device="cuda", requires_grad=True)
+    g2 = torch.ones(1024, device="cuda")
+
+    def engine_only():
+        torch.autograd.grad(x2 * 2, (x2,), g2)
+
+    out_ref, lse_ref, _ = op(q, k, v, cu_q, cu_kv, None, 4, scale, False)
+
+    def bwd_below_autograd():
+        with torch._C._AutoDispatchBelowAutograd():
+            torch.ops.rocm_attn.small_seq_bwd.default(dout, q, k, v, out_ref, lse_ref, None,
+                                                      cu_q, cu_kv, None, 4, scale)
+
     def below_autograd():
         with torch._C._AutoDispatchBelowAutograd():
             op(q, k, v, cu_q, cu_kv, None, 4, scale, False)
@@ -76,6 +89,8 @@ def main(argv=None) -> int:
         "fwd with grad (autograd node)": lambda: rocm_attn.fused_attn_small_seq(
             qg, kg, vg, cu_q, cu_kv, 1, 4),
         "fwd + autograd.grad": step,
+        "autograd.grad of x * 2 (engine alone)": engine_only,
+        "bwd op below autograd": bwd_below_autograd,
         "torch.empty x3 (allocator)": lambda: [torch.empty_like(q) for _ in range(3)],
     }
     print(f"{'piece':40s} {'host us/call':>12s}")

@@ -93,10 +93,11 @@ __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyPa
     const int64_t row = lane_row + step;
     const bool active = row < p.rows;
     const SeqQuery query = map_query(p.map, active ? row : wave_row + step);
+    const int64_t end = query.cu != nullptr ? p.map.cu[p.map.b] : 0;  // with the search's loads
     const int32_t seq =
         query.cu != nullptr ? seq_of_wave<kW>(query.cu, p.map.b, query.div, query.pos) : 0;
     if (!active) continue;
-    const int64_t src_row = map_row_given(p.map, row, seq);
+    const int64_t src_row = map_row_given(p.map, row, seq, end);
     if (src_row < 0 && !p.fill) continue;
     const Vec fill = VecOf<V>::fill(p.fill_bytes);
     for (int64_t o_begin = static_cast<int64_t>(blockIdx.y) * kCopyOuterPerBlock; o_begin < p.outer;

@@ -43,7 +43,9 @@ RA_HOST_DEVICE int32_t seq_of(const int32_t* cu, int32_t b, int64_t div, int64_t
 
 // Every row map below first finds the sequence of a position (seq_of: one binary search), then
 // does arithmetic. The search is split out (map_query) so that a wave can run the searches of
-// all its lanes at once (seq_of_wave); map_row_given finishes with its result.
+// all its lanes at once (seq_of_wave); map_row_given finishes with its result. `end` is
+// cu[b], which callers load before the search so that it travels in the same memory round trip
+// (the finishing step then waits only for cu[s], cu[s + 1]).
 struct SeqQuery {
   const int32_t* cu;  // nullptr: the map needs no search
   int64_t div;
@@ -53,12 +55,12 @@ struct SeqQuery {
 // _local_to_global: global row of local row l of `rank` (cu: global padded cu_seqlens);
 // s = seq_of(cu, b, cp, l).
 RA_HOST_DEVICE int64_t local_to_global(const ThdRowMapParams& m, int64_t rank, int64_t l,
-                                       int32_t s) {
+                                       int32_t s, int64_t end) {
   const int64_t cp = m.cp;
-  const int64_t loc_end = floordiv(m.cu[m.b], cp);
+  const int64_t loc_end = floordiv(end, cp);
   int64_t g;
   if (l >= loc_end) {  // slack: rank r owns [end + r*slack_loc, end + (r+1)*slack_loc)
-    g = m.cu[m.b] + rank * (m.local_rows - loc_end) + (l - loc_end);
+    g = end + rank * (m.local_rows - loc_end) + (l - loc_end);
   } else {
     const int64_t lstart = floordiv(m.cu[s], cp);
     const int64_t len = s < m.b ? floordiv(m.cu[s + 1], cp) - lstart : 0;
@@ -71,9 +73,9 @@ RA_HOST_DEVICE int64_t local_to_global(const ThdRowMapParams& m, int64_t rank, i
 
 // _global_to_gathered: row of the all-gathered shards holding global row r;
 // s = seq_of(cu, b, 1, r).
-RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r, int32_t s) {
+RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r, int32_t s,
+                                          int64_t end) {
   const int64_t cp = m.cp;
-  const int64_t end = m.cu[m.b];
   int64_t src;
   if (r >= end) {
     const int64_t loc_end = floordiv(end, cp);
@@ -97,9 +99,8 @@ RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r, i
 
 // _half_index: local rows of row k of the first and of the second half (cu: local padded
 // cu_seqlens, even lengths); s = seq_of(cu, b, 2, k) serves both.
-RA_HOST_DEVICE void half_rows(const ThdRowMapParams& m, int64_t k, int32_t s, int64_t& first,
-                              int64_t& second) {
-  const int64_t end = m.cu[m.b];
+RA_HOST_DEVICE void half_rows(const ThdRowMapParams& m, int64_t k, int32_t s, int64_t end,
+                              int64_t& first, int64_t& second) {
   const int64_t hb_end = floordiv(end, 2);
   int64_t base, half_len;
   if (k >= hb_end) {
@@ -143,20 +144,22 @@ RA_HOST_DEVICE SeqQuery map_query(const ThdRowMapParams& m, int64_t row) {
   }
 }
 
-// Source row of destination row `row` (-1: none), given s = the result of map_query's search.
-RA_HOST_DEVICE int64_t map_row_given(const ThdRowMapParams& m, int64_t row, int32_t s) {
+// Source row of destination row `row` (-1: none), given s = the result of map_query's search
+// and end = cu[b] (any value where map_query asks for no search).
+RA_HOST_DEVICE int64_t map_row_given(const ThdRowMapParams& m, int64_t row, int32_t s,
+                                     int64_t end) {
   switch (m.kind) {
     case ThdRowMap::kPartition:
-      return local_to_global(m, m.rank, row, s);
+      return local_to_global(m, m.rank, row, s, end);
     case ThdRowMap::kToContiguous:
-      return global_to_gathered(m, row, s);
+      return global_to_gathered(m, row, s, end);
     case ThdRowMap::kToRankSharded: {
       const int64_t rank = row / max64(m.local_rows, 1);
-      return local_to_global(m, rank, row - rank * m.local_rows, s);
+      return local_to_global(m, rank, row - rank * m.local_rows, s, end);
     }
     case ThdRowMap::kHalf: {
       int64_t first, second;
-      half_rows(m, row, s, first, second);
+      half_rows(m, row, s, end, first, second);
       return m.half ? second : first;
     }
     case ThdRowMap::kCopyValid:

@@ -175,8 +175,9 @@ RA_HOST_DEVICE int log2_pow2(int x) {  // x a power of two
 // bounds: two memory round trips instead of log2(b) + 2 dependent ones.
 template <int W>
 RA_DEVICE void half_rows_wave(const ThdRowMapParams& m, int k, int& first, int& second) {
+  const int64_t end = m.cu[m.b];  // issued with the search's loads
   int64_t f, sc;
-  half_rows(m, k, seq_of_wave<W>(m.cu, m.b, 2, k), f, sc);
+  half_rows(m, k, seq_of_wave<W>(m.cu, m.b, 2, k), end, f, sc);
   first = static_cast<int>(f);
   second = static_cast<int>(sc);
 }

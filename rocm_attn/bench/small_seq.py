@@ -56,6 +56,9 @@ CASES = {
 # Env switch of the matrix-unit GQA forward (read by the launcher at every call).
 MMA_ENV = "ROCM_ATTN_SMALL_SEQ_MMA"
 L2_ROTATION_BYTES = 512 * 2**20
+# Timed single calls behind every eager median. NOTE: 10 left the median of the smallest case
+# (h1 d128 kv4, 40-50 us a call, host-bound) 15-25% apart between runs on one H200 machine.
+EAGER_REPS = 30
 
 
 def make_inputs(batch, h_q, h_kv, d, kv, dtype, gen):
@@ -179,7 +182,7 @@ def bench_case(name, spec, batch, dtype, bw, seed, anchors=True, ab=()):
            "total_kv": probe["total"], "dtype": str(dtype), "input_sets": n_sets}
     for mode, backward, nbytes in (("fwd", False, fwd_bytes), ("fwdbwd", True, fb_bytes)):
         t = time_ms(rotating([ours(x, backward) for x in sets]), name=f"{name}/{mode}")
-        t_eager = eager_ms(rotating([ours(x, backward) for x in sets]), reps=10)
+        t_eager = eager_ms(rotating([ours(x, backward) for x in sets]), reps=EAGER_REPS)
         floor = nbytes / bw * 1e3
         row[mode] = {"ms": t, "eager_ms": t_eager, "floor_ms": floor, "pct_floor": 100 * floor / t,
                      "gbps": nbytes / (t * 1e-3) / 1e9, "anchors": {}}
@@ -198,7 +201,8 @@ def bench_case(name, spec, batch, dtype, bw, seed, anchors=True, ab=()):
                 # NOTE: anchors are timed eagerly (one call, host dispatch included; they run
                 # 0.2-25 ms): capturing them failed for some (SDPA backward) and each failed
                 # capture stranded GPU memory until the sweep ran out (H200, 2026-11-22).
-                ta = eager_ms(rotating([make(x, backward) for x in sets]), reps=10, warmup=2)
+                ta = eager_ms(rotating([make(x, backward) for x in sets]), reps=EAGER_REPS,
+                              warmup=2)
                 row[mode]["anchors"][aname] = {"ms": ta, "speedup": ta / t}
             except Exception as exc:  # an anchor this torch lacks is reported, not fatal
                 row[mode]["anchors"][aname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
