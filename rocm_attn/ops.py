@@ -1,18 +1,17 @@
-"""Custom-op plumbing for the compiled kernels: fake (meta) impls and autograd.
+"""Custom-op plumbing for the compiled kernels: fake (meta) impls and the eager call path.
 
-The ops themselves are defined in C++ (hip_src/torch_bindings.cpp, TORCH_LIBRARY). Registering
-a fake impl lets torch.compile trace through them; registering autograd makes them
-differentiable. Nothing here runs when the extension is absent.
+The ops, and the small-seq forward's autograd (a C++ autograd function registered as the op's
+Autograd kernel), are defined in C++ (hip_src/torch_bindings.cpp). Registering fake impls lets
+torch.compile trace through them. Nothing here runs when the extension is absent.
 
 Host cost matters: a small-seq call can take 20-30 us on the GPU, about what Python dispatch
 costs. :func:`small_seq_forward` therefore skips what it can: when nothing needs a gradient it
 calls the op's C++ function directly (``_C.small_seq_fwd_direct``: no schema boxing, no
 dispatcher), or the op below the autograd layer where that cannot serve (tensor subclasses,
-dispatch modes); when something does, it goes through :class:`SmallSeqAttention`, a plain
-autograd.Function. The registered autograd (``register_autograd``) serves
-torch.compile and direct ``torch.ops`` callers; in eager its generic wrapper cost 3x the host
-time of the Function per forward+backward step (H200 host, h1 d128 kv4: 517 us; its
-zero-filled gradients for the unused LSE and weights outputs alone took two fills).
+dispatch modes, the profiler); when something needs a gradient it calls the op, whose C++
+autograd runs the backward on the autograd engine's thread without Python. (A Python autograd
+layer, register_autograd or an autograd.Function, cost 60-300 us of host time per
+forward+backward step on an H200 host: docs/NOTES.md, session 6.)
 """
 
 from __future__ import annotations
@@ -48,82 +47,6 @@ def _small_seq_bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_
     )
 
 
-def _small_seq_setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale, _ = inputs
-    out, lse, probs = output
-    ctx.mark_non_differentiable(probs)
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv)
-    ctx.max_seqlen_kv = max_seqlen_kv
-    ctx.softmax_scale = softmax_scale
-
-
-def _small_seq_backward(ctx, dout, dlse, dprobs):
-    # Gradients flow through `out` and `lse` (the LSE term matters when partial results are
-    # merged, as in context parallelism); the attention weights are returned for inspection
-    # and are not differentiable.
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv = ctx.saved_tensors
-    dq, dk, dv = _small_seq_bwd_call(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv,
-                                     seqlens_kv, ctx.max_seqlen_kv, ctx.softmax_scale)
-    return dq, dk, dv, None, None, None, None, None, None
-
-
-def _small_seq_bwd_call(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
-                        max_seqlen_kv, softmax_scale):
-    """dq, dk, dv of the kernels; dout None (only the LSE is used) reads as zeros."""
-    if dout is None:
-        dout = torch.zeros_like(out)
-    return torch.ops.rocm_attn.small_seq_bwd.default(
-        dout.contiguous(), q, k, v, out, lse, None if dlse is None else dlse.contiguous(),
-        cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale,
-    )
-
-
-class SmallSeqAttention(torch.autograd.Function):
-    """Eager autograd of the small-seq kernels: one node, gradients not materialised.
-
-    Same math as the registered autograd below (which torch.compile traces); this one skips
-    its generic wrapper and never builds zero gradients for outputs the caller did not use.
-    NOTE: forward takes ctx (no separate setup_context): with setup_context, Function.apply
-    binds the arguments through inspect.signature on every call. torch.func transforms need
-    setup_context, so they take the registered autograd (small_seq_forward). The index
-    tensors are kept as attributes, not saved tensors: they never require gradients, and each
-    saved tensor costs an unpack (version check) in the backward.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
-                softmax_scale, return_softmax):
-        out, lse, probs = _fwd_below_autograd(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
-                                              max_seqlen_kv, softmax_scale, return_softmax)
-        ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(probs)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.index = (cu_seqlens_q, cu_seqlens_kv, seqlens_kv)
-        ctx.max_seqlen_kv = max_seqlen_kv
-        ctx.softmax_scale = softmax_scale
-        return out, lse, probs
-
-    @staticmethod
-    def backward(ctx, dout, dlse, dprobs):
-        if torch.is_grad_enabled():  # create_graph=True: the kernels have no second derivative
-            return _backward_once_differentiable(ctx, dout, dlse, dprobs)
-        return _small_seq_function_backward(ctx, dout, dlse, dprobs)
-
-
-def _small_seq_function_backward(ctx, dout, dlse, dprobs):
-    if dout is None and dlse is None:
-        return (None,) * 9
-    q, k, v, out, lse = ctx.saved_tensors
-    with torch._C._AutoDispatchBelowAutograd():
-        dq, dk, dv = _small_seq_bwd_call(dout, q, k, v, out, lse, dlse, *ctx.index,
-                                         ctx.max_seqlen_kv, ctx.softmax_scale)
-    return dq, dk, dv, None, None, None, None, None, None
-
-
-_backward_once_differentiable = torch.autograd.function.once_differentiable(
-    _small_seq_function_backward)
-
-
 def _needs_autograd(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
@@ -133,17 +56,15 @@ def small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seql
     """``rocm_attn::small_seq_fwd`` (out, lse, probs), with the least host work per call.
 
     Skipping the autograd layer is exact when no input needs a gradient: that layer would only
-    redispatch. While torch.compile traces (or torch.func transforms run), the op goes through
-    the normal dispatch and its registered autograd (a trace records it once; host cost is not
-    paid per call there).
+    redispatch. Calls that need a gradient, and every call while torch.compile traces or
+    torch.func transforms run, take the op through the normal dispatch.
     """
     op = torch.ops.rocm_attn.small_seq_fwd.default
     args = (q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale,
             return_softmax)
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+    if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or _needs_autograd(q, k, v)):
         return op(*args)
-    if _needs_autograd(q, k, v):
-        return SmallSeqAttention.apply(*args)
     return _fwd_below_autograd(*args)
 
 
@@ -168,6 +89,3 @@ def _fwd_below_autograd(*args):
 if _ext.HAS_EXTENSION:
     torch.library.register_fake("rocm_attn::small_seq_fwd")(_small_seq_fwd_fake)
     torch.library.register_fake("rocm_attn::small_seq_bwd")(_small_seq_bwd_fake)
-    torch.library.register_autograd(
-        "rocm_attn::small_seq_fwd", _small_seq_backward, setup_context=_small_seq_setup_context
-    )
