@@ -112,8 +112,15 @@ hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
   const int tshift = tile_shift_for(p.n, wave);
   const dim3 grid = grid_for(p.n, tshift, wave);
   const dim3 block(thd::kMergeThreads);
-#define RA_THD_GRAD(VEC, GDT, SDT) \
-  hipLaunchKernelGGL((thd::grad_kernel<VEC, GDT, SDT>), grid, block, 0, stream, p, tshift)
+  const bool indexed = p.map.kind == ThdRowMap::kIndex;
+#define RA_THD_GRAD(VEC, GDT, SDT)                                                               \
+  if (indexed) {                                                                                \
+    hipLaunchKernelGGL((thd::grad_kernel<VEC, GDT, SDT, true>), grid, block, 0, stream, p,       \
+                       tshift);                                                                 \
+  } else {                                                                                      \
+    hipLaunchKernelGGL((thd::grad_kernel<VEC, GDT, SDT, false>), grid, block, 0, stream, p,      \
+                       tshift);                                                                 \
+  }
   const int gd = p.grad_dtype, sd = p.step_dtype;
   if (!vec8) {
     RA_THD_GRAD(1, thd::kThdAnyDtype, thd::kThdAnyDtype);

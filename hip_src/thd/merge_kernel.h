@@ -364,7 +364,9 @@ RA_DEVICE int64_t row_offset(int v, int vph, int heads, int64_t head_stride) {
   return hh * head_stride + static_cast<int64_t>(v - hh * vph) * VEC;
 }
 
-template <int VEC, int GDT, int SDT>
+// INDEXED: the kIndex map (add_rows), a template argument so that grad_correction's kernels
+// carry none of its step-row registers and shuffles.
+template <int VEC, int GDT, int SDT, bool INDEXED>
 __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams p,
                                                              const int tile_shift) {
   constexpr int U = kMergeUnits;
@@ -377,7 +379,7 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
   int cshift = 0;  // units per row and lane: 1 << cshift
   while ((kW << cshift) < nvec) ++cshift;
   const bool halves = p.map.kind == ThdRowMap::kHalf;
-  const bool indexed = p.map.kind == ThdRowMap::kIndex;
+  constexpr bool indexed = INDEXED;  // the launcher picks it from p.map.kind
   // the halves that move data: both (hshift 1: bit cshift of a unit picks the half) or one
   const bool move0 = p.op0 != kThdGradNone || p.copy_none;
   const bool move1 = halves && (p.op1 != kThdGradNone || p.copy_none);
