@@ -64,3 +64,18 @@ def test_asked_for_target_without_compiler_stops(setup_py, monkeypatch):
 def test_cpu_torch_is_cpu(setup_py, monkeypatch):
     _fake_torch(monkeypatch)
     assert setup_py.pick_target() == "cpu"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_extension_links_the_loaded_libstdcxx():
+    """The extension is linked against the shared libstdc++ torch runs with (named on the link
+    line), never a static copy of its own: the GPU image's compiler ships only libstdc++.a, and a
+    private copy of the stream code crashed every C++ check whose message held a number."""
+    import torch  # the real one: the library it loaded is what the link must name
+
+    args = _load_setup().loaded_libstdcxx()
+    assert len(args) == 1, args
+    lib = Path(args[0])
+    assert lib.name.startswith("libstdc++.so") and lib.is_file(), lib
+    maps = Path("/proc/self/maps").read_text()
+    assert str(lib) in maps and torch.__version__
