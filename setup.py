@@ -118,9 +118,9 @@ def loaded_libstdcxx() -> list[str]:
     except OSError:  # not Linux: the platform's usual linking applies
         return []
     for line in maps:
-        path = line.split()[-1] if len(line.split()) >= 6 else ""
-        if Path(path).name.startswith("libstdc++.so"):
-            return [path]
+        fields = line.split()  # address perms offset dev inode [path]
+        if len(fields) >= 6 and Path(fields[-1]).name.startswith("libstdc++.so"):
+            return [fields[-1]]
     return []
 
 

@@ -212,13 +212,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_bwd(
 // reach their fake impls. Gradients are not materialised: an output the loss does not use
 // arrives undefined (dout undefined reads as zeros; dlse undefined adds no LSE term). The
 // weights output is not differentiable.
-using SmallSeqFwdFn = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double, bool);
-using SmallSeqBwdFn = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double);
 
 // The backward's gradients when it runs with create_graph=True: their node hangs off q, k, v
 // (the inputs a second derivative is taken with respect to), and differentiating through it
@@ -247,7 +240,7 @@ struct SmallSeqFunction : public torch::autograd::Function<SmallSeqFunction> {
       int64_t max_seqlen_kv, double softmax_scale, bool return_softmax) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("rocm_attn::small_seq_fwd", "")
-                               .typed<SmallSeqFwdFn>();
+                               .typed<decltype(small_seq_fwd)>();
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [out, lse, probs] = op.call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
                                      max_seqlen_kv, softmax_scale, return_softmax);
@@ -266,7 +259,7 @@ struct SmallSeqFunction : public torch::autograd::Function<SmallSeqFunction> {
                                                  torch::autograd::variable_list grads) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("rocm_attn::small_seq_bwd", "")
-                               .typed<SmallSeqBwdFn>();
+                               .typed<decltype(small_seq_bwd)>();
     const at::Tensor& dout = grads[0];
     const at::Tensor& dlse = grads[1];
     torch::autograd::variable_list result(9);  // one per forward input; only q, k, v get one

@@ -171,6 +171,15 @@ def _use_kernel(q, k, v, backend: str) -> bool:
     return True
 
 
+def _call_shape(q, qkv_layout) -> tuple:
+    """What makes calls alike for _served_by_kernels: layout, dtype, head dim, device."""
+    return (qkv_layout, q.dtype, q.shape[-1], q.device)
+
+
+def _scale(q, softmax_scale) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+
+
 def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                        max_seqlen_kv, softmax_scale, qkv_layout, return_softmax, backend):
     """The kernels' (out, lse, probs) with the C++ op as the only argument check, or None.
@@ -187,7 +196,7 @@ def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seq
             or not isinstance(q, torch.Tensor) or q.shape[0] == 0
             or (softmax_scale is not None and type(softmax_scale) is not float)
             or LAYOUT_RANKS.get(qkv_layout) != q.dim()
-            or (qkv_layout, q.dtype, q.shape[-1], q.device) not in _served_by_kernels
+            or _call_shape(q, qkv_layout) not in _served_by_kernels
             or torch.compiler.is_compiling()):
         return None
     # Every tensor on a GPU: the op dispatches on the highest backend among its arguments, and
@@ -199,10 +208,9 @@ def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seq
             return None
     except AttributeError:  # not a tensor
         return None
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
     try:
         return ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
-                                     max_seqlen_kv, scale, return_softmax)
+                                     max_seqlen_kv, _scale(q, softmax_scale), return_softmax)
     except (RuntimeError, TypeError, ValueError):  # the op refused the arguments
         return None
 
@@ -255,14 +263,14 @@ def _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q
     """(out, lse, probs) after every Python check: kernels where they serve, else torch."""
     batch = _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                       max_seqlen_kv, softmax_scale, qkv_layout)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    scale = _scale(q, softmax_scale)
     if batch == 0:
         return (q.new_empty(q.shape), q.new_empty((q.shape[-2], 0), dtype=torch.float32),
                 q.new_empty((0, q.shape[-2], max_seqlen_kv), dtype=torch.float32))
     if _use_kernel(q, k, v, backend):
         outputs = ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
                                         max_seqlen_kv, scale, return_softmax)
-        _served_by_kernels.add((qkv_layout, q.dtype, q.shape[-1], q.device))
+        _served_by_kernels.add(_call_shape(q, qkv_layout))
         return outputs
     return _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, scale,
                        qkv_layout == "thd_thd_thd")

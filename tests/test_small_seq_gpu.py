@@ -799,11 +799,14 @@ def test_opcheck_bwd(dev, layout):
     torch.library.opcheck(torch.ops.rocm_attn.small_seq_bwd.default, args)
 
 
+@pytest.mark.parametrize("loss_on", ["out", "lse", "both"])
 @pytest.mark.parametrize("group", [1, 4])
-def test_lse_gradient_matches_torch_path(dev, group):
-    """A loss on both out and lse (as when partial results are merged) backpropagates the same
-    on the kernel and on the torch path (float64 reference)."""
-    torch.manual_seed(1234 + group)
+def test_lse_gradient_matches_torch_path(dev, group, loss_on):
+    """A loss on out, on lse, or on both (as when partial results are merged) backpropagates
+    the same on the kernel and on the torch path (float64 reference). The kernels' autograd is
+    C++ (the op's Autograd kernel): an output the loss does not use gets no zero-filled
+    gradient, and the result is the same."""
+    torch.manual_seed(1234 + group + 10 * len(loss_on))
     b, h_kv, d, max_kv = 257, 2, 128, 16
     h_q = h_kv * group
     lens = torch.randint(0, max_kv + 1, (b,), dtype=torch.int32)
@@ -818,12 +821,32 @@ def test_lse_gradient_matches_torch_path(dev, group):
         out, lse = fused_attn_small_seq(*leaves, cu_q, cu_kv, 1, max_kv, return_lse=True,
                                         backend=backend)
         finite = torch.isfinite(lse)
-        loss = (out.double() * wo.to(dev).double()).sum() + torch.where(
-            finite, lse.double() * wl.to(dev).double(), torch.zeros_like(lse, dtype=torch.float64)).sum()
-        grads[backend] = torch.autograd.grad(loss, leaves)
+        loss = 0
+        if loss_on in ("out", "both"):
+            loss = loss + (out.double() * wo.to(dev).double()).sum()
+        if loss_on in ("lse", "both"):
+            loss = loss + torch.where(finite, lse.double() * wl.to(dev).double(),
+                                      torch.zeros_like(lse, dtype=torch.float64)).sum()
+        # allow_unused: the LSE does not depend on v (loss on lse only)
+        grads[backend] = torch.autograd.grad(loss, leaves, allow_unused=True)
     for name, got, ref in zip("qkv", grads["kernel"], grads["torch"]):
+        if ref is None:  # no dependence: the kernels' gradient is exactly zero
+            assert got is None or torch.count_nonzero(got) == 0, f"d{name} should be zero"
+            continue
         err = ((got.double() - ref).norm() / ref.norm()).item()
         assert err == err and err < 2e-2, f"d{name} rel err {err}"
+
+
+def test_second_derivative_raises(dev):
+    """The kernels' backward has no derivative: gradients taken with create_graph=True raise
+    when differentiated, instead of treating the backward as constant."""
+    rng = Rng(0, "second_derivative")
+    case = thd_case(rng, 301, 8, 2, 128, 13, torch.bfloat16, device=dev)
+    leaves = [t.detach().clone().requires_grad_() for t in case.leaves]
+    out = fused_attn_small_seq(*leaves, case.cu_q, case.cu_kv, 1, case.max_kv)
+    (dq,) = torch.autograd.grad(out.float().sum(), leaves[0], create_graph=True)
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad(dq.float().sum(), leaves[0])
 
 
 def test_calls_without_gradients_skip_autograd_and_match(dev):
@@ -845,45 +868,6 @@ def test_calls_without_gradients_skip_autograd_and_match(dev):
     assert graph[0].requires_grad and graph[0].grad_fn is not None
     grads = torch.autograd.grad(graph[0].float().sum(), leaves)
     assert all(torch.isfinite(g).all() for g in grads)
-
-
-@pytest.mark.parametrize("loss_on", ["out", "lse", "both"])
-def test_cpp_autograd_gradients(dev, loss_on):
-    """The forward op's autograd is C++ (its Autograd kernel): gradients match the float64
-    torch path whichever outputs the loss uses (an unused output's gradient arrives undefined,
-    not zero-filled); a second derivative raises instead of treating the backward as constant."""
-    torch.manual_seed(4321 + len(loss_on))
-    b, h_q, h_kv, d, max_kv = 301, 8, 2, 128, 13
-    lens = torch.randint(0, max_kv + 1, (b,), dtype=torch.int32)
-    cu_kv = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0)).to(dev)
-    cu_q = torch.arange(b + 1, dtype=torch.int32, device=dev)
-    total = int(cu_kv[-1])
-    base = [torch.randn(b, h_q, d), torch.randn(total, h_kv, d), torch.randn(total, h_kv, d)]
-    w_out, w_lse = torch.randn(b, h_q, d, device=dev), torch.randn(h_q, b, device=dev)
-    grads = {}
-    for backend, dtype in (("kernel", torch.bfloat16), ("torch", torch.float64)):
-        leaves = [t.to(dev, dtype).requires_grad_() for t in base]
-        out, lse = fused_attn_small_seq(*leaves, cu_q, cu_kv, 1, max_kv, return_lse=True,
-                                        backend=backend)
-        loss = 0
-        if loss_on in ("out", "both"):
-            loss = loss + (out.double() * w_out.double()).sum()
-        if loss_on in ("lse", "both"):
-            loss = loss + torch.where(torch.isfinite(lse), lse.double() * w_lse.double(),
-                                      torch.zeros_like(lse, dtype=torch.float64)).sum()
-        # allow_unused: the LSE does not depend on v (loss on lse only)
-        grads[backend] = torch.autograd.grad(loss, leaves, allow_unused=True)
-    for name, got, ref in zip("qkv", grads["kernel"], grads["torch"]):
-        if ref is None:  # no dependence: the kernels' gradient is exactly zero
-            assert got is None or torch.count_nonzero(got) == 0, f"d{name} should be zero"
-            continue
-        err = ((got.double() - ref).norm() / ref.norm()).item()
-        assert err == err and err < 2e-2, f"d{name} rel err {err}"
-    leaves = [t.to(dev, torch.bfloat16).requires_grad_() for t in base]
-    out = fused_attn_small_seq(*leaves, cu_q, cu_kv, 1, max_kv)
-    (dq,) = torch.autograd.grad(out.float().sum(), leaves[0], create_graph=True)
-    with pytest.raises(RuntimeError, match="no second derivative"):
-        torch.autograd.grad(dq.float().sum(), leaves[0])
 
 
 def test_direct_entry_point_matches_op(dev):

@@ -2,8 +2,9 @@
 // reorder_to_rank_sharded, read_half, copy_valid_tokens (and pad_for_cp through it).
 //
 // A group of 2^lpr_shift lanes owns one destination row: it finds the row's source (map_query,
-// one wave search for the rows of all the wave's groups, then map_row_given), then copies the row (every outer slice of this block, e.g. the LSE heads) with V-byte
-// vectors, kCopyUnroll loads in flight per lane before the stores. The grid covers the rows
+// one wave search for the rows of all the wave's groups, then map_row_given), then copies the
+// row (every outer slice of this block, e.g. the LSE heads) with V-byte vectors, kCopyUnroll
+// loads in flight per lane before the stores. The grid covers the rows
 // (it scales with tokens), blockIdx.y covers outer slices kCopyOuterPerBlock at a time.
 // NOTE: a variant that capped the grid and prefetched each group's next row mapping while
 // the current row's loads were in flight measured slower on an H200 (more registers, fewer

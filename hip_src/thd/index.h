@@ -1,10 +1,9 @@
 // Row index math of the THD kernels: a token's sequence by a search over cu_seqlens in global
 // memory (small and cache-resident, no shared-memory copy, so no cap on the number of
 // sequences; a wave searches for all its lanes at once where it can), then the dual-chunk
-// arithmetic. Each function mirrors one torch helper of
-// rocm_attn/thd.py term by term (int64, floor division, the same clamps), so that the kernels
-// give bitwise the rows the torch path gives, slack rows included, and never index out of
-// bounds whatever cu_seqlens holds.
+// arithmetic. Each function mirrors one torch helper of rocm_attn/thd.py term by term (int64,
+// floor division, the same clamps), so that the kernels give bitwise the rows the torch path
+// gives, slack rows included, and never index out of bounds whatever cu_seqlens holds.
 #pragma once
 
 #include "../common/compat.h"
