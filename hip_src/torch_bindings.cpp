@@ -996,7 +996,16 @@ PyObject* small_seq_fwd_direct(PyObject* /*module*/, PyObject* const* args, Py_s
   END_HANDLE_TH_ERRORS
 }
 
+// overlapped_launch() -> bool: whether kernels launched through ra_launch (the THD helpers) may
+// start while the kernel before them drains, on the current device (benchmark reports).
+PyObject* overlapped_launch(PyObject* /*module*/, PyObject* /*unused*/) {
+  if (ra_device_overlapped_launch()) Py_RETURN_TRUE;
+  Py_RETURN_FALSE;
+}
+
 PyMethodDef module_methods[] = {
+    {"overlapped_launch", &overlapped_launch, METH_NOARGS,
+     "whether THD helper launches overlap the kernel before them (CUDA sm_90+, ROCM_ATTN_PDL)"},
     {"small_seq_fwd_direct", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
                                  &small_seq_fwd_direct)),
      METH_FASTCALL, "small_seq_fwd without the dispatcher (eager calls without autograd)"},

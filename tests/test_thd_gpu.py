@@ -696,6 +696,66 @@ def test_cuda_graph_partition_merge(dev):
         assert torch.equal(a, e), f"{name}: graph replay != eager"
 
 
+def test_dependent_calls_back_to_back(dev):
+    """A chain of THD kernels, each reading what the one before it wrote, launched back to back
+    (on sm_90 each may start while the one before drains: common/launch.h): equal to the torch
+    path, eagerly on a poisoned allocator and under graph replay. The first kernel (a 100+ MB
+    reorder, several waves of blocks) is still writing when the next one's blocks start, so a
+    kernel that touched memory before its wait would read poison or the last round's data."""
+    cp, rank, b, h, d = 4, 1, 64, 16, 64
+    rng = random.Random(7)
+    plens = padded(rand_lens(rng, b, 2048, lo=1), cp)
+    cu_p = cu_of(plens, dev)
+    cu_loc = torch.div(cu_p, cp, rounding_mode="floor")
+    total, t_loc = sum(plens), sum(plens) // cp
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(total, h, d, generator=gen).to(dev, torch.bfloat16)
+    lse = torch.randn(h, t_loc, generator=gen).to(dev)
+    lse_step = torch.randn(h, t_loc // 2, generator=gen).to(dev)
+
+    def chain(backend):
+        kw = dict(backend=backend, validate=False)
+        y = thd.reorder_to_contiguous(x, cu_p, cp, **kw)
+        shard = thd.partition(y, cu_p, cp, rank, **kw)
+        q2 = thd.read_half(shard, cu_loc, "second", **kw)
+        g = thd.grad_correction(shard, q2, cu_loc, "none", "add", **kw)
+        out, new_lse = thd.merge_partial(g, lse, thd.read_half(g, cu_loc, "first", **kw),
+                                         lse_step, cu_loc, True, **kw)
+        back = thd.reorder_to_rank_sharded(thd.reorder_to_contiguous(y, cu_p, cp, **kw),
+                                           cu_p, cp, **kw)
+        return [y, shard, q2, g, out, new_lse, back]
+
+    names = ("y", "shard", "q2", "g", "out", "lse", "back")
+    for round_ in range(3):
+        x.copy_(torch.randn(total, h, d, generator=gen).to(dev, torch.bfloat16))
+        poison_allocator(dev)
+        got = chain("kernel")
+        want = chain("torch")
+        for name, k, t in zip(names, got, want):
+            if name in ("out", "lse"):
+                assert_merge_close(name, k, t, f"round {round_}")
+            else:
+                assert_bitwise(name, k, t, f"round {round_}")
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain("kernel")
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = chain("kernel")
+    for round_ in range(2):
+        x.copy_(torch.randn(total, h, d, generator=gen).to(dev, torch.bfloat16))
+        graph.replay()
+        want = chain("torch")
+        for name, k, t in zip(names, static, want):
+            if name in ("out", "lse"):
+                assert_merge_close(name, k, t, f"replay {round_}")
+            else:
+                assert_bitwise(name, k, t, f"replay {round_}")
+
+
 def test_torch_compile_fullgraph(dev):
     """Every kernel-backed helper under torch.compile(fullgraph=True): equal to eager."""
     import torch._dynamo

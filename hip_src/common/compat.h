@@ -202,6 +202,28 @@ RA_DEVICE ra_vec8 ra_pack8(const float (&in)[8]) {
   return v;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Programmatic dependent launch (CUDA, sm_90+; no HIP equivalent, so no-ops there). A kernel
+// launched by ra_launch (launch.h) may be started while the kernel before it in the stream is
+// still draining, so it must call ra_wait_for_prior_kernel() before its first global memory
+// access (inputs, cu_seqlens and outputs alike: the kernel before may write any of them), in
+// every block. The wait returns once the prior kernel has completed and its writes are visible;
+// in a kernel launched without the attribute it returns at once.
+// ra_let_next_kernel_start() lets the next such kernel launch now (its blocks take free slots
+// and wait); called after the wait, so at most one kernel waits on another.
+// ---------------------------------------------------------------------------------------------
+RA_DEVICE void ra_wait_for_prior_kernel() {
+#if !defined(__HIP__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+RA_DEVICE void ra_let_next_kernel_start() {
+#if !defined(__HIP__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Matrix units (mma.sync on NVIDIA, MFMA on CDNA): tiles for attention-sized products.
 #include "mma.h"
 
@@ -212,3 +234,6 @@ RA_DEVICE ra_vec8 ra_pack8(const float (&in)[8]) {
 int ra_device_wave_size();
 int ra_device_multiprocessors();
 int ra_device_index();
+// Whether launches on the current device may overlap the kernel before them (programmatic
+// dependent launch: CUDA, compute capability >= 9.0, and ROCM_ATTN_PDL not set to 0).
+bool ra_device_overlapped_launch();

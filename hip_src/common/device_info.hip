@@ -1,4 +1,6 @@
 // Per-device facts that launchers need at run time.
+#include <cstdlib>
+
 #include "compat.h"
 
 namespace {
@@ -31,4 +33,18 @@ int ra_device_multiprocessors() {
 int ra_device_index() {
   int device = 0;
   return hipGetDevice(&device) == hipSuccess ? device : 0;
+}
+
+bool ra_device_overlapped_launch() {
+#if defined(__HIP__)
+  return false;
+#else
+  // NOTE: the switch is read once per process; A/B runs set it per process.
+  static const bool allowed = [] {
+    const char* env = getenv("ROCM_ATTN_PDL");
+    return env == nullptr || env[0] != '0';
+  }();
+  static int cache[64] = {};
+  return allowed && cached_attribute(hipDeviceAttributeComputeCapabilityMajor, cache, 1) >= 9;
+#endif
 }

@@ -48,17 +48,12 @@ hipError_t thd_copy_rows_launch(const ThdCopyParams& p, hipStream_t stream) {
   const dim3 block(thd::kCopyThreads);
   switch (vbytes) {
     case 16:
-      hipLaunchKernelGGL((thd::copy_rows_kernel<16>), grid, block, 0, stream, p, shift);
-      break;
+      return ra_launch(thd::copy_rows_kernel<16>, grid, block, stream, p, shift);
     case 8:
-      hipLaunchKernelGGL((thd::copy_rows_kernel<8>), grid, block, 0, stream, p, shift);
-      break;
+      return ra_launch(thd::copy_rows_kernel<8>, grid, block, stream, p, shift);
     case 4:
-      hipLaunchKernelGGL((thd::copy_rows_kernel<4>), grid, block, 0, stream, p, shift);
-      break;
+      return ra_launch(thd::copy_rows_kernel<4>, grid, block, stream, p, shift);
     default:
-      hipLaunchKernelGGL((thd::copy_rows_kernel<2>), grid, block, 0, stream, p, shift);
-      break;
+      return ra_launch(thd::copy_rows_kernel<2>, grid, block, stream, p, shift);
   }
-  return hipGetLastError();
 }

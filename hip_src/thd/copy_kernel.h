@@ -11,6 +11,7 @@
 // resident blocks): one row per group, as here, is the faster of the two.
 #pragma once
 
+#include "../common/launch.h"
 #include "index.h"
 
 namespace thd {
@@ -74,6 +75,8 @@ RA_DEVICE int64_t vec_offset(int v, int vph, int heads, int64_t head_stride) {
 template <int V>
 __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyParams p,
                                                                  const int lpr_shift) {
+  ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
+  ra_let_next_kernel_start();
   using Vec = typename VecOf<V>::type;
   const int lanes = 1 << lpr_shift;
   const int lane = threadIdx.x & (lanes - 1);

@@ -64,7 +64,7 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
   const dim3 grid = grid_for(items, tshift, wave);
   const dim3 block(thd::kMergeThreads);
 #define RA_THD_MERGE(VEC, ODT, SDT) \
-  hipLaunchKernelGGL((thd::merge_kernel<VEC, ODT, SDT>), grid, block, 0, stream, p, shift, tshift)
+  return ra_launch(thd::merge_kernel<VEC, ODT, SDT>, grid, block, stream, p, shift, tshift)
   const int od = p.out_dtype, sd = p.step_dtype;
   if (!vec8) {
     RA_THD_MERGE(1, thd::kThdAnyDtype, thd::kThdAnyDtype);
@@ -82,7 +82,6 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
     RA_THD_MERGE(8, thd::kThdAnyDtype, thd::kThdAnyDtype);
   }
 #undef RA_THD_MERGE
-  return hipGetLastError();
 }
 
 hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
@@ -113,14 +112,10 @@ hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
   const dim3 grid = grid_for(p.n, tshift, wave);
   const dim3 block(thd::kMergeThreads);
   const bool indexed = p.map.kind == ThdRowMap::kIndex;
-#define RA_THD_GRAD(VEC, GDT, SDT)                                                               \
-  if (indexed) {                                                                                \
-    hipLaunchKernelGGL((thd::grad_kernel<VEC, GDT, SDT, true>), grid, block, 0, stream, p,       \
-                       tshift);                                                                 \
-  } else {                                                                                      \
-    hipLaunchKernelGGL((thd::grad_kernel<VEC, GDT, SDT, false>), grid, block, 0, stream, p,      \
-                       tshift);                                                                 \
-  }
+#define RA_THD_GRAD(VEC, GDT, SDT)                                                        \
+  return indexed                                                                          \
+             ? ra_launch(thd::grad_kernel<VEC, GDT, SDT, true>, grid, block, stream, p, tshift) \
+             : ra_launch(thd::grad_kernel<VEC, GDT, SDT, false>, grid, block, stream, p, tshift)
   const int gd = p.grad_dtype, sd = p.step_dtype;
   if (!vec8) {
     RA_THD_GRAD(1, thd::kThdAnyDtype, thd::kThdAnyDtype);
@@ -134,5 +129,4 @@ hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
     RA_THD_GRAD(8, thd::kThdAnyDtype, thd::kThdAnyDtype);
   }
 #undef RA_THD_GRAD
-  return hipGetLastError();
 }

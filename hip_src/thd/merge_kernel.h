@@ -8,6 +8,7 @@
 // they fit); only pointer offsets are 64-bit.
 #pragma once
 
+#include "../common/launch.h"
 #include "index.h"
 
 namespace thd {
@@ -204,6 +205,8 @@ template <int VEC, int ODT, int SDT>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergeParams p,
                                                               const int lpr_shift,
                                                               const int tile_shift) {
+  ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
+  ra_let_next_kernel_start();
   constexpr int U = kMergeUnits;
   constexpr int kW = RA_WAVE_SIZE;
   constexpr int kWShift = kW == 64 ? 6 : 5;
@@ -369,6 +372,8 @@ RA_DEVICE int64_t row_offset(int v, int vph, int heads, int64_t head_stride) {
 template <int VEC, int GDT, int SDT, bool INDEXED>
 __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams p,
                                                              const int tile_shift) {
+  ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
+  ra_let_next_kernel_start();
   constexpr int U = kMergeUnits;
   constexpr int kW = RA_WAVE_SIZE;
   constexpr int kWShift = kW == 64 ? 6 : 5;

@@ -9,6 +9,8 @@ these sizes), and the speed-up over
   idx    the same data movement in torch with the index precomputed (index_select /
          index_copy_ with an index built outside the timed region; merges with no index: "-")
   torch  the torch path of rocm_attn.thd (backend="torch"), index computation included.
+step_chain: partition, read_half, merge_second_half_ and grad_correction_ back to back, as the
+helpers of one ring step follow each other (floor: the sum of their bytes).
 Cases: b=16 sequences x s=4096 tokens for cp 2/4/8, and 64 sequences of random lengths
 128..8192 (cp 4); h=16, d=64, bf16 (LSE float32 [h, t]); rank 1's shard where one is needed.
 
@@ -97,6 +99,29 @@ def helpers(L):
     def grad_idx(x):
         x["g"].index_copy_(0, idx_half, x["g"].index_select(0, idx_half) + x["gs"])
 
+    def chain_make(g):
+        return dict(x=rnd(T, H, D, gen=g), out=rnd(t, H, D, gen=g),
+                    lse=rnd(H, t, dtype=torch.float32, gen=g), os=rnd(t // 2, H, D, gen=g),
+                    ls=rnd(H, t // 2, dtype=torch.float32, gen=g), g=rnd(t, H, D, gen=g),
+                    gs=rnd(t // 2, H, D, gen=g))
+
+    def chain(backend):
+        # the helpers of one ring step, each after a different kernel (as in attn_with_cp)
+        def run(x):
+            thd.partition(x["x"], cu_p, cp, RANK, backend=backend, **KW)
+            thd.read_half(x["out"], cu_loc, "second", backend=backend, **KW)
+            thd.merge_partial(x["out"], x["lse"], x["os"], x["ls"], cu_loc, True, inplace=True,
+                              backend=backend, **KW)
+            thd.grad_correction(x["g"], x["gs"], cu_loc, "none", "add", inplace=True,
+                                backend=backend, **KW)
+        return run
+
+    def chain_idx(x):
+        x["x"].index_select(0, idx_part)
+        x["out"].index_select(0, idx_half)
+        merge_idx(x)
+        grad_idx(x)
+
     return {
         "partition": (
             lambda g: dict(x=rnd(T, H, D, gen=g)),
@@ -180,6 +205,10 @@ def helpers(L):
             lambda x: thd.grad_correction(x["g"], x["gs"], cu_loc, "none", "add", inplace=True,
                                           backend="torch", **KW),
             3 * (t // 2) * row),
+        # partition, read_half, merge_second_half_, grad_correction_ back to back
+        "step_chain": (chain_make, chain("kernel"), chain_idx, chain("torch"),
+                       2 * t * row + 2 * (t // 2) * row + 3 * (t // 2) * row
+                       + 3 * H * (t // 2) * 4 + 3 * (t // 2) * row),
     }
 
 
@@ -254,7 +283,11 @@ def main(argv=None) -> int:
     rows = []
     for name in progress(args.cases.split(","), "thd", not args.no_progress):
         rows += bench_case(name, CASES[name], bw, args.reps, args.seed)
+    from rocm_attn import _C  # loaded: thd.HAS_KERNELS
+
+    overlapped = bool(_C.overlapped_launch())
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "overlapped_launch": overlapped,
               "copy_bandwidth_GBps": bw / 1e9, "h": H, "d": D, "dtype": str(DTYPE), "rank": RANK,
               "clock": "device (graph replay of back-to-back calls); eager_ms: one call, host "
                        "dispatch included", "eager_fallbacks": eager_fallbacks(), "rows": rows}
@@ -262,12 +295,13 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps(report, indent=1))
     print(f"\n{report['device']}  copy bandwidth {bw / 1e9:.0f} GB/s  h={H} d={D} bf16  "
           f"(x idx: vs torch with a precomputed index; x torch: vs backend='torch')")
-    print("ms: device time (graph replay); eager: one call incl. host dispatch")
+    print("ms: device time (graph replay); eager: one call incl. host dispatch; launches "
+          + ("overlapped (programmatic dependent launch)" if overlapped else "plain"))
     print(f"{'case':14s} {'helper':24s} {'ms':>8s} {'eager':>7s} {'GB/s':>6s} {'%floor':>6s} "
           f"{'%copy':>6s} {'x idx':>6s} {'x torch':>7s}")
     for r in rows:
         sp = lambda a: f"{a['speedup']:.1f}x" if a else "-"  # noqa: E731
-        print(f"{r['case']:14s} {r['helper']:24s} {r['ms']:8.3f} {r['eager_ms']:7.3f} "
+        print(f"{r['case']:14s} {r['helper']:24s} {r['ms']:8.4f} {r['eager_ms']:7.3f} "
               f"{r['gbps']:6.0f} "
               f"{r['pct_floor']:5.0f}% {r['pct_copy']:5.0f}% {sp(r['idx']):>6s} "
               f"{sp(r['torch']):>7s}")
