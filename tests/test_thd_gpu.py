@@ -725,17 +725,18 @@ def test_dependent_calls_back_to_back(dev):
                                            cu_p, cp, **kw)
         return [y, shard, q2, g, out, new_lse, back]
 
-    names = ("y", "shard", "q2", "g", "out", "lse", "back")
+    def check(got, want, ctx):
+        for name, k, t in zip(("y", "shard", "q2", "g", "out", "lse", "back"), got, want):
+            if name in ("out", "lse"):
+                assert_merge_close(name, k, t, ctx)
+            else:
+                assert_bitwise(name, k, t, ctx)
+
     for round_ in range(3):
         x.copy_(torch.randn(total, h, d, generator=gen).to(dev, torch.bfloat16))
         poison_allocator(dev)
         got = chain("kernel")
-        want = chain("torch")
-        for name, k, t in zip(names, got, want):
-            if name in ("out", "lse"):
-                assert_merge_close(name, k, t, f"round {round_}")
-            else:
-                assert_bitwise(name, k, t, f"round {round_}")
+        check(got, chain("torch"), f"round {round_}")
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -748,12 +749,7 @@ def test_dependent_calls_back_to_back(dev):
     for round_ in range(2):
         x.copy_(torch.randn(total, h, d, generator=gen).to(dev, torch.bfloat16))
         graph.replay()
-        want = chain("torch")
-        for name, k, t in zip(names, static, want):
-            if name in ("out", "lse"):
-                assert_merge_close(name, k, t, f"replay {round_}")
-            else:
-                assert_bitwise(name, k, t, f"replay {round_}")
+        check(static, chain("torch"), f"replay {round_}")
 
 
 def test_torch_compile_fullgraph(dev):
