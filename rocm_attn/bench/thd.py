@@ -45,6 +45,8 @@ CASES = {
 L2_ROTATION_BYTES = 512 * 2**20
 MAX_SETS = 64
 KW = dict(validate=False)
+# the helpers step_chain runs back to back (helpers() builds their calls on one input set)
+CHAIN_STEPS = ("partition", "read_half", "merge_second_half_", "grad_correction_")
 
 
 def cu_of(lens, device="cuda"):
@@ -122,7 +124,7 @@ def helpers(L):
         merge_idx(x)
         grad_idx(x)
 
-    return {
+    entries = {
         "partition": (
             lambda g: dict(x=rnd(T, H, D, gen=g)),
             lambda x: thd.partition(x["x"], cu_p, cp, RANK, backend="kernel", **KW),
@@ -205,11 +207,10 @@ def helpers(L):
             lambda x: thd.grad_correction(x["g"], x["gs"], cu_loc, "none", "add", inplace=True,
                                           backend="torch", **KW),
             3 * (t // 2) * row),
-        # partition, read_half, merge_second_half_, grad_correction_ back to back
-        "step_chain": (chain_make, chain("kernel"), chain_idx, chain("torch"),
-                       2 * t * row + 2 * (t // 2) * row + 3 * (t // 2) * row
-                       + 3 * H * (t // 2) * 4 + 3 * (t // 2) * row),
     }
+    entries["step_chain"] = (chain_make, chain("kernel"), chain_idx, chain("torch"),
+                             sum(entries[name][4] for name in CHAIN_STEPS))
+    return entries
 
 
 def bench_case(name, spec, bw, reps, seed):
