@@ -20,6 +20,7 @@
 #include <limits>
 #include <optional>
 
+#include "common/device_info.h"
 #include "common/error_state.h"
 #include "common/selftest_kernel.h"
 #include "small_seq/params.h"

@@ -227,13 +227,6 @@ RA_DEVICE void ra_let_next_kernel_start() {
 // Matrix units (mma.sync on NVIDIA, MFMA on CDNA): tiles for attention-sized products.
 #include "mma.h"
 
-// ---------------------------------------------------------------------------------------------
-// Host helpers shared by launchers.
-// ---------------------------------------------------------------------------------------------
-// Wave width and multiprocessor (CU/SM) count of the current device, read once per device.
-int ra_device_wave_size();
-int ra_device_multiprocessors();
-int ra_device_index();
-// Whether launches on the current device may overlap the kernel before them (programmatic
-// dependent launch: CUDA, compute capability >= 9.0, and ROCM_ATTN_PDL not set to 0).
-bool ra_device_overlapped_launch();
+// Host helpers shared by launchers; their own header, so that torch_bindings.cpp (which cannot
+// include this one) sees the same declarations.
+#include "device_info.h"

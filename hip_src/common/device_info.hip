@@ -1,4 +1,4 @@
-// Per-device facts that launchers need at run time.
+// Per-device facts that launchers need at run time (declared in device_info.h).
 #include <cstdlib>
 
 #include "compat.h"

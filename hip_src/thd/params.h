@@ -121,7 +121,3 @@ struct ThdGradParams {
 hipError_t thd_copy_rows_launch(const ThdCopyParams& p, hipStream_t stream);
 hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream);
 hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream);
-
-// Whether these launchers start their kernels overlapped with the kernel before them in the
-// stream (programmatic dependent launch; common/launch.h), on the current device.
-bool ra_device_overlapped_launch();

@@ -1,0 +1,11 @@
+// Per-device facts that launchers need at run time (device_info.hip). Plain host declarations,
+// so that torch_bindings.cpp, which is compiled without the GPU compiler, can include them too.
+#pragma once
+
+// Wave width and multiprocessor (CU/SM) count of the current device, read once per device.
+int ra_device_wave_size();
+int ra_device_multiprocessors();
+int ra_device_index();
+// Whether launches on the current device may overlap the kernel before them (programmatic
+// dependent launch: CUDA, compute capability >= 9.0, and ROCM_ATTN_PDL not set to 0).
+bool ra_device_overlapped_launch();
