@@ -512,14 +512,18 @@ def test_nvcc_compiles_small_kernel(tmp_path: Path) -> None:
     _nvcc(out, dst)
 
 
+# compat.h and the headers it includes: what a probe needs beside it to compile.
+COMPAT_HEADERS = ("compat.h", "device_info.h", "mma.h")
+
+
 @needs_nvcc
 def test_nvcc_compiles_compat_header(tmp_path: Path) -> None:
     # The real compat.h, hipified with a tiny kernel that instantiates its templates (templates
     # are only checked when instantiated), compiled with warnings as errors.
     src, dst = tmp_path / "hip_src", tmp_path / "cuda_src"
     (src / "common").mkdir(parents=True)
-    shutil.copy(ROOT / "hip_src/common/compat.h", src / "common/compat.h")
-    shutil.copy(ROOT / "hip_src/common/mma.h", src / "common/mma.h")
+    for name in COMPAT_HEADERS:
+        shutil.copy(ROOT / "hip_src/common" / name, src / "common" / name)
     (src / "probe.hip").write_text(
         textwrap.dedent(
             """\
@@ -553,7 +557,7 @@ def test_nvcc_compiles_compat_header(tmp_path: Path) -> None:
     compat = (dst / "common/compat.h").read_text()
     assert "#include <cuda_runtime.h>" in compat and "__shfl_xor_sync(0xffffffffu," in compat
     _nvcc(dst / "probe.cu", dst, ["-Xcompiler", "-Wall,-Wextra,-Werror"])
-    assert len(outputs) == 3
+    assert len(outputs) == len(COMPAT_HEADERS) + 1  # every header and the probe translated
 
 
 def _asm_statements(text: str) -> list[str]:
@@ -595,7 +599,7 @@ def test_nvcc_compiles_mma_header(tmp_path: Path) -> None:
     # operand shape), hipified and compiled for sm_90 with warnings as errors.
     src, dst = tmp_path / "hip_src", tmp_path / "cuda_src"
     (src / "common").mkdir(parents=True)
-    for name in ("compat.h", "mma.h"):
+    for name in COMPAT_HEADERS:
         shutil.copy(ROOT / "hip_src/common" / name, src / "common" / name)
     (src / "probe.hip").write_text(
         textwrap.dedent(
