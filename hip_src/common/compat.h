@@ -212,15 +212,34 @@ RA_DEVICE ra_vec8 ra_pack8(const float (&in)[8]) {
 // ra_let_next_kernel_start() lets the next such kernel launch now (its blocks take free slots
 // and wait); called after the wait, so at most one kernel waits on another.
 // ---------------------------------------------------------------------------------------------
-RA_DEVICE void ra_wait_for_prior_kernel() {
 #if !defined(__HIP__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RA_OVERLAPPED_LAUNCH 1  // device code that ra_launch may start early
+#else
+#define RA_OVERLAPPED_LAUNCH 0
+#endif
+
+RA_DEVICE void ra_wait_for_prior_kernel() {
+#if RA_OVERLAPPED_LAUNCH
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 
 RA_DEVICE void ra_let_next_kernel_start() {
-#if !defined(__HIP__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if RA_OVERLAPPED_LAUNCH
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// A 4-byte load served by L2 (never by, nor into, L1) and never merged with another load: for
+// what a kernel reads before ra_wait_for_prior_kernel() only to guess with (the kernel ahead
+// may be writing it), so that the plain loads after the wait cannot meet a line it brought in.
+RA_DEVICE int32_t ra_load_from_l2(const int32_t* p) {
+#if RA_OVERLAPPED_LAUNCH
+  int32_t v;
+  asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+#else
+  return *p;
 #endif
 }
 

@@ -72,73 +72,178 @@ RA_DEVICE int64_t vec_offset(int v, int vph, int heads, int64_t head_stride) {
   return hh * head_stride + static_cast<int64_t>(v - hh * vph) * V;
 }
 
+// One lane's share of a row: items lane, lane + lanes, ... of [o, o_end) x nvec (outer slice o,
+// vector v), kCopyUnroll at a time: loaded (or filled) into buf, then stored.
+struct CopyCursor {
+  int64_t o;
+  int v;
+};
+
+template <int V>
+struct CopyBatch {
+  typename VecOf<V>::type buf[kCopyUnroll];
+  CopyCursor first;  // where the batch starts
+  int count;         // items in it (< kCopyUnroll: the lane's last batch of the slice range)
+
+  // Loads the batch starting at c (src_row < 0: the fill value) and returns the cursor after it.
+  RA_DEVICE CopyCursor load(const ThdCopyParams& p, int64_t src_row, CopyCursor c, int64_t o_end,
+                            int lanes, int nvec, int vph) {
+    const char* __restrict__ src = static_cast<const char*>(p.src);
+    first = c;
+    count = 0;
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      if (c.o < o_end) {
+        if (src_row >= 0) {
+          const int64_t off = c.o * p.src_outer_stride + src_row * p.src_row_stride +
+                              vec_offset<V>(c.v, vph, p.heads, p.src_head_stride);
+          buf[u] = *reinterpret_cast<const typename VecOf<V>::type*>(src + off);
+        } else {
+          buf[u] = VecOf<V>::fill(p.fill_bytes);
+        }
+        ++count;
+        c = advance(c, lanes, nvec);
+      }
+    }
+    return c;
+  }
+
+  RA_DEVICE void store(const ThdCopyParams& p, int64_t row, int lanes, int nvec, int vph) const {
+    char* __restrict__ dst = static_cast<char*>(p.dst);
+    CopyCursor c = first;
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      if (u < count) {
+        const int64_t off = c.o * p.dst_outer_stride + row * p.dst_row_stride +
+                            vec_offset<V>(c.v, vph, p.heads, p.dst_head_stride);
+        *reinterpret_cast<typename VecOf<V>::type*>(dst + off) = buf[u];
+        c = advance(c, lanes, nvec);
+      }
+    }
+  }
+
+  static RA_DEVICE CopyCursor advance(CopyCursor c, int lanes, int nvec) {
+    c.v += lanes;
+    if (c.v >= nvec) {  // lanes <= nvec: at most one wrap per step
+      c.v -= nvec;
+      ++c.o;
+    }
+    return c;
+  }
+};
+
+// Source row of `row` (-1: none), all lanes of the wave converged (seq_of_wave); lanes without
+// a row (active false) search for wave_row and ignore the result.
+RA_DEVICE int64_t source_row(const ThdRowMapParams& m, int64_t row, bool active,
+                             int64_t wave_row) {
+  constexpr int kW = RA_WAVE_SIZE;
+  const SeqQuery query = map_query(m, active ? row : wave_row);
+  const int64_t end = query.cu != nullptr ? m.cu[m.b] : 0;  // with the search's loads
+  const int32_t seq =
+      query.cu != nullptr ? seq_of_wave<kW>(query.cu, m.b, query.div, query.pos) : 0;
+  return map_row_given(m, active ? row : wave_row, seq, end);
+}
+
+// Copies the lane's items of `row` from src_row; `batch` already holds the first batch of the
+// block's first slice range when `loaded` (then `next` is the cursor after it).
+template <int V>
+RA_DEVICE void copy_row(const ThdCopyParams& p, int64_t row, int64_t src_row, CopyBatch<V>& batch,
+                        bool loaded, CopyCursor next, int lanes, int lane, int nvec, int vph) {
+  const int64_t o_first = static_cast<int64_t>(blockIdx.y) * kCopyOuterPerBlock;
+  const int64_t outer_step = static_cast<int64_t>(gridDim.y) * kCopyOuterPerBlock;
+  for (int64_t o_begin = o_first; o_begin < p.outer; o_begin += outer_step) {
+    const int64_t o_end =
+        o_begin + kCopyOuterPerBlock < p.outer ? o_begin + kCopyOuterPerBlock : p.outer;
+    CopyCursor c{o_begin, lane};
+    if (o_begin == o_first && loaded) {
+      batch.store(p, row, lanes, nvec, vph);
+      c = next;
+    }
+    while (c.o < o_end) {
+      c = batch.load(p, src_row, c, o_end, lanes, nvec, vph);
+      batch.store(p, row, lanes, nvec, vph);
+    }
+  }
+}
+
+// cu_seqlens words a block snapshots to map its first rows before the wait: as many as the wave
+// search covers.
+constexpr int kCopyGuessWords = kWaveSearchChunks * RA_WAVE_SIZE + 1;
+
+// Whether blocks map their first rows before waiting for the kernel ahead: only where the
+// kernel can start early, and for the maps that read cu_seqlens alone, b + 1 words.
+RA_DEVICE bool maps_before_wait(const ThdRowMapParams& m) {
+  const bool cu_only = m.kind == ThdRowMap::kPartition || m.kind == ThdRowMap::kToContiguous ||
+                       m.kind == ThdRowMap::kToRankSharded || m.kind == ThdRowMap::kHalf;
+  return RA_OVERLAPPED_LAUNCH && cu_only && m.b >= 0 && m.b < kCopyGuessWords;
+}
+
+// Mapping a row after the wait cost 1.2-1.7 us of a 6-11 us launch on an H200 (b16 cp8,
+// docs/BENCHMARKS.md session 8). Where the kernel can start while the kernel ahead drains, each
+// block snapshots cu_seqlens into shared memory (one L2 read per block: the same line read by
+// every wave of the grid queues on one L2 slice, measured 2x slower) and maps its first rows
+// from the snapshot before the wait; after the wait it loads the first batch from those rows
+// at once, compares the snapshot with cu_seqlens (the kernel ahead may have written them) and,
+// only where they differ, maps again and reloads before anything is stored.
 template <int V>
 __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyParams p,
                                                                  const int lpr_shift) {
-  ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
-  ra_let_next_kernel_start();
-  using Vec = typename VecOf<V>::type;
+  __shared__ int32_t snapshot[kCopyGuessWords];
   const int lanes = 1 << lpr_shift;
   const int lane = threadIdx.x & (lanes - 1);
   const int vph = p.head_bytes / V;
   const int nvec = p.heads * vph;  // >= lanes (launcher)
-  const char* __restrict__ src = static_cast<const char*>(p.src);
-  char* __restrict__ dst = static_cast<char*>(p.dst);
   const int64_t slots = (static_cast<int64_t>(gridDim.x) * kCopyThreads) >> lpr_shift;
-  const int64_t outer_step = static_cast<int64_t>(gridDim.y) * kCopyOuterPerBlock;
   constexpr int kW = RA_WAVE_SIZE;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kCopyThreads + threadIdx.x;
   // rows of this lane and of the wave's first lane: the loop runs while the wave has a row, so
   // every lane reaches the wave search (seq_of_wave) together
   const int64_t lane_row = tid >> lpr_shift;
   const int64_t wave_row = (tid & ~static_cast<int64_t>(kW - 1)) >> lpr_shift;
-
-  for (int64_t step = 0; wave_row + step < p.rows; step += slots) {
+  int64_t step = 0;
+  if (maps_before_wait(p.map)) {  // uniform: every thread reaches the barriers
+    for (int i = threadIdx.x; i <= p.map.b; i += kCopyThreads)
+      snapshot[i] = ra_load_from_l2(p.map.cu + i);
+    __syncthreads();
+    ThdRowMapParams guess_map = p.map;
+    guess_map.cu = snapshot;
+    const bool wave_has_row = wave_row < p.rows;
+    const bool active = lane_row < p.rows;
+    int64_t src_row = wave_has_row ? source_row(guess_map, lane_row, active, wave_row) : -1;
+    ra_wait_for_prior_kernel();
+    ra_let_next_kernel_start();
+    CopyBatch<V> batch;
+    const int64_t o_first = static_cast<int64_t>(blockIdx.y) * kCopyOuterPerBlock;
+    const int64_t o_first_end =
+        o_first + kCopyOuterPerBlock < p.outer ? o_first + kCopyOuterPerBlock : p.outer;
+    CopyCursor next{o_first, lane};
+    bool loaded = false;
+    if (active && (src_row >= 0 || p.fill)) {
+      next = batch.load(p, src_row, next, o_first_end, lanes, nvec, vph);
+      loaded = true;
+    }
+    bool unchanged = true;
+    for (int i = threadIdx.x; i <= p.map.b; i += kCopyThreads)
+      unchanged = unchanged && p.map.cu[i] == snapshot[i];
+    if (!__syncthreads_and(unchanged)) {
+      if (wave_has_row) src_row = source_row(p.map, lane_row, active, wave_row);
+      loaded = false;
+      next = CopyCursor{o_first, lane};
+    }
+    if (active && (src_row >= 0 || p.fill))
+      copy_row<V>(p, lane_row, src_row, batch, loaded, next, lanes, lane, nvec, vph);
+    step = slots;
+  } else {
+    ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
+    ra_let_next_kernel_start();
+  }
+  for (; wave_row + step < p.rows; step += slots) {
     const int64_t row = lane_row + step;
     const bool active = row < p.rows;
-    const SeqQuery query = map_query(p.map, active ? row : wave_row + step);
-    const int64_t end = query.cu != nullptr ? p.map.cu[p.map.b] : 0;  // with the search's loads
-    const int32_t seq =
-        query.cu != nullptr ? seq_of_wave<kW>(query.cu, p.map.b, query.div, query.pos) : 0;
-    if (!active) continue;
-    const int64_t src_row = map_row_given(p.map, row, seq, end);
-    if (src_row < 0 && !p.fill) continue;
-    const Vec fill = VecOf<V>::fill(p.fill_bytes);
-    for (int64_t o_begin = static_cast<int64_t>(blockIdx.y) * kCopyOuterPerBlock; o_begin < p.outer;
-         o_begin += outer_step) {
-      const int64_t o_end = o_begin + kCopyOuterPerBlock < p.outer ? o_begin + kCopyOuterPerBlock
-                                                                   : p.outer;
-      // This lane's items are the flat indices lane, lane + lanes, ... of [o_begin, o_end) x nvec.
-      int64_t o = o_begin;
-      int v = lane;
-      while (o < o_end) {
-        Vec buf[kCopyUnroll];
-        char* dptr[kCopyUnroll];
-#pragma unroll
-        for (int u = 0; u < kCopyUnroll; ++u) {
-          dptr[u] = nullptr;
-          if (o < o_end) {
-            dptr[u] = dst + o * p.dst_outer_stride + row * p.dst_row_stride +
-                      vec_offset<V>(v, vph, p.heads, p.dst_head_stride);
-            if (src_row >= 0) {
-              const int64_t off = o * p.src_outer_stride + src_row * p.src_row_stride +
-                                  vec_offset<V>(v, vph, p.heads, p.src_head_stride);
-              buf[u] = *reinterpret_cast<const Vec*>(src + off);
-            } else {
-              buf[u] = fill;
-            }
-            v += lanes;
-            if (v >= nvec) {  // lanes <= nvec: at most one wrap per step
-              v -= nvec;
-              ++o;
-            }
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kCopyUnroll; ++u)
-          if (dptr[u] != nullptr) *reinterpret_cast<Vec*>(dptr[u]) = buf[u];
-      }
-    }
+    const int64_t src_row = source_row(p.map, row, active, wave_row + step);
+    if (!active || (src_row < 0 && !p.fill)) continue;
+    CopyBatch<V> batch;
+    copy_row<V>(p, row, src_row, batch, false, CopyCursor{0, 0}, lanes, lane, nvec, vph);
   }
 }
 
