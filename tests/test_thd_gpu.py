@@ -752,6 +752,61 @@ def test_dependent_calls_back_to_back(dev):
         check(static, chain("torch"), f"replay {round_}")
 
 
+def test_cu_seqlens_written_by_the_kernel_ahead(dev):
+    """The copy kernel maps its first rows from a snapshot of cu_seqlens taken before it waits
+    for the kernel ahead (copy_kernel.h); here that kernel is the one writing cu_seqlens (a THD
+    copy into the same buffer, so on sm_90 the two overlap), with a different layout every
+    round: every output must follow the new cu_seqlens, eagerly and under graph replay."""
+    cp, rank, b, h, d = 2, 1, 48, 4, 64  # b + 1 <= the snapshot's words on every wave size
+    rng = random.Random(11)
+    lens = padded(rand_lens(rng, b, 1024, lo=1), cp)
+    layouts = [cu_of(lens, dev), cu_of(lens[::-1], dev), cu_of(sorted(lens), dev)]
+    total = sum(lens)
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(total, h, d, generator=gen).to(dev, torch.bfloat16)
+    cu_buf = torch.zeros(b + 1, dtype=torch.int32, device=dev)
+    one_seq = torch.tensor([0, b + 1], dtype=torch.int32, device=dev)
+    src = torch.empty_like(cu_buf)
+
+    def step(backend):
+        kw = dict(backend=backend, validate=False)
+        # the kernel ahead: a bitwise row copy of src into cu_buf (int32 seen as float32 rows)
+        thd.copy_valid_tokens(cu_buf.view(torch.float32).view(b + 1, 1),
+                              src.view(torch.float32).view(b + 1, 1), one_seq, **kw)
+        shard = thd.partition(x, cu_buf, cp, rank, **kw)  # directly after it
+        cu_loc = torch.div(cu_buf, cp, rounding_mode="floor")
+        return [shard, thd.read_half(shard, cu_loc, "second", **kw),
+                thd.reorder_to_contiguous(x, cu_buf, cp, **kw)]
+
+    def want(cu):
+        kw = dict(backend="torch", validate=False)
+        shard = thd.partition(x, cu, cp, rank, **kw)
+        loc = torch.div(cu, cp, rounding_mode="floor")
+        return [shard, thd.read_half(shard, loc, "second", **kw),
+                thd.reorder_to_contiguous(x, cu, cp, **kw)]
+
+    names = ("partition", "read_half", "reorder_to_contiguous")
+    for round_ in range(6):
+        src.copy_(layouts[round_ % 3])
+        poison_allocator(dev)
+        for name, k, t in zip(names, step("kernel"), want(layouts[round_ % 3])):
+            assert_bitwise(name, k, t, f"eager round {round_}")
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step("kernel")
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step("kernel")
+    for round_ in range(6):
+        src.copy_(layouts[round_ % 3])
+        graph.replay()
+        for name, k, t in zip(names, static, want(layouts[round_ % 3])):
+            assert_bitwise(name, k, t, f"replay round {round_}")
+
+
 def test_torch_compile_fullgraph(dev):
     """Every kernel-backed helper under torch.compile(fullgraph=True): equal to eager."""
     import torch._dynamo
