@@ -119,6 +119,19 @@ def assert_merge_close(name, k, t, ctx=""):
 # --------------------------------------------------------------------------------------------
 
 
+def capture_graph(fn):
+    """fn run once on a side stream (as capture requires), then captured: (graph, its outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = fn()
+    return graph, static
+
+
 def cu_of(lens, device):
     out = [0]
     for n in lens:
@@ -738,14 +751,7 @@ def test_dependent_calls_back_to_back(dev):
         got = chain("kernel")
         check(got, chain("torch"), f"round {round_}")
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        chain("kernel")
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = chain("kernel")
+    graph, static = capture_graph(lambda: chain("kernel"))
     for round_ in range(2):
         x.copy_(torch.randn(total, h, d, generator=gen).to(dev, torch.bfloat16))
         graph.replay()
@@ -792,14 +798,7 @@ def test_cu_seqlens_written_by_the_kernel_ahead(dev):
         for name, k, t in zip(names, step("kernel"), want(layouts[round_ % 3])):
             assert_bitwise(name, k, t, f"eager round {round_}")
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step("kernel")
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step("kernel")
+    graph, static = capture_graph(lambda: step("kernel"))
     for round_ in range(6):
         src.copy_(layouts[round_ % 3])
         graph.replay()
