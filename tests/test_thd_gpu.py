@@ -759,51 +759,72 @@ def test_dependent_calls_back_to_back(dev):
 
 
 def test_cu_seqlens_written_by_the_kernel_ahead(dev):
-    """The copy kernel maps its first rows from a snapshot of cu_seqlens taken before it waits
-    for the kernel ahead (copy_kernel.h); here that kernel is the one writing cu_seqlens (a THD
-    copy into the same buffer, so on sm_90 the two overlap), with a different layout every
-    round: every output must follow the new cu_seqlens, eagerly and under graph replay."""
+    """The copy, merge and grad kernels map their first rows from a snapshot of cu_seqlens
+    taken before they wait for the kernel ahead (index.h); here that kernel is the one writing
+    cu_seqlens (a THD copy into the same buffer, so on sm_90 the two overlap), turning a stale
+    layout into this round's: every output must follow this round's layout, eagerly on a
+    poisoned allocator and under graph replay."""
     cp, rank, b, h, d = 2, 1, 48, 4, 64  # b + 1 <= the snapshot's words on every wave size
     rng = random.Random(11)
     lens = padded(rand_lens(rng, b, 1024, lo=1), cp)
-    layouts = [cu_of(lens, dev), cu_of(lens[::-1], dev), cu_of(sorted(lens), dev)]
-    total = sum(lens)
+    orders = [lens, lens[::-1], sorted(lens)]
+    layouts = [cu_of(o, dev) for o in orders]
+    local = [cu_of([n // cp for n in o], dev) for o in orders]
+    total, t_loc = sum(lens), sum(lens) // cp
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(total, h, d, generator=gen).to(dev, torch.bfloat16)
-    cu_buf = torch.zeros(b + 1, dtype=torch.int32, device=dev)
+    lse = torch.randn(h, t_loc, generator=gen).to(dev)
+    lse_step = torch.randn(h, t_loc // 2, generator=gen).to(dev)
     one_seq = torch.tensor([0, b + 1], dtype=torch.int32, device=dev)
-    src = torch.empty_like(cu_buf)
+    cu, cu_loc = (torch.zeros(b + 1, dtype=torch.int32, device=dev) for _ in range(2))
+    # this round's and a stale layout, copied in by the kernel right before each helper
+    src, src_loc, stale, stale_loc = (torch.empty_like(cu) for _ in range(4))
 
-    def step(backend):
-        kw = dict(backend=backend, validate=False)
-        # the kernel ahead: a bitwise row copy of src into cu_buf (int32 seen as float32 rows)
-        thd.copy_valid_tokens(cu_buf.view(torch.float32).view(b + 1, 1),
-                              src.view(torch.float32).view(b + 1, 1), one_seq, **kw)
-        shard = thd.partition(x, cu_buf, cp, rank, **kw)  # directly after it
-        cu_loc = torch.div(cu_buf, cp, rounding_mode="floor")
-        return [shard, thd.read_half(shard, cu_loc, "second", **kw),
-                thd.reorder_to_contiguous(x, cu_buf, cp, **kw)]
+    def write(dst, values):  # a bitwise row copy kernel (int32 seen as float32 rows)
+        thd.copy_valid_tokens(dst.view(torch.float32).view(b + 1, 1),
+                              values.view(torch.float32).view(b + 1, 1), one_seq,
+                              backend="kernel", validate=False)
 
-    def want(cu):
-        kw = dict(backend="torch", validate=False)
-        shard = thd.partition(x, cu, cp, rank, **kw)
-        loc = torch.div(cu, cp, rounding_mode="floor")
-        return [shard, thd.read_half(shard, loc, "second", **kw),
-                thd.reorder_to_contiguous(x, cu, cp, **kw)]
+    def helpers(g_cu, g_loc, backend, before=lambda *_: None):
+        kw = dict(validate=False, backend=backend)
+        before(cu, src, stale)
+        shard = thd.partition(x, g_cu, cp, rank, **kw)
+        before(cu_loc, src_loc, stale_loc)
+        q2 = thd.read_half(shard, g_loc, "second", **kw)
+        before(cu_loc, src_loc, stale_loc)
+        g = thd.grad_correction(shard, q2, g_loc, "none", "add", **kw)
+        before(cu_loc, src_loc, stale_loc)
+        out, new_lse = thd.merge_partial(g, lse, q2, lse_step, g_loc, True, **kw)
+        before(cu, src, stale)
+        return [shard, q2, g, out, new_lse, thd.reorder_to_contiguous(x, g_cu, cp, **kw)]
 
-    names = ("partition", "read_half", "reorder_to_contiguous")
+    def step():
+        return helpers(cu, cu_loc, "kernel",
+                       lambda buf, new, old: (write(buf, old), write(buf, new)))
+
+    def set_round(i):
+        for buf, v in ((src, layouts[i % 3]), (src_loc, local[i % 3]),
+                       (stale, layouts[(i + 1) % 3]), (stale_loc, local[(i + 1) % 3])):
+            buf.copy_(v)
+
+    def check(got, i, ctx):
+        want = helpers(layouts[i % 3], local[i % 3], "torch")
+        for name, k, t in zip(("partition", "read_half", "grad_correction", "out", "lse",
+                               "reorder_to_contiguous"), got, want):
+            if name in ("out", "lse"):
+                assert_merge_close(name, k, t, ctx)
+            else:
+                assert_bitwise(name, k, t, ctx)
+
     for round_ in range(6):
-        src.copy_(layouts[round_ % 3])
+        set_round(round_)
         poison_allocator(dev)
-        for name, k, t in zip(names, step("kernel"), want(layouts[round_ % 3])):
-            assert_bitwise(name, k, t, f"eager round {round_}")
-
-    graph, static = capture_graph(lambda: step("kernel"))
+        check(step(), round_, f"eager round {round_}")
+    graph, static = capture_graph(step)
     for round_ in range(6):
-        src.copy_(layouts[round_ % 3])
+        set_round(round_)
         graph.replay()
-        for name, k, t in zip(names, static, want(layouts[round_ % 3])):
-            assert_bitwise(name, k, t, f"replay round {round_}")
+        check(static, round_, f"replay round {round_}")
 
 
 def test_torch_compile_fullgraph(dev):

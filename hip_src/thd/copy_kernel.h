@@ -166,29 +166,12 @@ RA_DEVICE void copy_row(const ThdCopyParams& p, int64_t row, int64_t src_row, Co
   }
 }
 
-// cu_seqlens words a block snapshots to map its first rows before the wait: as many as the wave
-// search covers.
-constexpr int kCopyGuessWords = kWaveSearchChunks * RA_WAVE_SIZE + 1;
-
-// Whether blocks map their first rows before waiting for the kernel ahead: only where the
-// kernel can start early, and for the maps that read cu_seqlens alone, b + 1 words.
-RA_DEVICE bool maps_before_wait(const ThdRowMapParams& m) {
-  const bool cu_only = m.kind == ThdRowMap::kPartition || m.kind == ThdRowMap::kToContiguous ||
-                       m.kind == ThdRowMap::kToRankSharded || m.kind == ThdRowMap::kHalf;
-  return RA_OVERLAPPED_LAUNCH && cu_only && m.b >= 0 && m.b < kCopyGuessWords;
-}
-
-// Mapping a row after the wait cost 1.2-1.7 us of a 6-11 us launch on an H200 (b16 cp8,
-// docs/BENCHMARKS.md session 8). Where the kernel can start while the kernel ahead drains, each
-// block snapshots cu_seqlens into shared memory (one L2 read per block: the same line read by
-// every wave of the grid queues on one L2 slice, measured 2x slower) and maps its first rows
-// from the snapshot before the wait; after the wait it loads the first batch from those rows
-// at once, compares the snapshot with cu_seqlens (the kernel ahead may have written them) and,
-// only where they differ, maps again and reloads before anything is stored.
+// Rows are mapped from a cu_seqlens snapshot before the wait where they can be (index.h,
+// maps_from_snapshot); the block checks the snapshot after issuing its first loads.
 template <int V>
 __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyParams p,
                                                                  const int lpr_shift) {
-  __shared__ int32_t snapshot[kCopyGuessWords];
+  __shared__ int32_t snapshot[kSnapshotWords];
   const int lanes = 1 << lpr_shift;
   const int lane = threadIdx.x & (lanes - 1);
   const int vph = p.head_bytes / V;
@@ -201,12 +184,8 @@ __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyPa
   const int64_t lane_row = tid >> lpr_shift;
   const int64_t wave_row = (tid & ~static_cast<int64_t>(kW - 1)) >> lpr_shift;
   int64_t step = 0;
-  if (maps_before_wait(p.map)) {  // uniform: every thread reaches the barriers
-    for (int i = threadIdx.x; i <= p.map.b; i += kCopyThreads)
-      snapshot[i] = ra_load_from_l2(p.map.cu + i);
-    __syncthreads();
-    ThdRowMapParams guess_map = p.map;
-    guess_map.cu = snapshot;
+  if (maps_from_snapshot(p.map)) {  // uniform: every thread reaches the barriers
+    const ThdRowMapParams guess_map = take_cu_snapshot(p.map, snapshot, kCopyThreads);
     const bool wave_has_row = wave_row < p.rows;
     const bool active = lane_row < p.rows;
     int64_t src_row = wave_has_row ? source_row(guess_map, lane_row, active, wave_row) : -1;

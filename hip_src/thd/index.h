@@ -97,17 +97,17 @@ RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r, i
 }
 
 // _half_index: local rows of row k of the first and of the second half (cu: local padded
-// cu_seqlens, even lengths); s = seq_of(cu, b, 2, k) serves both.
-RA_HOST_DEVICE void half_rows(const ThdRowMapParams& m, int64_t k, int32_t s, int64_t end,
-                              int64_t& first, int64_t& second) {
+// cu_seqlens, even lengths: m.cu or a snapshot of it); s = seq_of(cu, b, 2, k) serves both.
+RA_HOST_DEVICE void half_rows(const ThdRowMapParams& m, const int32_t* cu, int64_t k, int32_t s,
+                              int64_t end, int64_t& first, int64_t& second) {
   const int64_t hb_end = floordiv(end, 2);
   int64_t base, half_len;
   if (k >= hb_end) {
     base = end + (k - hb_end);
     half_len = floordiv(m.local_rows - end, 2);
   } else {
-    const int64_t start = m.cu[s];
-    const int64_t len = s < m.b ? m.cu[s + 1] - start : 0;
+    const int64_t start = cu[s];
+    const int64_t len = s < m.b ? cu[s + 1] - start : 0;
     base = start + (k - floordiv(start, 2));
     half_len = floordiv(len, 2);
   }
@@ -158,7 +158,7 @@ RA_HOST_DEVICE int64_t map_row_given(const ThdRowMapParams& m, int64_t row, int3
     }
     case ThdRowMap::kHalf: {
       int64_t first, second;
-      half_rows(m, row, s, end, first, second);
+      half_rows(m, m.cu, row, s, end, first, second);
       return m.half ? second : first;
     }
     case ThdRowMap::kCopyValid:
@@ -202,6 +202,47 @@ RA_DEVICE int32_t seq_of_wave(const int32_t* cu, int32_t b, int64_t div, int64_t
     s += cnt;
   }
   return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mapping rows before the wait. Where a kernel can start while the kernel ahead drains
+// (RA_OVERLAPPED_LAUNCH), mapping its rows only after ra_wait_for_prior_kernel() put the
+// search on the critical path: 1.2-1.7 us of a 6-11 us launch on an H200 (docs/NOTES.md,
+// session 8). So a block snapshots cu_seqlens into shared memory before the wait and maps its
+// first rows from the snapshot; after the wait it issues its first loads from those rows at
+// once, checks the snapshot against cu_seqlens (the kernel ahead may have written them) and,
+// only where they differ, maps again and reloads, before anything is stored. A guessed row is
+// always clamped into its tensor, so a stale snapshot costs a reload, never a wrong access.
+// ---------------------------------------------------------------------------------------------
+constexpr int kSnapshotWords = kWaveSearchChunks * RA_WAVE_SIZE + 1;  // the wave search's range
+
+// Whether m's rows can be mapped from a snapshot: the maps that read cu_seqlens alone, with
+// b + 1 words that fit, and only where the kernel can start early at all.
+RA_DEVICE bool maps_from_snapshot(const ThdRowMapParams& m) {
+  const bool cu_only = m.kind == ThdRowMap::kPartition || m.kind == ThdRowMap::kToContiguous ||
+                       m.kind == ThdRowMap::kToRankSharded || m.kind == ThdRowMap::kHalf;
+  return RA_OVERLAPPED_LAUNCH && cu_only && m.b >= 0 && m.b < kSnapshotWords;
+}
+
+// Block-wide, before the wait (every thread calls it): cu[0..b] into `snapshot`, read through
+// L2 (ra_load_from_l2: once per block; the same line read past L1 by every wave of a grid
+// queues on one L2 slice, measured 2x slower), then a barrier. Returns m reading the snapshot.
+RA_DEVICE ThdRowMapParams take_cu_snapshot(const ThdRowMapParams& m, int32_t* snapshot,
+                                           int threads) {
+  for (int i = threadIdx.x; i <= m.b; i += threads) snapshot[i] = ra_load_from_l2(m.cu + i);
+  __syncthreads();
+  ThdRowMapParams from_snapshot = m;
+  from_snapshot.cu = snapshot;
+  return from_snapshot;
+}
+
+// After the wait, whether cu_seqlens still hold the snapshot: every lane of the wave calls it
+// (converged) and gets the same answer.
+template <int W>
+RA_DEVICE bool wave_snapshot_current(const ThdRowMapParams& m, const int32_t* snapshot) {
+  bool same = true;
+  for (int i = threadIdx.x & (W - 1); i <= m.b; i += W) same = same && m.cu[i] == snapshot[i];
+  return __all(same);
 }
 
 // Lanes per row: a power of two <= 256 and <= nvec, about nvec / per_lane, returned as a shift.

@@ -111,11 +111,18 @@ hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
   const int tshift = tile_shift_for(p.n, wave);
   const dim3 grid = grid_for(p.n, tshift, wave);
   const dim3 block(thd::kMergeThreads);
-  const bool indexed = p.map.kind == ThdRowMap::kIndex;
-#define RA_THD_GRAD(VEC, GDT, SDT)                                                        \
-  return indexed                                                                          \
-             ? ra_launch(thd::grad_kernel<VEC, GDT, SDT, true>, grid, block, stream, p, tshift) \
-             : ra_launch(thd::grad_kernel<VEC, GDT, SDT, false>, grid, block, stream, p, tshift)
+  const int rows = p.map.kind == ThdRowMap::kIndex ? thd::kGradRowsIndexed
+                   : p.map.kind == ThdRowMap::kHalf &&
+                           grid.x <= static_cast<unsigned>(ra_device_multiprocessors() *
+                                                           thd::kGradSnapshotBlocksPerSM)
+                       ? thd::kGradRowsSnapshot
+                       : thd::kGradRowsDirect;
+#define RA_THD_GRAD_ROWS(VEC, GDT, SDT, ROWS) \
+  ra_launch(thd::grad_kernel<VEC, GDT, SDT, thd::ROWS>, grid, block, stream, p, tshift)
+#define RA_THD_GRAD(VEC, GDT, SDT)                                             \
+  return rows == thd::kGradRowsIndexed   ? RA_THD_GRAD_ROWS(VEC, GDT, SDT, kGradRowsIndexed)  \
+         : rows == thd::kGradRowsSnapshot ? RA_THD_GRAD_ROWS(VEC, GDT, SDT, kGradRowsSnapshot) \
+                                          : RA_THD_GRAD_ROWS(VEC, GDT, SDT, kGradRowsDirect)
   const int gd = p.grad_dtype, sd = p.step_dtype;
   if (!vec8) {
     RA_THD_GRAD(1, thd::kThdAnyDtype, thd::kThdAnyDtype);
@@ -129,4 +136,5 @@ hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
     RA_THD_GRAD(8, thd::kThdAnyDtype, thd::kThdAnyDtype);
   }
 #undef RA_THD_GRAD
+#undef RA_THD_GRAD_ROWS
 }

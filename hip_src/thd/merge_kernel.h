@@ -173,12 +173,14 @@ RA_HOST_DEVICE int log2_pow2(int x) {  // x a power of two
 
 // half_rows for every lane of a wave at once (every lane calls it, converged; k >= 0 any row
 // for lanes whose result is not used): one wave search (seq_of_wave), then the sequence's
-// bounds: two memory round trips instead of log2(b) + 2 dependent ones.
+// bounds: two memory round trips instead of log2(b) + 2 dependent ones. cu: m.cu or a
+// snapshot of it (index.h).
 template <int W>
-RA_DEVICE void half_rows_wave(const ThdRowMapParams& m, int k, int& first, int& second) {
-  const int64_t end = m.cu[m.b];  // issued with the search's loads
+RA_DEVICE void half_rows_wave(const ThdRowMapParams& m, const int32_t* cu, int k, int& first,
+                              int& second) {
+  const int64_t end = cu[m.b];  // issued with the search's loads
   int64_t f, sc;
-  half_rows(m, k, seq_of_wave<W>(m.cu, m.b, 2, k), end, f, sc);
+  half_rows(m, cu, k, seq_of_wave<W>(cu, m.b, 2, k), end, f, sc);
   first = static_cast<int>(f);
   second = static_cast<int>(sc);
 }
@@ -205,8 +207,7 @@ template <int VEC, int ODT, int SDT>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergeParams p,
                                                               const int lpr_shift,
                                                               const int tile_shift) {
-  ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
-  ra_let_next_kernel_start();
+  __shared__ int32_t snapshot[kSnapshotWords];
   constexpr int U = kMergeUnits;
   constexpr int kW = RA_WAVE_SIZE;
   constexpr int kWShift = kW == 64 ? 6 : 5;
@@ -229,6 +230,14 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
   const uint32_t minor_n = heads_fastest ? heads : nn;
   const uint32_t warp = (blockIdx.x * kMergeThreads + threadIdx.x) >> kWShift;
   const uint32_t warps = (gridDim.x * kMergeThreads) >> kWShift;
+  // rows from a cu_seqlens snapshot before the wait (index.h), checked before the first store
+  const bool guess = halves && maps_from_snapshot(p.map);  // uniform
+  if (guess) take_cu_snapshot(p.map, snapshot, kMergeThreads);
+  bool waited = !guess, checked = !guess;
+  if (!guess) {
+    ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
+    ra_let_next_kernel_start();
+  }
   for (uint32_t base = warp << tshift; base < items; base += warps << tshift) {
     const uint32_t left = items - base;
     const int in_tile = left < (1u << tshift) ? static_cast<int>(left) : (1 << tshift);
@@ -239,25 +248,42 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
     const int k = static_cast<int>(heads_fastest ? major : minor);
     int h = static_cast<int>(heads_fastest ? minor : major);
     int r = k, r0 = -1, sk = k;  // running row, first-half row, step row
-    if (halves) {  // one search for both halves
-      int rf, rs;
-      half_rows_wave<kW>(p.map, k, rf, rs);
-      r = rs;
-      r0 = p.copy_first_half ? rf : -1;
-    }
     float a = 0.f, b = 0.f;
-    if (lane >= in_tile) {
-      h = -1;
-      r0 = -1;
-    } else {
-      if (p.map.kind == ThdRowMap::kIndex) {
-        r = static_cast<int>(clamp_row(p.map.index[k], p.map.local_rows));
-        if (p.map.step_index != nullptr)  // step results laid out like out (direct CP calls)
-          sk = static_cast<int>(clamp_row(p.map.step_index[k], p.map.step_count));
+    auto map_rows = [&](const int32_t* cu) {
+      if (halves) {  // one search for both halves
+        int rf, rs;
+        half_rows_wave<kW>(p.map, cu, k, rf, rs);
+        r = rs;
+        r0 = p.copy_first_half ? rf : -1;
       }
-      a = p.lse[h * p.lse_head + r * p.lse_tok];
-      b = p.lse_step[h * p.lse_step_head + sk * p.lse_step_tok];
-    }
+      if (!waited) {
+        ra_wait_for_prior_kernel();
+        ra_let_next_kernel_start();
+        waited = true;
+      }
+      if (lane >= in_tile) {
+        h = -1;
+        r0 = -1;
+      } else {
+        if (p.map.kind == ThdRowMap::kIndex) {
+          r = static_cast<int>(clamp_row(p.map.index[k], p.map.local_rows));
+          if (p.map.step_index != nullptr)  // step results laid out like out (direct CP calls)
+            sk = static_cast<int>(clamp_row(p.map.step_index[k], p.map.step_count));
+        }
+        a = p.lse[h * p.lse_head + r * p.lse_tok];
+        b = p.lse_step[h * p.lse_step_head + sk * p.lse_step_tok];
+      }
+    };
+    map_rows(checked ? p.map.cu : snapshot);
+    // whether the rows must be mapped again (the snapshot was stale): then every load is redone
+    auto remapped = [&]() {
+      if (checked) return false;
+      checked = true;
+      if (wave_snapshot_current<kW>(p.map, snapshot)) return false;
+      h = static_cast<int>(heads_fastest ? minor : major);
+      map_rows(p.map.cu);
+      return true;
+    };
     float wa = 1.f, wb = 0.f;
     auto weights = [&]() {
       if (lane < in_tile) {
@@ -276,6 +302,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
       }
     };
     if (nv == 0) {
+      remapped();
       weights();
       continue;
     }
@@ -286,22 +313,28 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
       RowVec<ODT, VEC> x[U];
       RowVec<SDT, VEC> y[U];
       bool act[U];
+      auto load_units = [&]() {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int unit = u0 + u;
-        const int it = ((unit >> cshift) << ipp_shift) + grp;  // item of this lane's group
-        const int src = it & (kW - 1);
-        const int ur = ra_shfl(r, src);
-        const int uk = ra_shfl(sk, src);
-        const int uh = ra_shfl(h, src);
-        const int v = ((unit & cmask) << shift) + sub;
-        act[u] = unit < units && it < in_tile && v < nv;
-        if (act[u]) {
-          x[u].load(p.out, ur * p.out_tok + uh * p.out_head + v * VEC, p.out_dtype);
-          y[u].load(p.out_step, uk * p.step_tok + uh * p.step_head + v * VEC, p.step_dtype);
+        for (int u = 0; u < U; ++u) {
+          const int unit = u0 + u;
+          const int it = ((unit >> cshift) << ipp_shift) + grp;  // item of this lane's group
+          const int src = it & (kW - 1);
+          const int ur = ra_shfl(r, src);
+          const int uk = ra_shfl(sk, src);
+          const int uh = ra_shfl(h, src);
+          const int v = ((unit & cmask) << shift) + sub;
+          act[u] = unit < units && it < in_tile && v < nv;
+          if (act[u]) {
+            x[u].load(p.out, ur * p.out_tok + uh * p.out_head + v * VEC, p.out_dtype);
+            y[u].load(p.out_step, uk * p.step_tok + uh * p.step_head + v * VEC, p.step_dtype);
+          }
         }
+      };
+      load_units();
+      if (u0 == 0) {
+        if (remapped()) load_units();
+        weights();
       }
-      if (u0 == 0) weights();
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int unit = u0 + u;
@@ -351,6 +384,10 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
       }
     }
   }
+  if (!waited) {  // no tile reached this wave: still wait, so no kernel ends before the one ahead
+    ra_wait_for_prior_kernel();
+    ra_let_next_kernel_start();
+  }
 }
 
 // Grad kernel: one wave per tile of 2^tile_shift step tokens k. Owner lanes (lane j: k =
@@ -367,13 +404,24 @@ RA_DEVICE int64_t row_offset(int v, int vph, int heads, int64_t head_stride) {
   return hh * head_stride + static_cast<int64_t>(v - hh * vph) * VEC;
 }
 
-// INDEXED: the kIndex map (add_rows), a template argument so that grad_correction's kernels
-// carry none of its step-row registers and shuffles.
-template <int VEC, int GDT, int SDT, bool INDEXED>
+// How the grad kernel finds its rows (a template argument, so that each kernel carries only its
+// own registers and shuffles): kGradRowsDirect (identity, or halves mapped after the wait),
+// kGradRowsIndexed (the kIndex map of add_rows), kGradRowsSnapshot (halves mapped from a
+// cu_seqlens snapshot before the wait, index.h). The launcher picks kGradRowsSnapshot only for
+// grids of one resident wave: it costs the kernel 48 -> 54 registers (5 -> 4 blocks per SM),
+// which on an H200 took var64 grad_correction 63 -> 73 us, and only the first wave gains.
+enum GradRows : int { kGradRowsDirect = 0, kGradRowsIndexed = 1, kGradRowsSnapshot = 2 };
+constexpr int kGradSnapshotBlocksPerSM = 4;
+
+template <int VEC, int GDT, int SDT, int ROWS>
 __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams p,
                                                              const int tile_shift) {
-  ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
-  ra_let_next_kernel_start();
+  __shared__ int32_t snapshot[kSnapshotWords];
+  constexpr bool kFromSnapshot = ROWS == kGradRowsSnapshot;
+  if (!kFromSnapshot) {
+    ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
+    ra_let_next_kernel_start();
+  }
   constexpr int U = kMergeUnits;
   constexpr int kW = RA_WAVE_SIZE;
   constexpr int kWShift = kW == 64 ? 6 : 5;
@@ -384,10 +432,19 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
   int cshift = 0;  // units per row and lane: 1 << cshift
   while ((kW << cshift) < nvec) ++cshift;
   const bool halves = p.map.kind == ThdRowMap::kHalf;
-  constexpr bool indexed = INDEXED;  // the launcher picks it from p.map.kind
+  constexpr bool indexed = ROWS == kGradRowsIndexed;  // the launcher picks ROWS from p.map
   // the halves that move data: both (hshift 1: bit cshift of a unit picks the half) or one
   const bool move0 = p.op0 != kThdGradNone || p.copy_none;
   const bool move1 = halves && (p.op1 != kThdGradNone || p.copy_none);
+  // rows from a cu_seqlens snapshot before the wait (index.h), checked after the first loads
+  const bool guess = kFromSnapshot && halves && (move0 || move1) &&
+                     maps_from_snapshot(p.map);  // uniform
+  if (guess) take_cu_snapshot(p.map, snapshot, kMergeThreads);
+  bool waited = !guess, checked = !guess;
+  if (kFromSnapshot && !guess) {
+    ra_wait_for_prior_kernel();
+    ra_let_next_kernel_start();
+  }
   if (!move0 && !move1) return;
   const int hshift = move0 && move1 ? 1 : 0;
   const int only_half = move0 ? 0 : 1;
@@ -400,7 +457,15 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
     const int k = static_cast<int>(base) + (lane < in_tile ? lane : 0);
     int r_first = k, r_second = k, s_index = k;
     if (halves) {
-      half_rows_wave<kW>(p.map, k, r_first, r_second);  // one search, both halves
+      if (checked)  // two calls, not one through a pointer select: cu stays a global pointer
+        half_rows_wave<kW>(p.map, p.map.cu, k, r_first, r_second);
+      else
+        half_rows_wave<kW>(p.map, snapshot, k, r_first, r_second);
+      if (!waited) {
+        ra_wait_for_prior_kernel();
+        ra_let_next_kernel_start();
+        waited = true;
+      }
     } else if (indexed) {  // add_rows: grad row index[k] gets step row step_index[k] (or k)
       r_first = static_cast<int>(clamp_row(p.map.index[k], p.map.local_rows));
       if (p.map.step_index != nullptr)
@@ -427,6 +492,14 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
           if (op != kThdGradNone)
             s[u].load(p.step, sr * p.step_tok + row_offset<VEC>(v, vph, p.heads, p.step_head),
                       p.step_dtype);
+        }
+      }
+      if (!checked) {  // the rows came from the snapshot: if stale, map again and reload
+        checked = true;
+        if (!wave_snapshot_current<kW>(p.map, snapshot)) {
+          half_rows_wave<kW>(p.map, p.map.cu, k, r_first, r_second);
+          u0 -= U;
+          continue;
         }
       }
 #pragma unroll
@@ -459,6 +532,10 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
         }
       }
     }
+  }
+  if (!waited) {  // no tile reached this wave: still wait, so no kernel ends before the one ahead
+    ra_wait_for_prior_kernel();
+    ra_let_next_kernel_start();
   }
 }
 
