@@ -112,7 +112,7 @@ hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
   const dim3 grid = grid_for(p.n, tshift, wave);
   const dim3 block(thd::kMergeThreads);
   const int rows = p.map.kind == ThdRowMap::kIndex ? thd::kGradRowsIndexed
-                   : p.map.kind == ThdRowMap::kHalf &&
+                   : p.map.kind == ThdRowMap::kHalf && ra_device_overlapped_launch() &&
                            grid.x <= static_cast<unsigned>(ra_device_multiprocessors() *
                                                            thd::kGradSnapshotBlocksPerSM)
                        ? thd::kGradRowsSnapshot

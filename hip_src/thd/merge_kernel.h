@@ -230,8 +230,10 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
   const uint32_t minor_n = heads_fastest ? heads : nn;
   const uint32_t warp = (blockIdx.x * kMergeThreads + threadIdx.x) >> kWShift;
   const uint32_t warps = (gridDim.x * kMergeThreads) >> kWShift;
-  // rows from a cu_seqlens snapshot before the wait (index.h), checked before the first store
-  const bool guess = halves && maps_from_snapshot(p.map);  // uniform
+  // rows from a cu_seqlens snapshot before the wait (index.h), checked before the first store;
+  // not in the run-time-dtype kernels (rare rows), where the extra registers made nvcc spill
+  constexpr bool kMayGuess = VEC == 8 && ODT != kThdAnyDtype;
+  const bool guess = kMayGuess && halves && maps_from_snapshot(p.map);  // uniform
   if (guess) take_cu_snapshot(p.map, snapshot, kMergeThreads);
   bool waited = !guess, checked = !guess;
   if (!guess) {
@@ -313,26 +315,26 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
       RowVec<ODT, VEC> x[U];
       RowVec<SDT, VEC> y[U];
       bool act[U];
-      auto load_units = [&]() {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int unit = u0 + u;
-          const int it = ((unit >> cshift) << ipp_shift) + grp;  // item of this lane's group
-          const int src = it & (kW - 1);
-          const int ur = ra_shfl(r, src);
-          const int uk = ra_shfl(sk, src);
-          const int uh = ra_shfl(h, src);
-          const int v = ((unit & cmask) << shift) + sub;
-          act[u] = unit < units && it < in_tile && v < nv;
-          if (act[u]) {
-            x[u].load(p.out, ur * p.out_tok + uh * p.out_head + v * VEC, p.out_dtype);
-            y[u].load(p.out_step, uk * p.step_tok + uh * p.step_head + v * VEC, p.step_dtype);
-          }
+      for (int u = 0; u < U; ++u) {
+        const int unit = u0 + u;
+        const int it = ((unit >> cshift) << ipp_shift) + grp;  // item of this lane's group
+        const int src = it & (kW - 1);
+        const int ur = ra_shfl(r, src);
+        const int uk = ra_shfl(sk, src);
+        const int uh = ra_shfl(h, src);
+        const int v = ((unit & cmask) << shift) + sub;
+        act[u] = unit < units && it < in_tile && v < nv;
+        if (act[u]) {
+          x[u].load(p.out, ur * p.out_tok + uh * p.out_head + v * VEC, p.out_dtype);
+          y[u].load(p.out_step, uk * p.step_tok + uh * p.step_head + v * VEC, p.step_dtype);
         }
-      };
-      load_units();
+      }
       if (u0 == 0) {
-        if (remapped()) load_units();
+        if (remapped()) {  // load these units again from the new rows
+          u0 -= U;
+          continue;
+        }
         weights();
       }
 #pragma unroll
