@@ -797,8 +797,11 @@ def test_cu_seqlens_written_by_the_kernel_ahead(dev):
         g = thd.grad_correction(shard, q2, g_loc, "none", "add", **kw)
         before(cu_loc, src_loc, stale_loc)
         out, new_lse = thd.merge_partial(g, lse, q2, lse_step, g_loc, True, **kw)
+        before(cu_loc, src_loc, stale_loc)
+        # three cu arrays (valid counts, dst and src starts): the same buffer here
+        packed = thd.copy_valid_tokens(torch.zeros_like(shard), shard, g_loc, g_loc, g_loc, **kw)
         before(cu, src, stale)
-        return [shard, q2, g, out, new_lse, thd.reorder_to_contiguous(x, g_cu, cp, **kw)]
+        return [shard, q2, g, out, new_lse, packed, thd.reorder_to_contiguous(x, g_cu, cp, **kw)]
 
     def step():
         return helpers(cu, cu_loc, "kernel",
@@ -812,7 +815,7 @@ def test_cu_seqlens_written_by_the_kernel_ahead(dev):
     def check(got, i, ctx):
         want = helpers(layouts[i % 3], local[i % 3], "torch")
         for name, k, t in zip(("partition", "read_half", "grad_correction", "out", "lse",
-                               "reorder_to_contiguous"), got, want):
+                               "copy_valid_tokens", "reorder_to_contiguous"), got, want):
             if name in ("out", "lse"):
                 assert_merge_close(name, k, t, ctx)
             else:

@@ -17,6 +17,7 @@
 namespace thd {
 
 constexpr int kCopyThreads = 256;
+constexpr int kCopyResidentBlocks = 4;  // per SM (64 registers, 256 threads)
 constexpr int kCopyOuterPerBlock = 8;  // outer slices per block: one search serves 8 LSE heads
 constexpr int kCopyUnroll = 4;         // vectors in flight per lane
 // Lanes per row ~ vectors per row / kCopyVecsPerLane (launcher; env override for experiments).
@@ -167,11 +168,17 @@ RA_DEVICE void copy_row(const ThdCopyParams& p, int64_t row, int64_t src_row, Co
 }
 
 // Rows are mapped from a cu_seqlens snapshot before the wait where they can be (index.h,
-// maps_from_snapshot); the block checks the snapshot after issuing its first loads.
+// maps_from_snapshot: partition, the reorders, read_half, and copy_valid_tokens' three arrays
+// in the 16-byte kernel); the block checks the snapshot after issuing its first loads.
+// guess_blocks: the blocks that may map from a snapshot, those of the first resident wave
+// (the launcher; 0 where launches do not overlap): a later block starts after the kernel ahead
+// has finished, and the snapshot's reads and check would only add to it (var64
+// copy_valid_tokens, three arrays: 77 -> 79 us on an H200 with every block guessing).
 template <int V>
 __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyParams p,
-                                                                 const int lpr_shift) {
-  __shared__ int32_t snapshot[kSnapshotWords];
+                                                                 const int lpr_shift,
+                                                                 const int guess_blocks) {
+  __shared__ int32_t snapshot[3 * kSnapshotWords];  // cu (and cu_dst, cu_src: kCopyValid)
   const int lanes = 1 << lpr_shift;
   const int lane = threadIdx.x & (lanes - 1);
   const int vph = p.head_bytes / V;
@@ -184,8 +191,13 @@ __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyPa
   const int64_t lane_row = tid >> lpr_shift;
   const int64_t wave_row = (tid & ~static_cast<int64_t>(kW - 1)) >> lpr_shift;
   int64_t step = 0;
-  if (maps_from_snapshot(p.map)) {  // uniform: every thread reaches the barriers
-    const ThdRowMapParams guess_map = take_cu_snapshot(p.map, snapshot, kCopyThreads);
+  // copy_valid_tokens' three arrays only in the 16-byte kernel: the others' registers are
+  // tighter (nvcc spilled the 8-byte one)
+  constexpr int kArrays = V == 16 ? 3 : 1;
+  const bool guess = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x < guess_blocks &&
+                     maps_from_snapshot<kArrays>(p.map);
+  if (guess) {  // uniform: every thread reaches the barriers
+    const ThdRowMapParams guess_map = take_cu_snapshot<kArrays>(p.map, snapshot, kCopyThreads);
     const bool wave_has_row = wave_row < p.rows;
     const bool active = lane_row < p.rows;
     int64_t src_row = wave_has_row ? source_row(guess_map, lane_row, active, wave_row) : -1;
@@ -201,10 +213,9 @@ __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyPa
       next = batch.load(p, src_row, next, o_first_end, lanes, nvec, vph);
       loaded = true;
     }
-    bool unchanged = true;
-    for (int i = threadIdx.x; i <= p.map.b; i += kCopyThreads)
-      unchanged = unchanged && p.map.cu[i] == snapshot[i];
-    if (!__syncthreads_and(unchanged)) {
+    const bool current =
+        snapshot_share_current<kArrays>(p.map, snapshot, threadIdx.x, kCopyThreads);
+    if (!__syncthreads_and(current)) {
       if (wave_has_row) src_row = source_row(p.map, lane_row, active, wave_row);
       loaded = false;
       next = CopyCursor{o_first, lane};

@@ -216,33 +216,69 @@ RA_DEVICE int32_t seq_of_wave(const int32_t* cu, int32_t b, int64_t div, int64_t
 // ---------------------------------------------------------------------------------------------
 constexpr int kSnapshotWords = kWaveSearchChunks * RA_WAVE_SIZE + 1;  // the wave search's range
 
-// Whether m's rows can be mapped from a snapshot: the maps that read cu_seqlens alone, with
-// b + 1 words that fit, and only where the kernel can start early at all.
+// The cu_seqlens arrays a map reads: cu alone, or cu, cu_dst, cu_src (kCopyValid).
+RA_HOST_DEVICE int cu_arrays_read(const ThdRowMapParams& m) {
+  return m.kind == ThdRowMap::kCopyValid ? 3 : 1;
+}
+
+RA_DEVICE const int32_t* cu_array(const ThdRowMapParams& m, int a) {
+  return a == 0 ? m.cu : (a == 1 ? m.cu_dst : m.cu_src);
+}
+
+// Whether m's rows can be mapped from a snapshot of at most ARRAYS arrays: the maps that read
+// cu_seqlens arrays alone, with b + 1 words each that fit, and only where the kernel can start
+// early at all.
+template <int ARRAYS>
 RA_DEVICE bool maps_from_snapshot(const ThdRowMapParams& m) {
   const bool cu_only = m.kind == ThdRowMap::kPartition || m.kind == ThdRowMap::kToContiguous ||
-                       m.kind == ThdRowMap::kToRankSharded || m.kind == ThdRowMap::kHalf;
+                       m.kind == ThdRowMap::kToRankSharded || m.kind == ThdRowMap::kHalf ||
+                       (ARRAYS >= 3 && m.kind == ThdRowMap::kCopyValid);
   return RA_OVERLAPPED_LAUNCH && cu_only && m.b >= 0 && m.b < kSnapshotWords;
 }
 
-// Block-wide, before the wait (every thread calls it): cu[0..b] into `snapshot`, read through
-// L2 (ra_load_from_l2: once per block; the same line read past L1 by every wave of a grid
-// queues on one L2 slice, measured 2x slower), then a barrier. Returns m reading the snapshot.
+// Block-wide, before the wait (every thread calls it): words 0..b of each array m reads into
+// `snapshot` (kSnapshotWords per array), read through L2 (ra_load_from_l2: once per block; the
+// same line read past L1 by every wave of a grid queues on one L2 slice, measured 2x slower),
+// then a barrier. Returns m reading the snapshot. ARRAYS: as in maps_from_snapshot.
+template <int ARRAYS>
 RA_DEVICE ThdRowMapParams take_cu_snapshot(const ThdRowMapParams& m, int32_t* snapshot,
                                            int threads) {
-  for (int i = threadIdx.x; i <= m.b; i += threads) snapshot[i] = ra_load_from_l2(m.cu + i);
+  const int arrays = ARRAYS == 1 ? 1 : cu_arrays_read(m);
+  for (int a = 0; a < arrays; ++a) {
+    const int32_t* cu = cu_array(m, a);
+    for (int i = threadIdx.x; i <= m.b; i += threads)
+      snapshot[a * kSnapshotWords + i] = ra_load_from_l2(cu + i);
+  }
   __syncthreads();
   ThdRowMapParams from_snapshot = m;
   from_snapshot.cu = snapshot;
+  if (arrays == 3) {
+    from_snapshot.cu_dst = snapshot + kSnapshotWords;
+    from_snapshot.cu_src = snapshot + 2 * kSnapshotWords;
+  }
   return from_snapshot;
 }
 
-// After the wait, whether cu_seqlens still hold the snapshot: every lane of the wave calls it
-// (converged) and gets the same answer.
-template <int W>
-RA_DEVICE bool wave_snapshot_current(const ThdRowMapParams& m, const int32_t* snapshot) {
+// After the wait: whether the words first, first + stride, ... of the arrays m reads (at most
+// ARRAYS, as in maps_from_snapshot) still hold their snapshot (the caller combines its threads'
+// answers: a block or a wave).
+template <int ARRAYS>
+RA_DEVICE bool snapshot_share_current(const ThdRowMapParams& m, const int32_t* snapshot, int first,
+                                      int stride) {
   bool same = true;
-  for (int i = threadIdx.x & (W - 1); i <= m.b; i += W) same = same && m.cu[i] == snapshot[i];
-  return __all(same);
+  const int arrays = ARRAYS == 1 ? 1 : cu_arrays_read(m);
+  for (int a = 0; a < arrays; ++a) {
+    const int32_t* cu = cu_array(m, a);
+    for (int i = first; i <= m.b; i += stride)
+      same = same && cu[i] == snapshot[a * kSnapshotWords + i];
+  }
+  return same;
+}
+
+// The same for a whole wave: every lane calls it (converged) and gets the same answer.
+template <int ARRAYS, int W>
+RA_DEVICE bool wave_snapshot_current(const ThdRowMapParams& m, const int32_t* snapshot) {
+  return __all(snapshot_share_current<ARRAYS>(m, snapshot, threadIdx.x & (W - 1), W));
 }
 
 // Lanes per row: a power of two <= 256 and <= nvec, about nvec / per_lane, returned as a shift.

@@ -233,8 +233,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
   // rows from a cu_seqlens snapshot before the wait (index.h), checked before the first store;
   // not in the run-time-dtype kernels (rare rows), where the extra registers made nvcc spill
   constexpr bool kMayGuess = VEC == 8 && ODT != kThdAnyDtype;
-  const bool guess = kMayGuess && halves && maps_from_snapshot(p.map);  // uniform
-  if (guess) take_cu_snapshot(p.map, snapshot, kMergeThreads);
+  const bool guess = kMayGuess && halves && maps_from_snapshot<1>(p.map);  // uniform
+  if (guess) take_cu_snapshot<1>(p.map, snapshot, kMergeThreads);
   bool waited = !guess, checked = !guess;
   if (!guess) {
     ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
     auto remapped = [&]() {
       if (checked) return false;
       checked = true;
-      if (wave_snapshot_current<kW>(p.map, snapshot)) return false;
+      if (wave_snapshot_current<1, kW>(p.map, snapshot)) return false;
       h = static_cast<int>(heads_fastest ? minor : major);
       map_rows(p.map.cu);
       return true;
@@ -419,7 +419,7 @@ template <int VEC, int GDT, int SDT, int ROWS>
 __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams p,
                                                              const int tile_shift) {
   __shared__ int32_t snapshot[kSnapshotWords];
-  constexpr bool kFromSnapshot = ROWS == kGradRowsSnapshot;
+  constexpr bool kFromSnapshot = ROWS == kGradRowsSnapshot && VEC == 8;  // scalar rows: direct
   if (!kFromSnapshot) {
     ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
     ra_let_next_kernel_start();
@@ -440,8 +440,8 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
   const bool move1 = halves && (p.op1 != kThdGradNone || p.copy_none);
   // rows from a cu_seqlens snapshot before the wait (index.h), checked after the first loads
   const bool guess = kFromSnapshot && halves && (move0 || move1) &&
-                     maps_from_snapshot(p.map);  // uniform
-  if (guess) take_cu_snapshot(p.map, snapshot, kMergeThreads);
+                     maps_from_snapshot<1>(p.map);  // uniform
+  if (guess) take_cu_snapshot<1>(p.map, snapshot, kMergeThreads);
   bool waited = !guess, checked = !guess;
   if (kFromSnapshot && !guess) {
     ra_wait_for_prior_kernel();
@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
       }
       if (!checked) {  // the rows came from the snapshot: if stale, map again and reload
         checked = true;
-        if (!wave_snapshot_current<kW>(p.map, snapshot)) {
+        if (!wave_snapshot_current<1, kW>(p.map, snapshot)) {
           half_rows_wave<kW>(p.map, p.map.cu, k, r_first, r_second);
           u0 -= U;
           continue;
