@@ -46,16 +46,16 @@ hipError_t thd_copy_rows_launch(const ThdCopyParams& p, hipStream_t stream) {
   const dim3 grid(static_cast<unsigned>(bx < INT32_MAX ? bx : INT32_MAX),
                   static_cast<unsigned>(by < 65535 ? by : 65535));
   const dim3 block(thd::kCopyThreads);
-  const int guess_blocks =
+  const int first_wave_blocks =
       ra_device_overlapped_launch() ? ra_device_multiprocessors() * thd::kCopyResidentBlocks : 0;
   switch (vbytes) {
     case 16:
-      return ra_launch(thd::copy_rows_kernel<16>, grid, block, stream, p, shift, guess_blocks);
+      return ra_launch(thd::copy_rows_kernel<16>, grid, block, stream, p, shift, first_wave_blocks);
     case 8:
-      return ra_launch(thd::copy_rows_kernel<8>, grid, block, stream, p, shift, guess_blocks);
+      return ra_launch(thd::copy_rows_kernel<8>, grid, block, stream, p, shift, first_wave_blocks);
     case 4:
-      return ra_launch(thd::copy_rows_kernel<4>, grid, block, stream, p, shift, guess_blocks);
+      return ra_launch(thd::copy_rows_kernel<4>, grid, block, stream, p, shift, first_wave_blocks);
     default:
-      return ra_launch(thd::copy_rows_kernel<2>, grid, block, stream, p, shift, guess_blocks);
+      return ra_launch(thd::copy_rows_kernel<2>, grid, block, stream, p, shift, first_wave_blocks);
   }
 }

@@ -170,14 +170,16 @@ RA_DEVICE void copy_row(const ThdCopyParams& p, int64_t row, int64_t src_row, Co
 // Rows are mapped from a cu_seqlens snapshot before the wait where they can be (index.h,
 // maps_from_snapshot: partition, the reorders, read_half, and copy_valid_tokens' three arrays
 // in the 16-byte kernel); the block checks the snapshot after issuing its first loads.
-// guess_blocks: the blocks that may map from a snapshot, those of the first resident wave
-// (the launcher; 0 where launches do not overlap): a later block starts after the kernel ahead
-// has finished, and the snapshot's reads and check would only add to it (var64
-// copy_valid_tokens, three arrays: 77 -> 79 us on an H200 with every block guessing).
+// first_wave_blocks: the blocks of the first resident wave (the launcher; 0 where launches do
+// not overlap). Only they map copy_valid_tokens' rows from a snapshot: its three arrays cost
+// every block more reads and checks (var64 on an H200: 77.0 us without snapshots, 79.4 with
+// every block's, 75.4 with the first wave's). The one-array maps snapshot in every block: a
+// block of a later wave still starts while a long kernel ahead drains (a CP step's chain of
+// helpers ran 4-7% slower with only the first wave's).
 template <int V>
 __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyParams p,
                                                                  const int lpr_shift,
-                                                                 const int guess_blocks) {
+                                                                 const int first_wave_blocks) {
   __shared__ int32_t snapshot[3 * kSnapshotWords];  // cu (and cu_dst, cu_src: kCopyValid)
   const int lanes = 1 << lpr_shift;
   const int lane = threadIdx.x & (lanes - 1);
@@ -194,7 +196,9 @@ __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyPa
   // copy_valid_tokens' three arrays only in the 16-byte kernel: the others' registers are
   // tighter (nvcc spilled the 8-byte one)
   constexpr int kArrays = V == 16 ? 3 : 1;
-  const bool guess = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x < guess_blocks &&
+  const bool first_wave =
+      static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x < first_wave_blocks;
+  const bool guess = (first_wave || cu_arrays_read(p.map) == 1) &&
                      maps_from_snapshot<kArrays>(p.map);
   if (guess) {  // uniform: every thread reaches the barriers
     const ThdRowMapParams guess_map = take_cu_snapshot<kArrays>(p.map, snapshot, kCopyThreads);
