@@ -24,6 +24,21 @@ int tile_shift_for(int64_t items, int wave) {
   return s;
 }
 
+// Items per merge tile (log2): a whole wave of items, one owner lane each, halved while the
+// tiles would fill at most half of the resident waves (1024 threads per multiprocessor): a
+// small launch then spreads its items over more waves, each with less serial work.
+// NOTE: H200, merge_second_half_ cp8 (4096 rows x 16 heads): 9.5 -> 8.9 us with half-wave
+// tiles; the grad kernel's rule (tiles that still fill every resident wave) went down to
+// eighth-wave tiles there and lost (9.7 -> 11.2 us), as did half tiles at cp2 / cp4 / var64
+// (29.3 -> 31.2, 15.9 -> 17.1, 63.2 -> 68.8 us), where the whole-wave tiles already fill them.
+int merge_tile_shift(int64_t items, int wave) {
+  const int64_t resident_waves =
+      static_cast<int64_t>(ra_device_multiprocessors()) * (1024 / wave);
+  int s = thd::log2_pow2(wave);
+  while (s > 0 && 2 * (items >> s) <= resident_waves) --s;
+  return s;
+}
+
 dim3 grid_for(int64_t items, int tshift, int wave) {
   const int64_t tiles = ceil_div(items, int64_t{1} << tshift);
   return dim3(clip_grid(ceil_div(tiles, thd::kMergeThreads / wave)));
@@ -57,10 +72,7 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
   const int wave = ra_device_wave_size();
   // lanes per item: about one vector each (the kernel caps it at the wave)
   const int shift = rows ? thd::lanes_shift(p.dim / vec, 1, thd::kMergeThreads) : 0;
-  // a whole wave of items per tile, one owner lane each. NOTE: the grad kernel's residency-based
-  // tile (smaller tiles for small launches) measured on an H200 at cp=8: merge_second_half_
-  // 47% vs 58% of floor, out_correction 78% vs 82%, merge_partial 77% vs 75%; equal elsewhere.
-  const int tshift = thd::log2_pow2(wave);
+  const int tshift = merge_tile_shift(items, wave);
   const dim3 grid = grid_for(items, tshift, wave);
   const dim3 block(thd::kMergeThreads);
 #define RA_THD_MERGE(VEC, ODT, SDT) \
