@@ -15,27 +15,32 @@ unsigned clip_grid(int64_t blocks) {
   return static_cast<unsigned>(blocks < INT32_MAX ? blocks : INT32_MAX);
 }
 
+// Waves resident at 1024 threads per multiprocessor: what the tile choices below spread their
+// items over.
+int64_t resident_waves(int wave) {
+  return static_cast<int64_t>(ra_device_multiprocessors()) * (1024 / wave);
+}
+
 // Items per wave tile (log2, <= log2(wave)): the largest tile that still leaves a full
-// residency of waves (1024 threads per multiprocessor) to spread the items over.
+// residency of waves to spread the items over.
 int tile_shift_for(int64_t items, int wave) {
-  const int64_t want_waves = static_cast<int64_t>(ra_device_multiprocessors()) * (1024 / wave);
+  const int64_t want_waves = resident_waves(wave);
   int s = 0;
   while ((1 << (s + 1)) <= wave && (items >> (s + 1)) >= want_waves) ++s;
   return s;
 }
 
 // Items per merge tile (log2): a whole wave of items, one owner lane each, halved while the
-// tiles would fill at most half of the resident waves (1024 threads per multiprocessor): a
-// small launch then spreads its items over more waves, each with less serial work.
+// tiles would fill at most half of the resident waves: a small launch then spreads its items
+// over more waves, each with less serial work.
 // NOTE: H200, merge_second_half_ cp8 (4096 rows x 16 heads): 9.5 -> 8.9 us with half-wave
 // tiles; the grad kernel's rule (tiles that still fill every resident wave) went down to
 // eighth-wave tiles there and lost (9.7 -> 11.2 us), as did half tiles at cp2 / cp4 / var64
 // (29.3 -> 31.2, 15.9 -> 17.1, 63.2 -> 68.8 us), where the whole-wave tiles already fill them.
 int merge_tile_shift(int64_t items, int wave) {
-  const int64_t resident_waves =
-      static_cast<int64_t>(ra_device_multiprocessors()) * (1024 / wave);
+  const int64_t waves = resident_waves(wave);
   int s = thd::log2_pow2(wave);
-  while (s > 0 && 2 * (items >> s) <= resident_waves) --s;
+  while (s > 0 && 2 * (items >> s) <= waves) --s;
   return s;
 }
 

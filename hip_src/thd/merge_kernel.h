@@ -420,6 +420,7 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
                                                              const int tile_shift) {
   __shared__ int32_t snapshot[kSnapshotWords];
   constexpr bool kFromSnapshot = ROWS == kGradRowsSnapshot && VEC == 8;  // scalar rows: direct
+  // the other kernels wait first thing: below the setup, the wait cost them 6 registers
   if (!kFromSnapshot) {
     ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
     ra_let_next_kernel_start();
