@@ -179,14 +179,20 @@ def global_case(seed, b, max_len, cp, dev, slack=0, lo=0):
 # --------------------------------------------------------------------------------------------
 
 
+# rows of 5 x 24 elements take the row-group kernel; 8 x 40 (640 / 1280 bytes, 40 / 80 vectors
+# of 16 bytes) the wide-row kernel, whose last piece of a row is partly empty
+ROWS = [pytest.param((5, 24), id="narrow"), pytest.param((8, 40), id="wide")]
+
+
+@pytest.mark.parametrize("row", ROWS)
 @pytest.mark.parametrize("layout", ["contiguous", "strided", "sliced"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cp", [1, 2, 4, 8])
-def test_partition_reorder_read_half(dev, cp, dtype, layout):
+def test_partition_reorder_read_half(dev, cp, dtype, layout, row):
     lens, plens, cu_p, total = global_case(cp * 7 + 1, 37, 13 * cp, cp, dev, slack=2)
     gen = torch.Generator().manual_seed(cp)
-    x = randn((total, 5, 24), dtype, dev, gen, layout)
-    ctx = f"cp={cp} {dtype} {layout}"
+    x = randn((total,) + row, dtype, dev, gen, layout)
+    ctx = f"cp={cp} {dtype} {layout} {row}"
     shards = []
     for r in range(cp):
         k, t = both(thd.partition, x, cu_p, cp, r)
@@ -273,11 +279,12 @@ def test_misaligned_base_pointer(dev):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("row", [pytest.param((3, 40), id="narrow"), ROWS[1]])
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pads", ["both", "dst", "src", "packed"])
 @pytest.mark.parametrize("fill", [None, 0.0, NEG_INF])
-def test_copy_valid_tokens(dev, fill, pads, dtype, layout):
+def test_copy_valid_tokens(dev, fill, pads, dtype, layout, row):
     rng = random.Random(f"copy{pads}{dtype}{layout}")
     b = 41
     lens = rand_lens(rng, b, 9)
@@ -287,8 +294,8 @@ def test_copy_valid_tokens(dev, fill, pads, dtype, layout):
     cu_s = cu_of(src_slots, dev) if pads in ("both", "src") else None
     cu_d = cu_of(dst_slots, dev) if pads in ("both", "dst") else None
     gen = torch.Generator().manual_seed(5)
-    src = randn((sum(src_slots) + 2, 3, 40), dtype, dev, gen, layout)
-    dst0 = randn((sum(dst_slots) + 3, 3, 40), dtype, dev, gen)
+    src = randn((sum(src_slots) + 2,) + row, dtype, dev, gen, layout)
+    dst0 = randn((sum(dst_slots) + 3,) + row, dtype, dev, gen)
     kd, td = dst0.clone(), dst0.clone()
     r = thd.copy_valid_tokens(kd, src, cu, cu_d, cu_s, fill=fill, backend="kernel")
     assert r is kd
@@ -301,6 +308,28 @@ def test_copy_valid_tokens(dev, fill, pads, dtype, layout):
     thd.copy_valid_tokens(kl, lse_src, cu, cu_d, cu_s, dim=-1, fill=fill, backend="kernel")
     thd.copy_valid_tokens(tl, lse_src, cu, cu_d, cu_s, dim=-1, fill=fill, backend="torch")
     assert_bitwise("copy_valid_tokens lse", kl, tl)
+
+
+@pytest.mark.parametrize("row", [pytest.param((3, 40), id="narrow"), ROWS[1],
+                                 pytest.param((16, 64), id="wide2k")])
+@pytest.mark.parametrize("fill", [None, 0.0])
+def test_copy_writes_stay_inside_dst(dev, fill, row):
+    """dst is a window of a larger buffer: the rows around it keep their bits (row counts that
+    leave the kernels' last block partly empty)."""
+    rng = random.Random(f"guard{row}{fill}")
+    lens = rand_lens(rng, 13, 11)
+    slots = [n + rng.randint(0, 2) for n in lens]
+    slots[-1] += (1 - sum(slots)) % 4  # t % 4 == 1: the last block has rows to spare
+    cu, cu_d = cu_of(lens, dev), cu_of(slots, dev)
+    gen = torch.Generator().manual_seed(7)
+    src = torch.randn((sum(lens),) + row, generator=gen).to(dev, torch.bfloat16)
+    t = sum(slots)
+    for before, after in ((0, 5), (3, 1), (1, 8)):
+        buf = torch.randn((before + t + after,) + row, generator=gen).to(dev, torch.bfloat16)
+        ref = buf.clone()
+        thd.copy_valid_tokens(buf[before:before + t], src, cu, cu_d, fill=fill, backend="kernel")
+        thd.copy_valid_tokens(ref[before:before + t], src, cu, cu_d, fill=fill, backend="torch")
+        assert_bitwise(f"copy_valid_tokens window [{before}, +{t}, {after}]", buf, ref)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

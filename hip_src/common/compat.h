@@ -36,6 +36,16 @@ RA_DEVICE float ra_shfl_xor(float v, int lane_mask) { return __shfl_xor(v, lane_
 RA_DEVICE float ra_shfl(float v, int src_lane) { return __shfl(v, src_lane); }
 RA_DEVICE int ra_shfl(int v, int src_lane) { return __shfl(v, src_lane); }
 
+// Number of lanes of this wave whose `pred` is true (every lane calls it, converged). HIP's
+// ballot is 64-bit on every target; CUDA's (after hipify: __ballot_sync) is 32-bit.
+RA_DEVICE int ra_count_lanes(bool pred) {
+#if defined(__HIP__)
+  return __popcll(__ballot(pred));
+#else
+  return __popc(__ballot(pred));
+#endif
+}
+
 // Butterfly sum over aligned groups of GROUP lanes (GROUP a power of two <= wave width): every
 // lane of a group ends with the group's total.
 template <int GROUP>

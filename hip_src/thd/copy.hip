@@ -1,8 +1,11 @@
-// Launcher of the THD row gather/scatter kernel: picks the widest vector the row layout allows
-// (16, 8, 4 or 2 bytes) and the lanes per row. Four instantiations in all.
+// Launcher of the THD row gather/scatter kernels: the wide-row kernel (copy_wide_kernel.h) for
+// partition, read_half and copy_valid_tokens over rows of a wave of 16-byte vectors or more;
+// else the row-group kernel with the widest vector the row layout allows (16, 8, 4 or 2 bytes)
+// and its lanes per row. Seven instantiations in all.
 #include <cstdlib>
 
 #include "copy_kernel.h"
+#include "copy_wide_kernel.h"
 
 namespace {
 
@@ -30,6 +33,59 @@ int copy_vecs_per_lane() {
   return v > 0 ? v : thd::kCopyVecsPerLane;
 }
 
+// Blocks of copy_wide_rows_kernel<KIND> resident at once: the first round, which maps its rows
+// before the wait (later blocks start after the kernel ahead has ended, and would only pay for
+// the snapshot).
+template <ThdRowMap KIND>
+int64_t wide_resident_blocks() {
+  static const int per_sm = [] {
+    int n = 0;
+    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, thd::copy_wide_rows_kernel<KIND>,
+                                                     thd::kCopyThreads, 0) != hipSuccess)
+      n = 2048 / thd::kCopyThreads;
+    return n;
+  }();
+  return static_cast<int64_t>(per_sm) * ra_device_multiprocessors();
+}
+
+template <ThdRowMap KIND>
+hipError_t launch_wide_kind(const ThdCopyParams& p, int pieces_shift, int64_t blocks,
+                            hipStream_t stream) {
+  const int64_t guess_blocks = ra_device_overlapped_launch() ? wide_resident_blocks<KIND>() : 0;
+  return ra_launch(thd::copy_wide_rows_kernel<KIND>, dim3(static_cast<unsigned>(blocks)),
+                   dim3(thd::kCopyThreads), stream, p, pieces_shift, guess_blocks);
+}
+
+// copy_wide_rows_kernel for partition, read_half and copy_valid_tokens where rows hold a wave of
+// 16-byte vectors and the grid fits (ROCM_ATTN_THD_COPY_WIDE=0 turns it off, for experiments);
+// false: the caller launches the row-group kernel.
+bool launch_wide(const ThdCopyParams& p, int64_t nvec, hipStream_t stream, hipError_t& err) {
+  const char* env = getenv("ROCM_ATTN_THD_COPY_WIDE");
+  const int wave = ra_device_wave_size();
+  if ((env != nullptr && atoi(env) == 0) || nvec < wave) return false;
+  const int64_t per_wave = static_cast<int64_t>(wave) * thd::kWideVecsPerLane;
+  int pieces_shift = 0;
+  while ((per_wave << pieces_shift) < nvec) ++pieces_shift;
+  if (p.rows > (int64_t{1} << 40) / p.outer) return false;
+  const int64_t waves = (p.outer * p.rows) << pieces_shift;
+  const int waves_per_block = thd::kCopyThreads / wave;
+  const int64_t blocks = (waves + waves_per_block - 1) / waves_per_block;
+  if (blocks > INT32_MAX) return false;
+  switch (p.map.kind) {
+    case ThdRowMap::kPartition:
+      err = launch_wide_kind<ThdRowMap::kPartition>(p, pieces_shift, blocks, stream);
+      return true;
+    case ThdRowMap::kHalf:
+      err = launch_wide_kind<ThdRowMap::kHalf>(p, pieces_shift, blocks, stream);
+      return true;
+    case ThdRowMap::kCopyValid:
+      err = launch_wide_kind<ThdRowMap::kCopyValid>(p, pieces_shift, blocks, stream);
+      return true;
+    default:  // the reorders: their maps cost the wide kernel 47-60 registers (H200: slower)
+      return false;
+  }
+}
+
 }  // namespace
 
 hipError_t thd_copy_rows_launch(const ThdCopyParams& p, hipStream_t stream) {
@@ -38,6 +94,8 @@ hipError_t thd_copy_rows_launch(const ThdCopyParams& p, hipStream_t stream) {
   if (vbytes == 0) return hipErrorInvalidValue;  // 1-byte elements or odd strides
   const int64_t nvec = static_cast<int64_t>(p.heads) * (p.head_bytes / vbytes);
   if (nvec > INT32_MAX) return hipErrorInvalidValue;
+  hipError_t err = hipSuccess;
+  if (vbytes == 16 && launch_wide(p, nvec, stream, err)) return err;
   const int shift = thd::lanes_shift(nvec, copy_vecs_per_lane(), thd::kCopyThreads);
   const int64_t rows_per_block = thd::kCopyThreads >> shift;
   const int64_t bx = (p.rows + rows_per_block - 1) / rows_per_block;

@@ -16,6 +16,29 @@ RA_HOST_DEVICE int64_t floordiv(int64_t a, int64_t b) {
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 
+// floordiv for b > 0, without the 64-bit division where it can: a shift for a power-of-two b
+// (cp, 2 cp, 2: an arithmetic shift is floor division for negative a too), a 32-bit division
+// where both fit. Same value as floordiv; a 64-bit division is a ~70-instruction subroutine on
+// NVIDIA, and the row maps run one per 16-byte vector in the wide-row copy kernel.
+RA_HOST_DEVICE int64_t floordiv_pos(int64_t a, int64_t b) {
+  if ((b & (b - 1)) == 0) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+    return a >> __popcll(static_cast<unsigned long long>(b - 1));
+#else
+    return a >> __builtin_popcountll(static_cast<unsigned long long>(b - 1));
+#endif
+  }
+  return floordiv(a, b);
+}
+
+// floordiv_pos plus a 32-bit division where both operands fit: for the divisors that are
+// rarely powers of two (a sequence's chunk length, the rows of a shard).
+RA_HOST_DEVICE int64_t floordiv_pos32(int64_t a, int64_t b) {
+  if ((b & (b - 1)) != 0 && a >= 0 && a <= INT32_MAX && b <= INT32_MAX)
+    return static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
+  return floordiv_pos(a, b);
+}
+
 RA_HOST_DEVICE int64_t clamp_row(int64_t v, int64_t rows) {
   const int64_t hi = rows > 0 ? rows - 1 : 0;
   return v < 0 ? 0 : (v > hi ? hi : v);
@@ -56,14 +79,14 @@ struct SeqQuery {
 RA_HOST_DEVICE int64_t local_to_global(const ThdRowMapParams& m, int64_t rank, int64_t l,
                                        int32_t s, int64_t end) {
   const int64_t cp = m.cp;
-  const int64_t loc_end = floordiv(end, cp);
+  const int64_t loc_end = floordiv_pos(end, cp);
   int64_t g;
   if (l >= loc_end) {  // slack: rank r owns [end + r*slack_loc, end + (r+1)*slack_loc)
     g = end + rank * (m.local_rows - loc_end) + (l - loc_end);
   } else {
-    const int64_t lstart = floordiv(m.cu[s], cp);
-    const int64_t len = s < m.b ? floordiv(m.cu[s + 1], cp) - lstart : 0;
-    const int64_t half = floordiv(len, 2);
+    const int64_t lstart = floordiv_pos(m.cu[s], cp);
+    const int64_t len = s < m.b ? floordiv_pos(m.cu[s + 1], cp) - lstart : 0;
+    const int64_t half = floordiv_pos(len, 2);
     const int64_t lo = l - lstart;
     g = m.cu[s] + (lo < half ? rank * half + lo : (2 * cp - 1 - rank) * half + lo - half);
   }
@@ -77,21 +100,21 @@ RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r, i
   const int64_t cp = m.cp;
   int64_t src;
   if (r >= end) {
-    const int64_t loc_end = floordiv(end, cp);
+    const int64_t loc_end = floordiv_pos(end, cp);
     const int64_t slack = max64(m.local_rows - loc_end, 1);
     const int64_t e = r - end;
-    const int64_t er = floordiv(e, slack);
+    const int64_t er = floordiv_pos(e, slack);
     src = er * m.local_rows + loc_end + (e - er * slack);
   } else {
     const int64_t start = m.cu[s];
     const int64_t len = s < m.b ? m.cu[s + 1] - start : 0;
-    const int64_t h = max64(floordiv(len, 2 * cp), 1);
+    const int64_t h = max64(floordiv_pos(len, 2 * cp), 1);
     const int64_t o = r - start;
-    const int64_t k = floordiv(o, h);
+    const int64_t k = floordiv_pos32(o, h);
     const bool first = k < cp;
     const int64_t rk = first ? k : 2 * cp - 1 - k;
     const int64_t lo = first ? o - k * h : h + o - k * h;
-    src = rk * m.local_rows + floordiv(start, cp) + lo;
+    src = rk * m.local_rows + floordiv_pos(start, cp) + lo;
   }
   return clamp_row(src, cp * m.local_rows);
 }
@@ -100,16 +123,16 @@ RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r, i
 // cu_seqlens, even lengths: m.cu or a snapshot of it); s = seq_of(cu, b, 2, k) serves both.
 RA_HOST_DEVICE void half_rows(const ThdRowMapParams& m, const int32_t* cu, int64_t k, int32_t s,
                               int64_t end, int64_t& first, int64_t& second) {
-  const int64_t hb_end = floordiv(end, 2);
+  const int64_t hb_end = floordiv_pos(end, 2);
   int64_t base, half_len;
   if (k >= hb_end) {
     base = end + (k - hb_end);
-    half_len = floordiv(m.local_rows - end, 2);
+    half_len = floordiv_pos(m.local_rows - end, 2);
   } else {
     const int64_t start = cu[s];
     const int64_t len = s < m.b ? cu[s + 1] - start : 0;
-    base = start + (k - floordiv(start, 2));
-    half_len = floordiv(len, 2);
+    base = start + (k - floordiv_pos(start, 2));
+    half_len = floordiv_pos(len, 2);
   }
   first = clamp_row(base, m.local_rows);
   second = clamp_row(base + half_len, m.local_rows);
@@ -133,7 +156,7 @@ RA_HOST_DEVICE SeqQuery map_query(const ThdRowMapParams& m, int64_t row) {
     case ThdRowMap::kToContiguous:
       return {m.cu, 1, row};
     case ThdRowMap::kToRankSharded:
-      return {m.cu, m.cp, row - row / max64(m.local_rows, 1) * m.local_rows};
+      return {m.cu, m.cp, row - floordiv_pos32(row, max64(m.local_rows, 1)) * m.local_rows};
     case ThdRowMap::kHalf:
       return {m.cu, 2, row};
     case ThdRowMap::kCopyValid:
@@ -153,7 +176,7 @@ RA_HOST_DEVICE int64_t map_row_given(const ThdRowMapParams& m, int64_t row, int3
     case ThdRowMap::kToContiguous:
       return global_to_gathered(m, row, s, end);
     case ThdRowMap::kToRankSharded: {
-      const int64_t rank = row / max64(m.local_rows, 1);
+      const int64_t rank = floordiv_pos32(row, max64(m.local_rows, 1));
       return local_to_global(m, rank, row - rank * m.local_rows, s, end);
     }
     case ThdRowMap::kHalf: {
@@ -168,6 +191,17 @@ RA_HOST_DEVICE int64_t map_row_given(const ThdRowMapParams& m, int64_t row, int3
   }
 }
 
+// The wave searches' loads: val[c] = cu[1 + c * W + lane] (0 past b), every chunk at once.
+template <int W, int CHUNKS>
+RA_DEVICE void load_cu_chunks(const int32_t* cu, int32_t b, int (&val)[CHUNKS]) {
+  const int lane = threadIdx.x & (W - 1);
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const int i = 1 + c * W + lane;
+    val[c] = i <= b ? cu[i] : 0;
+  }
+}
+
 // seq_of for every lane of a wave at once, each lane with its own query on the same cu (all
 // lanes call it, converged): the cu_seqlens words are read in coalesced chunks of one per lane,
 // all chunks at once, and each lane counts the entries below its limit by binary lifting over
@@ -179,13 +213,8 @@ constexpr int kWaveSearchChunks = 2;
 template <int W>
 RA_DEVICE int32_t seq_of_wave(const int32_t* cu, int32_t b, int64_t div, int64_t pos) {
   if (b > kWaveSearchChunks * W) return seq_of(cu, b, div, pos);  // uniform
-  const int lane = threadIdx.x & (W - 1);
   int val[kWaveSearchChunks];
-#pragma unroll
-  for (int c = 0; c < kWaveSearchChunks; ++c) {
-    const int i = 1 + c * W + lane;
-    val[c] = i <= b ? cu[i] : 0;
-  }
+  load_cu_chunks<W>(cu, b, val);
   const int64_t lim = (pos + 1) * div;  // count i in [1, b] with cu[i] < lim
   int s = 0;
 #pragma unroll
@@ -200,6 +229,29 @@ RA_DEVICE int32_t seq_of_wave(const int32_t* cu, int32_t b, int64_t div, int64_t
     const int v = ra_shfl(val[c], cnt);
     if (c * W + cnt + 1 <= b && v < lim) cnt += 1;
     s += cnt;
+  }
+  return s;
+}
+
+// seq_of for one query that every lane of the wave shares (all lanes call it, converged):
+// cu[1..b] read in coalesced chunks of one word per lane, all chunks at once, and counted with
+// one ballot per chunk: one memory round trip, no shuffles. This count is _seq_of's definition,
+// so it matches the torch path for any cu. More than kUniformSearchChunks x wave sequences:
+// the binary search (seq_of).
+constexpr int kUniformSearchChunks = 4;
+
+template <int W>
+RA_DEVICE int32_t seq_of_uniform(const int32_t* cu, int32_t b, int64_t div, int64_t pos) {
+  if (b > kUniformSearchChunks * W) return seq_of(cu, b, div, pos);  // uniform
+  const int lane = threadIdx.x & (W - 1);
+  int val[kUniformSearchChunks];
+  load_cu_chunks<W>(cu, b, val);
+  const int64_t lim = (pos + 1) * div;
+  int32_t s = 0;
+#pragma unroll
+  for (int c = 0; c < kUniformSearchChunks; ++c) {
+    if (c * W >= b) break;  // uniform
+    s += ra_count_lanes(1 + c * W + lane <= b && val[c] < lim);
   }
   return s;
 }

@@ -1,0 +1,110 @@
+// Row copy kernel for wide rows of partition, read_half and copy_valid_tokens: rows of at least
+// one wave of 16-byte vectors (512 bytes on 32-lane waves, 1 KB on 64).
+//
+// One wave moves kWideVecsPerLane x wave vectors of one row (o, row) and nothing else: it maps
+// its row with one uniform search (seq_of_uniform: one coalesced load of cu_seqlens and a
+// ballot), loads its vectors, stores them, and ends. The grid holds one wave per such piece, so
+// the hardware's block scheduler, not a loop, spreads the work, and a resident thread spends
+// most of its short life with loads in flight. The map kind is a template argument: its code
+// alone is compiled in (the generic map cost these kernels ~40 registers and 267 instructions
+// per wave of one vector per lane).
+// NOTE: H200, a plain copy of the same bytes (tools/diag/launch_ceiling.cu) reached 96% of the
+// copy floor at 134 MB with one 16-byte vector per thread against 91% with eight. With the row
+// map, two vectors per lane beat one everywhere (one: 67-88% of floor), and this kernel beat
+// the row-group kernel (copy_kernel.h) by 1-6 points on partition, read_half and
+// copy_valid_tokens (partition cp8: even); the reorders, whose maps cost 47-60 registers here,
+// lost 1-9 points and stay on the row-group kernel (docs/NOTES.md, session 10).
+#pragma once
+
+#include "copy_kernel.h"
+
+namespace thd {
+
+// Source row of `row` (-1: none) where every lane of the wave maps the same row, for a map kind
+// fixed at compile time (the kind's switch folds away, and with it the other kinds' code).
+template <ThdRowMap KIND>
+RA_DEVICE int64_t source_row_uniform(const ThdRowMapParams& params, int64_t row) {
+  constexpr int kW = RA_WAVE_SIZE;
+  ThdRowMapParams m = params;
+  m.kind = KIND;
+  const SeqQuery query = map_query(m, row);
+  const int64_t end = m.cu[m.b];  // with the search's loads
+  return map_row_given(m, row, seq_of_uniform<kW>(query.cu, m.b, query.div, query.pos), end);
+}
+
+constexpr int kWideVecsPerLane = 2;
+
+// pieces_shift: log2 of the waves per row (each wave kWideVecsPerLane x wave vectors; the launcher rounds the
+// count up to a power of two, surplus waves find no vector and end). The grid is exactly
+// outer x rows x 2^pieces_shift waves, rounded up to whole blocks.
+// guess_blocks: blocks below it map their rows from a cu_seqlens snapshot before the wait
+// (index.h: the one-array maps, and copy_valid_tokens' three), so that a block resident while
+// the kernel ahead drains issues its loads right after the wait.
+template <ThdRowMap KIND>
+__global__ void __launch_bounds__(kCopyThreads) copy_wide_rows_kernel(const ThdCopyParams p,
+                                                                      const int pieces_shift,
+                                                                      const int64_t guess_blocks) {
+  constexpr int kW = RA_WAVE_SIZE;
+  constexpr int kWavesPerBlock = kCopyThreads / kW;
+  constexpr int VPT = kWideVecsPerLane;
+  constexpr int kArrays = KIND == ThdRowMap::kCopyValid ? 3 : 1;
+  __shared__ int32_t snapshot[kArrays * kSnapshotWords];
+  const int lane = threadIdx.x & (kW - 1);
+  const int64_t wave = static_cast<int64_t>(blockIdx.x) * kWavesPerBlock + threadIdx.x / kW;
+  const int64_t slot = wave >> pieces_shift;  // (o, row), rows fastest
+  const int piece = static_cast<int>(wave & ((1 << pieces_shift) - 1));
+  const bool in_range = slot < p.outer * p.rows;  // false: the last block's surplus waves
+  int64_t o = 0, row = slot;
+  if (p.outer > 1) {  // uniform
+    o = slot / p.rows;
+    row = slot - o * p.rows;
+  }
+  const int vph = p.head_bytes / 16;
+  const int nvec = p.heads * vph;
+  ra_vec8 buf[VPT];
+  auto load = [&](int64_t src_row) {
+    const char* __restrict__ src = static_cast<const char*>(p.src);
+    const int64_t base = o * p.src_outer_stride + src_row * p.src_row_stride;
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+      const int v = (piece * VPT + u) * kW + lane;
+      if (in_range && v < nvec && src_row >= 0)
+        buf[u] = *reinterpret_cast<const ra_vec8*>(
+            src + base + vec_offset<16>(v, vph, p.heads, p.src_head_stride));
+      else if (p.fill)
+        buf[u] = VecOf<16>::fill(p.fill_bytes);
+    }
+  };
+  int64_t src_row = -1;
+  if (blockIdx.x < guess_blocks && maps_from_snapshot<kArrays>(p.map)) {  // uniform
+    const ThdRowMapParams guess_map = take_cu_snapshot<kArrays>(p.map, snapshot, kCopyThreads);
+    if (in_range) src_row = source_row_uniform<KIND>(guess_map, row);
+    ra_wait_for_prior_kernel();
+    ra_let_next_kernel_start();
+    load(src_row);
+    const bool current =
+        snapshot_share_current<kArrays>(p.map, snapshot, threadIdx.x, kCopyThreads);
+    if (!__syncthreads_and(current)) {  // the kernel ahead changed cu_seqlens: map again
+      if (in_range) src_row = source_row_uniform<KIND>(p.map, row);
+      load(src_row);
+    }
+  } else {
+    ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
+    ra_let_next_kernel_start();
+    if (!in_range) return;
+    src_row = source_row_uniform<KIND>(p.map, row);
+    load(src_row);
+  }
+  if (!in_range || (src_row < 0 && !p.fill)) return;
+  char* __restrict__ dst = static_cast<char*>(p.dst);
+  const int64_t dst_base = o * p.dst_outer_stride + row * p.dst_row_stride;
+#pragma unroll
+  for (int u = 0; u < VPT; ++u) {
+    const int v = (piece * VPT + u) * kW + lane;
+    if (v < nvec)
+      *reinterpret_cast<ra_vec8*>(dst + dst_base +
+                                  vec_offset<16>(v, vph, p.heads, p.dst_head_stride)) = buf[u];
+  }
+}
+
+}  // namespace thd
