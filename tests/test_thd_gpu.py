@@ -182,6 +182,9 @@ def global_case(seed, b, max_len, cp, dev, slack=0, lo=0):
 # rows of 5 x 24 elements take the row-group kernel; 8 x 40 (640 / 1280 bytes, 40 / 80 vectors
 # of 16 bytes) the wide-row kernel, whose last piece of a row is partly empty
 ROWS = [pytest.param((5, 24), id="narrow"), pytest.param((8, 40), id="wide")]
+# grad rows of 4 x 24 elements take the tile kernel; 8 x 40 (40 vectors of 8 elements) the
+# wide-row kernel where grad and step share a dtype
+GRAD_ROWS = [pytest.param((4, 24), id="narrow"), pytest.param((8, 40), id="wide")]
 
 
 @pytest.mark.parametrize("row", ROWS)
@@ -330,6 +333,25 @@ def test_copy_writes_stay_inside_dst(dev, fill, row):
         thd.copy_valid_tokens(buf[before:before + t], src, cu, cu_d, fill=fill, backend="kernel")
         thd.copy_valid_tokens(ref[before:before + t], src, cu, cu_d, fill=fill, backend="torch")
         assert_bitwise(f"copy_valid_tokens window [{before}, +{t}, {after}]", buf, ref)
+
+
+@pytest.mark.parametrize("row", [GRAD_ROWS[0], GRAD_ROWS[1], pytest.param((16, 64), id="wide2k")])
+@pytest.mark.parametrize("ops", [("none", "add"), ("add", "add")], ids=lambda o: "-".join(o))
+def test_grad_writes_stay_inside_grad(dev, ops, row):
+    """In-place grad_correction on a window of a larger buffer: the rows around it keep their
+    bits (row counts that leave the kernels' last block partly empty)."""
+    cu, t = local_case(13, 9, 5, dev)
+    if t % 4 == 0:  # the last block has rows to spare
+        cu, t = local_case(14, 9, 5, dev)
+    gen = torch.Generator().manual_seed(3)
+    gs = torch.randn((t // 2 if ops[0] == "none" else t,) + row, generator=gen).to(
+        dev, torch.bfloat16)
+    for before, after in ((0, 3), (2, 1)):
+        buf = torch.randn((before + t + after,) + row, generator=gen).to(dev, torch.bfloat16)
+        ref = buf.clone()
+        thd.grad_correction(buf[before:before + t], gs, cu, *ops, inplace=True, backend="kernel")
+        thd.grad_correction(ref[before:before + t], gs, cu, *ops, inplace=True, backend="torch")
+        assert_bitwise(f"grad_correction {ops} window [{before}, +{t}, {after}]", buf, ref)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -548,21 +570,23 @@ GRAD_OPS = [("none", "add"), ("add", "none"), ("copy", "none"), ("none", "copy")
             ("copy", "copy"), ("copy", "add"), ("add", "copy")]
 
 
+@pytest.mark.parametrize("row", GRAD_ROWS)
 @pytest.mark.parametrize("inplace", [False, True], ids=["new", "inplace"])
 @pytest.mark.parametrize("step", ["full", "half"])
 @pytest.mark.parametrize("ops", GRAD_OPS, ids=lambda o: "-".join(o))
 @pytest.mark.parametrize("gdtype,sdtype", [(torch.bfloat16, torch.bfloat16),
                                            (torch.float16, torch.float16),
+                                           (torch.float32, torch.float32),
                                            (torch.float32, torch.bfloat16),
                                            (torch.bfloat16, torch.float32)])
-def test_grad_correction(dev, gdtype, sdtype, ops, step, inplace):
+def test_grad_correction(dev, gdtype, sdtype, ops, step, inplace, row):
     if step == "half" and (ops[0] == "none") == (ops[1] == "none"):
         pytest.skip("a half step needs exactly one op 'none'")
     cu, t = local_case(7, 61, 10, dev, slack=1)
     gen = torch.Generator().manual_seed(7)
-    grad = randn((t, 4, 24), gdtype, dev, gen, "strided")
-    gs = randn((t if step == "full" else t // 2, 4, 24), sdtype, dev, gen)
-    ctx = f"{gdtype}/{sdtype} {ops} {step} inplace={inplace}"
+    grad = randn((t,) + row, gdtype, dev, gen, "strided")
+    gs = randn((t if step == "full" else t // 2,) + row, sdtype, dev, gen)
+    ctx = f"{gdtype}/{sdtype} {ops} {step} inplace={inplace} {row}"
     if inplace:
         kg = grad.clone()
         assert thd.grad_correction(kg, gs, cu, *ops, inplace=True, backend="kernel") is kg

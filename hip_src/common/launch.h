@@ -33,3 +33,17 @@ hipError_t ra_launch(void (*kernel)(Params...), dim3 grid, dim3 block, hipStream
   hipLaunchKernelGGL(kernel, grid, block, 0, stream, std::forward<Args>(args)...);
   return hipGetLastError();
 }
+
+// Blocks of KERNEL (`threads` per block, no dynamic shared memory) resident at once on the
+// current device: the first round of a launch. The per-multiprocessor count is computed once
+// per kernel (2048 threads' worth if the occupancy query fails).
+template <auto KERNEL>
+int64_t ra_resident_blocks(int threads) {
+  static const int per_multiprocessor = [threads] {
+    int n = 0;
+    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, KERNEL, threads, 0) != hipSuccess)
+      n = 2048 / threads;
+    return n;
+  }();
+  return static_cast<int64_t>(per_multiprocessor) * ra_device_multiprocessors();
+}

@@ -33,25 +33,15 @@ int copy_vecs_per_lane() {
   return v > 0 ? v : thd::kCopyVecsPerLane;
 }
 
-// Blocks of copy_wide_rows_kernel<KIND> resident at once: the first round, which maps its rows
-// before the wait (later blocks start after the kernel ahead has ended, and would only pay for
-// the snapshot).
-template <ThdRowMap KIND>
-int64_t wide_resident_blocks() {
-  static const int per_sm = [] {
-    int n = 0;
-    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, thd::copy_wide_rows_kernel<KIND>,
-                                                     thd::kCopyThreads, 0) != hipSuccess)
-      n = 2048 / thd::kCopyThreads;
-    return n;
-  }();
-  return static_cast<int64_t>(per_sm) * ra_device_multiprocessors();
-}
-
 template <ThdRowMap KIND>
 hipError_t launch_wide_kind(const ThdCopyParams& p, int pieces_shift, int64_t blocks,
                             hipStream_t stream) {
-  const int64_t guess_blocks = ra_device_overlapped_launch() ? wide_resident_blocks<KIND>() : 0;
+  // the first resident round maps its rows before the wait; later blocks start after the
+  // kernel ahead has ended and would only pay for the snapshot
+  const int64_t guess_blocks =
+      ra_device_overlapped_launch()
+          ? ra_resident_blocks<thd::copy_wide_rows_kernel<KIND>>(thd::kCopyThreads)
+          : 0;
   return ra_launch(thd::copy_wide_rows_kernel<KIND>, dim3(static_cast<unsigned>(blocks)),
                    dim3(thd::kCopyThreads), stream, p, pieces_shift, guess_blocks);
 }

@@ -1,6 +1,9 @@
 // Launchers of the THD merge / correction kernels: 8-element vectors when every row allows
 // them, else scalar; the row dtypes as template arguments for the common combinations
 // (kThdAnyDtype, read at run time, for the rest and for scalar rows).
+#include <cstdlib>
+
+#include "grad_wide_kernel.h"
 #include "merge_kernel.h"
 
 namespace {
@@ -47,6 +50,61 @@ int merge_tile_shift(int64_t items, int wave) {
 dim3 grid_for(int64_t items, int tshift, int wave) {
   const int64_t tiles = ceil_div(items, int64_t{1} << tshift);
   return dim3(clip_grid(ceil_div(tiles, thd::kMergeThreads / wave)));
+}
+
+template <int GDT, int SDT>
+hipError_t launch_grad_wide(const ThdGradParams& p, int pieces_shift, int hshift, int only_half,
+                            int64_t blocks, hipStream_t stream) {
+  const int64_t guess_blocks =
+      ra_device_overlapped_launch() && p.map.kind == ThdRowMap::kHalf
+          ? ra_resident_blocks<thd::grad_wide_kernel<GDT, SDT>>(thd::kMergeThreads)
+          : 0;
+  return ra_launch(thd::grad_wide_kernel<GDT, SDT>, dim3(static_cast<unsigned>(blocks)),
+                   dim3(thd::kMergeThreads), stream, p, pieces_shift, hshift, only_half,
+                   guess_blocks);
+}
+
+// grad_wide_kernel for halves or whole rows of a wave of 8-element vectors or more, one dtype
+// for grad and step (ROCM_ATTN_THD_GRAD_WIDE=0 turns it off, for experiments); false: the
+// caller launches the tile kernel.
+bool launch_grad_wide(const ThdGradParams& p, int64_t nvec, hipStream_t stream,
+                      hipError_t& err) {
+  const char* env = getenv("ROCM_ATTN_THD_GRAD_WIDE");
+  const int wave = ra_device_wave_size();
+  if ((env != nullptr && atoi(env) == 0) || nvec < wave || p.grad_dtype != p.step_dtype ||
+      (p.map.kind != ThdRowMap::kHalf && p.map.kind != ThdRowMap::kIdentity))
+    return false;
+  const bool halves = p.map.kind == ThdRowMap::kHalf;
+  const bool move0 = p.op0 != kThdGradNone || p.copy_none;
+  const bool move1 = halves && (p.op1 != kThdGradNone || p.copy_none);
+  if (!move0 && !move1) {
+    err = hipSuccess;
+    return true;
+  }
+  const int hshift = move0 && move1 ? 1 : 0;
+  const int only_half = move0 ? 0 : 1;
+  const int64_t per_wave = static_cast<int64_t>(wave) * thd::kWideVecsPerLane;
+  int pieces_shift = 0;
+  while ((per_wave << pieces_shift) < nvec) ++pieces_shift;
+  const int64_t waves = (p.n << hshift) << pieces_shift;
+  const int64_t blocks = (waves + thd::kMergeThreads / wave - 1) / (thd::kMergeThreads / wave);
+  if (blocks > INT32_MAX) return false;
+  switch (p.grad_dtype) {
+    case kThdBFloat16:
+      err = launch_grad_wide<kThdBFloat16, kThdBFloat16>(p, pieces_shift, hshift, only_half,
+                                                          blocks, stream);
+      return true;
+    case kThdFloat16:
+      err = launch_grad_wide<kThdFloat16, kThdFloat16>(p, pieces_shift, hshift, only_half,
+                                                        blocks, stream);
+      return true;
+    case kThdFloat32:
+      err = launch_grad_wide<kThdFloat32, kThdFloat32>(p, pieces_shift, hshift, only_half,
+                                                        blocks, stream);
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace
@@ -121,6 +179,8 @@ hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
   const int vec = vec8 ? 8 : 1;
   const int64_t nvec = static_cast<int64_t>(p.heads) * (p.head_dim / vec);
   if (nvec > INT32_MAX / 2) return hipErrorInvalidValue;
+  hipError_t err = hipSuccess;
+  if (vec8 && launch_grad_wide(p, nvec, stream, err)) return err;
   const int wave = ra_device_wave_size();
   // NOTE: a whole wave of k per tile (as the merge kernel) leaves too few waves: H200
   // grad_correction_ 36% / 19% / 9% of floor at cp = 2 / 4 / 8, against 81% / 68% / 52% with
