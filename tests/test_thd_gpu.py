@@ -354,6 +354,36 @@ def test_grad_writes_stay_inside_grad(dev, ops, row):
         assert_bitwise(f"grad_correction {ops} window [{before}, +{t}, {after}]", buf, ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("h", [3, 16])
+@pytest.mark.parametrize("half", [False, True], ids=["full", "second_half"])
+def test_merge_writes_stay_inside_out(dev, half, h, dtype):
+    """In-place merge_partial on windows of larger out / lse buffers: the rows around them keep
+    their bits (row counts that leave the kernels' last block partly empty)."""
+    cu, t = local_case(15, 9, 5, dev)
+    ts = t // 2 if half else t
+    d = 64
+    gen = torch.Generator().manual_seed(4)
+    step = torch.randn(ts, h, d, generator=gen).to(dev, torch.bfloat16)
+    lse_step = torch.randn(h, ts, generator=gen).to(dev)
+    for before, after in ((0, 3), (2, 1)):
+        out = torch.randn(before + t + after, h, d, generator=gen).to(dev, dtype)
+        lse = torch.randn(h, before + t + after, generator=gen).to(dev)
+        ko, kl, to, tl = out.clone(), lse.clone(), out.clone(), lse.clone()
+        win = slice(before, before + t)
+        thd.merge_partial(ko[win], kl[:, win], step, lse_step, cu if half else None, half,
+                          inplace=True, backend="kernel")
+        thd.merge_partial(to[win], tl[:, win], step, lse_step, cu if half else None, half,
+                          inplace=True, backend="torch")
+        ctx = f"window [{before}, +{t}, {after}]"
+        assert torch.equal(ko[:before], out[:before]) and torch.equal(ko[before + t:],
+                                                                      out[before + t:]), ctx
+        assert torch.equal(kl[:, :before], lse[:, :before]), ctx
+        assert torch.equal(kl[:, before + t:], lse[:, before + t:]), ctx
+        assert_merge_close("merge_partial", ko, to, ctx)
+        assert_merge_close("merge_partial lse", kl, tl, ctx)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cp", [1, 2, 4, 8])
 def test_pad_for_cp(dev, cp, dtype):
@@ -398,21 +428,22 @@ MERGE_DTYPES = [  # (out, out_step)
 ]
 
 
+# 3 heads: the tile kernel; 8 heads (64 / 40 vectors of 8 elements a row): the wide-row kernel
+@pytest.mark.parametrize("h", [3, 8])
 @pytest.mark.parametrize("inplace", [False, True], ids=["new", "inplace"])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "second_half"])
 @pytest.mark.parametrize("out_dtype,step_dtype", MERGE_DTYPES)
 @pytest.mark.parametrize("d,layout", [(64, "contiguous"), (64, "strided"), (40, "sliced"),
                                       (13, "contiguous")])
-def test_merge_partial(dev, d, layout, out_dtype, step_dtype, half, inplace):
+def test_merge_partial(dev, d, layout, out_dtype, step_dtype, half, inplace, h):
     cu, t = local_case(d, 57, 9, dev, slack=1)
     ts = t // 2 if half else t
-    h = 3
     gen = torch.Generator().manual_seed(d)
     out = randn((t, h, d), out_dtype, dev, gen, layout)
     out_step = randn((ts, h, d), step_dtype, dev, gen, layout)
     lse, lse_step = lse_pair(h, t, ts, dev, gen)
     out[torch.isneginf(lse).t()] = float("nan")  # junk in empty accumulator rows is dropped
-    ctx = f"d={d} {layout} {out_dtype}/{step_dtype} half={half} inplace={inplace}"
+    ctx = f"d={d} h={h} {layout} {out_dtype}/{step_dtype} half={half} inplace={inplace}"
     args = (out_step, lse_step, cu if half else None, half)
     if inplace:
         ko, kl = out.clone(), lse.clone()
@@ -508,12 +539,13 @@ def test_add_rows(dev, d, grad_dtype, step_dtype):
     assert torch.equal(kp[:t], kg[:t]), ctx
 
 
+@pytest.mark.parametrize("h", [4, 12])  # 24 / 72 vectors a row: tile / wide-row kernel
 @pytest.mark.parametrize("inplace", [False, True], ids=["new", "inplace"])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "second_half"])
-def test_lse_and_out_correction(dev, half, inplace):
+def test_lse_and_out_correction(dev, half, inplace, h):
     cu, t = local_case(3, 45, 11, dev, slack=2)
     ts = t // 2 if half else t
-    h, d = 4, 48
+    d = 48
     gen = torch.Generator().manual_seed(3)
     lse, lse_step = lse_pair(h, t, ts, dev, gen)
     out = torch.randn(t, h, d, generator=gen).to(dev)  # fp32 accumulator

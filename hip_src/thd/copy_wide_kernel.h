@@ -32,7 +32,34 @@ RA_DEVICE int64_t source_row_uniform(const ThdRowMapParams& params, int64_t row)
   return map_row_given(m, row, seq_of_uniform<kW>(query.cu, m.b, query.div, query.pos), end);
 }
 
+// Rows of step token k in both halves, from one uniform search (every lane of the wave maps k).
+RA_DEVICE void half_rows_uniform(const ThdRowMapParams& m, int64_t k, int64_t& first,
+                                 int64_t& second) {
+  constexpr int kW = RA_WAVE_SIZE;
+  const int64_t end = m.cu[m.b];  // with the search's loads
+  half_rows(m, m.cu, k, seq_of_uniform<kW>(m.cu, m.b, 2, k), end, first, second);
+}
+
 constexpr int kWideVecsPerLane = 2;
+
+// Where a lane of a wide-row kernel works: its wave's slot (the row, or row and half) and piece
+// of it (pieces fastest, 2^pieces_shift per slot), and its vectors piece_vector(u).
+template <int THREADS>
+struct WideLane {
+  static constexpr int kW = RA_WAVE_SIZE;
+  int lane;
+  int piece;
+  int64_t slot;
+
+  RA_DEVICE explicit WideLane(int pieces_shift) {
+    lane = threadIdx.x & (kW - 1);
+    const int64_t wave = static_cast<int64_t>(blockIdx.x) * (THREADS / kW) + threadIdx.x / kW;
+    piece = static_cast<int>(wave & ((1 << pieces_shift) - 1));
+    slot = wave >> pieces_shift;
+  }
+  // vector u of the lane's kWideVecsPerLane: coalesced across the wave
+  RA_DEVICE int piece_vector(int u) const { return (piece * kWideVecsPerLane + u) * kW + lane; }
+};
 
 // pieces_shift: log2 of the waves per row (each wave kWideVecsPerLane x wave vectors; the launcher rounds the
 // count up to a power of two, surplus waves find no vector and end). The grid is exactly
@@ -44,15 +71,11 @@ template <ThdRowMap KIND>
 __global__ void __launch_bounds__(kCopyThreads) copy_wide_rows_kernel(const ThdCopyParams p,
                                                                       const int pieces_shift,
                                                                       const int64_t guess_blocks) {
-  constexpr int kW = RA_WAVE_SIZE;
-  constexpr int kWavesPerBlock = kCopyThreads / kW;
   constexpr int VPT = kWideVecsPerLane;
   constexpr int kArrays = KIND == ThdRowMap::kCopyValid ? 3 : 1;
   __shared__ int32_t snapshot[kArrays * kSnapshotWords];
-  const int lane = threadIdx.x & (kW - 1);
-  const int64_t wave = static_cast<int64_t>(blockIdx.x) * kWavesPerBlock + threadIdx.x / kW;
-  const int64_t slot = wave >> pieces_shift;  // (o, row), rows fastest
-  const int piece = static_cast<int>(wave & ((1 << pieces_shift) - 1));
+  const WideLane<kCopyThreads> w(pieces_shift);
+  const int64_t slot = w.slot;  // (o, row), rows fastest
   const bool in_range = slot < p.outer * p.rows;  // false: the last block's surplus waves
   int64_t o = 0, row = slot;
   if (p.outer > 1) {  // uniform
@@ -67,7 +90,7 @@ __global__ void __launch_bounds__(kCopyThreads) copy_wide_rows_kernel(const ThdC
     const int64_t base = o * p.src_outer_stride + src_row * p.src_row_stride;
 #pragma unroll
     for (int u = 0; u < VPT; ++u) {
-      const int v = (piece * VPT + u) * kW + lane;
+      const int v = w.piece_vector(u);
       if (in_range && v < nvec && src_row >= 0)
         buf[u] = *reinterpret_cast<const ra_vec8*>(
             src + base + vec_offset<16>(v, vph, p.heads, p.src_head_stride));
@@ -100,7 +123,7 @@ __global__ void __launch_bounds__(kCopyThreads) copy_wide_rows_kernel(const ThdC
   const int64_t dst_base = o * p.dst_outer_stride + row * p.dst_row_stride;
 #pragma unroll
   for (int u = 0; u < VPT; ++u) {
-    const int v = (piece * VPT + u) * kW + lane;
+    const int v = w.piece_vector(u);
     if (v < nvec)
       *reinterpret_cast<ra_vec8*>(dst + dst_base +
                                   vec_offset<16>(v, vph, p.heads, p.dst_head_stride)) = buf[u];

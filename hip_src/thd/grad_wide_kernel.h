@@ -14,14 +14,6 @@
 
 namespace thd {
 
-// Rows of step token k in both halves, from one uniform search (every lane of the wave maps k).
-RA_DEVICE void half_rows_uniform(const ThdRowMapParams& m, int64_t k, int64_t& first,
-                                 int64_t& second) {
-  constexpr int kW = RA_WAVE_SIZE;
-  const int64_t end = m.cu[m.b];  // with the search's loads
-  half_rows(m, m.cu, k, seq_of_uniform<kW>(m.cu, m.b, 2, k), end, first, second);
-}
-
 // Waves: (k, half, piece), pieces fastest; hshift 1: both halves move (bit pieces_shift of the
 // wave picks the half), 0: only `only_half` (kIdentity: half 0, the row k itself).
 template <int GDT, int SDT>
@@ -30,16 +22,11 @@ __global__ void __launch_bounds__(kMergeThreads) grad_wide_kernel(const ThdGradP
                                                                   const int hshift,
                                                                   const int only_half,
                                                                   const int64_t guess_blocks) {
-  constexpr int kW = RA_WAVE_SIZE;
-  constexpr int kWavesPerBlock = kMergeThreads / kW;
   constexpr int VPT = kWideVecsPerLane;
   __shared__ int32_t snapshot[kSnapshotWords];
-  const int lane = threadIdx.x & (kW - 1);
-  const int64_t wave = static_cast<int64_t>(blockIdx.x) * kWavesPerBlock + threadIdx.x / kW;
-  const int piece = static_cast<int>(wave & ((1 << pieces_shift) - 1));
-  const int64_t slot = wave >> pieces_shift;
-  const int half = hshift ? static_cast<int>(slot & 1) : only_half;
-  const int64_t k = slot >> hshift;
+  const WideLane<kMergeThreads> w(pieces_shift);
+  const int half = hshift ? static_cast<int>(w.slot & 1) : only_half;
+  const int64_t k = w.slot >> hshift;
   const bool in_range = k < p.n;  // false: the last block's surplus waves
   const bool halves = p.map.kind == ThdRowMap::kHalf;
   const int op = half == 0 ? p.op0 : p.op1;
@@ -51,7 +38,7 @@ __global__ void __launch_bounds__(kMergeThreads) grad_wide_kernel(const ThdGradP
     const int64_t sr = p.step_is_half ? k : r;
 #pragma unroll
     for (int u = 0; u < VPT; ++u) {
-      const int v = (piece * VPT + u) * kW + lane;
+      const int v = w.piece_vector(u);
       if (in_range && v < nvec) {
         if (op != kThdGradCopy)
           g[u].load(p.grad, r * p.grad_tok + row_offset<8>(v, vph, p.heads, p.grad_head),
@@ -90,7 +77,7 @@ __global__ void __launch_bounds__(kMergeThreads) grad_wide_kernel(const ThdGradP
   if (!in_range) return;
 #pragma unroll
   for (int u = 0; u < VPT; ++u) {
-    const int v = (piece * VPT + u) * kW + lane;
+    const int v = w.piece_vector(u);
     if (v >= nvec) continue;
     const int64_t off = r * p.dst_tok + row_offset<8>(v, vph, p.heads, p.dst_head);
     if (op == kThdGradNone) {  // copy_none: grad -> dst, bitwise

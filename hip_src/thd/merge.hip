@@ -5,6 +5,7 @@
 
 #include "grad_wide_kernel.h"
 #include "merge_kernel.h"
+#include "merge_wide_kernel.h"
 
 namespace {
 
@@ -50,6 +51,50 @@ int merge_tile_shift(int64_t items, int wave) {
 dim3 grid_for(int64_t items, int tshift, int wave) {
   const int64_t tiles = ceil_div(items, int64_t{1} << tshift);
   return dim3(clip_grid(ceil_div(tiles, thd::kMergeThreads / wave)));
+}
+
+template <int SDT>
+hipError_t launch_merge_wide(const ThdMergeParams& p, int pieces_shift, int64_t blocks,
+                             hipStream_t stream) {
+  const int64_t guess_blocks =
+      ra_device_overlapped_launch() && p.map.kind == ThdRowMap::kHalf
+          ? ra_resident_blocks<thd::merge_wide_kernel<kThdFloat32, SDT>>(thd::kMergeThreads)
+          : 0;
+  return ra_launch(thd::merge_wide_kernel<kThdFloat32, SDT>, dim3(static_cast<unsigned>(blocks)),
+                   dim3(thd::kMergeThreads), stream, p, pieces_shift, guess_blocks);
+}
+
+// merge_wide_kernel for fp32 rows (halves or whole) of a wave of 8-element vectors or more and
+// heads of 3 vectors or more (24 elements on 32-lane waves); ROCM_ATTN_THD_MERGE_WIDE=0 turns
+// it off, for experiments. false: the caller launches the tile kernel.
+bool launch_merge_wide(const ThdMergeParams& p, hipStream_t stream, hipError_t& err) {
+  const char* env = getenv("ROCM_ATTN_THD_MERGE_WIDE");
+  const int wave = ra_device_wave_size();
+  const int64_t nvec = static_cast<int64_t>(p.heads) * (p.dim / 8);
+  const int64_t per_wave = static_cast<int64_t>(wave) * thd::kWideVecsPerLane;
+  // a piece's heads (per_wave / nv + 1 at most) must fit the owner lanes of its wave
+  if ((env != nullptr && atoi(env) == 0) || p.out_dtype != kThdFloat32 || nvec < wave ||
+      per_wave / (p.dim / 8) + 1 > wave ||
+      (p.map.kind != ThdRowMap::kHalf && p.map.kind != ThdRowMap::kIdentity))
+    return false;
+  int pieces_shift = 0;
+  while ((per_wave << pieces_shift) < nvec) ++pieces_shift;
+  const int64_t waves = p.n << pieces_shift;
+  const int64_t blocks = (waves + thd::kMergeThreads / wave - 1) / (thd::kMergeThreads / wave);
+  if (blocks > INT32_MAX) return false;
+  switch (p.step_dtype) {
+    case kThdBFloat16:
+      err = launch_merge_wide<kThdBFloat16>(p, pieces_shift, blocks, stream);
+      return true;
+    case kThdFloat16:
+      err = launch_merge_wide<kThdFloat16>(p, pieces_shift, blocks, stream);
+      return true;
+    case kThdFloat32:
+      err = launch_merge_wide<kThdFloat32>(p, pieces_shift, blocks, stream);
+      return true;
+    default:
+      return false;
+  }
 }
 
 template <int GDT, int SDT>
@@ -131,6 +176,8 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
               ptr_aligned16(p.out_dst);
   for (int64_t s : {p.out_tok, p.out_head, p.step_tok, p.step_head, p.dst_tok, p.dst_head})
     vec8 = vec8 && s % 8 == 0;
+  hipError_t err = hipSuccess;
+  if (vec8 && launch_merge_wide(p, stream, err)) return err;
   const int vec = vec8 ? 8 : 1;
   const int wave = ra_device_wave_size();
   // lanes per item: about one vector each (the kernel caps it at the wave)

@@ -52,6 +52,19 @@ RA_DEVICE void merge_weights(float a, float b, float& lse, float& wa, float& wb)
   wb = thd_exp(b - safe_new);
 }
 
+// The weights of out (wa) and of the step (wb): a merge's (new_lse: the merged LSE), or a
+// correction's (wa = 1, wb = exp(b - a) with a the final LSE; new_lse = 0, never written).
+RA_DEVICE void step_weights(bool correction, float a, float b, float& new_lse, float& wa,
+                            float& wb) {
+  new_lse = 0.f;
+  if (correction) {
+    wa = 1.f;
+    wb = thd_exp(b != -INFINITY ? b - a : -INFINITY);
+  } else {
+    merge_weights(a, b, new_lse, wa, wb);
+  }
+}
+
 // Storage dtype of a row tensor as a template argument: kThdBFloat16 / kThdFloat16 /
 // kThdFloat32, or kThdAnyDtype (read at run time: the fallback instantiation).
 constexpr int kThdAnyDtype = -1;
@@ -289,12 +302,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
     float wa = 1.f, wb = 0.f;
     auto weights = [&]() {
       if (lane < in_tile) {
-        float new_lse = 0.f;
-        if (p.correction) {
-          wb = thd_exp(b != -INFINITY ? b - a : -INFINITY);
-        } else {
-          merge_weights(a, b, new_lse, wa, wb);
-        }
+        float new_lse;
+        step_weights(p.correction, a, b, new_lse, wa, wb);
         if (p.lse_dst != nullptr) {
           p.lse_dst[h * p.lse_dst_head + r * p.lse_dst_tok] = new_lse;
           if (r0 >= 0)
