@@ -1,7 +1,6 @@
-// Launcher of the THD row gather/scatter kernels: the wide-row kernel (copy_wide_kernel.h) for
-// partition, read_half and copy_valid_tokens over rows of a wave of 16-byte vectors or more;
-// else the row-group kernel with the widest vector the row layout allows (16, 8, 4 or 2 bytes)
-// and its lanes per row. Seven instantiations in all.
+// Launcher of the THD row gather/scatter kernels: the wide-row kernel (copy_wide_kernel.h) over
+// rows of a wave of 16-byte vectors or more; else the row-group kernel with the widest vector
+// the row layout allows (16, 8, 4 or 2 bytes) and its lanes per row. Nine instantiations in all.
 #include <cstdlib>
 
 #include "copy_kernel.h"
@@ -34,44 +33,44 @@ int copy_vecs_per_lane() {
 }
 
 template <ThdRowMap KIND>
-hipError_t launch_wide_kind(const ThdCopyParams& p, int pieces_shift, int64_t blocks,
-                            hipStream_t stream) {
+hipError_t launch_wide_kind(const ThdCopyParams& p, const thd::WideGrid& g, hipStream_t stream) {
   // the first resident round maps its rows before the wait; later blocks start after the
   // kernel ahead has ended and would only pay for the snapshot
   const int64_t guess_blocks =
       ra_device_overlapped_launch()
           ? ra_resident_blocks<thd::copy_wide_rows_kernel<KIND>>(thd::kCopyThreads)
           : 0;
-  return ra_launch(thd::copy_wide_rows_kernel<KIND>, dim3(static_cast<unsigned>(blocks)),
-                   dim3(thd::kCopyThreads), stream, p, pieces_shift, guess_blocks);
+  return ra_launch(thd::copy_wide_rows_kernel<KIND>, dim3(static_cast<unsigned>(g.blocks)),
+                   dim3(thd::kCopyThreads), stream, p, g.pieces_shift, guess_blocks);
 }
 
-// copy_wide_rows_kernel for partition, read_half and copy_valid_tokens where rows hold a wave of
-// 16-byte vectors and the grid fits (ROCM_ATTN_THD_COPY_WIDE=0 turns it off, for experiments);
-// false: the caller launches the row-group kernel.
+// copy_wide_rows_kernel where rows hold a wave of 16-byte vectors and the grid fits
+// (ROCM_ATTN_THD_COPY_WIDE=0 turns it off, for experiments); false: the caller launches the
+// row-group kernel.
 bool launch_wide(const ThdCopyParams& p, int64_t nvec, hipStream_t stream, hipError_t& err) {
   const char* env = getenv("ROCM_ATTN_THD_COPY_WIDE");
   const int wave = ra_device_wave_size();
   if ((env != nullptr && atoi(env) == 0) || nvec < wave) return false;
-  const int64_t per_wave = static_cast<int64_t>(wave) * thd::kWideVecsPerLane;
-  int pieces_shift = 0;
-  while ((per_wave << pieces_shift) < nvec) ++pieces_shift;
   if (p.rows > (int64_t{1} << 40) / p.outer) return false;
-  const int64_t waves = (p.outer * p.rows) << pieces_shift;
-  const int waves_per_block = thd::kCopyThreads / wave;
-  const int64_t blocks = (waves + waves_per_block - 1) / waves_per_block;
-  if (blocks > INT32_MAX) return false;
+  const thd::WideGrid g = thd::wide_grid(p.outer * p.rows, nvec, wave, thd::kCopyThreads);
+  if (g.blocks < 0) return false;
   switch (p.map.kind) {
     case ThdRowMap::kPartition:
-      err = launch_wide_kind<ThdRowMap::kPartition>(p, pieces_shift, blocks, stream);
+      err = launch_wide_kind<ThdRowMap::kPartition>(p, g, stream);
       return true;
     case ThdRowMap::kHalf:
-      err = launch_wide_kind<ThdRowMap::kHalf>(p, pieces_shift, blocks, stream);
+      err = launch_wide_kind<ThdRowMap::kHalf>(p, g, stream);
       return true;
     case ThdRowMap::kCopyValid:
-      err = launch_wide_kind<ThdRowMap::kCopyValid>(p, pieces_shift, blocks, stream);
+      err = launch_wide_kind<ThdRowMap::kCopyValid>(p, g, stream);
       return true;
-    default:  // the reorders: their maps cost the wide kernel 47-60 registers (H200: slower)
+    case ThdRowMap::kToContiguous:
+      err = launch_wide_kind<ThdRowMap::kToContiguous>(p, g, stream);
+      return true;
+    case ThdRowMap::kToRankSharded:
+      err = launch_wide_kind<ThdRowMap::kToRankSharded>(p, g, stream);
+      return true;
+    default:
       return false;
   }
 }

@@ -1,5 +1,6 @@
-// Row copy kernel for wide rows of partition, read_half and copy_valid_tokens: rows of at least
-// one wave of 16-byte vectors (512 bytes on 32-lane waves, 1 KB on 64).
+// Row copy kernel for wide rows of the copy helpers (partition, the reorders, read_half,
+// copy_valid_tokens): rows of at least one wave of 16-byte vectors (512 bytes on 32-lane waves,
+// 1 KB on 64).
 //
 // One wave moves kWideVecsPerLane x wave vectors of one row (o, row) and nothing else: it maps
 // its row with one uniform search (seq_of_uniform: one coalesced load of cu_seqlens and a
@@ -12,8 +13,8 @@
 // copy floor at 134 MB with one 16-byte vector per thread against 91% with eight. With the row
 // map, two vectors per lane beat one everywhere (one: 67-88% of floor), and this kernel beat
 // the row-group kernel (copy_kernel.h) by 1-6 points on partition, read_half and
-// copy_valid_tokens (partition cp8: even); the reorders, whose maps cost 47-60 registers here,
-// lost 1-9 points and stay on the row-group kernel (docs/NOTES.md, session 10).
+// copy_valid_tokens (partition cp8: even), and by 1-3 on the reorders (docs/BENCHMARKS.md,
+// session 10).
 #pragma once
 
 #include "copy_kernel.h"
@@ -61,9 +62,26 @@ struct WideLane {
   RA_DEVICE int piece_vector(int u) const { return (piece * kWideVecsPerLane + u) * kW + lane; }
 };
 
-// pieces_shift: log2 of the waves per row (each wave kWideVecsPerLane x wave vectors; the launcher rounds the
-// count up to a power of two, surplus waves find no vector and end). The grid is exactly
-// outer x rows x 2^pieces_shift waves, rounded up to whole blocks.
+// Grid of a wide-row launch over `slots` rows (or row halves) of nvec vectors: log2 of the
+// pieces per slot (rounded up to a power of two: surplus waves find no vector and end) and the
+// blocks of `threads` holding one wave per piece; blocks = -1 where the grid would not fit.
+struct WideGrid {
+  int pieces_shift = 0;
+  int64_t blocks = -1;
+};
+
+inline WideGrid wide_grid(int64_t slots, int64_t nvec, int wave, int threads) {
+  WideGrid g;
+  const int64_t per_wave = static_cast<int64_t>(wave) * kWideVecsPerLane;
+  while ((per_wave << g.pieces_shift) < nvec) ++g.pieces_shift;
+  if (slots > (int64_t{1} << 40)) return g;
+  const int64_t waves = slots << g.pieces_shift;
+  const int64_t blocks = (waves + threads / wave - 1) / (threads / wave);
+  if (blocks <= INT32_MAX) g.blocks = blocks;
+  return g;
+}
+
+// pieces_shift: wide_grid's, over the outer x rows slots (rows fastest).
 // guess_blocks: blocks below it map their rows from a cu_seqlens snapshot before the wait
 // (index.h: the one-array maps, and copy_valid_tokens' three), so that a block resident while
 // the kernel ahead drains issues its loads right after the wait.
@@ -99,7 +117,11 @@ __global__ void __launch_bounds__(kCopyThreads) copy_wide_rows_kernel(const ThdC
     }
   };
   int64_t src_row = -1;
-  if (blockIdx.x < guess_blocks && maps_from_snapshot<kArrays>(p.map)) {  // uniform
+  // the reorders map without a snapshot: its second copy of their maps cost them 47 -> 60
+  // registers and 5-8% (H200), more than mapping before the wait saves on their launches
+  constexpr bool kMayGuess =
+      KIND != ThdRowMap::kToContiguous && KIND != ThdRowMap::kToRankSharded;
+  if (kMayGuess && blockIdx.x < guess_blocks && maps_from_snapshot<kArrays>(p.map)) {  // uniform
     const ThdRowMapParams guess_map = take_cu_snapshot<kArrays>(p.map, snapshot, kCopyThreads);
     if (in_range) src_row = source_row_uniform<KIND>(guess_map, row);
     ra_wait_for_prior_kernel();

@@ -54,14 +54,14 @@ dim3 grid_for(int64_t items, int tshift, int wave) {
 }
 
 template <int SDT>
-hipError_t launch_merge_wide(const ThdMergeParams& p, int pieces_shift, int64_t blocks,
-                             hipStream_t stream) {
+hipError_t launch_merge_wide(const ThdMergeParams& p, const thd::WideGrid& g, hipStream_t stream) {
   const int64_t guess_blocks =
       ra_device_overlapped_launch() && p.map.kind == ThdRowMap::kHalf
           ? ra_resident_blocks<thd::merge_wide_kernel<kThdFloat32, SDT>>(thd::kMergeThreads)
           : 0;
-  return ra_launch(thd::merge_wide_kernel<kThdFloat32, SDT>, dim3(static_cast<unsigned>(blocks)),
-                   dim3(thd::kMergeThreads), stream, p, pieces_shift, guess_blocks);
+  return ra_launch(thd::merge_wide_kernel<kThdFloat32, SDT>,
+                   dim3(static_cast<unsigned>(g.blocks)), dim3(thd::kMergeThreads), stream, p,
+                   g.pieces_shift, guess_blocks);
 }
 
 // merge_wide_kernel for fp32 rows (halves or whole) of a wave of 8-element vectors or more and
@@ -77,20 +77,17 @@ bool launch_merge_wide(const ThdMergeParams& p, hipStream_t stream, hipError_t& 
       per_wave / (p.dim / 8) + 1 > wave ||
       (p.map.kind != ThdRowMap::kHalf && p.map.kind != ThdRowMap::kIdentity))
     return false;
-  int pieces_shift = 0;
-  while ((per_wave << pieces_shift) < nvec) ++pieces_shift;
-  const int64_t waves = p.n << pieces_shift;
-  const int64_t blocks = (waves + thd::kMergeThreads / wave - 1) / (thd::kMergeThreads / wave);
-  if (blocks > INT32_MAX) return false;
+  const thd::WideGrid g = thd::wide_grid(p.n, nvec, wave, thd::kMergeThreads);
+  if (g.blocks < 0) return false;
   switch (p.step_dtype) {
     case kThdBFloat16:
-      err = launch_merge_wide<kThdBFloat16>(p, pieces_shift, blocks, stream);
+      err = launch_merge_wide<kThdBFloat16>(p, g, stream);
       return true;
     case kThdFloat16:
-      err = launch_merge_wide<kThdFloat16>(p, pieces_shift, blocks, stream);
+      err = launch_merge_wide<kThdFloat16>(p, g, stream);
       return true;
     case kThdFloat32:
-      err = launch_merge_wide<kThdFloat32>(p, pieces_shift, blocks, stream);
+      err = launch_merge_wide<kThdFloat32>(p, g, stream);
       return true;
     default:
       return false;
@@ -98,14 +95,14 @@ bool launch_merge_wide(const ThdMergeParams& p, hipStream_t stream, hipError_t& 
 }
 
 template <int GDT, int SDT>
-hipError_t launch_grad_wide(const ThdGradParams& p, int pieces_shift, int hshift, int only_half,
-                            int64_t blocks, hipStream_t stream) {
+hipError_t launch_grad_wide(const ThdGradParams& p, const thd::WideGrid& g, int hshift,
+                            int only_half, hipStream_t stream) {
   const int64_t guess_blocks =
       ra_device_overlapped_launch() && p.map.kind == ThdRowMap::kHalf
           ? ra_resident_blocks<thd::grad_wide_kernel<GDT, SDT>>(thd::kMergeThreads)
           : 0;
-  return ra_launch(thd::grad_wide_kernel<GDT, SDT>, dim3(static_cast<unsigned>(blocks)),
-                   dim3(thd::kMergeThreads), stream, p, pieces_shift, hshift, only_half,
+  return ra_launch(thd::grad_wide_kernel<GDT, SDT>, dim3(static_cast<unsigned>(g.blocks)),
+                   dim3(thd::kMergeThreads), stream, p, g.pieces_shift, hshift, only_half,
                    guess_blocks);
 }
 
@@ -128,24 +125,17 @@ bool launch_grad_wide(const ThdGradParams& p, int64_t nvec, hipStream_t stream,
   }
   const int hshift = move0 && move1 ? 1 : 0;
   const int only_half = move0 ? 0 : 1;
-  const int64_t per_wave = static_cast<int64_t>(wave) * thd::kWideVecsPerLane;
-  int pieces_shift = 0;
-  while ((per_wave << pieces_shift) < nvec) ++pieces_shift;
-  const int64_t waves = (p.n << hshift) << pieces_shift;
-  const int64_t blocks = (waves + thd::kMergeThreads / wave - 1) / (thd::kMergeThreads / wave);
-  if (blocks > INT32_MAX) return false;
+  const thd::WideGrid g = thd::wide_grid(p.n << hshift, nvec, wave, thd::kMergeThreads);
+  if (g.blocks < 0) return false;
   switch (p.grad_dtype) {
     case kThdBFloat16:
-      err = launch_grad_wide<kThdBFloat16, kThdBFloat16>(p, pieces_shift, hshift, only_half,
-                                                          blocks, stream);
+      err = launch_grad_wide<kThdBFloat16, kThdBFloat16>(p, g, hshift, only_half, stream);
       return true;
     case kThdFloat16:
-      err = launch_grad_wide<kThdFloat16, kThdFloat16>(p, pieces_shift, hshift, only_half,
-                                                        blocks, stream);
+      err = launch_grad_wide<kThdFloat16, kThdFloat16>(p, g, hshift, only_half, stream);
       return true;
     case kThdFloat32:
-      err = launch_grad_wide<kThdFloat32, kThdFloat32>(p, pieces_shift, hshift, only_half,
-                                                        blocks, stream);
+      err = launch_grad_wide<kThdFloat32, kThdFloat32>(p, g, hshift, only_half, stream);
       return true;
     default:
       return false;
