@@ -117,8 +117,8 @@ __global__ void __launch_bounds__(kCopyThreads) copy_wide_rows_kernel(const ThdC
     }
   };
   int64_t src_row = -1;
-  // the reorders map without a snapshot: its second copy of their maps cost them 47 -> 60
-  // registers and 5-8% (H200), more than mapping before the wait saves on their launches
+  // the reorders map without a snapshot: its second copy of their maps took them from 36-39 to
+  // 47-60 registers and cost 5-10% (H200), more than mapping before the wait saves them
   constexpr bool kMayGuess =
       KIND != ThdRowMap::kToContiguous && KIND != ThdRowMap::kToRankSharded;
   if (kMayGuess && blockIdx.x < guess_blocks && maps_from_snapshot<kArrays>(p.map)) {  // uniform
