@@ -235,9 +235,9 @@ RA_DEVICE int32_t seq_of_wave(const int32_t* cu, int32_t b, int64_t div, int64_t
 
 // seq_of for one query that every lane of the wave shares (all lanes call it, converged):
 // cu[1..b] read in coalesced chunks of one word per lane, all chunks at once, and counted with
-// one ballot per chunk: one memory round trip, no shuffles. This count is _seq_of's definition,
-// so it matches the torch path for any cu. More than kUniformSearchChunks x wave sequences:
-// the binary search (seq_of).
+// one ballot per chunk: one memory round trip, no shuffles. Same counts as seq_of for monotonic
+// cu, and within [0, b] for any cu. More than kUniformSearchChunks x wave sequences: the binary
+// search (seq_of).
 constexpr int kUniformSearchChunks = 4;
 
 template <int W>
