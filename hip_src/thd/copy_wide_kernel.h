@@ -85,8 +85,18 @@ inline WideGrid wide_grid(int64_t slots, int64_t nvec, int wave, int threads) {
 // guess_blocks: blocks below it map their rows from a cu_seqlens snapshot before the wait
 // (index.h: the one-array maps, and copy_valid_tokens' three), so that a block resident while
 // the kernel ahead drains issues its loads right after the wait.
+// Blocks per multiprocessor each kind's kernel is compiled for (ptxas caps its registers to
+// fit them; 0: no cap): the most that spill nothing on the executed paths (partition's cap
+// spills 16 bytes around the 64-bit division of a non-power-of-two cp in the stale-snapshot
+// remap only; the reorders spill at 8).
+constexpr int wide_copy_min_blocks(ThdRowMap kind) {
+  return kind == ThdRowMap::kPartition                                   ? 6
+         : kind == ThdRowMap::kHalf || kind == ThdRowMap::kCopyValid ? 8
+                                                                         : 0;
+}
+
 template <ThdRowMap KIND>
-__global__ void __launch_bounds__(kCopyThreads) copy_wide_rows_kernel(const ThdCopyParams p,
+__global__ void __launch_bounds__(kCopyThreads, wide_copy_min_blocks(KIND)) copy_wide_rows_kernel(const ThdCopyParams p,
                                                                       const int pieces_shift,
                                                                       const int64_t guess_blocks) {
   constexpr int VPT = kWideVecsPerLane;
