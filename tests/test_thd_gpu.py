@@ -156,13 +156,16 @@ def padded(lens, cp):
 
 def randn(shape, dtype, device, gen, layout="contiguous"):
     """Random tensor of `shape` [t, ...]; layout "strided": a slice of a wider fused tensor
-    (token stride != row size), "sliced": last dim cut from a wider one (head stride != d)."""
+    (token stride != row size), "sliced": last dim cut from a wider one (head stride != d,
+    3 elements in: narrower vectors), "sliced8": the same 8 elements in (16-byte aligned for
+    16-bit dtypes: the 16-byte vector kernels with a head stride)."""
     if layout == "strided":
         base = torch.randn((shape[0], 3) + tuple(shape[1:]), generator=gen).to(device, dtype)
         return base[:, 1]
-    if layout == "sliced":
-        base = torch.randn(tuple(shape[:-1]) + (shape[-1] + 8,), generator=gen).to(device, dtype)
-        return base[..., 3:3 + shape[-1]]
+    if layout in ("sliced", "sliced8"):
+        at = 3 if layout == "sliced" else 8
+        base = torch.randn(tuple(shape[:-1]) + (shape[-1] + 16,), generator=gen).to(device, dtype)
+        return base[..., at:at + shape[-1]]
     return torch.randn(tuple(shape), generator=gen).to(device, dtype)
 
 
@@ -188,7 +191,7 @@ GRAD_ROWS = [pytest.param((4, 24), id="narrow"), pytest.param((8, 40), id="wide"
 
 
 @pytest.mark.parametrize("row", ROWS)
-@pytest.mark.parametrize("layout", ["contiguous", "strided", "sliced"])
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "sliced", "sliced8"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cp", [1, 2, 4, 8])
 def test_partition_reorder_read_half(dev, cp, dtype, layout, row):
@@ -335,6 +338,26 @@ def test_copy_writes_stay_inside_dst(dev, fill, row):
         assert_bitwise(f"copy_valid_tokens window [{before}, +{t}, {after}]", buf, ref)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_outer_dims_before_the_token_dim(dev, dtype):
+    """[2, t, h, d] with the token dim 1 (outer slices: K and V stacked): every copy helper,
+    including the wide-row kernels' (o, row) slots."""
+    cp = 2
+    lens, plens, cu_p, total = global_case(5, 19, 24, cp, dev, slack=1)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(2, total, 8, 40, generator=gen).to(dev, dtype)
+    cu_loc = thd.local_cu_seqlens(cu_p, cp)
+    for r in range(cp):
+        k, t = both(thd.partition, x, cu_p, cp, r, dim=1)
+        assert_bitwise(f"partition outer rank {r}", k, t)
+        kh, th = both(thd.read_half, k, cu_loc, "second", dim=1)
+        assert_bitwise(f"read_half outer rank {r}", kh, th)
+    k, t = both(thd.reorder_to_contiguous, x, cu_p, cp, dim=1)
+    assert_bitwise("reorder_to_contiguous outer", k, t)
+    k, t = both(thd.reorder_to_rank_sharded, x, cu_p, cp, dim=1)
+    assert_bitwise("reorder_to_rank_sharded outer", k, t)
+
+
 @pytest.mark.parametrize("row", [GRAD_ROWS[0], GRAD_ROWS[1], pytest.param((16, 64), id="wide2k")])
 @pytest.mark.parametrize("ops", [("none", "add"), ("add", "add")], ids=lambda o: "-".join(o))
 def test_grad_writes_stay_inside_grad(dev, ops, row):
@@ -433,8 +456,9 @@ MERGE_DTYPES = [  # (out, out_step)
 @pytest.mark.parametrize("inplace", [False, True], ids=["new", "inplace"])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "second_half"])
 @pytest.mark.parametrize("out_dtype,step_dtype", MERGE_DTYPES)
+# d=96 with 8 heads: 12 vectors a head, so a head straddles the wide kernel's 64-vector pieces
 @pytest.mark.parametrize("d,layout", [(64, "contiguous"), (64, "strided"), (40, "sliced"),
-                                      (13, "contiguous")])
+                                      (64, "sliced8"), (96, "contiguous"), (13, "contiguous")])
 def test_merge_partial(dev, d, layout, out_dtype, step_dtype, half, inplace, h):
     cu, t = local_case(d, 57, 9, dev, slack=1)
     ts = t // 2 if half else t

@@ -36,6 +36,15 @@ RA_DEVICE float ra_shfl_xor(float v, int lane_mask) { return __shfl_xor(v, lane_
 RA_DEVICE float ra_shfl(float v, int src_lane) { return __shfl(v, src_lane); }
 RA_DEVICE int ra_shfl(int v, int src_lane) { return __shfl(v, src_lane); }
 
+// __launch_bounds__ with a minimum of resident blocks per multiprocessor, which CUDA compilers
+// turn into a register cap that fits them. HIP reads a second argument as waves per execution
+// unit, a different budget, so there only the thread bound is given (caps tuned on NVIDIA).
+#if defined(__HIP__)
+#define RA_LAUNCH_BOUNDS_MIN_BLOCKS(threads, blocks) __launch_bounds__(threads)
+#else
+#define RA_LAUNCH_BOUNDS_MIN_BLOCKS(threads, blocks) __launch_bounds__(threads, blocks)
+#endif
+
 // Number of lanes of this wave whose `pred` is true (every lane calls it, converged). HIP's
 // ballot is 64-bit on every target; CUDA's (after hipify: __ballot_sync) is 32-bit.
 RA_DEVICE int ra_count_lanes(bool pred) {

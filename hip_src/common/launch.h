@@ -41,8 +41,10 @@ template <auto KERNEL>
 int64_t ra_resident_blocks(int threads) {
   static const int per_multiprocessor = [threads] {
     int n = 0;
-    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, KERNEL, threads, 0) != hipSuccess)
+    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, KERNEL, threads, 0) != hipSuccess) {
+      (void)hipGetLastError();  // not left for the next launch check to report
       n = 2048 / threads;
+    }
     return n;
   }();
   return static_cast<int64_t>(per_multiprocessor) * ra_device_multiprocessors();

@@ -72,33 +72,36 @@ struct WideGrid {
 
 inline WideGrid wide_grid(int64_t slots, int64_t nvec, int wave, int threads) {
   WideGrid g;
+  // vector indices are int in the kernels, up to twice nvec in the last piece
+  if (nvec > (int64_t{1} << 30)) return g;
   const int64_t per_wave = static_cast<int64_t>(wave) * kWideVecsPerLane;
   while ((per_wave << g.pieces_shift) < nvec) ++g.pieces_shift;
-  if (slots > (int64_t{1} << 40)) return g;
+  if (slots > (INT64_MAX >> g.pieces_shift) / 2) return g;
   const int64_t waves = slots << g.pieces_shift;
   const int64_t blocks = (waves + threads / wave - 1) / (threads / wave);
-  if (blocks <= INT32_MAX) g.blocks = blocks;
+  // HIP launches at most 2^32 - 1 threads per grid dimension; CUDA 2^31 - 1 blocks
+  if (blocks <= INT32_MAX && blocks <= UINT32_MAX / threads) g.blocks = blocks;
   return g;
+}
+
+// Blocks per multiprocessor each kind's kernel is compiled for on NVIDIA (ptxas caps its
+// registers to fit them; 0: no cap): the most that spill nothing on the executed paths
+// (partition's cap spills 16 bytes around the 64-bit division of a non-power-of-two cp in the
+// stale-snapshot remap only; the reorders spill at 8).
+constexpr int wide_copy_min_blocks(ThdRowMap kind) {
+  return kind == ThdRowMap::kPartition                               ? 6
+         : kind == ThdRowMap::kHalf || kind == ThdRowMap::kCopyValid ? 8
+                                                                     : 0;
 }
 
 // pieces_shift: wide_grid's, over the outer x rows slots (rows fastest).
 // guess_blocks: blocks below it map their rows from a cu_seqlens snapshot before the wait
 // (index.h: the one-array maps, and copy_valid_tokens' three), so that a block resident while
 // the kernel ahead drains issues its loads right after the wait.
-// Blocks per multiprocessor each kind's kernel is compiled for (ptxas caps its registers to
-// fit them; 0: no cap): the most that spill nothing on the executed paths (partition's cap
-// spills 16 bytes around the 64-bit division of a non-power-of-two cp in the stale-snapshot
-// remap only; the reorders spill at 8).
-constexpr int wide_copy_min_blocks(ThdRowMap kind) {
-  return kind == ThdRowMap::kPartition                                   ? 6
-         : kind == ThdRowMap::kHalf || kind == ThdRowMap::kCopyValid ? 8
-                                                                         : 0;
-}
-
 template <ThdRowMap KIND>
-__global__ void __launch_bounds__(kCopyThreads, wide_copy_min_blocks(KIND)) copy_wide_rows_kernel(const ThdCopyParams p,
-                                                                      const int pieces_shift,
-                                                                      const int64_t guess_blocks) {
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kCopyThreads, wide_copy_min_blocks(KIND))
+    copy_wide_rows_kernel(const ThdCopyParams p, const int pieces_shift,
+                          const int64_t guess_blocks) {
   constexpr int VPT = kWideVecsPerLane;
   constexpr int kArrays = KIND == ThdRowMap::kCopyValid ? 3 : 1;
   __shared__ int32_t snapshot[kArrays * kSnapshotWords];

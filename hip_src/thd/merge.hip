@@ -64,17 +64,21 @@ hipError_t launch_merge_wide(const ThdMergeParams& p, const thd::WideGrid& g, hi
                    g.pieces_shift, guess_blocks);
 }
 
-// merge_wide_kernel for fp32 rows (halves or whole) of a wave of 8-element vectors or more and
-// heads of 3 vectors or more (24 elements on 32-lane waves); ROCM_ATTN_THD_MERGE_WIDE=0 turns
-// it off, for experiments. false: the caller launches the tile kernel.
+// merge_wide_kernel for fp32 rows (halves or whole) of a wave of 8-element vectors or more,
+// heads of 3 vectors or more (24 elements on 32-lane waves) that no piece boundary splits
+// (ROCM_ATTN_THD_MERGE_WIDE=0 turns it off, for experiments); false: the caller launches the
+// tile kernel.
 bool launch_merge_wide(const ThdMergeParams& p, hipStream_t stream, hipError_t& err) {
   const char* env = getenv("ROCM_ATTN_THD_MERGE_WIDE");
   const int wave = ra_device_wave_size();
   const int64_t nvec = static_cast<int64_t>(p.heads) * (p.dim / 8);
   const int64_t per_wave = static_cast<int64_t>(wave) * thd::kWideVecsPerLane;
-  // a piece's heads (per_wave / nv + 1 at most) must fit the owner lanes of its wave
+  // a piece's heads (per_wave / nv + 1 at most) must fit the owner lanes of its wave, and no
+  // head may straddle two pieces: each would own it, and in place the later one could read the
+  // LSE the other has already merged
+  const int64_t nv = p.dim / 8;
   if ((env != nullptr && atoi(env) == 0) || p.out_dtype != kThdFloat32 || nvec < wave ||
-      per_wave / (p.dim / 8) + 1 > wave ||
+      per_wave / nv + 1 > wave || (nvec > per_wave && per_wave % nv != 0) ||
       (p.map.kind != ThdRowMap::kHalf && p.map.kind != ThdRowMap::kIdentity))
     return false;
   const thd::WideGrid g = thd::wide_grid(p.n, nvec, wave, thd::kMergeThreads);
