@@ -127,6 +127,28 @@ float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// Median ms of `reps` calls of enqueue() on st, each timed alone between two events, after
+// `warmup` untimed ones.
+template <class Enqueue>
+float median_ms(cudaStream_t st, int warmup, int reps, Enqueue enqueue) {
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < warmup + reps; ++i) {
+    CHECK(cudaEventRecord(e0, st));
+    enqueue();
+    CHECK(cudaEventRecord(e1, st));
+    CHECK(cudaEventSynchronize(e1));
+    float t;
+    CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= warmup) ms.push_back(t);
+  }
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
+  return median(ms);
+}
+
 // 2 GiB device-to-device copy, one call at a time (as bench/common.py copy_bandwidth): bytes/s.
 double copy_bandwidth(cudaStream_t st) {
   const size_t n = size_t{2} << 30;
@@ -134,22 +156,12 @@ double copy_bandwidth(cudaStream_t st) {
   CHECK(cudaMalloc(&src, n));
   CHECK(cudaMalloc(&dst, n));
   CHECK(cudaMemsetAsync(src, 1, n, st));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 25; ++i) {
-    CHECK(cudaEventRecord(e0, st));
+  const float ms = median_ms(st, 5, 20, [&] {
     CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, st));
-    CHECK(cudaEventRecord(e1, st));
-    CHECK(cudaEventSynchronize(e1));
-    float t;
-    CHECK(cudaEventElapsedTime(&t, e0, e1));
-    if (i >= 5) ms.push_back(t);
-  }
+  });
   CHECK(cudaFree(src));
   CHECK(cudaFree(dst));
-  return 2.0 * n / (median(ms) * 1e-3);
+  return 2.0 * n / (ms * 1e-3);
 }
 
 struct Case {
@@ -216,20 +228,8 @@ int main(int argc, char** argv) {
           run();
           CHECK(cudaStreamEndCapture(st, &graph));
           CHECK(cudaGraphInstantiate(&exec, graph, 0));
-          cudaEvent_t e0, e1;
-          CHECK(cudaEventCreate(&e0));
-          CHECK(cudaEventCreate(&e1));
-          std::vector<float> per_call;
-          for (int r = 0; r < 13; ++r) {
-            CHECK(cudaEventRecord(e0, st));
-            CHECK(cudaGraphLaunch(exec, st));
-            CHECK(cudaEventRecord(e1, st));
-            CHECK(cudaEventSynchronize(e1));
-            float ms;
-            CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            if (r >= 3) per_call.push_back(ms * 1e3f / calls);
-          }
-          const float us = median(per_call);
+          const float us =
+              median_ms(st, 3, 10, [&] { CHECK(cudaGraphLaunch(exec, st)); }) * 1e3f / calls;
           if (json)
             std::fprintf(json,
                          "{\"rows\": \"%s\", \"op\": \"%s\", \"dst\": \"%s\", \"bytes\": %.0f, "
@@ -245,8 +245,6 @@ int main(int argc, char** argv) {
           }
           CHECK(cudaGraphExecDestroy(exec));
           CHECK(cudaGraphDestroy(graph));
-          CHECK(cudaEventDestroy(e0));
-          CHECK(cudaEventDestroy(e1));
         }
       }
       std::printf("%-28s %-5s %-9s %9.1f %9.2f %6.1f%% %4d %4d\n", c.name.c_str(),
