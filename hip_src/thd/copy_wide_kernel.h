@@ -84,6 +84,28 @@ inline WideGrid wide_grid(int64_t slots, int64_t nvec, int wave, int threads) {
   return g;
 }
 
+// The wide kernels' first resident round (every thread of the block calls it): the rows of
+// this wave mapped by map_rows(m) from a snapshot of cu_seqlens (ARRAYS arrays) taken before
+// the wait, their loads issued by load_rows(row) right after it, and, only if the kernel ahead
+// changed cu_seqlens, mapped again from them and reloaded, before anything is stored. Returns
+// the row; lanes out of range keep `row` and their load_rows must load nothing.
+template <int ARRAYS, int THREADS, class Row, class MapRows, class LoadRows>
+RA_DEVICE Row map_and_load_from_snapshot(const ThdRowMapParams& m, int32_t* snapshot,
+                                         bool in_range, Row row, MapRows map_rows,
+                                         LoadRows load_rows) {
+  const ThdRowMapParams guess_map = take_cu_snapshot<ARRAYS>(m, snapshot, THREADS);
+  if (in_range) row = map_rows(guess_map);
+  ra_wait_for_prior_kernel();
+  ra_let_next_kernel_start();
+  load_rows(row);
+  const bool current = snapshot_share_current<ARRAYS>(m, snapshot, threadIdx.x, THREADS);
+  if (!__syncthreads_and(current)) {  // the kernel ahead changed cu_seqlens: map again
+    if (in_range) row = map_rows(m);
+    load_rows(row);
+  }
+  return row;
+}
+
 // Blocks per multiprocessor each kind's kernel is compiled for on NVIDIA (ptxas caps its
 // registers to fit them; 0: no cap): the most that spill nothing on the executed paths
 // (partition's cap spills 16 bytes around the 64-bit division of a non-power-of-two cp in the
@@ -135,17 +157,9 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kCopyThreads, wide_copy_min_blocks(K
   constexpr bool kMayGuess =
       KIND != ThdRowMap::kToContiguous && KIND != ThdRowMap::kToRankSharded;
   if (kMayGuess && blockIdx.x < guess_blocks && maps_from_snapshot<kArrays>(p.map)) {  // uniform
-    const ThdRowMapParams guess_map = take_cu_snapshot<kArrays>(p.map, snapshot, kCopyThreads);
-    if (in_range) src_row = source_row_uniform<KIND>(guess_map, row);
-    ra_wait_for_prior_kernel();
-    ra_let_next_kernel_start();
-    load(src_row);
-    const bool current =
-        snapshot_share_current<kArrays>(p.map, snapshot, threadIdx.x, kCopyThreads);
-    if (!__syncthreads_and(current)) {  // the kernel ahead changed cu_seqlens: map again
-      if (in_range) src_row = source_row_uniform<KIND>(p.map, row);
-      load(src_row);
-    }
+    src_row = map_and_load_from_snapshot<kArrays, kCopyThreads>(
+        p.map, snapshot, in_range, src_row,
+        [&](const ThdRowMapParams& m) { return source_row_uniform<KIND>(m, row); }, load);
   } else {
     ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
     ra_let_next_kernel_start();

@@ -57,16 +57,7 @@ __global__ void __launch_bounds__(kMergeThreads) grad_wide_kernel(const ThdGradP
   };
   int64_t r = k;
   if (halves && blockIdx.x < guess_blocks && maps_from_snapshot<1>(p.map)) {  // uniform
-    const ThdRowMapParams guess_map = take_cu_snapshot<1>(p.map, snapshot, kMergeThreads);
-    if (in_range) r = row_of(guess_map);
-    ra_wait_for_prior_kernel();
-    ra_let_next_kernel_start();
-    load(r);
-    const bool current = snapshot_share_current<1>(p.map, snapshot, threadIdx.x, kMergeThreads);
-    if (!__syncthreads_and(current)) {  // the kernel ahead changed cu_seqlens: map again
-      if (in_range) r = row_of(p.map);
-      load(r);
-    }
+    r = map_and_load_from_snapshot<1, kMergeThreads>(p.map, snapshot, in_range, r, row_of, load);
   } else {
     ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
     ra_let_next_kernel_start();

@@ -57,25 +57,19 @@ __global__ void __launch_bounds__(kMergeThreads) merge_wide_kernel(const ThdMerg
     }
   };
   int64_t first = -1, r = k;  // first: the first half's row (kHalf), r: the row merged into
-  auto map_rows = [&](const ThdRowMapParams& m) {
-    if (halves) half_rows_uniform(m, k, first, r);
+  auto map_rows = [&](const ThdRowMapParams& m) {  // r, and `first` where it has one
+    int64_t merged = k;
+    if (halves) half_rows_uniform(m, k, first, merged);
+    return merged;
   };
   if (halves && blockIdx.x < guess_blocks && maps_from_snapshot<1>(p.map)) {  // uniform
-    const ThdRowMapParams guess_map = take_cu_snapshot<1>(p.map, snapshot, kMergeThreads);
-    if (in_range) map_rows(guess_map);
-    ra_wait_for_prior_kernel();
-    ra_let_next_kernel_start();
-    load(r);
-    const bool current = snapshot_share_current<1>(p.map, snapshot, threadIdx.x, kMergeThreads);
-    if (!__syncthreads_and(current)) {  // the kernel ahead changed cu_seqlens: map again
-      if (in_range) map_rows(p.map);
-      load(r);
-    }
+    r = map_and_load_from_snapshot<1, kMergeThreads>(p.map, snapshot, in_range, r, map_rows,
+                                                      load);
   } else {
     ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
     ra_let_next_kernel_start();
     if (!in_range) return;
-    map_rows(p.map);
+    r = map_rows(p.map);
     load(r);
   }
   if (!in_range) return;
