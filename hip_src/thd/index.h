@@ -16,10 +16,9 @@ RA_HOST_DEVICE int64_t floordiv(int64_t a, int64_t b) {
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 
-// floordiv for b > 0, without the 64-bit division where it can: a shift for a power-of-two b
-// (cp, 2 cp, 2: an arithmetic shift is floor division for negative a too), a 32-bit division
-// where both fit. Same value as floordiv; a 64-bit division is a ~70-instruction subroutine on
-// NVIDIA, and the row maps run one per 16-byte vector in the wide-row copy kernel.
+// floordiv for b > 0, a shift for a power-of-two b (cp, 2 cp, 2: an arithmetic shift is floor
+// division for negative a too). Same value as floordiv; a 64-bit division is a ~70-instruction
+// subroutine on NVIDIA, and the row maps run once per wave in the wide-row kernels.
 RA_HOST_DEVICE int64_t floordiv_pos(int64_t a, int64_t b) {
   if ((b & (b - 1)) == 0) {
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
