@@ -694,6 +694,67 @@ def test_50k_sequences(dev):
     assert_bitwise("copy_valid_tokens 50k", dst, tdst)
 
 
+# b = 100: more sequences than a cu_seqlens snapshot holds on 32-lane waves (kSnapshotWords: the
+# kernels map after the wait, with the chunked wave searches); b = 300: past every wave search on
+# both wave sizes (binary search). Rows: 8 x 40 (one piece of a wide-row kernel's row, partly
+# empty) and 144 x 64 (1152 16-byte vectors of bf16: 18 pieces on 32-lane waves, 9 on 64, rounded
+# up to 32 / 16 waves a row, the surplus finding no vector; 8 heads a piece of the fp32 merge).
+@pytest.mark.parametrize("row", [pytest.param((8, 40), id="1piece"),
+                                 pytest.param((144, 64), id="18pieces")])
+@pytest.mark.parametrize("b", [100, 300], ids=lambda b: f"b{b}")
+def test_wide_rows_many_sequences(dev, b, row):
+    cp, rank = 4, 1
+    lens, plens, cu_p, total = global_case(b, b, 2 * 2 * cp, cp, dev, slack=1)
+    gen = torch.Generator().manual_seed(b)
+    bf16 = torch.bfloat16
+    x = randn((total,) + row, bf16, dev, gen)
+    ctx = f"b={b} row={row}"
+    shards = []
+    for r in range(cp):
+        k, t = both(thd.partition, x, cu_p, cp, r)
+        assert_bitwise(f"partition rank {r}", k, t, ctx)
+        shards.append(k)
+    k, t = both(thd.reorder_to_contiguous, torch.cat(shards), cu_p, cp)
+    assert_bitwise("reorder_to_contiguous", k, t, ctx)
+    assert torch.equal(k, x), ctx
+    k, t = both(thd.reorder_to_rank_sharded, x, cu_p, cp)
+    assert_bitwise("reorder_to_rank_sharded", k, t, ctx)
+    cu_loc = thd.local_cu_seqlens(cu_p, cp)
+    shard = shards[rank]
+    for half in ("first", "second"):
+        k, t = both(thd.read_half, shard, cu_loc, half)
+        assert_bitwise(f"read_half {half}", k, t, ctx)
+    # valid tokens: packed -> padded (fill), padded -> packed
+    cu_valid = cu_of(lens, dev)
+    packed = randn((sum(lens),) + row, bf16, dev, gen)
+    dst = randn((total,) + row, bf16, dev, gen)
+    kd, td = dst.clone(), dst.clone()
+    thd.copy_valid_tokens(kd, packed, cu_valid, cu_p, None, fill=0.0, backend="kernel")
+    thd.copy_valid_tokens(td, packed, cu_valid, cu_p, None, fill=0.0, backend="torch")
+    assert_bitwise("copy_valid_tokens packed -> padded", kd, td, ctx)
+    k, t = both(thd.copy_valid_tokens, torch.empty_like(packed), x, cu_valid, None, cu_p)
+    assert_bitwise("copy_valid_tokens padded -> packed", k, t, ctx)
+    # the rank's second halves: fp32 accumulator, bf16 step (and a bf16 accumulator)
+    h, t_loc = row[0], shard.shape[0]
+    lse, lse_step = lse_pair(h, t_loc, t_loc // 2, dev, gen)
+    step = randn((t_loc // 2,) + row, bf16, dev, gen)
+    for acc in (shard.float(), shard):
+        (ko, kl), (to, tl) = both(thd.merge_partial, acc, lse, step, lse_step, cu_loc, True)
+        assert_merge_close(f"merge {acc.dtype} out", ko, to, ctx)
+        assert_merge_close(f"merge {acc.dtype} lse", kl, tl, ctx)
+        ko, kl = acc.clone(), lse.clone()
+        thd.merge_partial(ko, kl, step, lse_step, cu_loc, True, inplace=True, backend="kernel")
+        assert_merge_close(f"merge_ {acc.dtype} out", ko, to, ctx)
+        assert_merge_close(f"merge_ {acc.dtype} lse", kl, tl, ctx)
+    k, t = both(thd.out_correction, shard.float(), step, tl, lse_step, cu_loc, True)
+    assert_merge_close("out_correction", k, t, ctx)
+    for ops in (("none", "add"), ("copy", "none")):
+        k, t = both(thd.grad_correction, shard, step, cu_loc, *ops)
+        assert_bitwise(f"grad_correction {ops}", k, t, ctx)
+    k, t = both(thd.grad_correction, shard, x[:t_loc], cu_loc, "add", "add")
+    assert_bitwise("grad_correction add-add", k, t, ctx)
+
+
 # --------------------------------------------------------------------------------------------
 # dispatch: auto picks the kernels; what they do not serve falls back (correctly)
 # --------------------------------------------------------------------------------------------
