@@ -52,7 +52,8 @@ bool launch_wide(const ThdCopyParams& p, int64_t nvec, hipStream_t stream, hipEr
   const int wave = ra_device_wave_size();
   if ((env != nullptr && atoi(env) == 0) || nvec < wave) return false;
   if (p.rows > (int64_t{1} << 40) / p.outer) return false;
-  const thd::WideGrid g = thd::wide_grid(p.outer * p.rows, nvec, wave, thd::kCopyThreads);
+  const thd::WideGrid g = thd::wide_grid(p.outer * p.rows, nvec, wave, thd::kCopyThreads,
+                                         thd::kWideVecsPerLane);
   if (g.blocks < 0) return false;
   switch (p.map.kind) {
     case ThdRowMap::kPartition:

@@ -44,8 +44,8 @@ RA_DEVICE void half_rows_uniform(const ThdRowMapParams& m, int64_t k, int64_t& f
 constexpr int kWideVecsPerLane = 2;
 
 // Where a lane of a wide-row kernel works: its wave's slot (the row, or row and half) and piece
-// of it (pieces fastest, 2^pieces_shift per slot), and its vectors piece_vector(u).
-template <int THREADS>
+// of it (pieces fastest, 2^pieces_shift per slot), and its VPT vectors piece_vector(u).
+template <int THREADS, int VPT>
 struct WideLane {
   static constexpr int kW = RA_WAVE_SIZE;
   int lane;
@@ -58,8 +58,8 @@ struct WideLane {
     piece = static_cast<int>(wave & ((1 << pieces_shift) - 1));
     slot = wave >> pieces_shift;
   }
-  // vector u of the lane's kWideVecsPerLane: coalesced across the wave
-  RA_DEVICE int piece_vector(int u) const { return (piece * kWideVecsPerLane + u) * kW + lane; }
+  // vector u of the lane's VPT: coalesced across the wave
+  RA_DEVICE int piece_vector(int u) const { return (piece * VPT + u) * kW + lane; }
 };
 
 // Grid of a wide-row launch over `slots` rows (or row halves) of nvec vectors: log2 of the
@@ -70,11 +70,11 @@ struct WideGrid {
   int64_t blocks = -1;
 };
 
-inline WideGrid wide_grid(int64_t slots, int64_t nvec, int wave, int threads) {
+inline WideGrid wide_grid(int64_t slots, int64_t nvec, int wave, int threads, int vpt) {
   WideGrid g;
   // vector indices are int in the kernels, up to twice nvec in the last piece
   if (nvec > (int64_t{1} << 30)) return g;
-  const int64_t per_wave = static_cast<int64_t>(wave) * kWideVecsPerLane;
+  const int64_t per_wave = static_cast<int64_t>(wave) * vpt;
   while ((per_wave << g.pieces_shift) < nvec) ++g.pieces_shift;
   if (slots > (INT64_MAX >> g.pieces_shift) / 2) return g;
   const int64_t waves = slots << g.pieces_shift;
@@ -127,7 +127,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kCopyThreads, wide_copy_min_blocks(K
   constexpr int VPT = kWideVecsPerLane;
   constexpr int kArrays = KIND == ThdRowMap::kCopyValid ? 3 : 1;
   __shared__ int32_t snapshot[kArrays * kSnapshotWords];
-  const WideLane<kCopyThreads> w(pieces_shift);
+  const WideLane<kCopyThreads, VPT> w(pieces_shift);
   const int64_t slot = w.slot;  // (o, row), rows fastest
   const bool in_range = slot < p.outer * p.rows;  // false: the last block's surplus waves
   int64_t o = 0, row = slot;

@@ -1,7 +1,7 @@
 // Gradient correction kernel for wide rows (grad_correction over halves or whole rows): rows
 // of at least one wave of 8-element vectors, 16-bit or fp32 rows of one dtype each.
 //
-// The copy kernels' wide-row scheme (copy_wide_kernel.h): one wave moves kWideVecsPerLane x
+// The copy kernels' wide-row scheme (copy_wide_kernel.h): one wave moves kGradWideVecsPerLane x
 // wave vectors of one row of one half of step token k, maps that row itself (one uniform
 // search, half_rows), and ends; the grid holds one wave per piece. Rows of the first resident
 // round of blocks come from a cu_seqlens snapshot before the wait.
@@ -14,6 +14,13 @@
 
 namespace thd {
 
+// Vectors per lane: one, where the copies move two. Each vector here is two loads (grad and
+// step), so one already keeps the copies' two loads in flight per lane.
+// NOTE: H200, bench_thd grad_correction_ (env A/B, 3 rounds in one process): one vector per lane
+// 25.6 / 13.6-13.7 / 7.7 / 55.0 us at b16 cp2 / cp4 / cp8 and var64 against two's 25.8-25.9 /
+// 13.8-13.9 / 7.9 / 54.9 (docs/BENCHMARKS.md, session 11).
+constexpr int kGradWideVecsPerLane = 1;
+
 // Waves: (k, half, piece), pieces fastest; hshift 1: both halves move (bit pieces_shift of the
 // wave picks the half), 0: only `only_half` (kIdentity: half 0, the row k itself).
 template <int GDT, int SDT>
@@ -22,9 +29,9 @@ __global__ void __launch_bounds__(kMergeThreads) grad_wide_kernel(const ThdGradP
                                                                   const int hshift,
                                                                   const int only_half,
                                                                   const int64_t guess_blocks) {
-  constexpr int VPT = kWideVecsPerLane;
+  constexpr int VPT = kGradWideVecsPerLane;
   __shared__ int32_t snapshot[kSnapshotWords];
-  const WideLane<kMergeThreads> w(pieces_shift);
+  const WideLane<kMergeThreads, VPT> w(pieces_shift);
   const int half = hshift ? static_cast<int>(w.slot & 1) : only_half;
   const int64_t k = w.slot >> hshift;
   const bool in_range = k < p.n;  // false: the last block's surplus waves

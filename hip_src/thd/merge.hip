@@ -81,7 +81,8 @@ bool launch_merge_wide(const ThdMergeParams& p, hipStream_t stream, hipError_t& 
       per_wave / nv + 1 > wave || (nvec > per_wave && per_wave % nv != 0) ||
       (p.map.kind != ThdRowMap::kHalf && p.map.kind != ThdRowMap::kIdentity))
     return false;
-  const thd::WideGrid g = thd::wide_grid(p.n, nvec, wave, thd::kMergeThreads);
+  const thd::WideGrid g =
+      thd::wide_grid(p.n, nvec, wave, thd::kMergeThreads, thd::kWideVecsPerLane);
   if (g.blocks < 0) return false;
   switch (p.step_dtype) {
     case kThdBFloat16:
@@ -129,7 +130,8 @@ bool launch_grad_wide(const ThdGradParams& p, int64_t nvec, hipStream_t stream,
   }
   const int hshift = move0 && move1 ? 1 : 0;
   const int only_half = move0 ? 0 : 1;
-  const thd::WideGrid g = thd::wide_grid(p.n << hshift, nvec, wave, thd::kMergeThreads);
+  const thd::WideGrid g =
+      thd::wide_grid(p.n << hshift, nvec, wave, thd::kMergeThreads, thd::kGradWideVecsPerLane);
   if (g.blocks < 0) return false;
   switch (p.grad_dtype) {
     case kThdBFloat16:

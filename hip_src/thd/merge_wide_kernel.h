@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_wide_kernel(const ThdMerg
   constexpr int kW = RA_WAVE_SIZE;
   constexpr int VPT = kWideVecsPerLane;
   __shared__ int32_t snapshot[kSnapshotWords];
-  const WideLane<kMergeThreads> w(pieces_shift);
+  const WideLane<kMergeThreads, VPT> w(pieces_shift);
   const int64_t k = w.slot;
   const bool in_range = k < p.n;  // false: the last block's surplus waves
   const bool halves = p.map.kind == ThdRowMap::kHalf;
