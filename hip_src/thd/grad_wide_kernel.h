@@ -17,8 +17,8 @@ namespace thd {
 // Vectors per lane: one, where the copies move two. Each vector here is two loads (grad and
 // step), so one already keeps the copies' two loads in flight per lane.
 // NOTE: H200, bench_thd grad_correction_ (env A/B, 3 rounds in one process): one vector per lane
-// 25.6 / 13.6-13.7 / 7.7 / 55.0 us at b16 cp2 / cp4 / cp8 and var64 against two's 25.8-25.9 /
-// 13.8-13.9 / 7.9 / 54.9 (docs/BENCHMARKS.md, session 11).
+// 25.6 / 13.6-13.8 / 7.7 / 55.0-55.1 us at b16 cp2 / cp4 / cp8 and var64 against two's
+// 25.8-25.9 / 13.8-13.9 / 7.9 / 54.9 (docs/BENCHMARKS.md, session 11).
 constexpr int kGradWideVecsPerLane = 1;
 
 // Waves: (k, half, piece), pieces fastest; hshift 1: both halves move (bit pieces_shift of the
