@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # On a GPU machine: clean build of the extension, GPU tests, benchmarks -- in one call.
 # Prints a short table last; writes logs and JSON under $OUT when set (else build/gpu_check).
-# Usage: bash tools/gpu_check.sh [--no-bench] [--no-thd-bench] [--no-tests] [--no-build] [--bench-cases a,b]
-#          [--tests "pytest args"] [--cp "bench_cp args"]...
-# --no-bench skips the single-GPU benchmarks (small-seq, THD), --no-thd-bench the THD one; each --cp adds one
+# Usage: bash tools/gpu_check.sh [--no-bench] [--no-thd-bench] [--no-small-seq-bench] [--no-tests] [--no-build]
+#          [--bench-cases a,b] [--tests "pytest args"] [--cp "bench_cp args"]...
+# --no-bench skips the single-GPU benchmarks (small-seq, THD), --no-thd-bench / --no-small-seq-bench one of
+# them; the THD one is followed by tools/diag/launch_ceiling.cu (what a kernel that maps nothing reaches at
+# the THD launch sizes, same run; NVIDIA only) where nvcc is there; each --cp adds one
 # tools/bench_cp.py run with those arguments (after the tests); --no-build reuses the extension
 # a previous call on the same (still warm) machine built.
 set -uo pipefail
@@ -11,12 +13,13 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu_check}
 mkdir -p "$OUT"
 export MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
-BENCH=1; THD_BENCH=1; TESTS=1; BUILD=1; CASES=""; TEST_ARGS="tests"; CP_RUNS=()
+BENCH=1; THD_BENCH=1; SMALL_BENCH=1; TESTS=1; BUILD=1; CASES=""; TEST_ARGS="tests"; CP_RUNS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-bench) BENCH=0 ;;
     --no-tests) TESTS=0 ;;
     --no-thd-bench) THD_BENCH=0 ;;
+    --no-small-seq-bench) SMALL_BENCH=0 ;;
     --no-build) BUILD=0 ;;
     --cp) CP_RUNS+=("$2"); shift ;;
     --tests) TEST_ARGS="$2"; shift ;;
@@ -49,13 +52,21 @@ if [ $TESTS -eq 1 ]; then
 fi
 
 if [ $BENCH -eq 1 ]; then
-  python3 tools/bench_small_seq.py --json "$OUT/bench_small_seq.json" $CASES > "$OUT/bench_small_seq.log" 2>&1
-  echo "bench rc=$?"
-  sed -n '/copy bandwidth/,$p' "$OUT/bench_small_seq.log"
+  if [ $SMALL_BENCH -eq 1 ]; then
+    python3 tools/bench_small_seq.py --json "$OUT/bench_small_seq.json" $CASES > "$OUT/bench_small_seq.log" 2>&1
+    echo "bench rc=$?"
+    sed -n '/copy bandwidth/,$p' "$OUT/bench_small_seq.log"
+  fi
   if [ $THD_BENCH -eq 1 ]; then
     python3 tools/bench_thd.py --json "$OUT/bench_thd.json" > "$OUT/bench_thd.log" 2>&1
     echo "bench_thd rc=$?"
     tail -48 "$OUT/bench_thd.log"
+    if command -v nvcc >/dev/null; then
+      nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o build/launch_ceiling \
+        tools/diag/launch_ceiling.cu && build/launch_ceiling "$OUT/launch_ceiling.json" > "$OUT/launch_ceiling.log" 2>&1
+      echo "launch_ceiling rc=$?"
+      cat "$OUT/launch_ceiling.log"
+    fi
   fi
 fi
 i=0
