@@ -62,10 +62,15 @@ if [ $BENCH -eq 1 ]; then
     echo "bench_thd rc=$?"
     tail -48 "$OUT/bench_thd.log"
     if command -v nvcc >/dev/null; then
-      nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o build/launch_ceiling \
-        tools/diag/launch_ceiling.cu && build/launch_ceiling "$OUT/launch_ceiling.json" > "$OUT/launch_ceiling.log" 2>&1
-      echo "launch_ceiling rc=$?"
-      cat "$OUT/launch_ceiling.log"
+      mkdir -p build
+      if nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o build/launch_ceiling \
+          tools/diag/launch_ceiling.cu; then
+        build/launch_ceiling "$OUT/launch_ceiling.json" > "$OUT/launch_ceiling.log" 2>&1
+        echo "launch_ceiling rc=$?"
+        cat "$OUT/launch_ceiling.log"
+      else
+        echo "launch_ceiling: nvcc failed"
+      fi
     fi
   fi
 fi
