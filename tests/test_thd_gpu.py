@@ -879,12 +879,16 @@ def test_cuda_graph_partition_merge(dev):
         assert torch.equal(a, e), f"{name}: graph replay != eager"
 
 
-def test_dependent_calls_back_to_back(dev):
+@pytest.mark.parametrize("prefetch", ["default", "0"])
+def test_dependent_calls_back_to_back(dev, prefetch, monkeypatch):
     """A chain of THD kernels, each reading what the one before it wrote, launched back to back
     (on sm_90 each may start while the one before drains: common/launch.h): equal to the torch
     path, eagerly on a poisoned allocator and under graph replay. The first kernel (a 100+ MB
     reorder, several waves of blocks) is still writing when the next one's blocks start, so a
-    kernel that touched memory before its wait would read poison or the last round's data."""
+    kernel that touched memory before its wait would read poison or the last round's data.
+    With and without the L2 prefetch of guessed rows before the wait (copy_wide_kernel.h)."""
+    if prefetch != "default":
+        monkeypatch.setenv("ROCM_ATTN_THD_PREFETCH", prefetch)
     cp, rank, b, h, d = 4, 1, 64, 16, 64
     rng = random.Random(7)
     plens = padded(rand_lens(rng, b, 2048, lo=1), cp)
@@ -928,12 +932,16 @@ def test_dependent_calls_back_to_back(dev):
         check(static, chain("torch"), f"replay {round_}")
 
 
-def test_cu_seqlens_written_by_the_kernel_ahead(dev):
+@pytest.mark.parametrize("prefetch", ["default", "0"])
+def test_cu_seqlens_written_by_the_kernel_ahead(dev, prefetch, monkeypatch):
     """The copy, merge and grad kernels map their first rows from a snapshot of cu_seqlens
-    taken before they wait for the kernel ahead (index.h); here that kernel is the one writing
-    cu_seqlens (a THD copy into the same buffer, so on sm_90 the two overlap), turning a stale
-    layout into this round's: every output must follow this round's layout, eagerly on a
-    poisoned allocator and under graph replay."""
+    taken before they wait for the kernel ahead (index.h), and put those rows in L2 (unless
+    ROCM_ATTN_THD_PREFETCH=0); here that kernel is the one writing cu_seqlens (a THD copy into
+    the same buffer, so on sm_90 the two overlap), turning a stale layout into this round's:
+    every output must follow this round's layout, eagerly on a poisoned allocator and under
+    graph replay."""
+    if prefetch != "default":
+        monkeypatch.setenv("ROCM_ATTN_THD_PREFETCH", prefetch)
     # b + 1 <= the snapshot's words on every wave size; few enough tokens that grad_correction
     # takes its snapshot kernel too (one resident wave of blocks)
     cp, rank, b, h, d = 2, 1, 48, 4, 64

@@ -262,6 +262,17 @@ RA_DEVICE int32_t ra_load_from_l2(const int32_t* p) {
 #endif
 }
 
+// An L2 prefetch of the line holding p: a hint that brings nothing into registers or L1, so it
+// may be issued before ra_wait_for_prior_kernel() (a line the kernel ahead writes afterwards is
+// updated in L2, which every load after the wait reads through). NVIDIA sm_90+ only.
+RA_DEVICE void ra_prefetch_l2(const void* p) {
+#if RA_OVERLAPPED_LAUNCH
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
+
 // Matrix units (mma.sync on NVIDIA, MFMA on CDNA): tiles for attention-sized products.
 #include "mma.h"
 

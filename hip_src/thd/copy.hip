@@ -41,7 +41,8 @@ hipError_t launch_wide_kind(const ThdCopyParams& p, const thd::WideGrid& g, hipS
           ? ra_resident_blocks<thd::copy_wide_rows_kernel<KIND>>(thd::kCopyThreads)
           : 0;
   return ra_launch(thd::copy_wide_rows_kernel<KIND>, dim3(static_cast<unsigned>(g.blocks)),
-                   dim3(thd::kCopyThreads), stream, p, g.pieces_shift, guess_blocks);
+                   dim3(thd::kCopyThreads), stream, p, g.pieces_shift, guess_blocks,
+                   thd::thd_prefetch_setting(1));
 }
 
 // copy_wide_rows_kernel where rows hold a wave of 16-byte vectors and the grid fits

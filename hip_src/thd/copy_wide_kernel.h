@@ -17,6 +17,8 @@
 // session 10).
 #pragma once
 
+#include <cstdlib>
+
 #include "copy_kernel.h"
 
 namespace thd {
@@ -84,17 +86,28 @@ inline WideGrid wide_grid(int64_t slots, int64_t nvec, int wave, int threads, in
   return g;
 }
 
+// The L2 prefetch of the guessed rows before the wait (kernels below and merge_kernel.h): on
+// unless ROCM_ATTN_THD_PREFETCH says otherwise (read at every launch, so that a graph keeps
+// the choice made at capture; for A/B runs). Returns the variable's value, or `dflt` unset.
+inline int thd_prefetch_setting(int dflt) {
+  const char* env = getenv("ROCM_ATTN_THD_PREFETCH");
+  return env != nullptr ? atoi(env) : dflt;
+}
+
 // The wide kernels' first resident round (every thread of the block calls it): the rows of
 // this wave mapped by map_rows(m) from a snapshot of cu_seqlens (ARRAYS arrays) taken before
 // the wait, their loads issued by load_rows(row) right after it, and, only if the kernel ahead
 // changed cu_seqlens, mapped again from them and reloaded, before anything is stored. Returns
-// the row; lanes out of range keep `row` and their load_rows must load nothing.
-template <int ARRAYS, int THREADS, class Row, class MapRows, class LoadRows>
+// the row; lanes out of range keep `row` and their load_rows must load nothing. With
+// `prefetch`, prefetch_rows(row) puts the guessed rows in L2 before the wait.
+template <int ARRAYS, int THREADS, class Row, class MapRows, class LoadRows, class PrefetchRows>
 RA_DEVICE Row map_and_load_from_snapshot(const ThdRowMapParams& m, int32_t* snapshot,
                                          bool in_range, Row row, MapRows map_rows,
-                                         LoadRows load_rows) {
+                                         LoadRows load_rows, bool prefetch,
+                                         PrefetchRows prefetch_rows) {
   const ThdRowMapParams guess_map = take_cu_snapshot<ARRAYS>(m, snapshot, THREADS);
   if (in_range) row = map_rows(guess_map);
+  if (prefetch && in_range) prefetch_rows(row);  // into L2 only: safe before the wait
   ra_wait_for_prior_kernel();
   ra_let_next_kernel_start();
   load_rows(row);
@@ -123,7 +136,7 @@ constexpr int wide_copy_min_blocks(ThdRowMap kind) {
 template <ThdRowMap KIND>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kCopyThreads, wide_copy_min_blocks(KIND))
     copy_wide_rows_kernel(const ThdCopyParams p, const int pieces_shift,
-                          const int64_t guess_blocks) {
+                          const int64_t guess_blocks, const int prefetch) {
   constexpr int VPT = kWideVecsPerLane;
   constexpr int kArrays = KIND == ThdRowMap::kCopyValid ? 3 : 1;
   __shared__ int32_t snapshot[kArrays * kSnapshotWords];
@@ -151,15 +164,31 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kCopyThreads, wide_copy_min_blocks(K
         buf[u] = VecOf<16>::fill(p.fill_bytes);
     }
   };
+  auto prefetch_rows = [&](int64_t src_row) {
+    const char* src = static_cast<const char*>(p.src);
+    const int64_t base = o * p.src_outer_stride + src_row * p.src_row_stride;
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+      const int v = w.piece_vector(u);
+      if (v < nvec && src_row >= 0)
+        ra_prefetch_l2(src + base + vec_offset<16>(v, vph, p.heads, p.src_head_stride));
+    }
+  };
   int64_t src_row = -1;
   // the reorders map without a snapshot: its second copy of their maps took them from 36-39 to
   // 47-60 registers and cost 5-10% (H200), more than mapping before the wait saves them
   constexpr bool kMayGuess =
       KIND != ThdRowMap::kToContiguous && KIND != ThdRowMap::kToRankSharded;
+  // NOTE: H200, env A/B in one process: the L2 prefetch took copy_valid_tokens b16 cp2 / cp4 /
+  // cp8 / var64 from 34.1 / 18.1 / 10.1 / 73.6 to 33.7 / 17.5 / 10.0 / 73.1 us and partition
+  // 0.2-0.9% down, but read_half cp8 (one resident round) from 4.8 to 5.2 us, while its other
+  // rows moved 0-2%: read_half does without it (docs/BENCHMARKS.md, session 12)
+  constexpr bool kMayPrefetch = KIND == ThdRowMap::kPartition || KIND == ThdRowMap::kCopyValid;
   if (kMayGuess && blockIdx.x < guess_blocks && maps_from_snapshot<kArrays>(p.map)) {  // uniform
     src_row = map_and_load_from_snapshot<kArrays, kCopyThreads>(
         p.map, snapshot, in_range, src_row,
-        [&](const ThdRowMapParams& m) { return source_row_uniform<KIND>(m, row); }, load);
+        [&](const ThdRowMapParams& m) { return source_row_uniform<KIND>(m, row); }, load,
+        kMayPrefetch && prefetch != 0, prefetch_rows);
   } else {
     ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
     ra_let_next_kernel_start();

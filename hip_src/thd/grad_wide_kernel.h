@@ -28,7 +28,8 @@ __global__ void __launch_bounds__(kMergeThreads) grad_wide_kernel(const ThdGradP
                                                                   const int pieces_shift,
                                                                   const int hshift,
                                                                   const int only_half,
-                                                                  const int64_t guess_blocks) {
+                                                                  const int64_t guess_blocks,
+                                                                  const int prefetch) {
   constexpr int VPT = kGradWideVecsPerLane;
   __shared__ int32_t snapshot[kSnapshotWords];
   const WideLane<kMergeThreads, VPT> w(pieces_shift);
@@ -56,6 +57,26 @@ __global__ void __launch_bounds__(kMergeThreads) grad_wide_kernel(const ThdGradP
       }
     }
   };
+  // the guessed rows into L2 before the wait (map_and_load_from_snapshot)
+  // NOTE: H200, env A/B in one process: b16 cp2 / cp4 / cp8 / var64 25.5 / 13.7 / 7.7 / 55.1
+  // -> 25.4 / 13.6 / 7.5 / 54.9 us (docs/BENCHMARKS.md, session 12)
+  auto prefetch_rows = [&](int64_t r) {
+    const int64_t sr = p.step_is_half ? k : r;
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+      const int v = w.piece_vector(u);
+      if (v < nvec) {
+        if (op != kThdGradCopy)
+          ra_prefetch_l2(static_cast<const char*>(p.grad) +
+                         (r * p.grad_tok + row_offset<8>(v, vph, p.heads, p.grad_head)) *
+                             kRowBytes<GDT>);
+        if (op != kThdGradNone)
+          ra_prefetch_l2(static_cast<const char*>(p.step) +
+                         (sr * p.step_tok + row_offset<8>(v, vph, p.heads, p.step_head)) *
+                             kRowBytes<SDT>);
+      }
+    }
+  };
   auto row_of = [&](const ThdRowMapParams& m) {
     if (!halves) return k;
     int64_t first, second;
@@ -64,7 +85,8 @@ __global__ void __launch_bounds__(kMergeThreads) grad_wide_kernel(const ThdGradP
   };
   int64_t r = k;
   if (halves && blockIdx.x < guess_blocks && maps_from_snapshot<1>(p.map)) {  // uniform
-    r = map_and_load_from_snapshot<1, kMergeThreads>(p.map, snapshot, in_range, r, row_of, load);
+    r = map_and_load_from_snapshot<1, kMergeThreads>(p.map, snapshot, in_range, r, row_of, load,
+                                                      prefetch != 0, prefetch_rows);
   } else {
     ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
     ra_let_next_kernel_start();

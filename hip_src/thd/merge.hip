@@ -108,7 +108,7 @@ hipError_t launch_grad_wide(const ThdGradParams& p, const thd::WideGrid& g, int 
           : 0;
   return ra_launch(thd::grad_wide_kernel<GDT, SDT>, dim3(static_cast<unsigned>(g.blocks)),
                    dim3(thd::kMergeThreads), stream, p, g.pieces_shift, hshift, only_half,
-                   guess_blocks);
+                   guess_blocks, thd::thd_prefetch_setting(1));
 }
 
 // grad_wide_kernel for halves or whole rows of a wave of 8-element vectors or more, one dtype
@@ -179,10 +179,13 @@ hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream) {
   // lanes per item: about one vector each (the kernel caps it at the wave)
   const int shift = rows ? thd::lanes_shift(p.dim / vec, 1, thd::kMergeThreads) : 0;
   const int tshift = merge_tile_shift(items, wave);
+  // units batches per lane put in L2 before the wait (ROCM_ATTN_THD_PREFETCH: 0 none)
+  const int prefetch_batches = thd::thd_prefetch_setting(thd::kMergePrefetchBatches);
   const dim3 grid = grid_for(items, tshift, wave);
   const dim3 block(thd::kMergeThreads);
 #define RA_THD_MERGE(VEC, ODT, SDT) \
-  return ra_launch(thd::merge_kernel<VEC, ODT, SDT>, grid, block, stream, p, shift, tshift)
+  return ra_launch(thd::merge_kernel<VEC, ODT, SDT>, grid, block, stream, p, shift, tshift, \
+                   prefetch_batches)
   const int od = p.out_dtype, sd = p.step_dtype;
   if (!vec8) {
     RA_THD_MERGE(1, thd::kThdAnyDtype, thd::kThdAnyDtype);

@@ -69,6 +69,10 @@ RA_DEVICE void step_weights(bool correction, float a, float b, float& new_lse, f
 // kThdFloat32, or kThdAnyDtype (read at run time: the fallback instantiation).
 constexpr int kThdAnyDtype = -1;
 
+// Bytes per element of a row dtype fixed at compile time (not kThdAnyDtype).
+template <int DT>
+constexpr int kRowBytes = DT == kThdFloat32 ? 4 : 2;
+
 // VEC elements of a row kept as raw bits (packed 16-bit pairs stay packed) from load to use.
 template <int DT, int VEC>
 struct RowVec {
@@ -203,6 +207,14 @@ RA_DEVICE void half_rows_wave(const ThdRowMapParams& m, const int32_t* cu, int k
 // and 2-9 points above it on grad_correction; U = 8 (127) lost 2-16 points (docs/NOTES.md).
 constexpr int kMergeUnits = 2;
 
+// Batches of kMergeUnits units per lane whose rows the snapshot waves put in L2 before the wait
+// (with the owners' LSEs); the launcher's default.
+// NOTE: H200, env A/B in one process, merge_second_half_ b16 cp2 / cp4 / cp8 / var64: none
+// 29.2 / 15.6 / 8.9 / 62.3 us; the LSEs and one batch 28.4 / 14.5 / 8.6 / 62.0; the LSEs alone
+// 29.1 / 15.3 / 9.0 / 62.3; two batches 28.9 / 14.8 / 9.6 / 63.1; the whole tile 34.3 / 16.3 /
+// 9.5 / 70.7 (docs/BENCHMARKS.md, session 12).
+constexpr int kMergePrefetchBatches = 1;
+
 // Merge kernel: one wave per tile of 2^tile_shift (step token k, head h) items, heads fastest
 // (tokens fastest in LSE-only launches, where the LSE [H, t] accesses then coalesce).
 //  1. Owner lanes (lane j < tile: item tile_base + j) do the per-item work once: the row search,
@@ -219,7 +231,8 @@ constexpr int kMergeUnits = 2;
 template <int VEC, int ODT, int SDT>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergeParams p,
                                                               const int lpr_shift,
-                                                              const int tile_shift) {
+                                                              const int tile_shift,
+                                                              const int prefetch_batches) {
   __shared__ int32_t snapshot[kSnapshotWords];
   constexpr int U = kMergeUnits;
   constexpr int kW = RA_WAVE_SIZE;
@@ -264,6 +277,34 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
     int h = static_cast<int>(heads_fastest ? minor : major);
     int r = k, r0 = -1, sk = k;  // running row, first-half row, step row
     float a = 0.f, b = 0.f;
+    // Before the wait, rows guessed from the snapshot: the owners' LSEs and the first
+    // prefetch_batches x U units of rows into L2 (a hint: what the loads after the wait read
+    // is L2's current line either way), so that the first loads after it find them there.
+    auto prefetch_guessed_rows = [&]() {
+      if (lane < in_tile) {
+        ra_prefetch_l2(p.lse + h * p.lse_head + r * p.lse_tok);
+        ra_prefetch_l2(p.lse_step + h * p.lse_step_head + sk * p.lse_step_tok);
+      }
+      const int passes = (in_tile + (1 << ipp_shift) - 1) >> ipp_shift;
+      const int units = min(passes << cshift, prefetch_batches * U);
+#pragma unroll 1
+      for (int unit = 0; unit < units; ++unit) {  // warp-uniform: the shuffles need every lane
+        const int it = ((unit >> cshift) << ipp_shift) + grp;
+        const int src = it & (kW - 1);
+        const int ur = ra_shfl(r, src);
+        const int uk = ra_shfl(sk, src);
+        const int uh = ra_shfl(h, src);
+        const int v = ((unit & cmask) << shift) + sub;
+        if (it < in_tile && v < nv) {
+          ra_prefetch_l2(static_cast<const char*>(p.out) +
+                         (static_cast<int64_t>(ur) * p.out_tok + uh * p.out_head + v * VEC) *
+                             kRowBytes<ODT>);
+          ra_prefetch_l2(static_cast<const char*>(p.out_step) +
+                         (static_cast<int64_t>(uk) * p.step_tok + uh * p.step_head + v * VEC) *
+                             kRowBytes<SDT>);
+        }
+      }
+    };
     auto map_rows = [&](const int32_t* cu) {
       if (halves) {  // one search for both halves
         int rf, rs;
@@ -271,6 +312,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
         r = rs;
         r0 = p.copy_first_half ? rf : -1;
       }
+      if (!waited && prefetch_batches > 0) prefetch_guessed_rows();
       if (!waited) {
         ra_wait_for_prior_kernel();
         ra_let_next_kernel_start();

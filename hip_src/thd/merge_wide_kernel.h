@@ -63,8 +63,10 @@ __global__ void __launch_bounds__(kMergeThreads) merge_wide_kernel(const ThdMerg
     return merged;
   };
   if (halves && blockIdx.x < guess_blocks && maps_from_snapshot<1>(p.map)) {  // uniform
+    // no L2 prefetch of the guessed rows here: not measured for these rows (bench_thd has no
+    // fp32 accumulator merged by halves)
     r = map_and_load_from_snapshot<1, kMergeThreads>(p.map, snapshot, in_range, r, map_rows,
-                                                      load);
+                                                      load, false, [](int64_t) {});
   } else {
     ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
     ra_let_next_kernel_start();
