@@ -14,12 +14,13 @@
 
 namespace thd {
 
-// Vectors per lane: one, where the copies move two. Each vector here is two loads (grad and
-// step), so one already keeps the copies' two loads in flight per lane.
-// NOTE: H200, bench_thd grad_correction_ (env A/B, 3 rounds in one process): one vector per lane
-// 25.6 / 13.6-13.8 / 7.7 / 55.0-55.1 us at b16 cp2 / cp4 / cp8 and var64 against two's
-// 25.8-25.9 / 13.8-13.9 / 7.9 / 54.9 (docs/BENCHMARKS.md, session 11).
-constexpr int kGradWideVecsPerLane = 1;
+// Vectors per lane: two, as the copies. With the L2 prefetch of the first round's rows before
+// the wait, two beat one on every row; without it one was ahead (two loads per lane either way).
+// NOTE: H200, bench_thd grad_correction_ (env A/B, 3 rounds in one process), b16 cp2 / cp4 / cp8
+// and var64: with the prefetch two vectors 25.2 / 13.1 / 7.3 / 54.3 us against one's 25.3 /
+// 13.4 / 7.5 / 54.8 (session 12); without it (session 11) one 25.6 / 13.6 / 7.7 / 55.0 against
+// two's 25.8 / 13.8 / 7.9 / 54.9, and at cp8 (session 12) 7.7 against 7.75 (docs/BENCHMARKS.md).
+constexpr int kGradWideVecsPerLane = 2;
 
 // Waves: (k, half, piece), pieces fastest; hshift 1: both halves move (bit pieces_shift of the
 // wave picks the half), 0: only `only_half` (kIdentity: half 0, the row k itself).
