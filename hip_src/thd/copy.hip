@@ -40,9 +40,11 @@ hipError_t launch_wide_kind(const ThdCopyParams& p, const thd::WideGrid& g, hipS
       ra_device_overlapped_launch()
           ? ra_resident_blocks<thd::copy_wide_rows_kernel<KIND>>(thd::kCopyThreads)
           : 0;
+  // L2 prefetch of the guessed rows (copy_wide_kernel.h), except where the whole grid is one
+  // resident round: there it cost read_half cp8 6-9% (H200)
+  const int prefetch = g.blocks > guess_blocks ? thd::thd_prefetch_setting(1) : 0;
   return ra_launch(thd::copy_wide_rows_kernel<KIND>, dim3(static_cast<unsigned>(g.blocks)),
-                   dim3(thd::kCopyThreads), stream, p, g.pieces_shift, guess_blocks,
-                   thd::thd_prefetch_setting(1));
+                   dim3(thd::kCopyThreads), stream, p, g.pieces_shift, guess_blocks, prefetch);
 }
 
 // copy_wide_rows_kernel where rows hold a wave of 16-byte vectors and the grid fits

@@ -133,6 +133,7 @@ constexpr int wide_copy_min_blocks(ThdRowMap kind) {
 // guess_blocks: blocks below it map their rows from a cu_seqlens snapshot before the wait
 // (index.h: the one-array maps, and copy_valid_tokens' three), so that a block resident while
 // the kernel ahead drains issues its loads right after the wait.
+// prefetch: non-zero, those blocks also put their guessed rows in L2 before the wait.
 template <ThdRowMap KIND>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kCopyThreads, wide_copy_min_blocks(KIND))
     copy_wide_rows_kernel(const ThdCopyParams p, const int pieces_shift,
@@ -179,16 +180,16 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kCopyThreads, wide_copy_min_blocks(K
   // 47-60 registers and cost 5-10% (H200), more than mapping before the wait saves them
   constexpr bool kMayGuess =
       KIND != ThdRowMap::kToContiguous && KIND != ThdRowMap::kToRankSharded;
-  // NOTE: H200, env A/B in one process: the L2 prefetch took copy_valid_tokens b16 cp2 / cp4 /
-  // cp8 / var64 from 34.1 / 18.1 / 10.1 / 73.6 to 33.7 / 17.5 / 10.0 / 73.1 us and partition
-  // 0.2-0.9% down, but read_half cp8 (one resident round) from 4.8 to 5.2 us, while its other
-  // rows moved 0-2%: read_half does without it (docs/BENCHMARKS.md, session 12)
-  constexpr bool kMayPrefetch = KIND == ThdRowMap::kPartition || KIND == ThdRowMap::kCopyValid;
+  // NOTE: H200, env A/B in one process, b16 cp2 / cp4 / cp8 / var64: the L2 prefetch took
+  // copy_valid_tokens from 34.1 / 18.1 / 10.1 / 73.6 to 33.7 / 17.5 / 10.0 / 73.1 us, read_half
+  // from 17.2 / 8.6 / - / 37.9 to 16.8 / 8.6 / - / 37.5 and partition 0.2-0.9% down; read_half
+  // cp8, one resident round, went from 4.8-4.9 to 5.2 us with it, hence the launcher's rule
+  // (docs/BENCHMARKS.md, session 12).
   if (kMayGuess && blockIdx.x < guess_blocks && maps_from_snapshot<kArrays>(p.map)) {  // uniform
     src_row = map_and_load_from_snapshot<kArrays, kCopyThreads>(
         p.map, snapshot, in_range, src_row,
         [&](const ThdRowMapParams& m) { return source_row_uniform<KIND>(m, row); }, load,
-        kMayPrefetch && prefetch != 0, prefetch_rows);
+        prefetch != 0, prefetch_rows);
   } else {
     ra_wait_for_prior_kernel();  // launched by ra_launch: nothing is read before this
     ra_let_next_kernel_start();
