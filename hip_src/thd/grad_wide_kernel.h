@@ -68,13 +68,11 @@ __global__ void __launch_bounds__(kMergeThreads) grad_wide_kernel(const ThdGradP
       const int v = w.piece_vector(u);
       if (v < nvec) {
         if (op != kThdGradCopy)
-          ra_prefetch_l2(static_cast<const char*>(p.grad) +
-                         (r * p.grad_tok + row_offset<8>(v, vph, p.heads, p.grad_head)) *
-                             kRowBytes<GDT>);
+          RowVec<GDT, 8>::prefetch(
+              p.grad, r * p.grad_tok + row_offset<8>(v, vph, p.heads, p.grad_head), p.grad_dtype);
         if (op != kThdGradNone)
-          ra_prefetch_l2(static_cast<const char*>(p.step) +
-                         (sr * p.step_tok + row_offset<8>(v, vph, p.heads, p.step_head)) *
-                             kRowBytes<SDT>);
+          RowVec<SDT, 8>::prefetch(
+              p.step, sr * p.step_tok + row_offset<8>(v, vph, p.heads, p.step_head), p.step_dtype);
       }
     }
   };

@@ -69,10 +69,6 @@ RA_DEVICE void step_weights(bool correction, float a, float b, float& new_lse, f
 // kThdFloat32, or kThdAnyDtype (read at run time: the fallback instantiation).
 constexpr int kThdAnyDtype = -1;
 
-// Bytes per element of a row dtype fixed at compile time (not kThdAnyDtype).
-template <int DT>
-constexpr int kRowBytes = DT == kThdFloat32 ? 4 : 2;
-
 // VEC elements of a row kept as raw bits (packed 16-bit pairs stay packed) from load to use.
 template <int DT, int VEC>
 struct RowVec {
@@ -104,6 +100,12 @@ struct RowVec {
       w[0] = d != kThdFloat32 ? static_cast<const uint16_t*>(base)[off]
                               : static_cast<const uint32_t*>(base)[off];
     }
+  }
+
+  // load's line into L2 only (ra_prefetch_l2): what load(base, off, dt) reads, fetched ahead
+  static RA_DEVICE void prefetch(const void* base, int64_t off, int dt) {
+    const int bytes = dtype(dt) == kThdFloat32 ? 4 : 2;
+    ra_prefetch_l2(static_cast<const char*>(base) + off * bytes);
   }
 
   RA_DEVICE void store(void* base, int64_t off, int dt) const {
@@ -296,12 +298,10 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
         const int uh = ra_shfl(h, src);
         const int v = ((unit & cmask) << shift) + sub;
         if (it < in_tile && v < nv) {
-          ra_prefetch_l2(static_cast<const char*>(p.out) +
-                         (static_cast<int64_t>(ur) * p.out_tok + uh * p.out_head + v * VEC) *
-                             kRowBytes<ODT>);
-          ra_prefetch_l2(static_cast<const char*>(p.out_step) +
-                         (static_cast<int64_t>(uk) * p.step_tok + uh * p.step_head + v * VEC) *
-                             kRowBytes<SDT>);
+          RowVec<ODT, VEC>::prefetch(p.out, ur * p.out_tok + uh * p.out_head + v * VEC,
+                                     p.out_dtype);
+          RowVec<SDT, VEC>::prefetch(p.out_step, uk * p.step_tok + uh * p.step_head + v * VEC,
+                                     p.step_dtype);
         }
       }
     };
