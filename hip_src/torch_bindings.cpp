@@ -104,6 +104,9 @@ SmallSeqParams make_params(const at::Tensor& q, const at::Tensor& k, const at::T
     check_index(cu_seqlens_kv, q, p.batch + 1, "cu_seqlens_kv");
     p.cu_seqlens_q = cu_seqlens_q->data_ptr<int32_t>();
     p.cu_seqlens_kv = cu_seqlens_kv->data_ptr<int32_t>();
+    // Row counts are the kernels' bounds for the int32 offsets: they must be int32 themselves.
+    TORCH_CHECK(q.size(0) <= INT32_MAX && k.size(0) <= INT32_MAX,
+                "small_seq: q and k/v must have at most 2^31 - 1 rows (int32 cu_seqlens)");
     p.total_q = static_cast<int32_t>(q.size(0));
     p.total_kv = static_cast<int32_t>(k.size(0));
     p.q_token_stride = q.stride(0);

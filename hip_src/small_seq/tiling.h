@@ -55,31 +55,35 @@ RA_DEVICE SegmentBounds fetch_bounds(const SmallSeqParams& p, int seg) {
   return b;
 }
 
+// Valid iff the segment has exactly one query row inside q and its kv rows lie inside k/v with
+// 0 <= len <= max_seqlen_kv. Every difference and comparison is taken in int64: the offsets are
+// arbitrary int32 values from device memory, and a 32-bit end - start can wrap into the valid
+// range (e.g. start 2147483640, end -2147483640 gives 16). An invalid segment reads no row.
 RA_DEVICE Segment resolve_segment(const SmallSeqParams& p, int seg, const SegmentBounds& b) {
   Segment s;
   bool ok = true;
-  if (p.cu_seqlens_q != nullptr) ok = (b.q1 - b.q0 == 1) && b.q0 >= 0 && b.q0 < p.total_q;
-  s.q_row = b.q0;
+  const int64_t q0 = b.q0;
+  if (p.cu_seqlens_q != nullptr) ok = (static_cast<int64_t>(b.q1) - q0 == 1) && q0 >= 0 && q0 < p.total_q;
+  s.q_row = q0;
+  int64_t len;
   if (p.cu_seqlens_kv != nullptr) {
-    s.len = b.k1 - b.k0;
-    ok = ok && b.k0 >= 0 && b.k1 <= p.total_kv;
     const int64_t kv_row0 = b.k0;
+    len = static_cast<int64_t>(b.k1) - kv_row0;
+    ok = ok && kv_row0 >= 0 && static_cast<int64_t>(b.k1) <= p.total_kv;
     s.k_base = kv_row0 * p.k_token_stride;
     s.v_base = kv_row0 * p.v_token_stride;
     s.dkv_base = kv_row0 * p.dkv_token_stride;
   } else {
-    s.len = b.k1;
-    ok = ok && s.len <= p.total_kv;
+    len = b.k1;
+    ok = ok && len <= p.total_kv;
     s.k_base = static_cast<int64_t>(seg) * p.k_batch_stride;
     s.v_base = static_cast<int64_t>(seg) * p.v_batch_stride;
     s.dkv_base = static_cast<int64_t>(seg) * p.dkv_batch_stride;
   }
-  ok = ok && s.len >= 0 && s.len <= p.max_seqlen_kv;
+  ok = ok && len >= 0 && len <= p.max_seqlen_kv;
+  s.len = ok ? static_cast<int>(len) : 0;
   s.valid = ok;
-  if (!ok) {
-    s.len = 0;
-    s.q_row = s.q_row < 0 || s.q_row >= p.total_q ? -1 : s.q_row;
-  }
+  if (!ok) s.q_row = s.q_row < 0 || s.q_row >= p.total_q ? -1 : s.q_row;
   return s;
 }
 
