@@ -2,18 +2,22 @@
 # On a GPU machine: clean build of the extension, GPU tests, benchmarks -- in one call.
 # Prints a short table last; writes logs and JSON under $OUT when set (else build/gpu_check).
 # Usage: bash tools/gpu_check.sh [--no-bench] [--no-thd-bench] [--no-small-seq-bench] [--no-tests] [--no-build]
-#          [--bench-cases a,b] [--tests "pytest args"] [--cp "bench_cp args"]...
+#          [--bench-cases a,b] [--tests "pytest args"] [--memcheck "pytest args"] [--cp "bench_cp args"]...
 # --no-bench skips the single-GPU benchmarks (small-seq, THD), --no-thd-bench / --no-small-seq-bench one of
 # them; the THD one is followed by tools/diag/launch_ceiling.cu (what a kernel that maps nothing reaches at
 # the THD launch sizes, same run; NVIDIA only) where nvcc is there; each --cp adds one
-# tools/bench_cp.py run with those arguments (after the tests); --no-build reuses the extension
-# a previous call on the same (still warm) machine built.
+# tools/bench_cp.py run with those arguments (after the tests); --memcheck runs those GPU tests
+# again under compute-sanitizer's memcheck (after the tests, before the benchmarks) with torch's
+# caching allocator off, so that every tensor is its own allocation and a read past a tensor is
+# a read past an allocation; --no-build reuses the extension a previous call on the same (still
+# warm) machine built.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu_check}
 mkdir -p "$OUT"
 export MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 BENCH=1; THD_BENCH=1; SMALL_BENCH=1; TESTS=1; BUILD=1; CASES=""; TEST_ARGS="tests"; CP_RUNS=()
+MEMCHECK_ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-bench) BENCH=0 ;;
@@ -23,6 +27,7 @@ while [ $# -gt 0 ]; do
     --no-build) BUILD=0 ;;
     --cp) CP_RUNS+=("$2"); shift ;;
     --tests) TEST_ARGS="$2"; shift ;;
+    --memcheck) MEMCHECK_ARGS="$2"; shift ;;
     --bench-cases) CASES="--cases $2"; shift ;;
   esac
   shift
@@ -49,6 +54,15 @@ if [ $TESTS -eq 1 ]; then
   test_rc=$?
   grep -E "passed|failed|error" "$OUT/pytest_gpu.log" | tail -3
   [ $test_rc -ne 0 ] && grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/pytest_gpu.log" | head -30
+fi
+
+if [ -n "$MEMCHECK_ARGS" ]; then
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 86 \
+    python3 -m pytest -m gpu -q -p no:cacheprovider $MEMCHECK_ARGS > "$OUT/memcheck.log" 2>&1
+  memcheck_rc=$?
+  echo "memcheck rc=$memcheck_rc (86: sanitizer errors)"
+  grep -E "ERROR SUMMARY|passed|failed|Invalid|out of bounds" "$OUT/memcheck.log" | head -20
+  [ $memcheck_rc -ne 0 ] && test_rc=$memcheck_rc
 fi
 
 if [ $BENCH -eq 1 ]; then
