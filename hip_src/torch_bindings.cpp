@@ -211,8 +211,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_bwd(
 // ------------------------------------------------------------------ small-seq autograd (C++)
 // The op's Autograd kernel: one node whose backward runs the backward op, all in C++, so the
 // autograd engine's device thread runs it without taking the Python GIL (a Python
-// autograd.Function cost ~60 us of host time per backward on an H200 host: docs/NOTES.md,
-// session 6). Both ops are re-dispatched, never called directly, so fake tensors (torch.compile)
+// autograd.Function cost far more host time per backward: docs/kernels.md#small-seq-host-path).
+// Both ops are re-dispatched, never called directly, so fake tensors (torch.compile)
 // reach their fake impls. Gradients are not materialised: an output the loss does not use
 // arrives undefined (dout undefined reads as zeros; dlse undefined adds no LSE term). The
 // weights output is not differentiable.

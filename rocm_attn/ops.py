@@ -11,7 +11,7 @@ dispatcher), or the op below the autograd layer where that cannot serve (tensor 
 dispatch modes, the profiler); when something needs a gradient it calls the op, whose C++
 autograd runs the backward on the autograd engine's thread without Python. (A Python autograd
 layer, register_autograd or an autograd.Function, cost 60-300 us of host time per
-forward+backward step on an H200 host: docs/NOTES.md, session 6.)
+forward+backward step on an H200 host: docs/kernels.md#small-seq-host-path.)
 """
 
 from __future__ import annotations

@@ -291,7 +291,7 @@ RA_DEVICE void fwd_persistent(const SmallSeqParams& p) {
 // next item's K and q loads are issued right after this item's scores and its V loads right
 // after this item's P.V. Loads stay in flight through the softmax, the output reductions and the
 // stores, with the registers of one stage (the double buffer needs two, and at d=128 kv=16 it
-// lost more warps per SM than it gained: docs/NOTES.md). The arithmetic is fwd_compute's, in the
+// lost more warps per SM than it gained: docs/kernels.md#small-seq-forward). The arithmetic is fwd_compute's, in the
 // same order, so both loops give bitwise equal results.
 template <typename T, int D, int KV>
 RA_DEVICE void fwd_pipelined(const SmallSeqParams& p) {

@@ -7,7 +7,7 @@
 //   O[h][:] = P[h][:] . V          (ra_mma_pv: P rounded to the input dtype, fp32 accumulators)
 // K, V and q are read once, with 16-byte loads, straight into the operands (mma.h). The general
 // kernel re-unpacked K/V and re-ran its reductions for every q head of the group and was
-// issue-bound (docs/NOTES.md); here a (segment, kv head) costs ~2 * D / 16 matrix instructions.
+// issue-bound (docs/kernels.md#small-seq-forward); here a (segment, kv head) costs ~2 * D / 16 matrix instructions.
 //
 // Numerics (NOTE):
 // - S is the exact-input product q . k accumulated in fp32, scaled afterwards in fp32: q is not

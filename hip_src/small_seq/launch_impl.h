@@ -88,8 +88,8 @@ hipError_t launch_fwd_general(const SmallSeqParams& p, hipStream_t stream) {
 // that kernel is already near the byte floor there), in its software-pipelined loop where the
 // shape allows. On targets without matrix units the MMA kernel compiles the general body, so
 // the choice is always safe.
-// NOTE: the matrix-unit forward had a pipelined loop too (H200, 2026-11-22): no gain at d=128
-// (100% of floor either way) and a loss at d=64 (93% -> 85%): removed (docs/NOTES.md).
+// NOTE: a pipelined loop for the matrix-unit forward gained nothing at d=128 and lost at d=64,
+// so it was removed (docs/kernels.md#small-seq-forward).
 template <typename T, int D, int KV>
 hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
   if (p.batch == 0) return hipSuccess;

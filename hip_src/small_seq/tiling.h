@@ -101,12 +101,10 @@ RA_DEVICE float ra_nan() { return __int_as_float(0x7fc00000); }
 constexpr int kWavesPerBlock = 2;
 constexpr int kMaxThreadsPerBlock = 128;
 // Grid = this many times the blocks resident at once (launch_impl.h grid_for); 0 = one wave
-// per item. Measured on an H200 (docs/NOTES.md): the forward gains from re-using resident waves
-// (d=128 kv=16: 73% -> 85-89% of floor). The backward gains too once timed on the device clock
-// (graph replay, 2026-11-22: fwd+bwd ragged 60% -> 63%, d=128 kv8 66% -> 70%, GQA 89% -> 94%,
-// h1/kv4 unchanged); the loss first seen on h1/kv4 was host dispatch in eager timing.
-// NOTE: d=256/512 kv=16 measured the other way round (d=512 fwd+bwd 87% here, 92% with one
-// wave per item): a per-shape factor is the open next step (docs/NOTES.md).
+// per item. Re-using resident waves raises both directions towards the byte floor on the
+// benchmark cases (docs/kernels.md#small-seq-grid-and-residency has the measurements).
+// NOTE: d=256/512 kv=16 measured the other way round in the backward: a per-shape factor is
+// the open next step (same section).
 constexpr int kFwdResidencyFactor = 4;
 constexpr int kBwdResidencyFactor = 4;
 
