@@ -18,6 +18,25 @@ from typing import List, Optional
 from ._logging import LEVELS
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (0 is an error, never "the default")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _device(text: str) -> str:
+    """argparse type: cpu, cuda or cuda:N (ROCm builds of torch call their GPUs cuda too)."""
+    head, sep, index = text.partition(":")
+    if head in ("cpu", "cuda") and (not sep or (head == "cuda" and index.isdigit())):
+        return text
+    raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rocm-attn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -31,11 +50,14 @@ def _parser() -> argparse.ArgumentParser:
                       help="exit 1 unless the compiled kernels are loaded (image and CI checks)")
     sub.add_parser("selftest", help="each op on random inputs against the float64 reference")
     demo = sub.add_parser("demo", help="TargetAttention inference batch: throughput and check")
-    demo.add_argument("--device", help="cuda or cpu (default: cuda when present)")
-    demo.add_argument("--batch", type=int, help="candidates (default 30720 on GPU, 2048 on CPU)")
+    demo.add_argument("--device", type=_device,
+                      help="cpu, cuda or cuda:N (default: cuda when present)")
+    demo.add_argument("--batch", type=_positive_int,
+                      help="candidates (default 30720 on GPU, 2048 on CPU)")
     demo.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                       help="default bfloat16 on GPU, float32 on CPU")
-    demo.add_argument("--iters", type=int, help="timed batches (default 20 on GPU, 5 on CPU)")
+    demo.add_argument("--iters", type=_positive_int,
+                      help="timed batches (default 20 on GPU, 5 on CPU)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--backend", choices=["auto", "kernel", "torch"], default="auto",
                       help="attention backend (auto: kernels where this install has them)")
@@ -96,7 +118,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0 if selftest.run() else 1
     from . import demo
 
-    return demo.main(args.device, args.batch, args.dtype, args.iters, args.seed, args.backend)
+    cfg = demo.default_config(args.device, args.batch, args.dtype, args.iters, args.seed,
+                              args.backend)
+    # What this machine cannot run, as one line (exit 1), not a traceback from inside the run.
+    problem = demo.cannot_run(cfg)
+    if problem:
+        print(f"rocm-attn demo: {problem}", file=sys.stderr)
+        return 1
+    return demo.run_and_report(cfg)
 
 
 if __name__ == "__main__":

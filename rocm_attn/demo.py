@@ -66,17 +66,50 @@ class DemoResult:
 def default_config(device: Optional[str] = None, batch: Optional[int] = None,
                    dtype: Optional[str] = None, iters: Optional[int] = None, seed: int = 0,
                    backend: str = "auto") -> DemoConfig:
-    """Production-sized batch in bf16 on a GPU; a small fp32 batch on a CPU."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    """Production-sized batch in bf16 on a GPU; a small fp32 batch on a CPU. None picks the
+    default; 0 or a negative batch / iters is an error, not the default."""
+    for name, value in (("batch", batch), ("iters", iters)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    if backend not in ("auto", "kernel", "torch"):
+        raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")
+    try:
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as exc:
+        raise ValueError(f"device: {exc}") from None
     gpu = dev.type == "cuda"
     return DemoConfig(
         device=dev,
         dtype=getattr(torch, dtype) if dtype else (torch.bfloat16 if gpu else torch.float32),
-        batch=batch or (30720 if gpu else 2048),
-        iters=iters or (20 if gpu else 5),
+        batch=batch if batch is not None else (30720 if gpu else 2048),
+        iters=iters if iters is not None else (20 if gpu else 5),
         seed=seed,
         backend=backend,
     )
+
+
+def cannot_run(cfg: DemoConfig) -> Optional[str]:
+    """Why this machine cannot run cfg, in one line (None when it can)."""
+    if cfg.device.type not in ("cpu", "cuda"):
+        return f"device {cfg.device} is not supported (cpu, cuda or cuda:N)"
+    if cfg.device.type == "cuda":
+        if not torch.cuda.is_available():
+            return (f"device {cfg.device} asked for, but torch sees no GPU (torch "
+                    f"{torch.__version__}); use --device cpu")
+        count = torch.cuda.device_count()
+        if cfg.device.index is not None and cfg.device.index >= count:
+            return f"device {cfg.device} asked for, but torch sees {count} GPU(s)"
+    if cfg.backend == "kernel":
+        if cfg.device.type != "cuda":
+            return ("--backend kernel needs a GPU: the compiled kernels run on CUDA and ROCm "
+                    "GPUs (--backend auto or torch runs the CPU path)")
+        if not _ext.HAS_EXTENSION:
+            return f"--backend kernel: no compiled kernels: {_ext.extension_error()}"
+        if cfg.dtype not in KERNEL_DTYPES or cfg.head_dim not in KERNEL_HEAD_DIMS:
+            return (f"--backend kernel: no kernel variant for {cfg.dtype}, head dim "
+                    f"{cfg.head_dim} (kernels: float16, bfloat16)")
+    return None
 
 
 def make_batch(cfg: DemoConfig) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -171,9 +204,19 @@ def report(cfg: DemoConfig, res: DemoResult) -> str:
     ])
 
 
-def main(device: Optional[str] = None, batch: Optional[int] = None, dtype: Optional[str] = None,
-         iters: Optional[int] = None, seed: int = 0, backend: str = "auto") -> int:
-    cfg = default_config(device, batch, dtype, iters, seed, backend)
+def run_and_report(cfg: DemoConfig) -> int:
+    """Run cfg, print the report; 0 when the check passed."""
     res = run(cfg)
     print(report(cfg, res))
     return 0 if res.passed else 1
+
+
+def main(device: Optional[str] = None, batch: Optional[int] = None, dtype: Optional[str] = None,
+         iters: Optional[int] = None, seed: int = 0, backend: str = "auto") -> int:
+    """The demo with the command line's arguments. A value that is wrong anywhere raises
+    ValueError; one that this machine cannot run (a GPU it lacks, kernels it has not) too."""
+    cfg = default_config(device, batch, dtype, iters, seed, backend)
+    problem = cannot_run(cfg)
+    if problem:
+        raise ValueError(problem)
+    return run_and_report(cfg)

@@ -17,6 +17,11 @@ from . import _ext
 # Counters of the torch path, one int64 [2] tensor per device: [count, lowest bad segment + 1].
 _torch_path_state: Dict[torch.device, torch.Tensor] = {}
 
+# Errors of earlier calls that a validate="sync" call took out of the counters before it ran
+# (so that it reports only its own): [count, lowest bad segment or -1]. read_errors adds them
+# back, so check_errors still reports them.
+_set_aside = [0, -1]
+
 
 class SmallSeqContractError(RuntimeError):
     """A segment broke the fused_attn_small_seq contract (its output is NaN)."""
@@ -72,22 +77,46 @@ def record_torch_path_errors(bad: torch.Tensor) -> None:
     _record(torch_path_state(bad.device), bad)
 
 
-def read_errors(reset: bool = True) -> Tuple[int, int]:
-    """(count, lowest bad segment or -1) over every device and path; synchronises."""
+def _merge(count: int, first: int, c: int, f: int) -> Tuple[int, int]:
+    if not c:
+        return count, first
+    return count + c, f if first < 0 else min(first, f)
+
+
+def _read_counters(reset: bool) -> Tuple[int, int]:
+    """(count, lowest bad segment or -1) of the torch-path and device counters; synchronises."""
     count, first = 0, -1
     for state in _torch_path_state.values():
         c, f = (int(x) for x in state.tolist())
-        if c:
-            count += c
-            first = f - 1 if first < 0 else min(first, f - 1)
+        count, first = _merge(count, first, c, f - 1)
         if reset:
             state.zero_()
     if _ext.HAS_EXTENSION and torch.cuda.is_available():
         c, f = torch.ops.rocm_attn.read_error_state(reset)
-        if c:
-            count += c
-            first = f if first < 0 else min(first, f)
+        count, first = _merge(count, first, c, f)
     return count, first
+
+
+def read_errors(reset: bool = True) -> Tuple[int, int]:
+    """(count, lowest bad segment or -1) over every device and path; synchronises."""
+    count, first = _merge(*_read_counters(reset), *_set_aside)
+    if reset:
+        _set_aside[:] = [0, -1]
+    return count, first
+
+
+def set_aside_errors() -> None:
+    """Move what the counters hold now out of the way of the next call's own errors (kept for
+    read_errors / check_errors). Synchronises; only validate="sync" calls do this."""
+    _set_aside[:] = _merge(*_set_aside, *_read_counters(reset=True))
+
+
+def check_call_errors() -> None:
+    """Raise SmallSeqContractError for the errors counted since set_aside_errors (the errors of
+    the one call between them), and clear them. Synchronises."""
+    count, first = _read_counters(reset=True)
+    if count:
+        raise SmallSeqContractError(_message(count, first))
 
 
 def check_errors(reset: bool = True) -> None:
@@ -97,10 +126,14 @@ def check_errors(reset: bool = True) -> None:
     """
     count, first = read_errors(reset)
     if count:
-        raise SmallSeqContractError(
-            f"fused_attn_small_seq: {count} segment(s) broke the contract (need exactly one query "
-            f"token and 0 <= seqlen_kv <= max_seqlen_kv, inside the k/v tensors); first bad "
-            f"segment: {first}. Their outputs are NaN. Fix the lengths in cu_seqlens_q / "
-            f"cu_seqlens_kv (or seqlens_kv), or raise max_seqlen_kv (at most 16); "
-            f"validate='sync' (env ROCM_ATTN_VALIDATE=1) raises at the offending call instead."
-        )
+        raise SmallSeqContractError(_message(count, first))
+
+
+def _message(count: int, first: int) -> str:
+    return (
+        f"fused_attn_small_seq: {count} segment(s) broke the contract (need exactly one query "
+        f"token and 0 <= seqlen_kv <= max_seqlen_kv, inside the k/v tensors); first bad "
+        f"segment: {first}. Their outputs are NaN. Fix the lengths in cu_seqlens_q / "
+        f"cu_seqlens_kv (or seqlens_kv), or raise max_seqlen_kv (at most 16); "
+        f"validate='sync' (env ROCM_ATTN_VALIDATE=1) raises at the offending call instead."
+    )

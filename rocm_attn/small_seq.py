@@ -24,6 +24,9 @@ KERNEL_HEAD_DIMS = (64, 128, 256, 512)
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 TORCH_PATH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_SEQLEN_KV = 16
+# Largest finite float32: the kernels (and the torch path for 16/32-bit inputs) apply
+# softmax_scale in float32, so a larger scale would be inf there.
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 LAYOUT_RANKS = {"thd_thd_thd": 3, "bshd_bshd_bshd": 4}
 
 # (layout, dtype, head dim, device) the kernels have served through the checked path: calls
@@ -69,6 +72,24 @@ def _kernel_alignment_problem(name: str, t: torch.Tensor) -> Optional[str]:
     return None
 
 
+def _check_scale(softmax_scale) -> None:
+    """softmax_scale is None or a real number that is finite in float32 (any sign: zero gives
+    uniform weights, a negative scale favours the least similar keys)."""
+    if softmax_scale is None:
+        return
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise ValueError(
+            f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    try:
+        finite = math.isfinite(softmax_scale) and abs(float(softmax_scale)) <= FLOAT32_MAX
+    except OverflowError:  # an int beyond the float range
+        finite = False
+    if not finite:
+        raise ValueError(
+            f"softmax_scale must be finite in float32 (|softmax_scale| <= {FLOAT32_MAX:.4g}; the "
+            f"kernels apply it in float32), got {softmax_scale!r}")
+
+
 def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,
               softmax_scale, qkv_layout) -> int:
     """Check every host-side argument; returns the batch size (number of segments)."""
@@ -83,8 +104,7 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, ma
             f"max_seqlen_kv must be an int in 1..{MAX_SEQLEN_KV}, got {max_seqlen_kv!r}: this op "
             f"serves histories of at most {MAX_SEQLEN_KV} items (keep the latest "
             f"{MAX_SEQLEN_KV}, or use F.scaled_dot_product_attention for longer ones)")
-    if softmax_scale is not None and not isinstance(softmax_scale, (int, float)):
-        raise ValueError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    _check_scale(softmax_scale)
     thd = qkv_layout == "thd_thd_thd"
     if thd:
         _check_tensor("q", q, 3, "[total_q, h_q, d]")
@@ -121,6 +141,8 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, ma
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"head dims differ: q has {q.shape[-1]}, k/v have {k.shape[-1]}")
+    if q.shape[-1] == 0:
+        raise ValueError("head dim (the last dim of q, k, v) must be >= 1, got 0")
     h_q, h_kv = q.shape[-2], k.shape[-2]
     if h_kv == 0 or h_q % h_kv:
         raise ValueError(f"num heads of q ({h_q}) must be a multiple of num heads of k/v ({h_kv})")
@@ -194,7 +216,8 @@ def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seq
     """
     if (backend not in ("auto", "kernel") or max_seqlen_q != 1 or type(max_seqlen_kv) is not int
             or not isinstance(q, torch.Tensor) or q.shape[0] == 0
-            or (softmax_scale is not None and type(softmax_scale) is not float)
+            or (softmax_scale is not None and (type(softmax_scale) is not float
+                                               or not -FLOAT32_MAX <= softmax_scale <= FLOAT32_MAX))
             or LAYOUT_RANKS.get(qkv_layout) != q.dim()
             or _call_shape(q, qkv_layout) not in _served_by_kernels
             or torch.compiler.is_compiling()):
@@ -215,45 +238,87 @@ def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seq
         return None
 
 
+def _thd_segments(cu_seqlens_q, cu_seqlens_kv, total_q: int, total_kv: int,
+                  max_seqlen_kv: int):
+    """The kernels' per-segment contract for THD (hip_src/small_seq/tiling.h resolve_segment).
+
+    Segment i is valid iff it has exactly one query row q0 = cu_seqlens_q[i] with
+    0 <= q0 < total_q, and its kv rows k0 = cu_seqlens_kv[i] .. k1 = cu_seqlens_kv[i+1] satisfy
+    0 <= k0 <= k1 <= total_kv and k1 - k0 <= max_seqlen_kv. Computed in int64: a difference of
+    two int32 offsets can wrap in 32 bits (0x7ffffff8 - (-0x7ffffff8) would read as 16).
+    Returns (valid bool [b], q0 int64 [b], k0 int64 [b], len int64 [b]), without a host sync.
+    """
+    q0, q1 = cu_seqlens_q[:-1].long(), cu_seqlens_q[1:].long()
+    k0, k1 = cu_seqlens_kv[:-1].long(), cu_seqlens_kv[1:].long()
+    lens = k1 - k0
+    valid = (q1 - q0 == 1) & (q0 >= 0) & (q0 < total_q)
+    valid &= (k0 >= 0) & (k1 <= total_kv) & (lens >= 0) & (lens <= max_seqlen_kv)
+    return valid, q0, k0, lens
+
+
 def _thd_to_padded(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_kv):
     """Gather THD segments into [b, max_seqlen_kv, h, d] without a host sync.
 
-    Returns the padded k/v, the lengths, and a per-segment flag for contract violations.
+    Returns the per-segment q rows [b, h, d], the padded k/v, the lengths (-1 for a segment
+    that breaks the contract), the per-segment flag for contract violations, and each
+    segment's q row (int64 [b]; meaningful where the segment is valid).
     """
-    lens = (cu_seqlens_kv[1:] - cu_seqlens_kv[:-1]).long()
-    starts = cu_seqlens_kv[:-1].long()
-    bad = (cu_seqlens_q[1:] - cu_seqlens_q[:-1] != 1) | (cu_seqlens_q[:-1] != torch.arange(
-        q.shape[0], device=q.device, dtype=torch.int32))
-    bad |= (starts < 0) | (cu_seqlens_kv[1:].long() > k.shape[0])
-    bad |= (lens < 0) | (lens > max_seqlen_kv)
-    rows = starts.unsqueeze(1) + torch.arange(max_seqlen_kv, device=q.device).unsqueeze(0)
-    rows = rows.clamp(0, max(k.shape[0] - 1, 0))  # masked below; never out of bounds
-    if k.shape[0] == 0:
+    total_q, total_kv = q.shape[0], k.shape[0]
+    valid, q0, k0, lens = _thd_segments(cu_seqlens_q, cu_seqlens_kv, total_q, total_kv,
+                                        max_seqlen_kv)
+    bad = ~valid
+    # Every gather index is clamped into the tensor: a bad segment's rows are masked below,
+    # never read out of bounds.
+    q_rows = torch.where(valid, q0, torch.zeros_like(q0)).clamp(0, max(total_q - 1, 0))
+    rows = k0.unsqueeze(1) + torch.arange(max_seqlen_kv, device=q.device).unsqueeze(0)
+    rows = rows.clamp(0, max(total_kv - 1, 0))
+    if total_kv == 0:
         shape = (q.shape[0], max_seqlen_kv) + tuple(k.shape[1:])
         kp, vp = k.new_zeros(shape), v.new_zeros(shape)
     else:
         kp, vp = k[rows], v[rows]
     lens = torch.where(bad, torch.full_like(lens, -1), lens)
-    return kp, vp, lens, bad
+    return q[q_rows], kp, vp, lens, bad, q0
+
+
+def _mask_padding(kp, vp, lens):
+    """Zero the k/v rows at or past each segment's length ([b, s, h, d]; lens -1 for a bad
+    segment, which keeps none).
+
+    NOTE: torch.where, not a product: those rows belong to other segments (THD) or are padding
+    (BSHD) and may hold NaN/inf. Multiplying by 0 keeps NaN, and a masked score still passes
+    0 * k to dq in the backward; where() gives them neither a value nor a gradient.
+    """
+    keep = torch.arange(kp.shape[1], device=kp.device).unsqueeze(0) < lens.unsqueeze(1)
+    keep = keep.view(kp.shape[0], kp.shape[1], 1, 1)
+    return torch.where(keep, kp, kp.new_zeros(())), torch.where(keep, vp, vp.new_zeros(()))
 
 
 def _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, scale, thd):
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     if thd:
-        kp, vp, lens, bad = _thd_to_padded(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_kv)
-        q3 = q
+        q3, kp, vp, lens, bad, q0 = _thd_to_padded(q, k, v, cu_seqlens_q, cu_seqlens_kv,
+                                                   max_seqlen_kv)
     else:
         kp, vp, q3 = k, v, q[:, 0]
         lens64 = seqlens_kv.long()
         bad = (lens64 < 0) | (lens64 > min(max_seqlen_kv, k.shape[1]))
         lens = torch.where(bad, torch.full_like(lens64, -1), lens64)
     errors.record_torch_path_errors(bad)
+    kp, vp = _mask_padding(kp, vp, lens)
     out, lse, probs = reference_small_seq(q3, kp, vp, lens, scale, compute_dtype=compute)
     width = kp.shape[1]
     if width < max_seqlen_kv:
         probs = torch.nn.functional.pad(probs, (0, max_seqlen_kv - width))
     probs = probs[..., :max_seqlen_kv].detach()  # weights are for inspection, as on the kernel path
-    if not thd:
+    if thd:
+        # A valid segment writes its q row (as the kernels do); rows no valid segment writes
+        # (those of bad segments, or rows no segment names) are NaN. Row total_q takes the bad
+        # segments' values and is dropped.
+        dest = torch.where(bad, torch.full_like(q0, q.shape[0]), q0)
+        placed = out.new_full((q.shape[0] + 1,) + tuple(out.shape[1:]), float("nan"))
+        out = placed.index_put((dest,), out)[:q.shape[0]]
+    else:
         out = out.unsqueeze(1)
     return out, lse, probs
 
@@ -305,7 +370,8 @@ def fused_attn_small_seq(
         ``cu_seqlens_q[i]`` (exactly one) and keys ``cu_seqlens_kv[i]:cu_seqlens_kv[i+1]``.
     max_seqlen_q : must be 1.
     max_seqlen_kv : host bound 1..16 on every segment's key count; picks the kernel variant.
-    softmax_scale : defaults to ``1/sqrt(d)``.
+    softmax_scale : defaults to ``1/sqrt(d)``. Any value finite in float32 (zero and negative
+        included); nan, inf and ``|scale| > 3.4e38`` raise ValueError.
     qkv_layout : ``"thd_thd_thd"`` or ``"bshd_bshd_bshd"``.
     return_softmax : also return the attention weights, float32 ``[b, h_q, max_seqlen_kv]``
         (zero past each segment's length; not differentiable).
@@ -314,8 +380,9 @@ def fused_attn_small_seq(
         segments); differentiable, so merged partial results backpropagate.
     backend : ``"auto"`` (kernels when they serve the call, else torch), ``"kernel"`` or
         ``"torch"``.
-    validate : ``"sync"``/True raises SmallSeqContractError at the call when a segment broke
-        the contract (synchronises); default from env ``ROCM_ATTN_VALIDATE``.
+    validate : ``"sync"``/True raises SmallSeqContractError at the call when one of this call's
+        segments broke the contract (synchronises; errors of earlier calls are left for
+        ``check_errors``); default from env ``ROCM_ATTN_VALIDATE``.
 
     Returns
     -------
@@ -323,6 +390,10 @@ def fused_attn_small_seq(
     ``return_softmax``. A segment with no keys yields zeros; a segment that breaks the contract
     yields NaN and is counted (see ``rocm_attn.check_errors``).
     """
+    validating = errors.validate_mode(validate)
+    if validating:
+        # Earlier calls' errors are kept for check_errors(); this call raises for its own only.
+        errors.set_aside_errors()
     outputs = _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                                  max_seqlen_kv, softmax_scale, qkv_layout, return_softmax,
                                  backend)
@@ -331,7 +402,7 @@ def fused_attn_small_seq(
                                 max_seqlen_kv, softmax_scale, qkv_layout, return_softmax,
                                 backend)
     out, lse, probs = outputs
-    if errors.validate_mode(validate):
-        errors.check_errors()
+    if validating:
+        errors.check_call_errors()
     result = (out,) + ((lse,) if return_lse else ()) + ((probs,) if return_softmax else ())
     return result[0] if len(result) == 1 else result

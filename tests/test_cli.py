@@ -128,3 +128,51 @@ def test_console_script_is_declared():
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["rocm-attn"] == "rocm_attn.__main__:main"
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--batch", "0"], "--batch: must be >= 1, got 0"),
+    (["--batch", "-5"], "--batch: must be >= 1, got -5"),
+    (["--batch", "many"], "--batch: expected a positive integer"),
+    (["--iters", "0"], "--iters: must be >= 1, got 0"),
+    (["--iters", "-1"], "--iters: must be >= 1, got -1"),
+    (["--device", "gpu0"], "--device: expected cpu, cuda or cuda:N, got 'gpu0'"),
+    (["--device", "cuda:x"], "--device: expected cpu, cuda or cuda:N"),
+], ids=["batch0", "batch-5", "batch_word", "iters0", "iters-1", "device_gpu0", "device_cuda_x"])
+def test_demo_bad_arguments_are_usage_errors(argv, match, capsys):
+    """A wrong value is argparse's usage error (exit 2), never a traceback or the default."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo"] + argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err, err
+
+
+def _one_line_failure(argv, capsys) -> str:
+    assert cli.main(["demo"] + argv) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("rocm-attn demo: ") and "\n" not in err, err
+    assert "candidates/s" not in captured.out  # nothing ran
+    return err
+
+
+def test_demo_kernel_backend_on_cpu_is_one_line(capsys):
+    err = _one_line_failure(["--device", "cpu", "--backend", "kernel"], capsys)
+    assert "--backend kernel needs a GPU" in err
+
+
+@pytest.mark.skipif(not NO_GPU, reason="checks the message on a machine without a GPU")
+def test_demo_cuda_without_gpu_is_one_line(capsys):
+    err = _one_line_failure(["--device", "cuda", "--batch", "8"], capsys)
+    assert "torch sees no GPU" in err and "--device cpu" in err
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(batch=0), "batch"), (dict(batch=-5), "batch"), (dict(iters=0), "iters"),
+    (dict(device="gpu0"), "device"), (dict(device="cpu", backend="kernel"), "backend kernel"),
+], ids=["batch0", "batch-5", "iters0", "device_gpu0", "kernel_on_cpu"])
+def test_demo_main_rejects_bad_values(kwargs, match):
+    """The Python entry point: 0 is an error, not "the default"."""
+    with pytest.raises(ValueError, match=match):
+        demo.main(**kwargs)

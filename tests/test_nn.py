@@ -75,3 +75,79 @@ def test_kernel_path_matches_torch_path_on_gpu():
     want = module(candidate, history, seqlens=seqlens)
     err = ((got.double() - want.double()).norm() / want.double().norm()).item()
     assert err < 2e-2, err
+
+
+def _bad(match, ident, **kwargs):
+    return pytest.param({"embed_dim": 64, "num_heads": 4, **kwargs}, match, id=ident)
+
+
+_BAD_CONSTRUCTOR = [
+    _bad("num_heads", "heads0", num_heads=0),
+    _bad("num_heads", "heads-2", num_heads=-2),
+    _bad("num_heads", "heads_float", num_heads=4.0),
+    _bad("embed_dim", "embed0", embed_dim=0),
+    _bad("head_dim", "head_dim0", head_dim=0),
+    _bad("head_dim", "head_dim-16", head_dim=-16),
+    _bad("head_dim", "default_head_dim0", embed_dim=2),  # 2 // 4 = 0
+    _bad("num_kv_heads", "kv_heads0", num_kv_heads=0),
+    _bad("num_kv_heads", "kv_heads-2", num_kv_heads=-2),
+    _bad("kv_embed_dim", "kv_embed0", kv_embed_dim=0),
+    _bad("max_seqlen_kv", "max_seqlen_kv0", max_seqlen_kv=0),
+    _bad("backend", "backend_cuda", backend="cuda"),
+]
+
+
+@pytest.mark.parametrize("kwargs,match", _BAD_CONSTRUCTOR)
+def test_bad_constructor_arguments_are_value_errors(kwargs, match):
+    """Zero or negative sizes are errors naming the argument (0 is not "unset")."""
+    with pytest.raises(ValueError, match=match):
+        TargetAttention(**kwargs)
+
+
+def _bad_inputs():
+    b, s, e = 3, 4, 16
+    seqlens = torch.tensor([1, 4, 0], dtype=torch.int32)
+    cu = torch.tensor([0, 1, 5, 5], dtype=torch.int32)
+    return [
+        ("candidate_width", (torch.randn(b, e + 1), torch.randn(b, s, e)), dict(seqlens=seqlens),
+         "candidate"),
+        ("candidate_rank", (torch.randn(b, 1, e), torch.randn(b, s, e)), dict(seqlens=seqlens),
+         "candidate"),
+        ("history_width", (torch.randn(b, e), torch.randn(b, s, e - 1)), dict(seqlens=seqlens),
+         "history"),
+        ("batch_mismatch", (torch.randn(b, e), torch.randn(b + 1, s, e)),
+         dict(seqlens=seqlens), "history batch"),
+        ("padded_rank", (torch.randn(b, e), torch.randn(b * s, e)), dict(seqlens=seqlens),
+         "history"),
+        ("packed_rank", (torch.randn(b, e), torch.randn(b, s, e)), dict(cu_seqlens=cu), "history"),
+        ("packed_width", (torch.randn(b, e), torch.randn(5, e + 3)), dict(cu_seqlens=cu),
+         "history"),
+        ("cu_seqlens_len", (torch.randn(b, e), torch.randn(5, e)), dict(cu_seqlens=cu[:-1]),
+         "cu_seqlens"),
+        ("seqlens_len", (torch.randn(b, e), torch.randn(b, s, e)), dict(seqlens=seqlens[:2]),
+         "seqlens"),
+        ("seqlens_int64", (torch.randn(b, e), torch.randn(b, s, e)),
+         dict(seqlens=seqlens.long()), "seqlens"),
+        ("candidate_dtype", (torch.randn(b, e, dtype=torch.float64), torch.randn(b, s, e)),
+         dict(seqlens=seqlens), "candidate dtype"),
+        ("history_dtype", (torch.randn(b, e), torch.randn(b, s, e, dtype=torch.bfloat16)),
+         dict(seqlens=seqlens), "history dtype"),
+    ]
+
+
+@pytest.mark.parametrize("args,kwargs,match", [pytest.param(a, k, m, id=i)
+                                               for i, a, k, m in _bad_inputs()])
+def test_bad_forward_inputs_are_value_errors(args, kwargs, match):
+    module = TargetAttention(16, num_heads=2, num_kv_heads=1)
+    with pytest.raises(ValueError, match=match):
+        module(*args, **kwargs)
+
+
+def test_inputs_of_another_dtype_under_autocast():
+    """Under autocast the projections choose the dtype: a float32 module takes bfloat16 inputs."""
+    module = TargetAttention(16, num_heads=2, backend="torch")
+    seqlens = torch.tensor([1, 4, 0], dtype=torch.int32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = module(torch.randn(3, 16, dtype=torch.bfloat16),
+                     torch.randn(3, 4, 16, dtype=torch.bfloat16), seqlens=seqlens)
+    assert torch.isfinite(out).all()
