@@ -23,6 +23,7 @@
 #include "common/device_info.h"
 #include "common/error_state.h"
 #include "common/selftest_kernel.h"
+#include "common/tuning.h"
 #include "small_seq/params.h"
 #include "thd/params.h"
 
@@ -1007,9 +1008,41 @@ PyObject* overlapped_launch(PyObject* /*module*/, PyObject* /*unused*/) {
   Py_RETURN_FALSE;
 }
 
+// tuning() -> {name: (value, environment variable)}: the launch tuning values (common/tuning.h).
+PyObject* tuning(PyObject* /*module*/, PyObject* /*unused*/) {
+  const RaTuning& t = ra_tuning();
+  PyObject* result = PyDict_New();
+  if (result == nullptr) return nullptr;
+  for (const RaTuningKnob& knob : kRaTuningKnobs) {
+    PyObject* entry = Py_BuildValue("(is)", t.*knob.field, knob.env);
+    if (entry == nullptr || PyDict_SetItemString(result, knob.name, entry) != 0) {
+      Py_XDECREF(entry);
+      Py_DECREF(result);
+      return nullptr;
+    }
+    Py_DECREF(entry);
+  }
+  return result;
+}
+
+// set_tuning(name, value) -> previous value; KeyError for an unknown name.
+PyObject* set_tuning(PyObject* /*module*/, PyObject* args) {
+  const char* name = nullptr;
+  int value = 0;
+  if (!PyArg_ParseTuple(args, "si", &name, &value)) return nullptr;
+  int old = 0;
+  if (!ra_set_tuning(name, value, &old)) {
+    PyErr_Format(PyExc_KeyError, "unknown tuning name %s", name);
+    return nullptr;
+  }
+  return PyLong_FromLong(old);
+}
+
 PyMethodDef module_methods[] = {
+    {"tuning", &tuning, METH_NOARGS, "launch tuning values: {name: (value, environment variable)}"},
+    {"set_tuning", &set_tuning, METH_VARARGS, "set_tuning(name, value) -> previous value"},
     {"overlapped_launch", &overlapped_launch, METH_NOARGS,
-     "whether THD helper launches overlap the kernel before them (CUDA sm_90+, ROCM_ATTN_PDL)"},
+     "whether THD helper launches overlap the kernel before them (CUDA sm_90+, tuning pdl)"},
     {"small_seq_fwd_direct", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
                                  &small_seq_fwd_direct)),
      METH_FASTCALL, "small_seq_fwd without the dispatcher (eager calls without autograd)"},
@@ -1020,6 +1053,7 @@ PyMethodDef module_methods[] = {
 // `import rocm_attn._C` loads this library, which registers the ops above; the Python module
 // holds only the direct entry point of the small-seq forward.
 extern "C" PyObject* PyInit__C() {
+  ra_tuning();  // the environment's tuning values are read here, once (common/tuning.h)
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, module_methods};
   return PyModule_Create(&module);
 }

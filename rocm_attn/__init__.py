@@ -10,6 +10,7 @@ Public API:
   attention             varlen THD attention (causal, sliding window, chunked, padded)
   attn_with_cp          context-parallel attention (p2p ring, all_gather, a2a) over THD shards
   shard_for_cp          global THD tensor -> rank shard (dual-chunk); gather_from_cp: the inverse
+  tuning                the kernels' launch tuning values: read, override in-process
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from . import _logging
 
 _logging.configure_from_env()  # before _ext loads the extension, so its report can show
 
-from . import _ext, nn, reference, thd  # noqa: E402
+from . import _ext, nn, reference, thd, tuning  # noqa: E402
 from .errors import SmallSeqContractError, check_errors  # noqa: E402
 from .small_seq import fused_attn_small_seq  # noqa: E402
 from . import cp  # noqa: E402
@@ -58,4 +59,5 @@ __all__ = [
     "reference",
     "shard_for_cp",
     "thd",
+    "tuning",
 ]

@@ -200,8 +200,8 @@ def test_kernel_forward_gqa(dev, dtype, d, kv, h_q, h_kv, seed):
 @pytest.mark.parametrize("h_q,h_kv", [(8, 2), (16, 1)], ids=["g4", "g16"])
 @pytest.mark.parametrize("d", [64, 128, 512])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_kernel_forward_gqa_matches_general_kernel(dev, dtype, d, h_q, h_kv, seed, monkeypatch):
-    """The matrix-unit forward (ROCM_ATTN_SMALL_SEQ_MMA=1, the forward bit) and the general
+def test_kernel_forward_gqa_matches_general_kernel(dev, dtype, d, h_q, h_kv, seed):
+    """The matrix-unit forward (tuning small_seq_mma=1, the forward bit) and the general
     kernel (=0) on the same inputs: both against the oracle, and lse / probs of the two within
     fp32 rounding of each other (P is rounded to 16 bits only for the P.V product, never for lse
     or probs)."""
@@ -209,8 +209,8 @@ def test_kernel_forward_gqa_matches_general_kernel(dev, dtype, d, h_q, h_kv, see
     case = thd_case(rng, 211, h_q, h_kv, d, 16, dtype, device=dev)
     results = {}
     for mma in ("1", "0"):
-        monkeypatch.setenv("ROCM_ATTN_SMALL_SEQ_MMA", mma)
-        results[mma] = check_kernel(case, grads=False)
+        with rocm_attn.tuning.override(small_seq_mma=int(mma)):
+            results[mma] = check_kernel(case, grads=False)
     (out1, lse1, probs1, _), (out0, lse0, probs0, _) = results["1"], results["0"]
     ctx = str(case)
     finite = torch.isfinite(lse0)
@@ -224,8 +224,8 @@ def test_kernel_forward_gqa_matches_general_kernel(dev, dtype, d, h_q, h_kv, see
 @pytest.mark.parametrize("h_q,h_kv", [(4, 4), (8, 2), (16, 2)], ids=["mha", "g4", "g8"])
 @pytest.mark.parametrize("max_kv", [4, 8, 16])
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_kernel_pipelined_matches_plain(dev, d, max_kv, h_q, h_kv, seed, monkeypatch):
-    """The software-pipelined loops (ROCM_ATTN_SMALL_SEQ_PIPE unset: forward, and the backward
+def test_kernel_pipelined_matches_plain(dev, d, max_kv, h_q, h_kv, seed):
+    """The software-pipelined loops (tuning small_seq_pipe=3: forward, and the backward
     for one q head per kv head) against the plain grid-stride loops (=0) on a batch large enough
     that every wave runs many items (ragged lengths, empty segments included): both against the
     oracle, and lse / probs of the two within fp32 rounding of each other (gradients too, MHA)."""
@@ -234,8 +234,8 @@ def test_kernel_pipelined_matches_plain(dev, d, max_kv, h_q, h_kv, seed, monkeyp
     grads = h_q == h_kv
     results = {}
     for pipe in ("3", "0"):
-        monkeypatch.setenv("ROCM_ATTN_SMALL_SEQ_PIPE", pipe)
-        results[pipe] = check_kernel(case, grads=grads)
+        with rocm_attn.tuning.override(small_seq_pipe=int(pipe)):
+            results[pipe] = check_kernel(case, grads=grads)
     (out1, lse1, probs1, g1), (out0, lse0, probs0, g0) = results["3"], results["0"]
     ctx = str(case)
     finite = torch.isfinite(lse0)
@@ -266,9 +266,8 @@ def test_kernel_backward_gqa(dev, dtype, d, kv, h_q, h_kv, seed):
 @pytest.mark.parametrize("h_q,h_kv", [(4, 2), (8, 1), (24, 2)], ids=["g2", "g8", "g12"])
 @pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_kernel_backward_gqa_matches_general_kernel(dev, dtype, d, h_q, h_kv, layout, seed,
-                                                    monkeypatch):
-    """Same forward (matrix units), backward on matrix units (ROCM_ATTN_SMALL_SEQ_MMA=3) and on
+def test_kernel_backward_gqa_matches_general_kernel(dev, dtype, d, h_q, h_kv, layout, seed):
+    """Same forward (matrix units), backward on matrix units (tuning small_seq_mma=3) and on
     the general kernel (=1): both against the oracle and close to each other. g12 takes the
     blocked kernel (one pass per block at d=64, three passes and two head-dim slices at d=256),
     with kv rows outside every segment (THD) or padding rows (BSHD) and two kv heads."""
@@ -279,8 +278,8 @@ def test_kernel_backward_gqa_matches_general_kernel(dev, dtype, d, h_q, h_kv, la
         case = bshd_case(rng, 151, h_q, h_kv, d, 13, dtype, s_kv=16, device=dev)
     grads = {}
     for mask in ("3", "1"):
-        monkeypatch.setenv("ROCM_ATTN_SMALL_SEQ_MMA", mask)
-        grads[mask] = check_kernel(case, grads=True)[3]
+        with rocm_attn.tuning.override(small_seq_mma=int(mask)):
+            grads[mask] = check_kernel(case, grads=True)[3]
     for name, x, y in zip(("dq", "dk", "dv"), grads["3"], grads["1"]):
         assert_rel(f"{name} mma vs general", x, y, 2 * low_tol(case.dtype), str(case))
 

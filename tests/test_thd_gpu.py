@@ -702,7 +702,12 @@ def test_50k_sequences(dev):
 @pytest.mark.parametrize("row", [pytest.param((8, 40), id="1piece"),
                                  pytest.param((144, 64), id="18pieces")])
 @pytest.mark.parametrize("b", [100, 300], ids=lambda b: f"b{b}")
-def test_wide_rows_many_sequences(dev, b, row):
+@pytest.mark.parametrize("wide", [True, False], ids=["wide", "rowgroup"])
+def test_wide_rows_many_sequences(dev, wide, b, row, tuning):
+    """Also with the wide-row kernels turned off (tuning thd_*_wide = 0): the row-group and tile
+    kernels on the same rows."""
+    if not wide:
+        tuning(thd_copy_wide=0, thd_merge_wide=0, thd_grad_wide=0)
     cp, rank = 4, 1
     lens, plens, cu_p, total = global_case(b, b, 2 * 2 * cp, cp, dev, slack=1)
     gen = torch.Generator().manual_seed(b)
@@ -880,7 +885,7 @@ def test_cuda_graph_partition_merge(dev):
 
 
 @pytest.mark.parametrize("prefetch", ["default", "0"])
-def test_dependent_calls_back_to_back(dev, prefetch, monkeypatch):
+def test_dependent_calls_back_to_back(dev, prefetch, tuning):
     """A chain of THD kernels, each reading what the one before it wrote, launched back to back
     (on sm_90 each may start while the one before drains: common/launch.h): equal to the torch
     path, eagerly on a poisoned allocator and under graph replay. The first kernel (a 100+ MB
@@ -888,7 +893,7 @@ def test_dependent_calls_back_to_back(dev, prefetch, monkeypatch):
     kernel that touched memory before its wait would read poison or the last round's data.
     With and without the L2 prefetch of guessed rows before the wait (copy_wide_kernel.h)."""
     if prefetch != "default":
-        monkeypatch.setenv("ROCM_ATTN_THD_PREFETCH", prefetch)
+        tuning(thd_prefetch=int(prefetch))
     cp, rank, b, h, d = 4, 1, 64, 16, 64
     rng = random.Random(7)
     plens = padded(rand_lens(rng, b, 2048, lo=1), cp)
@@ -933,15 +938,15 @@ def test_dependent_calls_back_to_back(dev, prefetch, monkeypatch):
 
 
 @pytest.mark.parametrize("prefetch", ["default", "0"])
-def test_cu_seqlens_written_by_the_kernel_ahead(dev, prefetch, monkeypatch):
+def test_cu_seqlens_written_by_the_kernel_ahead(dev, prefetch, tuning):
     """The copy, merge and grad kernels map their first rows from a snapshot of cu_seqlens
     taken before they wait for the kernel ahead (index.h), and put those rows in L2 (unless
-    ROCM_ATTN_THD_PREFETCH=0); here that kernel is the one writing cu_seqlens (a THD copy into
+    tuning thd_prefetch=0); here that kernel is the one writing cu_seqlens (a THD copy into
     the same buffer, so on sm_90 the two overlap), turning a stale layout into this round's:
     every output must follow this round's layout, eagerly on a poisoned allocator and under
     graph replay."""
     if prefetch != "default":
-        monkeypatch.setenv("ROCM_ATTN_THD_PREFETCH", prefetch)
+        tuning(thd_prefetch=int(prefetch))
     # b + 1 <= the snapshot's words on every wave size; few enough tokens that grad_correction
     # takes its snapshot kernel too (one resident wave of blocks)
     cp, rank, b, h, d = 2, 1, 48, 4, 64

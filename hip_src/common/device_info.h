@@ -7,5 +7,5 @@ int ra_device_wave_size();
 int ra_device_multiprocessors();
 int ra_device_index();
 // Whether launches on the current device may overlap the kernel before them (programmatic
-// dependent launch: CUDA, compute capability >= 9.0, and ROCM_ATTN_PDL not set to 0).
+// dependent launch: CUDA, compute capability >= 9.0, and the tuning value pdl not 0).
 bool ra_device_overlapped_launch();

@@ -1,7 +1,6 @@
 // Per-device facts that launchers need at run time (declared in device_info.h).
-#include <cstdlib>
-
 #include "compat.h"
+#include "tuning.h"
 
 namespace {
 
@@ -39,12 +38,7 @@ bool ra_device_overlapped_launch() {
 #if defined(__HIP__)
   return false;
 #else
-  // NOTE: the switch is read once per process; A/B runs set it per process.
-  static const bool allowed = [] {
-    const char* env = getenv("ROCM_ATTN_PDL");
-    return env == nullptr || env[0] != '0';
-  }();
   static int cache[64] = {};
-  return allowed && cached_attribute(hipDeviceAttributeComputeCapabilityMajor, cache, 1) >= 9;
+  return ra_tuning().pdl != 0 && cached_attribute(hipDeviceAttributeComputeCapabilityMajor, cache, 1) >= 9;
 #endif
 }

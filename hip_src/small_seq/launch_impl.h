@@ -8,39 +8,26 @@
 #include "fwd_kernel.h"
 #include "fwd_mma_kernel.h"
 
-#include <stdlib.h>
+#include "../common/tuning.h"
 
 namespace small_seq {
 
 inline dim3 block_for() { return dim3(kWavesPerBlock * ra_device_wave_size()); }
 
 // How many resident waves per multiprocessor the grid-stride loop is sized for, as a multiple
-// of what fits at once. ROCM_ATTN_SMALL_SEQ_GRID (forward) and ROCM_ATTN_SMALL_SEQ_BWD_GRID
-// (backward) override it for experiments (0: one wave per item, i.e. no grid-stride reuse).
-constexpr const char* kGridEnv = "ROCM_ATTN_SMALL_SEQ_GRID";
-constexpr const char* kBwdGridEnv = "ROCM_ATTN_SMALL_SEQ_BWD_GRID";
-inline int grid_residency_factor(int default_factor, const char* env_name) {
-  const char* env = getenv(env_name);
-  return env != nullptr ? atoi(env) : default_factor;
+// of what fits at once: the tuning value (common/tuning.h small_seq_fwd_grid / _bwd_grid) or,
+// at -1, the compiled default (0: one wave per item, i.e. no grid-stride reuse).
+inline int grid_residency_factor(int default_factor, int tuned) {
+  return tuned >= 0 ? tuned : default_factor;
 }
 
-// Which GQA passes take the matrix-unit kernels (fwd_mma_kernel.h, bwd_mma_kernel.h):
-// ROCM_ATTN_SMALL_SEQ_MMA is a bit mask, 1 = forward, 2 = backward, unset = both; 0 sends every
-// GQA call to the general kernels (A/B experiments, or a suspected bug).
+// Which passes take the matrix-unit GQA kernels (fwd_mma_kernel.h, bwd_mma_kernel.h) and the
+// software-pipelined general loops (fwd_kernel.h fwd_pipelined, bwd_kernel.h bwd_pipelined):
+// bit masks of the tuning values small_seq_mma / small_seq_pipe.
 constexpr int kPassForward = 1;
 constexpr int kPassBackward = 2;
-inline bool mma_enabled(int pass) {
-  const char* env = getenv("ROCM_ATTN_SMALL_SEQ_MMA");
-  return env == nullptr || (atoi(env) & pass) != 0;
-}
-
-// Software-pipelined general loops (fwd_kernel.h fwd_pipelined, bwd_kernel.h bwd_pipelined):
-// ROCM_ATTN_SMALL_SEQ_PIPE is a bit mask like ROCM_ATTN_SMALL_SEQ_MMA (1 = forward,
-// 2 = backward, unset = both); 0 keeps the plain loops (A/B experiments).
-inline bool pipe_enabled(int pass) {
-  const char* env = getenv("ROCM_ATTN_SMALL_SEQ_PIPE");
-  return env == nullptr || (atoi(env) & pass) != 0;
-}
+inline bool mma_enabled(int pass) { return (ra_tuning().small_seq_mma & pass) != 0; }
+inline bool pipe_enabled(int pass) { return (ra_tuning().small_seq_pipe & pass) != 0; }
 
 // Blocks for `items` (segment, kv head) work items: at most `factor` x the blocks that are
 // resident at once (from the occupancy API, cached per device in `resident_per_mp`), at least
@@ -50,10 +37,10 @@ inline bool pipe_enabled(int pass) {
 // them: the first kernel launched set the residency used for every other one.
 template <typename Kernel>
 dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor,
-              int (&resident_per_mp)[64], const char* env_name) {
+              int (&resident_per_mp)[64], int tuned_factor) {
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   int64_t blocks = (items + kWavesPerBlock - 1) / kWavesPerBlock;
-  const int factor = grid_residency_factor(default_factor, env_name);
+  const int factor = grid_residency_factor(default_factor, tuned_factor);
   if (factor > 0) {
     const int device = ra_device_index();
     if (device >= 0 && device < 64 && resident_per_mp[device] == 0) {
@@ -78,7 +65,8 @@ template <typename T, int D, int KV, bool PIPE>
 hipError_t launch_fwd_general(const SmallSeqParams& p, hipStream_t stream) {
   static int resident[64] = {};
   const dim3 grid =
-      grid_for(p, small_seq_fwd_kernel<T, D, KV, PIPE>, kFwdResidencyFactor, resident, kGridEnv);
+      grid_for(p, small_seq_fwd_kernel<T, D, KV, PIPE>, kFwdResidencyFactor, resident,
+               ra_tuning().small_seq_fwd_grid);
   hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV, PIPE>), grid, block_for(), 0, stream, p);
   return hipGetLastError();
 }
@@ -97,7 +85,7 @@ hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
   if (group >= 2 && mma_enabled(kPassForward)) {
     static int resident_mma[64] = {};
     const dim3 grid = grid_for(p, small_seq_fwd_mma_kernel<T, D, KV>, kFwdResidencyFactor,
-                               resident_mma, kGridEnv);
+                               resident_mma, ra_tuning().small_seq_fwd_grid);
     hipLaunchKernelGGL((small_seq_fwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
     return hipGetLastError();
   }
@@ -114,7 +102,7 @@ template <typename T, int D, int KV, bool PIPE>
 hipError_t launch_bwd_general(const SmallSeqParams& p, hipStream_t stream) {
   static int resident[64] = {};
   const dim3 grid = grid_for(p, small_seq_bwd_kernel<T, D, KV, PIPE>, kBwdResidencyFactor,
-                             resident, kBwdGridEnv);
+                             resident, ra_tuning().small_seq_bwd_grid);
   hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV, PIPE>), grid, block_for(), 0, stream, p);
   return hipGetLastError();
 }
@@ -133,12 +121,13 @@ hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream) {
     if (group <= kBwdMmaMaxGroup) {
       static int resident_mma[64] = {};
       const dim3 grid = grid_for(p, small_seq_bwd_mma_kernel<T, D, KV>, kBwdResidencyFactor,
-                                 resident_mma, kBwdGridEnv);
+                                 resident_mma, ra_tuning().small_seq_bwd_grid);
       hipLaunchKernelGGL((small_seq_bwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
     } else {
       static int resident_wide[64] = {};
       const dim3 grid = grid_for(p, small_seq_bwd_mma_wide_kernel<T, D, KV>,
-                                 kBwdResidencyFactor, resident_wide, kBwdGridEnv);
+                                 kBwdResidencyFactor, resident_wide,
+                                 ra_tuning().small_seq_bwd_grid);
       hipLaunchKernelGGL((small_seq_bwd_mma_wide_kernel<T, D, KV>), grid, block_for(), 0, stream,
                          p);
     }

@@ -1,8 +1,7 @@
 // Launcher of the THD row gather/scatter kernels: the wide-row kernel (copy_wide_kernel.h) over
 // rows of a wave of 16-byte vectors or more; else the row-group kernel with the widest vector
 // the row layout allows (16, 8, 4 or 2 bytes) and its lanes per row. Nine instantiations in all.
-#include <cstdlib>
-
+#include "../common/tuning.h"
 #include "copy_kernel.h"
 #include "copy_wide_kernel.h"
 
@@ -24,14 +23,6 @@ int copy_vector_bytes(const ThdCopyParams& p) {
   return 0;
 }
 
-// Vectors per lane the lanes-per-row choice aims at (kCopyVecsPerLane);
-// ROCM_ATTN_THD_COPY_VECS_PER_LANE overrides it for experiments.
-int copy_vecs_per_lane() {
-  const char* env = getenv("ROCM_ATTN_THD_COPY_VECS_PER_LANE");
-  const int v = env != nullptr ? atoi(env) : 0;
-  return v > 0 ? v : thd::kCopyVecsPerLane;
-}
-
 template <ThdRowMap KIND>
 hipError_t launch_wide_kind(const ThdCopyParams& p, const thd::WideGrid& g, hipStream_t stream) {
   // the first resident round maps its rows before the wait; later blocks start after the
@@ -47,13 +38,11 @@ hipError_t launch_wide_kind(const ThdCopyParams& p, const thd::WideGrid& g, hipS
                    dim3(thd::kCopyThreads), stream, p, g.pieces_shift, guess_blocks, prefetch);
 }
 
-// copy_wide_rows_kernel where rows hold a wave of 16-byte vectors and the grid fits
-// (ROCM_ATTN_THD_COPY_WIDE=0 turns it off, for experiments); false: the caller launches the
-// row-group kernel.
+// copy_wide_rows_kernel where rows hold a wave of 16-byte vectors and the grid fits (tuning
+// thd_copy_wide = 0 turns it off); false: the caller launches the row-group kernel.
 bool launch_wide(const ThdCopyParams& p, int64_t nvec, hipStream_t stream, hipError_t& err) {
-  const char* env = getenv("ROCM_ATTN_THD_COPY_WIDE");
   const int wave = ra_device_wave_size();
-  if ((env != nullptr && atoi(env) == 0) || nvec < wave) return false;
+  if (ra_tuning().thd_copy_wide == 0 || nvec < wave) return false;
   if (p.rows > (int64_t{1} << 40) / p.outer) return false;
   const thd::WideGrid g = thd::wide_grid(p.outer * p.rows, nvec, wave, thd::kCopyThreads,
                                          thd::kWideVecsPerLane);
@@ -89,7 +78,7 @@ hipError_t thd_copy_rows_launch(const ThdCopyParams& p, hipStream_t stream) {
   if (nvec > INT32_MAX) return hipErrorInvalidValue;
   hipError_t err = hipSuccess;
   if (vbytes == 16 && launch_wide(p, nvec, stream, err)) return err;
-  const int shift = thd::lanes_shift(nvec, copy_vecs_per_lane(), thd::kCopyThreads);
+  const int shift = thd::lanes_shift(nvec, thd::kCopyVecsPerLane, thd::kCopyThreads);
   const int64_t rows_per_block = thd::kCopyThreads >> shift;
   const int64_t bx = (p.rows + rows_per_block - 1) / rows_per_block;
   const int64_t by = (p.outer + thd::kCopyOuterPerBlock - 1) / thd::kCopyOuterPerBlock;

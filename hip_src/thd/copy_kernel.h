@@ -20,7 +20,7 @@ constexpr int kCopyThreads = 256;
 constexpr int kCopyResidentBlocks = 4;  // per SM (64 registers, 256 threads)
 constexpr int kCopyOuterPerBlock = 8;  // outer slices per block: one search serves 8 LSE heads
 constexpr int kCopyUnroll = 4;         // vectors in flight per lane
-// Lanes per row ~ vectors per row / kCopyVecsPerLane (launcher; env override for experiments).
+// Lanes per row ~ vectors per row / kCopyVecsPerLane (launcher).
 // NOTE: H200, bf16 rows of 2 KB (bench_thd, session 6): 8 vectors per lane against 4 gave
 // reorder_to_rank_sharded 87 -> 92% of floor (b16 cases) and 88 -> 98% (var64), the other copy
 // helpers within +-3 points; 16 lost 1-9 points, 2 and 1 lost 25-55.

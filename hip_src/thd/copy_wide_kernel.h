@@ -17,8 +17,7 @@
 // session 10).
 #pragma once
 
-#include <cstdlib>
-
+#include "../common/tuning.h"
 #include "copy_kernel.h"
 
 namespace thd {
@@ -86,12 +85,11 @@ inline WideGrid wide_grid(int64_t slots, int64_t nvec, int wave, int threads, in
   return g;
 }
 
-// The L2 prefetch of the guessed rows before the wait (kernels below and merge_kernel.h): on
-// unless ROCM_ATTN_THD_PREFETCH says otherwise (read at every launch, so that a graph keeps
-// the choice made at capture; for A/B runs). Returns the variable's value, or `dflt` unset.
+// The L2 prefetch of the guessed rows before the wait (kernels below and merge_kernel.h): the
+// tuning value thd_prefetch (common/tuning.h), or `dflt` where it is -1.
 inline int thd_prefetch_setting(int dflt) {
-  const char* env = getenv("ROCM_ATTN_THD_PREFETCH");
-  return env != nullptr ? atoi(env) : dflt;
+  const int tuned = ra_tuning().thd_prefetch;
+  return tuned >= 0 ? tuned : dflt;
 }
 
 // The wide kernels' first resident round (every thread of the block calls it): the rows of

@@ -1,8 +1,7 @@
 // Launchers of the THD merge / correction kernels: 8-element vectors when every row allows
 // them, else scalar; the row dtypes as template arguments for the common combinations
 // (kThdAnyDtype, read at run time, for the rest and for scalar rows).
-#include <cstdlib>
-
+#include "../common/tuning.h"
 #include "grad_wide_kernel.h"
 #include "merge_kernel.h"
 #include "merge_wide_kernel.h"
@@ -66,10 +65,8 @@ hipError_t launch_merge_wide(const ThdMergeParams& p, const thd::WideGrid& g, hi
 
 // merge_wide_kernel for fp32 rows (halves or whole) of a wave of 8-element vectors or more,
 // heads of 3 vectors or more (24 elements on 32-lane waves) that no piece boundary splits
-// (ROCM_ATTN_THD_MERGE_WIDE=0 turns it off, for experiments); false: the caller launches the
-// tile kernel.
+// (tuning thd_merge_wide = 0 turns it off); false: the caller launches the tile kernel.
 bool launch_merge_wide(const ThdMergeParams& p, hipStream_t stream, hipError_t& err) {
-  const char* env = getenv("ROCM_ATTN_THD_MERGE_WIDE");
   const int wave = ra_device_wave_size();
   const int64_t nvec = static_cast<int64_t>(p.heads) * (p.dim / 8);
   const int64_t per_wave = static_cast<int64_t>(wave) * thd::kWideVecsPerLane;
@@ -77,7 +74,7 @@ bool launch_merge_wide(const ThdMergeParams& p, hipStream_t stream, hipError_t& 
   // head may straddle two pieces: each would own it, and in place the later one could read the
   // LSE the other has already merged
   const int64_t nv = p.dim / 8;
-  if ((env != nullptr && atoi(env) == 0) || p.out_dtype != kThdFloat32 || nvec < wave ||
+  if (ra_tuning().thd_merge_wide == 0 || p.out_dtype != kThdFloat32 || nvec < wave ||
       per_wave / nv + 1 > wave || (nvec > per_wave && per_wave % nv != 0) ||
       (p.map.kind != ThdRowMap::kHalf && p.map.kind != ThdRowMap::kIdentity))
     return false;
@@ -112,13 +109,12 @@ hipError_t launch_grad_wide(const ThdGradParams& p, const thd::WideGrid& g, int 
 }
 
 // grad_wide_kernel for halves or whole rows of a wave of 8-element vectors or more, one dtype
-// for grad and step (ROCM_ATTN_THD_GRAD_WIDE=0 turns it off, for experiments); false: the
-// caller launches the tile kernel.
+// for grad and step (tuning thd_grad_wide = 0 turns it off); false: the caller launches the
+// tile kernel.
 bool launch_grad_wide(const ThdGradParams& p, int64_t nvec, hipStream_t stream,
                       hipError_t& err) {
-  const char* env = getenv("ROCM_ATTN_THD_GRAD_WIDE");
   const int wave = ra_device_wave_size();
-  if ((env != nullptr && atoi(env) == 0) || nvec < wave || p.grad_dtype != p.step_dtype ||
+  if (ra_tuning().thd_grad_wide == 0 || nvec < wave || p.grad_dtype != p.step_dtype ||
       (p.map.kind != ThdRowMap::kHalf && p.map.kind != ThdRowMap::kIdentity))
     return false;
   const bool halves = p.map.kind == ThdRowMap::kHalf;

@@ -11,11 +11,11 @@ bench/common.py; eager where a call cannot be captured, reported); anchors are t
 (one call at a time, host dispatch included: a small bias for the anchor's slower side only at
 the smallest case); inputs rotate over several sets so that the
 working set exceeds L2. GQA cases (h_q > h_kv) also time the general kernel in the same run
-(ROCM_ATTN_SMALL_SEQ_MMA=0, column "general"), so the matrix-unit forward's gain is read off one
+(tuning small_seq_mma=0, column "general"), so the matrix-unit forward's gain is read off one
 run. Writes JSON with --json; prints a table last.
 
 Usage: python tools/bench_small_seq.py [--json out.json] [--cases name,...] [--batch 30720]
-       [--no-anchors] [--ab VAR=VALUE ...]
+       [--no-anchors] [--ab NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -53,8 +52,6 @@ CASES = {
     "gqa_h8_hkv2_d64_kv16": (8, 2, 64, 16),
     "gqa_h8_hkv2_d256_kv16": (8, 2, 256, 16),
 }
-# Env switch of the matrix-unit GQA forward (read by the launcher at every call).
-MMA_ENV = "ROCM_ATTN_SMALL_SEQ_MMA"
 L2_ROTATION_BYTES = 512 * 2**20
 # Timed single calls behind every eager median. NOTE: 10 left the median of the smallest case
 # (h1 d128 kv4, 40-50 us a call, host-bound) 15-25% apart between runs on one H200 machine.
@@ -157,17 +154,13 @@ def _with_backward(fwd, leaves):
 ANCHORS = {"sdpa": sdpa, "varlen": varlen, "unfused": unfused}
 
 
-def _with_env(var, value, fn):
-    """fn() with os.environ[var] = value (the launchers read their switches at every call)."""
-    saved = os.environ.get(var)
-    os.environ[var] = value
-    try:
+def _with_tuning(setting, fn):
+    """fn() with a launch tuning value set (NAME=VALUE, NAME a rocm_attn.tuning name or its
+    ROCM_ATTN_* variable), restored after it."""
+    name, value = setting.split("=", 1)
+    by_env = {env: knob for knob, env in rocm_attn.tuning.environment_names().items()}
+    with rocm_attn.tuning.override(**{by_env.get(name, name): int(value)}):
         return fn()
-    finally:
-        if saved is None:
-            del os.environ[var]
-        else:
-            os.environ[var] = saved
 
 
 def bench_case(name, spec, batch, dtype, bw, seed, anchors=True, ab=()):
@@ -187,13 +180,12 @@ def bench_case(name, spec, batch, dtype, bw, seed, anchors=True, ab=()):
         row[mode] = {"ms": t, "eager_ms": t_eager, "floor_ms": floor, "pct_floor": 100 * floor / t,
                      "gbps": nbytes / (t * 1e-3) / 1e9, "anchors": {}}
         if h_q // h_kv >= 2:  # the general kernel on the same inputs, for the A/B
-            tg = _with_env(MMA_ENV, "0", lambda: time_ms(
+            tg = _with_tuning("small_seq_mma=0", lambda: time_ms(
                 rotating([ours(x, backward) for x in sets]), name=f"{name}/{mode}/general"))
             row[mode]["general_ms"] = tg
             row[mode]["general_pct_floor"] = 100 * floor / tg
         for setting in ab:  # --ab VAR=VALUE: ours again on the same inputs with a switch set
-            var, value = setting.split("=", 1)
-            ta = _with_env(var, value, lambda: time_ms(
+            ta = _with_tuning(setting, lambda: time_ms(
                 rotating([ours(x, backward) for x in sets]), name=f"{name}/{mode}/{setting}"))
             row[mode].setdefault("ab", {})[setting] = {"ms": ta, "pct_floor": 100 * floor / ta}
         for aname, make in (ANCHORS.items() if anchors else ()):
@@ -233,9 +225,10 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-anchors", action="store_true", help="time only our kernels (quick A/B runs)")
-    parser.add_argument("--ab", action="append", default=[], metavar="VAR=VALUE",
-                        help="also time our op with this environment switch set, on the same "
-                             "inputs (repeatable; e.g. ROCM_ATTN_SMALL_SEQ_PIPE=0)")
+    parser.add_argument("--ab", action="append", default=[], metavar="NAME=VALUE",
+                        help="also time our op with this launch tuning value set (a "
+                             "rocm_attn.tuning name or its ROCM_ATTN_* variable), on the same "
+                             "inputs (repeatable; e.g. small_seq_pipe=0)")
     parser.add_argument("--plot", type=Path,
                         help="write a PNG of %% of floor per case (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")

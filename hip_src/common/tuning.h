@@ -1,0 +1,63 @@
+// Launch-time tuning of every kernel family, in one place: the choices a launcher makes that
+// are not fixed by the arguments (which kernel variant, how large a grid, whether to overlap
+// with the kernel ahead). Compile-time constants that no run ever changes stay beside their
+// kernels; what is here can be changed without a rebuild, for A/B runs, tests and a user who
+// needs to turn a feature off.
+//
+// Rule: the values are read from the environment once, at the first launch (the extension
+// reads them when it loads), and can be overridden in-process through ra_set_tuning (the
+// bindings expose it as rocm_attn.tuning). Launchers read ra_tuning() and never the
+// environment: a getenv per launch costs host time on a path that is 5-20 us long, and a value
+// that changes under a running process would make two launches of one graph disagree.
+// A captured graph keeps the choices made at capture time.
+//
+// Plain host declarations: torch_bindings.cpp, compiled without the GPU compiler, includes it.
+#pragma once
+
+struct RaTuning {
+  // small-seq: grid = this many times the blocks resident at once; 0 = one wave per item;
+  // -1 = the compiled default (small_seq/tiling.h kFwdResidencyFactor / kBwdResidencyFactor).
+  int small_seq_fwd_grid = -1;
+  int small_seq_bwd_grid = -1;
+  // small-seq: passes whose GQA calls take the matrix-unit kernels, a bit mask (1 = forward,
+  // 2 = backward); 0 sends every GQA call to the general kernels.
+  int small_seq_mma = 3;
+  // small-seq: passes that take the software-pipelined general loops (same bit mask).
+  int small_seq_pipe = 3;
+  // THD: rows of a wave of 16-byte vectors or more take the wide-row kernels (copy_wide_kernel.h,
+  // merge_wide_kernel.h, grad_wide_kernel.h); 0 keeps them on the row-group / tile kernels.
+  int thd_copy_wide = 1;
+  int thd_merge_wide = 1;
+  int thd_grad_wide = 1;
+  // THD: L2 prefetch of the rows mapped before the wait; -1 = each kernel's default (merge:
+  // kMergePrefetchBatches batches, the others on), 0 = off, n > 0 = on (merge: n batches).
+  int thd_prefetch = -1;
+  // CUDA sm_90+: programmatic dependent launch (a kernel may start while the one ahead drains).
+  int pdl = 1;
+};
+
+// One row per field: its name (rocm_attn.tuning and the README's table use it), the environment
+// variable read at load, and the field.
+struct RaTuningKnob {
+  const char* name;
+  const char* env;
+  int RaTuning::*field;
+};
+
+inline constexpr RaTuningKnob kRaTuningKnobs[] = {
+    {"small_seq_fwd_grid", "ROCM_ATTN_SMALL_SEQ_GRID", &RaTuning::small_seq_fwd_grid},
+    {"small_seq_bwd_grid", "ROCM_ATTN_SMALL_SEQ_BWD_GRID", &RaTuning::small_seq_bwd_grid},
+    {"small_seq_mma", "ROCM_ATTN_SMALL_SEQ_MMA", &RaTuning::small_seq_mma},
+    {"small_seq_pipe", "ROCM_ATTN_SMALL_SEQ_PIPE", &RaTuning::small_seq_pipe},
+    {"thd_copy_wide", "ROCM_ATTN_THD_COPY_WIDE", &RaTuning::thd_copy_wide},
+    {"thd_merge_wide", "ROCM_ATTN_THD_MERGE_WIDE", &RaTuning::thd_merge_wide},
+    {"thd_grad_wide", "ROCM_ATTN_THD_GRAD_WIDE", &RaTuning::thd_grad_wide},
+    {"thd_prefetch", "ROCM_ATTN_THD_PREFETCH", &RaTuning::thd_prefetch},
+    {"pdl", "ROCM_ATTN_PDL", &RaTuning::pdl},
+};
+
+// The current values: defaults, then the environment (read on the first call), then overrides.
+const RaTuning& ra_tuning();
+// Sets one value by name; false (and nothing changed) for an unknown name. `old` gets the
+// previous value.
+bool ra_set_tuning(const char* name, int value, int* old);
