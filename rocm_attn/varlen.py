@@ -14,6 +14,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from .cp.api import _check_window, _is_int, check_qkv, check_seq_args
+from .cp.autograd import no_second_derivative
 from .cp.backends import accum_dtype, resolve_backend
 from .cp.bands import MaskSpec, Segment
 from .cp.steps import StepMeta, whole_sequence_meta
@@ -41,8 +42,11 @@ class _VarlenAttnFunc(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = ctx.backend.backward(dout, q, k, v, out, lse, dlse, ctx.meta, ctx.scale)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        with torch.no_grad():
+            dq, dk, dv = ctx.backend.backward(dout, q, k, v, out, lse, dlse, ctx.meta,
+                                              ctx.scale)
+        grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype))
+        return (*no_second_derivative("attention", grads, (q, k, v)), None, None, None)
 
 
 def _check_values(side: str, cu: torch.Tensor, starts: Optional[torch.Tensor], rows: int,

@@ -216,3 +216,19 @@ def test_gpu_attention_torch_flash_cross(causal, window, chunk):
                  device="cuda")
     got, want = _run(p, causal, window, chunk, True, backend="torch_flash")
     _check(got, want, 3e-2, p, True)
+
+
+def test_attention_second_derivative_raises():
+    """create_graph=True gives gradients that require grad (they depend on q, k, v) and
+    differentiating them raises, instead of a silent zero second derivative."""
+    p = _problem([5, 3], [5, 3], 2, 1, 8, False, seed=11)
+    q, k, v = (p[n].clone().requires_grad_() for n in ("q", "k", "v"))
+    out = attention(q, k, v, p["cu"][0], p["cu"][1], 5, 5, causal=True)
+    dq, dk, dv = torch.autograd.grad((out.to(F64) * p["go"]).sum(), (q, k, v), create_graph=True)
+    assert dq.requires_grad and dk.requires_grad and dv.requires_grad
+    with pytest.raises(RuntimeError, match="attention has no second derivative"):
+        torch.autograd.grad(dq.square().sum(), q)
+    # without create_graph the gradients stay plain tensors
+    out = attention(q, k, v, p["cu"][0], p["cu"][1], 5, 5, causal=True)
+    dq, = torch.autograd.grad((out.to(F64) * p["go"]).sum(), q)
+    assert not dq.requires_grad and torch.isfinite(dq).all()

@@ -644,3 +644,19 @@ def test_step_metadata_is_shared_between_calls_on_the_same_cu_seqlens():
     assert plan(cu.clone()).meta_cache is not a.meta_cache
     cu[2] = 24  # in place (same values): the version moves on, so no reuse
     assert plan(cu).meta_cache is not a.meta_cache
+
+
+@pytest.mark.parametrize("comm", ["p2p", "all_gather", "a2a", "a2a+p2p"])
+def test_second_derivative_raises(comm):
+    """create_graph=True gives gradients that require grad and raise when differentiated (no
+    silent zero second derivative), for every comm type (same autograd Functions on GPU)."""
+    a = _good_args(cp=1)
+    q, k, v = (a.pop(n).clone().requires_grad_() for n in ("q", "k", "v"))
+    if comm == "a2a+p2p":
+        a["cp_group"] = (FakeGroup(1), FakeGroup(1))
+    out = attn_with_cp(q, k, v, **a, cp_comm_type=comm)
+    go = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad((out * go).sum(), (q, k, v), create_graph=True)
+    assert dq.requires_grad and dk.requires_grad and dv.requires_grad
+    with pytest.raises(RuntimeError, match="attn_with_cp has no second derivative"):
+        torch.autograd.grad((dq.square().sum() + dk.sum()), (q, k))
