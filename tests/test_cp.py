@@ -627,9 +627,11 @@ def test_gpu_nccl_matches_reference(world, tmp_path):
 
 
 def test_step_metadata_is_shared_between_calls_on_the_same_cu_seqlens():
-    """Plans of calls on the same (unmodified) cu_seqlens tensors share their step metadata
-    (computed once, e.g. for all layers of a model); a cu_seqlens modified in place or a new
-    tensor gets fresh metadata."""
+    """Plans of calls on the same cu_seqlens share their step metadata (computed once, e.g. for
+    all layers of a model). CPU tensors are keyed by value: equal values share, whatever the
+    tensor; new values get fresh metadata, however they were written. GPU default (keyed by
+    tensor identity and version, no sync): a tensor modified in place or a new tensor gets
+    fresh metadata, an unmodified one shares."""
     from rocm_attn.cp import api
 
     cu = torch.tensor([0, 8, 24], dtype=torch.int32)
@@ -637,26 +639,68 @@ def test_step_metadata_is_shared_between_calls_on_the_same_cu_seqlens():
 
     def plan(c):
         return api._make_plan(q, k, v, c, c, 16, 16, FakeGroup(2, 0), "p2p", "causal", (-1, -1),
-                              None, None, None, None, "reference", False, False)
+                              None, None, None, None, "reference", False, None)
 
     a, b = plan(cu), plan(cu)
-    assert a.meta_cache is b.meta_cache
-    assert plan(cu.clone()).meta_cache is not a.meta_cache
-    cu[2] = 24  # in place (same values): the version moves on, so no reuse
+    assert a.meta_cache is b.meta_cache and a.meta_stale is None
+    assert plan(cu.clone()).meta_cache is a.meta_cache
+    cu.numpy()[1] = 12  # no version bump: still new values, so fresh metadata
     assert plan(cu).meta_cache is not a.meta_cache
+    # by identity and version (the GPU default; forced here on CPU tensors)
+    cu = torch.tensor([0, 8, 24], dtype=torch.int32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "_STEP_CACHE", api.OrderedDict())
+        cache = api._shared_step_cache((cu,) * 4, ("k",), by_value=False)[0]
+        assert api._shared_step_cache((cu,) * 4, ("k",), by_value=False)[0] is cache
+        assert api._shared_step_cache((cu.clone(),) * 4, ("k",), by_value=False)[0] is not cache
+        cu[2] = 24  # in place (same values): the version moves on, so no reuse
+        assert api._shared_step_cache((cu,) * 4, ("k",), by_value=False)[0] is not cache
 
 
-@pytest.mark.parametrize("comm", ["p2p", "all_gather", "a2a", "a2a+p2p"])
-def test_second_derivative_raises(comm):
-    """create_graph=True gives gradients that require grad and raise when differentiated (no
-    silent zero second derivative), for every comm type (same autograd Functions on GPU)."""
+def _stale_case(lens_a, lens_b):
     a = _good_args(cp=1)
-    q, k, v = (a.pop(n).clone().requires_grad_() for n in ("q", "k", "v"))
-    if comm == "a2a+p2p":
-        a["cp_group"] = (FakeGroup(1), FakeGroup(1))
-    out = attn_with_cp(q, k, v, **a, cp_comm_type=comm)
-    go = torch.randn_like(out)
-    dq, dk, dv = torch.autograd.grad((out * go).sum(), (q, k, v), create_graph=True)
-    assert dq.requires_grad and dk.requires_grad and dv.requires_grad
-    with pytest.raises(RuntimeError, match="attn_with_cp has no second derivative"):
-        torch.autograd.grad((dq.square().sum() + dk.sum()), (q, k))
+    cu = _cu(lens_a)
+    a.update(cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lens_a + lens_b),
+             max_seqlen_kv=max(lens_a + lens_b))
+    return a, cu
+
+
+@pytest.mark.parametrize("write", ["numpy", "data"])
+def test_plan_cache_follows_values_written_behind_the_version(write):
+    """New cu_seqlens values written into the same tensor without a version bump (.numpy(),
+    .data) give the result of the new layout, never one of the cached old layout (CPU: the
+    cache is keyed by value)."""
+    a, cu = _stale_case([8, 4], [4, 8])
+    first = attn_with_cp(**a)
+    new = torch.tensor([0, 4, 12], dtype=I32)
+    if write == "numpy":
+        cu.numpy()[:] = new.numpy()
+    else:
+        cu.data.copy_(new)
+    got = attn_with_cp(**a)
+    ref, _ = reference_attention(a["q"], a["k"], a["v"], new, new)
+    torch.testing.assert_close(got, ref, atol=1e-12, rtol=1e-12)
+    assert not torch.equal(got, first)
+
+
+def test_plan_cache_by_identity_poisons_a_stale_hit(monkeypatch):
+    """Keyed by identity and version (the GPU default, forced here on CPU): values changed
+    behind the version counter are caught on the device (no sync) and the output and LSE are
+    NaN, never the old layout's result; a fresh tensor or an honest write computes normally."""
+    from rocm_attn.cp import api
+
+    monkeypatch.setattr(api, "_STEP_CACHE", api.OrderedDict())
+    a, cu = _stale_case([8, 4], [4, 8])
+    a["validate"] = False
+    orig = api._shared_step_cache
+    monkeypatch.setattr(api, "_shared_step_cache",
+                        lambda t, p, by_value: orig(t, p, by_value=False))
+    first, lse0 = attn_with_cp(**a, return_lse=True)
+    assert torch.isfinite(first).all()
+    cu.data.copy_(torch.tensor([0, 4, 12], dtype=I32))
+    out, lse = attn_with_cp(**a, return_lse=True)
+    assert torch.isnan(out).all() and torch.isnan(lse).all()
+    cu.copy_(torch.tensor([0, 4, 12], dtype=I32))  # bumps the version: fresh metadata
+    out = attn_with_cp(**a)
+    ref, _ = reference_attention(a["q"], a["k"], a["v"], cu, cu)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)

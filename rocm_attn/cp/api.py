@@ -303,6 +303,9 @@ def attn_with_cp(
         out, lse = A2AP2PAttnFunc.apply(q, k, v, plan, (a2a_group, a, ring))
     else:
         out, lse = _FUNCS[cp_comm_type].apply(q, k, v, plan)
+    if plan.meta_stale is not None:  # shared step metadata built from other cu_seqlens values
+        out = torch.where(plan.meta_stale, out.new_full((), float("nan")), out)
+        lse = torch.where(plan.meta_stale, lse.new_full((), float("nan")), lse)
     return (out, lse) if return_lse else out
 
 
@@ -357,12 +360,13 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
                 "rely on q and kv chunks at the same positions; use 'all_gather' or 'a2a' for "
                 "masked attention between different q and kv lengths")
         _check_min_seqlen(min_seqlen, cu_seqlens_q, cu_seqlens_kv)
-    shared = _shared_step_cache(
+    shared, stale = _shared_step_cache(
         (cu_seqlens_q, cu_seqlens_kv, cu_q_p, cu_kv_p),
         (cp_comm_type, cp, rank, causal, window, chunk_size, max_seqlen_q, max_seqlen_kv,
-         q.shape[0], k.shape[0], min_seqlen, step_backend.name, str(dev)))
+         q.shape[0], k.shape[0], min_seqlen, step_backend.name, str(dev)),
+        by_value=check_values or dev.type == "cpu")
     return CPPlan(
-        meta_cache=shared,
+        meta_cache=shared, meta_stale=stale,
         group=cp_group, cp=cp, rank=rank, attn_mask_type="causal" if causal else "no_mask",
         window_size=window, chunk_size=chunk_size, softmax_scale=float(softmax_scale),
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_q_p,
@@ -373,29 +377,47 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
 
 
 # Step metadata (StepMeta, DirectCall: tens to hundreds of small device ops per call) shared
-# by calls with the same cu_seqlens tensors and geometry, e.g. every layer of a model in one
-# step. Keyed by tensor identity and version; an entry holds its tensors, so no other tensor
-# can take their ids while it lives. Few entries: a new batch's tensors push old ones out.
-_STEP_CACHE: "OrderedDict[tuple, dict]" = OrderedDict()
+# by calls with the same cu_seqlens and geometry, e.g. every layer of a model in one step. Few
+# entries: a new batch pushes old ones out. Two keys:
+# * by value (CPU tensors, or validate on: the values are on the host for free or already read):
+#   the cu_seqlens bytes, so no write of any kind can make an entry wrong;
+# * by tensor identity and version (GPU default: reading values would synchronise). An entry
+#   holds its tensors (no other tensor can take their ids) and a device copy of their values:
+#   a write that bypasses the version counter (``.data``, DLPack) is caught on the device, no
+#   sync, and the call's output and LSE become NaN (CPPlan.meta_stale) instead of silently
+#   following the old layout.
+_STEP_CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()
 _STEP_CACHE_SIZE = 8
 
 
-def _shared_step_cache(tensors: tuple, params: tuple) -> dict:
-    """The ``meta_cache`` dict for a plan: shared with earlier calls on the same cu_seqlens
-    tensors (same objects, unmodified) and parameters; a fresh dict while compiling or
-    capturing a graph (metadata made there must not be read outside it)."""
+def _shared_step_cache(tensors: tuple, params: tuple, by_value: bool
+                       ) -> Tuple[dict, Optional[torch.Tensor]]:
+    """``(meta_cache, stale)`` for a plan: the dict shared with earlier calls on the same
+    cu_seqlens values (``by_value``) or the same unmodified tensors, and for the latter on a
+    hit a device bool that is True when the values changed behind the version counter. A fresh
+    dict while compiling or capturing a graph (metadata made there must not be read outside
+    it)."""
     if torch.compiler.is_compiling() or (
             tensors[0].is_cuda and torch.cuda.is_current_stream_capturing()):
-        return {}
-    key = tuple((id(t), t._version) for t in tensors) + params
-    entry = _STEP_CACHE.get(key)
-    if entry is None or any(a is not b for a, b in zip(entry[0], tensors)):
-        entry = (tensors, {})
-        _STEP_CACHE[key] = entry
-        while len(_STEP_CACHE) > _STEP_CACHE_SIZE:
-            _STEP_CACHE.popitem(last=False)
+        return {}, None
+    if by_value:
+        key = ("values",) + tuple(t.detach().cpu().numpy().tobytes() for t in tensors) + params
+        entry = _STEP_CACHE.get(key)
+        if entry is None:
+            entry = _STEP_CACHE[key] = (None, None, {})
+        stale = None
+    else:
+        key = ("tensors",) + tuple((id(t), t._version) for t in tensors) + params
+        entry = _STEP_CACHE.get(key)
+        if entry is None or any(a is not b for a, b in zip(entry[0], tensors)):
+            entry = _STEP_CACHE[key] = (tensors, torch.cat(tensors), {})
+            stale = None
+        else:
+            stale = torch.cat(tensors).ne(entry[1]).any()
+    while len(_STEP_CACHE) > _STEP_CACHE_SIZE:
+        _STEP_CACHE.popitem(last=False)
     _STEP_CACHE.move_to_end(key)
-    return entry[1]
+    return entry[2], stale
 
 
 def _group_info(cp_group, cp_comm_type: str) -> Tuple[int, int]:
