@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from datetime import timedelta
 from typing import Dict, List, NamedTuple, Optional
 
@@ -325,6 +326,69 @@ def _use_flash_emulator() -> None:
     backends._flash_problem = lambda q: None
 
 
+# --------------------------------------------------------------------------
+# ranks that disagree (2 ranks): the same ValueError on every rank, no hang, no wrong result
+# --------------------------------------------------------------------------
+
+
+def _cons_args(rank: int, lens=(8, 4), **change):
+    cu = _cu(lens)
+    t = sum(lens) // 2
+    g = torch.Generator().manual_seed(100 + rank)
+    q, k, v = (torch.randn(t, h, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    a = dict(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=8, max_seqlen_kv=8,
+             cp_group=dist.group.WORLD)
+    a.update(change)
+    return a
+
+
+def _expect_error(rank: int, per_rank: Dict[int, str], **args):
+    """Call attn_with_cp; None when it raised a ValueError matching per_rank[rank]."""
+    try:
+        attn_with_cp(**args)
+    except ValueError as e:
+        if re.search(per_rank[rank], str(e)):
+            return None
+        return f"wrong message: {e}"
+    return "no error (a wrong result would follow)"
+
+
+def _consistency_cases(rank: int):
+    """(name, fn) cases run by both ranks of the 2-rank world; on code without the cross-rank
+    check they return wrong results or hang (the group timeout then fails the suite)."""
+    both = lambda pat: {0: pat, 1: pat}  # noqa: E731
+    return [
+        ("cu_seqlens", lambda: _expect_error(
+            rank, both(r"pass different cu_seqlens_q values \(ranks with equal values: \[0\]; "
+                       r"\[1\]\)"),
+            **_cons_args(rank, (8, 4) if rank == 0 else (4, 8)))),
+        ("num_seqs", lambda: _expect_error(
+            rank, both(r"disagree on b \(sequences\) \(rank 0: 2, rank 1: 3\)"),
+            **_cons_args(rank, (8, 4) if rank == 0 else (4, 4, 4)))),
+        ("comm_type", lambda: _expect_error(
+            rank, both(r"disagree on cp_comm_type \(rank 0: 'p2p', rank 1: 'all_gather'\)"),
+            **_cons_args(rank, cp_comm_type="p2p" if rank == 0 else "all_gather"))),
+        ("window", lambda: _expect_error(
+            rank, both(r"disagree on window_size\[0\] \(rank 0: 4, rank 1: -1\)"),
+            **_cons_args(rank, window_size=(4, 0) if rank == 0 else (-1, -1)))),
+        ("mask", lambda: _expect_error(
+            rank, both(r"disagree on attn_mask_type \(rank 0: causal, rank 1: no_mask\)"),
+            **_cons_args(rank, attn_mask_type="causal" if rank == 0 else "no_mask"))),
+        ("one_rank_bad", lambda: _expect_error(
+            rank, {0: r"rank\(s\) \[1\] of cp_group rejected their arguments",
+                   1: r"chunk_size must be None or a positive int"},
+            **_cons_args(rank, chunk_size=None if rank == 0 else 0))),
+        ("global_tensors", lambda: _expect_error(
+            rank, both(r"local q shard has 12 tokens, the unsharded global total "
+                       r"cu_seqlens_q\[-1\] = 12"),
+            **_cons_args(rank, q=torch.randn(12, 4, 8, dtype=F64),
+                         k=torch.randn(12, 2, 8, dtype=F64),
+                         v=torch.randn(12, 2, 8, dtype=F64)))),
+        ("consistent_still_runs", lambda: None if torch.isfinite(
+            attn_with_cp(**_cons_args(rank, validate="sync"))).all() else "non-finite output"),
+    ]
+
+
 def _worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -333,6 +397,8 @@ def _worker(rank: int, world: int, port: int, out_path: str) -> None:
     _use_flash_emulator()
     cases = _suite_cases(configs(world), world, rank, "cpu")
     cases.append((f"cp{world}-errors", lambda: _run_errors(world, rank, solo)))
+    if world == 2:
+        cases += [(f"cp2-consistency-{name}", fn) for name, fn in _consistency_cases(rank)]
     report_cases(cases, world, rank, out_path)
 
 
@@ -344,7 +410,8 @@ def _spawn(world: int, tmpdir: str) -> dict:
 
 
 def _names(world: int) -> List[str]:
-    return [c.name for c in configs(world)] + [f"cp{world}-errors"]
+    extra = [f"cp2-consistency-{name}" for name, _ in _consistency_cases(0)] if world == 2 else []
+    return [c.name for c in configs(world)] + [f"cp{world}-errors"] + extra
 
 
 @pytest.mark.parametrize("name", _names(2) + _names(4))
