@@ -483,13 +483,15 @@ def _exchange_groups(cp_group) -> list:
 def _cross_rank_check_on(validate, q) -> bool:
     """Whether the ranks compare signatures: ``validate`` True / "sync" (or env
     ``ROCM_ATTN_VALIDATE=1``), or by default for CPU tensors, where the exchange (gloo) and the
-    hashes cost no device sync. Every rank must pass the same ``validate``."""
+    hashes cost no device sync, except while torch.compile traces. Every rank must pass the
+    same ``validate``."""
     try:
         if validate_mode(validate):
             return True
     except ValueError:
         pass  # the argument checks raise it, on every rank, after the exchange
-    return validate is None and (not isinstance(q, torch.Tensor) or q.device.type == "cpu")
+    return (validate is None and (not isinstance(q, torch.Tensor) or q.device.type == "cpu")
+            and not torch.compiler.is_compiling())
 
 
 def _cu_hash(t: torch.Tensor) -> int:
