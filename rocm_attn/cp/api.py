@@ -270,8 +270,11 @@ def attn_with_cp(
         Also return the LSE (differentiable).
     validate : bool, optional
         Check the cu_seqlens *values* (layout, divisibility, shard size, max_seqlen,
-        min_seqlen). Reading them synchronises, so by default (None) this runs for CPU tensors
-        or with env ``ROCM_ATTN_VALIDATE=1`` only; ``True`` / ``False`` force it on / off.
+        min_seqlen) and that every rank of the group makes the same call (an all-gather of a
+        small signature; all ranks raise on a mismatch). Reading them synchronises, so by
+        default (None) this runs for CPU tensors or with env ``ROCM_ATTN_VALIDATE=1`` only
+        (not while torch.compile traces); ``True`` / ``False`` force it on / off. Every rank
+        must pass the same value. See ``docs/CP.md``, "Checks".
     min_seqlen : int, optional
         A promise: every sequence with at least one valid token has at least ``min_seqlen``
         of them (q and kv). With a window or chunking, ``"p2p"`` skips the compute of ring
@@ -295,7 +298,9 @@ def attn_with_cp(
         ``2*cp``, heads not divisible by ``cp`` for ``"a2a"`` (by the a2a group size for
         ``"a2a+p2p"``), ``"p2p"`` / ``"a2a+p2p"`` with a causal mask, a window or chunking
         between different q and kv sequences, ``"a2a+p2p"`` without a pair of groups, a
-        broken ``min_seqlen`` promise, ``backend="torch_flash"`` for inputs it cannot serve.
+        broken ``min_seqlen`` promise, ``backend="torch_flash"`` for inputs it cannot serve;
+        when checked, ranks whose calls differ or a rank whose arguments fail (on every rank)
+        and an unsharded global tensor passed as a shard.
     """
     plan = _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
                       cp_group, cp_comm_type, attn_mask_type, window_size, chunk_size,
