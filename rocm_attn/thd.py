@@ -30,10 +30,14 @@ Conventions
   ``max_chunks`` for the chunk metadata), never with ``max_seqlen * num_seqs``; a token finds
   its sequence by binary search (:func:`token_to_seq`), so nothing caps the number of
   sequences.
-* Device values are checked only on request: ``validate=True`` (or env
-  ``ROCM_ATTN_VALIDATE=1``) synchronises and raises ``ValueError`` naming the first bad
-  sequence. Without it, bad values give junk results but never an out-of-bounds access
-  (every gather index is clamped into range).
+* Device values are checked on request: ``validate=True`` (or env ``ROCM_ATTN_VALIDATE=1``)
+  reads them on the host (on a GPU this synchronises) and raises ``ValueError`` naming the
+  first bad sequence (or row). :func:`partition`, :func:`partitioned_indices`,
+  :func:`chunkify`, :func:`pad_for_cp`, :func:`merge_rows_` and :func:`add_rows_` (and
+  :func:`rocm_attn.shard_for_cp`) also check by default (``validate=None``) when their tensors
+  are on the CPU, where the read costs no sync, except while torch.compile traces the call
+  (``validate=False`` skips it). Unchecked, bad values give junk results but never an
+  out-of-bounds access (every gather index is clamped into range).
 """
 
 from __future__ import annotations
@@ -164,6 +168,17 @@ def _check_cu(name: str, cu, device: Optional[torch.device]) -> None:
         raise ValueError(f"{name} must be on {device} (the device of the data), got {cu.device}")
 
 
+def _check_writable(name: str, t: torch.Tensor) -> None:
+    """An in-place output must not have elements sharing memory (an expanded, stride-0 view
+    or another self-overlapping layout): the write would land once per alias."""
+    expanded = any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride()))
+    if expanded or torch._debug_has_internal_overlap(t) == 1:
+        raise ValueError(f"{name} is written in place but its elements overlap in memory "
+                         f"(shape {tuple(t.shape)}, strides {tuple(t.stride())}; e.g. an "
+                         "expand()ed tensor): pass a tensor with its own storage per element "
+                         "(.clone() / .contiguous())")
+
+
 def _check_same_b(name: str, cu: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
     if cu.numel() != ref.numel():
         raise ValueError(
@@ -200,8 +215,31 @@ def _check_chunk_size(chunk_size, allow_none: bool) -> int:
 
 
 # --------------------------------------------------------------------------
-# device-value checks (validate=True only: these synchronise)
+# device-value checks (on GPU only with validate=True: there they synchronise)
 # --------------------------------------------------------------------------
+
+
+def _check_values(validate, *tensors: Optional[torch.Tensor]) -> bool:
+    """Whether a function with value checks by default runs them: ``validate=True`` / "sync"
+    (or env ``ROCM_ATTN_VALIDATE=1``), or ``validate=None`` with every tensor on the CPU, where
+    reading values costs no device sync. Not while torch.compile traces a default call: a value
+    read there is a data-dependent guard (graph break), so compiled code keeps the eager GPU
+    contract (clamped indices, no check)."""
+    if validate is None and not validate_mode(None):
+        return (all(t is None or t.device.type == "cpu" for t in tensors)
+                and not torch.compiler.is_compiling())
+    return validate_mode(validate)
+
+
+def _validate_row_index(name: str, rows: torch.Tensor, n: int, what: str) -> None:
+    """Raise ValueError unless every entry of ``rows`` is in ``[0, n)``. Synchronises."""
+    if rows.numel() == 0:
+        return
+    bad = (rows < 0) | (rows >= n)
+    i = _first_bad(bad)
+    if i >= 0:
+        raise ValueError(f"{name}[{i}] = {int(rows[i])} is out of range: entries must be in "
+                         f"[0, {n}) ({what} = {n})")
 
 
 def _first_bad(mask: torch.Tensor) -> int:
@@ -389,7 +427,7 @@ def partitioned_indices(cu_seqlens_padded: torch.Tensor, cp: int, rank: int, tot
     _check_int("total_tokens", total_tokens)
     if total_tokens % cp:
         raise ValueError(f"total_tokens ({total_tokens}) must be a multiple of cp ({cp})")
-    if validate_mode(validate):
+    if _check_values(validate, cu_seqlens_padded):
         _validate_cu_values("cu_seqlens_padded", cu_seqlens_padded, total_tokens, 2 * cp,
                             f" (2*cp = {2 * cp}, dual-chunk sharding)", zero_start=True)
     fn = _impl("partitioned_indices", cu_seqlens_padded, backend)
@@ -419,7 +457,7 @@ def partition(x: torch.Tensor, cu_seqlens_padded: torch.Tensor, cp: int, rank: i
     if x.shape[dim] % cp:
         raise ValueError(f"x has {x.shape[dim]} tokens along dim {dim}, not a multiple of "
                          f"cp ({cp})")
-    if validate_mode(validate):
+    if _check_values(validate, cu_seqlens_padded):
         _validate_cu_values("cu_seqlens_padded", cu_seqlens_padded, x.shape[dim], 2 * cp,
                             f" (2*cp = {2 * cp}, dual-chunk sharding)", zero_start=True,
                             total_name="x")
@@ -533,6 +571,7 @@ def copy_valid_tokens(dst: torch.Tensor, src: torch.Tensor, cu_seqlens: torch.Te
     """
     _check_tensor("dst", dst)
     _check_tensor("src", src)
+    _check_writable("dst", dst)
     dim = _norm_dim("dst", dst, dim)
     if src.dim() != dst.dim() or any(src.shape[i] != dst.shape[i]
                                      for i in range(dst.dim()) if i != dim):
@@ -957,7 +996,7 @@ def chunkify(cu_seqlens: torch.Tensor, chunk_size: int, max_chunks: int, *,
     _check_cu("cu_seqlens", cu_seqlens, None)
     cs = _check_chunk_size(chunk_size, False)
     max_chunks = _check_int("max_chunks", max_chunks)
-    if validate_mode(validate):
+    if _check_values(validate, cu_seqlens):
         _validate_cu_values("cu_seqlens", cu_seqlens)
         lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
         need = int(torch.div(lens + cs - 1, cs, rounding_mode="floor").sum())
@@ -1260,7 +1299,7 @@ def pad_for_cp(x: torch.Tensor, cu_seqlens: torch.Tensor, cp: int,
         raise ValueError(f"total_padded must be 'bound', None or an int >= 0, got {total_padded!r}")
     if total_padded % (2 * cp):
         raise ValueError(f"total_padded ({total_padded}) must be a multiple of 2*cp ({2 * cp})")
-    if validate_mode(validate):
+    if _check_values(validate, cu_seqlens):
         _validate_cu_values("cu_seqlens", cu_seqlens, x.shape[0], total_name="x")
         lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
         need = int((torch.div(lens + 2 * cp - 1, 2 * cp, rounding_mode="floor") * (2 * cp)).sum())
@@ -1278,7 +1317,13 @@ def _step_rows_of(step: torch.Tensor, dim: int, step_rows: Optional[torch.Tensor
     return step.index_select(dim, step_rows.clamp(0, max(step.shape[dim] - 1, 0)))
 
 
+def _clamp_rows(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Row indices clamped into ``[0, n)``, as the kernels clamp them (unchecked calls)."""
+    return rows.clamp(0, max(n - 1, 0))
+
+
 def _torch_merge_rows_(out, lse, out_step, lse_step, rows, step_rows):
+    rows = _clamp_rows(rows, min(out.shape[0], lse.shape[-1]))
     out_step = _step_rows_of(out_step, 0, step_rows)
     lse_step = _step_rows_of(lse_step, -1, step_rows)
     new_o, new_l = _merge_math(out.index_select(0, rows), lse.index_select(-1, rows), out_step,
@@ -1307,7 +1352,8 @@ def _check_row_maps(rows: torch.Tensor, step_rows: Optional[torch.Tensor], step_
 
 def merge_rows_(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
                 lse_step: torch.Tensor, rows: torch.Tensor,
-                step_rows: Optional[torch.Tensor] = None, *, backend: str = "auto"):
+                step_rows: Optional[torch.Tensor] = None, *, validate: Optional[bool] = None,
+                backend: str = "auto"):
     """In-place online-softmax merge of step row ``k`` into row ``rows[k]`` of ``(out, lse)``.
 
     For results computed on packed buffers (attn_with_cp's windowed / chunked steps):
@@ -1316,28 +1362,46 @@ def merge_rows_(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
     step row ``step_rows[k]`` instead (a step result of any number of rows, e.g. laid out like
     ``out``; rows only some entries name are never read). A row named twice gets one of the two
     updates (the callers send only a dropped dummy row more than once). Same math as
-    :func:`merge_partial`.
+    :func:`merge_partial`. Entries out of range raise ``ValueError`` when values are checked
+    (CPU tensors by default, ``validate=True``); unchecked, they are clamped into range (the
+    kernel and the torch path alike).
     """
     _check_row_maps(rows, step_rows, lse_step.shape[-1], "lse_step.shape[-1]")
+    _check_writable("out", out)
+    _check_writable("lse", lse)
+    if _check_values(validate, rows, step_rows):
+        _validate_row_index("rows", rows, min(out.shape[0], lse.shape[-1]),
+                            "the rows of out and lse")
+        if step_rows is not None:
+            _validate_row_index("step_rows", step_rows,
+                                min(out_step.shape[0], lse_step.shape[-1]),
+                                "the rows of out_step and lse_step")
     return _impl("merge_rows_", lse, backend)(out, lse, out_step, lse_step, rows, step_rows)
 
 
 def _torch_add_rows_(grad, step, rows, step_rows):
+    rows = _clamp_rows(rows, grad.shape[0])
     step = _step_rows_of(step, 0, step_rows)
     grad.index_copy_(0, rows, (grad.index_select(0, rows).float() + step.float()).to(grad.dtype))
     return grad
 
 
 def add_rows_(grad: torch.Tensor, step: torch.Tensor, rows: torch.Tensor,
-              step_rows: Optional[torch.Tensor] = None, *, backend: str = "auto"):
+              step_rows: Optional[torch.Tensor] = None, *, validate: Optional[bool] = None,
+              backend: str = "auto"):
     """In place ``grad[rows[k]] += step[k]`` (``step[step_rows[k]]`` with ``step_rows``), in
     fp32 and rounded once to ``grad``'s dtype: the gradient counterpart of :func:`merge_rows_`
     (``grad [T, ...]``, ``step [n or any, ...]``, ``rows`` / ``step_rows`` int64 ``[n]``). A row
-    named twice gets one of the two updates."""
+    named twice gets one of the two updates. Out-of-range entries: as in :func:`merge_rows_`."""
     _check_row_maps(rows, step_rows, step.shape[0], "step.shape[0]")
     if grad.shape[1:] != step.shape[1:]:
         raise ValueError(f"grad {list(grad.shape)} and step {list(step.shape)} differ after the "
                          "token dim")
+    _check_writable("grad", grad)
+    if _check_values(validate, rows, step_rows):
+        _validate_row_index("rows", rows, grad.shape[0], "grad.shape[0]")
+        if step_rows is not None:
+            _validate_row_index("step_rows", step_rows, step.shape[0], "step.shape[0]")
     return _impl("add_rows_", grad, backend)(grad, step, rows, step_rows)
 
 

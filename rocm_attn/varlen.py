@@ -14,6 +14,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from .cp.api import _check_window, _is_int, check_qkv, check_seq_args
+from .cp.autograd import no_second_derivative
 from .cp.backends import accum_dtype, resolve_backend
 from .cp.bands import MaskSpec, Segment
 from .cp.steps import StepMeta, whole_sequence_meta
@@ -41,8 +42,11 @@ class _VarlenAttnFunc(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = ctx.backend.backward(dout, q, k, v, out, lse, dlse, ctx.meta, ctx.scale)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        with torch.no_grad():
+            dq, dk, dv = ctx.backend.backward(dout, q, k, v, out, lse, dlse, ctx.meta,
+                                              ctx.scale)
+        grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype))
+        return (*no_second_derivative("attention", grads, (q, k, v)), None, None, None)
 
 
 def _check_values(side: str, cu: torch.Tensor, starts: Optional[torch.Tensor], rows: int,
@@ -152,18 +156,102 @@ def attention(
                                    cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv,
                                    softmax_scale)
     step_backend = resolve_backend(backend, q)
-    if validate_mode(validate) or (validate is None and dev.type == "cpu"):
+    # NOTE: the CPU default reads values on the host, free in eager but a data-dependent guard
+    # under torch.compile, so a compiled default call skips it (as on a GPU)
+    if validate_mode(validate) or (validate is None and dev.type == "cpu"
+                                   and not torch.compiler.is_compiling()):
         _check_values("q", cu_seqlens_q, cu_seqlens_q_padded, q.shape[0], max_seqlen_q)
         _check_values("kv", cu_seqlens_kv, cu_seqlens_kv_padded, k.shape[0], max_seqlen_kv)
 
-    n_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()
-    n_kv = (cu_seqlens_kv[1:] - cu_seqlens_kv[:-1]).long()
-    start_q = (cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded)[:-1].long()
-    start_kv = (cu_seqlens_kv if cu_seqlens_kv_padded is None
-                else cu_seqlens_kv_padded)[:-1].long()
-    meta = whole_sequence_meta(
-        MaskSpec.make(causal, window, chunk_size), Segment(n_kv - n_q, n_q, start_q),
-        Segment(torch.zeros_like(n_kv), n_kv, start_kv), max_seqlen_q, max_seqlen_kv,
-        q.shape[0], k.shape[0], "attention")
-    out, lse = _VarlenAttnFunc.apply(q, k, v, meta, step_backend, float(softmax_scale))
+    args = (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+            max_seqlen_q, max_seqlen_kv, causal, window[0], window[1], chunk_size,
+            float(softmax_scale), step_backend.name)
+    if torch.compiler.is_compiling():
+        out, lse = _attention_fwd(q, k, v, *args)
+    else:
+        out, lse = _VarlenAttnFunc.apply(q, k, v, _meta(q, k, *args[:10]), step_backend,
+                                         float(softmax_scale))
     return (out, lse) if return_lse else out
+
+
+def _meta(q, k, cu_q, cu_kv, cu_q_p, cu_kv_p, max_q, max_kv, causal, left, right,
+          chunk_size) -> StepMeta:
+    """The one step of ``attention``: whole sequences (aligned rectangles)."""
+    n_q = (cu_q[1:] - cu_q[:-1]).long()
+    n_kv = (cu_kv[1:] - cu_kv[:-1]).long()
+    start_q = (cu_q if cu_q_p is None else cu_q_p)[:-1].long()
+    start_kv = (cu_kv if cu_kv_p is None else cu_kv_p)[:-1].long()
+    return whole_sequence_meta(
+        MaskSpec.make(causal, (left, right), chunk_size), Segment(n_kv - n_q, n_q, start_q),
+        Segment(torch.zeros_like(n_kv), n_kv, start_kv), max_q, max_kv, q.shape[0], k.shape[0],
+        "attention")
+
+
+# Under torch.compile the call is one opaque op pair (forward, backward) with fake impls: the
+# step metadata and the reference backend read cu_seqlens values on the host, which a traced
+# graph cannot do (data-dependent guards), while inside an op they run eagerly. Eager calls
+# keep the autograd.Function above (no custom-op dispatch on the hot path); both run the same
+# backend calls, so results are identical.
+@torch.library.custom_op("rocm_attn_torch_path::attention_fwd", mutates_args=())
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                   cu_kv: torch.Tensor, cu_q_p: Optional[torch.Tensor],
+                   cu_kv_p: Optional[torch.Tensor], max_q: int, max_kv: int, causal: bool,
+                   left: int, right: int, chunk_size: Optional[int], scale: float,
+                   backend: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    meta = _meta(q, k, cu_q, cu_kv, cu_q_p, cu_kv_p, max_q, max_kv, causal, left, right,
+                 chunk_size)
+    out, lse = resolve_backend(backend, q).forward(q, k, v, meta, scale)
+    return out.to(q.dtype).contiguous(), lse.to(accum_dtype(q.dtype)).contiguous()
+
+
+@_attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, cu_q, cu_kv, cu_q_p, cu_kv_p, max_q, max_kv, causal, left,
+                        right, chunk_size, scale, backend):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=accum_dtype(q.dtype)))
+
+
+@torch.library.custom_op("rocm_attn_torch_path::attention_bwd", mutates_args=())
+def _attention_bwd(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor,
+                   k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                   cu_q: torch.Tensor, cu_kv: torch.Tensor, cu_q_p: Optional[torch.Tensor],
+                   cu_kv_p: Optional[torch.Tensor], max_q: int, max_kv: int, causal: bool,
+                   left: int, right: int, chunk_size: Optional[int], scale: float,
+                   backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    meta = _meta(q, k, cu_q, cu_kv, cu_q_p, cu_kv_p, max_q, max_kv, causal, left, right,
+                 chunk_size)
+    # NOTE: an op body runs with the autograd dispatch keys excluded, and the reference
+    # backend's backward is autograd on a recomputation: let autograd record again in here
+    # (the autocast exclusions stay)
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    keep = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)  # empty
+    for name in dir(torch._C.DispatchKey):
+        if name.startswith("Autocast") and exclude.has(getattr(torch._C.DispatchKey, name)):
+            keep = keep.add(getattr(torch._C.DispatchKey, name))
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), keep):
+        dq, dk, dv = resolve_backend(backend, q).backward(dout, q, k, v, out, lse, dlse, meta,
+                                                          scale)
+    return dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous()
+
+
+@_attention_bwd.register_fake
+def _attention_bwd_fake(dout, dlse, q, k, v, out, lse, *rest):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, *rest = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.rest = rest
+
+
+def _attention_backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    with torch.no_grad():
+        grads = _attention_bwd(dout, dlse, q, k, v, out, lse, *ctx.rest)
+    return (*no_second_derivative("attention", grads, (q, k, v)),) + (None,) * len(ctx.rest)
+
+
+_attention_fwd.register_autograd(_attention_backward, setup_context=_attention_setup)

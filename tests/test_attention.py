@@ -216,3 +216,44 @@ def test_gpu_attention_torch_flash_cross(causal, window, chunk):
                  device="cuda")
     got, want = _run(p, causal, window, chunk, True, backend="torch_flash")
     _check(got, want, 3e-2, p, True)
+
+
+def test_attention_second_derivative_raises():
+    """create_graph=True gives gradients that require grad (they depend on q, k, v) and
+    differentiating them raises, instead of a silent zero second derivative."""
+    p = _problem([5, 3], [5, 3], 2, 1, 8, False, seed=11)
+    q, k, v = (p[n].clone().requires_grad_() for n in ("q", "k", "v"))
+    out = attention(q, k, v, p["cu"][0], p["cu"][1], 5, 5, causal=True)
+    dq, dk, dv = torch.autograd.grad((out.to(F64) * p["go"]).sum(), (q, k, v), create_graph=True)
+    assert dq.requires_grad and dk.requires_grad and dv.requires_grad
+    with pytest.raises(RuntimeError, match="attention has no second derivative"):
+        torch.autograd.grad(dq.square().sum(), q)
+    # without create_graph the gradients stay plain tensors
+    out = attention(q, k, v, p["cu"][0], p["cu"][1], 5, 5, causal=True)
+    dq, = torch.autograd.grad((out.to(F64) * p["go"]).sum(), q)
+    assert not dq.requires_grad and torch.isfinite(dq).all()
+
+
+def test_attention_compiles_fullgraph():
+    """torch.compile(fullgraph=True) of attention (padding, window, LSE) traces without a
+    data-dependent guard and gives the eager forward and gradients."""
+    torch._dynamo.reset()
+    p = _problem([7, 0, 12], [9, 3, 12], 2, 1, 8, True, seed=21)
+    cu_q, cu_kv, cu_qp, cu_kvp = p["cu"]
+
+    def fn(q, k, v):
+        out, lse = attention(q, k, v, cu_q, cu_kv, 12, 12, causal=True, window_size=(4, 0),
+                             cu_seqlens_q_padded=cu_qp, cu_seqlens_kv_padded=cu_kvp,
+                             return_lse=True)
+        return out, lse
+
+    results = []
+    for f in (torch.compile(fn, fullgraph=True, backend="aot_eager"), fn):
+        q, k, v = (p[n].clone().requires_grad_() for n in ("q", "k", "v"))
+        out, lse = f(q, k, v)
+        grads = torch.autograd.grad(_loss(out, lse, p["go"], p["gl"]), (q, k, v))
+        results.append((out, lse) + grads)
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    out = results[0][0]
+    assert not torch.isnan(out[p["valid_q"]]).any()

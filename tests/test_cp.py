@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from datetime import timedelta
 from typing import Dict, List, NamedTuple, Optional
 
@@ -325,6 +326,69 @@ def _use_flash_emulator() -> None:
     backends._flash_problem = lambda q: None
 
 
+# --------------------------------------------------------------------------
+# ranks that disagree (2 ranks): the same ValueError on every rank, no hang, no wrong result
+# --------------------------------------------------------------------------
+
+
+def _cons_args(rank: int, lens=(8, 4), **change):
+    cu = _cu(lens)
+    t = sum(lens) // 2
+    g = torch.Generator().manual_seed(100 + rank)
+    q, k, v = (torch.randn(t, h, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    a = dict(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=8, max_seqlen_kv=8,
+             cp_group=dist.group.WORLD)
+    a.update(change)
+    return a
+
+
+def _expect_error(rank: int, per_rank: Dict[int, str], **args):
+    """Call attn_with_cp; None when it raised a ValueError matching per_rank[rank]."""
+    try:
+        attn_with_cp(**args)
+    except ValueError as e:
+        if re.search(per_rank[rank], str(e)):
+            return None
+        return f"wrong message: {e}"
+    return "no error (a wrong result would follow)"
+
+
+def _consistency_cases(rank: int):
+    """(name, fn) cases run by both ranks of the 2-rank world; on code without the cross-rank
+    check they return wrong results or hang (the group timeout then fails the suite)."""
+    both = lambda pat: {0: pat, 1: pat}  # noqa: E731
+    return [
+        ("cu_seqlens", lambda: _expect_error(
+            rank, both(r"pass different cu_seqlens_q values \(ranks with equal values: \[0\]; "
+                       r"\[1\]\)"),
+            **_cons_args(rank, (8, 4) if rank == 0 else (4, 8)))),
+        ("num_seqs", lambda: _expect_error(
+            rank, both(r"disagree on b \(sequences\) \(rank 0: 2, rank 1: 3\)"),
+            **_cons_args(rank, (8, 4) if rank == 0 else (4, 4, 4)))),
+        ("comm_type", lambda: _expect_error(
+            rank, both(r"disagree on cp_comm_type \(rank 0: 'p2p', rank 1: 'all_gather'\)"),
+            **_cons_args(rank, cp_comm_type="p2p" if rank == 0 else "all_gather"))),
+        ("window", lambda: _expect_error(
+            rank, both(r"disagree on window_size\[0\] \(rank 0: 4, rank 1: -1\)"),
+            **_cons_args(rank, window_size=(4, 0) if rank == 0 else (-1, -1)))),
+        ("mask", lambda: _expect_error(
+            rank, both(r"disagree on attn_mask_type \(rank 0: causal, rank 1: no_mask\)"),
+            **_cons_args(rank, attn_mask_type="causal" if rank == 0 else "no_mask"))),
+        ("one_rank_bad", lambda: _expect_error(
+            rank, {0: r"rank\(s\) \[1\] of cp_group rejected their arguments",
+                   1: r"chunk_size must be None or a positive int"},
+            **_cons_args(rank, chunk_size=None if rank == 0 else 0))),
+        ("global_tensors", lambda: _expect_error(
+            rank, both(r"local q shard has 12 tokens, the unsharded global total "
+                       r"cu_seqlens_q\[-1\] = 12"),
+            **_cons_args(rank, q=torch.randn(12, 4, 8, dtype=F64),
+                         k=torch.randn(12, 2, 8, dtype=F64),
+                         v=torch.randn(12, 2, 8, dtype=F64)))),
+        ("consistent_still_runs", lambda: None if torch.isfinite(
+            attn_with_cp(**_cons_args(rank, validate="sync"))).all() else "non-finite output"),
+    ]
+
+
 def _worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -333,6 +397,8 @@ def _worker(rank: int, world: int, port: int, out_path: str) -> None:
     _use_flash_emulator()
     cases = _suite_cases(configs(world), world, rank, "cpu")
     cases.append((f"cp{world}-errors", lambda: _run_errors(world, rank, solo)))
+    if world == 2:
+        cases += [(f"cp2-consistency-{name}", fn) for name, fn in _consistency_cases(rank)]
     report_cases(cases, world, rank, out_path)
 
 
@@ -344,7 +410,8 @@ def _spawn(world: int, tmpdir: str) -> dict:
 
 
 def _names(world: int) -> List[str]:
-    return [c.name for c in configs(world)] + [f"cp{world}-errors"]
+    extra = [f"cp2-consistency-{name}" for name, _ in _consistency_cases(0)] if world == 2 else []
+    return [c.name for c in configs(world)] + [f"cp{world}-errors"] + extra
 
 
 @pytest.mark.parametrize("name", _names(2) + _names(4))
@@ -627,9 +694,11 @@ def test_gpu_nccl_matches_reference(world, tmp_path):
 
 
 def test_step_metadata_is_shared_between_calls_on_the_same_cu_seqlens():
-    """Plans of calls on the same (unmodified) cu_seqlens tensors share their step metadata
-    (computed once, e.g. for all layers of a model); a cu_seqlens modified in place or a new
-    tensor gets fresh metadata."""
+    """Plans of calls on the same cu_seqlens share their step metadata (computed once, e.g. for
+    all layers of a model). CPU tensors are keyed by value: equal values share, whatever the
+    tensor; new values get fresh metadata, however they were written. GPU default (keyed by
+    tensor identity and version, no sync): a tensor modified in place or a new tensor gets
+    fresh metadata, an unmodified one shares."""
     from rocm_attn.cp import api
 
     cu = torch.tensor([0, 8, 24], dtype=torch.int32)
@@ -637,10 +706,68 @@ def test_step_metadata_is_shared_between_calls_on_the_same_cu_seqlens():
 
     def plan(c):
         return api._make_plan(q, k, v, c, c, 16, 16, FakeGroup(2, 0), "p2p", "causal", (-1, -1),
-                              None, None, None, None, "reference", False, False)
+                              None, None, None, None, "reference", False, None)
 
     a, b = plan(cu), plan(cu)
-    assert a.meta_cache is b.meta_cache
-    assert plan(cu.clone()).meta_cache is not a.meta_cache
-    cu[2] = 24  # in place (same values): the version moves on, so no reuse
+    assert a.meta_cache is b.meta_cache and a.meta_stale is None
+    assert plan(cu.clone()).meta_cache is a.meta_cache
+    cu.numpy()[1] = 12  # no version bump: still new values, so fresh metadata
     assert plan(cu).meta_cache is not a.meta_cache
+    # by identity and version (the GPU default; forced here on CPU tensors)
+    cu = torch.tensor([0, 8, 24], dtype=torch.int32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "_STEP_CACHE", api.OrderedDict())
+        cache = api._shared_step_cache((cu,) * 4, ("k",), by_value=False)[0]
+        assert api._shared_step_cache((cu,) * 4, ("k",), by_value=False)[0] is cache
+        assert api._shared_step_cache((cu.clone(),) * 4, ("k",), by_value=False)[0] is not cache
+        cu[2] = 24  # in place (same values): the version moves on, so no reuse
+        assert api._shared_step_cache((cu,) * 4, ("k",), by_value=False)[0] is not cache
+
+
+def _stale_case(lens_a, lens_b):
+    a = _good_args(cp=1)
+    cu = _cu(lens_a)
+    a.update(cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lens_a + lens_b),
+             max_seqlen_kv=max(lens_a + lens_b))
+    return a, cu
+
+
+@pytest.mark.parametrize("write", ["numpy", "data"])
+def test_plan_cache_follows_values_written_behind_the_version(write):
+    """New cu_seqlens values written into the same tensor without a version bump (.numpy(),
+    .data) give the result of the new layout, never one of the cached old layout (CPU: the
+    cache is keyed by value)."""
+    a, cu = _stale_case([8, 4], [4, 8])
+    first = attn_with_cp(**a)
+    new = torch.tensor([0, 4, 12], dtype=I32)
+    if write == "numpy":
+        cu.numpy()[:] = new.numpy()
+    else:
+        cu.data.copy_(new)
+    got = attn_with_cp(**a)
+    ref, _ = reference_attention(a["q"], a["k"], a["v"], new, new)
+    torch.testing.assert_close(got, ref, atol=1e-12, rtol=1e-12)
+    assert not torch.equal(got, first)
+
+
+def test_plan_cache_by_identity_poisons_a_stale_hit(monkeypatch):
+    """Keyed by identity and version (the GPU default, forced here on CPU): values changed
+    behind the version counter are caught on the device (no sync) and the output and LSE are
+    NaN, never the old layout's result; a fresh tensor or an honest write computes normally."""
+    from rocm_attn.cp import api
+
+    monkeypatch.setattr(api, "_STEP_CACHE", api.OrderedDict())
+    a, cu = _stale_case([8, 4], [4, 8])
+    a["validate"] = False
+    orig = api._shared_step_cache
+    monkeypatch.setattr(api, "_shared_step_cache",
+                        lambda t, p, by_value: orig(t, p, by_value=False))
+    first, lse0 = attn_with_cp(**a, return_lse=True)
+    assert torch.isfinite(first).all()
+    cu.data.copy_(torch.tensor([0, 4, 12], dtype=I32))
+    out, lse = attn_with_cp(**a, return_lse=True)
+    assert torch.isnan(out).all() and torch.isnan(lse).all()
+    cu.copy_(torch.tensor([0, 4, 12], dtype=I32))  # bumps the version: fresh metadata
+    out = attn_with_cp(**a)
+    ref, _ = reference_attention(a["q"], a["k"], a["v"], cu, cu)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)

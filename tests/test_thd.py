@@ -673,7 +673,7 @@ def test_host_errors():
 def test_validate_errors():
     x = torch.randn(12, 2, 4)
     bad = cu_of([4, 6, 2])  # 6 is not divisible by 2*cp = 4
-    thd.partition(x, bad, 2, 0)  # no validation: no sync, junk but in bounds
+    thd.partition(x, bad, 2, 0, validate=False)  # unchecked: junk but in bounds
     with pytest.raises(ValueError, match="sequence 1 has length 6, not divisible by 4"):
         thd.partition(x, bad, 2, 0, validate=True)
     with pytest.raises(ValueError, match="not divisible by 4"):
@@ -707,6 +707,76 @@ def test_validate_errors():
                               cu_of([2, 4]), validate=True)
     with pytest.raises(ValueError, match=r"\[0\] must be 0"):
         thd.partition(torch.randn(8, 1), torch.tensor([4, 8], dtype=I32), 2, 0, validate=True)
+
+
+def test_cpu_values_checked_by_default():
+    """On CPU tensors (no sync) partition, chunkify, pad_for_cp and shard_for_cp check the
+    cu_seqlens values by default; validate=False keeps the unchecked path."""
+    from rocm_attn import shard_for_cp
+
+    x = torch.randn(12, 2, 4)
+    bad = cu_of([4, 6, 2])  # 6 is not divisible by 2*cp = 4
+    with pytest.raises(ValueError, match="cu_seqlens_padded: sequence 1 has length 6"):
+        thd.partition(x, bad, 2, 0)
+    with pytest.raises(ValueError, match="cu_seqlens_padded: sequence 1 has length 6"):
+        shard_for_cp(x, bad, 2, 1)
+    with pytest.raises(ValueError, match="cu_seqlens_padded: sequence 1 has length 6"):
+        thd.partitioned_indices(bad, 2, 1, 12)
+    with pytest.raises(ValueError, match="cu_seqlens_padded ends at 16 but x has only 12"):
+        shard_for_cp(x, cu_of([8, 8]), 2, 0)
+    assert shard_for_cp(x, bad, 2, 1, validate=False).shape == (6, 2, 4)
+    dec = torch.tensor([0, 4, 2], dtype=I32)
+    with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing: sequence 1"):
+        thd.chunkify(dec, 2, 8)
+    with pytest.raises(ValueError, match="max_chunks=2 is too small"):
+        thd.chunkify(cu_of([5, 5]), 2, 2)
+    with pytest.raises(ValueError, match="cu_seqlens ends at 9 but x has only 6"):
+        thd.pad_for_cp(torch.randn(6, 1), cu_of([3, 6]), 2)
+    with pytest.raises(ValueError, match="total_padded=4 is too small"):
+        thd.pad_for_cp(torch.randn(6, 1), cu_of([3, 3]), 2, 4)
+    # good values pass unchanged
+    cu_p = cu_of([4, 8])
+    assert torch.equal(shard_for_cp(x, cu_p, 2, 1), thd.partition(x, cu_p, 2, 1, validate=False))
+
+
+@pytest.mark.parametrize("bad", ["rows_high", "rows_negative", "step_rows_high"])
+def test_merge_rows_and_add_rows_reject_out_of_range_rows(bad):
+    """Out-of-range row indices are a ValueError naming the argument (CPU: checked by default),
+    not an IndexError; validate=False clamps them into range like the GPU kernels."""
+    g = torch.Generator().manual_seed(3)
+    t, n = 6, 3
+    out = torch.randn(t, 2, 4, generator=g, dtype=torch.float64)
+    lse = torch.randn(2, t, generator=g, dtype=torch.float64)
+    out_s = torch.randn(n, 2, 4, generator=g, dtype=torch.float64)
+    lse_s = torch.randn(2, n, generator=g, dtype=torch.float64)
+    rows = torch.tensor([0, 2, 5])
+    step_rows = torch.tensor([2, 1, 0])
+    if bad == "rows_high":
+        rows, val = torch.tensor([0, 6, 2]), "rows\\[1\\] = 6"
+    elif bad == "rows_negative":
+        rows, val = torch.tensor([-1, 2, 5]), "rows\\[0\\] = -1"
+    else:
+        step_rows, val = torch.tensor([2, 3, 0]), "step_rows\\[1\\] = 3"
+    with pytest.raises(ValueError, match=val + " is out of range"):
+        thd.merge_rows_(out.clone(), lse.clone(), out_s, lse_s, rows, step_rows)
+    with pytest.raises(ValueError, match=val + " is out of range"):
+        thd.add_rows_(out.clone(), out_s, rows, step_rows)
+    # unchecked: clamped into range, never an index error; the in-range rows are exact
+    got = thd.add_rows_(out.clone(), out_s, rows, step_rows, validate=False)
+    want = out.clone()
+    for k in range(n):
+        want[int(rows[k].clamp(0, t - 1))] += out_s[int(step_rows[k].clamp(0, n - 1))]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)  # add_rows_ adds in fp32
+
+
+def test_copy_valid_tokens_rejects_expanded_dst():
+    """An expanded (stride-0) dst would get every write once per alias: ValueError naming dst."""
+    cu = cu_of([2, 3])
+    dst = torch.zeros(1, 4).expand(5, 4)
+    with pytest.raises(ValueError, match="dst is written in place but its elements overlap"):
+        thd.copy_valid_tokens(dst, torch.randn(5, 4), cu)
+    with pytest.raises(ValueError, match="grad is written in place"):
+        thd.add_rows_(dst, torch.randn(2, 4), torch.tensor([0, 1]))
 
 
 def test_env_validate(monkeypatch):

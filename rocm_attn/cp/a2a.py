@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import comm
+from .autograd import no_second_derivative
 from .backends import accum_dtype
 from .steps import CPPlan, a2a_step_meta
 
@@ -40,7 +41,7 @@ class A2AAttnFunc(torch.autograd.Function):
         lse_h = lse_h.to(accum_dtype(q.dtype))
         out = comm.head_to_seq(out_h, 1, plan.cu_seqlens_q_padded, g, cp)
         lse = _lse_to_seq(lse_h, plan).contiguous()
-        ctx.save_for_backward(q_h, k_h, v_h, out_h, lse_h)
+        ctx.save_for_backward(q_h, k_h, v_h, out_h, lse_h, q, k, v)
         ctx.plan, ctx.meta = plan, meta
         ctx.dtypes = (q.dtype, k.dtype, v.dtype)
         ctx.out_shape, ctx.lse_shape = tuple(out.shape), tuple(lse.shape)
@@ -49,7 +50,7 @@ class A2AAttnFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q_h, k_h, v_h, out_h, lse_h = ctx.saved_tensors
+        q_h, k_h, v_h, out_h, lse_h, q, k, v = ctx.saved_tensors
         plan, meta = ctx.plan, ctx.meta
         cp, g = plan.cp, plan.group
         # every rank must make the same collectives: a missing cotangent is sent as zeros
@@ -61,10 +62,12 @@ class A2AAttnFunc(torch.autograd.Function):
             if dlse is None:
                 dlse = torch.zeros(ctx.lse_shape, dtype=lse_h.dtype, device=lse_h.device)
             dlse_h = comm.seq_to_head(dlse.t(), 1, plan.cu_seqlens_q_padded, g, cp).t()
-        dq_h, dk_h, dv_h = plan.backend.backward(dout_h, q_h, k_h, v_h, out_h, lse_h, dlse_h,
-                                                 meta, plan.softmax_scale)
-        dq = comm.head_to_seq(dq_h, 1, plan.cu_seqlens_q_padded, g, cp)
-        dkv = comm.head_to_seq(torch.stack([dk_h, dv_h], dim=1), 2, plan.cu_seqlens_kv_padded,
-                               g, cp)
+        with torch.no_grad():
+            dq_h, dk_h, dv_h = plan.backend.backward(dout_h, q_h, k_h, v_h, out_h, lse_h, dlse_h,
+                                                     meta, plan.softmax_scale)
+            dq = comm.head_to_seq(dq_h, 1, plan.cu_seqlens_q_padded, g, cp)
+            dkv = comm.head_to_seq(torch.stack([dk_h, dv_h], dim=1), 2,
+                                   plan.cu_seqlens_kv_padded, g, cp)
         qd, kd, vd = ctx.dtypes
-        return dq.to(qd), dkv[:, 0].to(kd), dkv[:, 1].to(vd), None
+        grads = (dq.to(qd), dkv[:, 0].to(kd), dkv[:, 1].to(vd))
+        return (*no_second_derivative("attn_with_cp", grads, (q, k, v)), None)

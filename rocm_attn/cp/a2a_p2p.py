@@ -23,6 +23,7 @@ from typing import Tuple
 import torch
 
 from . import comm
+from .autograd import no_second_derivative
 from .p2p import ring_backward, ring_forward
 from .steps import CPPlan, side_geometry
 
@@ -109,7 +110,7 @@ class A2AP2PAttnFunc(torch.autograd.Function):
         out_c, lse_c, last_kv = ring_forward(q_c, k_c, v_c, ring)
         out = _from_coarse(out_c, 1, idx_q, a2a_group, a)
         lse = _from_coarse(lse_c.t().contiguous(), 1, idx_q, a2a_group, a).t().contiguous()
-        ctx.save_for_backward(q_c, k_c, v_c, out_c, lse_c, idx_q, idx_kv, last_kv)
+        ctx.save_for_backward(q_c, k_c, v_c, out_c, lse_c, idx_q, idx_kv, last_kv, q, k, v)
         ctx.plan, ctx.groups = plan, groups
         ctx.dtypes = (q.dtype, k.dtype, v.dtype)
         ctx.out_shape, ctx.lse_shape = tuple(out.shape), tuple(lse.shape)
@@ -118,7 +119,7 @@ class A2AP2PAttnFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q_c, k_c, v_c, out_c, lse_c, idx_q, idx_kv, last_kv = ctx.saved_tensors
+        q_c, k_c, v_c, out_c, lse_c, idx_q, idx_kv, last_kv, q, k, v = ctx.saved_tensors
         a2a_group, a, ring = ctx.groups
         # every rank must make the same collectives: a missing cotangent is sent as zeros
         if dout is None:
@@ -129,9 +130,11 @@ class A2AP2PAttnFunc(torch.autograd.Function):
             if dlse is None:
                 dlse = torch.zeros(ctx.lse_shape, dtype=lse_c.dtype, device=lse_c.device)
             dlse_c = _to_coarse(dlse.t().contiguous(), 1, idx_q, a2a_group, a).t().contiguous()
-        dq_c, dk_c, dv_c = ring_backward(dout_c, dlse_c, q_c, k_c, v_c, out_c, lse_c, ring,
-                                         last_kv)
-        dq = _from_coarse(dq_c, 1, idx_q, a2a_group, a)
-        dkv = _from_coarse(torch.stack([dk_c, dv_c], dim=1), 2, idx_kv, a2a_group, a)
+        with torch.no_grad():
+            dq_c, dk_c, dv_c = ring_backward(dout_c, dlse_c, q_c, k_c, v_c, out_c, lse_c, ring,
+                                             last_kv)
+            dq = _from_coarse(dq_c, 1, idx_q, a2a_group, a)
+            dkv = _from_coarse(torch.stack([dk_c, dv_c], dim=1), 2, idx_kv, a2a_group, a)
         qd, kd, vd = ctx.dtypes
-        return dq.to(qd), dkv[:, 0].to(kd), dkv[:, 1].to(vd), None, None
+        grads = (dq.to(qd), dkv[:, 0].to(kd), dkv[:, 1].to(vd))
+        return (*no_second_derivative("attn_with_cp", grads, (q, k, v)), None, None)

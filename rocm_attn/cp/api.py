@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import hashlib
 import logging
 import math
+import struct
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
+import torch.distributed as dist
 
 from ..errors import validate_mode
 from ..reference import normalize_mask_type
@@ -168,6 +171,11 @@ def _check_side_values(side: str, cu: torch.Tensor, cu_p: torch.Tensor, padded_g
         raise ValueError(f"sequence {i} has {int(lens[i])} valid {side} tokens (cu_seqlens_{side})"
                          f" but a padded slot of {int(plens[i])} ({pname})")
     need = int(p[-1]) // cp
+    if cp > 1 and need and rows == int(p[-1]):
+        raise ValueError(
+            f"the local {side} shard has {rows} tokens, the unsharded global total {pname}[-1]"
+            f" = {rows}, where {pname}[-1] // cp = {need} (plus optional slack rows) is "
+            "expected: pass this rank's shard (rocm_attn.shard_for_cp), not the global tensor")
     if rows < need:
         raise ValueError(
             f"the local {side} shard has {rows} tokens but {pname}[-1] // cp = {int(p[-1])} // "
@@ -262,8 +270,11 @@ def attn_with_cp(
         Also return the LSE (differentiable).
     validate : bool, optional
         Check the cu_seqlens *values* (layout, divisibility, shard size, max_seqlen,
-        min_seqlen). Reading them synchronises, so by default (None) this runs for CPU tensors
-        or with env ``ROCM_ATTN_VALIDATE=1`` only; ``True`` / ``False`` force it on / off.
+        min_seqlen) and that every rank of the group makes the same call (an all-gather of a
+        small signature; all ranks raise on a mismatch). Reading them synchronises, so by
+        default (None) this runs for CPU tensors or with env ``ROCM_ATTN_VALIDATE=1`` only
+        (not while torch.compile traces); ``True`` / ``False`` force it on / off. Every rank
+        must pass the same value. See ``docs/CP.md``, "Checks".
     min_seqlen : int, optional
         A promise: every sequence with at least one valid token has at least ``min_seqlen``
         of them (q and kv). With a window or chunking, ``"p2p"`` skips the compute of ring
@@ -287,7 +298,9 @@ def attn_with_cp(
         ``2*cp``, heads not divisible by ``cp`` for ``"a2a"`` (by the a2a group size for
         ``"a2a+p2p"``), ``"p2p"`` / ``"a2a+p2p"`` with a causal mask, a window or chunking
         between different q and kv sequences, ``"a2a+p2p"`` without a pair of groups, a
-        broken ``min_seqlen`` promise, ``backend="torch_flash"`` for inputs it cannot serve.
+        broken ``min_seqlen`` promise, ``backend="torch_flash"`` for inputs it cannot serve;
+        when checked, ranks whose calls differ or a rank whose arguments fail (on every rank)
+        and an unsharded global tensor passed as a shard.
     """
     plan = _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
                       cp_group, cp_comm_type, attn_mask_type, window_size, chunk_size,
@@ -303,6 +316,9 @@ def attn_with_cp(
         out, lse = A2AP2PAttnFunc.apply(q, k, v, plan, (a2a_group, a, ring))
     else:
         out, lse = _FUNCS[cp_comm_type].apply(q, k, v, plan)
+    if plan.meta_stale is not None:  # shared step metadata built from other cu_seqlens values
+        out = torch.where(plan.meta_stale, out.new_full((), float("nan")), out)
+        lse = torch.where(plan.meta_stale, lse.new_full((), float("nan")), lse)
     return (out, lse) if return_lse else out
 
 
@@ -310,6 +326,27 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
                cp_comm_type, attn_mask_type, window_size, chunk_size, cu_seqlens_q_padded,
                cu_seqlens_kv_padded, softmax_scale, backend, return_lse, validate,
                min_seqlen=None) -> CPPlan:
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, cp_group,
+            cp_comm_type, attn_mask_type, window_size, chunk_size, cu_seqlens_q_padded,
+            cu_seqlens_kv_padded, softmax_scale, backend, return_lse, validate, min_seqlen)
+    groups = _exchange_groups(cp_group)
+    if not groups or not _cross_rank_check_on(validate, q):
+        return _make_local_plan(*args)
+    # every rank reaches the exchange, its own arguments good or bad, so that an error on one
+    # rank raises on all of them instead of leaving the others waiting in a collective
+    try:
+        plan = _make_local_plan(*args)
+    except ValueError as e:
+        _exchange_signatures(groups, None, e)
+        raise
+    _exchange_signatures(groups, _signature(plan, q, k, cp_comm_type), None)
+    return plan
+
+
+def _make_local_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
+                     cp_group, cp_comm_type, attn_mask_type, window_size, chunk_size,
+                     cu_seqlens_q_padded, cu_seqlens_kv_padded, softmax_scale, backend,
+                     return_lse, validate, min_seqlen=None) -> CPPlan:
     if cp_comm_type not in COMM_TYPES:
         raise ValueError(f"cp_comm_type must be one of {COMM_TYPES}, got {cp_comm_type!r}")
     cp, rank = _group_info(cp_group, cp_comm_type)
@@ -357,12 +394,13 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
                 "rely on q and kv chunks at the same positions; use 'all_gather' or 'a2a' for "
                 "masked attention between different q and kv lengths")
         _check_min_seqlen(min_seqlen, cu_seqlens_q, cu_seqlens_kv)
-    shared = _shared_step_cache(
+    shared, stale = _shared_step_cache(
         (cu_seqlens_q, cu_seqlens_kv, cu_q_p, cu_kv_p),
         (cp_comm_type, cp, rank, causal, window, chunk_size, max_seqlen_q, max_seqlen_kv,
-         q.shape[0], k.shape[0], min_seqlen, step_backend.name, str(dev)))
+         q.shape[0], k.shape[0], min_seqlen, step_backend.name, str(dev)),
+        by_value=check_values or dev.type == "cpu")
     return CPPlan(
-        meta_cache=shared,
+        meta_cache=shared, meta_stale=stale,
         group=cp_group, cp=cp, rank=rank, attn_mask_type="causal" if causal else "no_mask",
         window_size=window, chunk_size=chunk_size, softmax_scale=float(softmax_scale),
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_q_p,
@@ -373,29 +411,173 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
 
 
 # Step metadata (StepMeta, DirectCall: tens to hundreds of small device ops per call) shared
-# by calls with the same cu_seqlens tensors and geometry, e.g. every layer of a model in one
-# step. Keyed by tensor identity and version; an entry holds its tensors, so no other tensor
-# can take their ids while it lives. Few entries: a new batch's tensors push old ones out.
-_STEP_CACHE: "OrderedDict[tuple, dict]" = OrderedDict()
+# by calls with the same cu_seqlens and geometry, e.g. every layer of a model in one step. Few
+# entries: a new batch pushes old ones out. Two keys:
+# * by value (CPU tensors, or validate on: the values are on the host for free or already read):
+#   the cu_seqlens bytes, so no write of any kind can make an entry wrong;
+# * by tensor identity and version (GPU default: reading values would synchronise). An entry
+#   holds its tensors (no other tensor can take their ids) and a device copy of their values:
+#   a write that bypasses the version counter (``.data``, DLPack) is caught on the device, no
+#   sync, and the call's output and LSE become NaN (CPPlan.meta_stale) instead of silently
+#   following the old layout.
+_STEP_CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()
 _STEP_CACHE_SIZE = 8
 
 
-def _shared_step_cache(tensors: tuple, params: tuple) -> dict:
-    """The ``meta_cache`` dict for a plan: shared with earlier calls on the same cu_seqlens
-    tensors (same objects, unmodified) and parameters; a fresh dict while compiling or
-    capturing a graph (metadata made there must not be read outside it)."""
+def _shared_step_cache(tensors: tuple, params: tuple, by_value: bool
+                       ) -> Tuple[dict, Optional[torch.Tensor]]:
+    """``(meta_cache, stale)`` for a plan: the dict shared with earlier calls on the same
+    cu_seqlens values (``by_value``) or the same unmodified tensors, and for the latter on a
+    hit a device bool that is True when the values changed behind the version counter. A fresh
+    dict while compiling or capturing a graph (metadata made there must not be read outside
+    it)."""
     if torch.compiler.is_compiling() or (
             tensors[0].is_cuda and torch.cuda.is_current_stream_capturing()):
-        return {}
-    key = tuple((id(t), t._version) for t in tensors) + params
-    entry = _STEP_CACHE.get(key)
-    if entry is None or any(a is not b for a, b in zip(entry[0], tensors)):
-        entry = (tensors, {})
-        _STEP_CACHE[key] = entry
-        while len(_STEP_CACHE) > _STEP_CACHE_SIZE:
-            _STEP_CACHE.popitem(last=False)
+        return {}, None
+    if by_value:
+        key = ("values",) + tuple(t.detach().cpu().numpy().tobytes() for t in tensors) + params
+        entry = _STEP_CACHE.get(key)
+        if entry is None:
+            entry = _STEP_CACHE[key] = (None, None, {})
+        stale = None
+    else:
+        key = ("tensors",) + tuple((id(t), t._version) for t in tensors) + params
+        entry = _STEP_CACHE.get(key)
+        if entry is None or any(a is not b for a, b in zip(entry[0], tensors)):
+            entry = _STEP_CACHE[key] = (tensors, torch.cat(tensors), {})
+            stale = None
+        else:
+            stale = torch.cat(tensors).ne(entry[1]).any()
+    while len(_STEP_CACHE) > _STEP_CACHE_SIZE:
+        _STEP_CACHE.popitem(last=False)
     _STEP_CACHE.move_to_end(key)
-    return entry[1]
+    return entry[2], stale
+
+
+# --------------------------------------------------------------------------
+# cross-rank consistency (CPU tensors by default, validate="sync" anywhere)
+# --------------------------------------------------------------------------
+
+# What every rank of the group must agree on, one int64 each (the cu_seqlens as hashes of their
+# values): ranks that differ in any of these would run mismatched collectives (a hang) or mix
+# different layouts (a wrong result).
+_SIGNATURE = ("error", "cp_comm_type", "cp", "attn_mask_type", "window_size[0]",
+              "window_size[1]", "chunk_size", "max_seqlen_q", "max_seqlen_kv", "q tokens",
+              "k/v tokens", "q heads", "k/v heads", "head_dim", "dtype", "softmax_scale",
+              "return_lse", "min_seqlen", "b (sequences)", "cu_seqlens_q", "cu_seqlens_kv",
+              "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+_HASHED = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+
+
+def _exchange_groups(cp_group) -> list:
+    """The process groups (of more than one rank) a consistency check exchanges over: the
+    group, or both groups of an ``"a2a+p2p"`` pair (agreement within every a2a group and every
+    p2p group is agreement across the whole CP group). Empty for stand-ins without
+    communication (objects with ``size()`` / ``rank()``) and for anything malformed (the
+    argument checks report that)."""
+    cands = list(cp_group) if isinstance(cp_group, (tuple, list)) else [cp_group]
+    try:
+        if not dist.is_available() or not dist.is_initialized():
+            return []
+        return [g for g in cands if isinstance(g, dist.ProcessGroup)
+                and dist.get_world_size(g) > 1 and dist.get_rank(g) >= 0]
+    except (RuntimeError, ValueError):
+        return []
+
+
+def _cross_rank_check_on(validate, q) -> bool:
+    """Whether the ranks compare signatures: ``validate`` True / "sync" (or env
+    ``ROCM_ATTN_VALIDATE=1``), or by default for CPU tensors, where the exchange (gloo) and the
+    hashes cost no device sync, except while torch.compile traces. Every rank must pass the
+    same ``validate``."""
+    try:
+        if validate_mode(validate):
+            return True
+    except ValueError:
+        pass  # the argument checks raise it, on every rank, after the exchange
+    return (validate is None and (not isinstance(q, torch.Tensor) or q.device.type == "cpu")
+            and not torch.compiler.is_compiling())
+
+
+def _cu_hash(t: torch.Tensor) -> int:
+    digest = hashlib.blake2b(t.detach().cpu().numpy().tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def _signature(plan: CPPlan, q, k, cp_comm_type: str) -> list:
+    scale_bits = struct.unpack("<q", struct.pack("<d", plan.softmax_scale))[0]
+    chunk = -1 if plan.chunk_size is None else plan.chunk_size
+    return [0, COMM_TYPES.index(cp_comm_type), plan.cp, int(plan.causal), *plan.window_size,
+            chunk, plan.max_seqlen_q, plan.max_seqlen_kv, plan.rows_q, plan.rows_kv,
+            q.shape[1], k.shape[1], q.shape[2], _DTYPES.index(q.dtype), scale_bits,
+            int(plan.return_lse), plan.min_seqlen, plan.cu_seqlens_q.numel() - 1,
+            *(_cu_hash(t) for t in (plan.cu_seqlens_q, plan.cu_seqlens_kv,
+                                    plan.cu_seqlens_q_padded, plan.cu_seqlens_kv_padded))]
+
+
+def _show(field: str, value: int) -> str:
+    if field == "cp_comm_type":
+        return repr(COMM_TYPES[value]) if 0 <= value < len(COMM_TYPES) else str(value)
+    if field == "attn_mask_type":
+        return "causal" if value else "no_mask"
+    if field == "dtype":
+        return str(_DTYPES[value]) if 0 <= value < len(_DTYPES) else str(value)
+    if field == "softmax_scale":
+        return repr(struct.unpack("<d", struct.pack("<q", value))[0])
+    if field == "chunk_size" and value == -1:
+        return "None"
+    return str(value)
+
+
+def _exchange_signatures(groups: list, sig: Optional[list], error: Optional[Exception]) -> None:
+    """All-gather this rank's signature (or an error flag) over every group and raise the same
+    ValueError on every rank when a rank's arguments failed or the signatures differ (a rank
+    with its own error returns: the caller raises that). Every rank takes part in every
+    exchange, and a problem seen in one group is flagged in the next one, so that for an
+    ``"a2a+p2p"`` pair (a2a groups first, then p2p groups, each p2p group meeting every a2a
+    group) every rank learns of it."""
+    flag = 1 if error is not None else 0  # 0 fine, 1 own error, 2 a problem seen before
+    problem: Optional[ValueError] = None
+    for g in groups:
+        dev = (torch.device("cpu") if "gloo" in str(dist.get_backend(g)).lower()
+               else torch.device("cuda", torch.cuda.current_device()))
+        row = [flag] + (list(sig[1:]) if sig is not None else [0] * (len(_SIGNATURE) - 1))
+        mine = torch.tensor(row, dtype=torch.int64, device=dev)
+        parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(g))]
+        dist.all_gather(parts, mine, group=g)
+        if problem is None:
+            problem = _signature_problem(torch.stack(parts).cpu())
+        if problem is not None and flag == 0:
+            flag = 2
+    if error is None and problem is not None:
+        raise problem
+
+
+def _signature_problem(table: torch.Tensor) -> Optional[ValueError]:
+    """The error for a gathered ``[ranks, fields]`` signature table, or None when it agrees."""
+    failed = [r for r in range(table.shape[0]) if int(table[r, 0])]
+    if failed:
+        return ValueError(
+            f"attn_with_cp: rank(s) {failed} of cp_group rejected their arguments or saw ranks "
+            "that did (their error says why); every rank raises so that none waits in a "
+            "collective")
+    for i, field in enumerate(_SIGNATURE):
+        col = table[:, i].tolist()
+        if len(set(col)) == 1:
+            continue
+        if field in _HASHED:
+            same: dict = {}
+            for r, x in enumerate(col):
+                same.setdefault(x, []).append(r)
+            alike = "; ".join(str(rs) for rs in same.values())
+            return ValueError(
+                f"attn_with_cp: the ranks of cp_group pass different {field} values (ranks "
+                f"with equal values: {alike}); every rank must pass the same global {field}")
+        vals = ", ".join(f"rank {r}: {_show(field, x)}" for r, x in enumerate(col))
+        return ValueError(f"attn_with_cp: the ranks of cp_group disagree on {field} ({vals}); "
+                          "every rank must make the call with the same arguments but its own "
+                          "shard")
+    return None
 
 
 def _group_info(cp_group, cp_comm_type: str) -> Tuple[int, int]:

@@ -125,7 +125,7 @@ def merge_packed(out: torch.Tensor, lse: torch.Tensor, out_p: torch.Tensor,
     # NOTE: one pass over the packed rows on GPUs (thd merge kernel, row-index map); the
     # torch ops (gather, ~10 elementwise passes over fp32 rows, scatter) made a windowed p2p
     # ring slower than the causal one on 2 x H200 (docs/BENCHMARKS.md).
-    thd.merge_rows_(out, lse, out_p, lse_p, tgt)
+    thd.merge_rows_(out, lse, out_p, lse_p, tgt, validate=False)
 
 
 def add_packed(acc: torch.Tensor, x_p: torch.Tensor, rows: PackedRows) -> None:
@@ -157,7 +157,7 @@ def forward_direct_into(out: torch.Tensor, lse: torch.Tensor, backend, q: torch.
         seed_direct(out, o, dc.q_cover_cu, dc.q_cover_starts, 0.0)
         seed_direct(lse, l_, dc.q_cover_cu, dc.q_cover_starts, float("-inf"), dim=-1)
         return
-    thd.merge_rows_(out, lse, o, l_.to(lse.dtype), dc.q_dst, dc.q_src)
+    thd.merge_rows_(out, lse, o, l_.to(lse.dtype), dc.q_dst, dc.q_src, validate=False)
 
 
 def seed_direct(acc: torch.Tensor, x: torch.Tensor, cover_cu: torch.Tensor,
@@ -180,7 +180,7 @@ def add_direct(acc: torch.Tensor, grad: torch.Tensor, src: torch.Tensor,
                dst: torch.Tensor) -> None:
     """``acc[dst[k]] += grad[src[k]]``: a direct step's covered rows into an accumulator with a
     dummy row (slack entries land there)."""
-    thd.add_rows_(acc, grad, dst, src)
+    thd.add_rows_(acc, grad, dst, src, validate=False)
 
 
 def backward_into(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, backend,

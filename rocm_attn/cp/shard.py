@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .. import thd
@@ -11,7 +13,7 @@ __all__ = ["shard_for_cp", "gather_from_cp"]
 
 
 def shard_for_cp(x: torch.Tensor, cu_seqlens_padded: torch.Tensor, cp: int, rank: int, *,
-                 dim: int = 0) -> torch.Tensor:
+                 dim: int = 0, validate: Optional[bool] = None) -> torch.Tensor:
     """The shard of ``rank`` of a global THD tensor under dual-chunk sharding
     (:func:`rocm_attn.thd.partition`): for every sequence, chunk ``rank`` then chunk
     ``2*cp-1-rank`` of its ``2*cp`` equal chunks.
@@ -27,13 +29,18 @@ def shard_for_cp(x: torch.Tensor, cu_seqlens_padded: torch.Tensor, cp: int, rank
         (:func:`rocm_attn.thd.pad_for_cp` makes it).
     cp, rank : int
         Group size and this rank's index in it.
+    validate : bool, optional
+        Check the ``cu_seqlens_padded`` values (start 0, non-decreasing, lengths multiples of
+        ``2*cp``, end within ``T``); raises ``ValueError`` naming the first bad sequence.
+        Default (None): for CPU tensors (no sync there; skipped while torch.compile traces)
+        or with env ``ROCM_ATTN_VALIDATE=1``; on a GPU ``True`` synchronises.
 
     Returns
     -------
     torch.Tensor
         ``[T // cp, ...]``: the rank-local input of :func:`rocm_attn.attn_with_cp`.
     """
-    return thd.partition(x, cu_seqlens_padded, cp, rank, dim=dim)
+    return thd.partition(x, cu_seqlens_padded, cp, rank, dim=dim, validate=validate)
 
 
 def gather_from_cp(x_local: torch.Tensor, cu_seqlens_padded: torch.Tensor, cp: int, group, *,

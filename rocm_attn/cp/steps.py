@@ -146,6 +146,10 @@ class CPPlan:
     # step metadata computed in the forward, reused by the backward (the plan lives in the
     # autograd context); a plan derived with dataclasses.replace must get a fresh dict
     meta_cache: dict = field(default_factory=dict, compare=False, repr=False)
+    # device bool: the cu_seqlens changed since a shared meta_cache was built from them (a
+    # write that bypassed the version counter); the caller poisons the output. None: the cache
+    # is keyed on the values themselves, or was built for this call.
+    meta_stale: Optional[torch.Tensor] = field(default=None, compare=False, repr=False)
 
     @property
     def causal(self) -> bool:
