@@ -438,6 +438,8 @@ void thd_check_cu(const at::Tensor& cu, const at::Tensor& ref, int64_t numel, co
                   cu.numel() >= 1 && (numel < 0 || cu.numel() == numel) &&
                   cu.device() == ref.device(),
               "thd: ", name, " must be a contiguous 1-D int32 tensor on the data's device");
+  // b = numel - 1 is an int32 in the kernels (ThdRowMapParams::b)
+  TORCH_CHECK(cu.numel() - 1 <= INT32_MAX, "thd: ", name, " has more than 2^31 - 1 sequences");
 }
 
 ThdRowMapParams thd_map(ThdRowMap kind, const at::Tensor& cu) {
@@ -498,7 +500,8 @@ at::Tensor thd_gather(const at::Tensor& x, const at::Tensor& cu_seqlens_padded, 
                       int64_t cp, int64_t rank, int64_t dim) {
   const c10::DeviceGuard guard(x.device());
   dim = thd_wrap_dim(dim, x);
-  TORCH_CHECK(mode >= 0 && mode <= 3 && cp >= 1 && rank >= 0 && (mode == 3 || rank < cp),
+  TORCH_CHECK(mode >= 0 && mode <= 3 && cp >= 1 && cp <= INT32_MAX && rank >= 0 &&
+                  (mode == 3 ? rank <= 1 : rank < cp),
               "thd_gather: bad mode / cp / rank");
   thd_check_cu(cu_seqlens_padded, x, -1, "cu_seqlens_padded");
   const int64_t total = x.size(dim);
@@ -566,6 +569,7 @@ void thd_copy_valid_tokens_(at::Tensor& dst, const at::Tensor& src, const at::Te
   p.map = thd_map(ThdRowMap::kCopyValid, cu_seqlens);
   if (cu_seqlens_dst_padded) p.map.cu_dst = cu_seqlens_dst_padded->data_ptr<int32_t>();
   if (cu_seqlens_src_padded) p.map.cu_src = cu_seqlens_src_padded->data_ptr<int32_t>();
+  p.map.local_rows = dst.size(dim);  // cu_dst is clamped into dst's rows (index.h)
   p.map.src_rows = src.size(dim);
   if (fill) {
     p.fill = 1;

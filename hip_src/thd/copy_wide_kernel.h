@@ -119,8 +119,8 @@ RA_DEVICE Row map_and_load_from_snapshot(const ThdRowMapParams& m, int32_t* snap
 
 // Blocks per multiprocessor each kind's kernel is compiled for on NVIDIA (ptxas caps its
 // registers to fit them; 0: no cap): the most that spill nothing on the executed paths
-// (partition's cap spills 16 bytes around the 64-bit division of a non-power-of-two cp in the
-// stale-snapshot remap only; the reorders spill at 8).
+// (partition's cap spills 20 bytes on sm_90, 16 of them measured around the 64-bit division of
+// a non-power-of-two cp in the stale-snapshot remap only; the reorders spill at 8).
 constexpr int wide_copy_min_blocks(ThdRowMap kind) {
   return kind == ThdRowMap::kPartition                               ? 6
          : kind == ThdRowMap::kHalf || kind == ThdRowMap::kCopyValid ? 8

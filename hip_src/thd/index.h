@@ -3,7 +3,8 @@
 // sequences; a wave searches for all its lanes at once where it can), then the dual-chunk
 // arithmetic. Each function mirrors one torch helper of rocm_attn/thd.py term by term (int64,
 // floor division, the same clamps), so that the kernels give bitwise the rows the torch path
-// gives, slack rows included, and never index out of bounds whatever cu_seqlens holds.
+// gives for valid cu_seqlens, slack rows included, and index nothing out of bounds whatever
+// cu_seqlens hold (the rule below).
 #pragma once
 
 #include "../common/compat.h"
@@ -45,9 +46,57 @@ RA_HOST_DEVICE int64_t clamp_row(int64_t v, int64_t rows) {
 
 RA_HOST_DEVICE int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+// ---------------------------------------------------------------------------------------------
+// What any cu_seqlens values give. The kernels read cu_seqlens from device memory without
+// validation (validate=True checks them on the host side, with a sync), so no value may take
+// an access outside a tensor, and no value may make a difference or a product overflow. The
+// rule, applied here and nowhere else:
+//  * every word of an array indexing T rows is read as c[i] = clamp(cu[i], 0, T) (T: the rows
+//    it indexes): negative -> 0, past the end -> T, so no difference of two words can wrap
+//    (copy_valid_tokens' valid counts index nothing: only their differences are used, in
+//    int64, and a row's source must lie inside its clamped dst slot too);
+//  * sequence s spans [c[s], max(c[s], c[s + 1])): a decreasing pair is an empty sequence;
+//  * a row finds its sequence by a search over c (a word's clamp never changes a comparison
+//    the searches make; seq_of); rows at or past c[b] are slack. Where c is not
+//    non-decreasing, a row lands in some sequence of [0, b] (the binary and the wave searches
+//    may pick different ones) and its offset may lie outside that sequence;
+//  * every row a map returns is then clamped into the tensor it addresses (clamp_row). The
+//    bounded words keep every intermediate within a few T, so no int64 product overflows.
+// Valid cu_seqlens (non-decreasing, within [0, T]) are left as they are: the rows are the
+// torch path's. Garbage gives rows of junk but never an out-of-bounds access, a hang (every
+// loop is bounded by b or by host sizes) or a wrapped length. copy_valid_tokens writes its
+// fill value (or leaves dst) where a row has no valid source; row indices of merge_rows_ /
+// add_rows_ are clamped into their tensors alone.
+// ---------------------------------------------------------------------------------------------
+
+// The bound of the clamp of offsets into `total` rows: offsets are int32, so the clamp runs in
+// 32 bits (two min / max per word) and a tensor of 2^31 rows or more bounds nothing more.
+RA_HOST_DEVICE int32_t cu_bound(int64_t total) {
+  return total < INT32_MAX ? static_cast<int32_t>(total > 0 ? total : 0) : INT32_MAX;
+}
+
+RA_HOST_DEVICE int32_t clamp_cu(int32_t v, int32_t lo, int32_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// Sequence s (<= b) of cu by the rule above, bound = cu_bound(total): its start c[s]
+// (seq_start) and length max(c[s + 1] - c[s], 0) (seq_len), both in [0, bound]: no wrap,
+// never negative; s == b (slack, past the last sequence): empty at c[b].
+RA_HOST_DEVICE int32_t seq_start(const int32_t* cu, int32_t s, int32_t bound) {
+  return clamp_cu(cu[s], 0, bound);
+}
+
+RA_HOST_DEVICE int32_t seq_len(const int32_t* cu, int32_t b, int32_t s, int32_t start,
+                               int32_t bound) {
+  return s < b ? max(min(cu[s + 1], bound) - start, 0) : 0;
+}
+
 // _seq_of(floor(cu / div), pos): the number of i in [1, b] with floor(cu[i] / div) <= pos, i.e.
 // the sequence of position pos (b for pos >= the end). div > 0.
-// NOTE: floor(c / div) <= pos <=> c < (pos + 1) * div, so the loop has no division.
+// NOTE: floor(c / div) <= pos <=> c < (pos + 1) * div, so the loop has no division. Callers'
+// limits (pos + 1) * div lie in (0, total] (or pos is a slack row, past the clamped end), so a
+// word compares as its clamp into [0, total] would: the search needs no clamp of its own. For
+// any cu it returns s in [0, b] with cu[s] < limit (or s = 0) and cu[s + 1] >= limit (or s = b).
 RA_HOST_DEVICE int32_t seq_of(const int32_t* cu, int32_t b, int64_t div, int64_t pos) {
   const int64_t lim = (pos + 1) * div;
   int32_t lo = 0, hi = b;
@@ -75,28 +124,38 @@ struct SeqQuery {
 
 // _local_to_global: global row of local row l of `rank` (cu: global padded cu_seqlens);
 // s = seq_of(cu, b, cp, l).
+// end: cu[b] as loaded (clamped here, as are cu[s], cu[s + 1]: the global rows cp * local_rows).
 RA_HOST_DEVICE int64_t local_to_global(const ThdRowMapParams& m, int64_t rank, int64_t l,
                                        int32_t s, int64_t end) {
   const int64_t cp = m.cp;
+  const int64_t total = cp * m.local_rows;
+  const int32_t bound = cu_bound(total);
+  end = clamp_cu(static_cast<int32_t>(end), 0, bound);
   const int64_t loc_end = floordiv_pos(end, cp);
   int64_t g;
   if (l >= loc_end) {  // slack: rank r owns [end + r*slack_loc, end + (r+1)*slack_loc)
     g = end + rank * (m.local_rows - loc_end) + (l - loc_end);
   } else {
-    const int64_t lstart = floordiv_pos(m.cu[s], cp);
-    const int64_t len = s < m.b ? floordiv_pos(m.cu[s + 1], cp) - lstart : 0;
+    const int32_t start = seq_start(m.cu, s, bound);
+    const int32_t slen = seq_len(m.cu, m.b, s, start, bound);
+    const int64_t lstart = floordiv_pos(start, cp);
+    const int64_t len = floordiv_pos(start + slen, cp) - lstart;
     const int64_t half = floordiv_pos(len, 2);
     const int64_t lo = l - lstart;
-    g = m.cu[s] + (lo < half ? rank * half + lo : (2 * cp - 1 - rank) * half + lo - half);
+    g = start + (lo < half ? rank * half + lo : (2 * cp - 1 - rank) * half + lo - half);
   }
-  return clamp_row(g, cp * m.local_rows);
+  return clamp_row(g, total);
 }
 
 // _global_to_gathered: row of the all-gathered shards holding global row r;
-// s = seq_of(cu, b, 1, r).
+// s = seq_of(cu, b, 1, r). end: cu[b] as loaded. The offset into the sequence is clamped into
+// it (a no-op for valid cu_seqlens), which keeps the chunk number k, and so rk * local_rows,
+// within a few cp for any cu.
 RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r, int32_t s,
                                           int64_t end) {
   const int64_t cp = m.cp;
+  const int32_t bound = cu_bound(cp * m.local_rows);
+  end = clamp_cu(static_cast<int32_t>(end), 0, bound);
   int64_t src;
   if (r >= end) {
     const int64_t loc_end = floordiv_pos(end, cp);
@@ -105,10 +164,10 @@ RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r, i
     const int64_t er = floordiv_pos(e, slack);
     src = er * m.local_rows + loc_end + (e - er * slack);
   } else {
-    const int64_t start = m.cu[s];
-    const int64_t len = s < m.b ? m.cu[s + 1] - start : 0;
+    const int32_t start = seq_start(m.cu, s, bound);
+    const int32_t len = seq_len(m.cu, m.b, s, start, bound);
     const int64_t h = max64(floordiv_pos(len, 2 * cp), 1);
-    const int64_t o = r - start;
+    const int64_t o = clamp_row(r - start, len);
     const int64_t k = floordiv_pos32(o, h);
     const bool first = k < cp;
     const int64_t rk = first ? k : 2 * cp - 1 - k;
@@ -120,31 +179,40 @@ RA_HOST_DEVICE int64_t global_to_gathered(const ThdRowMapParams& m, int64_t r, i
 
 // _half_index: local rows of row k of the first and of the second half (cu: local padded
 // cu_seqlens, even lengths: m.cu or a snapshot of it); s = seq_of(cu, b, 2, k) serves both.
+// end: cu[b] as loaded (clamped here, as are cu[s], cu[s + 1]: the local rows).
 RA_HOST_DEVICE void half_rows(const ThdRowMapParams& m, const int32_t* cu, int64_t k, int32_t s,
                               int64_t end, int64_t& first, int64_t& second) {
+  const int32_t bound = cu_bound(m.local_rows);
+  end = clamp_cu(static_cast<int32_t>(end), 0, bound);
   const int64_t hb_end = floordiv_pos(end, 2);
   int64_t base, half_len;
   if (k >= hb_end) {
     base = end + (k - hb_end);
     half_len = floordiv_pos(m.local_rows - end, 2);
   } else {
-    const int64_t start = cu[s];
-    const int64_t len = s < m.b ? cu[s + 1] - start : 0;
-    base = start + (k - floordiv_pos(start, 2));
-    half_len = floordiv_pos(len, 2);
+    // seq_start and seq_len written out: through the helpers (same arithmetic) nvcc spilled
+    // 12 bytes in the 16-bit merge kernels (sm_90)
+    const int32_t start = clamp_cu(cu[s], 0, bound);
+    const int32_t len = s < m.b ? max(min(cu[s + 1], bound) - start, 0) : 0;
+    base = start + (k - (start >> 1));
+    half_len = len >> 1;
   }
   first = clamp_row(base, m.local_rows);
   second = clamp_row(base + half_len, m.local_rows);
 }
 
 // _copy_rows: source row of dst row d, or -1 when d holds no valid token (padding, slack);
-// s = seq_of(cu_dst, b, 1, d).
+// s = seq_of(cu_dst, b, 1, d). cu_dst is clamped into dst's rows (local_rows), cu_src into
+// src's; the valid count cu[s + 1] - cu[s] (int64) into [0, the slot]: a row of a garbage
+// sequence has a source only inside both its dst slot and src.
 RA_HOST_DEVICE int64_t valid_src_row(const ThdRowMapParams& m, int64_t d, int32_t s) {
-  const int64_t off = d - m.cu_dst[s];
+  const int32_t bound = cu_bound(m.local_rows);
+  const int32_t start = seq_start(m.cu_dst, s, bound);
+  const int32_t slot = seq_len(m.cu_dst, m.b, s, start, bound);
+  const int64_t off = d - start;
   const int64_t n = s < m.b ? static_cast<int64_t>(m.cu[s + 1]) - m.cu[s] : 0;
-  const int64_t slot = s < m.b ? static_cast<int64_t>(m.cu_dst[s + 1]) - m.cu_dst[s] : 0;
   if (off < 0 || off >= (n < slot ? n : slot) || m.src_rows <= 0) return -1;
-  return clamp_row(m.cu_src[s] + off, m.src_rows);
+  return clamp_row(clamp_cu(m.cu_src[s], 0, cu_bound(m.src_rows)) + off, m.src_rows);
 }
 
 // The search map_row_given(m, row, .) needs.

@@ -485,8 +485,8 @@ __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams
   const int nvec = p.heads * vph;
   int cshift = 0;  // units per row and lane: 1 << cshift
   while ((kW << cshift) < nvec) ++cshift;
-  const bool halves = p.map.kind == ThdRowMap::kHalf;
   constexpr bool indexed = ROWS == kGradRowsIndexed;  // the launcher picks ROWS from p.map
+  const bool halves = !indexed && p.map.kind == ThdRowMap::kHalf;  // no half maps in add_rows
   // the halves that move data: both (hshift 1: bit cshift of a unit picks the half) or one
   const bool move0 = p.op0 != kThdGradNone || p.copy_none;
   const bool move1 = halves && (p.op1 != kThdGradNone || p.copy_none);

@@ -9,7 +9,9 @@
 //  * Dual-chunk sharding over cp ranks: a padded sequence of L tokens (L % 2cp == 0) is 2cp
 //    chunks of L/2cp tokens; rank r holds chunk r then chunk 2cp-1-r (its first and second
 //    half). cu_seqlens are int32 [b+1] on the device and are only ever read with a binary
-//    search, so nothing caps the number of sequences.
+//    search, so nothing caps the number of sequences. Their values are never trusted: every
+//    word is clamped into the rows it indexes and every row into its tensor (thd/index.h, the
+//    rule for garbage cu_seqlens).
 //  * Rows past cu[b] are "slack" and are carried along exactly as the torch path does.
 #pragma once
 
@@ -38,9 +40,10 @@ struct ThdRowMapParams {
   int32_t cp;               // partition / reorders
   int32_t rank;             // kPartition
   int32_t half;             // kHalf: 0 first, 1 second
-  int64_t local_rows;       // rows of one rank's shard (partition, reorders) or of the local
-                            // tensor (half)
-  int64_t src_rows;         // kCopyValid: rows of src (sources are clamped into it)
+  int64_t local_rows;       // rows of one rank's shard (partition, reorders), of the local
+                            // tensor (half), of dst (copy valid: cu_dst is clamped into it), of
+                            // out / grad (kIndex: index[k] is clamped into it)
+  int64_t src_rows;         // kCopyValid: rows of src (cu_src and sources are clamped into it)
   const int64_t* index;     // kIndex: [n] destination row of every step row
   const int64_t* step_index;  // kIndex: [n] step row read for entry k; nullptr: row k
   int64_t step_count;       // kIndex with step_index: rows of the step tensor
