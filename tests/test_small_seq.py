@@ -493,7 +493,7 @@ def test_softmax_scale_and_return_arity(seed):
 
 def test_positional_signature_matches_design():
     """fused_attn_small_seq(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
-    softmax_scale, qkv_layout, return_softmax) as in DESIGN.md section 1."""
+    softmax_scale, qkv_layout, return_softmax) as documented in README.md (fused_attn_small_seq)."""
     rng = Rng(0, "positional")
     case = thd_case(rng, 9, 2, 2, 64, 4, torch.float32)
     q, k, v = case.qkv()

@@ -21,9 +21,8 @@ constexpr int kCopyResidentBlocks = 4;  // per SM (64 registers, 256 threads)
 constexpr int kCopyOuterPerBlock = 8;  // outer slices per block: one search serves 8 LSE heads
 constexpr int kCopyUnroll = 4;         // vectors in flight per lane
 // Lanes per row ~ vectors per row / kCopyVecsPerLane (launcher).
-// NOTE: H200, bf16 rows of 2 KB (bench_thd, session 6): 8 vectors per lane against 4 gave
-// reorder_to_rank_sharded 87 -> 92% of floor (b16 cases) and 88 -> 98% (var64), the other copy
-// helpers within +-3 points; 16 lost 1-9 points, 2 and 1 lost 25-55.
+// NOTE: 8 beat 4 on the reorders and tied elsewhere; 16, 2 and 1 lost
+// (docs/kernels.md#thd-copy-kernels).
 constexpr int kCopyVecsPerLane = 8;
 
 struct alignas(8) Vec8B {
@@ -172,10 +171,9 @@ RA_DEVICE void copy_row(const ThdCopyParams& p, int64_t row, int64_t src_row, Co
 // in the 16-byte kernel); the block checks the snapshot after issuing its first loads.
 // first_wave_blocks: the blocks of the first resident wave (the launcher; 0 where launches do
 // not overlap). Only they map copy_valid_tokens' rows from a snapshot: its three arrays cost
-// every block more reads and checks (var64 on an H200: 77.0 us without snapshots, 79.4 with
-// every block's, 75.4 with the first wave's). The one-array maps snapshot in every block: a
-// block of a later wave still starts while a long kernel ahead drains (a CP step's chain of
-// helpers ran 4-7% slower with only the first wave's).
+// every block more reads and checks, which cost more than they saved beyond the first wave. The
+// one-array maps snapshot in every block: a block of a later wave still starts while a long
+// kernel ahead drains (docs/kernels.md#rows-mapped-before-the-wait).
 template <int V>
 __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const ThdCopyParams p,
                                                                  const int lpr_shift,

@@ -9,12 +9,9 @@
 // most of its short life with loads in flight. The map kind is a template argument: its code
 // alone is compiled in (the generic map cost these kernels ~40 registers and 267 instructions
 // per wave of one vector per lane).
-// NOTE: H200, a plain copy of the same bytes (tools/diag/launch_ceiling.cu) reached 96% of the
-// copy floor at 134 MB with one 16-byte vector per thread against 91% with eight. With the row
-// map, two vectors per lane beat one everywhere (one: 67-88% of floor), and this kernel beat
-// the row-group kernel (copy_kernel.h) by 1-6 points on partition, read_half and
-// copy_valid_tokens (partition cp8: even), and by 1-3 on the reorders (docs/BENCHMARKS.md,
-// session 10).
+// NOTE: with the row map, two vectors per lane beat one on every benchmark row, and this kernel
+// beats the row-group kernel (copy_kernel.h) on rows this wide (docs/kernels.md#thd-copy-kernels
+// has the measurements, and the plain-copy ceiling of tools/diag/launch_ceiling.cu).
 #pragma once
 
 #include "../common/tuning.h"
@@ -178,11 +175,9 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kCopyThreads, wide_copy_min_blocks(K
   // 47-60 registers and cost 5-10% (H200), more than mapping before the wait saves them
   constexpr bool kMayGuess =
       KIND != ThdRowMap::kToContiguous && KIND != ThdRowMap::kToRankSharded;
-  // NOTE: H200, env A/B in one process, b16 cp2 / cp4 / cp8 / var64: the L2 prefetch took
-  // copy_valid_tokens from 34.1 / 18.1 / 10.1 / 73.6 to 33.7 / 17.5 / 10.0 / 73.1 us, read_half
-  // from 17.2 / 8.6 / - / 37.9 to 16.8 / 8.6 / - / 37.5 and partition 0.2-0.9% down; read_half
-  // cp8, one resident round, went from 4.8-4.9 to 5.2 us with it, hence the launcher's rule
-  // (docs/BENCHMARKS.md, session 12).
+  // NOTE: the L2 prefetch of the guessed rows gains a little on every launch of several resident
+  // rounds and loses where the whole grid is one round, hence the launcher's rule
+  // (docs/kernels.md#rows-mapped-before-the-wait).
   if (kMayGuess && blockIdx.x < guess_blocks && maps_from_snapshot<kArrays>(p.map)) {  // uniform
     src_row = map_and_load_from_snapshot<kArrays, kCopyThreads>(
         p.map, snapshot, in_range, src_row,

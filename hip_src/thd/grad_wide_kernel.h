@@ -16,10 +16,8 @@ namespace thd {
 
 // Vectors per lane: two, as the copies. With the L2 prefetch of the first round's rows before
 // the wait, two beat one on every row; without it one was ahead (two loads per lane either way).
-// NOTE: H200, bench_thd grad_correction_ (env A/B, 3 rounds in one process), b16 cp2 / cp4 / cp8
-// and var64: with the prefetch two vectors 25.2 / 13.1 / 7.3 / 54.3 us against one's 25.3 /
-// 13.4 / 7.5 / 54.8 (session 12); without it (session 11) one 25.6 / 13.6 / 7.7 / 55.0 against
-// two's 25.8 / 13.8 / 7.9 / 54.9, and at cp8 (session 12) 7.7 against 7.75 (docs/BENCHMARKS.md).
+// NOTE: the margins are small either way (docs/kernels.md#thd-grad-kernels); re-measure this
+// constant when the prefetch or the row map changes.
 constexpr int kGradWideVecsPerLane = 2;
 
 // Waves: (k, half, piece), pieces fastest; hshift 1: both halves move (bit pieces_shift of the
@@ -59,8 +57,7 @@ __global__ void __launch_bounds__(kMergeThreads) grad_wide_kernel(const ThdGradP
     }
   };
   // the guessed rows into L2 before the wait (map_and_load_from_snapshot)
-  // NOTE: H200, env A/B in one process: b16 cp2 / cp4 / cp8 / var64 25.5 / 13.7 / 7.7 / 55.1
-  // -> 25.4 / 13.6 / 7.5 / 54.9 us (docs/BENCHMARKS.md, session 12)
+  // (a small gain on every benchmark row: docs/kernels.md#thd-grad-kernels)
   auto prefetch_rows = [&](int64_t r) {
     const int64_t sr = p.step_is_half ? k : r;
 #pragma unroll

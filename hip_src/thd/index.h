@@ -326,8 +326,8 @@ RA_DEVICE int32_t seq_of_uniform(const int32_t* cu, int32_t b, int64_t div, int6
 // ---------------------------------------------------------------------------------------------
 // Mapping rows before the wait. Where a kernel can start while the kernel ahead drains
 // (RA_OVERLAPPED_LAUNCH), mapping its rows only after ra_wait_for_prior_kernel() put the
-// search on the critical path: 1.2-1.7 us of a 6-11 us launch on an H200 (docs/NOTES.md,
-// session 8). So a block snapshots cu_seqlens into shared memory before the wait and maps its
+// search on the critical path, a sizeable share of these short launches
+// (docs/kernels.md#rows-mapped-before-the-wait). So a block snapshots cu_seqlens into shared memory before the wait and maps its
 // first rows from the snapshot; after the wait it issues its first loads from those rows at
 // once, checks the snapshot against cu_seqlens (the kernel ahead may have written them) and,
 // only where they differ, maps again and reloads, before anything is stored. A guessed row is

@@ -36,10 +36,9 @@ int tile_shift_for(int64_t items, int wave) {
 // Items per merge tile (log2): a whole wave of items, one owner lane each, halved while the
 // tiles would fill at most half of the resident waves: a small launch then spreads its items
 // over more waves, each with less serial work.
-// NOTE: H200, merge_second_half_ cp8 (4096 rows x 16 heads): 9.5 -> 8.9 us with half-wave
-// tiles; the grad kernel's rule (tiles that still fill every resident wave) went down to
-// eighth-wave tiles there and lost (9.7 -> 11.2 us), as did half tiles at cp2 / cp4 / var64
-// (29.3 -> 31.2, 15.9 -> 17.1, 63.2 -> 68.8 us), where the whole-wave tiles already fill them.
+// NOTE: half-wave tiles gain on the small cp8 launch; the grad kernel's rule (tiles that still
+// fill every resident wave) went down to eighth-wave tiles there and lost, as did half tiles on
+// the larger launches, which whole-wave tiles already fill (docs/kernels.md#thd-merge-kernels).
 int merge_tile_shift(int64_t items, int wave) {
   const int64_t waves = resident_waves(wave);
   int s = thd::log2_pow2(wave);
@@ -224,9 +223,8 @@ hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream) {
   hipError_t err = hipSuccess;
   if (vec8 && launch_grad_wide(p, nvec, stream, err)) return err;
   const int wave = ra_device_wave_size();
-  // NOTE: a whole wave of k per tile (as the merge kernel) leaves too few waves: H200
-  // grad_correction_ 36% / 19% / 9% of floor at cp = 2 / 4 / 8, against 81% / 68% / 52% with
-  // this tile (both U = 4).
+  // NOTE: a whole wave of k per tile (as the merge kernel) leaves too few waves: it reached
+  // under half this tile's share of the floor (docs/kernels.md#thd-grad-kernels).
   const int tshift = tile_shift_for(p.n, wave);
   const dim3 grid = grid_for(p.n, tshift, wave);
   const dim3 block(thd::kMergeThreads);

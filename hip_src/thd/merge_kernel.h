@@ -205,16 +205,14 @@ RA_DEVICE void half_rows_wave(const ThdRowMapParams& m, const int32_t* cu, int k
 }
 
 // Row units in flight per lane (U x 16 bytes per tensor, kept packed until used).
-// NOTE: H200, bf16 rows: U = 2 (58-64 registers) is within 2 points of U = 4 (80) on the merges
-// and 2-9 points above it on grad_correction; U = 8 (127) lost 2-16 points (docs/NOTES.md).
+// NOTE: more units per lane cost registers (U = 4: 80, U = 8: 127) and gained nothing on bf16
+// rows (docs/kernels.md#thd-merge-kernels).
 constexpr int kMergeUnits = 2;
 
 // Batches of kMergeUnits units per lane whose rows the snapshot waves put in L2 before the wait
 // (with the owners' LSEs); the launcher's default.
-// NOTE: H200, env A/B in one process, merge_second_half_ b16 cp2 / cp4 / cp8 / var64: none
-// 29.2 / 15.6 / 8.9 / 62.3 us; the LSEs and one batch 28.4 / 14.5 / 8.6 / 62.0; the LSEs alone
-// 29.1 / 15.3 / 9.0 / 62.3; two batches 28.9 / 14.8 / 9.6 / 63.1; the whole tile 34.3 / 16.3 /
-// 9.5 / 70.7 (docs/BENCHMARKS.md, session 12).
+// NOTE: the LSEs and one batch beat no prefetch, the LSEs alone, two batches and the whole tile
+// on every benchmark row (docs/kernels.md#thd-merge-kernels).
 constexpr int kMergePrefetchBatches = 1;
 
 // Merge kernel: one wave per tile of 2^tile_shift (step token k, head h) items, heads fastest
@@ -227,9 +225,9 @@ constexpr int kMergePrefetchBatches = 1;
 //     any is used (U x 32 bytes in flight per lane for 16-bit rows), kept packed until then.
 // The first units' row loads are issued before the weights are computed (they need only the
 // row indices), so the LSE round trip overlaps them.
-// NOTE: previous kernel (every lane of a group recomputed the int64 item division, the weights
-// and exp/log1p; one 16-byte vector per lane and item): 45-50% of floor for bf16 rows, 62
-// registers, too few bytes in flight per SM (docs/NOTES.md).
+// NOTE: a kernel where every lane of a group recomputed the item division, the weights and
+// exp/log1p, with one 16-byte vector per lane and item, kept too few bytes in flight per SM
+// (docs/kernels.md#thd-merge-kernels).
 template <int VEC, int ODT, int SDT>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergeParams p,
                                                               const int lpr_shift,
@@ -448,8 +446,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const ThdMergePara
 // as VEC-element vectors over the whole wave, are moved in units (one vector per lane of one
 // half of one k; U units in flight per lane, kept packed) whose row comes from the owner by a
 // shuffle. Every unit is warp-uniform in (k, half), so the shuffle is a broadcast.
-// NOTE: hoisting both halves' loads as floats before any store (99 registers) lost: 57% -> 35%
-// of floor; packed raw vectors keep U loads in flight at fewer registers (docs/NOTES.md).
+// NOTE: hoisting both halves' loads as floats before any store (99 registers) lost badly;
+// packed raw vectors keep U loads in flight at fewer registers (docs/kernels.md#thd-grad-kernels).
 template <int VEC>
 RA_DEVICE int64_t row_offset(int v, int vph, int heads, int64_t head_stride) {
   if (heads == 1) return static_cast<int64_t>(v) * VEC;
@@ -461,8 +459,8 @@ RA_DEVICE int64_t row_offset(int v, int vph, int heads, int64_t head_stride) {
 // own registers and shuffles): kGradRowsDirect (identity, or halves mapped after the wait),
 // kGradRowsIndexed (the kIndex map of add_rows), kGradRowsSnapshot (halves mapped from a
 // cu_seqlens snapshot before the wait, index.h). The launcher picks kGradRowsSnapshot only for
-// grids of one resident wave: it costs the kernel 48 -> 54 registers (5 -> 4 blocks per SM),
-// which on an H200 took var64 grad_correction 63 -> 73 us, and only the first wave gains.
+// grids of one resident wave: it costs the kernel registers (5 -> 4 blocks per SM), which loses
+// more on large grids than the first wave gains (docs/kernels.md#thd-grad-kernels).
 enum GradRows : int { kGradRowsDirect = 0, kGradRowsIndexed = 1, kGradRowsSnapshot = 2 };
 constexpr int kGradSnapshotBlocksPerSM = 4;
 

@@ -7,11 +7,8 @@
 // it reads the head's two LSEs, computes the weights once (one exp / log1p pass per wave, not
 // one per vector) and writes the new LSE; the lanes take their vectors' weights by shuffles.
 // Rows of the first resident round come from a cu_seqlens snapshot before the wait.
-// NOTE: H200, bench_thd (env A/B in one process): out_correction_fp32acc_ (fp32 rows, bf16
-// steps) 96 / 93 / 88 / 98% of floor at b16 cp2 / cp4 / cp8 and var64 against the tile
-// kernel's 93 / 90 / 83 / 97%; but the 16-bit merges lost 0-5 points (merge_second_half_
-// 80 / 75 / 65 / 84 against 84 / 78 / 69 / 88; 4 vectors per lane: 84 / 77 / 63 / 88), so the
-// launcher takes this kernel for fp32 rows only.
+// NOTE: this kernel beats the tile kernel on fp32 rows and loses to it on 16-bit merges, so
+// the launcher takes it for fp32 rows only (docs/kernels.md#thd-merge-kernels).
 #pragma once
 
 #include "copy_wide_kernel.h"

@@ -1,7 +1,7 @@
 """Benchmarks of the package's ops on a GPU, run as ``rocm-attn bench <suite> [args]``.
 
 Each suite module has ``main(argv) -> int`` and is also reachable through its historical path
-``python3 tools/bench_<suite>.py`` (thin shims). Results are recorded in docs/BENCHMARKS.md.
+``python3 tools/bench_<suite>.py`` (thin shims). Current results are in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def bench_case(name, spec, batch, dtype, bw, seed, anchors=True, ab=()):
             try:
                 # NOTE: anchors are timed eagerly (one call, host dispatch included; they run
                 # 0.2-25 ms): capturing them failed for some (SDPA backward) and each failed
-                # capture stranded GPU memory until the sweep ran out (H200, 2026-11-22).
+                # capture stranded GPU memory until the sweep ran out.
                 ta = eager_ms(rotating([make(x, backward) for x in sets]), reps=EAGER_REPS,
                               warmup=2)
                 row[mode]["anchors"][aname] = {"ms": ta, "speedup": ta / t}

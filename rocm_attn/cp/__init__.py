@@ -1,4 +1,4 @@
-"""Context-parallel attention (DESIGN section 3): :func:`attn_with_cp` and shard helpers.
+"""Context-parallel attention (docs/cp.md): :func:`attn_with_cp` and shard helpers.
 
 One module per concern:
 

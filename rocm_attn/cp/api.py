@@ -255,7 +255,7 @@ def attn_with_cp(
         Chunked attention (Llama-4 style): ``p`` sees ``j`` only when ``j // chunk_size ==
         p // chunk_size`` (chunks from the start of every sequence); combines with the mask
         type and the window (all constraints apply). Every comm type; ``"p2p"`` needs
-        identical q and kv sequences. See ``docs/CP.md`` for the support matrix.
+        identical q and kv sequences. See ``docs/cp.md`` for the support matrix.
     cu_seqlens_q_padded, cu_seqlens_kv_padded : torch.Tensor, optional
         Global int32 ``[b+1]`` starting at 0: where every sequence's slot starts; every slot
         length a multiple of ``2*cp`` (valid tokens first, padding after). They define the
@@ -274,11 +274,11 @@ def attn_with_cp(
         small signature; all ranks raise on a mismatch). Reading them synchronises, so by
         default (None) this runs for CPU tensors or with env ``ROCM_ATTN_VALIDATE=1`` only
         (not while torch.compile traces); ``True`` / ``False`` force it on / off. Every rank
-        must pass the same value. See ``docs/CP.md``, "Checks".
+        must pass the same value. See ``docs/cp.md``, "Checks".
     min_seqlen : int, optional
         A promise: every sequence with at least one valid token has at least ``min_seqlen``
         of them (q and kv). With a window or chunking, ``"p2p"`` skips the compute of ring
-        steps the mask cannot reach for sequences that long (``docs/CP.md`` says how many
+        steps the mask cannot reach for sequences that long (``docs/cp.md`` says how many
         run); without the promise only steps beyond reach for *any* length are skipped. A
         broken promise gives wrong results (checked when values are validated).
 

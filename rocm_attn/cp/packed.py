@@ -124,7 +124,7 @@ def merge_packed(out: torch.Tensor, lse: torch.Tensor, out_p: torch.Tensor,
         return
     # NOTE: one pass over the packed rows on GPUs (thd merge kernel, row-index map); the
     # torch ops (gather, ~10 elementwise passes over fp32 rows, scatter) made a windowed p2p
-    # ring slower than the causal one on 2 x H200 (docs/BENCHMARKS.md).
+    # ring slower than the causal one on 2 x H200 (docs/cp.md#rejected-alternatives).
     thd.merge_rows_(out, lse, out_p, lse_p, tgt, validate=False)
 
 

@@ -7,7 +7,7 @@ meta names (``q_layout`` / ``kv_layout``), hands both to a per-step backend (``b
 and folds the result back with :mod:`rocm_attn.thd` helpers (or, for windowed / chunked
 steps, merges packed results by index: :mod:`~rocm_attn.cp.packed`).
 
-Geometry (dual-chunk sharding, DESIGN section 2)
+Geometry (dual-chunk sharding, docs/design.md#dual-chunk-geometry)
 ------------------------------------------------
 Sequence ``i`` has ``n_i`` valid tokens (from ``cu_seqlens``) in a padded slot of ``L_i``
 tokens (from ``cu_seqlens_padded``; padding at the end of the slot), ``L_i % (2*cp) == 0``.
@@ -597,7 +597,7 @@ def ring_steps_run(cp: int, rank: int, causal: bool, window_size: Tuple[int, int
                    chunk_size: Optional[int] = None, min_seqlen: int = 0) -> List[int]:
     """Ring steps (0 .. cp-1) in which ``rank`` runs attention under this mask when every
     non-empty sequence has at least ``min_seqlen`` tokens (host-only; the rule of
-    :func:`ring_step_metas`, see docs/CP.md). The other steps only pass kv along."""
+    :func:`ring_step_metas`, see docs/cp.md). The other steps only pass kv along."""
     spec = MaskSpec.make(causal, window_size, chunk_size)
     if spec.plain:
         return list(range(cp))
