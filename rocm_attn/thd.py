@@ -170,9 +170,13 @@ def _check_cu(name: str, cu, device: Optional[torch.device]) -> None:
 
 def _check_writable(name: str, t: torch.Tensor) -> None:
     """An in-place output must not have elements sharing memory (an expanded, stride-0 view
-    or another self-overlapping layout): the write would land once per alias."""
+    or another self-overlapping layout): the write would land once per alias. While
+    torch.compile traces, only the stride-0 test runs (the general overlap query returns a
+    Python int, which dynamo cannot put in a graph)."""
     expanded = any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride()))
-    if expanded or torch._debug_has_internal_overlap(t) == 1:
+    overlap = (not torch.compiler.is_compiling()
+               and torch._debug_has_internal_overlap(t) == 1)
+    if expanded or overlap:
         raise ValueError(f"{name} is written in place but its elements overlap in memory "
                          f"(shape {tuple(t.shape)}, strides {tuple(t.stride())}; e.g. an "
                          "expand()ed tensor): pass a tensor with its own storage per element "

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rocm_attn  # noqa: E402
 from rocm_attn import SmallSeqContractError, check_errors, fused_attn_small_seq  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
+from gpu_poison import poison_allocator  # noqa: E402
 import test_small_seq  # noqa: E402
 from test_small_seq import (  # noqa: E402  (helpers only: no test functions are imported)
     BSHD,
@@ -77,28 +78,6 @@ def dev():
 # must stay clean unless the test asks for allow_contract_errors.
 _error_counter = test_small_seq._error_counter
 allow_contract_errors = test_small_seq.allow_contract_errors
-
-
-def poison_allocator(device):
-    """Fill the caching allocator's free blocks with 0xFF bytes (NaN for every float dtype), so
-    that the next torch.empty calls return NaN memory.
-
-    First a fixed set of blocks (large pool: > 1 MiB requests; small pool: <= 1 MiB, 2 MiB
-    segments), reused from one call to the next; then one tensor per remaining free block of
-    the cache (exact sizes, so best-fit hands out those very blocks), which poisons what earlier
-    tests left behind. Everything is freed again before returning; the cache does not grow."""
-    blocks = [torch.empty(n << 20, dtype=torch.uint8, device=device) for n in (256, 64, 16, 4)]
-    blocks += [torch.empty(512 << 10, dtype=torch.uint8, device=device) for _ in range(32)]
-    blocks += [torch.empty(16 << 10, dtype=torch.uint8, device=device) for _ in range(64)]
-    if device.type == "cuda":
-        free = [blk["size"] for seg in torch.cuda.memory_snapshot()
-                if seg.get("device", device.index) == device.index
-                for blk in seg["blocks"] if blk["state"] == "inactive"]
-        blocks += [torch.empty(n, dtype=torch.uint8, device=device)
-                   for n in sorted(free, reverse=True)]
-    for blk in blocks:
-        blk.fill_(0xFF)
-    del blocks, blk
 
 
 def low_tol(dtype):

@@ -23,6 +23,8 @@ import torch
 import rocm_attn
 from rocm_attn import thd
 
+from gpu_poison import poison_allocator
+
 NEG_INF = float("-inf")
 I32 = torch.int32
 
@@ -67,21 +69,6 @@ def _kernels_only(monkeypatch):
     monkeypatch.setattr(thd, "_fallback", fail)
     monkeypatch.delenv("ROCM_ATTN_VALIDATE", raising=False)
     yield calls
-
-
-def poison_allocator(device):
-    """Fill the caching allocator's free blocks with 0xFF bytes (NaN in every float dtype) so
-    that the next torch.empty calls return NaN memory; the cache does not grow."""
-    blocks = [torch.empty(n << 20, dtype=torch.uint8, device=device) for n in (256, 64, 16, 4)]
-    blocks += [torch.empty(512 << 10, dtype=torch.uint8, device=device) for _ in range(16)]
-    blocks += [torch.empty(16 << 10, dtype=torch.uint8, device=device) for _ in range(32)]
-    free = [blk["size"] for seg in torch.cuda.memory_snapshot()
-            if seg.get("device", device.index) == device.index
-            for blk in seg["blocks"] if blk["state"] == "inactive"]
-    blocks += [torch.empty(n, dtype=torch.uint8, device=device) for n in sorted(free, reverse=True)]
-    for blk in blocks:
-        blk.fill_(0xFF)
-    del blocks
 
 
 def both(fn, *args, poison=True, **kw):
