@@ -1,0 +1,315 @@
+"""Build and drive the CPU emulation of the HIP kernels (tests/emu/, tests/test_emu_*.py).
+
+The kernels under hip_src/ are compiled for the host against tests/emu/hip_cpu_runtime.h (a
+HIP device API whose threads are fibers grouped in 64- or 32-lane waves) into one shared
+library per configuration, cached under build/emu/ by a hash of every source and flag, and
+called through ctypes with CPU tensors. The small-seq and THD kernels go through the project's
+own launchers (dispatch, grid sizing, variant choice), as the extension calls them.
+
+Configurations:
+  w64      gfx942 device pass: 64-lane waves, MFMA (the AMD code paths)
+  w32      wave32 HIP pass: 32-lane waves, no matrix units (cross-check of the general kernels)
+  w64_k32  the self-test kernels compiled with a 32-lane constant but run in 64-lane waves: a
+           deliberately broken build, which the tests must catch
+
+Environment: RA_EMU_CXX (compiler, default clang++-19 then clang++), RA_EMU_JOBS (parallel
+compiles, default 2), RA_EMU_WORKERS (worker threads per launch, default 2).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+HIP_SRC = ROOT / "hip_src"
+EMU = ROOT / "tests" / "emu"
+BUILD = ROOT / "build" / "emu"
+
+sys.path.insert(0, str(ROOT / "tools"))
+import generate_kernels  # noqa: E402  (the real build's instantiation template and variant list)
+
+# Small-seq variants compiled per wave width: (direction, dtype, head dim, kv bucket). Every
+# head dim and kv bucket runs at 64 lanes in bf16 (the dtype only changes the 16-bit
+# conversions, which fp16 exercises at d=128); 32 lanes cross-check every head dim at the
+# smallest and largest bucket. The rest of the dispatch table returns hipErrorNotSupported.
+SMALL_SEQ_VARIANTS = {
+    64: [(d, "bf16", h, kv) for d in ("fwd", "bwd") for h in (64, 128, 256, 512)
+         for kv in (4, 8, 16)]
+    + [(d, "fp16", 128, kv) for d in ("fwd", "bwd") for kv in (4, 16)],
+    32: [(d, "bf16", h, kv) for d in ("fwd", "bwd") for h in (64, 128, 256, 512) for kv in (4, 16)],
+}
+
+CONFIGS = {
+    "w64": dict(wave=64, kernel_wave=64, families=("selftest", "small_seq", "thd")),
+    "w32": dict(wave=32, kernel_wave=32, families=("selftest", "small_seq", "thd")),
+    "w64_k32": dict(wave=64, kernel_wave=32, families=("selftest",)),
+}
+
+HIP_SUCCESS = 0
+HIP_ERROR_NOT_SUPPORTED = 801
+
+
+class EmulationUnavailable(Exception):
+    """No compiler that can build the emulation (the tests skip with this reason)."""
+
+
+def compiler() -> str:
+    """The C++ compiler: clang (the kernels use clang's ext_vector_type and _Float16)."""
+    names = [os.environ["RA_EMU_CXX"]] if os.environ.get("RA_EMU_CXX") else ["clang++-19", "clang++"]
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise EmulationUnavailable(f"no clang++ found (tried {', '.join(names)}; "
+                               "apt-get install clang-19)")
+
+
+def _flags(cfg: dict) -> List[str]:
+    flags = ["-std=c++17", "-O1", "-fPIC", "-g0", "-w", f"-DRA_EMU_WAVE={cfg['wave']}",
+             f"-DRA_EMU_KERNEL_WAVE={cfg['kernel_wave']}", f"-I{EMU / 'include'}", f"-I{EMU}",
+             f"-I{HIP_SRC}"]
+    if cfg["wave"] != cfg["kernel_wave"]:
+        flags.append("-DRA_EMU_ALLOW_WAVE_MISMATCH")
+    for fam in cfg["families"]:
+        flags.append(f"-DRA_EMU_{fam.upper()}")
+    return flags
+
+
+def _small_seq_sources(wave: int, out: Path) -> List[Path]:
+    """Instantiation files of the chosen variants (the real build's template, several variants
+    per file) and one file of stubs for the rest of the dispatch table."""
+    chosen = set(SMALL_SEQ_VARIANTS[wave])
+    groups: Dict[Tuple[str, str, int], List[int]] = {}
+    for direction, dtype, d, kv in sorted(chosen):
+        groups.setdefault((direction, dtype, d), []).append(kv)
+    files = []
+    for (direction, dtype, d), kvs in groups.items():
+        text = "".join(
+            generate_kernels.TEMPLATE.format(direction=direction, ctype=generate_kernels.DTYPES[dtype],
+                                             head_dim=d, kv=kv)
+            for kv in kvs)
+        files.append(_write(out / f"small_seq_{direction}_{dtype}_d{d}.cpp", text))
+    stubs = ['#include "small_seq/dispatch.h"\n']
+    for direction, dtype, d, kv in generate_kernels.small_seq_variants():
+        if (direction, dtype, d, kv) in chosen:
+            continue
+        stubs.append(
+            f"template <> hipError_t small_seq::run_{direction}<{generate_kernels.DTYPES[dtype]}, "
+            f"{d}, {kv}>(const SmallSeqParams&, hipStream_t) {{ return hipErrorNotSupported; }}\n")
+    files.append(_write(out / "small_seq_stubs.cpp", "".join(stubs)))
+    files.append(HIP_SRC / "small_seq" / "launch.hip")
+    return files
+
+
+def _write(path: Path, text: str) -> Path:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def _sources(cfg: dict, gen: Path) -> List[Path]:
+    files = [EMU / "runtime.cpp", EMU / "driver.cpp", EMU / "model_kernels.cpp", HIP_SRC / "common" / "error_state.hip",
+             HIP_SRC / "common" / "device_info.hip"]
+    if "selftest" in cfg["families"]:
+        files.append(HIP_SRC / "common" / "selftest_kernel.hip")
+    if "small_seq" in cfg["families"]:
+        files += _small_seq_sources(cfg["wave"], gen)
+    if "thd" in cfg["families"]:
+        files += [HIP_SRC / "thd" / "copy.hip", HIP_SRC / "thd" / "merge.hip"]
+    return files
+
+
+def _digest(cfg: dict, cxx: str) -> str:
+    h = hashlib.sha256()
+    h.update(repr((cfg, cxx, _flags(cfg), SMALL_SEQ_VARIANTS)).encode())
+    for root in (HIP_SRC, EMU):
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                h.update(str(path.relative_to(ROOT)).encode())
+                h.update(path.read_bytes())
+    h.update(Path(generate_kernels.__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
+_built: Dict[str, Path] = {}
+BUILD_SECONDS: Dict[str, float] = {}
+
+
+def build(name: str) -> Path:
+    """Path of configuration `name`'s library, compiled if its sources changed."""
+    if name in _built:
+        return _built[name]
+    cfg = CONFIGS[name]
+    cxx = compiler()
+    digest = _digest(cfg, cxx)
+    out = BUILD / f"{name}-{digest}"
+    lib = out / f"libra_emu_{name}.so"
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with open(BUILD / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per configuration at a time
+        if not lib.exists():
+            start = time.time()
+            out.mkdir(parents=True, exist_ok=True)
+            gen = out / "gen"
+            gen.mkdir(exist_ok=True)
+            sources = _sources(cfg, gen)
+            flags = _flags(cfg)
+
+            def compile_one(src: Path) -> Path:
+                obj = out / (src.parent.name + "_" + src.stem + ".o")
+                if not obj.exists():
+                    cmd = [cxx, *flags, "-x", "c++", "-c", str(src), "-o", str(obj) + ".tmp"]
+                    res = subprocess.run(cmd, capture_output=True, text=True)
+                    if res.returncode != 0:
+                        raise RuntimeError(f"emulation build failed: {' '.join(cmd)}\n"
+                                           f"{res.stderr[-6000:]}")
+                    os.replace(str(obj) + ".tmp", obj)
+                return obj
+
+            jobs = int(os.environ.get("RA_EMU_JOBS", "2"))
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                objs = list(pool.map(compile_one, sources))
+            tmp = str(lib) + ".tmp"
+            cmd = [cxx, "-shared", "-o", tmp, *map(str, objs), "-lpthread"]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode != 0:
+                raise RuntimeError(f"emulation link failed: {res.stderr[-4000:]}")
+            os.replace(tmp, lib)
+            BUILD_SECONDS[name] = time.time() - start
+    _built[name] = lib
+    return lib
+
+
+# ---------------------------------------------------------------------------------------------
+# ctypes mirrors of the parameter structs (checked against offsetof/sizeof from the library)
+# ---------------------------------------------------------------------------------------------
+P = ctypes.c_void_p
+I64 = ctypes.c_int64
+I32 = ctypes.c_int32
+
+
+class SmallSeqParams(ctypes.Structure):
+    _fields_ = [(n, P) for n in ("q", "k", "v", "o", "lse", "probs", "dout", "out", "dlse", "dq",
+                                 "dk", "dv", "cu_seqlens_q", "cu_seqlens_kv", "seqlens_kv",
+                                 "error_state")] + \
+        [(n, I64) for n in ("q_token_stride", "q_head_stride", "k_token_stride", "k_head_stride",
+                            "k_batch_stride", "v_token_stride", "v_head_stride", "v_batch_stride",
+                            "o_token_stride", "o_head_stride", "do_token_stride", "do_head_stride",
+                            "dq_token_stride", "dq_head_stride", "dkv_token_stride",
+                            "dkv_head_stride", "dkv_batch_stride")] + \
+        [(n, I32) for n in ("batch", "total_q", "total_kv", "num_heads_q", "num_heads_kv",
+                            "max_seqlen_kv", "kv_rows_per_batch")] + [("softmax_scale", ctypes.c_float)]
+
+
+class ThdRowMapParams(ctypes.Structure):
+    _fields_ = [("kind", I32), ("b", I32), ("cu", P), ("cu_dst", P), ("cu_src", P), ("cp", I32),
+                ("rank", I32), ("half", I32), ("local_rows", I64), ("src_rows", I64),
+                ("index", P), ("step_index", P), ("step_count", I64)]
+
+
+class ThdCopyParams(ctypes.Structure):
+    _fields_ = [("src", P), ("dst", P), ("map", ThdRowMapParams), ("rows", I64), ("outer", I64),
+                ("src_outer_stride", I64), ("dst_outer_stride", I64), ("src_row_stride", I64),
+                ("dst_row_stride", I64), ("src_head_stride", I64), ("dst_head_stride", I64),
+                ("heads", I32), ("head_bytes", I32), ("fill", I32),
+                ("fill_bytes", ctypes.c_uint32 * 4)]
+
+
+class ThdMergeParams(ctypes.Structure):
+    _fields_ = [("out", P), ("lse", P), ("out_step", P), ("lse_step", P), ("out_dst", P),
+                ("lse_dst", P)] + \
+        [(n, I64) for n in ("out_tok", "out_head", "step_tok", "step_head", "dst_tok", "dst_head",
+                            "lse_head", "lse_tok", "lse_step_head", "lse_step_tok",
+                            "lse_dst_head", "lse_dst_tok", "n")] + \
+        [(n, I32) for n in ("heads", "dim", "out_dtype", "step_dtype", "correction",
+                            "copy_first_half")] + [("map", ThdRowMapParams)]
+
+
+class ThdGradParams(ctypes.Structure):
+    _fields_ = [("grad", P), ("step", P), ("dst", P)] + \
+        [(n, I64) for n in ("grad_tok", "grad_head", "step_tok", "step_head", "dst_tok",
+                            "dst_head", "n")] + \
+        [(n, I32) for n in ("heads", "head_dim", "grad_dtype", "step_dtype", "op0", "op1",
+                            "step_is_half", "copy_none")] + [("map", ThdRowMapParams)]
+
+
+STRUCTS = {c.__name__: c for c in (SmallSeqParams, ThdRowMapParams, ThdCopyParams,
+                                    ThdMergeParams, ThdGradParams)}
+
+
+def ptr(t: Optional[torch.Tensor]):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+class Emu:
+    """One loaded configuration."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.lib = ctypes.CDLL(str(build(name)))
+        L = self.lib
+        L.ra_emu_last_message.restype = ctypes.c_char_p
+        L.emu_layout.restype = ctypes.c_char_p
+        L.emu_error_state_ptr.restype = ctypes.c_void_p
+        self.wave = L.ra_emu_wave()
+        self.kernel_wave = L.emu_kernel_wave()
+        self.has_mma = bool(L.emu_has_mma())
+        self.check_layout()
+
+    def check_layout(self):
+        """Every offset and size the library reports matches the ctypes mirror."""
+        for item in self.lib.emu_layout().decode().strip(";").split(";"):
+            name, value = item.split(":")
+            if "." in name:
+                struct, field = name.split(".")
+                got = getattr(STRUCTS[struct], field).offset
+            else:
+                got = ctypes.sizeof(STRUCTS[name])
+            assert got == int(value), f"ctypes mirror of {name}: {got} != {value}"
+
+    def message(self) -> str:
+        return self.lib.ra_emu_last_message().decode()
+
+    def stats(self, reset=False) -> Dict[str, int]:
+        out = (ctypes.c_int64 * 4)()
+        self.lib.ra_emu_stats(out, int(reset))
+        return dict(zip(("inactive_reads", "exchanges", "barriers", "launches"), out))
+
+    def check(self, rc: int, what: str):
+        assert rc == HIP_SUCCESS, f"{what}: hip error {rc} ({self.message()})"
+
+    def errors(self, reset=True) -> Tuple[int, int]:
+        out = (ctypes.c_int32 * 2)()
+        self.check(self.lib.emu_error_state_read(out, int(reset)), "error state read")
+        return out[0], out[1]
+
+
+_loaded: Dict[str, Emu] = {}
+
+
+def load(name: str) -> Emu:
+    if name not in _loaded:
+        _loaded[name] = Emu(name)
+    return _loaded[name]
+
+
+def emu_or_skip(name: str) -> Emu:
+    """The loaded configuration, or pytest.skip when no compiler can build it."""
+    import pytest
+
+    try:
+        return load(name)
+    except EmulationUnavailable as e:
+        pytest.skip(f"CPU emulation unavailable: {e}")
