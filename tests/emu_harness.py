@@ -313,3 +313,74 @@ def emu_or_skip(name: str) -> Emu:
         return load(name)
     except EmulationUnavailable as e:
         pytest.skip(f"CPU emulation unavailable: {e}")
+
+
+# ---------------------------------------------------------------------------------------------
+# small-seq: the launchers of hip_src/small_seq/launch.hip with host tensors (params filled as
+# hip_src/torch_bindings.cpp make_params does)
+# ---------------------------------------------------------------------------------------------
+def kv_bucket(max_kv: int) -> int:
+    return 4 if max_kv <= 4 else (8 if max_kv <= 8 else 16)
+
+
+def small_seq_compiled(wave: int, direction: str, dtype: torch.dtype, d: int, max_kv: int) -> bool:
+    name = "bf16" if dtype == torch.bfloat16 else "fp16"
+    return (direction, name, d, kv_bucket(max_kv)) in SMALL_SEQ_VARIANTS[wave]
+
+
+def _nan(shape, dtype):
+    return torch.full(tuple(shape), float("nan"), dtype=dtype)
+
+
+def small_seq_params(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale) -> SmallSeqParams:
+    p = SmallSeqParams()
+    thd = q.dim() == 3
+    p.num_heads_q, p.num_heads_kv = q.shape[-2], k.shape[-2]
+    p.q_head_stride, p.k_head_stride, p.v_head_stride = q.stride(-2), k.stride(-2), v.stride(-2)
+    p.max_seqlen_kv = max_kv
+    p.softmax_scale = scale
+    if thd:
+        p.batch = cu_q.numel() - 1
+        p.cu_seqlens_q, p.cu_seqlens_kv = ptr(cu_q), ptr(cu_kv)
+        p.total_q, p.total_kv = q.shape[0], k.shape[0]
+        p.q_token_stride, p.k_token_stride, p.v_token_stride = q.stride(0), k.stride(0), v.stride(0)
+    else:
+        p.batch = q.shape[0]
+        p.seqlens_kv = ptr(seqlens)
+        p.total_q, p.total_kv, p.kv_rows_per_batch = p.batch, k.shape[1], k.shape[1]
+        p.q_token_stride, p.k_token_stride, p.v_token_stride = q.stride(0), k.stride(1), v.stride(1)
+        p.k_batch_stride, p.v_batch_stride = k.stride(0), v.stride(0)
+    p.q, p.k, p.v = ptr(q), ptr(k), ptr(v)
+    p.error_state = lib.lib.emu_error_state_ptr()
+    return p
+
+
+def small_seq_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale, return_softmax=True):
+    """(out, lse, probs) of the emulated forward; outputs start as NaN (unwritten shows)."""
+    p = small_seq_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale)
+    out = _nan(q.shape, q.dtype)
+    lse = _nan((p.num_heads_q, p.batch), torch.float32)
+    probs = _nan((p.batch, p.num_heads_q, max_kv), torch.float32)
+    p.o, p.o_token_stride, p.o_head_stride = ptr(out), out.stride(0), out.stride(-2)
+    p.lse = ptr(lse)
+    p.probs = ptr(probs) if return_softmax else None
+    lib.check(lib.lib.emu_small_seq_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
+                                        q.shape[-1]), "small_seq forward")
+    return out, lse, probs
+
+
+def small_seq_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens, max_kv, scale):
+    """(dq, dk, dv) of the emulated backward; outputs start as NaN."""
+    p = small_seq_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale)
+    dq, dk, dv = _nan(q.shape, q.dtype), _nan(k.shape, k.dtype), _nan(v.shape, v.dtype)
+    p.dout, p.out, p.lse, p.dlse = ptr(dout), ptr(out), ptr(lse), ptr(dlse)
+    p.dq, p.dk, p.dv = ptr(dq), ptr(dk), ptr(dv)
+    p.do_token_stride, p.do_head_stride = dout.stride(0), dout.stride(-2)
+    p.o_token_stride, p.o_head_stride = out.stride(0), out.stride(-2)
+    p.dq_token_stride, p.dq_head_stride = dq.stride(0), dq.stride(-2)
+    p.dkv_head_stride = dk.stride(-2)
+    p.dkv_token_stride = dk.stride(0) if q.dim() == 3 else dk.stride(1)
+    p.dkv_batch_stride = 0 if q.dim() == 3 else dk.stride(0)
+    lib.check(lib.lib.emu_small_seq_bwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
+                                        q.shape[-1]), "small_seq backward")
+    return dq, dk, dv
