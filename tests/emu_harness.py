@@ -48,7 +48,8 @@ SMALL_SEQ_VARIANTS = {
     64: [(d, "bf16", h, kv) for d in ("fwd", "bwd") for h in (64, 128, 256, 512)
          for kv in (4, 8, 16)]
     + [(d, "fp16", 128, kv) for d in ("fwd", "bwd") for kv in (4, 16)],
-    32: [(d, "bf16", h, kv) for d in ("fwd", "bwd") for h in (64, 128, 256, 512) for kv in (4, 16)],
+    32: [(d, "bf16", h, kv) for d in ("fwd", "bwd") for h in (64, 128, 256, 512)
+         for kv in (4, 8, 16)],
 }
 
 CONFIGS = {
@@ -384,3 +385,260 @@ def small_seq_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens,
     lib.check(lib.lib.emu_small_seq_bwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
                                         q.shape[-1]), "small_seq backward")
     return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------------------------
+# THD: the torch.ops.rocm_attn.thd_* ops of hip_src/torch_bindings.cpp, ported line by line to
+# Python over the emulated launchers (thd/copy.hip, thd/merge.hip), so that rocm_attn.thd's own
+# kernel wrappers (_kernel_partition, ...) run unchanged on CPU tensors.
+# ---------------------------------------------------------------------------------------------
+THD_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+THD_MAP = {"partition": 0, "to_contiguous": 1, "to_rank_sharded": 2, "half": 3, "copy_valid": 4,
+           "identity": 5, "index": 6}
+
+
+def _collapse(t, begin, end):
+    """thd_collapse: dims [begin, end) as one (size, stride), None when they do not merge."""
+    size, stride, first = 1, 1, True
+    for i in range(end - 1, begin - 1, -1):
+        n = t.shape[i]
+        if n == 1:
+            continue
+        if first:
+            size, stride, first = n, t.stride(i), False
+        elif t.stride(i) == stride * size:
+            size *= n
+        else:
+            return None
+    return size, stride
+
+
+def _split_rows(ts, begin):
+    """thd_split_rows: (heads, head_elems, head stride of each tensor)."""
+    nd = ts[0].dim()
+    s = begin
+    while s < nd:
+        if all((c := _collapse(t, s, nd)) is not None and (c[0] == 1 or c[1] == 1) for t in ts):
+            break
+        s += 1
+    head_elems = _collapse(ts[0], s, nd)[0]
+    strides, heads = [], 1
+    for t in ts:
+        c = _collapse(t, begin, s)
+        assert c is not None, "thd: rows must be [heads, contiguous elements]"
+        heads = c[0]
+        strides.append(c[1])
+    return heads, head_elems, strides
+
+
+def _empty(shape, dtype):
+    """A new tensor of 0xFF bytes (NaN in every float dtype): an unwritten element shows."""
+    t = torch.empty(tuple(shape), dtype=dtype)
+    t.view(torch.uint8).fill_(0xFF) if t.numel() else None
+    return t
+
+
+def _map(kind, cu=None):
+    m = ThdRowMapParams()
+    m.kind = THD_MAP[kind]
+    m.cp = 1
+    if cu is not None:
+        m.cu = m.cu_dst = m.cu_src = ptr(cu)
+        m.b = cu.numel() - 1
+    return m
+
+
+class EmuThdOps:
+    """Stands in for torch.ops.rocm_attn in rocm_attn.thd's kernel wrappers."""
+
+    def __init__(self, lib: Emu):
+        self.lib = lib
+        self.keep = []  # tensors a params struct points at, alive until the launch returns
+
+    def _run(self, fn, p, what):
+        self.lib.check(fn(ctypes.byref(p)), what)
+        self.keep.clear()
+
+    def _copy_params(self, src, dst, dim):
+        es = dst.element_size()
+        p = ThdCopyParams()
+        so = _collapse(src, 0, dim)
+        do = _collapse(dst, 0, dim)
+        heads, elems, hs = _split_rows([src, dst], dim + 1)
+        p.src, p.dst = ptr(src), ptr(dst)
+        p.rows = dst.shape[dim]
+        p.outer = so[0]
+        p.src_outer_stride, p.dst_outer_stride = so[1] * es, do[1] * es
+        p.src_row_stride, p.dst_row_stride = src.stride(dim) * es, dst.stride(dim) * es
+        p.heads, p.head_bytes = heads, elems * es
+        p.src_head_stride, p.dst_head_stride = hs[0] * es, hs[1] * es
+        return p
+
+    def thd_gather(self, x, cu, mode, cp, rank, dim):
+        dim = dim % x.dim()
+        total = x.shape[dim]
+        rows = total // cp if mode == 0 else (total // 2 if mode == 3 else total)
+        shape = list(x.shape)
+        shape[dim] = rows
+        out = _empty(shape, x.dtype)
+        if out.numel() == 0:
+            return out
+        p = self._copy_params(x, out, dim)
+        p.map = _map(list(THD_MAP)[mode], cu)
+        p.map.cp = cp
+        p.map.rank = rank if mode == 0 else 0
+        p.map.half = rank if mode == 3 else 0
+        p.map.local_rows = total if mode == 3 else total // cp
+        self._run(self.lib.lib.emu_thd_copy_rows, p, "thd gather")
+        return out
+
+    def thd_copy_valid_tokens_(self, dst, src, cu, cu_dst, cu_src, dim, fill):
+        dim = dim % dst.dim()
+        p = self._copy_params(src, dst, dim)
+        if dst.numel() == 0:
+            return
+        p.map = _map("copy_valid", cu)
+        if cu_dst is not None:
+            p.map.cu_dst = ptr(cu_dst)
+        if cu_src is not None:
+            p.map.cu_src = ptr(cu_src)
+        p.map.src_rows = src.shape[dim]
+        if fill is not None:
+            p.fill = 1
+            raw = torch.full((16 // dst.element_size(),), fill, dtype=dst.dtype)
+            for i, w in enumerate(raw.view(torch.int32).tolist()):
+                p.fill_bytes[i] = w & 0xFFFFFFFF
+        self._run(self.lib.lib.emu_thd_copy_rows, p, "thd copy_valid_tokens")
+
+    @staticmethod
+    def _out_view(o, nh):
+        h, head = _collapse(o, 1, 1 + nh)
+        return o.stride(0), head
+
+    def _merge_params(self, out, lse, out_step, lse_step, cu, only_second_half, correction,
+                      rows=None, step_rows=None):
+        p = ThdMergeParams()
+        h, p.lse_head = _collapse(lse, 0, lse.dim() - 1)
+        p.lse_tok = lse.stride(-1)
+        _, p.lse_step_head = _collapse(lse_step, 0, lse_step.dim() - 1)
+        p.lse_step_tok = lse_step.stride(-1)
+        t, step_tokens = lse.shape[-1], lse_step.shape[-1]
+        p.n = rows.numel() if rows is not None else step_tokens
+        p.heads = h
+        p.lse, p.lse_step = ptr(lse), ptr(lse_step)
+        if out is not None:
+            nh = lse.dim() - 1
+            p.out_tok, p.out_head = self._out_view(out, nh)
+            p.step_tok, p.step_head = self._out_view(out_step, nh)
+            p.dim = _collapse(out, 1 + nh, out.dim())[0]
+            p.out, p.out_step = ptr(out), ptr(out_step)
+            p.out_dtype, p.step_dtype = THD_DTYPES[out.dtype], THD_DTYPES[out_step.dtype]
+        p.correction = int(correction)
+        if rows is not None:
+            p.map = _map("index")
+            p.map.index = ptr(rows)
+            p.map.local_rows = t
+            if step_rows is not None:
+                p.map.step_index = ptr(step_rows)
+                p.map.step_count = step_tokens
+        elif only_second_half:
+            p.map = _map("half", cu)
+            p.map.local_rows = t
+            p.map.half = 1
+        else:
+            p.map = _map("identity")
+        return p
+
+    def thd_merge(self, out, lse, out_step, lse_step, cu, only_second_half, correction):
+        p = self._merge_params(out, lse, out_step, lse_step, cu, only_second_half, correction)
+        new_out = _empty(out.shape, out.dtype) if out is not None else torch.empty(0)
+        new_lse = torch.empty(0) if correction else _empty(lse.shape, lse.dtype)
+        if out is not None and new_out.numel() > 0:
+            p.dst_tok, p.dst_head = self._out_view(new_out, lse.dim() - 1)
+            p.out_dst = ptr(new_out)
+        if not correction:
+            _, p.lse_dst_head = _collapse(new_lse, 0, new_lse.dim() - 1)
+            p.lse_dst_tok = new_lse.stride(-1)
+            p.lse_dst = ptr(new_lse)
+        p.copy_first_half = int(only_second_half)
+        if p.out_dst or p.lse_dst:
+            self._run(self.lib.lib.emu_thd_merge, p, "thd merge")
+        return new_out, new_lse
+
+    @staticmethod
+    def _in_place(p, out, lse):
+        if out is not None and out.numel() > 0:
+            p.out_dst, p.dst_tok, p.dst_head = ptr(out), p.out_tok, p.out_head
+        p.lse_dst, p.lse_dst_head, p.lse_dst_tok = ptr(lse), p.lse_head, p.lse_tok
+
+    def thd_merge_(self, out, lse, out_step, lse_step, cu, only_second_half):
+        p = self._merge_params(out, lse, out_step, lse_step, cu, only_second_half, False)
+        self._in_place(p, out, lse)
+        self._run(self.lib.lib.emu_thd_merge, p, "thd merge (in place)")
+
+    def thd_merge_rows_(self, out, lse, out_step, lse_step, rows, step_rows):
+        p = self._merge_params(out, lse, out_step, lse_step, None, False, False, rows, step_rows)
+        self._in_place(p, out, lse)
+        self._run(self.lib.lib.emu_thd_merge, p, "thd merge_rows (in place)")
+
+    def thd_out_correction_(self, out, out_step, lse, lse_step, cu, only_second_half):
+        p = self._merge_params(out, lse, out_step, lse_step, cu, only_second_half, True)
+        if out.numel() == 0:
+            return
+        p.out_dst, p.dst_tok, p.dst_head = ptr(out), p.out_tok, p.out_head
+        self._run(self.lib.lib.emu_thd_merge, p, "thd out_correction (in place)")
+
+    def _grad_rows(self, grad, step, dst):
+        p = ThdGradParams()
+        heads, head_dim, hs = _split_rows([grad, step, dst], 1)
+        p.grad, p.step, p.dst = ptr(grad), ptr(step), ptr(dst)
+        p.grad_tok, p.step_tok, p.dst_tok = grad.stride(0), step.stride(0), dst.stride(0)
+        p.grad_head, p.step_head, p.dst_head = hs
+        p.heads, p.head_dim = heads, head_dim
+        p.grad_dtype, p.step_dtype = THD_DTYPES[grad.dtype], THD_DTYPES[step.dtype]
+        return p
+
+    def _grad_params(self, grad, grad_step, cu, op0, op1, dst):
+        t, ts = grad.shape[0], grad_step.shape[0]
+        full = ts == t
+        p = self._grad_rows(grad, grad_step, dst)
+        p.op0, p.op1 = op0, op1
+        p.step_is_half = 0 if full else 1
+        if full and op0 == op1:
+            p.map = _map("identity")
+            p.n = t
+        else:
+            p.map = _map("half", cu)
+            p.map.local_rows = t
+            p.n = t // 2
+        return p
+
+    def thd_grad_correction(self, grad, grad_step, cu, op0, op1):
+        dst = _empty(grad.shape, grad.dtype)
+        if dst.numel() == 0:
+            return dst
+        p = self._grad_params(grad, grad_step, cu, op0, op1, dst)
+        p.copy_none = 1
+        self._run(self.lib.lib.emu_thd_grad, p, "thd grad_correction")
+        return dst
+
+    def thd_grad_correction_(self, grad, grad_step, cu, op0, op1):
+        if grad.numel() == 0:
+            return
+        p = self._grad_params(grad, grad_step, cu, op0, op1, grad)
+        self._run(self.lib.lib.emu_thd_grad, p, "thd grad_correction (in place)")
+
+    def thd_add_rows_(self, grad, step, rows, step_rows):
+        n = rows.numel()
+        if grad.numel() == 0 or n == 0:
+            return
+        p = self._grad_rows(grad, step, grad)
+        p.op0 = p.op1 = 2
+        p.map = _map("index")
+        p.map.index = ptr(rows)
+        p.map.local_rows = grad.shape[0]
+        if step_rows is not None:
+            p.map.step_index = ptr(step_rows)
+            p.map.step_count = step.shape[0]
+        p.n = n
+        self._run(self.lib.lib.emu_thd_grad, p, "thd add_rows (in place)")
