@@ -183,7 +183,7 @@ def build(name: str) -> Path:
             with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
                 objs = list(pool.map(compile_one, sources))
             tmp = str(lib) + ".tmp"
-            cmd = [cxx, "-shared", "-o", tmp, *map(str, objs), "-lpthread"]
+            cmd = [cxx, "-shared", "-o", tmp, *map(str, objs), "-lpthread", "-ldl"]
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
                 raise RuntimeError(f"emulation link failed: {res.stderr[-4000:]}")
@@ -264,6 +264,7 @@ class Emu:
         L.ra_emu_last_message.restype = ctypes.c_char_p
         L.emu_layout.restype = ctypes.c_char_p
         L.emu_error_state_ptr.restype = ctypes.c_void_p
+        L.ra_emu_kernels_run.restype = ctypes.c_char_p
         self.wave = L.ra_emu_wave()
         self.kernel_wave = L.emu_kernel_wave()
         self.has_mma = bool(L.emu_has_mma())
@@ -279,6 +280,11 @@ class Emu:
             else:
                 got = ctypes.sizeof(STRUCTS[name])
             assert got == int(value), f"ctypes mirror of {name}: {got} != {value}"
+
+    def kernels_run(self) -> List[str]:
+        """Names of the kernels this library has launched (demangled, or the launch site's
+        expression for kernels without a dynamic symbol)."""
+        return self.lib.ra_emu_kernels_run().decode().split("\n")[:-1]
 
     def message(self) -> str:
         return self.lib.ra_emu_last_message().decode()

@@ -231,6 +231,20 @@ def test_mma_tiles(lib64, dtype, d, kv, heads, values, rows):
     run_mma(lib64, dtype, d, kv, heads, values, rows)
 
 
+def test_mma_selftest_without_matrix_units():
+    """The 32-lane pass has no matrix units: the self-test says so and computes nothing."""
+    lib32 = emu.emu_or_skip("w32")
+    x = torch.zeros(16, 64, dtype=torch.int16)
+    s = torch.zeros(16, 16)
+    cover = torch.zeros(16, 16, dtype=torch.int32)
+    rowstat = torch.zeros(16, 3)
+    info = torch.full((4,), -1, dtype=torch.int32)
+    lib32.check(lib32.lib.emu_mma_selftest(ptr(x), ptr(x), ptr(x), 64, 16, 16, 16, 16, 16, 0,
+                                           ptr(s), ptr(cover), ptr(x), ptr(rowstat), ptr(info)),
+                "mma_selftest")
+    assert info[0] == 0 and info[3] == 32, info
+
+
 @pytest.fixture
 def swapped_mfma(lib64):
     lib64.lib.ra_emu_set_faults(1)

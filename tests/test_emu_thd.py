@@ -12,6 +12,8 @@ sequence tests stay GPU-only.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -161,3 +163,51 @@ def test_grad_writes_stay_inside_grad(dev, ops, row):
 @pytest.mark.parametrize("row", [(8, 40), (144, 64)], ids=["1piece", "18pieces"])
 def test_wide_rows_many_sequences(dev, row):
     G.test_wide_rows_many_sequences(dev, 100, row)
+
+
+def test_schedule_order_does_not_matter(dev, monkeypatch):
+    """Blocks, waves and lanes in reverse order (RA_EMU_REVERSE=1): the same bitwise checks."""
+    monkeypatch.setenv("RA_EMU_REVERSE", "1")
+    G.test_partition_reorder_read_half(dev, 4, torch.bfloat16, "sliced8", WIDE)
+    G.test_merge_partial(dev, 64, "contiguous", torch.bfloat16, torch.bfloat16, True, False, 8)
+    G.test_grad_correction(dev, torch.bfloat16, torch.bfloat16, ("none", "add"), "half", False,
+                           WIDE)
+
+
+def _kernel_families() -> set:
+    """Every __global__ function under hip_src/ (the kernel families)."""
+    names = set()
+    for path in emu.HIP_SRC.rglob("*"):
+        if path.suffix not in (".h", ".hip"):
+            continue
+        text = path.read_text()
+        for m in re.finditer(r"__global__\s+void\s+", text):
+            rest = text[m.end():]
+            while True:  # skip launch-bounds macros with their (nested) parentheses
+                word = re.match(r"(\w+)\s*\(", rest)
+                if word is None or word.group(1) not in ("__launch_bounds__",
+                                                         "RA_LAUNCH_BOUNDS_MIN_BLOCKS"):
+                    break
+                depth, i = 0, word.end() - 1
+                for i in range(word.end() - 1, len(rest)):
+                    depth += {"(": 1, ")": -1}.get(rest[i], 0)
+                    if depth == 0:
+                        break
+                rest = rest[i + 1:].lstrip()
+            names.add(word.group(1))
+    return names
+
+
+def test_every_kernel_ran(request):
+    """After the whole emulation suite: every kernel family of hip_src/ was executed, at 64 and
+    at 32 lanes."""
+    files = {item.path.name for item in request.session.items}
+    if not {"test_emu_common.py", "test_emu_small_seq.py", "test_emu_thd.py"} <= files:
+        pytest.skip("needs the whole emulation suite in this session")
+    families = _kernel_families()
+    assert len(families) >= 13, families
+    for name in ("w64", "w32"):
+        lib = emu.emu_or_skip(name)
+        ran = {re.match(r"(?:\w+::)*(\w+)", k).group(1) for k in lib.kernels_run()}
+        want = families  # at 32 lanes the MMA kernels run their general bodies
+        assert want <= ran, f"wave {lib.wave}: kernels never run: {sorted(want - ran)}"

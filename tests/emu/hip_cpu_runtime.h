@@ -121,7 +121,10 @@ constexpr int kResidentBlocksPerMultiprocessor = 2;
 
 // Runs body() as every thread of every block of the grid; returns hipSuccess or the launch
 // error (also left for hipGetLastError).
-hipError_t launch(dim3 grid, dim3 block, const std::function<void()>& body);
+// `expr` is the kernel expression at the launch site and `fn` the kernel, for the record of
+// the kernels run (ra_emu_kernels_run).
+hipError_t launch(dim3 grid, dim3 block, const std::function<void()>& body, const char* expr,
+                  const void* fn);
 
 // Exchange kinds (runtime.cpp resolves them).
 enum Op : int { kBpermute = 1, kBallot, kMfmaBf16, kMfmaF16 };
@@ -327,18 +330,19 @@ inline ra_emu_v4f32 ra_emu_mfma_16x16x16(int op, V16 a, V16 b, ra_emu_v4f32 c, i
 // Launches: hipLaunchKernelGGL and hipOccupancyMaxActiveBlocksPerMultiprocessor.
 // ---------------------------------------------------------------------------------------------
 template <typename... Params, typename... Args>
-inline void ra_emu_launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shmem,
-                                 hipStream_t, Args&&... args) {
+inline void ra_emu_launch_kernel(const char* expr, void (*kernel)(Params...), dim3 grid,
+                                 dim3 block, size_t shmem, hipStream_t, Args&&... args) {
   if (shmem != 0) {
     ra_emu_fail("dynamic shared memory is not emulated");
     return;
   }
   // arguments converted to the kernel's parameter types once, as a launch copies them
   std::tuple<std::decay_t<Params>...> copies(std::forward<Args>(args)...);
-  ra_emu::launch(grid, block, [&] { std::apply(kernel, copies); });
+  ra_emu::launch(grid, block, [&] { std::apply(kernel, copies); }, expr,
+                 reinterpret_cast<const void*>(kernel));
 }
 #define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...) \
-  ra_emu_launch_kernel(kernel, dim3(grid), dim3(block), shmem, stream, ##__VA_ARGS__)
+  ra_emu_launch_kernel(#kernel, kernel, dim3(grid), dim3(block), shmem, stream, ##__VA_ARGS__)
 
 template <typename F>
 inline hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int* n, F, int, size_t) {

@@ -11,6 +11,8 @@
 // 556 ns of CPU per lane per exchange against 51 ns for the assembly (64-lane waves, 32768
 // exchanges of model_kernels.cpp's uneven loop, one worker, 2-core CI-class machine). OS
 // threads with barriers would pay a futex wake per lane and switch; not tried.
+#include <cxxabi.h>
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -126,6 +129,8 @@ std::mutex g_error_mutex;
 std::string g_last_message;     // the last launch failure, kept for the tests' messages
 hipError_t g_last_error = hipSuccess;
 std::string g_pending_host_failure;
+std::set<std::string> g_kernels_run;  // names of the kernels launched (ra_emu_kernels_run)
+std::string g_kernels_text;
 // Fault injection for the tests that prove a broken kernel is caught: bit 0 issues every MFMA
 // with its A and B operands exchanged (what a swapped call in mma.h would compute).
 std::atomic<int> g_faults{0};
@@ -289,11 +294,12 @@ bool resolve_exchange(Worker& w, int first, int n) {
 }
 
 // Runs wave `first .. first + n` until every live lane waits at the block barrier or has exited.
-bool run_wave(Worker& w, int first, int n) {
+// `reverse`: lanes run last to first between exchanges (results must not depend on it).
+bool run_wave(Worker& w, int first, int n, bool reverse) {
   for (;;) {
     int at_exchange = 0, at_barrier = 0;
-    for (int l = 0; l < n; ++l) {
-      Fiber& f = w.fibers[first + l];
+    for (int i = 0; i < n; ++i) {
+      Fiber& f = w.fibers[first + (reverse ? n - 1 - i : i)];
       if (f.state == kRunnable) resume(w, f);
       if (f.state == kFailed) return false;
       at_exchange += f.state == kAtExchange;
@@ -309,7 +315,7 @@ bool run_wave(Worker& w, int first, int n) {
   }
 }
 
-bool run_block(Worker& w, int nthreads, dim3 block) {
+bool run_block(Worker& w, int nthreads, dim3 block, bool reverse) {
   for (int i = 0; i < nthreads; ++i) {
     start_fiber(w, i);
     Fiber& f = w.fibers[i];
@@ -317,8 +323,11 @@ bool run_block(Worker& w, int nthreads, dim3 block) {
     f.idx = ra_emu_uint3{i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
   }
   for (;;) {
-    for (int first = 0; first < nthreads; first += W)
-      if (!run_wave(w, first, nthreads - first < W ? nthreads - first : W)) return false;
+    const int waves = (nthreads + W - 1) / W;
+    for (int i = 0; i < waves; ++i) {
+      const int first = W * (reverse ? waves - 1 - i : i);
+      if (!run_wave(w, first, nthreads - first < W ? nthreads - first : W, reverse)) return false;
+    }
     int live = 0, all = 1;
     for (int i = 0; i < nthreads; ++i) {
       Fiber& f = w.fibers[i];
@@ -367,10 +376,32 @@ int block_barrier(int pred) {
 
 int lane_id() { return tw.cur->tid % W; }
 
-hipError_t launch(dim3 grid, dim3 block, const std::function<void()>& body) {
+// The kernel's demangled name without its parameter list where the dynamic symbol table has
+// it (kernels in named namespaces), else the launch site's expression.
+std::string kernel_name(const char* expr, const void* fn) {
+  Dl_info info;
+  if (dladdr(fn, &info) != 0 && info.dli_saddr == fn && info.dli_sname != nullptr) {
+    int status = 0;
+    char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+    if (status == 0 && d != nullptr) {
+      std::string name(d);
+      free(d);
+      const size_t paren = name.rfind('(');
+      return paren == std::string::npos ? name : name.substr(0, paren);
+    }
+  }
+  std::string e(expr);
+  while (!e.empty() && (e.front() == '(' || e.front() == ' ')) e.erase(0, 1);
+  while (!e.empty() && (e.back() == ')' || e.back() == ' ')) e.pop_back();
+  return e;
+}
+
+hipError_t launch(dim3 grid, dim3 block, const std::function<void()>& body, const char* expr,
+                  const void* fn) {
   g_launches.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(g_error_mutex);
+    g_kernels_run.insert(kernel_name(expr, fn));
     if (!g_pending_host_failure.empty()) {
       g_last_message = g_pending_host_failure;
       g_pending_host_failure.clear();
@@ -386,6 +417,9 @@ hipError_t launch(dim3 grid, dim3 block, const std::function<void()>& body) {
     g_last_error = hipErrorInvalidValue;
     return g_last_error;
   }
+  // RA_EMU_REVERSE=1: waves and lanes run in reverse order, blocks from the last one
+  const char* env = getenv("RA_EMU_REVERSE");
+  const bool reverse = env != nullptr && atoi(env) != 0;
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
   std::string first_error;
@@ -396,11 +430,12 @@ hipError_t launch(dim3 grid, dim3 block, const std::function<void()>& body) {
     w.error.clear();
     gridDim = ra_emu_uint3{grid.x, grid.y, grid.z};
     blockDim = ra_emu_uint3{block.x, block.y, block.z};
-    for (int64_t b; !failed.load() && (b = next.fetch_add(1)) < nblocks;) {
+    for (int64_t i; !failed.load() && (i = next.fetch_add(1)) < nblocks;) {
+      const int64_t b = reverse ? nblocks - 1 - i : i;
       blockIdx = ra_emu_uint3{static_cast<uint32_t>(b % grid.x),
                               static_cast<uint32_t>((b / grid.x) % grid.y),
                               static_cast<uint32_t>(b / (static_cast<int64_t>(grid.x) * grid.y))};
-      if (!run_block(w, static_cast<int>(nthreads), block)) {
+      if (!run_block(w, static_cast<int>(nthreads), block, reverse)) {
         if (w.error.empty()) w.error = "kernel failed" + where();
         std::lock_guard<std::mutex> lock(g_error_mutex);
         if (first_error.empty()) first_error = w.error;
@@ -510,6 +545,13 @@ extern "C" {
 const char* ra_emu_last_message() { return g_last_message.c_str(); }
 int ra_emu_wave() { return W; }
 void ra_emu_set_faults(int faults) { g_faults.store(faults); }
+// Names of every kernel launched since the library was loaded, one per line.
+const char* ra_emu_kernels_run() {
+  std::lock_guard<std::mutex> lock(g_error_mutex);
+  g_kernels_text.clear();
+  for (const std::string& k : g_kernels_run) g_kernels_text += k + "\n";
+  return g_kernels_text.c_str();
+}
 // [inactive-lane reads, exchanges, barriers, launches] since the last reset
 void ra_emu_stats(int64_t* out, int reset) {
   out[0] = g_inactive_reads.load();
