@@ -137,7 +137,7 @@ def _digest(cfg: dict, cxx: str) -> str:
     h.update(repr((cfg, cxx, _flags(cfg), SMALL_SEQ_VARIANTS)).encode())
     for root in (HIP_SRC, EMU):
         for path in sorted(root.rglob("*")):
-            if path.is_file():
+            if path.suffix in (".h", ".hip", ".cpp") and path.name != "torch_bindings.cpp":
                 h.update(str(path.relative_to(ROOT)).encode())
                 h.update(path.read_bytes())
     h.update(Path(generate_kernels.__file__).read_bytes())

@@ -215,3 +215,7 @@ def test_every_kernel_ran(request):
         ran = {re.match(r"(?:void )?(?:\w+::)*(\w+)", k).group(1) for k in lib.kernels_run()}
         want = families  # at 32 lanes the MMA kernels run their general bodies
         assert want <= ran, f"wave {lib.wave}: kernels never run: {sorted(want - ran)}"
+        for loop in ("small_seq_fwd_kernel", "small_seq_bwd_kernel"):  # pipelined and plain
+            for pipe in ("true", "false"):
+                assert any(re.search(rf"{loop}<.*, {pipe}>", k) for k in lib.kernels_run()), \
+                    f"wave {lib.wave}: {loop} with PIPE={pipe} never ran"
