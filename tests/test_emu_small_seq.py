@@ -252,14 +252,20 @@ def test_swapped_mfma_operands_fail_attention(lib64, h_q, h_kv):
 @pytest.mark.parametrize("h_q,h_kv,d", [(2, 2, 128), (8, 2, 64), (24, 1, 256)],
                          ids=["g1", "g4", "g24"])
 def test_schedule_order_does_not_matter(lib, monkeypatch, h_q, h_kv, d):
-    """Blocks, waves and lanes run in reverse order (RA_EMU_REVERSE=1): bitwise the same
-    outputs and gradients (a result that depended on the emulator's order would be a race)."""
+    """Blocks, waves and lanes run in reverse order (RA_EMU_REVERSE=1), then one wave per item
+    instead of the grid-stride loop's several (ROCM_ATTN_SMALL_SEQ_GRID=0): bitwise the same
+    outputs and gradients (a result that depended on the order would be a race)."""
     rng = Rng(6, f"emuorder{lib.wave}{h_q}{d}")
     case = thd_case(rng, 45, h_q, h_kv, d, 16, torch.bfloat16)
     first = emu_run(lib, case)
     monkeypatch.setenv("RA_EMU_REVERSE", "1")
     second = emu_run(lib, case)
-    for name, a, b in zip(("out", "lse", "probs"), first[:3], second[:3]):
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
-    for name, a, b in zip(("dq", "dk", "dv"), first[3], second[3]):
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    monkeypatch.delenv("RA_EMU_REVERSE")
+    monkeypatch.setenv("ROCM_ATTN_SMALL_SEQ_GRID", "0")
+    monkeypatch.setenv("ROCM_ATTN_SMALL_SEQ_BWD_GRID", "0")
+    third = emu_run(lib, case)
+    for other in (second, third):
+        for name, a, b in zip(("out", "lse", "probs"), first[:3], other[:3]):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+        for name, a, b in zip(("dq", "dk", "dv"), first[3], other[3]):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
