@@ -28,7 +28,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -68,7 +68,8 @@ class EmulationUnavailable(Exception):
 
 def compiler() -> str:
     """The C++ compiler: clang (the kernels use clang's ext_vector_type and _Float16)."""
-    names = [os.environ["RA_EMU_CXX"]] if os.environ.get("RA_EMU_CXX") else ["clang++-19", "clang++"]
+    env = os.environ.get("RA_EMU_CXX")
+    names = [env] if env else ["clang++-19", "clang++"]
     for name in names:
         path = shutil.which(name)
         if path:
@@ -97,10 +98,9 @@ def _small_seq_sources(wave: int, out: Path) -> List[Path]:
         groups.setdefault((direction, dtype, d), []).append(kv)
     files = []
     for (direction, dtype, d), kvs in groups.items():
-        text = "".join(
-            generate_kernels.TEMPLATE.format(direction=direction, ctype=generate_kernels.DTYPES[dtype],
-                                             head_dim=d, kv=kv)
-            for kv in kvs)
+        ctype = generate_kernels.DTYPES[dtype]
+        text = "".join(generate_kernels.TEMPLATE.format(direction=direction, ctype=ctype,
+                                                        head_dim=d, kv=kv) for kv in kvs)
         files.append(_write(out / f"small_seq_{direction}_{dtype}_d{d}.cpp", text))
     stubs = ['#include "small_seq/dispatch.h"\n']
     for direction, dtype, d, kv in generate_kernels.small_seq_variants():
@@ -121,8 +121,8 @@ def _write(path: Path, text: str) -> Path:
 
 
 def _sources(cfg: dict, gen: Path) -> List[Path]:
-    files = [EMU / "runtime.cpp", EMU / "driver.cpp", EMU / "model_kernels.cpp", HIP_SRC / "common" / "error_state.hip",
-             HIP_SRC / "common" / "device_info.hip"]
+    files = [EMU / "runtime.cpp", EMU / "driver.cpp", EMU / "model_kernels.cpp",
+             HIP_SRC / "common" / "error_state.hip", HIP_SRC / "common" / "device_info.hip"]
     if "selftest" in cfg["families"]:
         files.append(HIP_SRC / "common" / "selftest_kernel.hip")
     if "small_seq" in cfg["families"]:
@@ -211,7 +211,8 @@ class SmallSeqParams(ctypes.Structure):
                             "dq_token_stride", "dq_head_stride", "dkv_token_stride",
                             "dkv_head_stride", "dkv_batch_stride")] + \
         [(n, I32) for n in ("batch", "total_q", "total_kv", "num_heads_q", "num_heads_kv",
-                            "max_seqlen_kv", "kv_rows_per_batch")] + [("softmax_scale", ctypes.c_float)]
+                            "max_seqlen_kv", "kv_rows_per_batch")] + \
+        [("softmax_scale", ctypes.c_float)]
 
 
 class ThdRowMapParams(ctypes.Structure):

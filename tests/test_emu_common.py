@@ -7,7 +7,6 @@ wave run with kernels compiled for 32 lanes.
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 
 import pytest
@@ -113,7 +112,6 @@ def run_compat(lib, wave, seed):
     out, vec = launch(xs)
     out_x, _ = launch(x)
     bf16, bf16_bits = bf16[:wave], bf16.view(torch.int16)
-    fp16_bits = fp16.view(torch.int16)
     assert torch.equal(out[:, 0], bf16.float())
     assert torch.equal(out[:, 2], fp16.float())
     finite = torch.isfinite(x)
@@ -121,7 +119,6 @@ def run_compat(lib, wave, seed):
     assert torch.equal(out_x[:, 1].to(torch.int32)[finite], want_bf16[finite])
     want_fp16 = x.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
     assert torch.equal(out_x[:, 3].to(torch.int32)[finite], want_fp16[finite])
-    del fp16_bits
     groups = xs.view(-1, 8)
     torch.testing.assert_close(out[:, 4], groups.sum(1).repeat_interleave(8), rtol=1e-5, atol=1e-3)
     assert torch.equal(out[:, 5], groups.amax(1).repeat_interleave(8))

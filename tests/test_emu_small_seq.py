@@ -66,7 +66,7 @@ def mode(request, monkeypatch):
 def need(lib, direction, case):
     q, _, _ = case.qkv()
     if not emu.small_seq_compiled(lib.wave, direction, case.dtype, q.shape[-1], case.max_kv):
-        pytest.skip("variant not compiled into the emulation build (emu_harness.SMALL_SEQ_VARIANTS)")
+        pytest.skip("variant not in the emulation build (emu_harness.SMALL_SEQ_VARIANTS)")
 
 
 def emu_run(lib, case, grads=True):

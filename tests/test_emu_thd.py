@@ -149,7 +149,8 @@ def test_merge_identity_and_two_pass(dev):
 @pytest.mark.parametrize("ops,step", [(("none", "add"), "half"), (("copy", "none"), "half"),
                                       (("add", "add"), "full"), (("copy", "add"), "full"),
                                       (("none", "copy"), "full")],
-                         ids=["none-add-half", "copy-none-half", "add-add", "copy-add", "none-copy"])
+                         ids=["none-add-half", "copy-none-half", "add-add", "copy-add",
+                              "none-copy"])
 @pytest.mark.parametrize("gdtype,sdtype", [(torch.bfloat16, torch.bfloat16),
                                            (torch.float32, torch.bfloat16)], ids=["bf16", "mixed"])
 def test_grad_correction(dev, gdtype, sdtype, ops, step, inplace, row):
