@@ -163,9 +163,12 @@ def test_grad_writes_stay_inside_grad(dev, ops, row):
     G.test_grad_writes_stay_inside_grad(dev, ops, row)
 
 
-@pytest.mark.parametrize("row", [(8, 40), (144, 64)], ids=["1piece", "18pieces"])
-def test_wide_rows_many_sequences(dev, row):
-    G.test_wide_rows_many_sequences(dev, 100, row)
+# b = 100 and 200: the chunked wave searches (up to 2 x wave and 4 x wave sequences); b = 300:
+# past them at 64 lanes too (binary search)
+@pytest.mark.parametrize("b,row", [(100, (8, 40)), (100, (144, 64)), (200, (8, 40)),
+                                   (300, (8, 40))], ids=["b100", "b100-18pieces", "b200", "b300"])
+def test_wide_rows_many_sequences(dev, b, row):
+    G.test_wide_rows_many_sequences(dev, b, row)
 
 
 def test_schedule_order_does_not_matter(dev, monkeypatch):
