@@ -18,10 +18,12 @@ compiles, default 2), RA_EMU_WORKERS (worker threads per launch, default 2).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -121,8 +123,10 @@ def _write(path: Path, text: str) -> Path:
 
 
 def _sources(cfg: dict, gen: Path) -> List[Path]:
-    files = [EMU / "runtime.cpp", EMU / "driver.cpp", EMU / "model_kernels.cpp",
-             HIP_SRC / "common" / "error_state.hip", HIP_SRC / "common" / "device_info.hip"]
+    # every host-side unit of hip_src/common (error counter, device facts, launch tuning); the
+    # self-test kernels only where that family is built
+    common = sorted(p for p in (HIP_SRC / "common").glob("*.hip") if p.name != "selftest_kernel.hip")
+    files = [EMU / "runtime.cpp", EMU / "driver.cpp", EMU / "model_kernels.cpp"] + common
     if "selftest" in cfg["families"]:
         files.append(HIP_SRC / "common" / "selftest_kernel.hip")
     if "small_seq" in cfg["families"]:
@@ -141,6 +145,7 @@ def _digest(cfg: dict, cxx: str) -> str:
                 h.update(str(path.relative_to(ROOT)).encode())
                 h.update(path.read_bytes())
     h.update(Path(generate_kernels.__file__).read_bytes())
+    h.update(Path(__file__).read_bytes())  # the source list and flags live here
     return h.hexdigest()[:16]
 
 
@@ -270,6 +275,21 @@ class Emu:
         self.kernel_wave = L.emu_kernel_wave()
         self.has_mma = bool(L.emu_has_mma())
         self.check_layout()
+        # the launch tuning values this library loaded with (tuning.h defaults and environment)
+        self.tuning_defaults = {name: self._set_tuning(name, 0) for name in tuning_names()}
+        for name, value in self.tuning_defaults.items():
+            self._set_tuning(name, value)
+
+    def _set_tuning(self, name: str, value: int) -> int:
+        old = self.lib.emu_set_tuning(name.encode(), int(value))
+        assert old != -2**31, f"unknown tuning name {name}"
+        return old
+
+    def apply_tuning(self):
+        """Before a launch: the library's tuning values are its defaults with the overrides of
+        tuning() on top, as rocm_attn.tuning.override gives the real extension."""
+        for name, value in self.tuning_defaults.items():
+            self._set_tuning(name, TUNING.get(name, value))
 
     def check_layout(self):
         """Every offset and size the library reports matches the ctypes mirror."""
@@ -305,6 +325,30 @@ class Emu:
 
 
 _loaded: Dict[str, Emu] = {}
+
+# Launch tuning overrides (names of hip_src/common/tuning.h) applied to every library before
+# each launch; set through tuning().
+TUNING: Dict[str, int] = {}
+
+
+def tuning_names() -> List[str]:
+    text = (HIP_SRC / "common" / "tuning.h").read_text()
+    return re.findall(r'\{"(\w+)", "ROCM_ATTN_\w+", &RaTuning::\w+\}', text)
+
+
+@contextlib.contextmanager
+def tuning(**values: int):
+    """Launch tuning values for the emulated launches inside the block (rocm_attn.tuning's
+    override, for the emulation libraries)."""
+    unknown = set(values) - set(tuning_names())
+    assert not unknown, f"unknown tuning names {sorted(unknown)}"
+    saved = dict(TUNING)
+    TUNING.update(values)
+    try:
+        yield
+    finally:
+        TUNING.clear()
+        TUNING.update(saved)
 
 
 def load(name: str) -> Emu:
@@ -372,6 +416,7 @@ def small_seq_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale, return
     p.o, p.o_token_stride, p.o_head_stride = ptr(out), out.stride(0), out.stride(-2)
     p.lse = ptr(lse)
     p.probs = ptr(probs) if return_softmax else None
+    lib.apply_tuning()
     lib.check(lib.lib.emu_small_seq_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
                                         q.shape[-1]), "small_seq forward")
     return out, lse, probs
@@ -389,6 +434,7 @@ def small_seq_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens,
     p.dkv_head_stride = dk.stride(-2)
     p.dkv_token_stride = dk.stride(0) if q.dim() == 3 else dk.stride(1)
     p.dkv_batch_stride = 0 if q.dim() == 3 else dk.stride(0)
+    lib.apply_tuning()
     lib.check(lib.lib.emu_small_seq_bwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
                                         q.shape[-1]), "small_seq backward")
     return dq, dk, dv
@@ -463,6 +509,7 @@ class EmuThdOps:
         self.keep = []  # tensors a params struct points at, alive until the launch returns
 
     def _run(self, fn, p, what):
+        self.lib.apply_tuning()
         self.lib.check(fn(ctypes.byref(p)), what)
         self.keep.clear()
 
@@ -509,6 +556,7 @@ class EmuThdOps:
             p.map.cu_dst = ptr(cu_dst)
         if cu_src is not None:
             p.map.cu_src = ptr(cu_src)
+        p.map.local_rows = dst.shape[dim]  # cu_dst is clamped into dst's rows (index.h)
         p.map.src_rows = src.shape[dim]
         if fill is not None:
             p.fill = 1

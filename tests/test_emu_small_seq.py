@@ -6,7 +6,7 @@ tests/test_small_seq_gpu.py (out / grads within max(2 x the torch path's error, 
 
 Kernel variants: the launcher's own choice (MFMA for GQA groups at 64 lanes, the pipelined
 general loop for one q head per kv head) and, through its environment switches, the general
-kernels for every group (ROCM_ATTN_SMALL_SEQ_MMA=0, ROCM_ATTN_SMALL_SEQ_PIPE=0).
+kernels for every group (tuning small_seq_mma=0, small_seq_pipe=0).
 """
 
 from __future__ import annotations
@@ -52,15 +52,14 @@ def lib64():
 
 MODES = {
     "launcher": {},  # the launcher's choice: MFMA for groups >= 2 (wave64), pipelined for 1
-    "general": {"ROCM_ATTN_SMALL_SEQ_MMA": "0", "ROCM_ATTN_SMALL_SEQ_PIPE": "0"},
+    "general": {"small_seq_mma": 0, "small_seq_pipe": 0},
 }
 
 
 @pytest.fixture(params=list(MODES))
-def mode(request, monkeypatch):
-    for k, v in MODES[request.param].items():
-        monkeypatch.setenv(k, v)
-    return request.param
+def mode(request):
+    with emu.tuning(**MODES[request.param]):
+        yield request.param
 
 
 def need(lib, direction, case):
@@ -212,7 +211,7 @@ def test_contract_violations(lib, mode, d, h_q, h_kv):
     assert lib.stats()["inactive_reads"] == 0
 
 
-def test_launcher_picks_mfma_at_64_lanes(lib64, monkeypatch):
+def test_launcher_picks_mfma_at_64_lanes(lib64):
     """GQA groups take the MFMA kernels at 64 lanes (their exchanges show up); the general
     kernels issue none."""
     rng = Rng(4, "emupick")
@@ -221,8 +220,8 @@ def test_launcher_picks_mfma_at_64_lanes(lib64, monkeypatch):
     try:
         with pytest.raises(AssertionError):
             check_emu(lib64, case, grads=False)
-        monkeypatch.setenv("ROCM_ATTN_SMALL_SEQ_MMA", "0")
-        check_emu(lib64, case, grads=True)
+        with emu.tuning(small_seq_mma=0):
+            check_emu(lib64, case, grads=True)
     finally:
         lib64.lib.ra_emu_set_faults(0)
 
@@ -253,7 +252,7 @@ def test_swapped_mfma_operands_fail_attention(lib64, h_q, h_kv):
                          ids=["g1", "g4", "g24"])
 def test_schedule_order_does_not_matter(lib, monkeypatch, h_q, h_kv, d):
     """Blocks, waves and lanes run in reverse order (RA_EMU_REVERSE=1), then one wave per item
-    instead of the grid-stride loop's several (ROCM_ATTN_SMALL_SEQ_GRID=0): bitwise the same
+    instead of the grid-stride loop's several (tuning small_seq_fwd_grid / _bwd_grid = 0): bitwise the same
     outputs and gradients (a result that depended on the order would be a race)."""
     rng = Rng(6, f"emuorder{lib.wave}{h_q}{d}")
     case = thd_case(rng, 45, h_q, h_kv, d, 16, torch.bfloat16)
@@ -261,9 +260,8 @@ def test_schedule_order_does_not_matter(lib, monkeypatch, h_q, h_kv, d):
     monkeypatch.setenv("RA_EMU_REVERSE", "1")
     second = emu_run(lib, case)
     monkeypatch.delenv("RA_EMU_REVERSE")
-    monkeypatch.setenv("ROCM_ATTN_SMALL_SEQ_GRID", "0")
-    monkeypatch.setenv("ROCM_ATTN_SMALL_SEQ_BWD_GRID", "0")
-    third = emu_run(lib, case)
+    with emu.tuning(small_seq_fwd_grid=0, small_seq_bwd_grid=0):
+        third = emu_run(lib, case)
     for other in (second, third):
         for name, a, b in zip(("out", "lse", "probs"), first[:3], other[:3]):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name

@@ -12,6 +12,8 @@ sequence tests stay GPU-only.
 
 from __future__ import annotations
 
+import contextlib
+
 import re
 
 import pytest
@@ -167,8 +169,11 @@ def test_grad_writes_stay_inside_grad(dev, ops, row):
 # past them at 64 lanes too (binary search)
 @pytest.mark.parametrize("b,row", [(100, (8, 40)), (100, (144, 64)), (200, (8, 40)),
                                    (300, (8, 40))], ids=["b100", "b100-18pieces", "b200", "b300"])
-def test_wide_rows_many_sequences(dev, b, row):
-    G.test_wide_rows_many_sequences(dev, b, row)
+@pytest.mark.parametrize("wide", [True, False], ids=["wide", "rowgroup"])
+def test_wide_rows_many_sequences(dev, wide, b, row):
+    with contextlib.ExitStack() as stack:
+        G.test_wide_rows_many_sequences(dev, wide, b, row,
+                                        lambda **v: stack.enter_context(emu.tuning(**v)))
 
 
 def test_schedule_order_does_not_matter(dev, monkeypatch):

@@ -8,6 +8,7 @@
 #include "common/compat.h"
 #include "common/error_state.h"
 #include "common/selftest_kernel.h"
+#include "common/tuning.h"
 #include "small_seq/params.h"
 #include "thd/params.h"
 
@@ -32,6 +33,13 @@ int emu_mma_selftest(const uint16_t* x, const uint16_t* y, const uint16_t* v, in
                      uint16_t* o, float* rowstat, int32_t* info) {
   return mma_selftest_launch(x, y, v, d, kv, heads, ny, nv, no, fp16 != 0, s, cover, o, rowstat,
                              info, nullptr);
+}
+
+// Sets one launch tuning value (common/tuning.h) of this library; returns the previous value,
+// or INT32_MIN for an unknown name.
+int emu_set_tuning(const char* name, int value) {
+  int old = 0;
+  return ra_set_tuning(name, value, &old) ? old : INT32_MIN;
 }
 
 int32_t* emu_error_state_ptr() { return ra_error_state_ptr(); }
