@@ -26,9 +26,11 @@ PY=$VENV/bin/python
 "$PY" -c "import torch; print('torch', torch.__version__)"
 echo "   installed in $(( $(date +%s) - start )) s"
 
+# built from a clean copy: an in-tree build would rewrite this checkout's build config
 WHEELS=$(mktemp -d)
 trap 'rm -rf "$WHEELS"' EXIT
-BUILD_TARGET=cpu "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$WHEELS" . 2>&1 \
+git ls-files -z -co --exclude-standard | tar --null -T - -cf - | (mkdir -p "$WHEELS/src" && tar -xf - -C "$WHEELS/src")
+BUILD_TARGET=cpu "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$WHEELS" "$WHEELS/src" 2>&1 \
   | grep -v "^WARNING: Location" || true
 "$PY" -m pip install -q --no-deps --force-reinstall "$WHEELS"/rocm_attn-*.whl 2>&1 \
   | grep -v "^WARNING: Location" || true
