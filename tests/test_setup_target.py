@@ -55,7 +55,8 @@ def test_cuda_torch_without_nvcc_on_a_gpu_machine_stops(setup_py, monkeypatch):
         setup_py.pick_target()
 
 
-def test_asked_for_target_without_compiler_stops(setup_py, monkeypatch):
+def test_asked_for_target_without_compiler_stops(setup_py, monkeypatch, no_rocm, tmp_path):
+    monkeypatch.setattr(setup_py, "OPT_ROCM", tmp_path / "opt_rocm")
     _fake_torch(monkeypatch, hip="6.3")
     monkeypatch.setenv("BUILD_TARGET", "rocm")
     with pytest.raises(SystemExit, match="hipcc/ROCM_HOME was not found.*ROCM_ATTN_FORCE_CPU"):
