@@ -2,7 +2,9 @@
 
 BUILD_TARGET=auto|rocm|cuda|cpu (default auto) picks what to build:
   rocm : a ROCm build of torch -> hipcc compiles hip_src/ into rocm_attn._C
-         (arches from GPU_ARCHS or PYTORCH_ROCM_ARCH, default "gfx942;gfx90a").
+         (arches from GPU_ARCHS or PYTORCH_ROCM_ARCH, default "gfx942;gfx90a"). hipcc is found
+         through ROCM_HOME/ROCM_PATH, /opt/rocm, PATH, or the ROCm SDK wheel (`rocm-sdk path
+         --root`): see find_rocm_home.
   cuda : a CUDA build of torch -> tools/hipify.py writes CUDA sources under build/cuda_src,
          nvcc compiles them for sm_90 (or for TORCH_CUDA_ARCH_LIST when set).
   cpu  : no extension; every public API runs on its torch path.
@@ -69,7 +71,8 @@ def pick_target() -> str:
 
 _COMPILER_FIX = {
     "cuda": "Install the CUDA toolkit matching torch.version.cuda and set CUDA_HOME",
-    "rocm": "Install ROCm (hipcc) and set ROCM_HOME",
+    "rocm": "Install ROCm (hipcc) and set ROCM_HOME, or install the ROCm SDK wheel that "
+            "provides `rocm-sdk path --root`",
 }
 
 
@@ -81,11 +84,92 @@ def _compiler_problem(target: str):
         if CUDA_HOME is None or shutil.which("nvcc", path=str(Path(CUDA_HOME) / "bin")) is None:
             return "a CUDA build of torch is installed but nvcc was not found"
     if target == "rocm":
-        from torch.utils.cpp_extension import ROCM_HOME
-
-        if ROCM_HOME is None:
-            return "a ROCm build of torch is installed but hipcc/ROCM_HOME was not found"
+        home, looked = find_rocm_home()
+        if home is None:
+            return ("a ROCm build of torch is installed but hipcc/ROCM_HOME was not found "
+                    f"(looked in: {'; '.join(looked)})")
+        use_rocm_home(home)
     return None
+
+
+def _hipcc_home(path: Path):
+    """The ROCm root holding ``path`` as ``bin/hipcc`` (or ``hip/bin/hipcc``), else None."""
+    for home in (path, path / "hip"):
+        if (home / "bin" / "hipcc").is_file():
+            return path
+    return None
+
+
+def _rocm_sdk_root():
+    """``rocm-sdk path --root``: where a ROCm-10-style Python wheel (TheRock's ``rocm[devel]``)
+    keeps bin/hipcc, include/ and lib/; None when the command is absent or fails."""
+    import subprocess
+
+    exe = shutil.which("rocm-sdk")
+    if exe is None:
+        return None
+    try:
+        done = subprocess.run([exe, "path", "--root"], capture_output=True, text=True,
+                              timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return Path(lines[-1].strip()) if lines else None
+
+
+OPT_ROCM = Path("/opt/rocm")
+
+
+def find_rocm_home(opt_rocm: Path = None):
+    """``(ROCm root with bin/hipcc, places looked)``; the root is None when none has hipcc.
+
+    In order: ``ROCM_HOME`` / ``ROCM_PATH``; ``/opt/rocm`` (the classic packages and the
+    rocm/pytorch images); the directory above the ``hipcc`` on ``PATH``; the ROCm SDK wheel
+    (``rocm-sdk path --root``, else the ``_rocm_sdk_devel`` / ``_rocm_sdk_core`` package
+    directories). Older torch finds only the first three, so the root found here is handed to
+    torch's build through ``ROCM_HOME`` (:func:`use_rocm_home`).
+    """
+    import importlib.util
+
+    opt_rocm = OPT_ROCM if opt_rocm is None else opt_rocm
+    looked = []
+
+    def candidates():
+        for var in ("ROCM_HOME", "ROCM_PATH"):
+            if os.environ.get(var):
+                yield f"${var}", Path(os.environ[var])
+        yield str(opt_rocm), opt_rocm
+        hipcc = shutil.which("hipcc")
+        if hipcc:
+            # <root>/bin/hipcc or <root>/hip/bin/hipcc, through any symlinks
+            root = Path(os.path.realpath(hipcc)).parent.parent
+            yield "hipcc on PATH", root.parent if root.name == "hip" else root
+        else:
+            looked.append("hipcc on PATH (none)")
+        root = _rocm_sdk_root()
+        if root is not None:
+            yield "rocm-sdk path --root", root
+        else:
+            looked.append("rocm-sdk path --root (no rocm-sdk command)")
+        for module in ("_rocm_sdk_devel", "_rocm_sdk_core"):
+            spec = importlib.util.find_spec(module)
+            if spec is not None and spec.submodule_search_locations:
+                yield f"the {module} wheel", Path(list(spec.submodule_search_locations)[0])
+
+    for label, path in candidates():
+        home = _hipcc_home(path)
+        if home is not None:
+            return str(home), looked
+        looked.append(f"{label} = {path} (no bin/hipcc)")
+    return None, looked
+
+
+def use_rocm_home(home: str) -> None:
+    """Point torch's extension build at ``home`` (set before or after it was imported)."""
+    os.environ["ROCM_HOME"] = home
+    ext = sys.modules.get("torch.utils.cpp_extension")
+    if ext is not None and getattr(ext, "ROCM_HOME", None) != home:
+        ext.ROCM_HOME = home
 
 
 def _gpu_visible(torch) -> bool:

@@ -15,6 +15,7 @@ import json
 import sys
 from typing import List, Optional
 
+from . import __version__
 from ._logging import LEVELS
 
 
@@ -40,6 +41,8 @@ def _device(text: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rocm-attn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"rocm_attn {__version__}",
+                        help="print the package version and exit")
     parser.add_argument("--log-level", type=str.upper, choices=LEVELS,
                         help="show rocm_attn's log at this level on stderr (INFO: which backend "
                              "serves each op and why); same as env ROCM_ATTN_LOG_LEVEL")

@@ -33,7 +33,8 @@ def _not_built_reason() -> str:
                 f"build of torch, then {REBUILD_HINT}")
     return ("rocm_attn._C is not built: this install was made without kernels (build backend "
             "cpu: ROCM_ATTN_FORCE_CPU=1, BUILD_TARGET=cpu, a CPU torch at build time, or no "
-            f"GPU compiler and no GPU visible at build time); {REBUILD_HINT}")
+            "GPU compiler and no GPU visible at build time), so the torch path serves every "
+            f"call; {REBUILD_HINT}")
 
 
 def _load() -> bool:

@@ -27,10 +27,20 @@ class SmallSeqContractError(RuntimeError):
     """A segment broke the fused_attn_small_seq contract (its output is NaN)."""
 
 
+def _env_on(name: str) -> bool:
+    """Whether env ``name`` is set to something other than "" or "0"."""
+    if os.name == "posix" and torch.compiler.is_compiling():
+        # NOTE: torch 2.4's dynamo cannot trace os.environ.get of an unset variable; the
+        # mapping's own dict (bytes keys on POSIX) traces on every supported torch, with a
+        # guard on the value, as os.environ.get does on newer ones.
+        return os.environ._data.get(name.encode(), b"0") not in (b"", b"0")
+    return os.environ.get(name, "0") not in ("", "0")
+
+
 def validate_mode(validate) -> bool:
     """Resolve the ``validate`` argument: "sync"/True, or env ROCM_ATTN_VALIDATE=1."""
     if validate is None:
-        return os.environ.get("ROCM_ATTN_VALIDATE", "0") not in ("", "0")
+        return _env_on("ROCM_ATTN_VALIDATE")
     if validate in (True, "sync"):
         return True
     if validate in (False, "none", "off"):
@@ -38,8 +48,11 @@ def validate_mode(validate) -> bool:
     raise ValueError(f"validate must be None, 'sync', True or False, got {validate!r}")
 
 
-# NOTE: its own namespace, apart from the C++ extension's TORCH_LIBRARY(rocm_attn, ...).
-@torch.library.custom_op("rocm_attn_torch_path::record_errors", mutates_args=("state",))
+# NOTE: its own namespace, apart from the C++ extension's TORCH_LIBRARY(rocm_attn, ...). The
+# schema is spelled out: torch 2.4 cannot infer it from this module's postponed (string)
+# annotations.
+@torch.library.custom_op("rocm_attn_torch_path::record_errors", mutates_args=("state",),
+                         schema="(Tensor(a!) state, Tensor bad) -> ()")
 def _record(state: torch.Tensor, bad: torch.Tensor) -> None:
     """state int64 [2] += (number of bad segments, lowest bad segment + 1 if lower or unset).
 

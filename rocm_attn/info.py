@@ -62,7 +62,7 @@ def kernel_summary(kernels: List[str]) -> str:
 def op_backends(device: torch.device) -> Dict[str, str]:
     """Which backend each op family uses on ``device`` (fp16/bf16 inputs), and why."""
     from . import thd
-    from .cp.backends import resolve_backend
+    from .cp.backends import flash_support_problem, resolve_backend
 
     gpu = device.type == "cuda"
     if gpu and _ext.HAS_EXTENSION:
@@ -78,7 +78,8 @@ def op_backends(device: torch.device) -> Dict[str, str]:
     probe = torch.empty(0, 1, 128, device=device, dtype=torch.bfloat16)
     step = resolve_backend("auto", probe).name
     cp_line = (f"per-step {step} for fp16/bf16 up to head dim 256, reference otherwise"
-               if step != "reference" else "per-step reference (pure torch)")
+               if step != "reference" else "per-step reference (pure torch)"
+               + (f": {flash_support_problem(device, probe.dtype)}" if gpu else ""))
     return {"fused_attn_small_seq": small, "thd": thd_line, "attn_with_cp": cp_line}
 
 

@@ -176,3 +176,22 @@ def test_demo_main_rejects_bad_values(kwargs, match):
     """The Python entry point: 0 is an error, not "the default"."""
     with pytest.raises(ValueError, match=match):
         demo.main(**kwargs)
+
+
+def test_version_flag_prints_the_package_version(capsys):
+    import rocm_attn
+
+    tomllib = pytest.importorskip("tomllib")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert capsys.readouterr().out.strip() == f"rocm_attn {project['version']}"
+    assert rocm_attn.__version__ == project["version"]
+
+
+@pytest.mark.skipif(not NO_GPU, reason="checks the refusal on a machine without kernels")
+def test_info_require_kernels_fails_clearly_without_them(capsys):
+    assert cli.main(["info", "--require-kernels"]) == 1
+    err = capsys.readouterr().err
+    assert "compiled kernels are required but not loaded" in err

@@ -2,6 +2,7 @@
 
 Targets:
   sm_90   hipified sources (tools/hipify.py) through nvcc -gencode=arch=compute_90,code=sm_90
+  sm_100  the same through nvcc for sm_100 (B200/GB200; nvcc >= 12.8), not in the default set
   gfx90a  HIP sources through Debian's clang-19 HIP front end, full compile, with
           -Rpass-analysis=kernel-resource-usage (VGPRs, SGPRs, scratch, occupancy, spills)
   gfx942  HIP sources, device-only compile to assembly (Debian's device libraries stop at
@@ -39,6 +40,7 @@ import hipify  # noqa: E402
 
 APT_PACKAGES = ["clang-19", "lld-19", "hipcc", "rocm-device-libs", "libamdhip64-dev"]
 ALL_TARGETS = ("sm_90", "gfx90a", "gfx942")
+EXTRA_TARGETS = ("sm_100",)  # asked for by name: --targets sm_100
 
 
 @dataclass
@@ -127,8 +129,9 @@ def parse_ptxas(log: str) -> list[dict]:
 def compile_one(target: str, src: Path, include: Path, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     obj = out_dir / (src.stem + (".s" if target == "gfx942" else ".o"))
-    if target == "sm_90":
-        cmd = ["nvcc", "-gencode=arch=compute_90,code=sm_90", "-O3", "-std=c++17",
+    if target.startswith("sm_"):
+        num = target[3:]
+        cmd = ["nvcc", f"-gencode=arch=compute_{num},code=sm_{num}", "-O3", "-std=c++17",
                "--Werror", "all-warnings", "-Xptxas", "-v", "-I", str(include), "-c", str(src),
                "-o", str(obj)]
     else:
@@ -141,7 +144,7 @@ def compile_one(target: str, src: Path, include: Path, out_dir: Path) -> Result:
             cmd += ["--cuda-device-only", "-nogpulib", "-S", str(src), "-o", str(obj)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
-    kernels = parse_ptxas(log) if target == "sm_90" else parse_amd_resources(log)
+    kernels = parse_ptxas(log) if target.startswith("sm_") else parse_amd_resources(log)
     return Result(target, str(src.relative_to(ROOT)), proc.returncode == 0, log if proc.returncode else "", kernels)
 
 
@@ -180,21 +183,23 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated file-name substrings to keep")
     args = parser.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
-    unknown = set(targets) - set(ALL_TARGETS)
+    unknown = set(targets) - set(ALL_TARGETS) - set(EXTRA_TARGETS)
     if unknown:
-        parser.error(f"unknown targets {sorted(unknown)}; choose from {ALL_TARGETS}")
+        parser.error(f"unknown targets {sorted(unknown)}; choose from "
+                     f"{ALL_TARGETS + EXTRA_TARGETS}")
     if args.install and any(t.startswith("gfx") for t in targets):
         install_toolchain()
     hip, cuda = kernel_sources()
     jobs = []
     for target in targets:
-        tool = "nvcc" if target == "sm_90" else "clang++-19"
+        nv = target.startswith("sm_")
+        tool = "nvcc" if nv else "clang++-19"
         if shutil.which(tool) is None:
             print(f"check_kernels: {tool} not found for {target} (use --install for the HIP toolchain)")
             return 1
-        include = ROOT / "build" / "cuda_src" if target == "sm_90" else ROOT / "hip_src"
+        include = ROOT / "build" / "cuda_src" if nv else ROOT / "hip_src"
         only = [o for o in args.only.split(",") if o]
-        for src in (cuda if target == "sm_90" else hip):
+        for src in (cuda if nv else hip):
             if only and not any(o in src.name for o in only):
                 continue
             jobs.append((target, src, include, ROOT / "build" / "check" / target))

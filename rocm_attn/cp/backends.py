@@ -33,8 +33,12 @@ and ``backward_packed(dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta, scale)`
 return packed rows (sub-sequence ``i`` at rows ``[cu[i], cu[i+1])``; rows past ``cu[-1]`` may
 come back as junk). The comm types merge those straight into their accumulators;
 ``forward`` / ``backward`` on such a step gather, call them and scatter back.
-* ``auto``: ``torch_flash`` for CUDA/ROCm fp16/bf16 inputs with ``d <= 256`` and ``d % 8 == 0``,
-  else ``reference``; the choice is logged at debug level (logger ``rocm_attn.cp``).
+* ``auto``: ``torch_flash`` for CUDA/ROCm fp16/bf16 inputs with ``d <= 256`` and ``d % 8 == 0``
+  when this torch's flash attention passes the start-up check (:func:`flash_support_problem`:
+  varlen, windows and GQA on a tiny step against the reference, once per device and dtype),
+  else ``reference``; the choice is logged (logger ``rocm_attn.cp``), a failed check at
+  WARNING with its reason. ``backend="torch_flash"`` on a torch that fails the check raises
+  ``ValueError`` before any step runs.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from . import packed
 from .steps import StepMeta
 
 __all__ = ["BACKENDS", "StepBackend", "ReferenceBackend", "TorchFlashBackend", "resolve_backend",
-           "accum_dtype"]
+           "flash_support_problem", "accum_dtype"]
 
 BACKENDS = ("auto", "reference", "torch_flash")
 
@@ -338,18 +342,112 @@ def _aten_flash():
     return torch.ops.aten._flash_attention_forward, torch.ops.aten._flash_attention_backward
 
 
-def _flash_problem(q: torch.Tensor) -> Optional[str]:
-    """Why torch_flash cannot serve these inputs (None: it can)."""
+def _input_problem(q: torch.Tensor) -> Optional[str]:
+    """Why torch_flash cannot serve inputs like ``q`` on any torch (None: it can)."""
     if not q.is_cuda:
         return f"tensors on {q.device} (torch_flash needs a CUDA or ROCm GPU)"
-    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
-        return "this torch build has no aten._flash_attention_forward"
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {q.dtype} (torch_flash: float16, bfloat16)"
     d = q.shape[-1]
     if d > 256 or d % 8:
         return f"head dim {d} (torch_flash: a multiple of 8, at most 256)"
     return None
+
+
+def _flash_problem(q: torch.Tensor) -> Optional[str]:
+    """Why torch_flash cannot serve these inputs (None: it can): the inputs, then whether this
+    torch's flash attention does what the backend needs (:func:`flash_support_problem`)."""
+    return _input_problem(q) or flash_support_problem(q.device, q.dtype)
+
+
+# What the backend passes to aten._flash_attention_forward / _backward beyond the basic varlen
+# arguments; torch builds whose schema lacks one of them cannot serve any step.
+_NEEDED_ARGS = {"forward": ("cum_seq_q", "cum_seq_k", "scale", "window_size_left",
+                            "window_size_right"),
+                "backward": ("cum_seq_q", "cum_seq_k", "scale", "window_size_left",
+                             "window_size_right")}
+_SUPPORT: dict = {}  # (device, dtype) -> None or the reason torch_flash is unusable there
+
+
+def _schema_problem() -> Optional[str]:
+    ops = torch.ops.aten
+    for kind, name in (("forward", "_flash_attention_forward"),
+                       ("backward", "_flash_attention_backward")):
+        if not hasattr(ops, name):
+            return f"torch {torch.__version__} has no aten.{name}"
+        have = {a.name for a in getattr(ops, name).default._schema.arguments}
+        missing = [a for a in _NEEDED_ARGS[kind] if a not in have]
+        if missing:
+            return (f"torch {torch.__version__}'s aten.{name} has no {', '.join(missing)} "
+                    "argument(s)")
+    return None
+
+
+def _probe(device: torch.device, dtype: torch.dtype) -> Optional[str]:
+    """Run the backend's own forward and backward calls once on a tiny step that needs
+    everything it relies on (varlen with two sub-sequences of different lengths, a sliding
+    window with causal masking, GQA 4:2, head dim 64) and compare them with the float64
+    reference. Returns why torch_flash is unusable here, None when it works."""
+    import types
+
+    why = _schema_problem()
+    if why:
+        return why
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    lens = (3, 6)
+    cu = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32, device=device)
+    t, h_q, h_kv, d = sum(lens), 4, 2, 64
+    q, k, v, dout = (torch.randn(t, h, d, generator=gen).to(device=device, dtype=dtype)
+                     for h in (h_q, h_kv, h_kv, h_q))
+    meta = types.SimpleNamespace(cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lens),
+                                 max_seqlen_kv=max(lens), attn_mask_type="causal",
+                                 window_size=(2, 0))
+    scale = d ** -0.5
+    flash = TorchFlashBackend()
+    try:
+        out, lse = flash._flash_fwd(q, k, v, meta, scale)
+        dq, dk, dv = flash._packed_bwd(dout, q, k, v, out, lse, None, meta, scale)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as exc:  # noqa: BLE001  (any failure means: do not use it)
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return (f"torch {torch.__version__}'s flash attention failed on a varlen + window + "
+                f"GQA step ({type(exc).__name__}: {first})")
+    ref = [x.detach().double().requires_grad_(True) for x in (q, k, v)]
+    with torch.enable_grad():
+        r_out, _ = reference_attention(*ref, cu, cu, attn_mask_type="causal",
+                                       window_size=(2, 0), softmax_scale=scale,
+                                       compute_dtype=torch.float64)
+        grads = torch.autograd.grad(r_out, ref, dout.double())
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (r_out, *grads)):
+        got = got.double()
+        err = (got - want.detach()).abs().max().item() / max(want.abs().max().item(), 1e-6)
+        if not err < 0.05:  # bf16 rounding is ~1e-2; a dropped window or head map is ~1
+            return (f"torch {torch.__version__}'s flash attention gives wrong {name} on a varlen "
+                    f"+ window + GQA step (relative error {err:.2g})")
+    return None
+
+
+def flash_support_problem(device: torch.device, dtype: torch.dtype) -> Optional[str]:
+    """Why this torch's flash attention cannot serve torch_flash steps on ``device`` in
+    ``dtype`` (None: it can), checked once per device and dtype before any step runs.
+
+    Older builds (ROCm ones in particular) lack varlen flash, the window arguments or GQA, or
+    accept them and compute something else; :func:`_probe` finds out on a tiny step. Under
+    torch.compile or CUDA graph capture nothing is probed (no launches or syncs may happen
+    there): the answer of an earlier eager call is used, else torch_flash is assumed to work.
+    """
+    key = (str(device), dtype)
+    if key in _SUPPORT:
+        return _SUPPORT[key]
+    if torch.compiler.is_compiling() or (
+            device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return None
+    why = _SUPPORT[key] = _probe(device, dtype)
+    if why:
+        _log.warning("attn_with_cp / attention: torch_flash is unusable on %s for %s, the "
+                     "reference backend serves those calls: %s", device, dtype, why)
+    return why
 
 
 def resolve_backend(backend: str, q: torch.Tensor) -> StepBackend:
