@@ -37,7 +37,14 @@ torch.version.hip, 'gpu', torch.cuda.get_device_name() if torch.cuda.is_availabl
 
 # A clean copy (tracked and untracked, not ignored files): no stale build/ or _C*.so from an
 # earlier in-place build can end up in the wheel.
-git ls-files -z -co --exclude-standard | tar --null -T - -cf - | (mkdir -p "$WORK/src" && tar -xf - -C "$WORK/src")
+# Outside a git checkout (a copied tree), everything but build outputs.
+mkdir -p "$WORK/src"
+if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+  git ls-files -z -co --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$WORK/src"
+else
+  tar --exclude=./build --exclude=./dist --exclude='*.so' --exclude='*.egg-info' \
+      --exclude=__pycache__ --exclude=./.git -cf - . | tar -xf - -C "$WORK/src"
+fi
 step "wheel build (pip wheel --no-build-isolation --no-deps)" "$OUT/build.log" \
   python3 -m pip wheel --no-build-isolation --no-deps -w "$WORK/dist" "$WORK/src"
 WHEEL=$(ls "$WORK"/dist/rocm_attn-*.whl)
