@@ -40,7 +40,8 @@ torch.version.hip, 'gpu', torch.cuda.get_device_name() if torch.cuda.is_availabl
 # Outside a git checkout (a copied tree), everything but build outputs.
 mkdir -p "$WORK/src"
 if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
-  git ls-files -z -co --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$WORK/src"
+  git ls-files -z -co --exclude-standard | tar --null -T - --ignore-failed-read -cf - \
+    | tar -xf - -C "$WORK/src"
 else
   tar --exclude=./build --exclude=./dist --exclude='*.so' --exclude='*.egg-info' \
       --exclude=__pycache__ --exclude=./.git -cf - . | tar -xf - -C "$WORK/src"
@@ -54,6 +55,12 @@ echo "     $(basename "$WHEEL"): $(python3 -m zipfile -l "$WHEEL" | grep -c '_C\
 step "fresh venv (--system-site-packages: the machine's torch)" "$OUT/venv.log" \
   python3 -m venv --system-site-packages "$WORK/venv"
 PY=$WORK/venv/bin/python
+# Where python3 is itself a virtual environment (as on the GPU machines), --system-site-packages
+# reaches the base interpreter's packages, not that environment's: a .pth file adds them.
+python3 -c "import site, sys; sys.prefix != sys.base_prefix and print('\n'.join(site.getsitepackages()))" \
+  > "$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_machine_site.pth"
+# the checkout must not shadow the installed wheel
+unset PYTHONPATH
 step "install the wheel" "$OUT/install.log" "$PY" -m pip install --no-deps --no-index "$WHEEL"
 
 # From an empty directory: the source tree is not on sys.path, the installed wheel is imported.
