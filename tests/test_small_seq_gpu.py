@@ -975,8 +975,9 @@ def test_raw_op_checks_raise_not_crash(word):
     loaded_libstdcxx.)"""
     import subprocess
 
+    # the rocm_attn this process imported (the checkout, or an installed wheel), not the tree
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] +
+        [os.path.dirname(os.path.dirname(os.path.abspath(rocm_attn.__file__)))] +
         [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     r = subprocess.run([sys.executable, "-c", _RAW_OP_PROBE, word], capture_output=True,
                        text=True, env=env, timeout=300)
