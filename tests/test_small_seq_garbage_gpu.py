@@ -28,23 +28,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rocm_attn  # noqa: E402
 from rocm_attn import SmallSeqContractError, check_errors, fused_attn_small_seq  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
+from gpu_helpers import gpu_marks  # noqa: E402
 import test_small_seq  # noqa: E402
 from test_small_seq import BSHD, Rng, rel_err, seeds, thd_case  # noqa: E402
 from test_small_seq_contract import INT32_MAX, INT32_MIN, Garbage, make_garbage  # noqa: E402
 
 
-def _why_no_gpu():
-    if not torch.cuda.is_available():
-        return "no CUDA/ROCm GPU"
-    if not rocm_attn._ext.HAS_EXTENSION:
-        return f"compiled extension not loaded: {rocm_attn._ext.extension_error()}"
-    return None
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_why_no_gpu() is not None, reason=str(_why_no_gpu())),
-]
+pytestmark = gpu_marks(thd_ops=False)
 
 _error_counter = test_small_seq._error_counter
 allow_contract_errors = test_small_seq.allow_contract_errors

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rocm_attn  # noqa: E402
 from rocm_attn import SmallSeqContractError, check_errors, fused_attn_small_seq  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
-from gpu_poison import poison_allocator  # noqa: E402
+from gpu_helpers import gpu_marks, poison_allocator, why_no_kernels  # noqa: E402
 import test_small_seq  # noqa: E402
 from test_small_seq import (  # noqa: E402  (helpers only: no test functions are imported)
     BSHD,
@@ -48,18 +48,7 @@ from test_small_seq import (  # noqa: E402  (helpers only: no test functions are
 )
 
 
-def _why_no_gpu():
-    if not torch.cuda.is_available():
-        return "no CUDA/ROCm GPU"
-    if not rocm_attn._ext.HAS_EXTENSION:
-        return f"compiled extension not loaded: {rocm_attn._ext.extension_error()}"
-    return None
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_why_no_gpu() is not None, reason=str(_why_no_gpu())),
-]
+pytestmark = gpu_marks(thd_ops=False)
 
 TOL_KERNEL_F32 = 1e-4  # lse / probs of the kernels (fp32 from 16-bit inputs)
 DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
@@ -68,7 +57,7 @@ HEAD_DIMS = [64, 128, 256, 512]
 
 @pytest.fixture
 def dev():
-    why = _why_no_gpu()
+    why = why_no_kernels(thd_ops=False)
     if why:
         pytest.skip(why)
     return torch.device("cuda", torch.cuda.current_device())

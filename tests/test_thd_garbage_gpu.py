@@ -29,25 +29,14 @@ import torch
 import rocm_attn
 from rocm_attn import thd
 
+from gpu_helpers import gpu_marks
+
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 GUARD = 3  # rows of guard before and after every view
 
 
-def _why_no_gpu():
-    if not torch.cuda.is_available():
-        return "no CUDA/ROCm GPU"
-    if not rocm_attn._ext.HAS_EXTENSION:
-        return f"compiled extension not loaded: {rocm_attn._ext.extension_error()}"
-    if not thd.HAS_KERNELS:
-        return "the compiled extension has no THD ops (rebuild)"
-    return None
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_why_no_gpu() is not None, reason=str(_why_no_gpu())),
-]
+pytestmark = gpu_marks(thd_ops=True)
 
 
 @pytest.fixture(autouse=True)

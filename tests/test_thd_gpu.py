@@ -23,26 +23,13 @@ import torch
 import rocm_attn
 from rocm_attn import thd
 
-from gpu_poison import poison_allocator
+from gpu_helpers import gpu_marks, poison_allocator, why_no_kernels
 
 NEG_INF = float("-inf")
 I32 = torch.int32
 
 
-def _why_no_gpu():
-    if not torch.cuda.is_available():
-        return "no CUDA/ROCm GPU"
-    if not rocm_attn._ext.HAS_EXTENSION:
-        return f"compiled extension not loaded: {rocm_attn._ext.extension_error()}"
-    if not thd.HAS_KERNELS:
-        return "the compiled extension has no THD ops (rebuild)"
-    return None
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_why_no_gpu() is not None, reason=str(_why_no_gpu())),
-]
+pytestmark = gpu_marks(thd_ops=True)
 
 DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.float32, id="fp32")]
@@ -51,7 +38,7 @@ ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 1e-6}
 
 @pytest.fixture
 def dev():
-    why = _why_no_gpu()
+    why = why_no_kernels(thd_ops=True)
     if why:
         pytest.skip(why)
     return torch.device("cuda", torch.cuda.current_device())

@@ -1,6 +1,28 @@
-"""poison_allocator: NaN in the memory the next torch.empty calls return (GPU tests)."""
+"""Shared pieces of the GPU test files: why a file skips, and a poisoned allocator."""
 
+from typing import Optional
+
+import pytest
 import torch
+
+import rocm_attn
+
+
+def why_no_kernels(thd_ops: bool = False) -> Optional[str]:
+    """Why this machine cannot run the compiled kernels (None when it can)."""
+    if not torch.cuda.is_available():
+        return "no CUDA/ROCm GPU"
+    if not rocm_attn._ext.HAS_EXTENSION:
+        return f"compiled extension not loaded: {rocm_attn._ext.extension_error()}"
+    if thd_ops and not rocm_attn.thd.HAS_KERNELS:
+        return "the compiled extension has no THD ops (rebuild)"
+    return None
+
+
+def gpu_marks(thd_ops: bool = False) -> list:
+    """A GPU test file's pytestmark: marked gpu, skipped with the reason where it cannot run."""
+    why = why_no_kernels(thd_ops)
+    return [pytest.mark.gpu, pytest.mark.skipif(why is not None, reason=str(why))]
 
 
 def poison_allocator(device):
