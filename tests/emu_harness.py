@@ -34,6 +34,10 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+# the bindings' thd_collapse has a Python twin in rocm_attn.thd (its fallback rule): the same
+# dims merge here as in the real ops
+from rocm_attn.thd import _collapse  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 HIP_SRC = ROOT / "hip_src"
 EMU = ROOT / "tests" / "emu"
@@ -448,22 +452,6 @@ def small_seq_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens,
 THD_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 THD_MAP = {"partition": 0, "to_contiguous": 1, "to_rank_sharded": 2, "half": 3, "copy_valid": 4,
            "identity": 5, "index": 6}
-
-
-def _collapse(t, begin, end):
-    """thd_collapse: dims [begin, end) as one (size, stride), None when they do not merge."""
-    size, stride, first = 1, 1, True
-    for i in range(end - 1, begin - 1, -1):
-        n = t.shape[i]
-        if n == 1:
-            continue
-        if first:
-            size, stride, first = n, t.stride(i), False
-        elif t.stride(i) == stride * size:
-            size *= n
-        else:
-            return None
-    return size, stride
 
 
 def _split_rows(ts, begin):
