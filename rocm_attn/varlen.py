@@ -192,7 +192,16 @@ def _meta(q, k, cu_q, cu_kv, cu_q_p, cu_kv_p, max_q, max_kv, causal, left, right
 # graph cannot do (data-dependent guards), while inside an op they run eagerly. Eager calls
 # keep the autograd.Function above (no custom-op dispatch on the hot path); both run the same
 # backend calls, so results are identical.
-@torch.library.custom_op("rocm_attn_torch_path::attention_fwd", mutates_args=())
+# The schemas are spelled out: torch 2.4 cannot infer them from this module's postponed (string)
+# annotations.
+_ARGS_AFTER_QKV = ("Tensor cu_q, Tensor cu_kv, Tensor? cu_q_p, Tensor? cu_kv_p, SymInt max_q, "
+                   "SymInt max_kv, bool causal, SymInt left, SymInt right, SymInt? chunk_size, "
+                   "float scale, str backend")
+
+
+@torch.library.custom_op("rocm_attn_torch_path::attention_fwd", mutates_args=(),
+                         schema=f"(Tensor q, Tensor k, Tensor v, {_ARGS_AFTER_QKV}) "
+                                "-> (Tensor, Tensor)")
 def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
                    cu_kv: torch.Tensor, cu_q_p: Optional[torch.Tensor],
                    cu_kv_p: Optional[torch.Tensor], max_q: int, max_kv: int, causal: bool,
@@ -211,7 +220,10 @@ def _attention_fwd_fake(q, k, v, cu_q, cu_kv, cu_q_p, cu_kv_p, max_q, max_kv, ca
             q.new_empty((q.shape[1], q.shape[0]), dtype=accum_dtype(q.dtype)))
 
 
-@torch.library.custom_op("rocm_attn_torch_path::attention_bwd", mutates_args=())
+@torch.library.custom_op("rocm_attn_torch_path::attention_bwd", mutates_args=(),
+                         schema="(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, "
+                                f"Tensor out, Tensor lse, {_ARGS_AFTER_QKV}) "
+                                "-> (Tensor, Tensor, Tensor)")
 def _attention_bwd(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor,
                    k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                    cu_q: torch.Tensor, cu_kv: torch.Tensor, cu_q_p: Optional[torch.Tensor],

@@ -43,7 +43,7 @@ BUILD_TARGET=cpu "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$WHEEL
 # gather_from_cp on one rank and on 2 gloo ranks (test_cp), the CLI (test_cli).
 FLOOR_TESTS=${FLOOR_TESTS:-"tests/test_small_seq.py tests/test_nn.py tests/test_thd.py
   tests/test_reference.py tests/test_attention.py tests/test_flash_support.py tests/test_cli.py
-  tests/test_cp.py"}
+  tests/test_cp.py tests/test_small_seq_contract.py"}
 # shellcheck disable=SC2086
 "$PY" -m pytest -q -p no:cacheprovider $FLOOR_TESTS -k "not cp_matches_reference or cp2"
 echo "torch floor check done in $(( $(date +%s) - start )) s"
