@@ -370,6 +370,27 @@ def emu_or_skip(name: str) -> Emu:
     except EmulationUnavailable as e:
         pytest.skip(f"CPU emulation unavailable: {e}")
 
+# ---------------------------------------------------------------------------------------------
+# fixtures the emulation test files import (pytest finds imported fixtures)
+# ---------------------------------------------------------------------------------------------
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """torch on one thread beside the emulation's worker threads (2-core CI machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module", params=["w64", "w32"], ids=["wave64", "wave32"])
+def lib(request):
+    """The emulation library at 64 and at 32 lanes."""
+    return emu_or_skip(request.param)
+
+
 
 # ---------------------------------------------------------------------------------------------
 # small-seq: the launchers of hip_src/small_seq/launch.hip with host tensors (params filled as

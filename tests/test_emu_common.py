@@ -13,14 +13,8 @@ import pytest
 import torch
 
 import emu_harness as emu
-from emu_harness import ptr
+from emu_harness import lib, ptr  # noqa: F401  (lib: fixture)
 
-WAVES = [pytest.param("w64", id="wave64"), pytest.param("w32", id="wave32")]
-
-
-@pytest.fixture(scope="module", params=WAVES)
-def lib(request):
-    return emu.emu_or_skip(request.param)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import emu_harness as emu
+from emu_harness import lib, one_torch_thread  # noqa: F401  (fixtures)
 from rocm_attn.small_seq import _scale
 from test_small_seq import (  # noqa: F401  (helpers only: no test functions are imported)
     TOL_LOW,
@@ -32,17 +33,6 @@ from test_small_seq import (  # noqa: F401  (helpers only: no test functions are
 TOL_KERNEL_F32 = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module", params=["w64", "w32"], ids=["wave64", "wave32"])
-def lib(request):
-    return emu.emu_or_skip(request.param)
 
 
 @pytest.fixture(scope="module")

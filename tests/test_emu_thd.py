@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import emu_harness as emu
+from emu_harness import lib, one_torch_thread  # noqa: F401  (fixtures)
 import rocm_attn
 import test_thd_gpu as G
 from rocm_attn import thd
@@ -30,17 +31,6 @@ from test_thd_gpu import _kernels_only  # noqa: F401  (autouse: a fallback to to
 NARROW, WIDE, WIDE64 = (5, 24), (8, 40), (16, 64)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module", params=["w64", "w32"], ids=["wave64", "wave32"])
-def lib(request):
-    return emu.emu_or_skip(request.param)
 
 
 @pytest.fixture
