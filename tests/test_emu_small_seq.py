@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import emu_harness as emu
+import test_small_seq_gpu as SG
 from emu_harness import lib, one_torch_thread  # noqa: F401  (fixtures)
 from rocm_attn.small_seq import _scale
 from test_small_seq import (  # noqa: F401  (helpers only: no test functions are imported)
@@ -25,14 +26,11 @@ from test_small_seq import (  # noqa: F401  (helpers only: no test functions are
     bshd_case,
     random_lens,
     rel_err,
-    run_op,
     run_ref,
     thd_case,
 )
 
-TOL_KERNEL_F32 = 1e-4
-
-
+TOL_KERNEL_F32 = SG.TOL_KERNEL_F32
 
 
 @pytest.fixture(scope="module")
@@ -78,26 +76,10 @@ def emu_run(lib, case, grads=True):
 
 
 def check_emu(lib, case, grads=True):
-    """Emulated kernels vs the float64 oracle and the torch path (check_kernel's bounds)."""
+    """Emulated kernels vs the float64 oracle and the torch path (the GPU tests' check)."""
     lib.stats(reset=True)
     out, lse, probs, g = emu_run(lib, case, grads)
-    rout, rlse, rprobs, rg = run_ref(case, grads)
-    tout, _, _, tg = run_op(case, backend="torch", grads=grads)
-    ctx = f"{case}, wave {lib.wave}"
-    low = TOL_LOW[case.dtype]
-    assert_rel("out", out, rout, max(2 * rel_err(tout, rout), low), ctx)
-    assert_lse(lse, rlse, TOL_KERNEL_F32, ctx)
-    assert_rel("probs", probs, rprobs, TOL_KERNEL_F32, ctx)
-    empty = case.lens == 0
-    if empty.any():
-        assert (out[empty] == 0).all(), f"empty segments must give exact zeros ({ctx})"
-        assert (probs[empty] == 0).all(), ctx
-    if grads:
-        names = ("dq", "dk", "dv") if len(g) == 3 else ("dqkv",)
-        for name, x, r, t in zip(names, g, rg, tg):
-            assert_rel(name, x, r, max(2 * rel_err(t, r), low), ctx)
-        if empty.any() and len(g) == 3:
-            assert (g[0][empty] == 0).all(), f"empty segments must have dq == 0 ({ctx})"
+    SG.check_against_oracle(case, out, lse, probs, g, f"{case}, wave {lib.wave}")
     assert lib.stats()["inactive_reads"] == 0, "a lane read a value from an exited lane"
     assert lib.errors() == (0, 0), "valid inputs tripped the device error counter"
     return out, lse, probs, g
