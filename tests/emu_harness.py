@@ -136,7 +136,7 @@ def _sources(cfg: dict, gen: Path) -> List[Path]:
     if "small_seq" in cfg["families"]:
         files += _small_seq_sources(cfg["wave"], gen)
     if "thd" in cfg["families"]:
-        files += [HIP_SRC / "thd" / "copy.hip", HIP_SRC / "thd" / "merge.hip"]
+        files += [HIP_SRC / "thd" / name for name in ("copy.hip", "merge.hip", "grad.hip")]
     return files
 
 
@@ -467,7 +467,7 @@ def small_seq_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens,
 
 # ---------------------------------------------------------------------------------------------
 # THD: the torch.ops.rocm_attn.thd_* ops of hip_src/torch_bindings.cpp, ported line by line to
-# Python over the emulated launchers (thd/copy.hip, thd/merge.hip), so that rocm_attn.thd's own
+# Python over the emulated launchers (thd/copy.hip, thd/merge.hip, thd/grad.hip), so that rocm_attn.thd's own
 # kernel wrappers (_kernel_partition, ...) run unchanged on CPU tensors.
 # ---------------------------------------------------------------------------------------------
 THD_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}

@@ -10,7 +10,7 @@
 #pragma once
 
 #include "copy_wide_kernel.h"
-#include "merge_kernel.h"
+#include "grad_kernel.h"
 
 namespace thd {
 
