@@ -208,6 +208,14 @@ def loaded_libstdcxx() -> list[str]:
     return []
 
 
+def binding_sources(src_root: Path) -> list[str]:
+    """The files that include torch: every hip_src/bindings/*.cpp, under src_root (hip_src or
+    its hipified copy; listed from hip_src, so a stale copy of a deleted file is never built).
+    Each registers its own ops (TORCH_LIBRARY_FRAGMENT), so a new one needs no edit here."""
+    names = sorted(p.name for p in (ROOT / "hip_src" / "bindings").glob("*.cpp"))
+    return [str(src_root / "bindings" / name) for name in names]
+
+
 def extension_for(target: str):
     """The rocm_attn._C extension for a GPU target, sources generated as needed."""
     import generate_kernels
@@ -226,7 +234,7 @@ def extension_for(target: str):
         cuda_src = build / "cuda_src"
         hipify.translate_tree(ROOT / "hip_src", cuda_src)
         hipify.translate_tree(build / "gen", cuda_src / "gen")
-        sources = sorted(str(p) for p in cuda_src.rglob("*.cu")) + [str(cuda_src / "torch_bindings.cpp")]
+        sources = sorted(str(p) for p in cuda_src.rglob("*.cu")) + binding_sources(cuda_src)
         nvcc_flags = ["-O3", "--use_fast_math", "-lineinfo"]
         if os.environ.get("ROCM_ATTN_PTXAS_VERBOSE"):
             nvcc_flags.append("-Xptxas=-v")  # registers / spills per kernel in the build log
@@ -242,7 +250,7 @@ def extension_for(target: str):
         if bad:
             sys.exit(f"rocm_attn: GPU_ARCHS entries must be gfx targets, got {bad}")
         os.environ["PYTORCH_ROCM_ARCH"] = ";".join(archs)
-        sources = [str(p) for p in hip_sources] + [str(ROOT / "hip_src" / "torch_bindings.cpp")]
+        sources = [str(p) for p in hip_sources] + binding_sources(ROOT / "hip_src")
         nvcc_flags = ["-O3"] + [f"--offload-arch={a}" for a in archs]
         include = [str(ROOT / "hip_src")]
     write_build_config(target, archs, kernels)

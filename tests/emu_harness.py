@@ -145,7 +145,7 @@ def _digest(cfg: dict, cxx: str) -> str:
     h.update(repr((cfg, cxx, _flags(cfg), SMALL_SEQ_VARIANTS)).encode())
     for root in (HIP_SRC, EMU):
         for path in sorted(root.rglob("*")):
-            if path.suffix in (".h", ".hip", ".cpp") and path.name != "torch_bindings.cpp":
+            if path.suffix in (".h", ".hip", ".cpp") and path.parent.name != "bindings":
                 h.update(str(path.relative_to(ROOT)).encode())
                 h.update(path.read_bytes())
     h.update(Path(generate_kernels.__file__).read_bytes())
@@ -394,7 +394,7 @@ def lib(request):
 
 # ---------------------------------------------------------------------------------------------
 # small-seq: the launchers of hip_src/small_seq/launch.hip with host tensors (params filled as
-# hip_src/torch_bindings.cpp make_params does)
+# hip_src/bindings/small_seq.cpp make_params does)
 # ---------------------------------------------------------------------------------------------
 def kv_bucket(max_kv: int) -> int:
     return 4 if max_kv <= 4 else (8 if max_kv <= 8 else 16)
@@ -466,9 +466,9 @@ def small_seq_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens,
 
 
 # ---------------------------------------------------------------------------------------------
-# THD: the torch.ops.rocm_attn.thd_* ops of hip_src/torch_bindings.cpp, ported line by line to
-# Python over the emulated launchers (thd/copy.hip, thd/merge.hip, thd/grad.hip), so that rocm_attn.thd's own
-# kernel wrappers (_kernel_partition, ...) run unchanged on CPU tensors.
+# THD: the torch.ops.rocm_attn.thd_* ops of hip_src/bindings/thd_*.cpp, ported line by line to
+# Python over the emulated launchers (thd/copy.hip, thd/merge.hip, thd/grad.hip), so that
+# rocm_attn.thd's own kernel wrappers (_kernel_partition, ...) run unchanged on CPU tensors.
 # ---------------------------------------------------------------------------------------------
 THD_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 THD_MAP = {"partition": 0, "to_contiguous": 1, "to_rank_sharded": 2, "half": 3, "copy_valid": 4,

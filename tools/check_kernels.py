@@ -15,7 +15,7 @@ Usage: python tools/check_kernels.py [--targets sm_90,gfx90a,gfx942] [--only SUB
        [--json OUT]
 --only keeps the sources whose file name contains one of the substrings (e.g.
 --only fwd_bf16_d128 while iterating on one kernel; the full run is the check). The full run
-also compiles the torch bindings (hip_src/torch_bindings.cpp, hipified) syntax-only against the
+also compiles the torch bindings (hip_src/bindings/*.cpp, hipified) syntax-only against the
 installed torch's headers: CI builds no extension, so this is where binding code is checked.
 """
 
@@ -148,29 +148,34 @@ def compile_one(target: str, src: Path, include: Path, out_dir: Path) -> Result:
     return Result(target, str(src.relative_to(ROOT)), proc.returncode == 0, log if proc.returncode else "", kernels)
 
 
-def check_bindings() -> Result:
-    """The one file that includes torch (hip_src/torch_bindings.cpp, hipified) through a
+def check_bindings() -> list[Result]:
+    """The files that include torch (hip_src/bindings/*.cpp, hipified), each through a
     syntax-only C++ compile against this machine's torch headers and CUDA runtime headers: the
     ops' binding code is checked on a machine that builds no extension (no GPU torch)."""
     import sysconfig
 
     import torch
 
-    src = ROOT / "build" / "cuda_src" / "torch_bindings.cpp"
+    cuda_root = ROOT / "build" / "cuda_src"
     tdir = Path(torch.__file__).resolve().parent
     nvcc = Path(shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc").resolve()
     cuda_incs = [Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include",
                  nvcc.parent.parent / "include"]
     cuda_inc = next((d for d in cuda_incs if (d / "cuda_runtime.h").exists()), cuda_incs[0])
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
-    cmd = [cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wno-c++20-extensions",
-           "-I", str(tdir / "include"), "-I", str(tdir / "include" / "torch" / "csrc" / "api" / "include"),
-           "-I", sysconfig.get_paths()["include"], "-I", str(cuda_inc),
-           "-I", str(src.parent), str(src)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    errors = proc.returncode != 0
-    return Result("bindings", str(src.relative_to(ROOT)), not errors,
-                  (proc.stdout + proc.stderr) if errors else "")
+    results = []
+    for name in sorted(p.name for p in (ROOT / "hip_src" / "bindings").glob("*.cpp")):
+        src = cuda_root / "bindings" / name
+        cmd = [cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wno-c++20-extensions",
+               "-I", str(tdir / "include"),
+               "-I", str(tdir / "include" / "torch" / "csrc" / "api" / "include"),
+               "-I", sysconfig.get_paths()["include"], "-I", str(cuda_inc),
+               "-I", str(cuda_root), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        errors = proc.returncode != 0
+        results.append(Result("bindings", str(src.relative_to(ROOT)), not errors,
+                              (proc.stdout + proc.stderr) if errors else ""))
+    return results
 
 
 def main(argv=None) -> int:
@@ -205,12 +210,11 @@ def main(argv=None) -> int:
             jobs.append((target, src, include, ROOT / "build" / "check" / target))
     with cf.ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda j: compile_one(*j), jobs))
-        bindings = pool.submit(check_bindings) if not args.only else None
-        if bindings is not None:
-            b = bindings.result()
+        bindings = pool.submit(check_bindings).result() if not args.only else []
+        for b in bindings:
             print(f"bindings: {'ok' if b.ok else 'FAILED'} ({b.source}, syntax-only against "
                   "this machine's torch headers)")
-    failed = [r for r in results if not r.ok] + ([b] if bindings is not None and not b.ok else [])
+    failed = [r for r in results + bindings if not r.ok]
     spilled = [(r, k) for r in results for k in r.kernels if k.get("spills", 0)]
     for r in failed:
         print(f"FAIL {r.target} {r.source}\n{r.log}")

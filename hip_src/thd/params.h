@@ -119,8 +119,8 @@ struct ThdGradParams {
                              // index[k] gets step row step_index[k] / k)
 };
 
-// Launchers (thd/copy.hip, thd/merge.hip, thd/grad.hip). hipSuccess, or hipErrorInvalidValue when the
-// arguments break the contract above (the bindings validate first), or the launch error.
+// Launchers (thd/copy.hip, thd/merge.hip, thd/grad.hip). hipSuccess, or hipErrorInvalidValue
+// when the arguments break the contract above (the bindings validate first), or the launch error.
 hipError_t thd_copy_rows_launch(const ThdCopyParams& p, hipStream_t stream);
 hipError_t thd_merge_launch(const ThdMergeParams& p, hipStream_t stream);
 hipError_t thd_grad_launch(const ThdGradParams& p, hipStream_t stream);
