@@ -34,9 +34,9 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-# the bindings' thd_collapse has a Python twin in rocm_attn.thd (its fallback rule): the same
-# dims merge here as in the real ops
-from rocm_attn.thd import _collapse  # noqa: E402
+# the bindings' thd_collapse has a Python twin in rocm_attn.thd's kernel wrappers (their fallback
+# rule): the same dims merge here as in the real ops
+from rocm_attn.thd._kernels import collapse as _collapse  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HIP_SRC = ROOT / "hip_src"

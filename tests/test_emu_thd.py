@@ -23,7 +23,7 @@ import emu_harness as emu
 from emu_harness import lib, one_torch_thread  # noqa: F401  (fixtures)
 import rocm_attn
 import test_thd_gpu as G
-from rocm_attn import thd
+from rocm_attn.thd import _dispatch, _kernels
 from test_thd_gpu import _kernels_only  # noqa: F401  (autouse: a fallback to torch fails)
 
 # NARROW rows take the row-group kernels; WIDE the wide-row kernels at 32 lanes only (40
@@ -38,8 +38,8 @@ def dev(lib, monkeypatch):
     """The CPU as the 'device': kernel wrappers on, ops emulated, CPU allocator poisoning."""
     monkeypatch.setattr(torch.ops, "rocm_attn", emu.EmuThdOps(lib), raising=False)
     monkeypatch.setattr(rocm_attn._ext, "kernels_usable", lambda t: True)
-    for name, fn in thd._KERNEL_IMPLS.items():
-        monkeypatch.setitem(thd._KERNELS, name, fn)
+    for name, fn in _kernels.KERNEL_IMPLS.items():
+        monkeypatch.setitem(_dispatch.KERNELS, name, fn)
     monkeypatch.setattr(G, "poison_allocator", lambda device: None)  # EmuThdOps poisons
     lib.stats(reset=True)
     yield torch.device("cpu")

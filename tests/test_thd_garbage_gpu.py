@@ -28,6 +28,7 @@ import torch
 
 import rocm_attn
 from rocm_attn import thd
+from rocm_attn.thd import _kernels
 
 from gpu_helpers import gpu_marks
 
@@ -46,7 +47,7 @@ def _kernels_only(monkeypatch):
     def fail(name, why, *args):
         raise AssertionError(f"rocm_attn.thd.{name} fell back to the torch path: {why}")
 
-    monkeypatch.setattr(thd, "_fallback", fail)
+    monkeypatch.setattr(_kernels, "fallback", fail)
     monkeypatch.delenv("ROCM_ATTN_VALIDATE", raising=False)
 
 
