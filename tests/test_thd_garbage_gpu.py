@@ -30,7 +30,7 @@ import rocm_attn
 from rocm_attn import thd
 from rocm_attn.thd import _kernels
 
-from gpu_helpers import gpu_marks
+from helpers.gpu import gpu_marks
 
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1

@@ -24,7 +24,7 @@ import rocm_attn
 from rocm_attn import thd
 from rocm_attn.thd import _dispatch, _kernels
 
-from gpu_helpers import gpu_marks, poison_allocator, why_no_kernels
+from helpers.gpu import gpu_marks, poison_allocator, why_no_kernels
 
 NEG_INF = float("-inf")
 I32 = torch.int32
