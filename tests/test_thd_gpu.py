@@ -20,7 +20,6 @@ import random
 import pytest
 import torch
 
-import rocm_attn
 from rocm_attn import thd
 from rocm_attn.thd import _dispatch, _kernels
 

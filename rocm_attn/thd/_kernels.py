@@ -26,19 +26,10 @@ from ._index import padded_cu_seqlens
 
 _log = logging.getLogger("rocm_attn")
 
-
 _KERNEL_COPY_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
 _KERNEL_MATH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
 _GRAD_OP_CODES = {"none": 0, "copy": 1, "add": 2}
-
-
 _I32_MAX = 2**31 - 1
-
-
 _KERNEL_OPS = ("thd_gather", "thd_copy_valid_tokens_", "thd_merge", "thd_merge_",
                "thd_merge_rows_", "thd_add_rows_", "thd_out_correction_", "thd_grad_correction",
                "thd_grad_correction_")
