@@ -1,7 +1,7 @@
 """One-device varlen attention and the attention engine context parallelism stands on.
 
 :func:`attention` is the public op (``rocm_attn.attention``). Below it, one module per concern,
-used by :mod:`rocm_attn.attn_with_cp <rocm_attn.cp>` as well (cp/ adds the plan, the comm types
+used by :func:`rocm_attn.attn_with_cp` as well (:mod:`rocm_attn.cp` adds the plan, the comm types
 and their step schedules; nothing here imports cp/):
 
 * ``api.py``        ``attention``: checks, the one step, autograd and the compile-path ops

@@ -339,7 +339,8 @@ class TorchFlashBackend(StepBackend):
 
 def _aten_flash():
     """``(forward, backward)`` flash ops; tests substitute a CPU emulator of the aten wrapper
-    (tests/helpers/flash_emulator.py) to run this backend's packing and window logic without a GPU."""
+    (tests/helpers/flash_emulator.py) to run this backend's packing and window logic without a
+    GPU."""
     return torch.ops.aten._flash_attention_forward, torch.ops.aten._flash_attention_backward
 
 
