@@ -373,7 +373,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mma_selft
 }
 
 // ---------------------------------------------------------------------------------------------
-// THD context-parallel helpers (hip_src/thd). rocm_attn/thd.py validates every argument and
+// THD context-parallel helpers (hip_src/thd). rocm_attn/thd/ validates every argument and
 // calls these only for layouts they serve (it falls back to its torch path otherwise); the
 // checks here are the last line of defence for direct torch.ops callers.
 // ---------------------------------------------------------------------------------------------
@@ -402,7 +402,7 @@ bool thd_collapse(const at::Tensor& t, int64_t begin, int64_t end, int64_t& size
 
 // Dims [begin, ndim) of tensors with one trailing shape as [heads, head_elems]: head_elems the
 // trailing dims contiguous in every tensor, heads the dims before them merged (one stride per
-// tensor). Mirrored by rocm_attn.thd._row_split.
+// tensor). Mirrored by _row_split in rocm_attn/thd/_kernels.py.
 bool thd_split_rows(const std::vector<const at::Tensor*>& ts, int64_t begin, int64_t& heads,
                     int64_t& head_elems, std::vector<int64_t>& head_strides) {
   const int64_t nd = ts.front()->dim();
