@@ -25,6 +25,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from . import _ext
+from ._checks import is_int
 from .nn import TargetAttention
 from .small_seq import KERNEL_DTYPES, KERNEL_HEAD_DIMS
 
@@ -69,8 +70,7 @@ def default_config(device: Optional[str] = None, batch: Optional[int] = None,
     """Production-sized batch in bf16 on a GPU; a small fp32 batch on a CPU. None picks the
     default; 0 or a negative batch / iters is an error, not the default."""
     for name, value in (("batch", batch), ("iters", iters)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
+        if value is not None and (not is_int(value) or value < 1):
             raise ValueError(f"{name} must be a positive int or None, got {value!r}")
     if backend not in ("auto", "kernel", "torch"):
         raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")

@@ -62,7 +62,7 @@ def kernel_summary(kernels: List[str]) -> str:
 def op_backends(device: torch.device) -> Dict[str, str]:
     """Which backend each op family uses on ``device`` (fp16/bf16 inputs), and why."""
     from . import thd
-    from .cp.backends import flash_support_problem, resolve_backend
+    from .varlen.backends import flash_support_problem, resolve_backend
 
     gpu = device.type == "cuda"
     if gpu and _ext.HAS_EXTENSION:

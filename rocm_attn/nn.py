@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ._checks import is_int
 from .small_seq import MAX_SEQLEN_KV, fused_attn_small_seq
 
 
@@ -53,7 +54,7 @@ class TargetAttention(nn.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads "
                              f"({num_kv_heads})")
-        if isinstance(max_seqlen_kv, bool) or not isinstance(max_seqlen_kv, int) or not (
+        if not is_int(max_seqlen_kv) or not (
                 1 <= max_seqlen_kv <= MAX_SEQLEN_KV):
             raise ValueError(f"max_seqlen_kv must be an int in 1..{MAX_SEQLEN_KV}, got "
                              f"{max_seqlen_kv!r}")
@@ -130,5 +131,5 @@ class TargetAttention(nn.Module):
 
 
 def _check_size(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")

@@ -35,6 +35,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from ._checks import check_chunk_size, check_cu, check_same_b, check_window, is_int
+
 __all__ = [
     "MASK_TYPES",
     "normalize_mask_type",
@@ -87,43 +89,6 @@ def normalize_mask_type(attn_mask_type: str) -> bool:
     return MASK_TYPES[attn_mask_type]
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check_window(window_size) -> Tuple[int, int]:
-    if window_size is None:
-        return (-1, -1)
-    if (
-        not isinstance(window_size, (tuple, list))
-        or len(window_size) != 2
-        or not all(_is_int(w) for w in window_size)
-        or any(w < -1 for w in window_size)
-    ):
-        raise ValueError(
-            "window_size must be a pair of ints (left, right), each >= -1 "
-            f"(-1 = unbounded), got {window_size!r}"
-        )
-    return int(window_size[0]), int(window_size[1])
-
-
-def _check_chunk(chunk_size) -> Optional[int]:
-    if chunk_size is None:
-        return None
-    if not _is_int(chunk_size) or chunk_size <= 0:
-        raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
-    return int(chunk_size)
-
-
-def _check_cu(name: str, cu: torch.Tensor) -> None:
-    if not isinstance(cu, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
-    if cu.dtype != torch.int32:
-        raise ValueError(f"{name} must have dtype torch.int32, got {cu.dtype}")
-    if cu.dim() != 1 or cu.numel() < 1:
-        raise ValueError(f"{name} must be 1-D with b+1 >= 1 entries, got shape {tuple(cu.shape)}")
-
-
 # --------------------------------------------------------------------------
 # masks
 # --------------------------------------------------------------------------
@@ -161,9 +126,9 @@ def attention_mask(
         ``[sq, skv]``.
     """
     causal = normalize_mask_type(attn_mask_type)
-    left, right = _check_window(window_size)
-    chunk = _check_chunk(chunk_size)
-    if not _is_int(sq) or not _is_int(skv) or sq < 0 or skv < 0:
+    left, right = check_window(window_size)
+    chunk = check_chunk_size(chunk_size)
+    if not is_int(sq) or not is_int(skv) or sq < 0 or skv < 0:
         raise ValueError(f"sq and skv must be non-negative ints, got sq={sq!r}, skv={skv!r}")
     pos = torch.arange(sq, device=device, dtype=torch.int64).unsqueeze(1) + (skv - sq)
     j = torch.arange(skv, device=device, dtype=torch.int64).unsqueeze(0)
@@ -301,8 +266,8 @@ def reference_attention(
         On inconsistent shapes, dtypes or arguments.
     """
     normalize_mask_type(attn_mask_type)
-    window = _check_window(window_size)
-    chunk = _check_chunk(chunk_size)
+    window = check_window(window_size)
+    chunk = check_chunk_size(chunk_size)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -324,8 +289,8 @@ def reference_attention(
         raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
     if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
         raise ValueError(f"compute_dtype must be a floating torch.dtype, got {compute_dtype!r}")
-    _check_cu("cu_seqlens_q", cu_seqlens_q)
-    _check_cu("cu_seqlens_kv", cu_seqlens_kv)
+    check_cu("cu_seqlens_q", cu_seqlens_q)
+    check_cu("cu_seqlens_kv", cu_seqlens_kv)
     if cu_seqlens_q.numel() != cu_seqlens_kv.numel():
         raise ValueError(
             "cu_seqlens_q and cu_seqlens_kv must have the same batch size, got "
@@ -333,12 +298,8 @@ def reference_attention(
         )
     for name, cp in (("cu_seqlens_q_padded", cu_seqlens_q_padded), ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
         if cp is not None:
-            _check_cu(name, cp)
-            if cp.numel() != cu_seqlens_q.numel():
-                raise ValueError(
-                    f"{name} must have b+1 = {cu_seqlens_q.numel()} entries like cu_seqlens_q, "
-                    f"got {cp.numel()}"
-                )
+            check_cu(name, cp)
+            check_same_b(name, cp, "cu_seqlens_q", cu_seqlens_q)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
     softmax_scale = float(softmax_scale)

@@ -15,6 +15,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from . import _ext, _logging, errors, ops  # noqa: F401  (ops registers fake impls and autograd)
+from ._checks import is_int
 from .reference import reference_small_seq
 
 log = logging.getLogger("rocm_attn")
@@ -97,7 +98,7 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, ma
         raise ValueError(f"qkv_layout must be one of {LAYOUTS}, got {qkv_layout!r}")
     if max_seqlen_q != 1:
         raise ValueError(f"max_seqlen_q must be 1 (one query token per segment), got {max_seqlen_q}")
-    if isinstance(max_seqlen_kv, bool) or not isinstance(max_seqlen_kv, int) or not (
+    if not is_int(max_seqlen_kv) or not (
         1 <= max_seqlen_kv <= MAX_SEQLEN_KV
     ):
         raise ValueError(

@@ -17,6 +17,7 @@ import contextlib
 from typing import Dict, Iterator
 
 from . import _ext
+from ._checks import is_int
 
 
 def _module():
@@ -43,7 +44,7 @@ def environment_names() -> Dict[str, str]:
 def set_value(name: str, value: int) -> int:
     """Set one tuning value for every later launch in this process; returns the previous one."""
     module = _module()
-    if not isinstance(value, int) or isinstance(value, bool) or not -2**31 <= value < 2**31:
+    if not is_int(value) or not -2**31 <= value < 2**31:
         raise ValueError(f"tuning value for {name!r} must be a 32-bit int, got {value!r}")
     try:
         return module.set_tuning(name, value)

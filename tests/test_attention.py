@@ -12,7 +12,7 @@ import rocm_attn
 from rocm_attn import attention
 from rocm_attn.reference import reference_attention
 
-from test_cp import _why_no_flash  # noqa: E402  (tests/ is on sys.path; helpers only)
+from helpers.cp import why_no_flash  # noqa: E402
 
 F64 = torch.float64
 I32 = torch.int32
@@ -138,10 +138,10 @@ def test_attention_without_lse_and_exported():
     (True, (5, 0), 4, True), (False, (3, 4), None, True), (False, (0, -1), None, False),
     (True, (-1, -1), None, False), (False, (-1, 2), 4, True), (True, (-1, -1), 3, False)])
 def test_attention_torch_flash_backend_on_cpu_emulator(causal, window, chunk, pad, monkeypatch):
-    """backend='torch_flash' with tests/flash_emulator.py standing in for the aten ops."""
-    import flash_emulator
+    """backend='torch_flash' with tests/helpers/flash_emulator.py standing in for the aten ops."""
+    from helpers import flash_emulator
 
-    from rocm_attn.cp import backends
+    from rocm_attn.varlen import backends
 
     monkeypatch.setattr(backends, "_aten_flash",
                         lambda: (flash_emulator.flash_forward, flash_emulator.flash_backward))
@@ -198,7 +198,7 @@ GPU_CASES = [(c, w, ch, pad) for c, w, ch, pad in itertools.product(
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_why_no_flash() is not None, reason=str(_why_no_flash()))
+@pytest.mark.skipif(why_no_flash() is not None, reason=str(why_no_flash()))
 @pytest.mark.parametrize("causal,window,chunk,pad", GPU_CASES)
 def test_gpu_attention_torch_flash(causal, window, chunk, pad):
     p = _problem([300, 1100, 1, 0, 77], [300, 1100, 1, 0, 77], 4, 2, 64, pad, seed=11,
@@ -208,7 +208,7 @@ def test_gpu_attention_torch_flash(causal, window, chunk, pad):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_why_no_flash() is not None, reason=str(_why_no_flash()))
+@pytest.mark.skipif(why_no_flash() is not None, reason=str(why_no_flash()))
 @pytest.mark.parametrize("causal,window,chunk", [(True, (40, 0), 64), (False, (30, 20), None),
                                                  (False, (0, -1), None)])
 def test_gpu_attention_torch_flash_cross(causal, window, chunk):

@@ -26,7 +26,8 @@ import rocm_attn
 from rocm_attn import attn_with_cp, gather_from_cp, shard_for_cp
 from rocm_attn.reference import reference_attention
 
-from cp_spawn import (NCCL_WORLDS, assert_world_passes, report_cases,  # noqa: E402  (tests/ is on sys.path)
+from helpers.cp import FakeGroup, compare, cu_of, rand_poisoned, why_no_flash  # noqa: E402
+from helpers.cp_spawn import (NCCL_WORLDS, assert_world_passes, report_cases,  # noqa: E402  (tests/ is on sys.path)
                       run_world_once, skip_unless_gpus)
 
 I32 = torch.int32
@@ -53,7 +54,7 @@ class Cfg(NamedTuple):
     group: str = "world"  # world | pairs (world 4 split into two cp=2 groups)
     d: int = 16
     seed: int = 0
-    backend: str = "reference"  # or "emulated_flash": torch_flash on tests/flash_emulator.py
+    backend: str = "reference"  # or "emulated_flash": torch_flash on tests/helpers/flash_emulator.py
     save_ring_kv: bool = True  # ROCM_ATTN_CP_SAVE_RING_KV
 
 
@@ -131,13 +132,6 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def _cu(lens) -> torch.Tensor:
-    c = [0]
-    for n in lens:
-        c.append(c[-1] + n)
-    return torch.tensor(c, dtype=I32)
-
-
 class Side(NamedTuple):
     cu: torch.Tensor
     cu_padded: torch.Tensor
@@ -151,7 +145,7 @@ def _side(lens, cp, layout, slack) -> Side:
         plens = list(lens)
     else:
         plens = [_round_up(n, 2 * cp) for n in lens]
-    cu, cu_p = _cu(lens), _cu(plens)
+    cu, cu_p = cu_of(lens), cu_of(plens)
     rows = int(cu_p[-1]) + slack * 2 * cp
     valid = torch.zeros(rows, dtype=torch.bool)
     for i, n in enumerate(lens):
@@ -159,19 +153,13 @@ def _side(lens, cp, layout, slack) -> Side:
     return Side(cu, cu_p, valid, rows)
 
 
-def _rand(gen, shape, valid, dtype):
-    x = torch.randn(shape, generator=gen, dtype=F64)
-    x[~valid] = float("nan")  # poison: padding and slack rows must never be read
-    return x.to(dtype)
-
-
 def _problem(cfg: Cfg, cp: int):
     gen = torch.Generator().manual_seed(1000 + cfg.seed)
     sq = _side(cfg.lens_q, cp, cfg.layout, cfg.slack)
     skv = sq if cfg.lens_kv is None else _side(cfg.lens_kv, cp, cfg.layout, cfg.slack)
-    q = _rand(gen, (sq.rows, cfg.h_q, cfg.d), sq.valid, cfg.dtype)
-    k = _rand(gen, (skv.rows, cfg.h_kv, cfg.d), skv.valid, cfg.dtype)
-    v = _rand(gen, (skv.rows, cfg.h_kv, cfg.d), skv.valid, cfg.dtype)
+    q = rand_poisoned(gen, (sq.rows, cfg.h_q, cfg.d), sq.valid, cfg.dtype)
+    k = rand_poisoned(gen, (skv.rows, cfg.h_kv, cfg.d), skv.valid, cfg.dtype)
+    v = rand_poisoned(gen, (skv.rows, cfg.h_kv, cfg.d), skv.valid, cfg.dtype)
     go = torch.randn((sq.rows, cfg.h_q, cfg.d), generator=gen, dtype=F64)
     gl = torch.randn((cfg.h_q, sq.rows), generator=gen, dtype=F64)
     return sq, skv, q, k, v, go, gl
@@ -195,27 +183,6 @@ def _tolerance(dtype, backend="reference"):
     if backend != "reference" and dtype in (torch.bfloat16, torch.float16):
         return 3e-2 if dtype == torch.bfloat16 else 5e-3
     return {F64: 1e-10, torch.float32: 2e-6, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}[dtype]
-
-
-def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tol: float) -> Optional[str]:
-    got = got.to(F64)
-    want = want.to(F64)
-    if got.shape != want.shape:
-        return f"{name}: shape {tuple(got.shape)} != reference {tuple(want.shape)}"
-    nan = torch.isnan(got)
-    if nan.any():
-        return f"{name}: {int(nan.sum())} NaN values"
-    inf_g, inf_w = torch.isinf(got), torch.isinf(want)
-    if not torch.equal(inf_g, inf_w) or not torch.equal(got[inf_g], want[inf_w]):
-        return f"{name}: infinite entries differ from the reference"
-    fin = ~inf_w
-    if not fin.any():
-        return None
-    err = (got[fin] - want[fin]).abs().max().item()
-    scale = max(1.0, want[fin].abs().max().item())
-    if err > tol * scale:
-        return f"{name}: max abs error {err:.3e} > {tol:.1e} * {scale:.3g}"
-    return None
 
 
 def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu") -> Optional[str]:
@@ -270,7 +237,7 @@ def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu") -> Opt
     if cfg.loss == "nolse":
         del got["lse"]
     tol = _tolerance(cfg.dtype, cfg.backend)
-    errs = [e for n in got for e in [_compare(n, got[n], want[n].detach(), tol)] if e]
+    errs = [e for n in got for e in [compare(n, got[n], want[n].detach(), tol)] if e]
     return "; ".join(errs) or None
 
 
@@ -316,11 +283,11 @@ def _suite_cases(cfgs: List[Cfg], world: int, rank: int, device: str):
 
 
 def _use_flash_emulator() -> None:
-    """In a spawned CPU worker: torch_flash calls tests/flash_emulator.py (backend
+    """In a spawned CPU worker: torch_flash calls tests/helpers/flash_emulator.py (backend
     "emulated_flash" configurations; "auto" and "reference" never reach it on CPU)."""
-    import flash_emulator
+    from helpers import flash_emulator
 
-    from rocm_attn.cp import backends
+    from rocm_attn.varlen import backends
 
     backends._aten_flash = lambda: (flash_emulator.flash_forward, flash_emulator.flash_backward)
     backends._flash_problem = lambda q: None
@@ -332,7 +299,7 @@ def _use_flash_emulator() -> None:
 
 
 def _cons_args(rank: int, lens=(8, 4), **change):
-    cu = _cu(lens)
+    cu = cu_of(lens)
     t = sum(lens) // 2
     g = torch.Generator().manual_seed(100 + rank)
     q, k, v = (torch.randn(t, h, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2))
@@ -428,19 +395,6 @@ def test_cp_matches_reference(name, tmp_path_factory):
 # --------------------------------------------------------------------------
 
 
-class FakeGroup:
-    """size()/rank() only: attn_with_cp checks arguments before any communication."""
-
-    def __init__(self, size: int, rank: int = 0):
-        self._size, self._rank = size, rank
-
-    def size(self):
-        return self._size
-
-    def rank(self):
-        return self._rank
-
-
 @pytest.mark.parametrize("comm", ["p2p", "all_gather", "a2a"])
 @pytest.mark.parametrize("mask", ["no_mask", "causal"])
 def test_cp1_equals_reference(comm, mask):
@@ -450,7 +404,7 @@ def test_cp1_equals_reference(comm, mask):
 
 def _good_args(cp=2):
     lens = [8, 4]  # multiples of 2*cp for cp in (1, 2)
-    cu = _cu(lens)
+    cu = cu_of(lens)
     t = sum(lens) // cp
     g = torch.Generator().manual_seed(0)
     q = torch.randn(t, 4, 8, generator=g, dtype=F64)
@@ -479,10 +433,10 @@ _ERR_CASES = [
                                     v=torch.randn(6, 1, 8, dtype=F64)), ValueError,
      "multiples of its size \\(2\\)"),
     ("mask_unknown", lambda: _with(attn_mask_type="top_left"), ValueError, "attn_mask_type"),
-    ("p2p_window_cross", lambda: _with(cu_seqlens_kv=_cu([4, 8]), attn_mask_type="no_mask",
+    ("p2p_window_cross", lambda: _with(cu_seqlens_kv=cu_of([4, 8]), attn_mask_type="no_mask",
                                        window_size=(4, 0)), ValueError,
      "cp_comm_type='p2p' with window_size=\\(4, 0\\) needs identical q and kv"),
-    ("p2p_chunk_cross", lambda: _with(cu_seqlens_kv=_cu([4, 8]), attn_mask_type="no_mask",
+    ("p2p_chunk_cross", lambda: _with(cu_seqlens_kv=cu_of([4, 8]), attn_mask_type="no_mask",
                                       chunk_size=4), ValueError,
      "cp_comm_type='p2p' with chunk_size=4 needs identical q and kv"),
     ("chunk_bad", lambda: _with(chunk_size=0), ValueError, "chunk_size must be"),
@@ -500,15 +454,15 @@ _ERR_CASES = [
                                 v=torch.randn(6, 1, 8, dtype=F64)), ValueError,
      "h_kv \\(1\\) must both be multiples of cp \\(2\\)"),
     ("cu_dtype", lambda: _with(cu_seqlens_q=torch.tensor([0, 8, 12])), ValueError, "int32"),
-    ("cu_batch", lambda: _with(cu_seqlens_kv=_cu([12])), ValueError, "b\\+1 = 3"),
-    ("not_divisible_no_padded", lambda: _with(cu_seqlens_q=_cu([6, 6]), cu_seqlens_kv=_cu([6, 6])),
+    ("cu_batch", lambda: _with(cu_seqlens_kv=cu_of([12])), ValueError, "b\\+1 = 3"),
+    ("not_divisible_no_padded", lambda: _with(cu_seqlens_q=cu_of([6, 6]), cu_seqlens_kv=cu_of([6, 6])),
      ValueError, "sequence 0 has length 6, not a multiple of 2\\*cp = 4.*pad_for_cp"),
-    ("padded_not_divisible", lambda: _with(cu_seqlens_q_padded=_cu([6, 6]),
-                                           cu_seqlens_kv_padded=_cu([6, 6])),
+    ("padded_not_divisible", lambda: _with(cu_seqlens_q_padded=cu_of([6, 6]),
+                                           cu_seqlens_kv_padded=cu_of([6, 6])),
      ValueError, "padded length of 6, not a multiple of 2\\*cp = 4"),
-    ("valid_exceeds_slot", lambda: _with(cu_seqlens_q=_cu([9, 3]), cu_seqlens_kv=_cu([9, 3]),
-                                         cu_seqlens_q_padded=_cu([8, 4]),
-                                         cu_seqlens_kv_padded=_cu([8, 4]), max_seqlen_q=9,
+    ("valid_exceeds_slot", lambda: _with(cu_seqlens_q=cu_of([9, 3]), cu_seqlens_kv=cu_of([9, 3]),
+                                         cu_seqlens_q_padded=cu_of([8, 4]),
+                                         cu_seqlens_kv_padded=cu_of([8, 4]), max_seqlen_q=9,
                                          max_seqlen_kv=9), ValueError, "padded slot of 8"),
     ("shard_too_small", lambda: _with(q=torch.randn(4, 4, 8, dtype=F64)), ValueError,
      "local q shard has 4 tokens but cu_seqlens_q\\[-1\\] // cp = 12 // 2 = 6"),
@@ -518,7 +472,7 @@ _ERR_CASES = [
      "local kv shard has 2 tokens"),
     ("max_seqlen", lambda: _with(max_seqlen_q=4), ValueError, "max_seqlen_q = 4"),
     ("max_seqlen_type", lambda: _with(max_seqlen_kv=8.0), ValueError, "max_seqlen_kv"),
-    ("p2p_causal_cross", lambda: _with(cu_seqlens_kv=_cu([4, 8])), ValueError,
+    ("p2p_causal_cross", lambda: _with(cu_seqlens_kv=cu_of([4, 8])), ValueError,
      "cp_comm_type='p2p' with a causal mask needs identical q and kv"),
     ("backend_unknown", lambda: _with(backend="flash"), ValueError, "backend must be one of"),
     ("backend_flash_cpu", lambda: _with(backend="torch_flash"), ValueError,
@@ -546,8 +500,8 @@ def test_good_args_pass_checks():
 
 def test_unpadded_kv_side_alone_is_checked():
     # padded q layout given, kv layout defaults to cu_seqlens_kv which is not divisible
-    a = _with(cu_seqlens_q=_cu([7, 3]), cu_seqlens_kv=_cu([7, 3]),
-              cu_seqlens_q_padded=_cu([8, 4]), cp_comm_type="all_gather",
+    a = _with(cu_seqlens_q=cu_of([7, 3]), cu_seqlens_kv=cu_of([7, 3]),
+              cu_seqlens_q_padded=cu_of([8, 4]), cp_comm_type="all_gather",
               attn_mask_type="no_mask")
     with pytest.raises(ValueError, match="cu_seqlens_kv: sequence 0 has length 7"):
         attn_with_cp(**a)
@@ -560,7 +514,7 @@ def test_public_exports():
 
 
 def test_shard_for_cp_is_thd_partition():
-    cu_p = _cu([8, 0, 16])
+    cu_p = cu_of([8, 0, 16])
     x = torch.arange(24.0).reshape(24, 1)
     parts = [shard_for_cp(x, cu_p, 2, r) for r in range(2)]
     assert parts[0].flatten().tolist() == [0, 1, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23]
@@ -570,7 +524,7 @@ def test_shard_for_cp_is_thd_partition():
 def test_auto_backend_on_cpu_is_reference(caplog):
     import logging
 
-    from rocm_attn.cp.backends import resolve_backend
+    from rocm_attn.varlen.backends import resolve_backend
 
     with caplog.at_level(logging.DEBUG, logger="rocm_attn.cp"):
         b = resolve_backend("auto", torch.randn(2, 2, 8, dtype=torch.bfloat16))
@@ -594,14 +548,6 @@ def test_lse_scale_and_math():
 # --------------------------------------------------------------------------
 
 
-def _why_no_flash():
-    if not torch.cuda.is_available():
-        return "no CUDA/ROCm GPU"
-    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
-        return "this torch build has no aten._flash_attention_forward"
-    return None
-
-
 def _step_metas(plan):
     from rocm_attn.cp import steps
 
@@ -610,7 +556,7 @@ def _step_metas(plan):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_why_no_flash() is not None, reason=str(_why_no_flash()))
+@pytest.mark.skipif(why_no_flash() is not None, reason=str(why_no_flash()))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mask", ["no_mask", "causal"])
 @pytest.mark.parametrize("cp,rank", [(1, 0), (2, 0), (2, 1), (4, 1), (4, 3)])
@@ -619,7 +565,7 @@ def test_gpu_torch_flash_steps_match_reference_backend(dtype, mask, cp, rank):
     torch_flash backend equals the reference backend on the same step tensors, forward and
     backward (with an LSE cotangent and a 'final' LSE above the step's own)."""
     from rocm_attn.cp import api, layouts
-    from rocm_attn.cp.backends import ReferenceBackend, TorchFlashBackend
+    from rocm_attn.varlen.backends import ReferenceBackend, TorchFlashBackend
 
     dev = torch.device("cuda")
     d, h_q, h_kv = 64, 4, 2
@@ -650,7 +596,7 @@ def test_gpu_torch_flash_steps_match_reference_backend(dtype, mask, cp, rank):
         tag = f"{meta.kind} (q {meta.q_layout}, kv {meta.kv_layout})"
         tol = _tolerance(dtype, "torch_flash")
         for name, a, b in (("out", o_f, o_r), ("lse", l_f, l_r)):
-            err = _compare(name, a, b, tol)
+            err = compare(name, a, b, tol)
             assert err is None, f"{tag}: {err}"
         lse_fin = torch.where(l_r == float("-inf"), l_r, l_r + 0.3)
         out_fin = rnd(*o_r.shape)
@@ -660,7 +606,7 @@ def test_gpu_torch_flash_steps_match_reference_backend(dtype, mask, cp, rank):
             gr = ref.backward(dout, q_s, k_s, v_s, out_fin, lse_fin, dl, meta, plan.softmax_scale)
             gf = fl.backward(dout, q_s, k_s, v_s, out_fin, lse_fin, dl, meta, plan.softmax_scale)
             for name, a, b in zip(("dq", "dk", "dv"), gf, gr):
-                err = _compare(name, a, b, tol)
+                err = compare(name, a, b, tol)
                 assert err is None, f"{tag}, dlse={with_dlse}: {err}"
 
 
@@ -686,7 +632,7 @@ def _nccl_worker(rank: int, world: int, port: int, out_path: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_why_no_flash() is not None, reason=str(_why_no_flash()))
+@pytest.mark.skipif(why_no_flash() is not None, reason=str(why_no_flash()))
 @pytest.mark.parametrize("world", NCCL_WORLDS)
 def test_gpu_nccl_matches_reference(world, tmp_path):
     skip_unless_gpus(world)
@@ -726,7 +672,7 @@ def test_step_metadata_is_shared_between_calls_on_the_same_cu_seqlens():
 
 def _stale_case(lens_a, lens_b):
     a = _good_args(cp=1)
-    cu = _cu(lens_a)
+    cu = cu_of(lens_a)
     a.update(cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lens_a + lens_b),
              max_seqlen_kv=max(lens_a + lens_b))
     return a, cu

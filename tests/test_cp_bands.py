@@ -1,5 +1,5 @@
-"""Unit tests of rocm_attn.cp.bands (windows and chunks as flash-expressible pieces), the
-packed-row helpers of rocm_attn.cp.packed and the ring-step reach rule, against brute force."""
+"""Unit tests of rocm_attn.varlen.bands (windows and chunks as flash-expressible pieces), the
+packed-row helpers of rocm_attn.varlen.packed and the ring-step reach rule, against brute force."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from rocm_attn.cp import bands, packed
-from rocm_attn.cp.bands import MaskSpec, Segment
+from rocm_attn.varlen import bands, packed
+from rocm_attn.varlen.bands import MaskSpec, Segment
 from rocm_attn.reference import attention_mask
 
 T64 = torch.int64

@@ -24,9 +24,9 @@ import torch.distributed as dist
 from rocm_attn import attn_with_cp, gather_from_cp, shard_for_cp
 from rocm_attn.reference import reference_attention
 
-from cp_spawn import (NCCL_WORLDS, assert_world_passes, report_cases,  # noqa: E402  (tests/ is on sys.path)
+from helpers.cp_spawn import (NCCL_WORLDS, assert_world_passes, report_cases,  # noqa: E402  (tests/ is on sys.path)
                       run_world_once, skip_unless_gpus)
-from test_cp import FakeGroup, _compare, _cu, _rand, _why_no_flash  # noqa: E402  (helpers only)
+from helpers.cp import FakeGroup, compare, cu_of, rand_poisoned, why_no_flash  # noqa: E402
 
 I32 = torch.int32
 F64 = torch.float64
@@ -155,7 +155,7 @@ def _side(lens: List[int], cp: int, pad: bool, slack: int = 0) -> Side:
     m = 2 * cp
     # padding between sequences: round up to 2*cp, and every other sequence one more 2*cp
     plens = [(-(-n // m) + (i % 2 if pad else 0)) * m for i, n in enumerate(lens)]
-    cu, cu_p = _cu(lens), _cu(plens)
+    cu, cu_p = cu_of(lens), cu_of(plens)
     valid = torch.zeros(int(cu_p[-1]) + slack * m, dtype=torch.bool)
     for i, n in enumerate(lens):
         valid[int(cu_p[i]): int(cu_p[i]) + n] = True
@@ -200,9 +200,9 @@ def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu",
     gen = torch.Generator().manual_seed(2000 + cfg.seed)
     sq = _side(cfg.lens_q, cp, cfg.pad, cfg.slack)
     skv = sq if cfg.lens_kv is None else _side(cfg.lens_kv, cp, cfg.pad, cfg.slack)
-    q = _rand(gen, (len(sq.valid), cfg.h_q, d), sq.valid, cfg.dtype)
-    k = _rand(gen, (len(skv.valid), cfg.h_kv, d), skv.valid, cfg.dtype)
-    v = _rand(gen, (len(skv.valid), cfg.h_kv, d), skv.valid, cfg.dtype)
+    q = rand_poisoned(gen, (len(sq.valid), cfg.h_q, d), sq.valid, cfg.dtype)
+    k = rand_poisoned(gen, (len(skv.valid), cfg.h_kv, d), skv.valid, cfg.dtype)
+    v = rand_poisoned(gen, (len(skv.valid), cfg.h_kv, d), skv.valid, cfg.dtype)
     go = torch.randn(q.shape, generator=gen, dtype=F64)
     gl = torch.randn((cfg.h_q, q.shape[0]), generator=gen, dtype=F64)
     dev = torch.device(device)
@@ -254,7 +254,7 @@ def _run_config(cfg: Cfg, group, cp: int, rank: int, device: str = "cpu",
     if not cfg.return_lse:
         del got["lse"], want["lse"]
     tol = _tolerance(cfg.dtype) if backend == "reference" else 3e-2
-    errs += [e for n in got for e in [_compare(n, got[n], want[n].detach(), tol)] if e]
+    errs += [e for n in got for e in [compare(n, got[n], want[n].detach(), tol)] if e]
     errs += _padding_exact(got, sq, skv)
     return "; ".join(errs) or None
 
@@ -331,7 +331,7 @@ def _check_flash_steps(mask, window, chunk, cp, rank, device, dtype, tol, d=64,
     equals ReferenceBackend on the same step tensors, forward and backward (with and without
     an LSE cotangent, against a 'final' LSE above the step's own)."""
     from rocm_attn.cp import api, layouts, steps
-    from rocm_attn.cp.backends import ReferenceBackend, TorchFlashBackend
+    from rocm_attn.varlen.backends import ReferenceBackend, TorchFlashBackend
 
     dev = torch.device(device)
     h_q, h_kv = 4, 2
@@ -362,7 +362,7 @@ def _check_flash_steps(mask, window, chunk, cp, rank, device, dtype, tol, d=64,
         o_f, l_f = fl.forward(q_s, k_s, v_s, meta, plan.softmax_scale)
         tag = f"{meta.kind} (q {meta.q_layout}, kv {meta.kv_layout}, window {meta.window_size})"
         for name, a, b in (("out", o_f, o_r), ("lse", l_f, l_r)):
-            err = _compare(name, a.cpu(), b.cpu(), tol)
+            err = compare(name, a.cpu(), b.cpu(), tol)
             assert err is None, f"{tag}: {err}"
         lse_fin = torch.where(l_r == float("-inf"), l_r, l_r + 0.3)
         out_fin, dout, dlse = rnd(*o_r.shape), rnd(*o_r.shape), torch.randn_like(l_r)
@@ -370,7 +370,7 @@ def _check_flash_steps(mask, window, chunk, cp, rank, device, dtype, tol, d=64,
             gr = ref.backward(dout, q_s, k_s, v_s, out_fin, lse_fin, dl, meta, plan.softmax_scale)
             gf = fl.backward(dout, q_s, k_s, v_s, out_fin, lse_fin, dl, meta, plan.softmax_scale)
             for name, a, b in zip(("dq", "dk", "dv"), gf, gr):
-                err = _compare(name, a.cpu(), b.cpu(), tol)
+                err = compare(name, a.cpu(), b.cpu(), tol)
                 assert err is None, f"{tag}, dlse={dl is not None}: {err}"
 
 
@@ -379,7 +379,7 @@ STEP_CASES = [(m, w, c, cp, r) for m, w, c in GPU_STEP_SPECS
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_why_no_flash() is not None, reason=str(_why_no_flash()))
+@pytest.mark.skipif(why_no_flash() is not None, reason=str(why_no_flash()))
 @pytest.mark.parametrize("mask,window,chunk,cp,rank", STEP_CASES)
 def test_gpu_torch_flash_mask_steps_match_reference_backend(mask, window, chunk, cp, rank):
     """torch_flash (bf16) on every windowed / chunked call: where the flash window conventions
@@ -398,12 +398,12 @@ EMULATOR_CASES = [("causal", (32, 0), None, 2, 1), ("causal", (-1, -1), 64, 4, 1
 
 @pytest.mark.parametrize("mask,window,chunk,cp,rank", EMULATOR_CASES)
 def test_flash_backend_on_cpu_emulator(mask, window, chunk, cp, rank, monkeypatch):
-    """The same checks on CPU with tests/flash_emulator.py standing in for the aten ops (the
+    """The same checks on CPU with tests/helpers/flash_emulator.py standing in for the aten ops (the
     wrapper's window conversions, +inf LSE of empty rows, uninitialised rows as NaN), in
     float64: the backend's packing, max_seqlen adjustments and LSE-cotangent trick."""
-    import flash_emulator
+    from helpers import flash_emulator
 
-    from rocm_attn.cp import backends
+    from rocm_attn.varlen import backends
 
     monkeypatch.setattr(backends, "_aten_flash",
                         lambda: (flash_emulator.flash_forward, flash_emulator.flash_backward))
@@ -419,7 +419,7 @@ def _check_direct_ring_steps(mask, window, chunk, cp, rank, device, dtype, tol, 
     import dataclasses
 
     from rocm_attn.cp import api, p2p, steps
-    from rocm_attn.cp.backends import TorchFlashBackend
+    from rocm_attn.varlen.backends import TorchFlashBackend
 
     dev = torch.device(device)
     h_q, h_kv = 4, 2
@@ -446,7 +446,7 @@ def _check_direct_ring_steps(mask, window, chunk, cp, rank, device, dtype, tol, 
             res[name] = [out[:t], lse[:, :t]]
         tag = f"step {step} ({[m.kind for m in metas]})"
         for i, what in enumerate(("out", "lse")):
-            err = _compare(what, res["dir"][i].cpu(), res["ref"][i].cpu(), tol)
+            err = compare(what, res["dir"][i].cpu(), res["ref"][i].cpu(), tol)
             assert err is None, f"{tag}: {err}"
         l_ref = res["ref"][1]
         lse_fin = torch.where(l_ref == float("-inf"), l_ref, l_ref + 0.3).contiguous()
@@ -462,7 +462,7 @@ def _check_direct_ring_steps(mask, window, chunk, cp, rank, device, dtype, tol, 
                 p2p.fold_kv_grads(dkv, parts, plan)
                 grads[name] = (dq[:t], dkv[0, :t], dkv[1, :t])
             for what, a, b in zip(("dq", "dk", "dv"), grads["dir"], grads["ref"]):
-                err = _compare(what, a.cpu(), b.cpu(), tol)
+                err = compare(what, a.cpu(), b.cpu(), tol)
                 assert err is None, f"{tag}, dlse={dl is not None}: {err}"
 
 
@@ -471,9 +471,9 @@ def test_direct_ring_steps_on_cpu_emulator(mask, window, chunk, cp, rank, monkey
     """Direct flash calls (no packing copies) on CPU with the emulator, float64: the dummy
     sub-sequences, the grouping that keeps q and kv ranges increasing, merges and adds by
     row index, padding between sequences."""
-    import flash_emulator
+    from helpers import flash_emulator
 
-    from rocm_attn.cp import backends
+    from rocm_attn.varlen import backends
 
     monkeypatch.setattr(backends, "_aten_flash",
                         lambda: (flash_emulator.flash_forward, flash_emulator.flash_backward))
@@ -482,7 +482,7 @@ def test_direct_ring_steps_on_cpu_emulator(mask, window, chunk, cp, rank, monkey
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_why_no_flash() is not None, reason=str(_why_no_flash()))
+@pytest.mark.skipif(why_no_flash() is not None, reason=str(why_no_flash()))
 @pytest.mark.parametrize("mask,window,chunk,cp,rank", STEP_CASES)
 def test_gpu_direct_ring_steps_match_reference(mask, window, chunk, cp, rank):
     _check_direct_ring_steps(mask, window, chunk, cp, rank, "cuda", torch.bfloat16, 3e-2)
@@ -503,7 +503,7 @@ def _nccl_worker(rank: int, world: int, port: int, out_path: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_why_no_flash() is not None, reason=str(_why_no_flash()))
+@pytest.mark.skipif(why_no_flash() is not None, reason=str(why_no_flash()))
 @pytest.mark.parametrize("world", NCCL_WORLDS)
 def test_gpu_nccl_masks_match_reference(world, tmp_path):
     skip_unless_gpus(world)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rocm_attn.cp import api, comm, p2p
-from test_cp import FakeGroup, _cu
+from helpers.cp import FakeGroup, cu_of  # noqa: E402
 
 F64 = torch.float64
 
@@ -34,7 +34,7 @@ class _Recorder:
 
 def _schedule(cp: int, rank: int, save_kv: bool, monkeypatch):
     lens = [4 * cp, 6 * cp]
-    cu = _cu(lens)
+    cu = cu_of(lens)
     t = sum(lens) // cp
     q, k, v = (torch.randn(t, 2, 8, dtype=F64) for _ in range(3))
     plan = api._make_plan(q, k, v, cu, cu, max(lens), max(lens), FakeGroup(cp, rank), "p2p",

@@ -1,4 +1,4 @@
-"""The CPU emulation of the HIP kernels (tests/emu_harness.py): its own wave model, then the
+"""The CPU emulation of the HIP kernels (tests/helpers/emu.py): its own wave model, then the
 compat.h and mma.h self-test kernels at 64 lanes (gfx942 pass, MFMA) and 32 lanes.
 
 Includes the tests that prove a broken kernel is caught: MFMA operands swapped, a 64-lane
@@ -12,8 +12,8 @@ import subprocess
 import pytest
 import torch
 
-import emu_harness as emu
-from emu_harness import lib, ptr  # noqa: F401  (lib: fixture)
+from helpers import emu
+from helpers.emu import ptr
 
 
 

@@ -1,4 +1,4 @@
-"""Small-seq forward and backward kernels executed on the CPU emulation (tests/emu_harness.py):
+"""Small-seq forward and backward kernels executed on the CPU emulation (tests/helpers/emu.py):
 64-lane waves with MFMA (the gfx942 code paths) and 32-lane waves, through the project's own
 launchers, against the float64 oracle and the torch path with the bounds of
 tests/test_small_seq_gpu.py (out / grads within max(2 x the torch path's error, 1e-2 bf16 /
@@ -14,9 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import emu_harness as emu
 import test_small_seq_gpu as SG
-from emu_harness import lib, one_torch_thread  # noqa: F401  (fixtures)
+from helpers import emu
 from rocm_attn.small_seq import _scale
 from test_small_seq import (  # noqa: F401  (helpers only: no test functions are imported)
     TOL_LOW,
@@ -29,6 +28,8 @@ from test_small_seq import (  # noqa: F401  (helpers only: no test functions are
     run_ref,
     thd_case,
 )
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TOL_KERNEL_F32 = SG.TOL_KERNEL_F32
 
@@ -53,7 +54,7 @@ def mode(request):
 def need(lib, direction, case):
     q, _, _ = case.qkv()
     if not emu.small_seq_compiled(lib.wave, direction, case.dtype, q.shape[-1], case.max_kv):
-        pytest.skip("variant not in the emulation build (emu_harness.SMALL_SEQ_VARIANTS)")
+        pytest.skip("variant not in the emulation build (helpers.emu.SMALL_SEQ_VARIANTS)")
 
 
 def emu_run(lib, case, grads=True):

@@ -1,6 +1,6 @@
-"""THD kernels (hip_src/thd) executed on the CPU emulation (tests/emu_harness.py) at 64 and
+"""THD kernels (hip_src/thd) executed on the CPU emulation (tests/helpers/emu.py) at 64 and
 32 lanes, through rocm_attn.thd's own kernel wrappers: the GPU tests of tests/test_thd_gpu.py
-run unchanged on CPU tensors, with torch.ops.rocm_attn replaced by emu_harness.EmuThdOps (a
+run unchanged on CPU tensors, with torch.ops.rocm_attn replaced by helpers.emu.EmuThdOps (a
 line-by-line port of the THD ops of hip_src/torch_bindings.cpp onto the emulated launchers).
 
 Same bounds as on the GPU: copies and grad corrections bitwise equal to the torch path, merges
@@ -19,12 +19,13 @@ import re
 import pytest
 import torch
 
-import emu_harness as emu
-from emu_harness import lib, one_torch_thread  # noqa: F401  (fixtures)
 import rocm_attn
 import test_thd_gpu as G
-from rocm_attn import thd
+from helpers import emu
+from rocm_attn.thd import _dispatch, _kernels
 from test_thd_gpu import _kernels_only  # noqa: F401  (autouse: a fallback to torch fails)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # NARROW rows take the row-group kernels; WIDE the wide-row kernels at 32 lanes only (40
 # vectors); WIDE64 (128 vectors of 16 bytes for bf16) at 64 lanes as well.
@@ -38,8 +39,8 @@ def dev(lib, monkeypatch):
     """The CPU as the 'device': kernel wrappers on, ops emulated, CPU allocator poisoning."""
     monkeypatch.setattr(torch.ops, "rocm_attn", emu.EmuThdOps(lib), raising=False)
     monkeypatch.setattr(rocm_attn._ext, "kernels_usable", lambda t: True)
-    for name, fn in thd._KERNEL_IMPLS.items():
-        monkeypatch.setitem(thd._KERNELS, name, fn)
+    for name, fn in _kernels.KERNEL_IMPLS.items():
+        monkeypatch.setitem(_dispatch.KERNELS, name, fn)
     monkeypatch.setattr(G, "poison_allocator", lambda device: None)  # EmuThdOps poisons
     lib.stats(reset=True)
     yield torch.device("cpu")

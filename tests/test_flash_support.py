@@ -2,18 +2,18 @@
 whether this torch's flash attention does varlen, windows and GQA (old ROCm builds lack them,
 or take the arguments and compute something else), and fall back to the reference backend
 with a logged reason instead of failing mid-step. The aten ops are replaced by
-tests/flash_emulator.py (correct) and by broken stand-ins, so this runs on the CPU."""
+tests/helpers/flash_emulator.py (correct) and by broken stand-ins, so this runs on the CPU."""
 
 from __future__ import annotations
 
 import logging
 
-import flash_emulator
+from helpers import flash_emulator
 import pytest
 import torch
 
-from rocm_attn.cp import backends
-from rocm_attn.cp.backends import flash_support_problem, resolve_backend
+from rocm_attn.varlen import backends
+from rocm_attn.varlen.backends import flash_support_problem, resolve_backend
 
 CPU = torch.device("cpu")
 

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rocm_attn  # noqa: E402
 from rocm_attn import SmallSeqContractError, check_errors, fused_attn_small_seq  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
-from gpu_helpers import gpu_marks  # noqa: E402
+from helpers.gpu import gpu_marks  # noqa: E402
 import test_small_seq  # noqa: E402
 from test_small_seq import BSHD, Rng, rel_err, seeds, thd_case  # noqa: E402
 from test_small_seq_contract import INT32_MAX, INT32_MIN, Garbage, make_garbage  # noqa: E402

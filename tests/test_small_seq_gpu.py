@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rocm_attn  # noqa: E402
 from rocm_attn import SmallSeqContractError, check_errors, fused_attn_small_seq  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
-from gpu_helpers import gpu_marks, poison_allocator, why_no_kernels  # noqa: E402
+from helpers.gpu import gpu_marks, poison_allocator, why_no_kernels  # noqa: E402
 import test_small_seq  # noqa: E402
 from test_small_seq import (  # noqa: E402  (helpers only: no test functions are imported)
     BSHD,

@@ -26,10 +26,10 @@ import random
 import pytest
 import torch
 
-import rocm_attn
 from rocm_attn import thd
+from rocm_attn.thd import _kernels
 
-from gpu_helpers import gpu_marks
+from helpers.gpu import gpu_marks
 
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
@@ -46,7 +46,7 @@ def _kernels_only(monkeypatch):
     def fail(name, why, *args):
         raise AssertionError(f"rocm_attn.thd.{name} fell back to the torch path: {why}")
 
-    monkeypatch.setattr(thd, "_fallback", fail)
+    monkeypatch.setattr(_kernels, "fallback", fail)
     monkeypatch.delenv("ROCM_ATTN_VALIDATE", raising=False)
 
 

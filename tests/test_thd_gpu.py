@@ -7,10 +7,10 @@ pad_for_cp) and grad_correction must match the torch path bitwise; merges (fp32 
 1e-6 (fp32 results) or one unit in the last place (16-bit results, rounded once from fp32
 values that may differ in their last bit).
 
-Kernel calls run with ``thd._fallback`` patched to fail, so a test cannot pass by silently
-taking the torch path. Ops that return fresh tensors run after the caching allocator was
-poisoned (its free blocks filled with 0xFF bytes: NaN in every float dtype), so any element a
-kernel forgets to write shows up as NaN and fails the bitwise checks.
+Kernel calls run with ``rocm_attn.thd._kernels.fallback`` patched to fail, so a test cannot
+pass by silently taking the torch path. Ops that return fresh tensors run after the caching
+allocator was poisoned (its free blocks filled with 0xFF bytes: NaN in every float dtype), so
+any element a kernel forgets to write shows up as NaN and fails the bitwise checks.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import random
 import pytest
 import torch
 
-import rocm_attn
 from rocm_attn import thd
+from rocm_attn.thd import _dispatch, _kernels
 
-from gpu_helpers import gpu_marks, poison_allocator, why_no_kernels
+from helpers.gpu import gpu_marks, poison_allocator, why_no_kernels
 
 NEG_INF = float("-inf")
 I32 = torch.int32
@@ -53,7 +53,7 @@ def _kernels_only(monkeypatch):
         calls.append((name, why))
         raise AssertionError(f"rocm_attn.thd.{name} fell back to the torch path: {why}")
 
-    monkeypatch.setattr(thd, "_fallback", fail)
+    monkeypatch.setattr(_kernels, "fallback", fail)
     monkeypatch.delenv("ROCM_ATTN_VALIDATE", raising=False)
     yield calls
 
@@ -454,7 +454,7 @@ def test_merge_partial(dev, d, layout, out_dtype, step_dtype, half, inplace, h):
     assert_merge_close("out", ko, to, ctx)
     assert_merge_close("lse", kl, tl, ctx)
     if half:  # first halves untouched (copied bitwise into new tensors)
-        first = thd._half_index(cu.long(), t, 0)
+        first = thd.read_half(torch.arange(t, device=dev), cu, "first", backend="torch")
         assert torch.equal(ko[first].nan_to_num(7.0), out[first].nan_to_num(7.0)), ctx
         assert torch.equal(kl[:, first], lse[:, first]), ctx
 
@@ -743,7 +743,7 @@ def test_auto_uses_kernels(dev):
     cp = 2
     _, _, cu_p, total = global_case(1, 9, 12, cp, dev)
     x = torch.randn(total, 2, 8, device=dev)
-    assert thd._impl("partition", x, "auto") is thd._kernel_partition
+    assert _dispatch.impl("partition", x, "auto") is _kernels.kernel_partition
     assert torch.equal(thd.partition(x, cu_p, cp, 1),
                        thd.partition(x, cu_p, cp, 1, backend="torch"))
 
@@ -754,9 +754,9 @@ def test_fallbacks_are_correct(dev, monkeypatch, _kernels_only):
 
     def record(name, why, *args):
         seen.append((name, why))
-        return thd._TORCH[name](*args)
+        return _dispatch.TORCH[name](*args)
 
-    monkeypatch.setattr(thd, "_fallback", record)
+    monkeypatch.setattr(_kernels, "fallback", record)
     cp = 2
     _, _, cu_p, total = global_case(2, 9, 12, cp, dev)
     x = torch.randn(total, 3, 8, device=dev, dtype=torch.float64)

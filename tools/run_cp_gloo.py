@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(TESTS))
     import test_cp
     import test_cp_masks
-    from cp_spawn import run_world
+    from helpers.cp_spawn import run_world
 
     failed = 0
     for suite in args.suite.split(","):

@@ -1,9 +1,9 @@
 // Row index math of the THD kernels: a token's sequence by a search over cu_seqlens in global
 // memory (small and cache-resident, no shared-memory copy, so no cap on the number of
 // sequences; a wave searches for all its lanes at once where it can), then the dual-chunk
-// arithmetic. Each function mirrors one torch helper of rocm_attn/thd.py term by term (int64,
-// floor division, the same clamps), so that the kernels give bitwise the rows the torch path
-// gives for valid cu_seqlens, slack rows included, and index nothing out of bounds whatever
+// arithmetic. Each function mirrors one torch helper of rocm_attn/thd/_index.py term by term
+// (int64, floor division, the same clamps), so that the kernels give bitwise the rows the torch
+// path gives for valid cu_seqlens, slack rows included, and index nothing out of bounds whatever
 // cu_seqlens hold (the rule below).
 #pragma once
 

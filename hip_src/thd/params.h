@@ -2,7 +2,7 @@
 // for the copy-type helpers, one merge kernel for the online-softmax merge and its corrections,
 // one kernel for the gradient correction. No torch include: torch_bindings.cpp fills these.
 //
-// Conventions (see rocm_attn/thd.py, which is the oracle of every kernel here):
+// Conventions (see rocm_attn/thd/, whose torch paths are the oracle of every kernel here):
 //  * A THD tensor is viewed as [outer, rows, heads, head_elems]: `rows` is the token dim,
 //    `outer` the product of the dims before it (LSE [h, t]: outer = h), `heads` x `head_elems`
 //    the dims after it, head_elems contiguous. Every stride may be arbitrary otherwise.

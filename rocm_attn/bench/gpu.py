@@ -20,7 +20,7 @@ def gpu_problem(gpus: int = 1, kernels: bool = True) -> Optional[str]:
                  else "a GPU build, but no device is visible")
         return (f"benchmarks need a GPU (CUDA or ROCm); torch {torch.__version__} is {build}. "
                 "Run them on an MI300/MI200 or H100/H200 machine with a GPU build of torch, "
-                "after building the kernels (README: GPU build). On a CPU machine use "
+                "after building the kernels (docs/install.md: GPU build). On a CPU machine use "
                 "`rocm-attn demo` or `rocm-attn selftest` instead.")
     if found < gpus:
         return f"this benchmark needs {gpus} GPUs, found {found}; pass a smaller --cp"

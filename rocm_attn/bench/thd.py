@@ -85,16 +85,20 @@ def helpers(L):
     idx_part = thd.partitioned_indices(cu_p, cp, RANK, T, backend="torch")
     idx_sharded = torch.cat([thd.partitioned_indices(cu_p, cp, r, T, backend="torch")
                              for r in range(cp)])
-    idx_contig = thd._global_to_gathered(cu_p.long(), cp, T // cp,
-                                         torch.arange(T, device=dev))
-    idx_half = thd._half_index(cu_loc.long(), t, 1)
-    valid, src_rows = thd._copy_rows(t, L["n_valid"], cu_v, cu_loc, None, dev)
-    dst_idx = valid.nonzero().squeeze(1)
-    src_idx = src_rows[dst_idx]
+    # the torch paths' index maps, read off the public helpers applied to row numbers
+    idx_contig = thd.reorder_to_contiguous(torch.arange(T, device=dev), cu_p, cp,
+                                           backend="torch")
+    idx_half = thd.read_half(torch.arange(t, device=dev), cu_loc, "second", backend="torch")
+    src_of_dst = thd.copy_valid_tokens(torch.full((t,), -1, device=dev),
+                                       torch.arange(L["n_valid"], device=dev), cu_v, cu_loc,
+                                       None, backend="torch")
+    dst_idx = (src_of_dst >= 0).nonzero().squeeze(1)
+    src_idx = src_of_dst[dst_idx]
 
     def merge_idx(x):
-        o, l_ = thd._merge_math(x["out"].index_select(0, idx_half),
-                                x["lse"].index_select(1, idx_half), x["os"], x["ls"])
+        o, l_ = thd.merge_partial(x["out"].index_select(0, idx_half),
+                                  x["lse"].index_select(1, idx_half), x["os"], x["ls"],
+                                  backend="torch", **KW)
         x["out"].index_copy_(0, idx_half, o)
         x["lse"].index_copy_(1, idx_half, l_)
 

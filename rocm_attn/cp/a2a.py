@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from ..varlen.autograd import no_second_derivative
+from ..varlen.backends import accum_dtype
 from . import comm
-from .autograd import no_second_derivative
-from .backends import accum_dtype
 from .steps import CPPlan, a2a_step_meta
 
 __all__ = ["A2AAttnFunc"]

@@ -22,8 +22,8 @@ from typing import Tuple
 
 import torch
 
+from ..varlen.autograd import no_second_derivative
 from . import comm
-from .autograd import no_second_derivative
 from .p2p import ring_backward, ring_forward
 from .steps import CPPlan, side_geometry
 

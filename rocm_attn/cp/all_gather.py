@@ -5,8 +5,8 @@ with ``thd.reorder_to_contiguous``; the local q attends in the steps of
 :func:`~rocm_attn.cp.steps.all_gather_step_metas` (causal: one step per local half, each with
 its own cu_seqlens and bottom-right causal offset; no mask: one step) and the halves are placed
 into the output; with a window or chunking the steps are the pieces of
-:mod:`~rocm_attn.cp.bands` of both local halves against the whole kv sequence, run on packed
-buffers and merged by index (several calls may cover one row; :mod:`~rocm_attn.cp.packed`).
+:mod:`~rocm_attn.varlen.bands` of both local halves against the whole kv sequence, run on packed
+buffers and merged by index (several calls may cover one row; :mod:`~rocm_attn.varlen.packed`).
 Backward: K/V are gathered again (not saved: saves ``cp`` x the kv memory),
 every step's dK/dV accumulate into a global fp32 (fp64) buffer, which is put back in rank
 order (``thd.reorder_to_rank_sharded``) and reduce-scattered.
@@ -17,9 +17,10 @@ from __future__ import annotations
 import torch
 
 from .. import thd
-from . import comm, layouts, packed
+from ..varlen import packed
+from ..varlen.backends import accum_dtype
+from . import comm, layouts
 from .autograd import make_cp_function
-from .backends import accum_dtype
 from .steps import CPPlan, all_gather_step_metas, uses_packed_steps
 
 __all__ = ["AllGatherAttnFunc"]

@@ -7,27 +7,27 @@ from collections import OrderedDict
 
 import hashlib
 import logging
-import math
 import struct
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
+from .._checks import check_chunk_size, check_window, is_int
 from ..errors import validate_mode
 from ..reference import normalize_mask_type
+from ..varlen.backends import resolve_backend
+from ..varlen.checks import DTYPES, check_qkv, check_seq_args
 from . import comm
 from .a2a import A2AAttnFunc
 from .a2a_p2p import A2AP2PAttnFunc, ring_plan
 from .all_gather import AllGatherAttnFunc
-from .backends import resolve_backend
 from .p2p import RingAttnFunc
 from .steps import CPPlan, side_geometry
 
 __all__ = ["COMM_TYPES", "attn_with_cp"]
 
 COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _FUNCS = {"p2p": RingAttnFunc, "all_gather": AllGatherAttnFunc, "a2a": A2AAttnFunc}
 # comm types whose ring steps need identical q and kv sequences under a causal / masked mask
 _RING_TYPES = ("p2p", "a2a+p2p")
@@ -35,73 +35,9 @@ _RING_TYPES = ("p2p", "a2a+p2p")
 _log = logging.getLogger("rocm_attn.cp")
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 # --------------------------------------------------------------------------
 # host checks (no sync)
 # --------------------------------------------------------------------------
-
-
-def _check_window(window_size) -> Tuple[int, int]:
-    if window_size is None:
-        return (-1, -1)
-    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or not all(_is_int(w) and w >= -1 for w in window_size)):
-        raise ValueError("window_size must be a pair of ints (left, right), each >= -1 "
-                         f"(-1 = unbounded), got {window_size!r}")
-    return int(window_size[0]), int(window_size[1])
-
-
-def check_qkv(q, k, v, op: str, layout: str) -> None:
-    """ValueErrors for q / k / v that are not THD tensors of one dtype and device with
-    matching head dims and a GQA head ratio (shared by attn_with_cp and attention)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be [tokens, heads, head_dim] ({layout}), got "
-                             f"shape {tuple(t.shape)}")
-        if t.dtype not in _DTYPES:
-            raise ValueError(f"{name} has dtype {t.dtype}; {op} takes float16, bfloat16, "
-                             "float32, float64")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
-    if q.shape[2] != k.shape[2]:
-        raise ValueError(f"head dims differ: q has {q.shape[2]}, k/v have {k.shape[2]}")
-    h_q, h_kv = q.shape[1], k.shape[1]
-    if h_kv == 0 or h_q % h_kv:
-        raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv}) (GQA / MQA)")
-
-
-def check_seq_args(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-                   max_seqlen_q, max_seqlen_kv, softmax_scale) -> float:
-    """ValueErrors for the cu_seqlens (int32 [b+1] on q's device, one b for all), the host
-    max_seqlen bounds and softmax_scale; returns the scale (1/sqrt(d) when None). Shared by
-    attn_with_cp and attention."""
-    dev = q.device
-    _check_cu("cu_seqlens_q", cu_seqlens_q, dev, None)
-    b1 = cu_seqlens_q.numel()
-    _check_cu("cu_seqlens_kv", cu_seqlens_kv, dev, b1)
-    for name, t in (("cu_seqlens_q_padded", cu_seqlens_q_padded),
-                    ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
-        if t is not None:
-            _check_cu(name, t, dev, b1)
-    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
-        if not _is_int(m) or m < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {m!r}")
-    d = q.shape[2]
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
-    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise ValueError(f"softmax_scale must be None or a float, got {softmax_scale!r}")
-    return softmax_scale
 
 
 def _check_tensors(q, k, v) -> None:
@@ -111,21 +47,6 @@ def _check_tensors(q, k, v) -> None:
             raise ValueError(
                 f"{name} has {t.shape[0]} rank-local tokens, an odd count: a rank-local shard "
                 "holds two equal halves of every sequence (shard with rocm_attn.shard_for_cp)")
-
-
-def _check_cu(name: str, cu, device: torch.device, b1: Optional[int]) -> None:
-    if not isinstance(cu, torch.Tensor):
-        raise ValueError(f"{name} must be an int32 torch.Tensor [b+1], got {type(cu).__name__}")
-    if cu.dtype != torch.int32:
-        raise ValueError(f"{name} must have dtype torch.int32, got {cu.dtype}")
-    if cu.dim() != 1 or cu.numel() < 1:
-        raise ValueError(f"{name} must be 1-D with b+1 >= 1 entries, got shape "
-                         f"{tuple(cu.shape)}")
-    if cu.device != device:
-        raise ValueError(f"{name} must be on {device} (the device of q), got {cu.device}")
-    if b1 is not None and cu.numel() != b1:
-        raise ValueError(f"{name} must have b+1 = {b1} entries like cu_seqlens_q, got "
-                         f"{cu.numel()}")
 
 
 # --------------------------------------------------------------------------
@@ -351,12 +272,11 @@ def _make_local_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seq
         raise ValueError(f"cp_comm_type must be one of {COMM_TYPES}, got {cp_comm_type!r}")
     cp, rank = _group_info(cp_group, cp_comm_type)
     causal = normalize_mask_type(attn_mask_type)
-    window = _check_window(window_size)
-    if chunk_size is not None and (not _is_int(chunk_size) or chunk_size <= 0):
-        raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+    window = check_window(window_size)
+    check_chunk_size(chunk_size)
     if min_seqlen is None:
         min_seqlen = 0
-    elif not _is_int(min_seqlen) or min_seqlen < 0:
+    elif not is_int(min_seqlen) or min_seqlen < 0:
         raise ValueError(f"min_seqlen must be None or an int >= 0, got {min_seqlen!r}")
     masked = window != (-1, -1) or chunk_size is not None
     _check_tensors(q, k, v)
@@ -509,7 +429,7 @@ def _signature(plan: CPPlan, q, k, cp_comm_type: str) -> list:
     chunk = -1 if plan.chunk_size is None else plan.chunk_size
     return [0, COMM_TYPES.index(cp_comm_type), plan.cp, int(plan.causal), *plan.window_size,
             chunk, plan.max_seqlen_q, plan.max_seqlen_kv, plan.rows_q, plan.rows_kv,
-            q.shape[1], k.shape[1], q.shape[2], _DTYPES.index(q.dtype), scale_bits,
+            q.shape[1], k.shape[1], q.shape[2], DTYPES.index(q.dtype), scale_bits,
             int(plan.return_lse), plan.min_seqlen, plan.cu_seqlens_q.numel() - 1,
             *(_cu_hash(t) for t in (plan.cu_seqlens_q, plan.cu_seqlens_kv,
                                     plan.cu_seqlens_q_padded, plan.cu_seqlens_kv_padded))]
@@ -521,7 +441,7 @@ def _show(field: str, value: int) -> str:
     if field == "attn_mask_type":
         return "causal" if value else "no_mask"
     if field == "dtype":
-        return str(_DTYPES[value]) if 0 <= value < len(_DTYPES) else str(value)
+        return str(DTYPES[value]) if 0 <= value < len(DTYPES) else str(value)
     if field == "softmax_scale":
         return repr(struct.unpack("<d", struct.pack("<q", value))[0])
     if field == "chunk_size" and value == -1:

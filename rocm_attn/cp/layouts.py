@@ -1,4 +1,4 @@
-"""Materialise the tensors a :class:`~rocm_attn.cp.steps.StepMeta` names (``q_layout`` /
+"""Materialise the tensors a :class:`~rocm_attn.varlen.meta.StepMeta` names (``q_layout`` /
 ``kv_layout``) and fold step results back into rank-local accumulators, with
 :mod:`rocm_attn.thd` helpers (``read_half``, ``merge_partial``, ``grad_correction``)."""
 

@@ -8,8 +8,8 @@ merges it into the accumulators with ``thd.merge_rows_`` / ``thd.merge_partial``
 for the exchange. The kv held at the last step (that of ``rank + 1``) is kept for the backward.
 
 With a window or chunking a step may be several attention calls (one per piece kind, see
-:mod:`~rocm_attn.cp.bands`), run on packed buffers and merged by index into accumulators with
-a dummy row (:mod:`~rocm_attn.cp.packed`), or none when the mask cannot reach that step's kv:
+:mod:`~rocm_attn.varlen.bands`), run on packed buffers and merged by index into accumulators with
+a dummy row (:mod:`~rocm_attn.varlen.packed`), or none when the mask cannot reach that step's kv:
 its compute is skipped, its exchange still runs (the kv must travel on to the ranks that need
 it, so every rank makes the same exchanges).
 
@@ -37,9 +37,10 @@ import os
 
 import torch
 
-from . import comm, layouts, packed
+from ..varlen import packed
+from ..varlen.backends import accum_dtype
+from . import comm, layouts
 from .autograd import make_cp_function
-from .backends import accum_dtype
 from .steps import CPPlan, ring_step_metas, uses_direct_calls, uses_packed_steps
 
 __all__ = ["RingAttnFunc"]

@@ -2,10 +2,11 @@
 attention call a comm type makes, which rows of which tensor attend to which, under which mask.
 
 A comm type (``p2p.py``, ``all_gather.py``, ``a2a.py``) never computes ranges itself: it asks
-this module for a :class:`StepMeta` per attention call, materialises the q / kv tensors the
-meta names (``q_layout`` / ``kv_layout``), hands both to a per-step backend (``backends.py``)
+this module for a :class:`~rocm_attn.varlen.meta.StepMeta` per attention call, materialises the
+q / kv tensors the meta names (``q_layout`` / ``kv_layout``), hands both to a per-step backend
+(:mod:`rocm_attn.varlen.backends`)
 and folds the result back with :mod:`rocm_attn.thd` helpers (or, for windowed / chunked
-steps, merges packed results by index: :mod:`~rocm_attn.cp.packed`).
+steps, merges packed results by index: :mod:`~rocm_attn.varlen.packed`).
 
 Geometry (dual-chunk sharding, docs/design.md#dual-chunk-geometry)
 ------------------------------------------------
@@ -49,9 +50,9 @@ Windows and chunking (:func:`ring_step_metas`, and the masked branches of the tw
 * anything else with a window or chunking: every step is a set of (q segment x kv segment)
   rectangles per sequence (p2p: the two q halves x the two kv halves, related by their chunk
   order; all_gather: the two q halves x the whole kv sequence; a2a: whole sequences), cut into
-  the pieces of :mod:`~rocm_attn.cp.bands`; one call per piece kind and set of pairs with
+  the pieces of :mod:`~rocm_attn.varlen.bands`; one call per piece kind and set of pairs with
   disjoint q rows (``packed_kv_rows`` contract). Pairs the mask cannot reach for sequences of
-  ``plan.min_seqlen`` tokens are dropped on the host (:func:`~rocm_attn.cp.bands.reachable`); a
+  ``plan.min_seqlen`` tokens are dropped on the host (:func:`rocm_attn.varlen.bands.reachable`); a
   ring step left without pairs runs no attention.
 """
 
@@ -63,28 +64,17 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 import torch
 
 from .. import thd
-from .packed import packed_rows
-from .bands import (
-    MaskSpec,
-    Segment,
-    pair_slots,
-    piece_mask,
-    piece_ranges,
-    pieces_for,
-    reachable,
-    slot_bound,
-)
+from ..varlen.bands import MaskSpec, Segment, reachable
+from ..varlen.meta import StepMeta, cu_from_lens
+from ..varlen.pieces import Pair, direct_call, piece_metas, whole_sequence_meta, with_direct_packed
 
 __all__ = [
     "CPPlan",
     "SideGeometry",
-    "StepMeta",
     "side_geometry",
     "ring_step_meta",
     "ring_step_metas",
     "ring_steps_run",
-    "DirectCall",
-    "direct_call",
     "with_direct",
     "uses_direct_calls",
     "all_gather_step_metas",
@@ -174,126 +164,6 @@ class CPPlan:
         return thd.local_cu_seqlens(self.cu_seqlens_kv_padded, self.cp)
 
 
-class StepMeta(NamedTuple):
-    """One attention call of a comm type.
-
-    Sub-sequence ``i`` has ``cu_seqlens_q[i+1] - cu_seqlens_q[i]`` valid queries starting at
-    row ``cu_seqlens_q_padded[i]`` of the step's q tensor, and likewise for kv; all four int32
-    ``[m+1]``. Rows outside those ranges are never read; the step's output is zero and its LSE
-    ``-inf`` there. ``attn_mask_type`` (``"causal"``: bottom-right aligned, or ``"no_mask"``)
-    and ``window_size`` (flash convention, bottom-right aligned) apply inside every
-    sub-sequence. ``max_seqlen_*`` are host upper bounds of the valid counts (for kernels that
-    size grids).
-
-    Two contracts, told apart by ``packed_kv_rows``:
-
-    * ``None`` (the core steps and the chunkify-based ring steps): one sub-sequence per
-      sequence or chunk run, starts non-decreasing, ``start[i] + len[i] <= start[i+1]`` on both
-      sides (the ``cu_seqlens_*_padded`` convention of ``reference_attention``).
-    * an int (windowed / chunked steps from :mod:`~rocm_attn.cp.bands`): q ranges are disjoint
-      but in any order, kv ranges may overlap (two q halves reading the same kv half), the
-      last entry of ``cu_seqlens_*_padded`` is unused, and the sums of the q / kv lengths are
-      at most ``packed_q_rows`` / ``packed_kv_rows`` (the sizes of the packed buffers,
-      :mod:`~rocm_attn.cp.packed`; ``packed_q_rows`` None: the q tensor's rows).
-    """
-
-    kind: str  # diagonal | below | above | full | first_half | second_half | global
-    q_layout: str  # one of Q_LAYOUTS: the local q, one half of it (thd.read_half), or global
-    kv_layout: str  # one of KV_LAYOUTS
-    kv_rank: int  # rank whose kv the step reads (p2p); -1 for gathered kv
-    cu_seqlens_q: torch.Tensor
-    cu_seqlens_kv: torch.Tensor
-    cu_seqlens_q_padded: torch.Tensor
-    cu_seqlens_kv_padded: torch.Tensor
-    max_seqlen_q: int
-    max_seqlen_kv: int
-    attn_mask_type: str
-    window_size: Tuple[int, int]
-    packed_kv_rows: Optional[int] = None
-    packed_q_rows: Optional[int] = None
-    # the same call addressed to the whole rank-local (p2p) or gathered tensors, for backends
-    # that read sub-sequences in place (:class:`DirectCall`); None where not built
-    direct: Optional["DirectCall"] = None
-
-
-class DirectCall(NamedTuple):
-    """A step as one varlen call over whole tensors, no copies: the step's sub-sequences (sorted,
-    disjoint on both sides) with **dummy sub-sequences** in between, so that a kernel reading
-    sub-sequences back to back (flash varlen: ``cu_seqlens`` only) finds each one in place.
-
-    Before every real sub-sequence ``i`` come a dummy with the q gap and no keys, and one with
-    no queries and the kv gap; after the last, the same for the tails: ``3m + 2``
-    sub-sequences, ``cu_q`` / ``cu_kv`` int32 ``[3m + 3]``. A kernel writes nothing useful at
-    gap rows (zeros, or nothing at all past ``max_seqlen`` rows of a dummy), so results are
-    read back only at the rows the real sub-sequences cover: entry ``k`` of ``q_src`` is such a
-    row (slack entries clamp into the tensor), ``q_dst`` the same row or the dummy row
-    ``q_rows`` of an accumulator (:mod:`~rocm_attn.cp.packed`); likewise for kv.
-    """
-
-    cu_q: torch.Tensor
-    cu_kv: torch.Tensor
-    q_src: torch.Tensor  # int64 [P_q]
-    q_dst: torch.Tensor
-    kv_src: torch.Tensor  # int64 [P_kv]
-    kv_dst: torch.Tensor
-    q_rows: int  # rows of the q tensor the call reads (full local / gathered)
-    kv_rows: int
-    # the covered rows as thd.copy_valid_tokens layouts (int32 [m+1]): sub-sequence i covers
-    # rows [starts[i], starts[i] + cu[i+1] - cu[i]); starts ends with the tensor's rows
-    q_cover_cu: torch.Tensor
-    q_cover_starts: torch.Tensor
-    kv_cover_cu: torch.Tensor
-    kv_cover_starts: torch.Tensor
-
-
-def _cover(start: torch.Tensor, length: torch.Tensor, rows: int):
-    """Sub-sequences ``[start_i, start_i + len_i)`` as a ``thd.copy_valid_tokens`` layout:
-    ``(cu, starts)`` int32 ``[m+1]``, cumulative lengths and starts followed by ``rows``."""
-    cu = torch.cat([length.new_zeros(1), torch.cumsum(length, 0)]).to(torch.int32)
-    return cu, torch.cat([start, start.new_full((1,), rows)]).to(torch.int32)
-
-
-def _covered_rows(cu: torch.Tensor, starts: torch.Tensor, bound: int, rows: int):
-    """``(src, dst)`` int64 ``[bound]``: the rows of a :func:`_cover` in order, then slack
-    (``src`` clamped, ``dst`` = the dummy row ``rows``): a packed row map."""
-    m = packed_rows(cu, starts, bound, rows)
-    return m.src, m.targets
-
-
-def direct_call(q_start: torch.Tensor, q_len: torch.Tensor, kv_start: torch.Tensor,
-                kv_len: torch.Tensor, q_rows: int, kv_rows: int, q_bound: int,
-                kv_bound: int) -> DirectCall:
-    """:class:`DirectCall` of sub-sequences ``[start, start + len)`` (int64 ``[m]``, any order;
-    once sorted by q start their q ranges **and kv ranges** must be disjoint and increasing,
-    which the callers guarantee by construction). ``*_bound``: host bounds of the covered rows."""
-    # a sub-sequence without queries or without keys contributes nothing: drop it (it sits
-    # empty at row 0, sorted first)
-    live = (q_len > 0) & (kv_len > 0)
-    key = torch.where(live, 2 * q_start + 1, torch.zeros_like(q_start))
-    order = torch.sort(key, stable=True).indices
-    live = live[order]
-    qs, ql, ks, kl = (torch.where(live, x[order], torch.zeros_like(x))
-                      for x in (q_start, q_len, kv_start, kv_len))
-
-    def bounds(start, length, rows):
-        end = start + length
-        prev_end = torch.cat([end.new_zeros(1), end])  # end of sub-sequence i-1 (0 before)
-        nxt = torch.cat([start, start.new_full((1,), rows)])  # start of i (rows after the last)
-        return prev_end, nxt
-
-    qe, qn = bounds(qs, ql, q_rows)
-    ke, kn = bounds(ks, kl, kv_rows)
-    cu_q = torch.stack([qe, qn, qn], 1).flatten()
-    cu_kv = torch.stack([ke, ke, kn], 1).flatten()
-    cu_q = torch.cat([cu_q, cu_q.new_full((1,), q_rows)]).to(torch.int32)
-    cu_kv = torch.cat([cu_kv, cu_kv.new_full((1,), kv_rows)]).to(torch.int32)
-    q_cover, kv_cover = _cover(qs, ql, q_rows), _cover(ks, kl, kv_rows)
-    q_src, q_dst = _covered_rows(*q_cover, max(1, q_bound), q_rows)
-    kv_src, kv_dst = _covered_rows(*kv_cover, max(1, kv_bound), kv_rows)
-    return DirectCall(cu_q, cu_kv, q_src, q_dst, kv_src, kv_dst, q_rows, kv_rows,
-                      *q_cover, *kv_cover)
-
-
 def _layout_starts(meta: StepMeta, side: str, g: "SideGeometry") -> torch.Tensor:
     """Start rows (int64 ``[m]``) of a core meta's sub-sequences in the **full** rank-local (or
     global) tensor. In a half tensor sequence ``i`` starts at ``hs_i = cu_padded[i] / 2cp``; in
@@ -312,21 +182,18 @@ def _layout_starts(meta: StepMeta, side: str, g: "SideGeometry") -> torch.Tensor
 
 
 def with_direct(meta: StepMeta, plan: "CPPlan", q_rows: int, kv_rows: int) -> StepMeta:
-    """``meta`` with its :class:`DirectCall` over tensors of ``q_rows`` / ``kv_rows`` rows (the
-    full local or the gathered ones). Core metas (one sub-sequence per sequence, halves allowed)
-    and packed metas whose sorted q and kv ranges are both increasing (see
-    :func:`_group_direct`)."""
+    """``meta`` with its :class:`~rocm_attn.varlen.meta.DirectCall` over tensors of ``q_rows`` /
+    ``kv_rows`` rows (the full local or the gathered ones). Core metas (one sub-sequence per
+    sequence, halves allowed) and packed metas whose sorted q and kv ranges are both increasing
+    (:func:`rocm_attn.varlen.pieces.group_direct`)."""
+    if meta.packed_kv_rows is not None:
+        return with_direct_packed(meta, q_rows, kv_rows)
     q_len = (meta.cu_seqlens_q[1:] - meta.cu_seqlens_q[:-1]).long()
     kv_len = (meta.cu_seqlens_kv[1:] - meta.cu_seqlens_kv[:-1]).long()
-    if meta.packed_kv_rows is None:
-        q_start = _layout_starts(meta, "q", plan.geom_q)
-        kv_start = _layout_starts(meta, "kv", plan.geom_kv)
-        q_bound = q_rows // 2 if meta.q_layout in ("first_half", "second_half") else q_rows
-        kv_bound = kv_rows // 2 if meta.kv_layout == "first_half" else kv_rows
-    else:
-        q_start = meta.cu_seqlens_q_padded[:-1].long()
-        kv_start = meta.cu_seqlens_kv_padded[:-1].long()
-        q_bound, kv_bound = meta.packed_q_rows or q_rows, meta.packed_kv_rows
+    q_start = _layout_starts(meta, "q", plan.geom_q)
+    kv_start = _layout_starts(meta, "kv", plan.geom_kv)
+    q_bound = q_rows // 2 if meta.q_layout in ("first_half", "second_half") else q_rows
+    kv_bound = kv_rows // 2 if meta.kv_layout == "first_half" else kv_rows
     return meta._replace(direct=direct_call(q_start, q_len, kv_start, kv_len, q_rows, kv_rows,
                                             min(q_bound, q_rows), min(kv_bound, kv_rows)))
 
@@ -357,10 +224,6 @@ def _starts(g: SideGeometry, layout: str) -> torch.Tensor:
     raise ValueError(f"unknown layout {layout!r}")
 
 
-def _cu(lens: torch.Tensor) -> torch.Tensor:
-    return torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)]).to(torch.int32)
-
-
 def _bound(max_seqlen: int, rows: int) -> int:
     return max(0, min(max_seqlen, rows))
 
@@ -372,8 +235,8 @@ def _meta(kind, q_layout, kv_layout, kv_rank, plan: CPPlan, q_lens, kv_lens, mas
         q_layout=q_layout,
         kv_layout=kv_layout,
         kv_rank=kv_rank,
-        cu_seqlens_q=_cu(q_lens),
-        cu_seqlens_kv=_cu(kv_lens),
+        cu_seqlens_q=cu_from_lens(q_lens),
+        cu_seqlens_kv=cu_from_lens(kv_lens),
         cu_seqlens_q_padded=_starts(plan.geom_q, q_layout).to(torch.int32),
         cu_seqlens_kv_padded=_starts(plan.geom_kv, kv_layout).to(torch.int32),
         max_seqlen_q=max_q,
@@ -424,7 +287,7 @@ def ring_step_meta(plan: CPPlan, step: int) -> StepMeta:
 def uses_packed_steps(plan: CPPlan, comm_type: str) -> bool:
     """Whether the steps of ``comm_type`` ("p2p" / "all_gather") under this plan follow the
     packed contract (``packed_kv_rows`` set), so that the comm type allocates accumulators
-    with the dummy row of :mod:`~rocm_attn.cp.packed`: any window or chunking, except causal
+    with the dummy row of :mod:`~rocm_attn.varlen.packed`: any window or chunking, except causal
     chunked p2p without window (the chunkify helpers' steps)."""
     spec = plan.spec
     if spec.plain:
@@ -470,7 +333,7 @@ def _ring_step_metas(plan: CPPlan, step: int) -> List[StepMeta]:
         return []
     if _chunkify_ring(spec):
         return [annotate(_chunked_ring_meta(plan, step))]
-    return _piece_metas(plan, pairs, kind, kv_rank, "full", "full", rows)
+    return piece_metas(plan.spec, pairs, kind, kv_rank, "full", "full", rows)
 
 
 def all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
@@ -494,12 +357,12 @@ def _all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
     gq, gkv, cp, r = plan.geom_q, plan.geom_kv, plan.cp, plan.rank
     if not plan.spec.plain:
         kv = _global_segment(gkv, shift=None)
-        pairs = [_Pair(name, "G", _half_segment(gq, plan, c, first, gkv.n - gq.n), kv, "whole",
+        pairs = [Pair(name, "G", _half_segment(gq, plan, c, first, gkv.n - gq.n), kv, "whole",
                        None,
                        _bound(plan.max_seqlen_q, plan.rows_q // 2), plan.rows_q // 2,
                        max(0, plan.max_seqlen_kv), _gkv_rows(plan))
                  for name, c, first in (("A", r, True), ("B", 2 * cp - 1 - r, False))]
-        return _piece_metas(plan, pairs, "all_gather", -1, "full", "global")
+        return piece_metas(plan.spec, pairs, "all_gather", -1, "full", "global")
     glob_kv = max(0, plan.max_seqlen_kv)
     if not plan.causal:
         return [_meta("full", "full", "global", -1, plan, _local_valid(gq, r), gkv.n, "no_mask",
@@ -530,21 +393,6 @@ def a2a_step_meta(plan: CPPlan) -> StepMeta:
 # --------------------------------------------------------------------------
 # windowed / chunked steps (pieces of bands.py)
 # --------------------------------------------------------------------------
-
-
-class _Pair(NamedTuple):
-    """One (q segment x kv segment) rectangle of every sequence, with host bounds."""
-
-    q_name: str  # which q rows: pairs of one call must have different q names
-    kv_name: str  # which kv rows ("first" / "second" half of a ring step's kv, else one name)
-    q: Segment
-    kv: Segment
-    relation: str  # bands.RELATIONS
-    distance: Optional[int]  # dual-chunk halves: |chunk index difference|; None otherwise
-    q_max: int  # bound of one sequence's q segment rows
-    q_total: int  # bound of the sum of q segment rows over the sequences
-    kv_max: int
-    kv_total: int
 
 
 def _gq_rows(plan: CPPlan) -> int:
@@ -607,173 +455,22 @@ def ring_steps_run(cp: int, rank: int, causal: bool, window_size: Tuple[int, int
                    for p in _ring_half_pairs(cp, rank, thd.ring_step(rank, s, cp)[1]))]
 
 
-def _ring_pairs(plan: CPPlan, kv_rank: int) -> List[_Pair]:
+def _ring_pairs(plan: CPPlan, kv_rank: int) -> List[Pair]:
     """The four (q half x kv half) rectangles of a ring step, with their segments."""
     q_max = _bound(plan.max_seqlen_q, plan.rows_q // 2)
     kv_max = _bound(plan.max_seqlen_kv, plan.rows_kv // 2)
-    return [_Pair(h.q_name, "first" if h.kv_first else "second",
+    return [Pair(h.q_name, "first" if h.kv_first else "second",
                   _half_segment(plan.geom_q, plan, h.q_chunk, h.q_first),
                   _half_segment(plan.geom_kv, plan, h.kv_chunk, h.kv_first), h.relation,
                   h.distance, q_max, plan.rows_q // 2, kv_max, plan.rows_kv // 2)
             for h in _ring_half_pairs(plan.cp, plan.rank, kv_rank)]
 
 
-def _group_by_q(pairs: List[_Pair]) -> List[List[_Pair]]:
-    """Split pairs into groups with pairwise different q segments (q rows of a call must be
-    disjoint, kv rows may repeat), first fit in order."""
-    groups: List[List[_Pair]] = []
-    for p in pairs:
-        for g in groups:
-            if all(o.q_name != p.q_name for o in g):
-                g.append(p)
-                break
-        else:
-            groups.append([p])
-    return groups
-
-
-# q halves and kv halves in row order within every rank-local sequence
-_ROW_ORDER = {"A": 0, "B": 1, "first": 0, "second": 1}
-
-
-def _group_direct(pairs: List[_Pair]) -> List[List[_Pair]]:
-    """Split pairs into groups a :class:`DirectCall` can serve: per sequence, the q segments of
-    a group in row order must have their kv segments in row order too, all distinct (so that
-    sorted q ranges come with disjoint increasing kv ranges), first fit in order."""
-    def fits(group, p):
-        members = sorted(group + [p], key=lambda x: _ROW_ORDER.get(x.q_name, 0))
-        qs = [_ROW_ORDER.get(x.q_name, -1) for x in members]
-        kvs = [_ROW_ORDER.get(x.kv_name, -1) for x in members]
-        return (len(set(x.q_name for x in members)) == len(members)
-                and len(set(x.kv_name for x in members)) == len(members)
-                and min(qs + kvs) >= 0 and kvs == sorted(kvs))
-
-    groups: List[List[_Pair]] = []
-    for p in pairs:
-        for g in groups:
-            if fits(g, p):
-                g.append(p)
-                break
-        else:
-            groups.append([p])
-    return groups
-
-
 def uses_direct_calls(plan: CPPlan) -> bool:
-    """Whether the plan's backend reads sub-sequences in place (:class:`DirectCall`), so that
-    ring steps carry one and accumulators need the dummy row of their row maps."""
+    """Whether the plan's backend reads sub-sequences in place
+    (:class:`~rocm_attn.varlen.meta.DirectCall`), so that ring steps carry one and accumulators
+    need the dummy row of their row maps."""
     return bool(getattr(plan.backend, "direct", False))
-
-
-def _piece_metas(plan: CPPlan, pairs: List[_Pair], kind: str, kv_rank: int, q_layout: str,
-                 kv_layout: str, direct_rows: Optional[Tuple[int, int]] = None
-                 ) -> List[StepMeta]:
-    """One call per piece kind and group of pairs; with ``direct_rows`` (the q / kv tensors'
-    rows) grouped and annotated for :class:`DirectCall`."""
-    spec = plan.spec
-    metas = []
-    group_by = _group_direct if direct_rows is not None else _group_by_q
-    for piece in ("native", "diag", "rev", "full"):
-        with_piece = [p for p in pairs if piece in pieces_for(p.relation, spec)]
-        for group in group_by(with_piece):
-            meta = _calls_meta(spec, piece, group, f"{kind}:{piece}", kv_rank, q_layout,
-                               kv_layout)
-            if direct_rows is not None:
-                meta = with_direct(meta, plan, *direct_rows)
-            metas.append(meta)
-    return metas
-
-
-def _piece_rows(piece: str, pair: _Pair, spec: MaskSpec):
-    """Per-slot (q start row, q rows, kv start row, kv rows) of one piece of one pair."""
-    b = pair.q.n.numel()
-    slots = pair_slots(pair.q, pair.kv, spec.chunk, slot_bound(pair.q_total, b, spec.chunk))
-    r0, r1, s0, s1 = piece_ranges(piece, slots, spec)
-
-    def ext(v):
-        return torch.cat([v, v.new_zeros(1)])[slots.seq]
-
-    q_len, kv_len = r1 - r0, s1 - s0
-    live = q_len > 0
-    q_start = torch.where(live, ext(pair.q.row) + (r0 - ext(pair.q.pos)), torch.zeros_like(r0))
-    kv_start = torch.where(live, ext(pair.kv.row) + (s0 - ext(pair.kv.pos)),
-                           torch.zeros_like(s0))
-    return q_start, q_len, kv_start, kv_len
-
-
-def _calls_meta(spec: MaskSpec, piece: str, pairs: List[_Pair], kind: str, kv_rank: int,
-                q_layout: str, kv_layout: str) -> StepMeta:
-    """One call over ``piece`` of every pair (slots of the pairs concatenated)."""
-    parts = [_piece_rows(piece, p, spec) for p in pairs]
-    q_start, q_len, kv_start, kv_len = (torch.cat([x[i] for x in parts]) for i in range(4))
-    cap = spec.chunk if spec.chunk is not None else None
-    max_q = max(p.q_max for p in pairs)
-    max_kv = max(p.kv_max for p in pairs)
-    if cap is not None:
-        max_q, max_kv = min(max_q, cap), min(max_kv, cap)
-    mask, window = piece_mask(piece, spec)
-    end = q_start.new_zeros(1)  # the last *_padded entry is unused in this contract
-    q_rows = sum(_piece_q_bound(piece, p, spec) for p in pairs)
-    kv_rows = sum(_piece_kv_bound(piece, p, spec) for p in pairs)
-    return StepMeta(
-        kind=kind, q_layout=q_layout, kv_layout=kv_layout, kv_rank=kv_rank,
-        cu_seqlens_q=_cu(q_len), cu_seqlens_kv=_cu(kv_len),
-        cu_seqlens_q_padded=torch.cat([q_start, end]).to(torch.int32),
-        cu_seqlens_kv_padded=torch.cat([kv_start, end]).to(torch.int32),
-        max_seqlen_q=max_q, max_seqlen_kv=max_kv, attn_mask_type=mask, window_size=window,
-        packed_kv_rows=max(1, kv_rows),
-        packed_q_rows=max(1, q_rows))
-
-
-def _piece_q_bound(piece: str, pair: _Pair, spec: MaskSpec) -> int:
-    """Host bound of the rows one piece covers over all sequences. Rows that see keys lying
-    entirely before them are within ``reach("left")`` of the keys' end, rows that see keys
-    after them within ``reach("right")`` of their start; the tail rows of a ``whole`` pair
-    (``rev`` / ``full``) lie in ``[k1 - R, k1 + L)``. Everything else: the q segment."""
-    b = pair.q.n.numel()
-    slots = slot_bound(pair.q_total, b, spec.chunk)
-    if pair.relation == "before":
-        reach = spec.reach("left")
-    elif pair.relation == "after":
-        reach = spec.reach("right")
-    elif pair.relation == "whole" and piece in ("rev", "full") and spec.left is not None \
-            and spec.right is not None:
-        reach = spec.left + spec.right
-    else:
-        reach = None
-    return pair.q_total if reach is None else min(pair.q_total, slots * reach)
-
-
-def _piece_kv_bound(piece: str, pair: _Pair, spec: MaskSpec) -> int:
-    """Host bound of the keys one piece reads over all sequences: the kv segment, or less when
-    the window bounds it (per slot, a piece's keys span its rows plus the window reach:
-    ``native`` rows + L (its keys end with its rows), ``diag`` rows + L + R, ``rev`` at most its
-    rows, ``full`` L + R)."""
-    b = pair.q.n.numel()
-    slots = slot_bound(pair.q_total, b, spec.chunk)
-    rows = _piece_q_bound(piece, pair, spec)
-    left = spec.left
-    right = 0 if spec.right is None else spec.right
-    if piece == "rev":
-        bound = rows
-    elif left is None or (spec.right is None and piece == "full"):
-        bound = pair.kv_total
-    elif piece == "native":  # aligned: the keys end with the rows
-        bound = rows + slots * left
-    elif piece == "diag":
-        bound = rows + slots * (left + right)
-    else:  # full
-        bound = slots * (left + right)
-    return min(pair.kv_total, bound)
-
-
-def whole_sequence_meta(spec: MaskSpec, q: Segment, kv: Segment, max_q: int, max_kv: int,
-                        q_total: int, kv_total: int, kind: str) -> StepMeta:
-    """One call over whole sequences (aligned rectangles: ``q.pos + q.n == kv.pos + kv.n``):
-    the user's window as is, chunking as one sub-sequence per chunk. Used by a2a and by
-    :func:`rocm_attn.attention`."""
-    pair = _Pair("Q", "K", q, kv, "aligned", None, max_q, q_total, max_kv, kv_total)
-    return _calls_meta(spec, "native", [pair], f"{kind}:native", -1, "global", "global")
 
 
 def _chunked_ring_meta(plan: CPPlan, step: int) -> StepMeta:
@@ -804,7 +501,7 @@ def _chunked_ring_meta(plan: CPPlan, step: int) -> StepMeta:
     kv_rows = plan.rows_kv if st.kv_layout == "full" else plan.rows_kv // 2
     return StepMeta(
         kind=f"{kind}:chunked", q_layout=st.q_layout, kv_layout=st.kv_layout, kv_rank=kv_rank,
-        cu_seqlens_q=_cu(q_len), cu_seqlens_kv=_cu(kv_len),
+        cu_seqlens_q=cu_from_lens(q_len), cu_seqlens_kv=cu_from_lens(kv_len),
         cu_seqlens_q_padded=q_start.to(torch.int32), cu_seqlens_kv_padded=kv_start.to(torch.int32),
         max_seqlen_q=min(cs, _bound(plan.max_seqlen_q, q_rows)),
         max_seqlen_kv=min(cs, _bound(plan.max_seqlen_kv, kv_rows)),

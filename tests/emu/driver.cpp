@@ -1,4 +1,4 @@
-// C entry points of the emulation library for tests/emu_harness.py (ctypes): the project's own
+// C entry points of the emulation library for tests/helpers/emu.py (ctypes): the project's own
 // launchers (selftest, small-seq, THD) called with host buffers, plus the layout of the
 // parameter structs so that the Python mirrors can be checked field by field.
 #include <stddef.h>

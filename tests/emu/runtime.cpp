@@ -540,7 +540,7 @@ hipError_t hipMemset(void* dst, int value, size_t bytes) {
 
 hipError_t hipDeviceSynchronize() { return hipSuccess; }
 
-// C entry points for the tests (tests/emu_harness.py).
+// C entry points for the tests (tests/helpers/emu.py).
 extern "C" {
 const char* ra_emu_last_message() { return g_last_message.c_str(); }
 int ra_emu_wave() { return W; }

@@ -1,6 +1,7 @@
-"""Per-step attention backends of context-parallel attention.
+"""Per-step attention backends: what computes one attention call of the engine, for
+:func:`rocm_attn.attention` (one call) and every step of :func:`rocm_attn.attn_with_cp`.
 
-A backend computes one :class:`~rocm_attn.cp.steps.StepMeta` step: a varlen attention whose
+A backend computes one :class:`~rocm_attn.varlen.meta.StepMeta` step: a varlen attention whose
 sub-sequences start at ``cu_seqlens_*_padded`` rows of the step's tensors with
 ``cu_seqlens_*`` valid rows each (padding rows never read), and its backward.
 
@@ -28,10 +29,10 @@ Backends
   fp16 / bf16, head dim <= 256. **Untested in this repository's CPU CI**: it needs a GPU.
 
 Steps with ``meta.packed_kv_rows`` set (windows, chunking: kv ranges may overlap) run on
-packed buffers (:mod:`~rocm_attn.cp.packed`): ``forward_packed(q_p, k_p, v_p, meta, scale)``
+packed buffers (:mod:`~rocm_attn.varlen.packed`): ``forward_packed(q_p, k_p, v_p, meta, scale)``
 and ``backward_packed(dout_p, q_p, k_p, v_p, out_p, lse_p, dlse_p, meta, scale)`` take and
 return packed rows (sub-sequence ``i`` at rows ``[cu[i], cu[i+1])``; rows past ``cu[-1]`` may
-come back as junk). The comm types merge those straight into their accumulators;
+come back as junk). Callers merge those straight into their accumulators;
 ``forward`` / ``backward`` on such a step gather, call them and scatter back.
 * ``auto``: ``torch_flash`` for CUDA/ROCm fp16/bf16 inputs with ``d <= 256`` and ``d % 8 == 0``
   when this torch's flash attention passes the start-up check (:func:`flash_support_problem`:
@@ -52,7 +53,7 @@ from .. import thd
 from .._logging import log_choice
 from ..reference import reference_attention
 from . import packed
-from .steps import StepMeta
+from .meta import StepMeta
 
 __all__ = ["BACKENDS", "StepBackend", "ReferenceBackend", "TorchFlashBackend", "resolve_backend",
            "flash_support_problem", "accum_dtype"]
@@ -232,7 +233,7 @@ class TorchFlashBackend(StepBackend):
     direct = True  # reads sub-sequences in place (StepMeta.direct): forward/backward_direct
 
     def forward_direct(self, q, k, v, meta, softmax_scale):
-        """Flash on the whole step tensors with :class:`~rocm_attn.cp.steps.DirectCall`'s
+        """Flash on the whole step tensors with :class:`~rocm_attn.varlen.meta.DirectCall`'s
         dummy sub-sequences: no packing copies. Valid only at the rows ``meta.direct`` covers
         (the caller merges those by index); LSE ``-inf`` where a covered row saw no key."""
         dc = meta.direct
@@ -241,7 +242,7 @@ class TorchFlashBackend(StepBackend):
         return out, lse.masked_fill_(lse == float("inf"), NEG_INF)
 
     def backward_direct(self, dout, q, k, v, out, lse, dlse, meta, softmax_scale):
-        """Gradients of a :class:`~rocm_attn.cp.steps.DirectCall` step on the whole tensors
+        """Gradients of a :class:`~rocm_attn.varlen.meta.DirectCall` step on the whole tensors
         (``out`` / ``lse`` / ``dout`` / ``dlse`` the final ones); valid at covered rows only."""
         dc = meta.direct
         dt = q.dtype
@@ -338,7 +339,8 @@ class TorchFlashBackend(StepBackend):
 
 def _aten_flash():
     """``(forward, backward)`` flash ops; tests substitute a CPU emulator of the aten wrapper
-    (tests/flash_emulator.py) to run this backend's packing and window logic without a GPU."""
+    (tests/helpers/flash_emulator.py) to run this backend's packing and window logic without a
+    GPU."""
     return torch.ops.aten._flash_attention_forward, torch.ops.aten._flash_attention_backward
 
 

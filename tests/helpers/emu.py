@@ -1,5 +1,8 @@
 """Build and drive the CPU emulation of the HIP kernels (tests/emu/, tests/test_emu_*.py).
 
+The fixtures ``lib`` (the library at 64 and 32 lanes) and ``one_torch_thread`` are in
+tests/conftest.py.
+
 The kernels under hip_src/ are compiled for the host against tests/emu/hip_cpu_runtime.h (a
 HIP device API whose threads are fibers grouped in 64- or 32-lane waves) into one shared
 library per configuration, cached under build/emu/ by a hash of every source and flag, and
@@ -34,11 +37,11 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-# the bindings' thd_collapse has a Python twin in rocm_attn.thd (its fallback rule): the same
-# dims merge here as in the real ops
-from rocm_attn.thd import _collapse  # noqa: E402
+# the bindings' thd_collapse has a Python twin in rocm_attn.thd's kernel wrappers (their fallback
+# rule): the same dims merge here as in the real ops
+from rocm_attn.thd._kernels import collapse as _collapse  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HIP_SRC = ROOT / "hip_src"
 EMU = ROOT / "tests" / "emu"
 BUILD = ROOT / "build" / "emu"
@@ -369,27 +372,6 @@ def emu_or_skip(name: str) -> Emu:
         return load(name)
     except EmulationUnavailable as e:
         pytest.skip(f"CPU emulation unavailable: {e}")
-
-# ---------------------------------------------------------------------------------------------
-# fixtures the emulation test files import (pytest finds imported fixtures)
-# ---------------------------------------------------------------------------------------------
-import pytest  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """torch on one thread beside the emulation's worker threads (2-core CI machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module", params=["w64", "w32"], ids=["wave64", "wave32"])
-def lib(request):
-    """The emulation library at 64 and at 32 lanes."""
-    return emu_or_skip(request.param)
-
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """``rocm_attn.attention``: varlen (THD) attention on one device with causal, sliding-window and
 chunked masks and padding between sequences, differentiable.
 
-The same machinery as :func:`rocm_attn.attn_with_cp` with one "rank": the sequences are
-aligned rectangles (:mod:`rocm_attn.cp.bands`), so one call of the per-step backend serves
+The engine :func:`rocm_attn.attn_with_cp` runs per step, called once: the sequences are
+aligned rectangles (:mod:`rocm_attn.varlen.bands`), so one call of the per-step backend serves
 them, with the user's window as is and chunking as one sub-sequence per chunk (flash-attention
 has no chunk argument). ``torch_flash`` on CUDA / ROCm (fp16 / bf16), ``reference`` anywhere.
 """
@@ -13,19 +13,20 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from .cp.api import _check_window, _is_int, check_qkv, check_seq_args
-from .cp.autograd import no_second_derivative
-from .cp.backends import accum_dtype, resolve_backend
-from .cp.bands import MaskSpec, Segment
-from .cp.steps import StepMeta, whole_sequence_meta
-from .errors import validate_mode
+from .._checks import check_chunk_size, check_window
+from ..errors import validate_mode
+from .autograd import no_second_derivative
+from .backends import accum_dtype, resolve_backend
+from .bands import MaskSpec, Segment
+from .checks import check_qkv, check_seq_args
+from .meta import StepMeta
+from .pieces import whole_sequence_meta
 
 __all__ = ["attention"]
 
 
-
 class _VarlenAttnFunc(torch.autograd.Function):
-    """One backend call forward, its backward backward (the backend contract of cp/backends)."""
+    """One backend call forward, its backward backward (the contract of varlen/backends.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, meta: StepMeta, backend, scale: float):
@@ -148,9 +149,8 @@ def attention(
     check_qkv(q, k, v, "attention", "THD")
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
-    window = _check_window(window_size)
-    if chunk_size is not None and (not _is_int(chunk_size) or chunk_size <= 0):
-        raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+    window = check_window(window_size)
+    check_chunk_size(chunk_size)
     dev = q.device
     softmax_scale = check_seq_args(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
                                    cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv,

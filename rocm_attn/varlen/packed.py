@@ -3,7 +3,7 @@
 A general step's sub-sequences sit anywhere in its q / kv tensors (q ranges disjoint, kv
 ranges may overlap), so kernels that read sub-sequences back to back get **packed buffers**:
 row ``d`` of a buffer comes from source row ``src[d]`` (:func:`packed_rows`, a binary search
-per row, no sync). Results then go straight into the comm type's accumulators by index, so a
+per row, no sync). Results then go straight into the caller's accumulators by index, so a
 call costs memory traffic in proportion to its packed buffer (often half the local rows), not
 to the local tensor:
 
@@ -19,14 +19,12 @@ caller drops (:func:`accumulator_rows`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
 from .. import thd
-
-if TYPE_CHECKING:  # steps.py builds its direct-call row maps with packed_rows
-    from .steps import StepMeta
+from .meta import StepMeta
 
 __all__ = ["PackedRows", "packed_rows", "step_rows", "gather_packed", "scatter_packed",
            "scatter_add_packed", "merge_packed", "add_packed", "forward_into", "backward_into",
@@ -147,7 +145,7 @@ def forward_into(out: torch.Tensor, lse: torch.Tensor, backend, q: torch.Tensor,
 def forward_direct_into(out: torch.Tensor, lse: torch.Tensor, backend, q: torch.Tensor,
                         k: torch.Tensor, v: torch.Tensor, meta: StepMeta, scale: float,
                         first: bool = False) -> None:
-    """Run a step with a :class:`~rocm_attn.cp.steps.DirectCall` on the whole tensors and merge
+    """Run a step with a :class:`~rocm_attn.varlen.meta.DirectCall` on the whole tensors and merge
     its covered rows into the accumulators (dummy row last) by index: no packing copies.
     ``first``: the accumulators hold nothing yet (not even zeros): seed them
     (:func:`seed_direct`)."""
@@ -164,7 +162,7 @@ def seed_direct(acc: torch.Tensor, x: torch.Tensor, cover_cu: torch.Tensor,
                 cover_starts: torch.Tensor, fill: float, dim: int = 0) -> None:
     """The first write into an accumulator with a dummy row last along ``dim`` (outputs and
     gradients ``[T+1, ...]``; LSE ``[h, T+1]`` with ``dim=-1``): ``acc = x`` at the rows a
-    :class:`~rocm_attn.cp.steps.DirectCall` covers (``cover_*``: its ``q_cover_*`` or
+    :class:`~rocm_attn.varlen.meta.DirectCall` covers (``cover_*``: its ``q_cover_*`` or
     ``kv_cover_*``), ``fill`` everywhere else, the dummy row included.
 
     One row-copy pass (``thd.copy_valid_tokens``) replaces zero-initialising the accumulator
