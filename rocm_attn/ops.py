@@ -1,7 +1,7 @@
 """Custom-op plumbing for the compiled kernels: fake (meta) impls and the eager call path.
 
 The ops, and the small-seq forward's autograd (a C++ autograd function registered as the op's
-Autograd kernel), are defined in C++ (hip_src/torch_bindings.cpp). Registering fake impls lets
+Autograd kernel), are defined in C++ (hip_src/bindings/). Registering fake impls lets
 torch.compile trace through them. Nothing here runs when the extension is absent.
 
 Host cost matters: a small-seq call can take 20-30 us on the GPU, about what Python dispatch

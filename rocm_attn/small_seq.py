@@ -209,7 +209,7 @@ def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seq
 
     Host cost: a small batch runs 25 us on the GPU, and _validate plus _use_kernel cost about
     20 us of Python per call on the GPU machines' hosts. The op checks the same arguments
-    itself (torch_bindings.cpp make_params: ranks, shapes, dtypes, devices, cu_seqlens /
+    itself (bindings/small_seq.cpp make_params: ranks, shapes, dtypes, devices, cu_seqlens /
     seqlens_kv, head dims, alignment). So a call shaped like one the kernels have already
     served through the checked path (same layout, dtype, head dim, device) goes straight to
     the op; None (the caller then takes the checked path, which raises the ValueError naming

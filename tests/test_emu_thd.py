@@ -1,7 +1,7 @@
 """THD kernels (hip_src/thd) executed on the CPU emulation (tests/helpers/emu.py) at 64 and
 32 lanes, through rocm_attn.thd's own kernel wrappers: the GPU tests of tests/test_thd_gpu.py
 run unchanged on CPU tensors, with torch.ops.rocm_attn replaced by helpers.emu.EmuThdOps (a
-line-by-line port of the THD ops of hip_src/torch_bindings.cpp onto the emulated launchers).
+line-by-line port of the THD ops of hip_src/bindings/thd_*.cpp onto the emulated launchers).
 
 Same bounds as on the GPU: copies and grad corrections bitwise equal to the torch path, merges
 within one unit in the last place; every call must take the kernel path (a fallback to the

@@ -17,7 +17,7 @@ bool thd_collapse(const at::Tensor& t, int64_t begin, int64_t end, int64_t& size
 
 // Dims [begin, ndim) of tensors with one trailing shape as [heads, head_elems]: head_elems the
 // trailing dims contiguous in every tensor, heads the dims before them merged (one stride per
-// tensor). Mirrored by rocm_attn.thd._row_split.
+// tensor). Mirrored by _row_split in rocm_attn/thd/_kernels.py.
 bool thd_split_rows(const std::vector<const at::Tensor*>& ts, int64_t begin, int64_t& heads,
                     int64_t& head_elems, std::vector<int64_t>& head_strides);
 

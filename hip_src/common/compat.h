@@ -3,7 +3,7 @@
 // Kernels are written in HIP. tools/hipify.py turns this tree into CUDA sources for nvcc;
 // everything below that differs between AMD and NVIDIA is selected here, so the rest of the
 // kernels read the same on both. No torch include anywhere under hip_src/ except
-// torch_bindings.cpp.
+// hip_src/bindings/.
 #pragma once
 
 #include <hip/hip_runtime.h>
@@ -276,6 +276,6 @@ RA_DEVICE void ra_prefetch_l2(const void* p) {
 // Matrix units (mma.sync on NVIDIA, MFMA on CDNA): tiles for attention-sized products.
 #include "mma.h"
 
-// Host helpers shared by launchers; their own header, so that torch_bindings.cpp (which cannot
-// include this one) sees the same declarations.
+// Host helpers shared by launchers; their own header, so that the bindings (which cannot
+// include this one) see the same declarations.
 #include "device_info.h"

@@ -1,5 +1,5 @@
 // Per-device facts that launchers need at run time (device_info.hip). Plain host declarations,
-// so that torch_bindings.cpp, which is compiled without the GPU compiler, can include them too.
+// so that the bindings (hip_src/bindings), compiled without the GPU compiler, can include them.
 #pragma once
 
 // Wave width and multiprocessor (CU/SM) count of the current device, read once per device.

@@ -11,7 +11,7 @@
 // that changes under a running process would make two launches of one graph disagree.
 // A captured graph keeps the choices made at capture time.
 //
-// Plain host declarations: torch_bindings.cpp, compiled without the GPU compiler, includes it.
+// Plain host declarations: the bindings, compiled without the GPU compiler, include it.
 #pragma once
 
 struct RaTuning {

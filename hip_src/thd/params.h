@@ -1,6 +1,6 @@
 // Arguments of the THD context-parallel kernels (rocm_attn.thd): one row gather/scatter kernel
 // for the copy-type helpers, one merge kernel for the online-softmax merge and its corrections,
-// one kernel for the gradient correction. No torch include: torch_bindings.cpp fills these.
+// one kernel for the gradient correction. No torch include: hip_src/bindings fills these.
 //
 // Conventions (see rocm_attn/thd/, whose torch paths are the oracle of every kernel here):
 //  * A THD tensor is viewed as [outer, rows, heads, head_elems]: `rows` is the token dim,

@@ -42,7 +42,7 @@ int main() {
     m.half = static_cast<int32_t>(rng() % 2);
     m.src_rows = int64_t{1} << (rng() % 41);
     const int64_t total = int64_t{1} << (rng() % 41);  // rows of the tensor thd_gather reads
-    // the launch arguments torch_bindings.cpp derives from the tensors, and the rows the
+    // the launch arguments the bindings derive from the tensors, and the rows the
     // sources must lie in
     int64_t rows = total, limit = m.cp * (total / m.cp);
     m.local_rows = total / m.cp;
