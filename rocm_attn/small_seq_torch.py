@@ -47,6 +47,14 @@ from . import errors
 
 NEG_INF = float("-inf")
 NAN = float("nan")
+# Bytes of padded q, k, v one chunk of the CPU inference path gathers: small enough to stay in
+# the caches, and far below glibc's mmap threshold (32 MiB), so the buffers are reused from the
+# heap: a fresh mmap of the whole padded batch costs a page fault per 4 KiB on every call, more
+# than the attention itself (docs/performance.md#cpu-path).
+CPU_CHUNK_BYTES = 2 * 2**20
+# ... but at least this many segments per chunk, so that Python's cost per chunk (a few ops)
+# stays small next to the chunk's work.
+CPU_CHUNK_MIN_SEGMENTS = 16
 
 
 class Segments(NamedTuple):
@@ -134,7 +142,8 @@ def _unfold_heads(x: torch.Tensor, mq: int, h_q: int) -> torch.Tensor:
     return x.movedim(3, 1).reshape((b, mq, h_q) + rest)
 
 
-def _attend_inference(qp, kp, vp, nkv, scale: float, compute, want_lse: bool):
+def _attend_inference(qp, kp, vp, nkv, scale: float, compute, want_lse: bool,
+                      maybe_empty: bool = True):
     """(out [b, mq, h_q, d] in compute dtype, lse [b, mq, h_q] or None) by SDPA with a key mask.
 
     kp/vp padded slots must hold finite values of the segment (see the module docstring)."""
@@ -154,8 +163,8 @@ def _attend_inference(qp, kp, vp, nkv, scale: float, compute, want_lse: bool):
         out = torch.matmul(p, vf)
     else:
         out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale)
-    # a segment without keys: 0 (SDPA gives NaN for a fully masked row on some versions)
-    out = torch.where((nkv > 0).view(b, 1, 1, 1), out, out.new_zeros(()))
+    if maybe_empty:  # a segment without keys: 0 (SDPA gives NaN for it on some versions)
+        out = torch.where((nkv > 0).view(b, 1, 1, 1), out, out.new_zeros(()))
     out = _unfold_heads(out, mq, h_q)
     if lse is not None:
         lse = _unfold_heads(lse.unsqueeze(-1), mq, h_q).squeeze(-1)
@@ -231,6 +240,11 @@ def torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q: i
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                               or v.requires_grad)
     inference = not needs_grad and not return_softmax
+    if inference and dev.type == "cpu" and not torch.compiler.is_compiling():
+        fast = _cpu_inference(q, k, v, seg, thd, one_query, mq, width, scale, compute,
+                              return_lse)
+        if fast is not None:
+            return fast
     slot = torch.arange(width, device=dev)
     if thd:
         qp = _gather_rows(q, seg.q_rows)  # [b, mq, h_q, d]
@@ -313,6 +327,105 @@ def place_rows(seg: Segments, out, lse, probs, q, thd: bool, one_query: bool,
     lse_rows = place(lse, NEG_INF, (h_q,)).t()
     probs_rows = None if probs is None else place(probs, 0.0, (h_q, max_seqlen_kv))
     return out, lse_rows, _probs_or_empty(probs_rows, q)
+
+
+def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, width: int,
+                   scale: float, compute, return_lse: bool):
+    """(out, lse or empty, empty probs) of an inference call on CPU tensors, computed chunk by
+    chunk of segments, or None when this call needs the general path (a bad segment, no k/v
+    rows).
+
+    Reading offsets on the host is free on the CPU. With every segment valid, the query rows of
+    consecutive segments are consecutive (one_query: segment i is row i), so each chunk's
+    results are copied to one slice of the output; padded k/v go to one reused buffer per
+    chunk (CPU_CHUNK_BYTES), which SDPA reads while it is still in the caches."""
+    if k.numel() == 0 or bool(seg.bad.any()):
+        return None
+    b = seg.bad.numel()
+    h_q, d = q.shape[-2], q.shape[-1]
+    h_kv = k.shape[-2]
+    elem = torch.tensor([], dtype=compute).element_size()
+    per_segment = (mq * h_q + 2 * width * h_kv) * d * elem
+    n_chunk = max(CPU_CHUNK_MIN_SEGMENTS, CPU_CHUNK_BYTES // max(per_segment, 1))
+    if thd:
+        k_rows_of, v_rows_of = k, v
+        kv_start = seg.k_start
+    else:  # BSHD: rows batch * s_kv + j of k viewed as [b * s_kv, h_kv, d]
+        s_kv = k.shape[1]
+        k_rows_of = k.reshape((-1,) + tuple(k.shape[2:]))
+        v_rows_of = v.reshape((-1,) + tuple(v.shape[2:]))
+        kv_start = torch.arange(b) * s_kv
+    last = (seg.nkv - 1).clamp(min=0).unsqueeze(1)
+    slot = torch.arange(width).unsqueeze(0)
+    # padded slots repeat the segment's last key (never another segment's row)
+    k_rows = (kv_start.unsqueeze(1) + torch.minimum(slot, last)).clamp(0, k_rows_of.shape[0] - 1)
+    kbuf = k.new_empty((n_chunk * width,) + tuple(k.shape[-2:]))
+    vbuf = v.new_empty((n_chunk * width,) + tuple(v.shape[-2:]))
+    maybe_empty = bool((seg.nkv == 0).any())
+    # every segment full and right after the previous one (fixed-length histories): each
+    # chunk's k/v are views of k/v, no gather
+    packed_full = (not maybe_empty and bool((seg.nkv == width).all())
+                   and torch.equal(kv_start, kv_start[0] + torch.arange(b) * width))
+    mask = (slot < seg.nkv.unsqueeze(1)).view(b, 1, 1, width)
+    empty = (seg.nkv == 0).view(b, 1, 1, 1)
+    if thd and not one_query:
+        total_q = q.shape[0]
+        lead, tail = int(seg.pad_lead), int(seg.pad_tail)
+        # every segment valid: its rows follow the previous segment's (lead = cu_seqlens_q[0])
+        cu = [lead] + (lead + torch.cumsum(seg.nq, 0)).tolist()
+        out = q.new_empty((total_q, h_q, d))
+        out[:lead].zero_()
+        out[tail:].zero_()
+        lse = q.new_full((total_q, h_q), NEG_INF, dtype=torch.float32) if return_lse else None
+        keep_q = torch.arange(mq).unsqueeze(0) < seg.nq.unsqueeze(1)  # [b, mq]
+    else:
+        out = q.new_empty(q.shape)
+        lse = q.new_empty((b * mq, h_q), dtype=torch.float32) if return_lse else None
+    for s in range(0, b, n_chunk):
+        e = min(b, s + n_chunk)
+        n = e - s
+        if packed_full:
+            r0 = int(kv_start[s])
+            kc, vc = k_rows_of[r0:r0 + n * width], v_rows_of[r0:r0 + n * width]
+        else:
+            kc = torch.index_select(k_rows_of, 0, k_rows[s:e].reshape(-1), out=kbuf[:n * width])
+            vc = torch.index_select(v_rows_of, 0, k_rows[s:e].reshape(-1), out=vbuf[:n * width])
+        kc = kc.view(n, width, h_kv, d)
+        vc = vc.view(n, width, h_kv, d)
+        if not thd:
+            qc = q[s:e]
+        elif one_query:
+            qc = q[s:e].unsqueeze(1)
+        elif cu[e] - cu[s] == n * mq:  # every segment of the chunk has max_q queries
+            qc = q[cu[s]:cu[e]].view(n, mq, h_q, d)
+        else:
+            qc = _gather_rows(q, seg.q_rows[s:e])
+        if return_lse:
+            o, lc = _attend_inference(qc, kc, vc, seg.nkv[s:e], scale, compute, True,
+                                      maybe_empty)
+        else:  # the same as _attend_inference, with the mask cut from one built up front
+            o = F.scaled_dot_product_attention(
+                _fold_heads(qc.to(compute), h_kv), kc.to(compute).transpose(1, 2),
+                vc.to(compute).transpose(1, 2), attn_mask=mask[s:e], scale=scale)
+            if maybe_empty:
+                o = torch.where(empty[s:e], o.new_zeros(()), o)
+            o = _unfold_heads(o, mq, h_q)
+        if thd and not one_query:
+            if cu[e] - cu[s] == n * mq:
+                out[cu[s]:cu[e]] = o.reshape(n * mq, h_q, d)
+                if lse is not None:
+                    lse[cu[s]:cu[e]] = lc.reshape(n * mq, h_q)
+                continue
+            keep = keep_q[s:e].reshape(-1)
+            out[cu[s]:cu[e]] = o.reshape(n * mq, h_q, d)[keep]
+            if lse is not None:
+                lse[cu[s]:cu[e]] = lc.reshape(n * mq, h_q)[keep]
+        else:
+            out[s:e] = o.view(out[s:e].shape)
+            if lse is not None:
+                lse[s * mq:e * mq] = lc.reshape(n * mq, h_q)
+    lse = lse.t() if lse is not None else q.new_empty((0,), dtype=torch.float32)
+    return out, lse, q.new_empty((0,), dtype=torch.float32)
 
 
 def _probs_or_empty(probs, q):
