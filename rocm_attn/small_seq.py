@@ -336,16 +336,18 @@ def _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q
 
 
 def _packed_rows(start: torch.Tensor, n: torch.Tensor, total: int):
-    """Pack segments' rows ``start[i] .. start[i] + n[i] - 1`` back to back.
+    """Pack segments' rows ``start[i] .. start[i] + n[i] - 1`` back to back into ``total`` rows.
 
-    Returns (cu int32 [b+1] of the packed layout, capped at ``total``; the source row of every
-    packed row int64 [total] (clamped into the source); whether a packed row belongs to a
-    segment bool [total])."""
-    cu = torch.cat([n.new_zeros(1), torch.cumsum(n, 0)]).clamp(max=total)
+    Returns (cu int32 [b+1] of the packed layout; the source row of every packed row int64
+    [total], clamped into the source; the segments that did not fit, bool [b]). Valid segments
+    of one call fit unless some other segment is bad (only then can two overlap)."""
+    end = torch.cumsum(n, 0)
+    overflow = end > total
+    cu = torch.cat([n.new_zeros(1), end]).clamp(max=total)
     r = torch.arange(total, device=n.device)
     seg = torch.searchsorted(cu[1:].contiguous(), r, right=True).clamp(max=max(n.numel() - 1, 0))
     src = (start[seg] + r - cu[seg]).clamp(0, max(total - 1, 0))
-    return cu.to(torch.int32), src, r < cu[-1]
+    return cu.to(torch.int32), src, overflow
 
 
 def _varlen_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
@@ -374,9 +376,15 @@ def _varlen_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
         total_q, total_kv = b * s_q, b * s_kv
         q_start = torch.arange(b, device=q.device) * s_q
         seg = seg._replace(k_start=torch.where(seg.bad, 0, torch.arange(b, device=q.device) * s_kv))
-    errors.record_torch_path_errors(seg.bad)
     nq = torch.where(seg.bad, 0, seg.nq)
-    cu_q, src_q, _ = _packed_rows(q_start, nq, total_q)
+    _, _, q_overflow = _packed_rows(q_start, nq, total_q)
+    _, _, kv_overflow = _packed_rows(seg.k_start, seg.nkv, total_kv)
+    # a valid segment that overlaps a bad one's rows may not fit: flagged as well
+    bad = seg.bad | q_overflow | kv_overflow
+    seg = seg._replace(bad=bad, nq=torch.where(bad, 0, seg.nq), nkv=torch.where(bad, 0, seg.nkv),
+                       k_start=torch.where(bad, 0, seg.k_start))
+    errors.record_torch_path_errors(seg.bad)
+    cu_q, src_q, _ = _packed_rows(q_start, seg.nq, total_q)
     cu_kv, src_kv, _ = _packed_rows(seg.k_start, seg.nkv, total_kv)
     q_p = q2.index_select(0, src_q) if total_q else q2
     k_p = k2.index_select(0, src_kv) if total_kv else k2
