@@ -381,6 +381,16 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
     else:
         out = q.new_empty(q.shape)
         lse = q.new_empty((b * mq, h_q), dtype=torch.float32) if return_lse else None
+    if packed_full and not return_lse and not (thd and not one_query):
+        # no gather: one SDPA call over every segment, k/v as views
+        kc = k_rows_of[int(kv_start[0]):int(kv_start[0]) + b * width].view(b, width, h_kv, d)
+        vc = v_rows_of[int(kv_start[0]):int(kv_start[0]) + b * width].view(b, width, h_kv, d)
+        qc = q.view(b, mq, h_q, d)
+        o = F.scaled_dot_product_attention(
+            _fold_heads(qc.to(compute), h_kv), kc.to(compute).transpose(1, 2),
+            vc.to(compute).transpose(1, 2), scale=scale)
+        out.copy_(_unfold_heads(o, mq, h_q).view(out.shape))
+        return out, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
     for s in range(0, b, n_chunk):
         e = min(b, s + n_chunk)
         n = e - s
