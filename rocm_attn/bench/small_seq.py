@@ -14,8 +14,12 @@ working set exceeds L2. GQA cases (h_q > h_kv) also time the general kernel in t
 (tuning small_seq_mma=0, column "general"), so the matrix-unit forward's gain is read off one
 run. Writes JSON with --json; prints a table last.
 
+--ranking times the ranking grid instead (many candidates per user, histories 16..1024,
+rocm_attn/bench/small_seq_ranking.py); --device cpu times the torch path's CPU inference
+against SDPA and einsum (rocm_attn/bench/small_seq_cpu.py; no GPU needed).
+
 Usage: python tools/bench_small_seq.py [--json out.json] [--cases name,...] [--batch 30720]
-       [--no-anchors] [--ab NAME=VALUE ...]
+       [--no-anchors] [--ab NAME=VALUE ...] [--ranking] [--device cpu [--threads N]]
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from .common import copy_bandwidth, eager_fallbacks, eager_ms, rotating, time_ms
 from .gpu import require_gpu
 from .plot import bar_chart, check_plot_arg
 from .progress import progress
+from .small_seq_cpu import CPU_CASES, DEFAULT_CPU_CASES, bench_cpu_case, print_cpu_rows
+from .small_seq_ranking import bench_rank_row, grid_rows, print_rank_rows
 
 # name: (h_q, h_kv, d, kv) where kv is an int (every segment) or (lo, hi) uniform
 CASES = {
@@ -232,10 +238,24 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", type=Path,
                         help="write a PNG of %% of floor per case (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cpu: the torch path's CPU inference against SDPA and einsum "
+                             f"(cases {', '.join(CPU_CASES)}; default "
+                             f"{', '.join(DEFAULT_CPU_CASES)})")
+    parser.add_argument("--threads", type=int, help="CPU: torch intra-op threads (1 also "
+                        "reports the calling thread's CPU time)")
+    parser.add_argument("--reps", type=int, default=5, help="CPU: timed calls per case")
+    parser.add_argument("--ranking", action="store_true",
+                        help="GPU: the ranking grid (users x candidates x history x h_kv, "
+                             "fixed and ragged; long one-query histories)")
     args = parser.parse_args(argv)
     check_plot_arg(parser, args.plot)
+    if args.device == "cpu":
+        return _main_cpu(args)
     if not require_gpu("small-seq"):
         return 1
+    if args.ranking:
+        return _main_ranking(args)
     dtype = getattr(torch, args.dtype)
     bw = copy_bandwidth()
     rows = []
@@ -275,6 +295,43 @@ def main(argv=None) -> int:
                   f"{ab_['ms']:.3f} ({ab_['pct_floor']:3.0f}%)")
     if args.plot:
         print(f"plot: {plot_report(report, args.plot)}")
+    return 0
+
+
+def _main_cpu(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = args.cases.split(",") if args.cases != ",".join(CASES) else list(DEFAULT_CPU_CASES)
+    unknown = [n for n in names if n not in CPU_CASES]
+    if unknown:
+        print(f"unknown CPU cases {unknown}; choose from {', '.join(CPU_CASES)}", file=sys.stderr)
+        return 2
+    rows = []
+    report = {"device": "cpu", "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "clock": "wall clock (and thread CPU time with --threads 1), best of --reps",
+              "rows": rows}
+    for name in progress(names, "small-seq cpu", not args.no_progress):
+        rows.append(bench_cpu_case(name, CPU_CASES[name], args.reps, args.seed,
+                                   torch.get_num_threads() == 1))
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1))
+    print_cpu_rows(rows)
+    return 0
+
+
+def _main_ranking(args) -> int:
+    dtype = getattr(torch, args.dtype)
+    bw = copy_bandwidth()
+    rows = []
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "copy_bandwidth_GBps": bw / 1e9, "rows": rows,
+              "clock": "ours: device (graph replay); anchors: eager, host dispatch included"}
+    for r in progress(grid_rows(), "small-seq ranking", not args.no_progress):
+        rows.append(bench_rank_row(r, bw, dtype, args.seed))
+        report["eager_fallbacks"] = eager_fallbacks()
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1))
+    print_rank_rows(rows, report["device"], bw)
     return 0
 
 

@@ -1,0 +1,212 @@
+"""Ranking rows of ``rocm-attn bench small-seq --ranking``: many candidates (queries) per user
+(segment) over the user's history, as a ranking server runs target attention (GPU, bf16).
+
+Per row (users x candidates x history, fixed or ragged, h_q / h_kv, d), in one run:
+  floor       bytes the op must move (q + out + K/V once per user, only the valid keys of a
+              ragged history; the backward adds dout, out, dq, dK, dV and another read of q,
+              K, V) over the device-to-device copy bandwidth measured in this run
+  ours        fused_attn_small_seq (THD, cu_seqlens): forward, forward+backward (device time,
+              graph replay; eager where capture fails, reported)
+  anchors     SDPA fixed-length ([users, h, candidates, d] vs [users, h, history, d], no mask:
+              for a ragged row it reads the padding as keys), SDPA with a key mask, the
+              package's varlen attention (rocm_attn.attention, flash underneath), and the
+              one-query op with the history repeated once per candidate (history <= 16, where
+              the repeated K/V fit in memory); eager (one call at a time, host included)
+Then % of floor and the speed-up over the best anchor. Long-history rows (one query, 64..1024
+keys, 4096 and 30720 users) follow the grid.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+import rocm_attn
+from .common import eager_ms, time_ms
+
+# The issue's grid: users x candidates x history x fixed/ragged x h_kv (h_q 8, d 128).
+USERS = (256, 4096)
+CANDIDATES = (1, 16, 128, 512)
+HISTORIES = (16, 64, 256)
+KV_HEADS = (8, 2)
+H_Q = 8
+# Repeating the history per candidate is an anchor only below this many bytes of K/V.
+REPEAT_LIMIT_BYTES = 8 * 2**30
+# Eager reps for anchors; graph replays for ours (common.time_ms): ~2 s per row keeps the whole
+# grid under 4 minutes on an H100.
+ANCHOR_REPS = 10
+
+
+def grid_rows() -> List[dict]:
+    rows = []
+    for users in USERS:
+        for cands in CANDIDATES:
+            for hist in HISTORIES:
+                for ragged in (False, True):
+                    for h_kv in KV_HEADS:
+                        rows.append(dict(users=users, cands=cands, hist=hist, ragged=ragged,
+                                         h_kv=h_kv, d=128))
+    rows.append(dict(users=256, cands=128, hist=64, ragged=False, h_kv=8, d=256))
+    for users in (4096, 30720):
+        for hist in (64, 256, 1024):
+            for ragged in (False, True):
+                rows.append(dict(users=users, cands=1, hist=hist, ragged=ragged, h_kv=8, d=128))
+    return rows
+
+
+def row_name(r: dict) -> str:
+    return (f"u{r['users']}_c{r['cands']}_kv{r['hist']}{'r' if r['ragged'] else 'f'}"
+            f"_hkv{r['h_kv']}_d{r['d']}")
+
+
+def make_rank_inputs(r: dict, dtype, device, gen) -> dict:
+    users, cands, hist, h_kv, d = r["users"], r["cands"], r["hist"], r["h_kv"], r["d"]
+    if r["ragged"]:
+        lens = torch.randint(1, hist + 1, (users,), generator=gen)
+    else:
+        lens = torch.full((users,), hist)
+    cu_kv = torch.zeros(users + 1, dtype=torch.int32)
+    cu_kv[1:] = torch.cumsum(lens, 0)
+    total_kv = int(cu_kv[-1])
+    q = torch.randn(users * cands, H_Q, d, generator=gen).to(device, dtype)
+    k = torch.randn(total_kv, h_kv, d, generator=gen).to(device, dtype)
+    v = torch.randn(total_kv, h_kv, d, generator=gen).to(device, dtype)
+    cu_q = (torch.arange(users + 1, dtype=torch.int32) * cands).to(device)
+    return dict(q=q, k=k, v=v, cu_q=cu_q, cu_kv=cu_kv.to(device), lens=lens.to(device),
+                users=users, cands=cands, hist=hist, total_kv=total_kv, h_kv=h_kv)
+
+
+def floor_bytes(x: dict, elem: int = 2):
+    qb = x["q"].numel() * elem
+    kvb = 2 * x["k"].numel() * elem
+    fwd = qb + qb + kvb  # read q, K, V; write out
+    bwd = (qb + kvb + qb + qb) + (qb + kvb)  # read q, K, V, out, dout; write dq, dK, dV
+    return fwd, fwd + bwd
+
+
+def _ours(x, backward: bool):
+    def fwd():
+        return rocm_attn.fused_attn_small_seq(x["q"], x["k"], x["v"], x["cu_q"], x["cu_kv"],
+                                              x["cands"], x["hist"])
+
+    return _with_backward(fwd, (x["q"], x["k"], x["v"])) if backward else fwd
+
+
+def _padded(x):
+    """[users, h_q, cands, d] queries and [users, h_q, hist, d] keys/values (GQA expanded),
+    with the key mask [users, 1, 1, hist]."""
+    users, cands, hist = x["users"], x["cands"], x["hist"]
+    group = H_Q // x["h_kv"]
+    rows = (x["cu_kv"][:-1].long().unsqueeze(1)
+            + torch.arange(hist, device=x["q"].device)).clamp(max=x["total_kv"] - 1)
+    kp = x["k"][rows].repeat_interleave(group, dim=2).transpose(1, 2).contiguous()
+    vp = x["v"][rows].repeat_interleave(group, dim=2).transpose(1, 2).contiguous()
+    qb = x["q"].view(users, cands, H_Q, -1).transpose(1, 2).contiguous()
+    mask = (torch.arange(hist, device=qb.device).unsqueeze(0)
+            < x["lens"].unsqueeze(1))[:, None, None, :]
+    return qb, kp, vp, mask
+
+
+def _anchors(x, backward: bool) -> Dict[str, object]:
+    qb, kp, vp, mask = _padded(x)
+
+    def sdpa_fixed():
+        return F.scaled_dot_product_attention(qb, kp, vp)
+
+    def sdpa_mask():
+        return F.scaled_dot_product_attention(qb, kp, vp, attn_mask=mask)
+
+    def varlen():
+        return rocm_attn.attention(x["q"], x["k"], x["v"], x["cu_q"], x["cu_kv"], x["cands"],
+                                   x["hist"])
+
+    fns = {"sdpa_fixed": (sdpa_fixed, (qb, kp, vp)), "sdpa_mask": (sdpa_mask, (qb, kp, vp)),
+           "varlen": (varlen, (x["q"], x["k"], x["v"]))}
+    rep_bytes = x["users"] * x["cands"] * x["hist"] * 2 * x["k"].shape[1] * x["k"].shape[2] * 2
+    if x["hist"] <= 16 and x["cands"] > 1 and rep_bytes <= REPEAT_LIMIT_BYTES:
+        idx = torch.repeat_interleave(torch.arange(x["users"], device=qb.device), x["cands"])
+        lens = x["lens"][idx]
+        cu = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=qb.device)
+        cu[1:] = torch.cumsum(lens, 0)
+        rows = torch.repeat_interleave(x["cu_kv"][:-1].long()[idx], lens) + (
+            torch.arange(int(cu[-1]), device=qb.device)
+            - torch.repeat_interleave(cu[:-1].long(), lens))
+        kr, vr = x["k"][rows], x["v"][rows]
+        cu_q1 = torch.arange(lens.numel() + 1, dtype=torch.int32, device=qb.device)
+
+        def repeated():
+            return rocm_attn.fused_attn_small_seq(x["q"], kr, vr, cu_q1, cu, 1, x["hist"])
+
+        fns["q1_repeated"] = (repeated, (x["q"], kr, vr))
+    return {n: (_with_backward(f, leaves) if backward else f) for n, (f, leaves) in fns.items()}
+
+
+def _with_backward(fwd, leaves):
+    leaves = [t.requires_grad_() for t in leaves]
+    probe = fwd()
+    dout = torch.randn_like(probe)
+
+    def step():
+        torch.autograd.grad(fwd(), leaves, dout)
+
+    return step
+
+
+def bench_rank_row(r: dict, bw: float, dtype, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    x = make_rank_inputs(r, dtype, "cuda", gen)
+    fwd_bytes, fb_bytes = floor_bytes(x)
+    out = dict(r, case=row_name(r), total_kv=x["total_kv"])
+    for mode, backward, nbytes in (("fwd", False, fwd_bytes), ("fwdbwd", True, fb_bytes)):
+        floor = nbytes / bw * 1e3
+        res: Dict[str, object] = {"floor_ms": floor, "anchors": {}}
+        try:
+            t = time_ms(_ours(x, backward), reps=9, warmup=2, name=f"{out['case']}/{mode}")
+            res.update(ms=t, pct_floor=100 * floor / t)
+        except Exception as exc:  # e.g. a build without the tiled kernels
+            res["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            t = None
+        try:
+            anchors = _anchors(x, backward)
+        except Exception as exc:
+            anchors = {}
+            res["anchors"]["setup"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        for name, fn in anchors.items():
+            try:
+                ta = eager_ms(fn, reps=ANCHOR_REPS, warmup=2)
+                res["anchors"][name] = {"ms": ta, "pct_floor": 100 * floor / ta}
+            except Exception as exc:
+                res["anchors"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        del anchors
+        ok = [a["ms"] for a in res["anchors"].values() if "ms" in a]
+        res["best_anchor_ms"] = min(ok) if ok else None
+        res["speedup_vs_best"] = min(ok) / t if ok and t else None
+        out[mode] = res
+    del x
+    torch.cuda.empty_cache()
+    return out
+
+
+def print_rank_rows(rows, device: str, bw: float) -> None:
+    print(f"\n{device}  copy bandwidth {bw / 1e9:.0f} GB/s  bf16  h_q {H_Q}: ranking rows "
+          "(ours: device time; anchors: eager)")
+    print(f"{'case':28s} {'floor us':>8s} {'fwd us':>8s} {'%fl':>4s} {'x best':>6s} "
+          f"{'fb us':>8s} {'%fl':>4s} {'x best':>6s}  anchors fwd us (% floor)")
+    for r in rows:
+        f, fb = r["fwd"], r["fwdbwd"]
+        anchors = " ".join(
+            f"{n}={a['ms'] * 1e3:.0f}({a['pct_floor']:.0f}%)" if "ms" in a else f"{n}=n/a"
+            for n, a in f["anchors"].items())
+
+        def cell(m, key, fmt, scale=1.0):
+            v: Optional[float] = m.get(key)
+            return format(v * scale, fmt) if v is not None else "-"
+
+        print(f"{r['case']:28s} {f['floor_ms'] * 1e3:8.0f} {cell(f, 'ms', '.0f', 1e3):>8s} "
+              f"{cell(f, 'pct_floor', '.0f'):>4s} {cell(f, 'speedup_vs_best', '.2f'):>6s} "
+              f"{cell(fb, 'ms', '.0f', 1e3):>8s} {cell(fb, 'pct_floor', '.0f'):>4s} "
+              f"{cell(fb, 'speedup_vs_best', '.2f'):>6s}"
+              f"  {anchors}")
+
