@@ -85,7 +85,9 @@ def torch_path_state(device: torch.device) -> torch.Tensor:
 def exporting() -> bool:
     """Whether torch.export (and so AOTInductor and the dynamo ONNX exporter) or the legacy
     ONNX exporter is tracing the caller."""
-    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+    # torch.compiler.is_exporting is newer than the oldest supported torch
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting is not None and is_exporting()) or torch.onnx.is_in_onnx_export()
 
 
 def record_torch_path_errors(bad: torch.Tensor) -> None:

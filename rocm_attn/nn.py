@@ -314,7 +314,7 @@ def _kernel_gaps(module: TargetAttention, candidate: torch.Tensor) -> Optional[s
 def _warn_if_exporting_without_kernels(module: TargetAttention, candidate) -> None:
     """While torch.export / ONNX export traces the module: warn (once per reason) when the
     exported program will run the torch path instead of the kernels."""
-    if not (torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()):
+    if not errors.exporting():
         return
     why = _kernel_gaps(module, candidate)
     if why is None or why in _export_warned:
