@@ -4,6 +4,11 @@ The ops, and the small-seq forward's autograd (a C++ autograd function registere
 Autograd kernel), are defined in C++ (hip_src/torch_bindings.cpp). Registering fake impls lets
 torch.compile trace through them. Nothing here runs when the extension is absent.
 
+The tiled small-seq ops (``small_seq_tiled_fwd/bwd``: many queries per segment, long histories,
+int64 offsets) are defined in C++ too (hip_src/bindings/); their fake impls and the forward's
+autograd (calling the backward op) are registered here, only when a build has them
+(:data:`HAS_TILED_OPS`).
+
 Host cost matters: a small-seq call can take 20-30 us on the GPU, about what Python dispatch
 costs. :func:`small_seq_forward` therefore skips what it can: when nothing needs a gradient it
 calls the op's C++ function directly (``_C.small_seq_fwd_direct``: no schema boxing, no
@@ -89,3 +94,88 @@ def _fwd_below_autograd(*args):
 if _ext.HAS_EXTENSION:
     torch.library.register_fake("rocm_attn::small_seq_fwd")(_small_seq_fwd_fake)
     torch.library.register_fake("rocm_attn::small_seq_bwd")(_small_seq_bwd_fake)
+
+
+# --------------------------------------------------------------------------------------------
+# tiled small-seq ops
+# --------------------------------------------------------------------------------------------
+
+
+def tiled_ops_registered() -> bool:
+    """Whether ``rocm_attn::small_seq_tiled_fwd`` and ``_bwd`` exist (this build has them)."""
+    try:
+        ns = torch.ops.rocm_attn
+        return hasattr(ns, "small_seq_tiled_fwd") and hasattr(ns, "small_seq_tiled_bwd")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _query_rows(q) -> int:
+    """Rows of lse / probs: THD q ``[total_q, h_q, d]`` -> total_q; BSHD ``[b, s_q, h_q, d]``
+    -> b * s_q."""
+    return q.shape[0] if q.dim() == 3 else q.shape[0] * q.shape[1]
+
+
+def _tiled_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                    max_seqlen_kv, softmax_scale, return_softmax):
+    rows, h_q = _query_rows(q), q.shape[-2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = q.new_empty((h_q, rows), dtype=torch.float32)
+    probs = q.new_empty((rows, h_q, max_seqlen_kv) if return_softmax else (0,),
+                        dtype=torch.float32)
+    return out, lse, probs
+
+
+def _tiled_bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                    max_seqlen_q, max_seqlen_kv, softmax_scale):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _tiled_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_q, max_kv, scale, _ = inputs
+    out, lse, _probs = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv)
+    ctx.bounds = (max_q, max_kv, scale)
+    ctx.set_materialize_grads(False)
+
+
+def _tiled_backward(ctx, dout, dlse, _dprobs):
+    """Gradients of (out, lse) by the tiled backward op; probs are not differentiable."""
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv = ctx.saved_tensors
+    if dout is None and dlse is None:
+        return (None,) * 10
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.rocm_attn.small_seq_tiled_bwd(
+        dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, *ctx.bounds)
+    grads = (dq, dk, dv)
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        # backward(create_graph=True): the gradients themselves are not differentiable
+        from .cp.autograd import no_second_derivative
+
+        grads = no_second_derivative("fused_attn_small_seq", grads, (q, k, v))
+    return (*grads, None, None, None, None, None, None, None)
+
+
+_tiled_registered = False
+
+
+def register_tiled_ops() -> bool:
+    """Register the tiled ops' fakes and autograd once, when the ops exist; returns whether
+    they are registered. Runs at import; a test that defines the ops later calls it again."""
+    global _tiled_registered, HAS_TILED_OPS
+    if _tiled_registered:
+        return True
+    if not tiled_ops_registered():
+        return False
+    torch.library.register_fake("rocm_attn::small_seq_tiled_fwd")(_tiled_fwd_fake)
+    torch.library.register_fake("rocm_attn::small_seq_tiled_bwd")(_tiled_bwd_fake)
+    torch.library.register_autograd("rocm_attn::small_seq_tiled_fwd", _tiled_backward,
+                                    setup_context=_tiled_setup_context)
+    _tiled_registered = HAS_TILED_OPS = True
+    return True
+
+
+HAS_TILED_OPS = False
+if _ext.HAS_EXTENSION:
+    register_tiled_ops()

@@ -1,9 +1,17 @@
-"""fused_attn_small_seq: one query token per segment attending to 1..16 keys.
+"""fused_attn_small_seq: segments of query tokens attending to a user-behaviour history.
 
-Target attention in recommendation models: a candidate item (the query) attends to a short
-user-behaviour history (keys/values), for 30k+ segments per batch. The compiled HIP/CUDA
-kernels serve fp16/bf16 with head dims 64/128/256/512; a vectorised torch path serves the same
-API everywhere else (CPU, fp32, other head dims, or ``backend="torch"``).
+Target attention in recommendation models: candidate items (the queries) attend to the user's
+history (keys/values), for thousands of users (segments) per batch; every query of a segment
+attends to all of the segment's keys. Which implementation serves a call:
+
+* one query per segment, int32 offsets, ``max_seqlen_kv <= 16``: the ``small_seq_fwd/bwd``
+  kernels (fp16/bf16, head dims 64/128/256/512);
+* any other call up to ``KERNEL_MAX_SEQLEN_KV`` keys: the tiled kernels
+  (``small_seq_tiled_fwd/bwd``: fp16/bf16, head dims 64/128/256; int32 or int64 offsets);
+* a kernel-eligible call with longer histories: the package's varlen attention
+  (``rocm_attn.attention``), logged at INFO;
+* everything else (CPU, fp32/fp64, other head dims, ``backend="torch"``): the torch path
+  (rocm_attn/small_seq_torch.py), any length.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from . import _ext, _logging, errors, ops  # noqa: F401  (ops registers fake impls and autograd)
-from .reference import reference_small_seq
+from .small_seq_torch import bshd_segments, thd_segments, torch_path
 
 log = logging.getLogger("rocm_attn")
 
@@ -23,7 +31,15 @@ LAYOUTS = ("thd_thd_thd", "bshd_bshd_bshd")
 KERNEL_HEAD_DIMS = (64, 128, 256, 512)
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 TORCH_PATH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Largest max_seqlen_kv of the one-query kernels (small_seq_fwd/bwd).
 MAX_SEQLEN_KV = 16
+# Head dims and largest max_seqlen_kv the tiled kernels serve (hip_src/small_seq/tiled_params.h
+# kSmallSeqTiledMaxSeqlenKv); longer histories take rocm_attn.attention.
+TILED_HEAD_DIMS = (64, 128, 256)
+KERNEL_MAX_SEQLEN_KV = 1024
+OFFSET_DTYPES = (torch.int32, torch.int64)
+# Rows of q, k, v (and offsets' values) are int32 in the kernels.
+MAX_ROWS = 2**31 - 1
 # Largest finite float32: the kernels (and the torch path for 16/32-bit inputs) apply
 # softmax_scale in float32, so a larger scale would be inf there.
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -47,15 +63,21 @@ def _check_tensor(name: str, t, rank: int, shape_doc: str) -> None:
 
 def _check_index(name: str, t, numel: int, device: torch.device) -> None:
     if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be an int32 tensor of {numel} entries, got {type(t).__name__}")
-    if t.dtype != torch.int32 or t.dim() != 1 or t.numel() != numel:
-        raise ValueError(
-            f"{name} must be a 1-D int32 tensor of {numel} entries, got {t.dtype} {tuple(t.shape)}"
-        )
+        raise ValueError(f"{name} must be an int32 or int64 tensor of {numel} entries, got "
+                         f"{type(t).__name__}")
+    if t.dtype not in OFFSET_DTYPES or t.dim() != 1 or t.numel() != numel:
+        raise ValueError(f"{name} must be a 1-D int32 or int64 tensor of {numel} entries, got "
+                         f"{t.dtype} {tuple(t.shape)}")
     if t.device != device:
         raise ValueError(f"{name} must be on {device} (the device of q), got {t.device}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (kernels index it directly), got strides {t.stride()}")
+
+
+def _check_bound(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1 (a host bound on every segment), got "
+                         f"{value!r}")
 
 
 def _kernel_alignment_problem(name: str, t: torch.Tensor) -> Optional[str]:
@@ -95,15 +117,8 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, ma
     """Check every host-side argument; returns the batch size (number of segments)."""
     if qkv_layout not in LAYOUTS:
         raise ValueError(f"qkv_layout must be one of {LAYOUTS}, got {qkv_layout!r}")
-    if max_seqlen_q != 1:
-        raise ValueError(f"max_seqlen_q must be 1 (one query token per segment), got {max_seqlen_q}")
-    if isinstance(max_seqlen_kv, bool) or not isinstance(max_seqlen_kv, int) or not (
-        1 <= max_seqlen_kv <= MAX_SEQLEN_KV
-    ):
-        raise ValueError(
-            f"max_seqlen_kv must be an int in 1..{MAX_SEQLEN_KV}, got {max_seqlen_kv!r}: this op "
-            f"serves histories of at most {MAX_SEQLEN_KV} items (keep the latest "
-            f"{MAX_SEQLEN_KV}, or use F.scaled_dot_product_attention for longer ones)")
+    _check_bound("max_seqlen_q", max_seqlen_q)
+    _check_bound("max_seqlen_kv", max_seqlen_kv)
     _check_scale(softmax_scale)
     thd = qkv_layout == "thd_thd_thd"
     if thd:
@@ -114,25 +129,38 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, ma
             raise ValueError("seqlens_kv is for qkv_layout='bshd_bshd_bshd'; THD takes cu_seqlens_kv")
         if cu_seqlens_q is None or cu_seqlens_kv is None:
             raise ValueError("cu_seqlens_q and cu_seqlens_kv are required for qkv_layout='thd_thd_thd'")
-        batch = q.shape[0]
+        if max_seqlen_q == 1:
+            # one query per segment: q holds exactly the b query rows
+            batch = q.shape[0]
+        else:
+            if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 \
+                    or cu_seqlens_q.numel() < 1:
+                raise ValueError("cu_seqlens_q must be a 1-D int32 or int64 tensor of b+1 >= 1 "
+                                 f"entries, got {cu_seqlens_q!r:.80}")
+            batch = cu_seqlens_q.numel() - 1
         _check_index("cu_seqlens_q", cu_seqlens_q, batch + 1, q.device)
         _check_index("cu_seqlens_kv", cu_seqlens_kv, batch + 1, q.device)
+        rows = (("q", q.shape[0]), ("k", k.shape[0]))
     else:
-        _check_tensor("q", q, 4, "[b, 1, h_q, d]")
+        _check_tensor("q", q, 4, "[b, s_q, h_q, d]")
         _check_tensor("k", k, 4, "[b, s_kv, h_kv, d]")
         _check_tensor("v", v, 4, "[b, s_kv, h_kv, d]")
         if cu_seqlens_q is not None or cu_seqlens_kv is not None:
             raise ValueError("qkv_layout='bshd_bshd_bshd' takes seqlens_kv, not cu_seqlens_q/kv")
-        if q.shape[1] != 1:
-            raise ValueError(f"q must be [b, 1, h_q, d] (one query per segment), got {tuple(q.shape)}")
+        if q.shape[1] != max_seqlen_q:
+            raise ValueError(f"q has s_q = {q.shape[1]} query rows per segment "
+                             f"{tuple(q.shape)}; max_seqlen_q must equal s_q, got {max_seqlen_q}")
         batch = q.shape[0]
         if k.shape[0] != batch:
             raise ValueError(f"k batch {k.shape[0]} must equal q batch {batch}")
-        if k.shape[1] > MAX_SEQLEN_KV:
-            raise ValueError(f"k/v s_kv dim must be <= {MAX_SEQLEN_KV}, got {k.shape[1]}")
         if seqlens_kv is None:
-            raise ValueError("seqlens_kv (int32 [b]) is required for qkv_layout='bshd_bshd_bshd'")
+            raise ValueError("seqlens_kv (int32 or int64 [b]) is required for "
+                             "qkv_layout='bshd_bshd_bshd'")
         _check_index("seqlens_kv", seqlens_kv, batch, q.device)
+        rows = (("q", q.shape[0] * q.shape[1]), ("k", k.shape[0] * k.shape[1]))
+    for name, n in rows:
+        if n > MAX_ROWS:
+            raise ValueError(f"{name} has {n} rows (tokens); at most 2^31 - 1 are supported")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -147,6 +175,14 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, ma
     if h_kv == 0 or h_q % h_kv:
         raise ValueError(f"num heads of q ({h_q}) must be a multiple of num heads of k/v ({h_kv})")
     return batch
+
+
+def _one_query_call(cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv) -> bool:
+    """Whether the call is under today's one-query contract (the small_seq_fwd/bwd kernels):
+    max_seqlen_q 1, int32 offsets, max_seqlen_kv <= 16."""
+    return (max_seqlen_q == 1 and max_seqlen_kv <= MAX_SEQLEN_KV
+            and all(t is None or t.dtype == torch.int32
+                    for t in (cu_seqlens_q, cu_seqlens_kv, seqlens_kv)))
 
 
 def _kernel_problems(q, k, v) -> List[str]:
@@ -170,14 +206,35 @@ def _kernel_problems(q, k, v) -> List[str]:
     return reasons
 
 
-def _use_kernel(q, k, v, backend: str) -> bool:
+def _tiled_problems(q, k, v) -> List[str]:
+    """Why the tiled kernels cannot serve this call (empty when they can)."""
+    reasons = [r for r in _kernel_problems(q, k, v) if not r.startswith("head dim")]
+    if q.shape[-1] not in TILED_HEAD_DIMS:
+        dims = ", ".join(str(d) for d in TILED_HEAD_DIMS)
+        reasons.append(f"head dim {q.shape[-1]} (tiled kernels: {dims})")
+    if not reasons and not ops.HAS_TILED_OPS:
+        reasons.append("this build has no tiled small-seq kernels (rocm_attn::small_seq_tiled_fwd "
+                       "is not registered)")
+    return reasons
+
+
+def _pick_path(q, k, v, one_query: bool, max_seqlen_kv: int, return_softmax: bool,
+               backend: str) -> str:
+    """"kernel" (small_seq_fwd), "tiled", "varlen" (rocm_attn.attention) or "torch"."""
     if backend not in ("auto", "kernel", "torch"):
         raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")
     if backend == "torch":
         _logging.log_choice(log, ("small_seq", "torch", "asked"),
                             "fused_attn_small_seq: torch path (backend='torch')")
-        return False
-    reasons = _kernel_problems(q, k, v)
+        return "torch"
+    reasons = _kernel_problems(q, k, v) if one_query else _tiled_problems(q, k, v)
+    long_history = not one_query and max_seqlen_kv > KERNEL_MAX_SEQLEN_KV
+    if long_history:
+        # the varlen attention needs no tiled kernel: only the device, dtype and head dim
+        reasons = [r for r in reasons if not r.startswith("this build")]
+        if return_softmax and not reasons:
+            reasons = [f"return_softmax with max_seqlen_kv {max_seqlen_kv} > "
+                       f"{KERNEL_MAX_SEQLEN_KV} (the varlen attention returns no weights)"]
     if reasons and backend == "kernel":
         raise ValueError(
             "backend='kernel' cannot serve this call: " + "; ".join(reasons) + ". Use "
@@ -186,11 +243,18 @@ def _use_kernel(q, k, v, backend: str) -> bool:
         why = "; ".join(reasons)
         _logging.log_choice(log, ("small_seq", "torch", why),
                             "fused_attn_small_seq: torch path (%s)", why)
-        return False
-    _logging.log_choice(log, ("small_seq", "kernel", q.device.type, q.dtype, q.shape[-1]),
-                        "fused_attn_small_seq: compiled kernels (%s, %s, head dim %d)", q.device,
-                        q.dtype, q.shape[-1])
-    return True
+        return "torch"
+    if long_history:
+        _logging.log_choice(log, ("small_seq", "varlen", q.device.type, q.dtype),
+                            "fused_attn_small_seq: max_seqlen_kv %d > %d (the tiled kernels' "
+                            "limit): rocm_attn.attention (varlen) serves the call",
+                            max_seqlen_kv, KERNEL_MAX_SEQLEN_KV)
+        return "varlen"
+    kind = "kernel" if one_query else "tiled"
+    _logging.log_choice(log, ("small_seq", kind, q.device.type, q.dtype, q.shape[-1]),
+                        "fused_attn_small_seq: compiled %s kernels (%s, %s, head dim %d)",
+                        "one-query" if one_query else "tiled", q.device, q.dtype, q.shape[-1])
+    return kind
 
 
 def _call_shape(q, qkv_layout) -> tuple:
@@ -206,7 +270,7 @@ def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seq
                        max_seqlen_kv, softmax_scale, qkv_layout, return_softmax, backend):
     """The kernels' (out, lse, probs) with the C++ op as the only argument check, or None.
 
-    Host cost: a small batch runs 25 us on the GPU, and _validate plus _use_kernel cost about
+    Host cost: a small batch runs 25 us on the GPU, and _validate plus _pick_path cost about
     20 us of Python per call on the GPU machines' hosts. The op checks the same arguments
     itself (torch_bindings.cpp make_params: ranks, shapes, dtypes, devices, cu_seqlens /
     seqlens_kv, head dims, alignment). So a call shaped like one the kernels have already
@@ -238,107 +302,93 @@ def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seq
         return None
 
 
-def _thd_segments(cu_seqlens_q, cu_seqlens_kv, total_q: int, total_kv: int,
-                  max_seqlen_kv: int):
-    """The kernels' per-segment contract for THD (hip_src/small_seq/tiling.h resolve_segment).
-
-    Segment i is valid iff it has exactly one query row q0 = cu_seqlens_q[i] with
-    0 <= q0 < total_q, and its kv rows k0 = cu_seqlens_kv[i] .. k1 = cu_seqlens_kv[i+1] satisfy
-    0 <= k0 <= k1 <= total_kv and k1 - k0 <= max_seqlen_kv. Computed in int64: a difference of
-    two int32 offsets can wrap in 32 bits (0x7ffffff8 - (-0x7ffffff8) would read as 16).
-    Returns (valid bool [b], q0 int64 [b], k0 int64 [b], len int64 [b]), without a host sync.
-    """
-    q0, q1 = cu_seqlens_q[:-1].long(), cu_seqlens_q[1:].long()
-    k0, k1 = cu_seqlens_kv[:-1].long(), cu_seqlens_kv[1:].long()
-    lens = k1 - k0
-    valid = (q1 - q0 == 1) & (q0 >= 0) & (q0 < total_q)
-    valid &= (k0 >= 0) & (k1 <= total_kv) & (lens >= 0) & (lens <= max_seqlen_kv)
-    return valid, q0, k0, lens
-
-
-def _thd_to_padded(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_kv):
-    """Gather THD segments into [b, max_seqlen_kv, h, d] without a host sync.
-
-    Returns the per-segment q rows [b, h, d], the padded k/v, the lengths (-1 for a segment
-    that breaks the contract), the per-segment flag for contract violations, and each
-    segment's q row (int64 [b]; meaningful where the segment is valid).
-    """
-    total_q, total_kv = q.shape[0], k.shape[0]
-    valid, q0, k0, lens = _thd_segments(cu_seqlens_q, cu_seqlens_kv, total_q, total_kv,
-                                        max_seqlen_kv)
-    bad = ~valid
-    # Every gather index is clamped into the tensor: a bad segment's rows are masked below,
-    # never read out of bounds.
-    q_rows = torch.where(valid, q0, torch.zeros_like(q0)).clamp(0, max(total_q - 1, 0))
-    rows = k0.unsqueeze(1) + torch.arange(max_seqlen_kv, device=q.device).unsqueeze(0)
-    rows = rows.clamp(0, max(total_kv - 1, 0))
-    if total_kv == 0:
-        shape = (q.shape[0], max_seqlen_kv) + tuple(k.shape[1:])
-        kp, vp = k.new_zeros(shape), v.new_zeros(shape)
-    else:
-        kp, vp = k[rows], v[rows]
-    lens = torch.where(bad, torch.full_like(lens, -1), lens)
-    return q[q_rows], kp, vp, lens, bad, q0
-
-
-def _mask_padding(kp, vp, lens):
-    """Zero the k/v rows at or past each segment's length ([b, s, h, d]; lens -1 for a bad
-    segment, which keeps none).
-
-    NOTE: torch.where, not a product: those rows belong to other segments (THD) or are padding
-    (BSHD) and may hold NaN/inf. Multiplying by 0 keeps NaN, and a masked score still passes
-    0 * k to dq in the backward; where() gives them neither a value nor a gradient.
-    """
-    keep = torch.arange(kp.shape[1], device=kp.device).unsqueeze(0) < lens.unsqueeze(1)
-    keep = keep.view(kp.shape[0], kp.shape[1], 1, 1)
-    return torch.where(keep, kp, kp.new_zeros(())), torch.where(keep, vp, vp.new_zeros(()))
-
-
-def _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, scale, thd):
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    if thd:
-        q3, kp, vp, lens, bad, q0 = _thd_to_padded(q, k, v, cu_seqlens_q, cu_seqlens_kv,
-                                                   max_seqlen_kv)
-    else:
-        kp, vp, q3 = k, v, q[:, 0]
-        lens64 = seqlens_kv.long()
-        bad = (lens64 < 0) | (lens64 > min(max_seqlen_kv, k.shape[1]))
-        lens = torch.where(bad, torch.full_like(lens64, -1), lens64)
-    errors.record_torch_path_errors(bad)
-    kp, vp = _mask_padding(kp, vp, lens)
-    out, lse, probs = reference_small_seq(q3, kp, vp, lens, scale, compute_dtype=compute)
-    width = kp.shape[1]
-    if width < max_seqlen_kv:
-        probs = torch.nn.functional.pad(probs, (0, max_seqlen_kv - width))
-    probs = probs[..., :max_seqlen_kv].detach()  # weights are for inspection, as on the kernel path
-    if thd:
-        # A valid segment writes its q row (as the kernels do); rows no valid segment writes
-        # (those of bad segments, or rows no segment names) are NaN. Row total_q takes the bad
-        # segments' values and is dropped.
-        dest = torch.where(bad, torch.full_like(q0, q.shape[0]), q0)
-        placed = out.new_full((q.shape[0] + 1,) + tuple(out.shape[1:]), float("nan"))
-        out = placed.index_put((dest,), out)[:q.shape[0]]
-    else:
-        out = out.unsqueeze(1)
-    return out, lse, probs
-
-
 def _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
-                  max_seqlen_kv, softmax_scale, qkv_layout, return_softmax, backend):
-    """(out, lse, probs) after every Python check: kernels where they serve, else torch."""
+                  max_seqlen_kv, softmax_scale, qkv_layout, return_softmax, return_lse,
+                  backend):
+    """(out, lse, probs) after every Python check, from the path that serves the call."""
     batch = _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                       max_seqlen_kv, softmax_scale, qkv_layout)
     scale = _scale(q, softmax_scale)
+    thd = qkv_layout == "thd_thd_thd"
+    one_query = _one_query_call(cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                                max_seqlen_kv)
+    path = _pick_path(q, k, v, one_query, max_seqlen_kv, return_softmax, backend)
     if batch == 0:
-        return (q.new_empty(q.shape), q.new_empty((q.shape[-2], 0), dtype=torch.float32),
-                q.new_empty((0, q.shape[-2], max_seqlen_kv), dtype=torch.float32))
-    if _use_kernel(q, k, v, backend):
+        # no segment: every q row is padding (out 0, lse -inf)
+        rows = q.shape[0] if thd else 0
+        return (torch.zeros_like(q), q.new_full((q.shape[-2], rows), float("-inf"),
+                                                dtype=torch.float32),
+                q.new_zeros((rows, q.shape[-2], max_seqlen_kv), dtype=torch.float32))
+    if path == "kernel":
         outputs = ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
                                         max_seqlen_kv, scale, return_softmax)
         _served_by_kernels.add(_call_shape(q, qkv_layout))
         return outputs
-    return _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, scale,
-                       qkv_layout == "thd_thd_thd")
+    if path == "tiled":
+        return torch.ops.rocm_attn.small_seq_tiled_fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,
+            scale, return_softmax)
+    if path == "varlen":
+        return _varlen_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                            max_seqlen_kv, scale, thd)
+    return torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                      max_seqlen_kv, scale, thd, one_query, return_lse, return_softmax)
+
+
+def _packed_rows(start: torch.Tensor, n: torch.Tensor, total: int):
+    """Pack segments' rows ``start[i] .. start[i] + n[i] - 1`` back to back.
+
+    Returns (cu int32 [b+1] of the packed layout, capped at ``total``; the source row of every
+    packed row int64 [total] (clamped into the source); whether a packed row belongs to a
+    segment bool [total])."""
+    cu = torch.cat([n.new_zeros(1), torch.cumsum(n, 0)]).clamp(max=total)
+    r = torch.arange(total, device=n.device)
+    seg = torch.searchsorted(cu[1:].contiguous(), r, right=True).clamp(max=max(n.numel() - 1, 0))
+    src = (start[seg] + r - cu[seg]).clamp(0, max(total - 1, 0))
+    return cu.to(torch.int32), src, r < cu[-1]
+
+
+def _varlen_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                 max_seqlen_kv, scale, thd):
+    """(out, lse, probs) by rocm_attn.attention (non-causal varlen) for histories longer than
+    the tiled kernels serve, with the same per-segment contract: a bad segment is counted,
+    packed with no rows (so it reads nothing) and its rows are NaN; padding rows 0 / -inf.
+
+    The valid segments' rows are packed back to back (packed sizes are capped at q's and k's
+    row counts: only offsets that already break the contract can overlap beyond them)."""
+    from .small_seq_torch import place_rows
+    from .varlen import attention
+
+    h_q, d = q.shape[-2], q.shape[-1]
+    if thd:
+        total_q, total_kv = q.shape[0], k.shape[0]
+        seg = thd_segments(cu_seqlens_q, cu_seqlens_kv, total_q, total_kv, max_seqlen_q,
+                           max_seqlen_kv, one_query=False)
+        q2, k2, v2 = q, k, v
+        q_start = seg.q_rows[:, 0]
+        b = seg.bad.numel()
+    else:
+        b, s_q, s_kv = q.shape[0], q.shape[1], k.shape[1]
+        seg = bshd_segments(seqlens_kv, b, s_q, s_kv, max_seqlen_kv)
+        q2, k2, v2 = (t.reshape((-1,) + tuple(t.shape[2:])) for t in (q, k, v))
+        total_q, total_kv = b * s_q, b * s_kv
+        q_start = torch.arange(b, device=q.device) * s_q
+        seg = seg._replace(k_start=torch.where(seg.bad, 0, torch.arange(b, device=q.device) * s_kv))
+    errors.record_torch_path_errors(seg.bad)
+    nq = torch.where(seg.bad, 0, seg.nq)
+    cu_q, src_q, _ = _packed_rows(q_start, nq, total_q)
+    cu_kv, src_kv, _ = _packed_rows(seg.k_start, seg.nkv, total_kv)
+    q_p = q2.index_select(0, src_q) if total_q else q2
+    k_p = k2.index_select(0, src_kv) if total_kv else k2
+    v_p = v2.index_select(0, src_kv) if total_kv else v2
+    out_p, lse_p = attention(q_p, k_p, v_p, cu_q, cu_kv, max_seqlen_q, max_seqlen_kv,
+                             softmax_scale=scale, return_lse=True)
+    # back to [b, max_q] slots, then to q's rows with the torch path's placement rules
+    j = torch.arange(max_seqlen_q, device=q.device)
+    slot = (cu_q[:-1].long().unsqueeze(1) + j).clamp(0, max(total_q - 1, 0))
+    out_s = out_p.index_select(0, slot.reshape(-1)).view(b, max_seqlen_q, h_q, d)
+    lse_s = lse_p.float().t().index_select(0, slot.reshape(-1)).view(b, max_seqlen_q, h_q)
+    return place_rows(seg, out_s, lse_s, None, q, thd, False, max_seqlen_kv)
 
 
 def fused_attn_small_seq(
@@ -358,31 +408,46 @@ def fused_attn_small_seq(
     backend: str = "auto",
     validate: Union[None, bool, str] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
-    """Attention of one query token per segment over 0..16 key/value tokens.
+    """Attention of each segment's query tokens over the segment's key/value tokens.
+
+    Every query of a segment attends to all of the segment's keys (cross attention, no mask).
 
     Parameters
     ----------
-    q : ``[b, h_q, d]`` (THD, one row per segment) or ``[b, 1, h_q, d]`` (BSHD).
-    k, v : ``[total_kv, h_kv, d]`` (THD) or ``[b, s_kv, h_kv, d]`` (BSHD, s_kv <= 16).
+    q : THD ``[total_q, h_q, d]`` (``max_seqlen_q == 1``: ``[b, h_q, d]``, one row per
+        segment) or BSHD ``[b, s_q, h_q, d]``.
+    k, v : ``[total_kv, h_kv, d]`` (THD) or ``[b, s_kv, h_kv, d]`` (BSHD).
         ``h_q % h_kv == 0`` (GQA/MQA). Any strides with a contiguous head dim (slices of a
         fused projection work without a copy).
-    cu_seqlens_q, cu_seqlens_kv : int32 ``[b+1]`` (THD). Segment i has query row
-        ``cu_seqlens_q[i]`` (exactly one) and keys ``cu_seqlens_kv[i]:cu_seqlens_kv[i+1]``.
-    max_seqlen_q : must be 1.
-    max_seqlen_kv : host bound 1..16 on every segment's key count; picks the kernel variant.
+    cu_seqlens_q, cu_seqlens_kv : int32 or int64 ``[b+1]`` (THD; each its own dtype). Segment i
+        has query rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]`` and keys
+        ``cu_seqlens_kv[i]:cu_seqlens_kv[i+1]`` (either may be empty).
+    max_seqlen_q : host bound >= 1 on every segment's query count (BSHD: must equal s_q).
+    max_seqlen_kv : host bound >= 1 on every segment's key count; any length is served.
     softmax_scale : defaults to ``1/sqrt(d)``. Any value finite in float32 (zero and negative
         included); nan, inf and ``|scale| > 3.4e38`` raise ValueError.
     qkv_layout : ``"thd_thd_thd"`` or ``"bshd_bshd_bshd"``.
-    return_softmax : also return the attention weights, float32 ``[b, h_q, max_seqlen_kv]``
-        (zero past each segment's length; not differentiable).
-    seqlens_kv : int32 ``[b]``, key counts for the BSHD layout.
-    return_lse : also return the float32 natural-log LSE ``[h_q, b]`` (``-inf`` for empty
-        segments); differentiable, so merged partial results backpropagate.
+    return_softmax : also return the attention weights, float32
+        ``[rows, h_q, max_seqlen_kv]`` (zero past each segment's length; not differentiable).
+    seqlens_kv : int32 or int64 ``[b]``, key counts for the BSHD layout.
+    return_lse : also return the float32 natural-log LSE ``[h_q, rows]`` (``-inf`` for rows
+        without keys); differentiable, so merged partial results backpropagate.
     backend : ``"auto"`` (kernels when they serve the call, else torch), ``"kernel"`` or
         ``"torch"``.
     validate : ``"sync"``/True raises SmallSeqContractError at the call when one of this call's
         segments broke the contract (synchronises; errors of earlier calls are left for
         ``check_errors``); default from env ``ROCM_ATTN_VALIDATE``.
+
+    Rows of lse and probs: one per segment when ``max_seqlen_q == 1`` with int32 offsets and
+    ``max_seqlen_kv <= 16`` (today's contract, where q has exactly b rows); otherwise one per
+    query row (THD: the row of q; BSHD: ``batch * s_q + j``), and THD q rows outside every
+    segment (before ``cu_seqlens_q[0]``, from ``cu_seqlens_q[b]`` on) are padding: out 0,
+    lse -inf.
+
+    Paths: one query, int32 offsets, ``max_seqlen_kv <= 16``: the one-query kernels; other
+    calls with ``max_seqlen_kv <= KERNEL_MAX_SEQLEN_KV``: the tiled kernels (head dims
+    64/128/256); longer histories: ``rocm_attn.attention`` (logged at INFO); CPU, fp32/fp64
+    and other head dims: the torch path (any length). All paths share one contract.
 
     Returns
     -------
@@ -400,7 +465,7 @@ def fused_attn_small_seq(
     if outputs is None:
         outputs = _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                                 max_seqlen_kv, softmax_scale, qkv_layout, return_softmax,
-                                backend)
+                                return_lse, backend)
     out, lse, probs = outputs
     if validating:
         errors.check_call_errors()

@@ -479,14 +479,18 @@ def test_softmax_scale_and_return_arity(seed):
     out_lse = call(case, q, k, v, return_lse=True, return_softmax=False)
     out_probs = call(case, q, k, v, return_lse=False, return_softmax=True)
     assert len(out_lse) == 2 and len(out_probs) == 2
-    torch.testing.assert_close(only_out, full[0], rtol=0, atol=0)
-    torch.testing.assert_close(out_lse[1], full[1], rtol=0, atol=0)
+    # NOTE: equal up to float32 rounding, not bitwise: without a gradient the torch path
+    # serves out alone with SDPA, out and lse with matmuls, and probs with the training
+    # formulation
+    torch.testing.assert_close(only_out, full[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_lse[1], full[1], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out_probs[1], full[2], rtol=0, atol=0)
     # default scale is 1/sqrt(d)
     case.scale = None
     default = call(case, q, k, v)
     explicit = fused_attn_small_seq(q, k, v, case.cu_q, case.cu_kv, 1, case.max_kv,
                                     1.0 / math.sqrt(64), return_lse=True, return_softmax=True)
+    assert len(default) == 3
     for x, y in zip(default, explicit):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
@@ -696,10 +700,11 @@ def _noncontig_last(t):
 THD_BAD = [
     ("layout", dict(qkv_layout="sbhd_sbhd_sbhd"), "qkv_layout"),
     ("layout_none", dict(qkv_layout=None), "qkv_layout"),
-    ("max_seqlen_q_2", dict(max_seqlen_q=2), "max_seqlen_q"),
+    ("max_seqlen_q_float", dict(max_seqlen_q=2.0), "max_seqlen_q"),
+    ("max_seqlen_q_bool", dict(max_seqlen_q=True), "max_seqlen_q"),
     ("max_seqlen_q_0", dict(max_seqlen_q=0), "max_seqlen_q"),
     ("max_seqlen_kv_0", dict(max_seqlen_kv=0), "max_seqlen_kv"),
-    ("max_seqlen_kv_17", dict(max_seqlen_kv=17), "max_seqlen_kv"),
+    ("max_seqlen_kv_negative", dict(max_seqlen_kv=-3), "max_seqlen_kv"),
     ("max_seqlen_kv_float", dict(max_seqlen_kv=4.0), "max_seqlen_kv"),
     ("max_seqlen_kv_tensor", dict(max_seqlen_kv=torch.tensor(4)), "max_seqlen_kv"),
     ("max_seqlen_kv_bool", dict(max_seqlen_kv=True), "max_seqlen_kv"),
@@ -714,8 +719,9 @@ THD_BAD = [
     ("q_last_dim", dict(q=_noncontig_last(torch.randn(4, 4, 64))), r"\bq\b.*contiguous"),
     ("k_last_dim", dict(k=_noncontig_last(torch.randn(10, 2, 64))), r"\bk\b.*contiguous"),
     ("v_last_dim", dict(v=torch.randn(10, 2, 128)[..., ::2]), r"\bv\b.*contiguous"),
-    ("cu_q_int64", dict(cu_seqlens_q=torch.arange(5)), "cu_seqlens_q"),
-    ("cu_kv_int64", dict(cu_seqlens_kv=torch.tensor([0, 2, 5, 9, 10])), "cu_seqlens_kv"),
+    ("cu_q_int16", dict(cu_seqlens_q=torch.arange(5, dtype=torch.int16)), "cu_seqlens_q"),
+    ("cu_kv_uint8", dict(cu_seqlens_kv=torch.tensor([0, 2, 5, 9, 10], dtype=torch.uint8)),
+     "cu_seqlens_kv"),
     ("cu_kv_float", dict(cu_seqlens_kv=torch.tensor([0.0, 2, 5, 9, 10])), "cu_seqlens_kv"),
     ("cu_q_short", dict(cu_seqlens_q=torch.arange(4, dtype=torch.int32)), "cu_seqlens_q"),
     ("cu_kv_long", dict(cu_seqlens_kv=torch.arange(6, dtype=torch.int32)), "cu_seqlens_kv"),
@@ -754,9 +760,10 @@ BSHD_BAD = [
     ("q_rank", dict(q=torch.randn(4, 4, 64)), r"\bq\b"),
     ("k_rank", dict(k=torch.randn(4 * 6, 2, 64)), r"\bk\b"),
     ("k_batch", dict(k=torch.randn(5, 6, 2, 64), v=torch.randn(5, 6, 2, 64)), r"\bk batch\b"),
-    ("s_kv_17", dict(k=torch.randn(4, 17, 2, 64), v=torch.randn(4, 17, 2, 64)), "s_kv"),
+    ("max_seqlen_q_not_s_q", dict(max_seqlen_q=2), "max_seqlen_q"),
     ("seqlens_missing", dict(seqlens_kv=None), "seqlens_kv"),
-    ("seqlens_int64", dict(seqlens_kv=torch.tensor([1, 6, 0, 3])), "seqlens_kv"),
+    ("seqlens_int16", dict(seqlens_kv=torch.tensor([1, 6, 0, 3], dtype=torch.int16)),
+     "seqlens_kv"),
     ("seqlens_len", dict(seqlens_kv=torch.tensor([1, 6, 0], dtype=torch.int32)), "seqlens_kv"),
     ("seqlens_noncontig", dict(seqlens_kv=torch.tensor([1, 0, 6, 0, 0, 0, 3, 0],
                                                        dtype=torch.int32)[::2]), "seqlens_kv"),
@@ -764,7 +771,7 @@ BSHD_BAD = [
     ("dtype", dict(q=torch.randn(4, 1, 4, 64, dtype=torch.bfloat16)), "dtype"),
     ("gqa_ratio", dict(q=torch.randn(4, 1, 5, 64)), r"heads of q"),
     ("head_dim", dict(q=torch.randn(4, 1, 4, 128)), "head dim"),
-    ("max_seqlen_kv_17", dict(max_seqlen_kv=17), "max_seqlen_kv"),
+    ("max_seqlen_kv_0", dict(max_seqlen_kv=0), "max_seqlen_kv"),
 ]
 
 

@@ -1,0 +1,321 @@
+"""The torch path of ``fused_attn_small_seq``: every layout, dtype, device and length.
+
+Segments are gathered into padded batches, ``[b, max_q, h_q, d]`` queries and
+``[b, max_kv, h_kv, d]`` keys/values (one gather per segment, never one per query), and every
+query of a segment attends to all of the segment's keys. Nothing reads an offset on the host,
+so the path runs on GPU tensors without a sync and traces under ``torch.compile``.
+
+Two contracts, matching the kernels that serve the same call:
+
+* ``one_query`` (``max_seqlen_q == 1``, int32 offsets, ``max_seqlen_kv <= 16``: the
+  ``small_seq_fwd`` kernels): a THD segment has exactly one query row ``q0`` with
+  ``0 <= q0 < total_q``; lse and probs are indexed by segment; q rows that no valid segment
+  writes are NaN.
+* otherwise (the tiled kernels, hip_src/small_seq/tiled_segment.h): a THD segment has query rows
+  ``q0 .. q1-1`` with ``0 <= q0 <= q1 <= total_q`` and ``q1 - q0 <= max_seqlen_q``; lse and probs
+  are indexed by query row; rows before ``cu_seqlens_q[0]`` and from ``cu_seqlens_q[b]`` on are
+  padding (out 0, lse -inf, probs 0); a bad segment writes NaN to its rows
+  ``max(q0, 0) .. min(q1, q0 + max_seqlen_q, total_q) - 1``; other rows that no valid segment
+  covers (only possible when some segment is bad) are NaN.
+
+In both, keys ``k0 .. k1-1`` with ``0 <= k0 <= k1 <= total_kv`` and ``k1 - k0 <= max_seqlen_kv``
+(BSHD: ``0 <= seqlens_kv[i] <= min(s_kv, max_seqlen_kv)``); a bad segment reads no key, is counted
+(errors.record_torch_path_errors) and its keys get zero gradient.
+
+Two formulations:
+
+* inference (no gradient, no probs): F.scaled_dot_product_attention on the padded batch with a
+  key mask. Padded key slots are filled with the segment's own last key (the gather rows are
+  clamped into the segment), so keys of other segments, which may hold NaN, are never read:
+  the mask alone cannot hide a NaN key from SDPA (NaN + -inf is NaN).
+* training (and probs): matmuls in float32 (float64 for float64 inputs) with the padding rows
+  replaced through torch.where (a product would keep a NaN, and its backward would pass
+  ``0 * NaN`` on), so nothing of another segment reaches a segment's output or gradients.
+
+GQA/MQA never repeats K/V: the query heads of one kv head are folded into the query-row
+dimension (``[b, h_kv, group * max_q, d]``), exact since no mask depends on the query row.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from . import errors
+
+NEG_INF = float("-inf")
+NAN = float("nan")
+
+
+class Segments(NamedTuple):
+    """Per-segment rows of one call (all int64 / bool, ``[b]`` unless said otherwise)."""
+
+    bad: torch.Tensor          # segment breaks the contract
+    q_rows: torch.Tensor       # [b, max_q] rows of q to gather (clamped into q)
+    nq: torch.Tensor           # valid queries (0 for a bad segment)
+    nkv: torch.Tensor          # valid keys (0 for a bad segment)
+    k_start: torch.Tensor      # first key row (0 for a bad segment)
+    nan_lo: Optional[torch.Tensor]   # bad segment's NaN rows lo .. hi-1 (THD, tiled contract)
+    nan_hi: Optional[torch.Tensor]
+    pad_lead: Optional[torch.Tensor]  # THD tiled: rows [0, pad_lead) and [pad_tail, total_q)
+    pad_tail: Optional[torch.Tensor]  # are padding (0-dim int64)
+
+
+def thd_segments(cu_seqlens_q, cu_seqlens_kv, total_q: int, total_kv: int, max_q: int,
+                 max_kv: int, one_query: bool) -> Segments:
+    """The contract of every segment, computed in int64 without a host sync.
+
+    Every condition is checked on the raw values (``q0 <= q1`` rather than ``q1 - q0 >= 0``):
+    an int64 difference of two unchecked offsets can overflow and an int32 one can wrap into
+    the valid range; a difference is only used where the conditions beside it hold.
+    """
+    q0, q1 = cu_seqlens_q[:-1].long(), cu_seqlens_q[1:].long()
+    k0, k1 = cu_seqlens_kv[:-1].long(), cu_seqlens_kv[1:].long()
+    if one_query:
+        ok_q = (q1 - q0 == 1) & (q0 >= 0) & (q0 < total_q)
+    else:
+        ok_q = (q0 >= 0) & (q0 <= q1) & (q1 <= total_q) & (q1 - q0 <= max_q)
+    ok_kv = (k0 >= 0) & (k0 <= k1) & (k1 <= total_kv) & (k1 - k0 <= max_kv)
+    valid = ok_q & ok_kv
+    zero = torch.zeros_like(q0)
+    nq = torch.where(valid, q1 - q0, zero)
+    q_start = torch.where(valid, q0, zero)
+    q_rows = q_start.unsqueeze(1) + torch.arange(max_q, device=q0.device)
+    q_rows = q_rows.clamp(0, max(total_q - 1, 0))
+    nan_lo = nan_hi = pad_lead = pad_tail = None
+    if not one_query:
+        # rows a bad segment writes NaN to (the kernels' rule); q0 is clamped before adding
+        # max_q so that a huge int64 offset cannot overflow (then lo > hi anyway)
+        nan_lo = q0.clamp(min=0)
+        nan_hi = torch.minimum(q1.clamp(max=total_q), q0.clamp(max=total_q) + max_q)
+        pad_lead = cu_seqlens_q[0].long().clamp(0, total_q)
+        pad_tail = cu_seqlens_q[-1].long().clamp(0, total_q)
+    return Segments(~valid, q_rows, nq, torch.where(valid, k1 - k0, zero),
+                    torch.where(valid, k0, zero), nan_lo, nan_hi, pad_lead, pad_tail)
+
+
+def bshd_segments(seqlens_kv, b: int, s_q: int, s_kv: int, max_kv: int) -> Segments:
+    lens = seqlens_kv.long()
+    valid = (lens >= 0) & (lens <= min(s_kv, max_kv))
+    zero = torch.zeros_like(lens)
+    q_rows = torch.zeros((b, s_q), dtype=torch.long, device=lens.device)  # unused for BSHD
+    return Segments(~valid, q_rows, torch.full_like(lens, s_q), torch.where(valid, lens, zero),
+                    zero, None, None, None, None)
+
+
+def _gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x[rows] for int64 rows of any shape (clamped into x; zeros when x has no row), as one
+    index_select (cheaper than advanced indexing on the CPU)."""
+    shape = tuple(rows.shape) + tuple(x.shape[1:])
+    if x.shape[0] == 0:
+        return x.new_zeros(shape)
+    return x.index_select(0, rows.reshape(-1)).view(shape)
+
+
+def _fold_heads(qp: torch.Tensor, h_kv: int) -> torch.Tensor:
+    """[b, mq, h_q, d] -> [b, h_kv, group * mq, d] (query heads of one kv head side by side)."""
+    b, mq, h_q, d = qp.shape
+    group = h_q // h_kv
+    if mq == 1:
+        return qp.view(b, h_kv, group, d)
+    return qp.view(b, mq, h_kv, group, d).permute(0, 2, 3, 1, 4).reshape(b, h_kv, group * mq, d)
+
+
+def _unfold_heads(x: torch.Tensor, mq: int, h_q: int) -> torch.Tensor:
+    """[b, h_kv, group * mq, *rest] -> [b, mq, h_q, *rest]."""
+    b, h_kv = x.shape[:2]
+    rest = tuple(x.shape[3:])
+    group = h_q // h_kv
+    if mq == 1:
+        return x.reshape((b, 1, h_q) + rest)
+    x = x.reshape((b, h_kv, group, mq) + rest)
+    return x.movedim(3, 1).reshape((b, mq, h_q) + rest)
+
+
+def _attend_inference(qp, kp, vp, nkv, scale: float, compute, want_lse: bool):
+    """(out [b, mq, h_q, d] in compute dtype, lse [b, mq, h_q] or None) by SDPA with a key mask.
+
+    kp/vp padded slots must hold finite values of the segment (see the module docstring)."""
+    b, mq, h_q, d = qp.shape
+    h_kv, width = kp.shape[2], kp.shape[1]
+    qf = _fold_heads(qp.to(compute), h_kv)
+    kf = kp.to(compute).transpose(1, 2)
+    vf = vp.to(compute).transpose(1, 2)
+    keep = torch.arange(width, device=qp.device) < nkv.unsqueeze(1)  # [b, s]
+    mask = keep.view(b, 1, 1, width)
+    lse = None
+    if want_lse:
+        scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+        scores = scores.masked_fill(~mask, NEG_INF)
+        lse = torch.logsumexp(scores, dim=-1)  # -inf for a segment without keys
+        p = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0).unsqueeze(-1))
+        out = torch.matmul(p, vf)
+    else:
+        out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale)
+    # a segment without keys: 0 (SDPA gives NaN for a fully masked row on some versions)
+    out = torch.where((nkv > 0).view(b, 1, 1, 1), out, out.new_zeros(()))
+    out = _unfold_heads(out, mq, h_q)
+    if lse is not None:
+        lse = _unfold_heads(lse.unsqueeze(-1), mq, h_q).squeeze(-1)
+    return out, lse
+
+
+def _safe_softmax_lse(scores: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Softmax and natural-log LSE over the last dim where masked entries are -inf; a row of
+    only -inf gives probabilities 0 and LSE -inf, and its backward gives no NaN."""
+    m = scores.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()  # exact: a constant
+    e = torch.exp(scores - m)
+    s = e.sum(dim=-1, keepdim=True)
+    nonempty = s > 0
+    s_safe = torch.where(nonempty, s, torch.ones_like(s))
+    lse = torch.where(nonempty, torch.log(s_safe) + m, torch.full_like(s, NEG_INF))
+    return e / s_safe, lse.squeeze(-1)
+
+
+def _attend_general(qp, kp, vp, nq, nkv, scale: float, compute):
+    """(out [b, mq, h_q, d], lse [b, mq, h_q], probs [b, mq, h_q, s]) in compute dtype, with
+    every padding row replaced through torch.where (differentiable, NaN-isolating)."""
+    b, mq, h_q, d = qp.shape
+    width, h_kv = kp.shape[1], kp.shape[2]
+    dev = qp.device
+    keep_q = (torch.arange(mq, device=dev) < nq.unsqueeze(1)).view(b, mq, 1, 1)
+    keep_k = torch.arange(width, device=dev) < nkv.unsqueeze(1)  # [b, s]
+    zero = qp.new_zeros((), dtype=compute)
+    qf = _fold_heads(torch.where(keep_q, qp.to(compute), zero), h_kv)
+    kf = torch.where(keep_k.view(b, width, 1, 1), kp.to(compute), zero).transpose(1, 2)
+    vf = torch.where(keep_k.view(b, width, 1, 1), vp.to(compute), zero).transpose(1, 2)
+    scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale  # [b, h_kv, g*mq, s]
+    scores = scores.masked_fill(~keep_k.view(b, 1, 1, width), NEG_INF)
+    if width > 0:
+        p, lse = _safe_softmax_lse(scores)
+    else:
+        p, lse = scores, scores.new_full(scores.shape[:-1], NEG_INF)
+    out = torch.matmul(p, vf)
+    return (_unfold_heads(out, mq, h_q), _unfold_heads(lse.unsqueeze(-1), mq, h_q).squeeze(-1),
+            _unfold_heads(p, mq, h_q))
+
+
+def _scatter_rows(vals: torch.Tensor, dest: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """base (``[total_q + 1, ...]``, the last row a dump) with vals ``[b, mq, ...]`` written at
+    rows dest ``[b, mq]`` (rows that go nowhere name the dump row)."""
+    flat = vals.reshape((-1,) + tuple(vals.shape[2:]))
+    return base.index_put((dest.reshape(-1),), flat)
+
+
+def torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q: int,
+               max_seqlen_kv: int, scale: float, thd: bool, one_query: bool,
+               return_lse: bool, return_softmax: bool):
+    """(out, lse, probs) of fused_attn_small_seq; see the module docstring for the contract.
+
+    THD q is ``[total_q, h_q, d]`` (``one_query``: ``[b, h_q, d]``); BSHD q ``[b, s_q, h_q, d]``.
+    probs is an empty tensor unless ``return_softmax``; lse may be empty when neither
+    ``return_lse`` nor a gradient needs it."""
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    h_q, d = q.shape[-2], q.shape[-1]
+    if thd:
+        total_q, total_kv = q.shape[0], k.shape[0]
+        b = cu_seqlens_q.numel() - 1
+        mq = max_seqlen_q
+        seg = thd_segments(cu_seqlens_q, cu_seqlens_kv, total_q, total_kv, mq, max_seqlen_kv,
+                           one_query)
+        width = max_seqlen_kv
+    else:
+        b, mq = q.shape[0], q.shape[1]
+        width = min(k.shape[1], max_seqlen_kv)
+        seg = bshd_segments(seqlens_kv, b, mq, k.shape[1], max_seqlen_kv)
+    errors.record_torch_path_errors(seg.bad)
+    dev = q.device
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                              or v.requires_grad)
+    inference = not needs_grad and not return_softmax
+    slot = torch.arange(width, device=dev)
+    if thd:
+        qp = _gather_rows(q, seg.q_rows)  # [b, mq, h_q, d]
+        if inference:
+            # padded slots repeat the segment's last key: never another segment's row
+            last = (seg.nkv - 1).clamp(min=0).unsqueeze(1)
+            rows = seg.k_start.unsqueeze(1) + torch.minimum(slot.unsqueeze(0), last)
+        else:
+            rows = seg.k_start.unsqueeze(1) + slot.unsqueeze(0)
+        rows = rows.clamp(0, max(total_kv - 1, 0))
+        kp, vp = _gather_rows(k, rows), _gather_rows(v, rows)
+    else:
+        qp = q
+        kp, vp = k[:, :width], v[:, :width]
+        if inference:
+            # BSHD padding rows may hold anything: replace them (SDPA's mask cannot hide NaN)
+            keep = (slot.unsqueeze(0) < seg.nkv.unsqueeze(1)).view(b, width, 1, 1)
+            kp = torch.where(keep, kp, kp.new_zeros(()))
+            vp = torch.where(keep, vp, vp.new_zeros(()))
+    if inference:
+        out, lse = _attend_inference(qp, kp, vp, seg.nkv, scale, compute, return_lse)
+        probs = None
+        if lse is None:
+            lse = out.new_zeros((b, mq, h_q), dtype=torch.float32)
+    else:
+        out, lse, probs = _attend_general(qp, kp, vp, seg.nq, seg.nkv, scale, compute)
+    out = out.to(q.dtype)
+    lse = lse.to(torch.float32)
+    if probs is not None:
+        probs = probs.detach().to(torch.float32)  # for inspection, as on the kernel path
+        if width < max_seqlen_kv:
+            probs = F.pad(probs, (0, max_seqlen_kv - width))
+    return place_rows(seg, out, lse, probs, q, thd, one_query, max_seqlen_kv)
+
+
+def place_rows(seg: Segments, out, lse, probs, q, thd: bool, one_query: bool,
+               max_seqlen_kv: int):
+    """Per-segment results (out ``[b, mq, h_q, d]``, lse ``[b, mq, h_q]``, probs
+    ``[b, mq, h_q, max_kv]`` or None) -> (out like q, lse ``[h_q, rows]``, probs ``[rows, h_q,
+    max_kv]`` or empty) under the contract's placement rules (module docstring)."""
+    b, mq, h_q, d = out.shape
+    dev = q.device
+    bad4 = seg.bad.view(b, 1, 1, 1)
+    if one_query or not thd:
+        # lse / probs by segment (one_query) or by row = batch * s_q + j (BSHD)
+        lse_rows = torch.where(seg.bad.view(b, 1, 1), NAN, lse).reshape(b * mq, h_q).t()
+        probs_rows = None
+        if probs is not None:
+            probs_rows = torch.where(bad4, NAN, probs).reshape(b * mq, h_q, max_seqlen_kv)
+        if thd:  # one_query THD: out placed at each valid segment's query row, NaN elsewhere
+            total_q = q.shape[0]
+            dest = torch.where(seg.bad, total_q, seg.q_rows[:, 0]).unsqueeze(1)
+            base = out.new_full((total_q + 1, h_q, d), NAN)
+            out = _scatter_rows(out, dest, base)[:-1]
+        else:
+            out = torch.where(bad4, NAN, out)
+        return out, lse_rows, _probs_or_empty(probs_rows, q)
+    # THD, tiled contract: scatter by query row
+    total_q = q.shape[0]
+    j = torch.arange(mq, device=dev).unsqueeze(0)
+    dest = torch.where(j < seg.nq.unsqueeze(1), seg.q_rows[:, :1] + j, total_q)
+    nan_row = seg.nan_lo.unsqueeze(1) + j
+    nan_dest = torch.where(seg.bad.unsqueeze(1) & (nan_row < seg.nan_hi.unsqueeze(1)),
+                           nan_row, total_q)
+    rows_all = torch.arange(total_q + 1, device=dev)
+    padding = (rows_all < seg.pad_lead) | (rows_all >= seg.pad_tail)
+    # rows a bad segment names, and rows neither padding nor written by a valid segment: NaN
+    true = torch.ones((), dtype=torch.bool, device=dev).expand(dest.numel())
+    no_row = torch.zeros(total_q + 1, dtype=torch.bool, device=dev)
+    written = no_row.index_put((dest.reshape(-1),), true)
+    named_bad = no_row.index_put((nan_dest.reshape(-1),), true)
+    nan_rows = (named_bad | ~(written | padding))[:-1]
+
+    def place(vals, pad_value, rest):
+        base = vals.new_full((total_q + 1,) + rest, pad_value)
+        placed = _scatter_rows(vals, dest, base)[:-1]
+        return torch.where(nan_rows.view((-1,) + (1,) * len(rest)), NAN, placed)
+
+    out = place(out, 0.0, (h_q, d))
+    lse_rows = place(lse, NEG_INF, (h_q,)).t()
+    probs_rows = None if probs is None else place(probs, 0.0, (h_q, max_seqlen_kv))
+    return out, lse_rows, _probs_or_empty(probs_rows, q)
+
+
+def _probs_or_empty(probs, q):
+    if probs is not None:
+        return probs
+    return q.new_empty((0,), dtype=torch.float32)
