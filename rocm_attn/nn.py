@@ -170,9 +170,11 @@ class TargetAttention(nn.Module):
                                                                self.max_seqlen_kv)
         q = self.q_proj(candidate).view(n, h, d)
         kv = self.kv_proj(history).view(history.shape[0], 2, hk, d)
+        # NOTE: a bound of at least 2: the op reads max_seqlen_q == 1 as its one-query form
+        # (q holds exactly one row per segment), and a request's users may have 0 candidates.
+        bound = max(max_candidates if max_candidates is not None else n, 2)
         out = fused_attn_small_seq(
-            q, kv[:, 0], kv[:, 1], candidate_offsets, cu_seqlens,
-            max_seqlen_q=max_candidates if max_candidates is not None else max(n, 1),
+            q, kv[:, 0], kv[:, 1], candidate_offsets, cu_seqlens, max_seqlen_q=bound,
             max_seqlen_kv=self.max_seqlen_kv, backend=self.backend)
         if bad_users is not None:
             out = _flag_users(out, bad_users, candidate_offsets, users)

@@ -389,3 +389,20 @@ def test_bad_request_inputs_are_value_errors(args, kwargs, match):
     module = TargetAttention(16, num_heads=2, num_kv_heads=1)
     with pytest.raises(ValueError, match=match):
         module(*args, **kwargs)
+
+
+@pytest.mark.parametrize("counts", [[0, 1, 0], [1, 1, 1], [0, 0, 1]])
+def test_request_with_at_most_one_candidate_per_user(counts):
+    """A request whose users have 0 or 1 candidates (max_candidates 1 too) is still a request."""
+    torch.manual_seed(80)
+    module = TargetAttention(16, num_heads=2, max_seqlen_kv=8, dtype=torch.float64)
+    offsets = torch.nn.functional.pad(torch.tensor(counts).cumsum(0), (1, 0))
+    candidate = torch.randn(sum(counts), 16, dtype=torch.float64)
+    histories = [torch.randn(n, 16, dtype=torch.float64) for n in (3, 0, 8)]
+    lens = torch.tensor([3, 0, 8])
+    want = _request_reference(module, candidate, offsets, histories)
+    for form, (args, kwargs) in _history_forms(histories, lens, 8, torch.int32).items():
+        for bound in (None, 1):
+            got = module(candidate, *args, candidate_offsets=offsets, max_candidates=bound,
+                         **kwargs)
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=form)
