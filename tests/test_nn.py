@@ -406,3 +406,54 @@ def test_request_with_at_most_one_candidate_per_user(counts):
             got = module(candidate, *args, candidate_offsets=offsets, max_candidates=bound,
                          **kwargs)
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=form)
+
+
+@pytest.mark.parametrize("form", ["padded", "packed", "nested"])
+def test_request_under_torch_compile_fullgraph(form):
+    torch.manual_seed(90)
+    module = TargetAttention(16, num_heads=2, num_kv_heads=1, max_seqlen_kv=24)
+    candidate, offsets, histories, lens = _request(5, 16, 24, 6, offset_dtype=torch.int64)
+    args, kwargs = _history_forms(histories, lens, 24, torch.int64)[form]
+    want = module(candidate, *args, candidate_offsets=offsets, **kwargs)
+    compiled = torch.compile(module, backend="eager", fullgraph=True)
+    got = compiled(candidate, *args, candidate_offsets=offsets, max_candidates=6, **kwargs)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_kv_heads", [4, 1])
+def test_request_kernel_path_matches_reference_on_gpu(num_kv_heads):
+    """A request on the GPU (bf16, head dim 64, histories past 16, int64 offsets): forward and
+    gradients against the float64 per-user loop."""
+    import rocm_attn._ext as ext
+
+    if not (torch.cuda.is_available() and ext.HAS_EXTENSION):
+        pytest.skip("needs a GPU and the compiled extension")
+    torch.manual_seed(100)
+    e, max_hist = 256, 200
+    module = TargetAttention(e, num_heads=4, head_dim=64, num_kv_heads=num_kv_heads,
+                             max_seqlen_kv=max_hist, device="cuda", dtype=torch.bfloat16)
+    candidate, offsets, histories, lens = _request(33, e, max_hist, 40, torch.bfloat16,
+                                                   torch.int64)
+    candidate = candidate.cuda().requires_grad_()
+    histories = [h.cuda() for h in histories]
+    args, kwargs = _history_forms(histories, lens.cuda(), max_hist, torch.int64)["packed"]
+    args = (args[0].requires_grad_(),)
+    got = module(candidate, *args, candidate_offsets=offsets.cuda(), max_candidates=40,
+                 **kwargs)
+    ref_module = TargetAttention(e, num_heads=4, head_dim=64, num_kv_heads=num_kv_heads,
+                                 max_seqlen_kv=max_hist, dtype=torch.float64)
+    ref_module.load_state_dict({k: v.double().cpu() for k, v in module.state_dict().items()})
+    ref_candidate = candidate.detach().double().cpu().requires_grad_()
+    ref_rows = args[0].detach().double().cpu().requires_grad_()
+    ref_hist = list(torch.split(ref_rows, lens.tolist()))
+    want = _request_reference(ref_module, ref_candidate, offsets, ref_hist)
+    err = ((got.double().cpu() - want).norm() / want.norm()).item()
+    assert err < 2e-2, err
+    grad = torch.randn_like(want)
+    got.backward(grad.to(got.device, got.dtype))
+    want.backward(grad)
+    for g, w in ((candidate.grad, ref_candidate.grad), (args[0].grad, ref_rows.grad)):
+        assert torch.isfinite(g).all()
+        rel = ((g.double().cpu() - w).norm() / w.norm()).item()
+        assert rel < 3e-2, rel
