@@ -145,3 +145,40 @@ def test_export_and_aoti_on_gpu_call_the_kernels(tmp_path):
             for g, w in zip(got, want):
                 assert torch.isfinite(g).all()
                 torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_request_exports_with_dynamic_sizes():
+    """One exported program serves requests of other sizes (users, candidates, history rows)
+    when max_candidates is given (a host int, not the symbolic candidate count)."""
+    from torch.export import Dim
+
+    torch.manual_seed(71)
+    att = TargetAttention(32, num_heads=4, num_kv_heads=2, head_dim=8, max_seqlen_kv=64).eval()
+
+    class Request(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.att = att
+
+        def forward(self, candidate, rows, cu, offsets):
+            return self.att(candidate, rows, cu_seqlens=cu, candidate_offsets=offsets,
+                            max_candidates=16)
+
+    def request(users):
+        lens, counts = torch.randint(0, 65, (users,)), torch.randint(0, 17, (users,))
+        return (torch.randn(int(counts.sum()), 32), torch.randn(int(lens.sum()), 32),
+                torch.nn.functional.pad(lens.cumsum(0), (1, 0)),
+                torch.nn.functional.pad(counts.cumsum(0), (1, 0)))
+
+    rows_max = 2**31 - 1  # the op's row limit
+    n, t, u = Dim("n", min=2, max=rows_max), Dim("t", min=2, max=rows_max), Dim("u", min=3)
+    model = Request()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.export.export(model, request(5),
+                                      dynamic_shapes=({0: n}, {0: t}, {0: u}, {0: u}))
+    for users in (3, 11):
+        inputs = request(users)
+        with torch.no_grad():
+            torch.testing.assert_close(program.module()(*inputs), model(*inputs),
+                                       rtol=1e-5, atol=1e-5)
