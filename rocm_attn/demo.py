@@ -34,9 +34,9 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from . import _ext
+from . import _ext, ops
 from .nn import TargetAttention
-from .small_seq import KERNEL_DTYPES, KERNEL_HEAD_DIMS
+from .small_seq import KERNEL_DTYPES, KERNEL_HEAD_DIMS, TILED_HEAD_DIMS
 
 # Per-candidate relative error allowed against float64. The output goes through three
 # linear layers and the attention in the working dtype: a few ulps of that dtype, with
@@ -138,6 +138,10 @@ def cannot_run(cfg: DemoConfig) -> Optional[str]:
         if cfg.dtype not in KERNEL_DTYPES or cfg.head_dim not in KERNEL_HEAD_DIMS:
             return (f"--backend kernel: no kernel variant for {cfg.dtype}, head dim "
                     f"{cfg.head_dim} (kernels: float16, bfloat16)")
+        if not ops.HAS_TILED_OPS or cfg.head_dim not in TILED_HEAD_DIMS:
+            return ("--backend kernel: the ranking request needs the tiled small-seq kernels, "
+                    f"which this build lacks for head dim {cfg.head_dim} (--backend auto runs "
+                    "it on the torch path)")
     return None
 
 
@@ -184,6 +188,19 @@ def pick_backend(cfg: DemoConfig) -> Tuple[str, str]:
     if cfg.dtype not in KERNEL_DTYPES or cfg.head_dim not in KERNEL_HEAD_DIMS:
         return "torch", f"torch path ({cfg.dtype}, head dim {cfg.head_dim}: no kernel variant)"
     return "kernel", "compiled kernels (fused_attn_small_seq)"
+
+
+def pick_request_backend(cfg: DemoConfig) -> Tuple[str, str]:
+    """(backend argument, description) for the request: many queries per segment and
+    histories past 16 take the tiled kernels, which a build may lack."""
+    backend, attention = pick_backend(cfg)
+    if cfg.backend != "auto" or backend != "kernel":
+        return backend, attention
+    if not ops.HAS_TILED_OPS:
+        return "torch", "torch path on the GPU: this build has no tiled small-seq kernels"
+    if cfg.head_dim not in TILED_HEAD_DIMS:
+        return "torch", f"torch path (head dim {cfg.head_dim}: no tiled kernel variant)"
+    return "kernel", "compiled tiled kernels (fused_attn_small_seq, many queries per segment)"
 
 
 def _sync(device: torch.device) -> None:
@@ -237,6 +254,7 @@ def run(cfg: DemoConfig) -> DemoRun:
     batch = _timed_and_checked(layer, (candidate, history), dict(seqlens=seqlens), cfg,
                                attention, cfg.batch, seqlens.double().mean().item())
     # The request's layer: the same weights, the longer histories' bound.
+    backend, attention = pick_request_backend(cfg)
     request_layer = TargetAttention(cfg.embed_dim, cfg.num_heads, head_dim=cfg.head_dim,
                                     num_kv_heads=cfg.num_kv_heads,
                                     max_seqlen_kv=cfg.request_history, backend=backend,
@@ -252,6 +270,7 @@ def run(cfg: DemoConfig) -> DemoRun:
 
 def _lines(res: DemoResult, what: str, iters: int) -> List[str]:
     return [
+        f"    attention   {res.attention}",
         f"    throughput  {res.items_per_s:,.0f} candidates/s ({res.ms_per_batch:.3f} ms per "
         f"{what}, median of {iters})",
         f"    check       max relative error vs float64 reference {res.max_rel_err:.2e} "
@@ -267,7 +286,6 @@ def report(cfg: DemoConfig, res: DemoRun) -> str:
         f"  model       TargetAttention(embed {cfg.embed_dim}, {cfg.num_heads} heads, "
         f"{cfg.num_kv_heads} kv heads, head dim {cfg.head_dim}), {dtype} on {device}, "
         f"torch.inference_mode",
-        f"  attention   {res.batch.attention}",
         f"  batch       {cfg.batch} (user, candidate) pairs, one candidate per user, padded "
         f"histories of 1..{cfg.max_history} items (mean {res.batch.mean_history:.1f})",
         *_lines(res.batch, "batch", cfg.iters),
