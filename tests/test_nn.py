@@ -457,3 +457,21 @@ def test_request_kernel_path_matches_reference_on_gpu(num_kv_heads):
         assert torch.isfinite(g).all()
         rel = ((g.double().cpu() - w).norm() / w.norm()).item()
         assert rel < 3e-2, rel
+
+
+def test_user_past_max_candidates_is_nan_and_counted():
+    import rocm_attn
+
+    rocm_attn.check_errors()
+    torch.manual_seed(110)
+    module = TargetAttention(16, num_heads=2, max_seqlen_kv=8)
+    offsets = torch.tensor([0, 2, 7, 8])  # user 1 has 5 candidates > max_candidates=4
+    candidate = torch.randn(8, 16)
+    histories = [torch.randn(n, 16) for n in (3, 5, 8)]
+    args, kwargs = _history_forms(histories, torch.tensor([3, 5, 8]), 8, torch.int64)["nested"]
+    out = module(candidate, *args, candidate_offsets=offsets, max_candidates=4, **kwargs)
+    assert torch.isnan(out[2:6]).all() and torch.isfinite(out[[0, 1, 7]]).all()
+    want = _request_reference(module, candidate, offsets, histories)
+    torch.testing.assert_close(out[[0, 1, 7]].double(), want[[0, 1, 7]], rtol=1e-4, atol=1e-4)
+    with pytest.raises(rocm_attn.SmallSeqContractError):
+        rocm_attn.check_errors()
