@@ -344,10 +344,11 @@ def test_one_candidate_form_takes_nested_and_int64_histories():
 
 def test_request_with_no_candidates_and_no_users():
     module = TargetAttention(16, num_heads=2)
-    out = module(torch.randn(0, 16), torch.randn(3, 4, 16),
-                 seqlens=torch.tensor([1, 2, 3]), candidate_offsets=torch.zeros(4, dtype=torch.int64))
+    out = module(torch.randn(0, 16), torch.randn(3, 4, 16), seqlens=torch.tensor([1, 2, 3]),
+                 candidate_offsets=torch.zeros(4, dtype=torch.int64))
     assert out.shape == (0, 16)
-    out = module(torch.randn(0, 16), torch.randn(0, 16), cu_seqlens=torch.zeros(1, dtype=torch.int32),
+    out = module(torch.randn(0, 16), torch.randn(0, 16),
+                 cu_seqlens=torch.zeros(1, dtype=torch.int32),
                  candidate_offsets=torch.zeros(1, dtype=torch.int32))
     assert out.shape == (0, 16)
 
