@@ -1,13 +1,20 @@
 """Ranking-model inference with rocm_attn.nn.TargetAttention, against the same model on SDPA.
 
 A small DIN-style ranker (Deep Interest Network: the candidate item attends to the user's
-recent items, and an MLP scores the candidate with that "interest" vector) scores a batch of
-candidates, each against a user history of 1..16 items. Two copies of the model share every
-weight and differ only in how the attention is computed:
+recent items, and an MLP scores the candidate with that "interest" vector) runs two workloads:
+
+  batch    (user, candidate) pairs, one candidate per user, histories of 1..16 items (padded);
+  request  a ranking request: --users users x --candidates candidates each, histories of
+           1..200 items. rocm_attn takes the histories packed with int64 offsets (as jagged
+           tensors carry them), once per user: TargetAttention(candidate_offsets=...) projects
+           each history once and every candidate of the user attends to it.
+
+Two copies of the model share every weight and differ only in how the attention is computed:
 
   rocm_attn  rocm_attn.nn.TargetAttention -> fused_attn_small_seq (GPU kernels, or the torch
              path on a CPU)
-  sdpa       F.scaled_dot_product_attention on padded [b, h, 16, d] keys with a padding mask
+  sdpa       F.scaled_dot_product_attention on padded [b, h, s, d] keys with a padding mask (the
+             request: queries [users, h, candidates, d] against the user's padded history)
 
 Each runs in three modes, when the machine supports them: eager under torch.inference_mode,
 replayed from a captured CUDA/HIP graph (GPU only), and under torch.compile (needs a working
@@ -18,6 +25,7 @@ nonzero when they disagree.
 Usage:
   python3 examples/recsys_inference.py                 # GPU if present, else a small CPU run
   python3 examples/recsys_inference.py --device cpu --batch 256 --no-compile
+  python3 examples/recsys_inference.py --users 64 --candidates 512   # the request's size
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ from torch import nn
 
 from rocm_attn.nn import TargetAttention
 
-HISTORY = 16  # longest user history the ranker looks at (the op's bound)
+HISTORY = 16  # longest history of the batch of pairs (the bound of the one-query kernels)
+REQUEST_HISTORY = 200  # longest history of the ranking request
 
 
 class SDPATargetAttention(TargetAttention):
@@ -46,18 +55,23 @@ class SDPATargetAttention(TargetAttention):
 
     def forward(self, candidate: torch.Tensor, history: torch.Tensor, *,
                 seqlens: Optional[torch.Tensor] = None,
-                cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+                cu_seqlens: Optional[torch.Tensor] = None,
+                candidate_offsets: Optional[torch.Tensor] = None,
+                max_candidates: Optional[int] = None) -> torch.Tensor:
+        """Padded histories only; a request's users must all have the same number of
+        candidates (candidate rows [users * c, e], user-major)."""
         if seqlens is None or cu_seqlens is not None:
             raise ValueError("this baseline takes padded histories: pass seqlens")
         b, s, _ = history.shape
+        c = candidate.shape[0] // b  # candidates per user (1: the batch of pairs)
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
-        q = self.q_proj(candidate).view(b, h, 1, d)
+        q = self.q_proj(candidate).view(b, c, h, d).transpose(1, 2)
         kv = self.kv_proj(history).view(b, s, 2, hk, d)
         # [b, s, hk, d] -> [b, h, s, d]: each kv head serves h // hk query heads (GQA)
         k, v = (kv[:, :, i].transpose(1, 2).repeat_interleave(h // hk, dim=1) for i in (0, 1))
         mask = (torch.arange(s, device=history.device) < seqlens.unsqueeze(1)).view(b, 1, 1, s)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.out_proj(out.reshape(b, h * d))
+        return self.out_proj(out.transpose(1, 2).reshape(b * c, h * d))
 
 
 class DINRanker(nn.Module):
@@ -81,16 +95,46 @@ class DINRanker(nn.Module):
         """candidate_ids [b], history_ids [b, 16] (0 = padding), seqlens int32 [b] -> logits [b]."""
         cand = self.item_embedding(candidate_ids)
         hist = self.item_embedding(history_ids)
-        interest = self.attention(cand, hist, seqlens=seqlens)
+        return self.head(cand, self.attention(cand, hist, seqlens=seqlens))
+
+    def head(self, cand: torch.Tensor, interest: torch.Tensor) -> torch.Tensor:
+        """The click logit of each candidate from its embedding and its interest vector."""
         features = torch.cat([cand, interest, cand * interest, cand - interest], dim=-1)
         return self.mlp(features).squeeze(-1)
 
 
+class RequestRanker(nn.Module):
+    """A DINRanker scoring a ranking request: many candidates per user, each user's history
+    given once. rocm_attn takes it packed (rows + int64 offsets) and projects it once per
+    user; the SDPA baseline takes it padded."""
+
+    def __init__(self, ranker: DINRanker, candidates: int) -> None:
+        super().__init__()
+        self.ranker, self.candidates = ranker, candidates
+
+    def forward(self, candidate_ids, candidate_offsets, history_ids, cu_seqlens, padded_ids,
+                seqlens) -> torch.Tensor:
+        """candidate_ids [users * candidates], candidate_offsets int64 [users+1], history_ids
+        [total] with cu_seqlens int64 [users+1]; the same histories padded: padded_ids
+        [users, 200] (0 = padding) with seqlens [users] -> logits [users * candidates]."""
+        r = self.ranker
+        cand = r.item_embedding(candidate_ids)
+        if isinstance(r.attention, SDPATargetAttention):
+            interest = r.attention(cand, r.item_embedding(padded_ids), seqlens=seqlens,
+                                   candidate_offsets=candidate_offsets)
+        else:
+            interest = r.attention(cand, r.item_embedding(history_ids), cu_seqlens=cu_seqlens,
+                                   candidate_offsets=candidate_offsets,
+                                   max_candidates=self.candidates)
+        return r.head(cand, interest)
+
+
 def build_models(num_items: int, embed_dim: int, device: torch.device,
-                 dtype: torch.dtype) -> Dict[str, DINRanker]:
-    """The rocm_attn model and the SDPA model, with identical weights."""
+                 dtype: torch.dtype, history: int = HISTORY) -> Dict[str, DINRanker]:
+    """The rocm_attn model and the SDPA model, with identical weights; ``history`` is the
+    attention's bound on history length."""
     torch.manual_seed(0)
-    kw = dict(num_heads=4, num_kv_heads=2, head_dim=64, max_seqlen_kv=HISTORY)
+    kw = dict(num_heads=4, num_kv_heads=2, head_dim=64, max_seqlen_kv=history)
     ours = DINRanker(TargetAttention(embed_dim, **kw), num_items, embed_dim)
     baseline = DINRanker(SDPATargetAttention(embed_dim, **kw), num_items, embed_dim)
     baseline.load_state_dict(ours.state_dict())
@@ -106,6 +150,22 @@ def make_batch(batch: int, num_items: int, device: torch.device, seed: int = 0):
     history *= torch.arange(HISTORY) < seqlens.unsqueeze(1)
     candidates = torch.randint(1, num_items, (batch,), generator=gen)
     return candidates.to(device), history.to(device), seqlens.to(device)
+
+
+def make_request(users: int, candidates: int, num_items: int, device: torch.device,
+                 seed: int = 1):
+    """A request's inputs for RequestRanker: candidates, offsets, histories of
+    1..REQUEST_HISTORY items packed (int64 offsets) and padded."""
+    gen = torch.Generator().manual_seed(seed)
+    seqlens = torch.randint(1, REQUEST_HISTORY + 1, (users,), generator=gen)
+    padded = torch.randint(1, num_items, (users, REQUEST_HISTORY), generator=gen)
+    padded *= torch.arange(REQUEST_HISTORY) < seqlens.unsqueeze(1)
+    packed = padded[torch.arange(REQUEST_HISTORY) < seqlens.unsqueeze(1)]  # row-major: user order
+    cu_seqlens = F.pad(seqlens.cumsum(0), (1, 0))
+    candidate_ids = torch.randint(1, num_items, (users * candidates,), generator=gen)
+    offsets = torch.arange(users + 1) * candidates
+    inputs = (candidate_ids, offsets, packed, cu_seqlens, padded, seqlens)
+    return tuple(t.to(device) for t in inputs)
 
 
 def _sync(device: torch.device) -> None:
@@ -181,7 +241,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
     parser.add_argument("--compile-backend", default="inductor",
                         help="torch.compile backend (default inductor; 'eager' only traces)")
+    parser.add_argument("--users", type=int,
+                        help="users of the ranking request (default 64 on a GPU, 8 on a CPU)")
+    parser.add_argument("--candidates", type=int,
+                        help="candidates per user of the request (default 512 GPU, 64 CPU)")
     args = parser.parse_args(argv)
+    for name in ("users", "candidates"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be >= 1, got {value}")
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     gpu = device.type == "cuda"
@@ -190,21 +258,45 @@ def main(argv: Optional[List[str]] = None) -> int:
     iters = args.iters or (50 if gpu else 3)
     num_items, embed_dim = (100_000 if gpu else 10_000), 256
 
-    models = build_models(num_items, embed_dim, device, dtype)
-    inputs = make_batch(batch, num_items, device)
+    users = args.users or (64 if gpu else 8)
+    candidates = args.candidates or (512 if gpu else 64)
+
     name = torch.cuda.get_device_name(device) if gpu else "cpu"
-    print(f"DIN-style ranker: {batch} candidates x histories of 1..{HISTORY} items, embed "
-          f"{embed_dim}, 4 heads / 2 kv heads of 64, {str(dtype)[6:]} on {name}")
+    print(f"DIN-style ranker: embed {embed_dim}, 4 heads / 2 kv heads of 64, {str(dtype)[6:]} "
+          f"on {name}")
     modes = ["eager", "graph"] + ([] if args.no_compile else ["compile"])
+    models = build_models(num_items, embed_dim, device, dtype)
+    print(f"\nbatch: {batch} (user, candidate) pairs, padded histories of 1..{HISTORY} items")
+    worst = run_table(models, make_batch(batch, num_items, device), batch, modes, device, iters,
+                      args.compile_backend)
+    request_models = {m: RequestRanker(ranker, candidates) for m, ranker in
+                      build_models(num_items, embed_dim, device, dtype, REQUEST_HISTORY).items()}
+    print(f"\nrequest: {users} users x {candidates} candidates, histories of 1..{REQUEST_HISTORY}"
+          f" items (rocm_attn: packed, projected once per user; sdpa: padded + mask)")
+    worst = max(worst, run_table(request_models, make_request(users, candidates, num_items,
+                                                              device),
+                                 users * candidates, modes, device, iters, args.compile_backend))
+    # the two models differ only in attention arithmetic: a few ulps of the dtype on logits
+    tol = 1e-3 if dtype == torch.float32 else 5e-2
+    ok = worst <= tol  # False for NaN
+    print(f"\ncheck: max |logit difference| rocm_attn vs sdpa = {worst:.2e} (tolerance "
+          f"{tol:.0e}): {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+def run_table(models: Dict[str, nn.Module], inputs, items: int, modes: List[str],
+              device: torch.device, iters: int, compile_backend: str) -> float:
+    """Print candidates/s of both models in every mode; returns the largest logit difference
+    between them (nan when one was NaN)."""
     labels = {"eager": "eager (inference_mode)", "graph": "CUDA/HIP graph replay",
-              "compile": f"torch.compile ({args.compile_backend})"}
+              "compile": f"torch.compile ({compile_backend})"}
     print(f"{'mode':28s} {'rocm_attn':>16s} {'sdpa':>16s} {'speed-up':>9s}   candidates/s")
     worst = 0.0
     with torch.inference_mode():
         for mode in modes:
-            results = {m: run_mode(mode, model, inputs, device, iters, args.compile_backend)
+            results = {m: run_mode(mode, model, inputs, device, iters, compile_backend)
                        for m, model in models.items()}
-            cells = [f"{batch / (ms * 1e-3):16,.0f}" if ms else f"{'-':>16s}"
+            cells = [f"{items / (ms * 1e-3):16,.0f}" if ms else f"{'-':>16s}"
                      for ms, _, _ in results.values()]
             (ms_a, out_a, _), (ms_b, out_b, _) = results["rocm_attn"], results["sdpa"]
             speedup = f"{ms_b / ms_a:8.2f}x" if ms_a and ms_b else f"{'-':>9s}"
@@ -213,13 +305,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                      else "; ".join(f"{m} {r[2]}" for m, r in results.items() if r[2]))
             print(f"{labels[mode]:28s} {cells[0]} {cells[1]} {speedup}   {notes}".rstrip())
             if out_a is not None and out_b is not None:
-                worst = max(worst, (out_a - out_b).abs().max().item())
-    # the two models differ only in attention arithmetic: a few ulps of the dtype on logits
-    tol = 1e-3 if dtype == torch.float32 else 5e-2
-    ok = worst <= tol  # False for NaN
-    print(f"check: max |logit difference| rocm_attn vs sdpa = {worst:.2e} (tolerance {tol:.0e}): "
-          f"{'PASS' if ok else 'FAIL'}")
-    return 0 if ok else 1
+                diff = (out_a - out_b).abs().max().item() if out_a.numel() else 0.0
+                worst = diff if diff != diff else max(worst, diff)  # NaN stays NaN
+    return worst
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
   info       torch, device and arch, what was built, which backend each op uses here
   selftest   every op on small random inputs against a float64 reference, on this device
-  demo       a recommendation-model inference batch through TargetAttention: throughput and
-             the check against float64 (kernels on a GPU, the CPU path otherwise)
+  demo       recommendation-model inference through TargetAttention, a batch of pairs and a
+             ranking request: throughput and the check against float64 (kernels on a GPU, the
+             CPU path otherwise)
   bench      the GPU benchmarks: bench small-seq | thd | cp [their flags; --help for each]
 """
 
@@ -52,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--require-kernels", action="store_true",
                       help="exit 1 unless the compiled kernels are loaded (image and CI checks)")
     sub.add_parser("selftest", help="each op on random inputs against the float64 reference")
-    demo = sub.add_parser("demo", help="TargetAttention inference batch: throughput and check")
+    demo = sub.add_parser("demo", help="TargetAttention inference, a batch and a ranking "
+                                       "request: throughput and check")
     demo.add_argument("--device", type=_device,
                       help="cpu, cuda or cuda:N (default: cuda when present)")
     demo.add_argument("--batch", type=_positive_int,
@@ -61,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
                       help="default bfloat16 on GPU, float32 on CPU")
     demo.add_argument("--iters", type=_positive_int,
                       help="timed batches (default 20 on GPU, 5 on CPU)")
+    demo.add_argument("--users", type=_positive_int,
+                      help="users of the ranking request (default 64 on GPU, 8 on CPU)")
+    demo.add_argument("--candidates", type=_positive_int,
+                      help="candidates per user of the request (default 512 on GPU, 64 on CPU)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--backend", choices=["auto", "kernel", "torch"], default="auto",
                       help="attention backend (auto: kernels where this install has them)")
@@ -122,7 +128,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from . import demo
 
     cfg = demo.default_config(args.device, args.batch, args.dtype, args.iters, args.seed,
-                              args.backend)
+                              args.backend, args.users, args.candidates)
     # What this machine cannot run, as one line (exit 1), not a traceback from inside the run.
     problem = demo.cannot_run(cfg)
     if problem:

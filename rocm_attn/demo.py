@@ -1,17 +1,27 @@
-"""`rocm-attn demo`: one recommendation-model inference batch through TargetAttention.
+"""`rocm-attn demo`: recommendation-model inference through TargetAttention.
 
-A ranking model scores candidate items against each user's recent behaviour history (1..16
-items): the candidate embedding attends to the history embeddings. This runs that layer on
-one batch under ``torch.inference_mode``, on the compiled kernels when this install has them
-for the device, on the torch path otherwise (the CPU path), and prints
+A ranking model scores candidate items against each user's recent behaviour history: the
+candidate embedding attends to the history embeddings. The demo runs that layer under
+``torch.inference_mode``, on the compiled kernels when this install has them for the device,
+on the torch path otherwise (the CPU path), in two shapes:
 
-* throughput: candidates scored per second (median batch time over ``iters`` batches);
+* the batch: (user, candidate) pairs, one candidate per user, histories of 1..16 items
+  (padded ``[b, 16, e]`` with lengths);
+* a ranking request: many candidates per user (``candidate_offsets``), histories of 1..200
+  items given once per user (packed rows with int64 offsets, as jagged tensors carry them) and
+  projected once per user; every candidate of a user attends to that user's history.
+
+For each it prints
+
+* throughput: candidates scored per second (median time over ``iters`` runs);
 * the check: the largest relative error over candidates, ``max_i |y_i - r_i| / |r_i|``, of
   the output against the same module with the same weights in float64 (attention computed by
-  the float64 reference). The command exits nonzero when it is above the dtype's tolerance.
+  the float64 reference). The command exits nonzero when either is above the dtype's
+  tolerance.
 
-Sizes: on a GPU 30720 candidates in bfloat16 (a production-sized batch); on a CPU 2048
-candidates in float32, so the demo finishes in seconds on two cores.
+Sizes: on a GPU 30720 pairs and a request of 64 users x 512 candidates in bfloat16; on a CPU
+2048 pairs and 8 users x 64 candidates in float32, so the demo finishes in seconds on two
+cores.
 """
 
 from __future__ import annotations
@@ -24,10 +34,10 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from . import _ext
+from . import _ext, ops
 from ._checks import is_int
 from .nn import TargetAttention
-from .small_seq import KERNEL_DTYPES, KERNEL_HEAD_DIMS
+from .small_seq import KERNEL_DTYPES, KERNEL_HEAD_DIMS, TILED_HEAD_DIMS
 
 # Per-candidate relative error allowed against float64. The output goes through three
 # linear layers and the attention in the working dtype: a few ulps of that dtype, with
@@ -48,6 +58,9 @@ class DemoConfig:
     max_history: int = 16
     seed: int = 0
     backend: str = "auto"
+    users: int = 8  # the request: users, candidates per user, longest history
+    candidates: int = 64
+    request_history: int = 200
 
 
 @dataclass
@@ -64,12 +77,26 @@ class DemoResult:
         return self.max_rel_err <= self.tolerance  # False for NaN too
 
 
+@dataclass
+class DemoRun:
+    """The batch and the request."""
+    batch: DemoResult
+    request: DemoResult
+
+    @property
+    def passed(self) -> bool:
+        return self.batch.passed and self.request.passed
+
+
 def default_config(device: Optional[str] = None, batch: Optional[int] = None,
                    dtype: Optional[str] = None, iters: Optional[int] = None, seed: int = 0,
-                   backend: str = "auto") -> DemoConfig:
-    """Production-sized batch in bf16 on a GPU; a small fp32 batch on a CPU. None picks the
-    default; 0 or a negative batch / iters is an error, not the default."""
-    for name, value in (("batch", batch), ("iters", iters)):
+                   backend: str = "auto", users: Optional[int] = None,
+                   candidates: Optional[int] = None) -> DemoConfig:
+    """Production-sized batch and request in bf16 on a GPU; small fp32 ones on a CPU. None
+    picks the default; 0 or a negative batch / iters / users / candidates is an error, not the
+    default."""
+    for name, value in (("batch", batch), ("iters", iters), ("users", users),
+                        ("candidates", candidates)):
         if value is not None and (not is_int(value) or value < 1):
             raise ValueError(f"{name} must be a positive int or None, got {value!r}")
     if backend not in ("auto", "kernel", "torch"):
@@ -86,6 +113,8 @@ def default_config(device: Optional[str] = None, batch: Optional[int] = None,
         iters=iters if iters is not None else (20 if gpu else 5),
         seed=seed,
         backend=backend,
+        users=users if users is not None else (64 if gpu else 8),
+        candidates=candidates if candidates is not None else (512 if gpu else 64),
     )
 
 
@@ -109,6 +138,10 @@ def cannot_run(cfg: DemoConfig) -> Optional[str]:
         if cfg.dtype not in KERNEL_DTYPES or cfg.head_dim not in KERNEL_HEAD_DIMS:
             return (f"--backend kernel: no kernel variant for {cfg.dtype}, head dim "
                     f"{cfg.head_dim} (kernels: float16, bfloat16)")
+        if not ops.HAS_TILED_OPS or cfg.head_dim not in TILED_HEAD_DIMS:
+            return ("--backend kernel: the ranking request needs the tiled small-seq kernels, "
+                    f"which this build lacks for head dim {cfg.head_dim} (--backend auto runs "
+                    "it on the torch path)")
     return None
 
 
@@ -128,6 +161,22 @@ def make_batch(cfg: DemoConfig) -> Tuple[torch.Tensor, torch.Tensor, torch.Tenso
             seqlens.to(**move))
 
 
+def make_request(cfg: DemoConfig):
+    """A ranking request: candidate ``[users * candidates, e]``, candidate_offsets int64
+    ``[users+1]``, packed history rows ``[total, e]`` with cu_seqlens int64 ``[users+1]``
+    (lengths 1..request_history), drawn on the CPU from the seed, then moved."""
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    u, n, e = cfg.users, cfg.candidates, cfg.embed_dim
+    lengths = torch.randint(1, cfg.request_history + 1, (u,), generator=gen)
+    candidate = torch.randn(u * n, e, generator=gen)
+    history = torch.randn(int(lengths.sum()), e, generator=gen)
+    offsets = torch.arange(u + 1) * n
+    cu_seqlens = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))
+    move = dict(device=cfg.device)
+    return (candidate.to(dtype=cfg.dtype, **move), history.to(dtype=cfg.dtype, **move),
+            offsets.to(**move), cu_seqlens.to(**move), lengths)
+
+
 def pick_backend(cfg: DemoConfig) -> Tuple[str, str]:
     """(backend argument for the module, description) for ``cfg.backend == "auto"``."""
     if cfg.backend != "auto":
@@ -139,6 +188,19 @@ def pick_backend(cfg: DemoConfig) -> Tuple[str, str]:
     if cfg.dtype not in KERNEL_DTYPES or cfg.head_dim not in KERNEL_HEAD_DIMS:
         return "torch", f"torch path ({cfg.dtype}, head dim {cfg.head_dim}: no kernel variant)"
     return "kernel", "compiled kernels (fused_attn_small_seq)"
+
+
+def pick_request_backend(cfg: DemoConfig) -> Tuple[str, str]:
+    """(backend argument, description) for the request: many queries per segment and
+    histories past 16 take the tiled kernels, which a build may lack."""
+    backend, attention = pick_backend(cfg)
+    if cfg.backend != "auto" or backend != "kernel":
+        return backend, attention
+    if not ops.HAS_TILED_OPS:
+        return "torch", "torch path on the GPU: this build has no tiled small-seq kernels"
+    if cfg.head_dim not in TILED_HEAD_DIMS:
+        return "torch", f"torch path (head dim {cfg.head_dim}: no tiled kernel variant)"
+    return "kernel", "compiled tiled kernels (fused_attn_small_seq, many queries per segment)"
 
 
 def _sync(device: torch.device) -> None:
@@ -166,41 +228,71 @@ def max_relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (diff / ref.norm(dim=-1).clamp_min(1e-30)).max().item()
 
 
-def run(cfg: DemoConfig) -> DemoResult:
-    """Build the layer, time the batch, check it against float64."""
+def _timed_and_checked(layer: TargetAttention, inputs: tuple, kwargs: dict, cfg: DemoConfig,
+                       attention: str, items: int, mean_history: float) -> DemoResult:
+    """Time ``layer(*inputs, **kwargs)``, check it against the float64 copy of the layer."""
+    with torch.inference_mode():
+        times = _time_batches(lambda: layer(*inputs, **kwargs), cfg.iters, cfg.device)
+        out = layer(*inputs, **kwargs)
+        ref_layer = copy.deepcopy(layer).to(torch.float64)
+        ref_layer.backend = "torch"  # float64 inputs: the float64 reference attention
+        ref = ref_layer(*(t.double() if t.is_floating_point() else t for t in inputs), **kwargs)
+    ms = statistics.median(times)
+    return DemoResult(attention=attention, ms_per_batch=ms, items_per_s=items / (ms * 1e-3),
+                      max_rel_err=max_relative_error(out, ref), tolerance=TOLERANCE[cfg.dtype],
+                      mean_history=mean_history)
+
+
+def run(cfg: DemoConfig) -> DemoRun:
+    """Build the layer, time the batch and the request, check both against float64."""
     torch.manual_seed(cfg.seed)
     backend, attention = pick_backend(cfg)
     layer = TargetAttention(cfg.embed_dim, cfg.num_heads, head_dim=cfg.head_dim,
                             num_kv_heads=cfg.num_kv_heads, max_seqlen_kv=cfg.max_history,
                             backend=backend, device=cfg.device, dtype=cfg.dtype).eval()
     candidate, history, seqlens = make_batch(cfg)
-    with torch.inference_mode():
-        times = _time_batches(lambda: layer(candidate, history, seqlens=seqlens), cfg.iters,
-                              cfg.device)
-        out = layer(candidate, history, seqlens=seqlens)
-        ref_layer = copy.deepcopy(layer).to(torch.float64)
-        ref_layer.backend = "torch"  # float64 inputs: the float64 reference attention
-        ref = ref_layer(candidate.double(), history.double(), seqlens=seqlens)
-    ms = statistics.median(times)
-    return DemoResult(attention=attention, ms_per_batch=ms, items_per_s=cfg.batch / (ms * 1e-3),
-                      max_rel_err=max_relative_error(out, ref), tolerance=TOLERANCE[cfg.dtype],
-                      mean_history=seqlens.double().mean().item())
+    batch = _timed_and_checked(layer, (candidate, history), dict(seqlens=seqlens), cfg,
+                               attention, cfg.batch, seqlens.double().mean().item())
+    # The request's layer: the same weights, the longer histories' bound.
+    backend, attention = pick_request_backend(cfg)
+    request_layer = TargetAttention(cfg.embed_dim, cfg.num_heads, head_dim=cfg.head_dim,
+                                    num_kv_heads=cfg.num_kv_heads,
+                                    max_seqlen_kv=cfg.request_history, backend=backend,
+                                    device=cfg.device, dtype=cfg.dtype).eval()
+    request_layer.load_state_dict(layer.state_dict())
+    candidate, rows, offsets, cu_seqlens, lengths = make_request(cfg)
+    request = _timed_and_checked(
+        request_layer, (candidate, rows),
+        dict(cu_seqlens=cu_seqlens, candidate_offsets=offsets, max_candidates=cfg.candidates),
+        cfg, attention, cfg.users * cfg.candidates, lengths.double().mean().item())
+    return DemoRun(batch=batch, request=request)
 
 
-def report(cfg: DemoConfig, res: DemoResult) -> str:
+def _lines(res: DemoResult, what: str, iters: int) -> List[str]:
+    return [
+        f"    attention   {res.attention}",
+        f"    throughput  {res.items_per_s:,.0f} candidates/s ({res.ms_per_batch:.3f} ms per "
+        f"{what}, median of {iters})",
+        f"    check       max relative error vs float64 reference {res.max_rel_err:.2e} "
+        f"(tolerance {res.tolerance:.0e}): {'PASS' if res.passed else 'FAIL'}",
+    ]
+
+
+def report(cfg: DemoConfig, res: DemoRun) -> str:
     device = torch.cuda.get_device_name(cfg.device) if cfg.device.type == "cuda" else "cpu"
     dtype = str(cfg.dtype).replace("torch.", "")
     return "\n".join([
-        "rocm-attn demo: target attention of a ranking model, one inference batch",
+        "rocm-attn demo: target attention of a ranking model, inference",
         f"  model       TargetAttention(embed {cfg.embed_dim}, {cfg.num_heads} heads, "
-        f"{cfg.num_kv_heads} kv heads, head dim {cfg.head_dim}) under torch.inference_mode",
-        f"  batch       {cfg.batch} candidates, histories of 1..{cfg.max_history} items "
-        f"(mean {res.mean_history:.1f}), {dtype} on {device}",
-        f"  attention   {res.attention}",
-        f"  throughput  {res.items_per_s:,.0f} candidates/s ({res.ms_per_batch:.3f} ms per "
-        f"batch, median of {cfg.iters})",
-        f"  check       max relative error vs float64 reference {res.max_rel_err:.2e} "
-        f"(tolerance {res.tolerance:.0e}): {'PASS' if res.passed else 'FAIL'}",
+        f"{cfg.num_kv_heads} kv heads, head dim {cfg.head_dim}), {dtype} on {device}, "
+        f"torch.inference_mode",
+        f"  batch       {cfg.batch} (user, candidate) pairs, one candidate per user, padded "
+        f"histories of 1..{cfg.max_history} items (mean {res.batch.mean_history:.1f})",
+        *_lines(res.batch, "batch", cfg.iters),
+        f"  request     {cfg.users} users x {cfg.candidates} candidates, packed histories of "
+        f"1..{cfg.request_history} items (mean {res.request.mean_history:.1f}), each projected "
+        f"once per user",
+        *_lines(res.request, "request", cfg.iters),
     ])
 
 
@@ -212,10 +304,11 @@ def run_and_report(cfg: DemoConfig) -> int:
 
 
 def main(device: Optional[str] = None, batch: Optional[int] = None, dtype: Optional[str] = None,
-         iters: Optional[int] = None, seed: int = 0, backend: str = "auto") -> int:
+         iters: Optional[int] = None, seed: int = 0, backend: str = "auto",
+         users: Optional[int] = None, candidates: Optional[int] = None) -> int:
     """The demo with the command line's arguments. A value that is wrong anywhere raises
     ValueError; one that this machine cannot run (a GPU it lacks, kernels it has not) too."""
-    cfg = default_config(device, batch, dtype, iters, seed, backend)
+    cfg = default_config(device, batch, dtype, iters, seed, backend, users, candidates)
     problem = cannot_run(cfg)
     if problem:
         raise ValueError(problem)

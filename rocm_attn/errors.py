@@ -82,10 +82,24 @@ def torch_path_state(device: torch.device) -> torch.Tensor:
     return state
 
 
+def exporting() -> bool:
+    """Whether torch.export (and so AOTInductor and the dynamo ONNX exporter) or the legacy
+    ONNX exporter is tracing the caller."""
+    # torch.compiler.is_exporting is newer than the oldest supported torch
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting is not None and is_exporting()) or torch.onnx.is_in_onnx_export()
+
+
 def record_torch_path_errors(bad: torch.Tensor) -> None:
     """Count bad segments found by the torch path (bad: bool [b]) without a host sync, in
-    eager and inside torch.compile alike (the update is one opaque custom op)."""
-    if bad.numel() == 0:
+    eager and inside torch.compile alike (the update is one opaque custom op).
+
+    Not while exporting: an exported program cannot hold the process's counter (torch.export
+    would lift it as a constant that the graph mutates, which the ONNX exporter refuses, and
+    a counter created while tracing would be a fake tensor). Exported programs still write
+    NaN for a bad segment's rows; only the count is absent.
+    """
+    if bad.numel() == 0 or exporting():
         return
     _record(torch_path_state(bad.device), bad)
 

@@ -2,22 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import warnings
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
 from ._checks import is_int
-from .small_seq import MAX_SEQLEN_KV, fused_attn_small_seq
+from . import _ext, errors
+from .small_seq import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_SEQLEN_KV, fused_attn_small_seq
+
+OFFSET_DTYPES = (torch.int32, torch.int64)
+
+# Reasons an export has already been warned about (warn once per reason and process).
+_export_warned: set = set()
 
 
 class TargetAttention(nn.Module):
-    """Target attention: a candidate item attends to its user's short behaviour history.
+    """Target attention: candidate items attend to their user's behaviour history.
 
-    The candidate embedding is the single query of its segment; the history items (up to 16)
-    are the keys and values. Histories come padded (``[b, s, e]`` plus ``seqlens [b]``) or
-    packed (``[total, e]`` plus ``cu_seqlens [b+1]``). The attention itself is
-    :func:`rocm_attn.fused_attn_small_seq` (GPU kernels where present, torch path elsewhere).
+    Two call forms (see :meth:`forward`):
+
+    * **one candidate per user** (a batch of (user, candidate) pairs): ``candidate [b, e]``,
+      history of ``b`` users;
+    * **a ranking request** (many candidates per user): ``candidate [n_cand, e]`` with
+      ``candidate_offsets [users+1]``; every candidate of user ``u`` (rows
+      ``candidate_offsets[u] .. candidate_offsets[u+1]-1``) attends to user ``u``'s history,
+      which is given once per user and projected once per user (not once per candidate).
+
+    Histories come padded (``[users, s, e_kv]`` plus ``seqlens [users]``), packed
+    (``[total, e_kv]`` plus ``cu_seqlens [users+1]``) or as a ``torch.nested`` jagged tensor
+    (``layout=torch.jagged``, ``[users, j, e_kv]``; its values and offsets are used without a
+    copy). Offsets and lengths are int32 or int64. The attention is one
+    :func:`rocm_attn.fused_attn_small_seq` call (GPU kernels where present, torch path
+    elsewhere).
 
     Parameters
     ----------
@@ -27,7 +45,13 @@ class TargetAttention(nn.Module):
     num_kv_heads : key/value heads for GQA/MQA (default ``num_heads``).
     kv_embed_dim : width of the history embeddings (default ``embed_dim``).
     bias : bias in the projections.
-    max_seqlen_kv : bound on history length (1..16), passed to the op.
+    max_seqlen_kv : host bound (any int >= 1) on every user's history length; the op uses it
+        to pick a path. A history longer than the bound is a contract violation, not truncated:
+        its candidates' outputs are NaN and the error is counted (``rocm_attn.check_errors()``
+        raises naming the bound; ``validate="sync"`` on the op, or env
+        ``ROCM_ATTN_VALIDATE=1``, raises at the call). Truncate upstream (torchrec and FBGEMM
+        pipelines cap sequence features in the input pipeline); a padded history is truncated
+        for free with ``history[:, :n], seqlens.clamp(max=n)``.
     backend : ``"auto"``, ``"kernel"`` or ``"torch"`` (see ``fused_attn_small_seq``).
 
     The key and value projections are one fused linear layer; k and v are strided views of
@@ -54,10 +78,7 @@ class TargetAttention(nn.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads "
                              f"({num_kv_heads})")
-        if not is_int(max_seqlen_kv) or not (
-                1 <= max_seqlen_kv <= MAX_SEQLEN_KV):
-            raise ValueError(f"max_seqlen_kv must be an int in 1..{MAX_SEQLEN_KV}, got "
-                             f"{max_seqlen_kv!r}")
+        _check_size("max_seqlen_kv", max_seqlen_kv)
         if backend not in ("auto", "kernel", "torch"):
             raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")
         factory = {"device": device, "dtype": dtype}
@@ -71,15 +92,56 @@ class TargetAttention(nn.Module):
 
     def forward(self, candidate: torch.Tensor, history: torch.Tensor, *,
                 seqlens: Optional[torch.Tensor] = None,
-                cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Score ``candidate [b, e]`` against ``history``; returns ``[b, embed_dim]``.
+                cu_seqlens: Optional[torch.Tensor] = None,
+                candidate_offsets: Optional[torch.Tensor] = None,
+                max_candidates: Optional[int] = None) -> torch.Tensor:
+        """Attend each candidate to its user's history; returns ``[rows of candidate, embed_dim]``.
 
-        Padded history: ``history [b, s, e_kv]`` with ``seqlens`` int32 ``[b]``. Packed
-        history: ``history [total, e_kv]`` with ``cu_seqlens`` int32 ``[b+1]``.
+        History (one of):
+
+        * padded: ``history [users, s, e_kv]`` with ``seqlens [users]``;
+        * packed: ``history [total, e_kv]`` with ``cu_seqlens [users+1]``;
+        * nested: ``history`` a ``torch.nested`` tensor with ``layout=torch.jagged``,
+          ``[users, j, e_kv]`` (neither seqlens nor cu_seqlens).
+
+        Candidates:
+
+        * ``candidate_offsets=None``: ``candidate [b, e]``, one candidate per user
+          (``users == b``);
+        * ``candidate_offsets [users+1]``: ``candidate [n_cand, e]``, the candidates of a
+          request, user ``u``'s being rows ``candidate_offsets[u] .. candidate_offsets[u+1]-1``
+          (zero candidates allowed). ``max_candidates`` is an optional host bound on the
+          candidates of one user (default ``n_cand``, always a valid bound); a tighter one lets
+          the op size its work. A user with more candidates than it gets NaN and is counted,
+          like a history past ``max_seqlen_kv``.
+
+        Offsets and lengths are int32 or int64, 1-D and contiguous, on the module's device.
         """
-        if (seqlens is None) == (cu_seqlens is None):
-            raise ValueError("pass exactly one of seqlens (padded history) or cu_seqlens (packed)")
-        self._check_inputs(candidate, history, seqlens, cu_seqlens)
+        nested = isinstance(history, torch.Tensor) and history.is_nested
+        if nested:
+            if seqlens is not None or cu_seqlens is not None:
+                raise ValueError("a nested history carries its own offsets: pass neither seqlens "
+                                 "nor cu_seqlens with it")
+        elif (seqlens is None) == (cu_seqlens is None):
+            raise ValueError("pass exactly one of seqlens (padded history) or cu_seqlens "
+                             "(packed history), or a nested (layout=torch.jagged) history")
+        if candidate_offsets is None and max_candidates is not None:
+            raise ValueError("max_candidates bounds the candidates per user of a request: pass "
+                             "it with candidate_offsets")
+        users = self._check_inputs(candidate, history, seqlens, cu_seqlens, candidate_offsets,
+                                   nested)
+        if max_candidates is not None:
+            _check_size("max_candidates", max_candidates)
+        _warn_if_exporting_without_kernels(self, candidate)
+        if nested:
+            history, cu_seqlens = _nested_parts(history)
+        if candidate_offsets is None:
+            return self._one_candidate_per_user(candidate, history, seqlens, cu_seqlens)
+        return self._request(candidate, history, seqlens, cu_seqlens, candidate_offsets,
+                             max_candidates, users)
+
+    def _one_candidate_per_user(self, candidate, history, seqlens, cu_seqlens):
+        """candidate [b, e]: one query per segment (the op's q = 1 form)."""
         b = candidate.shape[0]
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         q = self.q_proj(candidate).view(b, h, d)
@@ -91,15 +153,39 @@ class TargetAttention(nn.Module):
                 qkv_layout="bshd_bshd_bshd", seqlens_kv=seqlens, backend=self.backend)
         else:
             kv = kv.view(history.shape[0], 2, hk, d)
-            cu_q = torch.arange(b + 1, dtype=torch.int32, device=candidate.device)
+            cu_q = torch.arange(b + 1, dtype=cu_seqlens.dtype, device=candidate.device)
             out = fused_attn_small_seq(
                 q, kv[:, 0], kv[:, 1], cu_q, cu_seqlens, max_seqlen_kv=self.max_seqlen_kv,
                 backend=self.backend)
         return self.out_proj(out.reshape(b, h * d))
 
-    def _check_inputs(self, candidate, history, seqlens, cu_seqlens) -> None:
-        """Shapes, dtypes and devices against the module (ValueError naming the argument).
-        Host metadata only: no tensor value is read, so this costs no device sync."""
+    def _request(self, candidate, history, seqlens, cu_seqlens, candidate_offsets,
+                 max_candidates, users):
+        """candidate [n_cand, e] with candidate_offsets: every candidate of a user is a query
+        of that user's segment; the history is projected once per user."""
+        n = candidate.shape[0]
+        h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        bad_users = None
+        if seqlens is not None:
+            history, cu_seqlens, bad_users = _padded_to_packed(history, seqlens,
+                                                               self.max_seqlen_kv)
+        q = self.q_proj(candidate).view(n, h, d)
+        kv = self.kv_proj(history).view(history.shape[0], 2, hk, d)
+        # NOTE: a bound of at least 2: the op reads max_seqlen_q == 1 as its one-query form
+        # (q holds exactly one row per segment), and a request's users may have 0 candidates.
+        bound = max(max_candidates if max_candidates is not None else n, 2)
+        out = fused_attn_small_seq(
+            q, kv[:, 0], kv[:, 1], candidate_offsets, cu_seqlens, max_seqlen_q=bound,
+            max_seqlen_kv=self.max_seqlen_kv, backend=self.backend)
+        if bad_users is not None:
+            out = _flag_users(out, bad_users, candidate_offsets, users)
+        return self.out_proj(out.reshape(n, h * d))
+
+    def _check_inputs(self, candidate, history, seqlens, cu_seqlens, candidate_offsets,
+                      nested) -> int:
+        """Shapes, dtypes and devices against the module (ValueError naming the argument);
+        returns the number of users. Host metadata only: no tensor value is read, so this
+        costs no device sync."""
         weight = self.q_proj.weight
         for name, t in (("candidate", candidate), ("history", history)):
             if not isinstance(t, torch.Tensor):
@@ -110,24 +196,153 @@ class TargetAttention(nn.Module):
                                  f"{weight.dtype} (convert the input or the module)")
             if t.device != weight.device:
                 raise ValueError(f"{name} is on {t.device}, the module on {weight.device}")
+        if candidate.is_nested:
+            raise ValueError("candidate must be a dense [n_cand, embed_dim] tensor; give a "
+                             "request's candidates as rows with candidate_offsets")
         if candidate.dim() != 2 or candidate.shape[1] != self.embed_dim:
             raise ValueError(f"candidate must be [b, embed_dim={self.embed_dim}], got "
                              f"{tuple(candidate.shape)}")
-        b = candidate.shape[0]
-        padded = seqlens is not None
-        rank, doc = (3, "[b, s, kv_embed_dim]") if padded else (2, "[total, kv_embed_dim]")
-        if history.dim() != rank or history.shape[-1] != self.kv_embed_dim:
-            raise ValueError(f"{'padded' if padded else 'packed'} history must be {doc} with "
-                             f"kv_embed_dim={self.kv_embed_dim}, got {tuple(history.shape)}")
-        if padded and history.shape[0] != b:
-            raise ValueError(f"history batch {history.shape[0]} must equal candidate batch {b}")
-        name, index, n = (("seqlens", seqlens, b) if padded else ("cu_seqlens", cu_seqlens, b + 1))
-        if (not isinstance(index, torch.Tensor) or index.dtype != torch.int32 or index.dim() != 1
-                or index.shape[0] != n):
-            what = (f"{index.dtype} {tuple(index.shape)}" if isinstance(index, torch.Tensor)
-                    else type(index).__name__)
-            raise ValueError(f"{name} must be a 1-D int32 tensor of {n} entries (candidate batch "
-                             f"{b}{' + 1' if not padded else ''}), got {what}")
+        request = candidate_offsets is not None
+        if nested:
+            if history.layout != torch.jagged:
+                raise ValueError(f"a nested history must have layout=torch.jagged, got "
+                                 f"{history.layout}")
+            if (history.dim() != 3 or history._ragged_idx != 1
+                    or history.shape[-1] != self.kv_embed_dim):
+                raise ValueError(f"nested history must be [users, j, kv_embed_dim="
+                                 f"{self.kv_embed_dim}] with the jagged dim 1, got "
+                                 f"{tuple(history.shape)} (jagged dim {history._ragged_idx})")
+            if history._lengths is not None:
+                raise ValueError("nested history has holes (lengths() is set): call "
+                                 "history.contiguous() first")
+            users = history.shape[0]
+        else:
+            padded = seqlens is not None
+            rank, doc = (3, "[users, s, kv_embed_dim]") if padded else (2, "[total, kv_embed_dim]")
+            if history.dim() != rank or history.shape[-1] != self.kv_embed_dim:
+                raise ValueError(f"{'padded' if padded else 'packed'} history must be {doc} with "
+                                 f"kv_embed_dim={self.kv_embed_dim}, got {tuple(history.shape)}")
+            if padded:
+                users = history.shape[0]
+                if not request and users != candidate.shape[0]:
+                    raise ValueError(f"history batch {users} must equal candidate batch "
+                                     f"{candidate.shape[0]} (one candidate per user), or pass "
+                                     f"candidate_offsets [users+1] for a request")
+                _check_offsets("seqlens", seqlens, users, weight.device, "users")
+            else:
+                if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
+                    _check_offsets("cu_seqlens", cu_seqlens, None, weight.device, "users + 1")
+                users = cu_seqlens.shape[0] - 1
+                _check_offsets("cu_seqlens", cu_seqlens, users + 1, weight.device, "users + 1")
+        if request:
+            _check_offsets("candidate_offsets", candidate_offsets, users + 1, weight.device,
+                           "users + 1")
+        elif users != candidate.shape[0]:
+            what = "history batch" if nested or seqlens is not None else "cu_seqlens"
+            raise ValueError(
+                f"{what} has {users} users but candidate has {candidate.shape[0]} rows: one "
+                f"candidate per user, or pass candidate_offsets [users+1] for a request of many "
+                f"candidates per user")
+        return users
+
+
+def _nested_parts(history: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A jagged nested history as (values [total, e_kv], offsets int64 [users+1]): views of
+    its own storage, no copy."""
+    return history.values(), history.offsets()
+
+
+def _padded_to_packed(history: torch.Tensor, seqlens: torch.Tensor, bound: int):
+    """A padded history ``[users, s, e]`` as packed rows, without a host sync.
+
+    Keeps the first ``w = min(s, bound)`` columns (a length above ``w`` breaks the contract
+    either way). Valid rows go to the front, user by user, at ``cu[u] + j``; padding rows
+    fill the tail, so the result has the static shape ``[users * w, e]``. A user whose length
+    is outside ``0..w`` gets zero rows here and is returned in ``bad`` (the caller flags it).
+    Returns (packed ``[users * w, e]``, cu_seqlens int64 ``[users+1]``, bad bool ``[users]``).
+    """
+    users, s, e = history.shape
+    w = min(s, bound)
+    lens = seqlens.long()
+    bad = (lens < 0) | (lens > w)
+    lens = torch.where(bad, torch.zeros_like(lens), lens)
+    cu = torch.nn.functional.pad(lens.cumsum(0), (1, 0))
+    col = torch.arange(w, device=history.device).unsqueeze(0)
+    start, lens2 = cu[:-1].unsqueeze(1), lens.unsqueeze(1)
+    # padding rows before user u: u * w - cu[u]; they follow all cu[users] valid rows
+    pad_start = cu[-1] + torch.arange(users, device=history.device).unsqueeze(1) * w - start
+    dest = torch.where(col < lens2, start + col, pad_start + col - lens2).reshape(-1)
+    # source row of each packed row: the inverse of the permutation dest
+    src = torch.empty_like(dest).scatter_(0, dest, torch.arange(dest.numel(),
+                                                                device=history.device))
+    packed = history[:, :w].reshape(users * w, e).index_select(0, src)
+    return packed, cu, bad
+
+
+def _flag_users(out: torch.Tensor, bad_users: torch.Tensor, candidate_offsets: torch.Tensor,
+                users: int) -> torch.Tensor:
+    """NaN for the candidate rows of users in ``bad_users``, and count those users in the
+    error state (as the op does for its own contract), without a host sync."""
+    errors.record_torch_path_errors(bad_users)
+    n = out.shape[0]
+    if n == 0 or users == 0:
+        return out
+    offsets = candidate_offsets.long()
+    # user of each candidate row: the number of users u >= 1 whose rows start at or before it
+    starts = torch.zeros(n + 1, dtype=torch.long, device=out.device)
+    starts = starts.scatter_add(0, offsets[1:users].clamp(0, n),
+                                torch.ones(users - 1, dtype=torch.long, device=out.device))
+    row_user = starts.cumsum(0)[:n].clamp(max=users - 1)
+    rows = torch.arange(n, device=out.device)
+    inside = (rows >= offsets[0]) & (rows < offsets[users])
+    nan_rows = (bad_users[row_user] & inside).view(n, *([1] * (out.dim() - 1)))
+    return torch.where(nan_rows, out.new_full((), float("nan")), out)
+
+
+def _kernel_gaps(module: TargetAttention, candidate: torch.Tensor) -> Optional[str]:
+    """Why an exported program of ``module`` cannot call the compiled kernels (None if it
+    can): read from the build and the inputs' device, dtype and head dim only."""
+    if module.backend == "torch":
+        return None  # asked for the torch path: nothing to warn about
+    if not _ext.HAS_EXTENSION:
+        return f"this install has no compiled kernels ({_ext.extension_error()})"
+    if candidate.device.type != "cuda":
+        return f"the inputs are on {candidate.device} (the kernels run on CUDA and ROCm GPUs)"
+    dtype = module.q_proj.weight.dtype
+    if dtype not in KERNEL_DTYPES or module.head_dim not in KERNEL_HEAD_DIMS:
+        return f"no kernel variant for {dtype}, head dim {module.head_dim}"
+    return None
+
+
+def _warn_if_exporting_without_kernels(module: TargetAttention, candidate) -> None:
+    """While torch.export / ONNX export traces the module: warn (once per reason) when the
+    exported program will run the torch path instead of the kernels."""
+    if not errors.exporting():
+        return
+    why = _kernel_gaps(module, candidate)
+    if why is None or why in _export_warned:
+        return
+    _export_warned.add(why)
+    warnings.warn(
+        f"rocm_attn TargetAttention is being exported without the compiled kernels: {why}. The "
+        f"exported program runs the torch path (same results, slower). Export on a GPU machine "
+        f"with the kernels built, with the model and inputs on the GPU, to export the kernels.",
+        stacklevel=3)
+
+
+def _check_offsets(name: str, t, numel: Optional[int], device: torch.device, what: str) -> None:
+    """A 1-D int32/int64 contiguous tensor of ``numel`` entries on ``device``."""
+    if (not isinstance(t, torch.Tensor) or t.is_nested or t.dtype not in OFFSET_DTYPES
+            or t.dim() != 1 or (numel is not None and t.shape[0] != numel)):
+        got = (f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) and not t.is_nested
+               else type(t).__name__)
+        count = f"{numel} entries ({what})" if numel is not None else f"{what} entries"
+        raise ValueError(f"{name} must be a 1-D int32 or int64 tensor of {count}, got {got}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, the module on {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (the op indexes it directly), got strides "
+                         f"{t.stride()}")
 
 
 def _check_size(name: str, value) -> None:

@@ -42,6 +42,17 @@ def test_demo_small_cpu_batch(capsys):
     assert cli.main(["demo", "--device", "cpu", "--batch", "64", "--iters", "1"]) == 0
     out = capsys.readouterr().out
     assert "candidates/s" in out and "PASS" in out and "torch path" in out
+    # the batch of pairs and the ranking request, each checked against float64
+    assert out.count("PASS") == 2 and "8 users x 64 candidates" in out, out
+    assert "histories of 1..200 items" in out and "once per user" in out
+
+
+def test_demo_request_size_options(capsys):
+    argv = ["demo", "--device", "cpu", "--batch", "8", "--iters", "1", "--users", "3",
+            "--candidates", "5"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "3 users x 5 candidates" in out and out.count("PASS") == 2, out
 
 
 def test_demo_exits_nonzero_when_the_check_fails(capsys, monkeypatch):
@@ -138,7 +149,10 @@ def test_console_script_is_declared():
     (["--iters", "-1"], "--iters: must be >= 1, got -1"),
     (["--device", "gpu0"], "--device: expected cpu, cuda or cuda:N, got 'gpu0'"),
     (["--device", "cuda:x"], "--device: expected cpu, cuda or cuda:N"),
-], ids=["batch0", "batch-5", "batch_word", "iters0", "iters-1", "device_gpu0", "device_cuda_x"])
+    (["--users", "0"], "--users: must be >= 1, got 0"),
+    (["--candidates", "-3"], "--candidates: must be >= 1, got -3"),
+], ids=["batch0", "batch-5", "batch_word", "iters0", "iters-1", "device_gpu0", "device_cuda_x",
+        "users0", "candidates-3"])
 def test_demo_bad_arguments_are_usage_errors(argv, match, capsys):
     """A wrong value is argparse's usage error (exit 2), never a traceback or the default."""
     with pytest.raises(SystemExit) as exc:
@@ -171,7 +185,8 @@ def test_demo_cuda_without_gpu_is_one_line(capsys):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(batch=0), "batch"), (dict(batch=-5), "batch"), (dict(iters=0), "iters"),
     (dict(device="gpu0"), "device"), (dict(device="cpu", backend="kernel"), "backend kernel"),
-], ids=["batch0", "batch-5", "iters0", "device_gpu0", "kernel_on_cpu"])
+    (dict(users=0), "users"), (dict(candidates=-1), "candidates"),
+], ids=["batch0", "batch-5", "iters0", "device_gpu0", "kernel_on_cpu", "users0", "candidates-1"])
 def test_demo_main_rejects_bad_values(kwargs, match):
     """The Python entry point: 0 is an error, not "the default"."""
     with pytest.raises(ValueError, match=match):

@@ -27,6 +27,8 @@ def test_recsys_example_cpu_path(capsys):
     assert rc == 0, out
     assert "eager (inference_mode)" in out and "torch.compile (eager)" in out
     assert "graphs need a GPU" in out and "check:" in out and "PASS" in out
+    assert "batch: 48 (user, candidate) pairs" in out
+    assert "request: 8 users x 64 candidates, histories of 1..200 items" in out
     assert "failed" not in out, out
 
 
@@ -48,3 +50,27 @@ def test_models_share_weights():
     models = example.build_models(50, 256, torch.device("cpu"), torch.float32)
     a, b = (dict(m.named_parameters()) for m in models.values())
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_request_models_agree_with_ragged_candidates_and_histories():
+    """The request form of both models on a small request: same logits, one per candidate."""
+    example = _load()
+    models = example.build_models(50, 256, torch.device("cpu"), torch.float32,
+                                  example.REQUEST_HISTORY)
+    inputs = example.make_request(3, 5, 50, torch.device("cpu"), seed=7)
+    with torch.inference_mode():
+        a, b = (example.RequestRanker(m, 5)(*inputs) for m in models.values())
+    assert a.shape == (15,) and torch.isfinite(a).all()
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_request_sizes_are_usage_errors(capsys):
+    example = _load()
+    for argv in (["--users", "0"], ["--candidates", "-2"]):
+        try:
+            example.main(["--device", "cpu"] + argv)
+        except SystemExit as exc:
+            assert exc.code == 2
+        else:
+            raise AssertionError(f"{argv} was accepted")
+    assert "must be >= 1" in capsys.readouterr().err

@@ -52,7 +52,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="num_kv_heads"):
         TargetAttention(64, num_heads=4, num_kv_heads=3)
     with pytest.raises(ValueError, match="max_seqlen_kv"):
-        TargetAttention(64, num_heads=4, max_seqlen_kv=17)
+        TargetAttention(64, num_heads=4, max_seqlen_kv=16.0)
     module = TargetAttention(16, num_heads=2)
     with pytest.raises(ValueError, match="exactly one of seqlens"):
         module(torch.randn(2, 16), torch.randn(2, 3, 16))
@@ -126,8 +126,10 @@ def _bad_inputs():
          "cu_seqlens"),
         ("seqlens_len", (torch.randn(b, e), torch.randn(b, s, e)), dict(seqlens=seqlens[:2]),
          "seqlens"),
-        ("seqlens_int64", (torch.randn(b, e), torch.randn(b, s, e)),
-         dict(seqlens=seqlens.long()), "seqlens"),
+        ("seqlens_float", (torch.randn(b, e), torch.randn(b, s, e)),
+         dict(seqlens=seqlens.float()), "seqlens"),
+        ("cu_seqlens_int16", (torch.randn(b, e), torch.randn(5, e)),
+         dict(cu_seqlens=cu.short()), "cu_seqlens"),
         ("candidate_dtype", (torch.randn(b, e, dtype=torch.float64), torch.randn(b, s, e)),
          dict(seqlens=seqlens), "candidate dtype"),
         ("history_dtype", (torch.randn(b, e), torch.randn(b, s, e, dtype=torch.bfloat16)),
@@ -151,3 +153,326 @@ def test_inputs_of_another_dtype_under_autocast():
         out = module(torch.randn(3, 16, dtype=torch.bfloat16),
                      torch.randn(3, 4, 16, dtype=torch.bfloat16), seqlens=seqlens)
     assert torch.isfinite(out).all()
+
+
+# ---- a ranking request: many candidates per user, the history given (and projected) once ----
+
+def _request_reference(module, candidate, offsets, histories):
+    """Float64 per-user loop: user u's candidates attend to user u's history rows."""
+    h, hk, d = module.num_heads, module.num_kv_heads, module.head_dim
+    outs = []
+    for u, hist in enumerate(histories):
+        cand = candidate[int(offsets[u]):int(offsets[u + 1])].double()
+        q = torch.nn.functional.linear(cand, module.q_proj.weight.double(),
+                                       module.q_proj.bias.double()).view(-1, h, d)
+        kv = torch.nn.functional.linear(hist.double(), module.kv_proj.weight.double(),
+                                        module.kv_proj.bias.double()).view(-1, 2, hk, d)
+        k, v = (kv[:, i].repeat_interleave(h // hk, dim=1) for i in (0, 1))
+        if k.shape[0] == 0:
+            att = q.new_zeros(q.shape)
+        else:
+            w = torch.einsum("qhd,khd->hqk", q, k).mul(d ** -0.5).softmax(-1)
+            att = torch.einsum("hqk,khd->qhd", w, v)
+        outs.append(torch.nn.functional.linear(att.reshape(-1, h * d),
+                                               module.out_proj.weight.double(),
+                                               module.out_proj.bias.double()))
+    return torch.cat(outs)
+
+
+def _request(users, e, max_hist, max_cand, dtype=torch.float32, offset_dtype=torch.int32,
+             empty=True):
+    """A random request: candidate [n, e], candidate_offsets, per-user histories (lists)."""
+    low = 0 if empty else 1
+    counts = torch.randint(low, max_cand + 1, (users,))
+    lens = torch.randint(low, max_hist + 1, (users,))
+    if empty and users >= 3:  # a user with no candidates, one with no history, one with neither
+        counts[0], lens[1], counts[2], lens[2] = 0, 0, 0, 0
+    offsets = torch.nn.functional.pad(counts.cumsum(0), (1, 0)).to(offset_dtype)
+    candidate = torch.randn(int(counts.sum()), e, dtype=dtype)
+    histories = [torch.randn(int(n), e, dtype=dtype) for n in lens]
+    return candidate, offsets, histories, lens
+
+
+def _history_forms(histories, lens, s, offset_dtype):
+    """The same histories padded ([users, s, e] + seqlens, junk past each length), packed
+    (rows + cu_seqlens) and nested (layout=torch.jagged)."""
+    e, dtype = histories[0].shape[-1], histories[0].dtype
+    padded = torch.randn(len(histories), s, e, dtype=dtype) * 1e3  # padding is never read
+    for u, hist in enumerate(histories):
+        padded[u, :hist.shape[0]] = hist
+    packed = torch.cat(histories)
+    cu = torch.nn.functional.pad(lens.cumsum(0), (1, 0)).to(offset_dtype)
+    nested = torch.nested.as_nested_tensor(histories, layout=torch.jagged)  # keeps autograd
+    return {"padded": ((padded,), dict(seqlens=lens.to(offset_dtype))),
+            "packed": ((packed,), dict(cu_seqlens=cu)),
+            "nested": ((nested,), {})}
+
+
+@pytest.mark.parametrize("form", ["padded", "packed", "nested"])
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("offset_dtype", [torch.int32, torch.int64])
+def test_request_matches_reference(form, num_kv_heads, offset_dtype):
+    """Forward against the float64 per-user loop: 0 candidates, 0 history, GQA/MQA, int64."""
+    torch.manual_seed(10 + num_kv_heads)
+    e, max_hist = 32, 40  # histories past 16
+    module = TargetAttention(e, num_heads=4, head_dim=8, num_kv_heads=num_kv_heads,
+                             max_seqlen_kv=max_hist, backend="torch", dtype=torch.float64)
+    candidate, offsets, histories, lens = _request(9, e, max_hist, 7, torch.float64, offset_dtype)
+    args, kwargs = _history_forms(histories, lens, max_hist + 3, offset_dtype)[form]
+    got = module(candidate, *args, candidate_offsets=offsets, **kwargs)
+    want = _request_reference(module, candidate, offsets, histories)
+    assert got.shape == (candidate.shape[0], e)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("form", ["padded", "packed", "nested"])
+def test_request_equals_repeated_history_forward_and_backward(form):
+    """The request form against today's form with the history repeated per candidate: same
+    outputs and the same gradients for candidates, histories and every parameter (fp32)."""
+    torch.manual_seed(20)
+    e, max_hist = 24, 20
+    module = TargetAttention(e, num_heads=2, head_dim=12, num_kv_heads=1,
+                             max_seqlen_kv=max_hist)
+    candidate, offsets, histories, lens = _request(6, e, max_hist, 5)
+    histories = [h.requires_grad_() for h in histories]
+    candidate.requires_grad_()
+    args, kwargs = _history_forms(histories, lens, max_hist, torch.int64)[form]
+    if form == "padded":  # the padded tensor is a new leaf: let its gradient flow to the rows
+        padded = torch.zeros(len(histories), max_hist, e)
+        for u, hist in enumerate(histories):
+            padded = padded.index_put((torch.tensor([u]),), torch.nn.functional.pad(
+                hist, (0, 0, 0, max_hist - hist.shape[0])).unsqueeze(0))
+        args = (padded,)
+    got = module(candidate, *args, candidate_offsets=offsets, **kwargs)
+    grad_out = torch.randn_like(got)
+    got_grads = torch.autograd.grad(got, [candidate, *histories, *module.parameters()], grad_out,
+                                    allow_unused=True)
+    # today's form: one (candidate, history) pair per candidate, the history repeated
+    counts = (offsets[1:] - offsets[:-1]).tolist()
+    repeated = [histories[u] for u in range(len(histories)) for _ in range(counts[u])]
+    rep_cu = torch.nn.functional.pad(torch.tensor([r.shape[0] for r in repeated],
+                                                  dtype=torch.int64).cumsum(0), (1, 0))
+    rep_rows = torch.cat(repeated) if repeated else candidate.new_zeros(0, e)
+    want = module(candidate, rep_rows, cu_seqlens=rep_cu)
+    want_grads = torch.autograd.grad(want, [candidate, *histories, *module.parameters()],
+                                     grad_out, allow_unused=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    ref = _request_reference(module, candidate, offsets, histories)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4)
+    for g, w in zip(got_grads, want_grads):
+        if w is None:  # a history of a user without candidates
+            assert g is None or not g.any()
+            continue
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_padded_nested_packed_give_the_same_request_output():
+    torch.manual_seed(30)
+    module = TargetAttention(16, num_heads=2, max_seqlen_kv=64)
+    candidate, offsets, histories, lens = _request(11, 16, 50, 9, offset_dtype=torch.int64)
+    outs = {form: module(candidate, *a, candidate_offsets=offsets, **k)
+            for form, (a, k) in _history_forms(histories, lens, 64, torch.int64).items()}
+    torch.testing.assert_close(outs["padded"], outs["packed"], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(outs["nested"], outs["packed"], rtol=0, atol=0)
+    assert torch.isfinite(outs["packed"]).all()
+
+
+@pytest.mark.parametrize("form", ["padded", "packed", "nested"])
+def test_history_is_projected_once_per_user(form):
+    """kv_proj sees each user's history rows once (padded: its users x s rows), not once per
+    candidate; q_proj sees each candidate once; a nested history's values are not copied."""
+    torch.manual_seed(40)
+    s = 12
+    module = TargetAttention(16, num_heads=4, num_kv_heads=2, max_seqlen_kv=s)
+    candidate, offsets, histories, lens = _request(5, 16, s, 30, empty=False)
+    args, kwargs = _history_forms(histories, lens, s, torch.int32)[form]
+    seen = {"kv": [], "q": []}
+    hooks = [module.kv_proj.register_forward_pre_hook(lambda m, a: seen["kv"].append(a[0])),
+             module.q_proj.register_forward_pre_hook(lambda m, a: seen["q"].append(a[0]))]
+    try:
+        module(candidate, *args, candidate_offsets=offsets, **kwargs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(seen["kv"]) == 1 and len(seen["q"]) == 1
+    rows = {"padded": 5 * s, "packed": int(lens.sum()), "nested": int(lens.sum())}[form]
+    assert seen["kv"][0].shape[0] == rows < candidate.shape[0] * s
+    assert seen["q"][0].shape[0] == candidate.shape[0]
+    if form == "nested":
+        assert seen["kv"][0].data_ptr() == args[0].values().data_ptr()
+
+
+@pytest.mark.parametrize("form", ["padded", "packed", "nested"])
+def test_history_past_max_seqlen_kv_is_nan_and_counted(form):
+    """A user whose history exceeds max_seqlen_kv: its candidates are NaN, the other users'
+    outputs are right, and check_errors raises; nothing is truncated silently."""
+    import rocm_attn
+
+    rocm_attn.check_errors()  # start clean
+    torch.manual_seed(50)
+    bound = 8
+    module = TargetAttention(16, num_heads=2, max_seqlen_kv=bound, backend="torch")
+    candidate, offsets, histories, lens = _request(4, 16, bound, 3, empty=False)
+    histories[2] = torch.randn(bound + 3, 16)
+    lens[2] = bound + 3
+    args, kwargs = _history_forms(histories, lens, bound + 3, torch.int32)[form]
+    out = module(candidate, *args, candidate_offsets=offsets, **kwargs)
+    bad = torch.zeros(out.shape[0], dtype=torch.bool)
+    bad[int(offsets[2]):int(offsets[3])] = True
+    assert torch.isnan(out[bad]).all() and bad.any()
+    ok = [h if u != 2 else h[:0] for u, h in enumerate(histories)]
+    want = _request_reference(module, candidate, offsets, ok)
+    torch.testing.assert_close(out[~bad].double(), want[~bad], rtol=1e-4, atol=1e-4)
+    with pytest.raises(rocm_attn.SmallSeqContractError, match="max_seqlen_kv"):
+        rocm_attn.check_errors()
+
+
+def test_one_candidate_form_takes_nested_and_int64_histories():
+    torch.manual_seed(60)
+    module = TargetAttention(16, num_heads=2, max_seqlen_kv=30, dtype=torch.float64)
+    b = 7
+    candidate = torch.randn(b, 16, dtype=torch.float64)
+    lens = torch.randint(0, 31, (b,))
+    histories = [torch.randn(int(n), 16, dtype=torch.float64) for n in lens]
+    want = _request_reference(module, candidate, torch.arange(b + 1), histories)
+    forms = _history_forms(histories, lens, 30, torch.int64)
+    for form, (args, kwargs) in forms.items():
+        got = module(candidate, *args, **kwargs)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=form)
+
+
+def test_request_with_no_candidates_and_no_users():
+    module = TargetAttention(16, num_heads=2)
+    out = module(torch.randn(0, 16), torch.randn(3, 4, 16), seqlens=torch.tensor([1, 2, 3]),
+                 candidate_offsets=torch.zeros(4, dtype=torch.int64))
+    assert out.shape == (0, 16)
+    out = module(torch.randn(0, 16), torch.randn(0, 16),
+                 cu_seqlens=torch.zeros(1, dtype=torch.int32),
+                 candidate_offsets=torch.zeros(1, dtype=torch.int32))
+    assert out.shape == (0, 16)
+
+
+def _bad_request_inputs():
+    e = 16
+    cand, hist = torch.randn(6, e), torch.randn(3, 4, e)
+    seqlens = torch.tensor([1, 4, 0], dtype=torch.int32)
+    offs = torch.tensor([0, 2, 2, 6], dtype=torch.int32)
+    nested = torch.nested.nested_tensor([torch.randn(2, e), torch.randn(1, e)],
+                                        layout=torch.jagged)
+    strided_nested = torch.nested.nested_tensor([torch.randn(2, e), torch.randn(1, e)])
+    return [
+        ("offsets_len", (cand, hist), dict(seqlens=seqlens, candidate_offsets=offs[:-1]),
+         "candidate_offsets"),
+        ("offsets_float", (cand, hist), dict(seqlens=seqlens, candidate_offsets=offs.float()),
+         "candidate_offsets"),
+        ("offsets_2d", (cand, hist), dict(seqlens=seqlens, candidate_offsets=offs.view(1, 4)),
+         "candidate_offsets"),
+        ("offsets_strided", (cand, hist),
+         dict(seqlens=seqlens, candidate_offsets=torch.zeros(8, dtype=torch.int32)[::2]),
+         "candidate_offsets"),
+        ("max_candidates_alone", (cand[:3], hist), dict(seqlens=seqlens, max_candidates=4),
+         "max_candidates"),
+        ("max_candidates_zero", (cand, hist),
+         dict(seqlens=seqlens, candidate_offsets=offs, max_candidates=0), "max_candidates"),
+        ("nested_with_seqlens", (cand[:2], nested), dict(seqlens=seqlens[:2]), "nested"),
+        ("nested_strided", (cand[:2], strided_nested), {}, "jagged"),
+        ("nested_users", (cand[:3], nested), {}, "users"),
+        ("nested_candidate", (torch.nested.nested_tensor([cand], layout=torch.jagged), hist),
+         dict(seqlens=seqlens), "candidate"),
+        ("one_per_user_count", (cand, hist), dict(seqlens=seqlens), "candidate_offsets"),
+    ]
+
+
+@pytest.mark.parametrize("args,kwargs,match", [pytest.param(a, k, m, id=i)
+                                               for i, a, k, m in _bad_request_inputs()])
+def test_bad_request_inputs_are_value_errors(args, kwargs, match):
+    module = TargetAttention(16, num_heads=2, num_kv_heads=1)
+    with pytest.raises(ValueError, match=match):
+        module(*args, **kwargs)
+
+
+@pytest.mark.parametrize("counts", [[0, 1, 0], [1, 1, 1], [0, 0, 1]])
+def test_request_with_at_most_one_candidate_per_user(counts):
+    """A request whose users have 0 or 1 candidates (max_candidates 1 too) is still a request."""
+    torch.manual_seed(80)
+    module = TargetAttention(16, num_heads=2, max_seqlen_kv=8, dtype=torch.float64)
+    offsets = torch.nn.functional.pad(torch.tensor(counts).cumsum(0), (1, 0))
+    candidate = torch.randn(sum(counts), 16, dtype=torch.float64)
+    histories = [torch.randn(n, 16, dtype=torch.float64) for n in (3, 0, 8)]
+    lens = torch.tensor([3, 0, 8])
+    want = _request_reference(module, candidate, offsets, histories)
+    for form, (args, kwargs) in _history_forms(histories, lens, 8, torch.int32).items():
+        for bound in (None, 1):
+            got = module(candidate, *args, candidate_offsets=offsets, max_candidates=bound,
+                         **kwargs)
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=form)
+
+
+@pytest.mark.parametrize("form", ["padded", "packed", "nested"])
+def test_request_under_torch_compile_fullgraph(form):
+    torch.manual_seed(90)
+    module = TargetAttention(16, num_heads=2, num_kv_heads=1, max_seqlen_kv=24)
+    candidate, offsets, histories, lens = _request(5, 16, 24, 6, offset_dtype=torch.int64)
+    args, kwargs = _history_forms(histories, lens, 24, torch.int64)[form]
+    want = module(candidate, *args, candidate_offsets=offsets, **kwargs)
+    compiled = torch.compile(module, backend="eager", fullgraph=True)
+    got = compiled(candidate, *args, candidate_offsets=offsets, max_candidates=6, **kwargs)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_kv_heads", [4, 1])
+def test_request_kernel_path_matches_reference_on_gpu(num_kv_heads):
+    """A request on the GPU (bf16, head dim 64, histories past 16, int64 offsets): forward and
+    gradients against the float64 per-user loop."""
+    import rocm_attn._ext as ext
+
+    if not (torch.cuda.is_available() and ext.HAS_EXTENSION):
+        pytest.skip("needs a GPU and the compiled extension")
+    torch.manual_seed(100)
+    e, max_hist = 256, 200
+    module = TargetAttention(e, num_heads=4, head_dim=64, num_kv_heads=num_kv_heads,
+                             max_seqlen_kv=max_hist, device="cuda", dtype=torch.bfloat16)
+    candidate, offsets, histories, lens = _request(33, e, max_hist, 40, torch.bfloat16,
+                                                   torch.int64)
+    candidate = candidate.cuda().requires_grad_()
+    histories = [h.cuda() for h in histories]
+    args, kwargs = _history_forms(histories, lens.cuda(), max_hist, torch.int64)["packed"]
+    args = (args[0].requires_grad_(),)
+    got = module(candidate, *args, candidate_offsets=offsets.cuda(), max_candidates=40,
+                 **kwargs)
+    ref_module = TargetAttention(e, num_heads=4, head_dim=64, num_kv_heads=num_kv_heads,
+                                 max_seqlen_kv=max_hist, dtype=torch.float64)
+    ref_module.load_state_dict({k: v.double().cpu() for k, v in module.state_dict().items()})
+    ref_candidate = candidate.detach().double().cpu().requires_grad_()
+    ref_rows = args[0].detach().double().cpu().requires_grad_()
+    ref_hist = list(torch.split(ref_rows, lens.tolist()))
+    want = _request_reference(ref_module, ref_candidate, offsets, ref_hist)
+    err = ((got.double().cpu() - want).norm() / want.norm()).item()
+    assert err < 2e-2, err
+    grad = torch.randn_like(want)
+    got.backward(grad.to(got.device, got.dtype))
+    want.backward(grad)
+    for g, w in ((candidate.grad, ref_candidate.grad), (args[0].grad, ref_rows.grad)):
+        assert torch.isfinite(g).all()
+        rel = ((g.double().cpu() - w).norm() / w.norm()).item()
+        assert rel < 3e-2, rel
+
+
+def test_user_past_max_candidates_is_nan_and_counted():
+    import rocm_attn
+
+    rocm_attn.check_errors()
+    torch.manual_seed(110)
+    module = TargetAttention(16, num_heads=2, max_seqlen_kv=8)
+    offsets = torch.tensor([0, 2, 7, 8])  # user 1 has 5 candidates > max_candidates=4
+    candidate = torch.randn(8, 16)
+    histories = [torch.randn(n, 16) for n in (3, 5, 8)]
+    args, kwargs = _history_forms(histories, torch.tensor([3, 5, 8]), 8, torch.int64)["nested"]
+    out = module(candidate, *args, candidate_offsets=offsets, max_candidates=4, **kwargs)
+    assert torch.isnan(out[2:6]).all() and torch.isfinite(out[[0, 1, 7]]).all()
+    want = _request_reference(module, candidate, offsets, histories)
+    torch.testing.assert_close(out[[0, 1, 7]].double(), want[[0, 1, 7]], rtol=1e-4, atol=1e-4)
+    with pytest.raises(rocm_attn.SmallSeqContractError):
+        rocm_attn.check_errors()
