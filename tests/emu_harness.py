@@ -62,6 +62,9 @@ CONFIGS = {
     "w64": dict(wave=64, kernel_wave=64, families=("selftest", "small_seq", "thd")),
     "w32": dict(wave=32, kernel_wave=32, families=("selftest", "small_seq", "thd")),
     "w64_k32": dict(wave=64, kernel_wave=32, families=("selftest",)),
+    # the tiled small-seq kernels on their own, so that changing them rebuilds only these
+    "tiled_w64": dict(wave=64, kernel_wave=64, families=("tiled",)),
+    "tiled_w32": dict(wave=32, kernel_wave=32, families=("tiled",)),
 }
 
 HIP_SUCCESS = 0
@@ -137,6 +140,8 @@ def _sources(cfg: dict, gen: Path) -> List[Path]:
         files += _small_seq_sources(cfg["wave"], gen)
     if "thd" in cfg["families"]:
         files += [HIP_SRC / "thd" / "copy.hip", HIP_SRC / "thd" / "merge.hip"]
+    if "tiled" in cfg["families"]:
+        files.append(HIP_SRC / "small_seq" / "tiled_launch.hip")
     return files
 
 
@@ -224,6 +229,20 @@ class SmallSeqParams(ctypes.Structure):
         [("softmax_scale", ctypes.c_float)]
 
 
+class SmallSeqTiledParams(ctypes.Structure):
+    _fields_ = [(n, P) for n in ("q", "k", "v", "o", "lse", "probs", "dout", "out", "dlse", "dq",
+                                 "dk", "dv", "cu_seqlens_q", "cu_seqlens_kv", "seqlens_kv")] + \
+        [(n, ctypes.c_bool) for n in ("cu_seqlens_q_int64", "cu_seqlens_kv_int64",
+                                      "seqlens_kv_int64")] + \
+        [("error_state", P)] + \
+        [(f"{t}_{s}_stride", I64) for t in ("q", "k", "v", "o", "out", "do", "dq", "dk", "dv")
+         for s in ("batch", "token", "head")] + \
+        [("lse_head_stride", I64), ("dlse_head_stride", I64)] + \
+        [(n, I32) for n in ("batch", "total_q", "total_kv", "num_heads_q", "num_heads_kv",
+                            "max_seqlen_q", "max_seqlen_kv", "s_q", "s_kv")] + \
+        [("softmax_scale", ctypes.c_float), ("workspace", P), ("workspace_elems", I64)]
+
+
 class ThdRowMapParams(ctypes.Structure):
     _fields_ = [("kind", I32), ("b", I32), ("cu", P), ("cu_dst", P), ("cu_src", P), ("cp", I32),
                 ("rank", I32), ("half", I32), ("local_rows", I64), ("src_rows", I64),
@@ -256,7 +275,7 @@ class ThdGradParams(ctypes.Structure):
                             "step_is_half", "copy_none")] + [("map", ThdRowMapParams)]
 
 
-STRUCTS = {c.__name__: c for c in (SmallSeqParams, ThdRowMapParams, ThdCopyParams,
+STRUCTS = {c.__name__: c for c in (SmallSeqParams, SmallSeqTiledParams, ThdRowMapParams, ThdCopyParams,
                                     ThdMergeParams, ThdGradParams)}
 
 
