@@ -227,6 +227,7 @@ def extension_for(target: str):
         hipify.translate_tree(ROOT / "hip_src", cuda_src)
         hipify.translate_tree(build / "gen", cuda_src / "gen")
         sources = sorted(str(p) for p in cuda_src.rglob("*.cu")) + [str(cuda_src / "torch_bindings.cpp")]
+        sources += sorted(str(p) for p in (cuda_src / "bindings").glob("*.cpp"))
         nvcc_flags = ["-O3", "--use_fast_math", "-lineinfo"]
         if os.environ.get("ROCM_ATTN_PTXAS_VERBOSE"):
             nvcc_flags.append("-Xptxas=-v")  # registers / spills per kernel in the build log
@@ -243,6 +244,7 @@ def extension_for(target: str):
             sys.exit(f"rocm_attn: GPU_ARCHS entries must be gfx targets, got {bad}")
         os.environ["PYTORCH_ROCM_ARCH"] = ";".join(archs)
         sources = [str(p) for p in hip_sources] + [str(ROOT / "hip_src" / "torch_bindings.cpp")]
+        sources += sorted(str(p) for p in (ROOT / "hip_src" / "bindings").glob("*.cpp"))
         nvcc_flags = ["-O3"] + [f"--offload-arch={a}" for a in archs]
         include = [str(ROOT / "hip_src")]
     write_build_config(target, archs, kernels)

@@ -148,15 +148,20 @@ def compile_one(target: str, src: Path, include: Path, out_dir: Path) -> Result:
     return Result(target, str(src.relative_to(ROOT)), proc.returncode == 0, log if proc.returncode else "", kernels)
 
 
-def check_bindings() -> Result:
-    """The one file that includes torch (hip_src/torch_bindings.cpp, hipified) through a
-    syntax-only C++ compile against this machine's torch headers and CUDA runtime headers: the
-    ops' binding code is checked on a machine that builds no extension (no GPU torch)."""
+def binding_sources() -> list[Path]:
+    """The hipified files that include torch: torch_bindings.cpp and hip_src/bindings/*.cpp."""
+    cuda_dir = ROOT / "build" / "cuda_src"
+    return [cuda_dir / "torch_bindings.cpp"] + sorted((cuda_dir / "bindings").glob("*.cpp"))
+
+
+def check_bindings(src: Path) -> Result:
+    """A file that includes torch (hipified) through a syntax-only C++ compile against this
+    machine's torch headers and CUDA runtime headers: the ops' binding code is checked on a
+    machine that builds no extension (no GPU torch)."""
     import sysconfig
 
     import torch
 
-    src = ROOT / "build" / "cuda_src" / "torch_bindings.cpp"
     tdir = Path(torch.__file__).resolve().parent
     nvcc = Path(shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc").resolve()
     cuda_incs = [Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include",
@@ -166,7 +171,7 @@ def check_bindings() -> Result:
     cmd = [cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wno-c++20-extensions",
            "-I", str(tdir / "include"), "-I", str(tdir / "include" / "torch" / "csrc" / "api" / "include"),
            "-I", sysconfig.get_paths()["include"], "-I", str(cuda_inc),
-           "-I", str(src.parent), str(src)]
+           "-I", str(ROOT / "build" / "cuda_src"), str(src)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     errors = proc.returncode != 0
     return Result("bindings", str(src.relative_to(ROOT)), not errors,
@@ -205,12 +210,11 @@ def main(argv=None) -> int:
             jobs.append((target, src, include, ROOT / "build" / "check" / target))
     with cf.ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda j: compile_one(*j), jobs))
-        bindings = pool.submit(check_bindings) if not args.only else None
-        if bindings is not None:
-            b = bindings.result()
+        bindings = [] if args.only else list(pool.map(check_bindings, binding_sources()))
+        for b in bindings:
             print(f"bindings: {'ok' if b.ok else 'FAILED'} ({b.source}, syntax-only against "
                   "this machine's torch headers)")
-    failed = [r for r in results if not r.ok] + ([b] if bindings is not None and not b.ok else [])
+    failed = [r for r in results if not r.ok] + [b for b in bindings if not b.ok]
     spilled = [(r, k) for r in results for k in r.kernels if k.get("spills", 0)]
     for r in failed:
         print(f"FAIL {r.target} {r.source}\n{r.log}")
