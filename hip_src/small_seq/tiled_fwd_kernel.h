@@ -435,7 +435,8 @@ RA_DEVICE void tiled_fwd_tile_scalar(const SmallSeqTiledParams& p, const int hk,
       uint16_t* orow = static_cast<uint16_t*>(p.o) + s.q_batch * p.o_batch_stride +
                        (s.q_token0 + j) * p.o_token_stride + hq * p.o_head_stride;
 #pragma unroll
-      for (int vi = 0; vi < VPL; ++vi) ra_store16(orow + 8 * (col_lane + vi * LPR), ra_pack8<T>(out[vi]));
+      for (int vi = 0; vi < VPL; ++vi)
+        ra_store16(orow + 8 * (col_lane + vi * LPR), ra_pack8<T>(out[vi]));
     }
     const float lse2 = sum > 0.f ? mall + log2f(sum) : -INFINITY;
     if (lane == 0)
