@@ -122,7 +122,7 @@ def test_bad_segments_int32_wrap(lib):
     case.cu_kv[2] = 2147483640
     case.cu_kv[3] = -2147483640
     out, lse, probs = run(lib, case)
-    bad = C.check(case, out, lse, probs, f"wave {lib.wave}", expect_bad=[1, 2, 3])
+    C.check(case, out, lse, probs, f"wave {lib.wave}", expect_bad=[1, 2, 3])
     assert lib.errors() == (3, 0x7FFFFFFF - 1)
 
 
