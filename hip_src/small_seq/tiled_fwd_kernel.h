@@ -1,18 +1,25 @@
 // Tiled small-seq attention forward: any number of queries per segment, keys streamed in tiles
 // with an online softmax (docs/kernels.md#tiled-small-seq-kernels).
 //
-// Work item = (segment, kv head, row tile). The rows of a (segment, kv head) are the pairs
-// (query j, q head h of the kv head's GQA group), numbered r = j * group + h, and cut into
-// tiles of tiled_rows_for_wave rows (16 on CDNA, 8 on NVIDIA: the narrowest accumulator tile,
-// which halves the registers of Q and O there); one wave computes one tile over all keys:
+// Work item = (segment, kv head, group of kTiledRowTilesPerItem row tiles). The rows of a
+// (segment, kv head) are the pairs (query j, q head h of the kv head's GQA group), numbered
+// r = j * group + h, and cut into tiles of tiled_rows_for_wave rows (16 on CDNA, 8 on NVIDIA:
+// the narrowest accumulator tile, which halves the registers of Q and O there); the item's wave
+// computes its row tiles one after the other, each over all keys:
 //   for each key tile (kTiledKeys keys):
 //     S = Q . K^T              (ra_mma_dot: rows x 16 keys, fp32)
 //     online softmax on S     (fp32 running max / sum per row, log2 domain)
 //     O = O * alpha + P . V    (ra_mma_pv: P rounded to the input dtype, fp32 accumulators)
-// Items are numbered segment-major, then kv head, then row tile, so the row tiles of one
-// (segment, kv head) run at the same time on neighbouring waves of the grid-stride loop: the
-// first wave to touch a K/V tile brings it from DRAM, the others read it from L2. Each segment's
-// K/V crosses DRAM once for all of its queries; q and out are read and written once.
+// K/V reuse across a segment's queries:
+// - A segment of at most kTiledKeys keys (one key tile) loads its K and V into registers once
+//   per item and serves all of the item's row tiles from them (many candidates over a short
+//   history: K/V leave L2 once per kTiledRowTilesPerItem row tiles).
+// - Longer segments stream their key tiles once per row tile; the item's next row tile finds
+//   them in L1 / L2. Items are numbered segment-major, then kv head, then row-tile group, so the
+//   groups of one (segment, kv head) run at the same time on neighbouring waves of the
+//   grid-stride loop: the first wave to touch a K/V tile brings it from DRAM, the others read
+//   it from L2.
+// Each segment's K/V crosses DRAM once for all of its queries; q and out move once.
 // Pipelining: the next key tile's K and the current tile's V are loaded before the current
 // tile's products, so one tile of K and one of V are in flight while a wave computes (the q=1
 // long-history case is a stream of K/V and must keep the memory system busy).
@@ -49,6 +56,11 @@ constexpr int kTiledFwdResidencyFactor = 4;
 RA_HOST_DEVICE constexpr int tiled_rows_for_wave(int wave) { return wave == 64 ? 16 : 8; }
 // Keys of a tile: the 16 columns of one score accumulator.
 constexpr int kTiledKeys = 16;
+// Row tiles per work item: K/V of a one-key-tile segment are loaded once per item, so more
+// tiles per item mean less L2 traffic for short histories; fewer mean more items to spread a
+// (segment, kv head) with many queries over the machine. 4 keeps >= 4 items per (segment, kv
+// head) at 512 queries of one q head (NVIDIA: 64 tiles of 8 rows -> 16 items).
+constexpr int kTiledRowTilesPerItem = 4;
 
 constexpr float kTiledLog2e = 1.4426950408889634f;
 constexpr float kTiledLn2 = 0.6931471805599453f;
@@ -60,8 +72,12 @@ RA_HOST_DEVICE int64_t tiled_row_tiles(const SmallSeqTiledParams& p, int rows) {
   return (static_cast<int64_t>(p.max_seqlen_q) * group + rows - 1) / rows;
 }
 
+RA_HOST_DEVICE int64_t tiled_item_groups(const SmallSeqTiledParams& p, int rows) {
+  return (tiled_row_tiles(p, rows) + kTiledRowTilesPerItem - 1) / kTiledRowTilesPerItem;
+}
+
 RA_HOST_DEVICE int64_t tiled_fwd_items(const SmallSeqTiledParams& p, int rows) {
-  return static_cast<int64_t>(p.batch) * p.num_heads_kv * tiled_row_tiles(p, rows);
+  return static_cast<int64_t>(p.batch) * p.num_heads_kv * tiled_item_groups(p, rows);
 }
 
 // Flattened rows r0 .. r1 - 1 (r = j * group + h) of query rows starting at (batch, token0),
@@ -103,14 +119,15 @@ RA_DEVICE void tiled_fill_rows(const SmallSeqTiledParams& p, int64_t batch, int6
 }
 
 // What every item does before (or instead of) its attention: the padding rows of a THD q (by
-// tile 0 of the first / last segment), and a bad segment's report and NaN rows. Returns whether
-// the item has rows to compute.
+// item group 0 of the first / last segment), and a bad segment's report and NaN rows. Returns
+// whether the item has rows to compute.
 template <typename T, int D, int ROWS>
 RA_DEVICE bool tiled_fwd_prologue(const SmallSeqTiledParams& p, const int seg, const int hk,
-                                  const int64_t tile, const TiledSegment& s, const int lane) {
+                                  const int64_t item_group, const TiledSegment& s,
+                                  const int lane) {
   const int group = p.num_heads_q / p.num_heads_kv;
   const int hq0 = hk * group;
-  if (tile == 0 && p.cu_seqlens_q != nullptr && (seg == 0 || seg == p.batch - 1)) {
+  if (item_group == 0 && p.cu_seqlens_q != nullptr && (seg == 0 || seg == p.batch - 1)) {
     const TiledPadding pad = tiled_padding_rows(p);
     if (seg == 0)
       tiled_fill_rows<T, D>(p, 0, 0, 0, 0, pad.lead_end * group, hq0, group, 0.f, -INFINITY,
@@ -120,11 +137,12 @@ RA_DEVICE bool tiled_fwd_prologue(const SmallSeqTiledParams& p, const int seg, c
                             (p.total_q - pad.tail_begin) * group, hq0, group, 0.f, -INFINITY,
                             0.f, lane);
   }
-  const int64_t r0 = tile * ROWS;
-  int64_t r1 = r0 + ROWS;
+  constexpr int kItemRows = ROWS * kTiledRowTilesPerItem;
+  const int64_t r0 = item_group * kItemRows;
+  int64_t r1 = r0 + kItemRows;
   if (r1 > static_cast<int64_t>(s.nq) * group) r1 = static_cast<int64_t>(s.nq) * group;
   if (!s.valid) {
-    if (tile == 0 && hk == 0 && lane == 0) tiled_report_bad_segment(p, seg);
+    if (item_group == 0 && hk == 0 && lane == 0) tiled_report_bad_segment(p, seg);
     const float nan = tiled_nan();
     tiled_fill_rows<T, D>(p, s.q_batch, s.q_token0, s.q_row0, r0, r1, hq0, group, nan, nan, nan,
                           lane);
@@ -135,18 +153,32 @@ RA_DEVICE bool tiled_fwd_prologue(const SmallSeqTiledParams& p, const int seg, c
 
 #if RA_HAS_MMA
 
-// One valid (segment, kv head, row tile) on matrix units.
-template <typename T, int D, int ROWS>
+// Head-dim slices: d <= 128 is one slice; d = 256 is two of 128, so that only half a key tile's
+// K or V is in registers at a time (Q and O, which live across the key loop, stay whole).
+template <int D>
+struct TiledSlices {
+  static constexpr int kWidth = D < 128 ? D : 128;
+  static constexpr int kCount = D / kWidth;
+  static_assert(kCount <= 2, "head dims up to 256");
+};
+
+// One valid (segment, kv head, row tile) on matrix units. HELD: the segment has at most one key
+// tile, already in registers (held_k / held_v, one slice); otherwise keys are streamed.
+template <int D>
+using TiledHeldK = ra_mma_rows<TiledSlices<D>::kWidth, kTiledKeys>;
+template <int D>
+using TiledHeldV = ra_mma_vrows<TiledSlices<D>::kWidth, kTiledKeys>;
+
+template <typename T, int D, int ROWS, bool HELD>
 RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile,
-                                  const TiledSegment& s, const int lane) {
+                                  const TiledSegment& s, const int lane,
+                                  const TiledHeldK<D>* held_k, const TiledHeldV<D>* held_v) {
   constexpr int SLOTS = kRaMmaAccSlots;
   constexpr int E = ra_mma_acc<kTiledKeys>::kElems;
   constexpr int KT = kTiledKeys;
-  // Head-dim slices: d <= 128 is one slice; d = 256 is two of 128, so that only half a key
-  // tile's K or V is in registers at a time (Q and O, which live across the loop, stay whole).
-  constexpr int DS = D < 128 ? D : 128;
-  constexpr int NSL = D / DS;
-  static_assert(NSL <= 2, "head dims up to 256");
+  constexpr int DS = TiledSlices<D>::kWidth;
+  constexpr int NSL = TiledSlices<D>::kCount;
+  static_assert(!HELD || NSL == 1, "held K/V: one head-dim slice");
   constexpr int OUT_J = static_cast<int>(sizeof(ra_mma_out<DS, ROWS>{}.x[0]) / sizeof(float));
   const int group = p.num_heads_q / p.num_heads_kv;
   const int hq0 = hk * group;
@@ -237,7 +269,15 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
   };
 
   ra_mma_rows<DS, KT> ka, kb;
-  if constexpr (NSL == 1) {
+  if constexpr (HELD) {
+    if (ntiles > 0) {
+      ra_mma_acc<KT> sc;
+      ra_mma_zero(sc);
+      ra_mma_dot<T>(sc, qr[0], *held_k);
+      const ra_mma_pfrag<ROWS> pf = softmax_step(sc, 0);
+      ra_mma_pv<T>(o[0], pf, *held_v);
+    }
+  } else if constexpr (NSL == 1) {
     // One key tile: V of this tile and K of the next are issued before this tile's products.
     auto step = [&](const ra_mma_rows<DS, KT>& kcur, ra_mma_rows<DS, KT>& knext, const int t) {
       const int k0 = t * KT;
@@ -326,11 +366,17 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     const int k0 = t * KT;
     ra_mma_acc<KT> sc;
     ra_mma_zero(sc);
+    if (k0 < nk) {  // tiles past the keys are all zero: no product
+      if constexpr (HELD) {
+        ra_mma_dot<T>(sc, qr[0], *held_k);
+      } else {
 #pragma unroll
-    for (int c = 0; c < NSL; ++c) {
-      ra_mma_load_rows(ka, kbase + k0 * p.k_token_stride + c * DS, p.k_token_stride, nk - k0,
-                       lane);
-      ra_mma_dot<T>(sc, qr[c], ka);
+        for (int c = 0; c < NSL; ++c) {
+          ra_mma_load_rows(ka, kbase + k0 * p.k_token_stride + c * DS, p.k_token_stride,
+                           nk - k0, lane);
+          ra_mma_dot<T>(sc, qr[c], ka);
+        }
+      }
     }
 #pragma unroll
     for (int i = 0; i < E; ++i) {
@@ -345,6 +391,33 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       p.probs[((s.q_row0 + j) * p.num_heads_q + hq) * p.max_seqlen_kv + col] = pr;
     }
   }
+}
+
+// Row tiles [tile0, tile1) of one valid (segment, kv head): a segment of one key tile (d <=
+// 128) loads K and V once and serves every row tile from registers; longer ones stream.
+template <typename T, int D, int ROWS>
+RA_DEVICE void tiled_fwd_item_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile0,
+                                  const int64_t tile1, const TiledSegment& s, const int lane) {
+  constexpr int DS = TiledSlices<D>::kWidth;
+  if constexpr (TiledSlices<D>::kCount == 1) {
+    if (s.nk <= kTiledKeys) {
+      ra_mma_rows<DS, kTiledKeys> kr;
+      ra_mma_vrows<DS, kTiledKeys> vr;
+      const int64_t k_off = s.kv_batch * p.k_batch_stride + s.kv_token0 * p.k_token_stride +
+                            hk * p.k_head_stride;
+      const int64_t v_off = s.kv_batch * p.v_batch_stride + s.kv_token0 * p.v_token_stride +
+                            hk * p.v_head_stride;
+      ra_mma_load_rows(kr, static_cast<const uint16_t*>(p.k) + k_off, p.k_token_stride, s.nk,
+                       lane);
+      ra_mma_load_vrows(vr, static_cast<const uint16_t*>(p.v) + v_off, p.v_token_stride, s.nk,
+                        lane);
+      for (int64_t tile = tile0; tile < tile1; ++tile)
+        tiled_fwd_tile_mma<T, D, ROWS, true>(p, hk, tile, s, lane, &kr, &vr);
+      return;
+    }
+  }
+  for (int64_t tile = tile0; tile < tile1; ++tile)
+    tiled_fwd_tile_mma<T, D, ROWS, false>(p, hk, tile, s, lane, nullptr, nullptr);
 }
 
 #else  // !RA_HAS_MMA
@@ -468,7 +541,7 @@ RA_DEVICE void tiled_fwd_tile_scalar(const SmallSeqTiledParams& p, const int hk,
 
 #endif  // RA_HAS_MMA
 
-// Grid-stride loop over (segment, kv head, row tile) items.
+// Grid-stride loop over (segment, kv head, row-tile group) items.
 template <typename T, int D>
 __global__ void __launch_bounds__(kTiledMaxThreadsPerBlock)
     small_seq_tiled_fwd_kernel(const SmallSeqTiledParams p) {
@@ -476,8 +549,8 @@ __global__ void __launch_bounds__(kTiledMaxThreadsPerBlock)
   const int lane = threadIdx.x % WAVE;
   const int waves = blockDim.x / WAVE;
   constexpr int ROWS = tiled_rows_for_wave(WAVE);
-  const int64_t tiles = tiled_row_tiles(p, ROWS);
-  const int64_t per_seg = tiles * p.num_heads_kv;
+  const int64_t groups = tiled_item_groups(p, ROWS);
+  const int64_t per_seg = groups * p.num_heads_kv;
   const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * waves;
   int64_t item = static_cast<int64_t>(blockIdx.x) * waves + threadIdx.x / WAVE;
@@ -487,16 +560,23 @@ __global__ void __launch_bounds__(kTiledMaxThreadsPerBlock)
   for (; item < items; item += stride) {
     const int seg = static_cast<int>(item / per_seg);
     const int64_t rest = item - seg * per_seg;
-    const int hk = static_cast<int>(rest / tiles);
-    const int64_t tile = rest - hk * tiles;
+    const int hk = static_cast<int>(rest / groups);
+    const int64_t item_group = rest - hk * groups;
     const TiledSegment s = tiled_resolve_segment(p, seg, bounds);
     if (item + stride < items)
       bounds = tiled_fetch_bounds(p, static_cast<int>((item + stride) / per_seg));
-    if (!tiled_fwd_prologue<T, D, ROWS>(p, seg, hk, tile, s, lane)) continue;
+    if (!tiled_fwd_prologue<T, D, ROWS>(p, seg, hk, item_group, s, lane)) continue;
+    // The item's row tiles that hold rows of this segment.
+    const int64_t seg_rows = static_cast<int64_t>(s.nq) * (p.num_heads_q / p.num_heads_kv);
+    const int64_t tile0 = item_group * kTiledRowTilesPerItem;
+    const int64_t seg_tiles = (seg_rows + ROWS - 1) / ROWS;
+    const int64_t tile1 =
+        tile0 + kTiledRowTilesPerItem < seg_tiles ? tile0 + kTiledRowTilesPerItem : seg_tiles;
 #if RA_HAS_MMA
-    tiled_fwd_tile_mma<T, D, ROWS>(p, hk, tile, s, lane);
+    tiled_fwd_item_mma<T, D, ROWS>(p, hk, tile0, tile1, s, lane);
 #else
-    tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);
+    for (int64_t tile = tile0; tile < tile1; ++tile)
+      tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);
 #endif
   }
 }
