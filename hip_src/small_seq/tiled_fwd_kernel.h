@@ -118,6 +118,24 @@ RA_DEVICE void tiled_fill_rows(const SmallSeqTiledParams& p, int64_t batch, int6
   }
 }
 
+// The padding rows of a THD q for the q heads of kv head hk, by one wave of the first item of
+// segment 0 (rows before it) and of segment b - 1 (rows after it).
+template <typename T, int D>
+RA_DEVICE void tiled_fwd_padding(const SmallSeqTiledParams& p, const int seg, const int hk,
+                                 const int lane) {
+  if (p.cu_seqlens_q == nullptr || (seg != 0 && seg != p.batch - 1)) return;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int hq0 = hk * group;
+  const TiledPadding pad = tiled_padding_rows(p);
+  if (seg == 0)
+    tiled_fill_rows<T, D>(p, 0, 0, 0, 0, pad.lead_end * group, hq0, group, 0.f, -INFINITY, 0.f,
+                          lane);
+  if (seg == p.batch - 1)
+    tiled_fill_rows<T, D>(p, 0, pad.tail_begin, pad.tail_begin, 0,
+                          (p.total_q - pad.tail_begin) * group, hq0, group, 0.f, -INFINITY, 0.f,
+                          lane);
+}
+
 // What every item does before (or instead of) its attention: the padding rows of a THD q (by
 // item group 0 of the first / last segment), and a bad segment's report and NaN rows. Returns
 // whether the item has rows to compute.
@@ -127,16 +145,7 @@ RA_DEVICE bool tiled_fwd_prologue(const SmallSeqTiledParams& p, const int seg, c
                                   const int lane) {
   const int group = p.num_heads_q / p.num_heads_kv;
   const int hq0 = hk * group;
-  if (item_group == 0 && p.cu_seqlens_q != nullptr && (seg == 0 || seg == p.batch - 1)) {
-    const TiledPadding pad = tiled_padding_rows(p);
-    if (seg == 0)
-      tiled_fill_rows<T, D>(p, 0, 0, 0, 0, pad.lead_end * group, hq0, group, 0.f, -INFINITY,
-                            0.f, lane);
-    if (seg == p.batch - 1)
-      tiled_fill_rows<T, D>(p, 0, pad.tail_begin, pad.tail_begin, 0,
-                            (p.total_q - pad.tail_begin) * group, hq0, group, 0.f, -INFINITY,
-                            0.f, lane);
-  }
+  if (item_group == 0) tiled_fwd_padding<T, D>(p, seg, hk, lane);
   constexpr int kItemRows = ROWS * kTiledRowTilesPerItem;
   const int64_t r0 = item_group * kItemRows;
   int64_t r1 = r0 + kItemRows;
@@ -151,8 +160,6 @@ RA_DEVICE bool tiled_fwd_prologue(const SmallSeqTiledParams& p, const int seg, c
   return r1 > r0;
 }
 
-#if RA_HAS_MMA
-
 // Head-dim slices: d <= 128 is one slice; d = 256 is two of 128, so that only half a key tile's
 // K or V is in registers at a time (Q and O, which live across the key loop, stay whole).
 template <int D>
@@ -164,27 +171,91 @@ struct TiledSlices {
 
 // One valid (segment, kv head, row tile) on matrix units. HELD: the segment has at most one key
 // tile, already in registers (held_k / held_v, one slice); otherwise keys are streamed.
+// Key tiles staged in shared memory by the whole block (the block kernel): two buffers of K and
+// V, rows padded by 32 elements (64 bytes) so that the 16-byte fragment loads of one quarter
+// warp fall into distinct banks.
+template <int D>
+struct TiledStage {
+  static constexpr int kStride = D + 32;
+  static constexpr int kElems = kTiledKeys * kStride;
+  alignas(16) uint16_t k[2][kElems];
+  alignas(16) uint16_t v[2][kElems];
+};
+
+// This thread's share of one key tile's K and V (16 rows x D / 8 vectors each, spread over the
+// block's THREADS threads), loaded from global memory into registers; rows past the segment's
+// keys are zeros (never read).
+template <int D, int THREADS>
+struct TiledStageRegs {
+  static constexpr int kVecs = kTiledKeys * D / 8;
+  static constexpr int kPerThread = (kVecs + THREADS - 1) / THREADS;
+  ra_vec8 k[kPerThread];
+  ra_vec8 v[kPerThread];
+};
+
+template <int D, int THREADS>
+RA_DEVICE void tiled_stage_load(TiledStageRegs<D, THREADS>& r, const uint16_t* kbase,
+                                int64_t k_stride, const uint16_t* vbase, int64_t v_stride,
+                                const int k0, const int nk, const int tid) {
+#pragma unroll
+  for (int i = 0; i < TiledStageRegs<D, THREADS>::kPerThread; ++i) {
+    const int idx = tid + i * THREADS;
+    const int row = idx / (D / 8);
+    const int vec = idx % (D / 8);
+    const bool ok = idx < TiledStageRegs<D, THREADS>::kVecs && k0 + row < nk;
+    r.k[i] = ok ? ra_load16(kbase + (k0 + row) * k_stride + 8 * vec) : ra_vec8{{0u, 0u, 0u, 0u}};
+    r.v[i] = ok ? ra_load16(vbase + (k0 + row) * v_stride + 8 * vec) : ra_vec8{{0u, 0u, 0u, 0u}};
+  }
+}
+
+template <int D, int THREADS>
+RA_DEVICE void tiled_stage_store(TiledStage<D>& st, const int buf,
+                                 const TiledStageRegs<D, THREADS>& r, const int tid) {
+#pragma unroll
+  for (int i = 0; i < TiledStageRegs<D, THREADS>::kPerThread; ++i) {
+    const int idx = tid + i * THREADS;
+    if (idx >= TiledStageRegs<D, THREADS>::kVecs) continue;
+    const int off = (idx / (D / 8)) * TiledStage<D>::kStride + 8 * (idx % (D / 8));
+    ra_store16(st.k[buf] + off, r.k[i]);
+    ra_store16(st.v[buf] + off, r.v[i]);
+  }
+}
+
+// Where a row tile finds its keys: streamed from global memory by the wave (kTiledStream),
+// held in registers for a one-tile segment (kTiledHeld), or staged in shared memory by the
+// block (kTiledShared: every wave of the block calls with the same segment, idle ones too,
+// since the staging and its barriers need all of them).
+constexpr int kTiledStream = 0;
+constexpr int kTiledHeld = 1;
+constexpr int kTiledShared = 2;
+constexpr int kTiledBlockThreads = 256;
+
+#if RA_HAS_MMA
+
 template <int D>
 using TiledHeldK = ra_mma_rows<TiledSlices<D>::kWidth, kTiledKeys>;
 template <int D>
 using TiledHeldV = ra_mma_vrows<TiledSlices<D>::kWidth, kTiledKeys>;
 
-template <typename T, int D, int ROWS, bool HELD>
+
+template <typename T, int D, int ROWS, int MODE>
 RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile,
                                   const TiledSegment& s, const int lane,
-                                  const TiledHeldK<D>* held_k, const TiledHeldV<D>* held_v) {
+                                  const TiledHeldK<D>* held_k, const TiledHeldV<D>* held_v,
+                                  TiledStage<D>* stage = nullptr, const int tid = 0) {
+  constexpr bool HELD = MODE == kTiledHeld;
   constexpr int SLOTS = kRaMmaAccSlots;
   constexpr int E = ra_mma_acc<kTiledKeys>::kElems;
   constexpr int KT = kTiledKeys;
   constexpr int DS = TiledSlices<D>::kWidth;
   constexpr int NSL = TiledSlices<D>::kCount;
-  static_assert(!HELD || NSL == 1, "held K/V: one head-dim slice");
+  static_assert(MODE == kTiledStream || NSL == 1, "held / staged K/V: one head-dim slice");
   constexpr int OUT_J = static_cast<int>(sizeof(ra_mma_out<DS, ROWS>{}.x[0]) / sizeof(float));
   const int group = p.num_heads_q / p.num_heads_kv;
   const int hq0 = hk * group;
   const int64_t r0 = tile * ROWS;
   const int64_t rows_left = static_cast<int64_t>(s.nq) * group - r0;
-  const int nrows = rows_left < ROWS ? static_cast<int>(rows_left) : ROWS;
+  const int nrows = rows_left < ROWS ? (rows_left > 0 ? static_cast<int>(rows_left) : 0) : ROWS;
   const int nk = s.nk;
   const float qscale = p.softmax_scale * kTiledLog2e;
 
@@ -269,7 +340,36 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
   };
 
   ra_mma_rows<DS, KT> ka, kb;
-  if constexpr (HELD) {
+  if constexpr (MODE == kTiledShared) {
+    // Block-wide double buffering: tile t + 1 is loaded into registers while every wave
+    // computes tile t from shared memory, then stored into the other buffer (read last in
+    // iteration t - 1, which every wave finished before the barrier that closed it).
+    using Regs = TiledStageRegs<D, kTiledBlockThreads>;
+    constexpr int SK = TiledStage<D>::kStride;
+    Regs staged;
+    if (ntiles > 0) {
+      tiled_stage_load<D, kTiledBlockThreads>(staged, kbase, p.k_token_stride, vbase,
+                                              p.v_token_stride, 0, nk, tid);
+      tiled_stage_store<D, kTiledBlockThreads>(*stage, 0, staged, tid);
+    }
+    __syncthreads();
+    for (int t = 0; t < ntiles; ++t) {
+      const int k0 = t * KT;
+      if (t + 1 < ntiles)
+        tiled_stage_load<D, kTiledBlockThreads>(staged, kbase, p.k_token_stride, vbase,
+                                                p.v_token_stride, k0 + KT, nk, tid);
+      ra_mma_load_rows(ka, stage->k[t & 1], SK, nk - k0, lane);
+      ra_mma_vrows<DS, KT> vr;
+      ra_mma_load_vrows(vr, stage->v[t & 1], SK, nk - k0, lane);
+      ra_mma_acc<KT> sc;
+      ra_mma_zero(sc);
+      ra_mma_dot<T>(sc, qr[0], ka);
+      const ra_mma_pfrag<ROWS> pf = softmax_step(sc, k0);
+      ra_mma_pv<T>(o[0], pf, vr);
+      if (t + 1 < ntiles) tiled_stage_store<D, kTiledBlockThreads>(*stage, (t + 1) & 1, staged, tid);
+      __syncthreads();
+    }
+  } else if constexpr (HELD) {
     if (ntiles > 0) {
       ra_mma_acc<KT> sc;
       ra_mma_zero(sc);
@@ -412,12 +512,12 @@ RA_DEVICE void tiled_fwd_item_mma(const SmallSeqTiledParams& p, const int hk, co
       ra_mma_load_vrows(vr, static_cast<const uint16_t*>(p.v) + v_off, p.v_token_stride, s.nk,
                         lane);
       for (int64_t tile = tile0; tile < tile1; ++tile)
-        tiled_fwd_tile_mma<T, D, ROWS, true>(p, hk, tile, s, lane, &kr, &vr);
+        tiled_fwd_tile_mma<T, D, ROWS, kTiledHeld>(p, hk, tile, s, lane, &kr, &vr);
       return;
     }
   }
   for (int64_t tile = tile0; tile < tile1; ++tile)
-    tiled_fwd_tile_mma<T, D, ROWS, false>(p, hk, tile, s, lane, nullptr, nullptr);
+    tiled_fwd_tile_mma<T, D, ROWS, kTiledStream>(p, hk, tile, s, lane, nullptr, nullptr);
 }
 
 #else  // !RA_HAS_MMA
@@ -577,6 +677,65 @@ __global__ void __launch_bounds__(kTiledMaxThreadsPerBlock)
 #else
     for (int64_t tile = tile0; tile < tile1; ++tile)
       tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);
+#endif
+  }
+}
+
+// Block variant for segments with many query rows and more than one key tile (d <= 128): the
+// block's waves take consecutive row tiles of one (segment, kv head) and share each key tile,
+// which the block stages in shared memory, so K/V leave L2 once per block instead of once per
+// row tile. Work item = (segment, kv head, group of one row tile per wave), grid-stride over
+// blocks. Segments of one key tile take the register-held path per wave; bad segments and
+// padding rows are handled as in the wave kernel.
+// NOTE: the explicit minimum of one resident block lets nvcc use the registers it needs; with
+// the thread bound alone it capped d = 64 at 128 registers and spilled.
+template <typename T, int D>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBlockThreads, 1)
+    small_seq_tiled_fwd_block_kernel(const SmallSeqTiledParams p) {
+  static_assert(TiledSlices<D>::kCount == 1, "the block kernel serves head dims up to 128");
+  constexpr int WAVE = RA_WAVE_SIZE;
+  constexpr int ROWS = tiled_rows_for_wave(WAVE);
+  constexpr int WAVES = kTiledBlockThreads / WAVE;
+#if RA_HAS_MMA
+  __shared__ TiledStage<D> stage;
+#endif
+  const int tid = threadIdx.x;
+  const int lane = tid % WAVE;
+  const int w = tid / WAVE;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int64_t groups = (tiled_row_tiles(p, ROWS) + WAVES - 1) / WAVES;
+  const int64_t per_seg = groups * p.num_heads_kv;
+  const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int seg = static_cast<int>(item / per_seg);
+    const int64_t rest = item - seg * per_seg;
+    const int hk = static_cast<int>(rest / groups);
+    const int64_t bg = rest - hk * groups;
+    const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
+    if (bg == 0 && w == 0) tiled_fwd_padding<T, D>(p, seg, hk, lane);
+    const int64_t tile = bg * WAVES + w;
+    const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
+    if (!s.valid) {
+      if (bg == 0 && hk == 0 && tid == 0) tiled_report_bad_segment(p, seg);
+      const int64_t r0 = tile * ROWS;
+      const int64_t r1 = r0 + ROWS < seg_rows ? r0 + ROWS : seg_rows;
+      const float nan = tiled_nan();
+      tiled_fill_rows<T, D>(p, s.q_batch, s.q_token0, s.q_row0, r0, r1, hk * group, group, nan,
+                            nan, nan, lane);
+      continue;  // the same for every wave of the block
+    }
+    if (bg * WAVES * ROWS >= seg_rows) continue;  // no rows in this block (block-uniform)
+#if RA_HAS_MMA
+    if (s.nk <= kTiledKeys) {  // block-uniform: one key tile, held in registers per wave
+      if (tile * ROWS < seg_rows) tiled_fwd_item_mma<T, D, ROWS>(p, hk, tile, tile + 1, s, lane);
+      continue;
+    }
+    // Every wave, those past the segment's rows too (they stage and wait, and write nothing).
+    tiled_fwd_tile_mma<T, D, ROWS, kTiledShared>(p, hk, tile, s, lane, nullptr, nullptr, &stage,
+                                                 tid);
+#else
+    // Targets without matrix units: each wave its own tile, scalar (no staging).
+    if (tile * ROWS < seg_rows) tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);
 #endif
   }
 }
