@@ -366,7 +366,8 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       ra_mma_dot<T>(sc, qr[0], ka);
       const ra_mma_pfrag<ROWS> pf = softmax_step(sc, k0);
       ra_mma_pv<T>(o[0], pf, vr);
-      if (t + 1 < ntiles) tiled_stage_store<D, kTiledBlockThreads>(*stage, (t + 1) & 1, staged, tid);
+      if (t + 1 < ntiles)
+        tiled_stage_store<D, kTiledBlockThreads>(*stage, (t + 1) & 1, staged, tid);
       __syncthreads();
     }
   } else if constexpr (HELD) {
