@@ -14,11 +14,13 @@
 // - A segment of at most kTiledKeys keys (one key tile) loads its K and V into registers once
 //   per item and serves all of the item's row tiles from them (many candidates over a short
 //   history: K/V leave L2 once per kTiledRowTilesPerItem row tiles).
-// - Longer segments stream their key tiles once per row tile; the item's next row tile finds
-//   them in L1 / L2. Items are numbered segment-major, then kv head, then row-tile group, so the
-//   groups of one (segment, kv head) run at the same time on neighbouring waves of the
-//   grid-stride loop: the first wave to touch a K/V tile brings it from DRAM, the others read
-//   it from L2.
+// - Many query rows over longer segments (d <= 128) take the block kernel at the end of this
+//   file: a block's waves share each key tile through shared memory.
+// - Otherwise longer segments stream their key tiles once per row tile; the item's next row
+//   tile finds them in L1 / L2. Items are numbered segment-major, then kv head, then row-tile
+//   group, so the groups of one (segment, kv head) run at the same time on neighbouring waves
+//   of the grid-stride loop: the first wave to touch a K/V tile brings it from DRAM, the others
+//   read it from L2.
 // Each segment's K/V crosses DRAM once for all of its queries; q and out move once.
 // Pipelining: the next key tile's K and the current tile's V are loaded before the current
 // tile's products, so one tile of K and one of V are in flight while a wave computes (the q=1
