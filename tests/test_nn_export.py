@@ -18,7 +18,7 @@ import rocm_attn
 from rocm_attn import errors
 from rocm_attn import nn as ra_nn
 from rocm_attn.nn import TargetAttention
-from gpu_helpers import why_no_kernels
+from helpers.gpu import why_no_kernels
 
 
 class Ranker(torch.nn.Module):

@@ -520,4 +520,96 @@ RA_DEVICE void ra_mma_store_rows(const ra_mma_out<D, N>& o, uint16_t* base, int6
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// Row panels and stores whose rows are not evenly spaced (the tiled small-seq kernels' tiles of
+// query rows x q heads): `row_ptr(r)` gives row r's address (16-byte aligned; 8-byte aligned is
+// enough for stores at D = 64 on CDNA) and is called only for rows r < min(R or N, nrows).
+// Same fragment layouts as ra_mma_load_rows / ra_mma_store_rows above.
+// ---------------------------------------------------------------------------------------------
+template <int D, int R, typename RowPtr>
+RA_DEVICE void ra_mma_load_rows_at(ra_mma_rows<D, R>& x, RowPtr row_ptr, int nrows, int lane) {
+#if defined(RA_MMA_SM80)
+  const int row0 = lane >> 2;
+  const int piece0 = lane & 3;
+#else
+  const int row0 = lane & 15;
+  const int piece0 = lane >> 4;
+#endif
+#pragma unroll
+  for (int h = 0; h < ra_mma_rows<D, R>::kRows; ++h) {
+    const int row = row0 + 8 * h;
+    const bool ok = row < R && row < nrows;
+    const uint16_t* p = ok ? row_ptr(row) : nullptr;
+#pragma unroll
+    for (int j = 0; j < ra_mma_rows<D, R>::kPieces; ++j)
+      x.v[h][j] = ok ? ra_load16(p + 8 * (piece0 + 4 * j)) : ra_vec8{{0u, 0u, 0u, 0u}};
+  }
+}
+
+template <typename T, int D, int N, typename RowPtr>
+RA_DEVICE void ra_mma_store_rows_at(const ra_mma_out<D, N>& o, RowPtr row_ptr, int nrows,
+                                    int lane) {
+#if defined(RA_MMA_SM80)
+  const int g = lane >> 2;
+  const int t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = 8 * nt + 2 * t + e;
+      if (row >= nrows) continue;
+      uint16_t* p = row_ptr(row);
+#pragma unroll
+      for (int u = 0; u < D / 64; ++u) {
+        ra_vec8 piece;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int i = 4 * u + k;
+          piece.w[k] = ra_mma_pack2<T>(o.x[i][4 * nt + e], o.x[i][4 * nt + 2 + e]);
+        }
+        ra_store16(p + 8 * (g + 8 * u), piece);
+      }
+    }
+#else
+  const int r = lane & 15;
+  const int q = lane >> 4;
+  constexpr int U = ra_mma_vrows<D, 16>::kUnit;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int row = 4 * q + e;
+    if (row >= nrows || row >= N) continue;
+    uint16_t* p = row_ptr(row);
+    if constexpr (U == 8) {
+#pragma unroll
+      for (int u = 0; u < D / 128; ++u) {
+        ra_vec8 piece;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          piece.w[k] = ra_mma_pack2<T>(o.x[8 * u + 2 * k][e], o.x[8 * u + 2 * k + 1][e]);
+        ra_store16(p + 8 * (r + 16 * u), piece);
+      }
+    } else {
+      ra_vec4 piece;
+      piece.w[0] = ra_mma_pack2<T>(o.x[0][e], o.x[1][e]);
+      piece.w[1] = ra_mma_pack2<T>(o.x[2][e], o.x[3][e]);
+      ra_store8(p + 4 * r, piece);
+    }
+  }
+#endif
+}
+
+// Per-row values of a 16-row accumulator (v[slot] for the rows this lane holds in ra_mma_acc
+// layout, every lane of a row holding the same value) moved to the layout of ra_mma_out<D, 16>:
+// the value of the row of o.x[i][j] (the same for every i). All lanes call it together.
+RA_DEVICE float ra_mma_row_value_for_out(const float (&v)[kRaMmaAccSlots], int j, int lane) {
+#if defined(RA_MMA_SM80)
+  // o.x[i][j] is row 8 (j / 4) + 2t + j % 2; accumulator row r lives in lanes 4 (r % 8) + ..,
+  // slot r / 8.
+  return ra_shfl(v[(j >> 2) & 1], 4 * (2 * (lane & 3) + (j & 1)));
+#else
+  // o.x[i][j] is row 4 (lane / 16) + j; accumulator row r lives in lane r (and r + 16 k).
+  return ra_shfl(v[0], 4 * (lane >> 4) + j);
+#endif
+}
+
 #endif  // RA_HAS_MMA

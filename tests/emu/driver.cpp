@@ -10,6 +10,7 @@
 #include "common/selftest_kernel.h"
 #include "common/tuning.h"
 #include "small_seq/params.h"
+#include "small_seq/tiled_params.h"
 #include "thd/params.h"
 
 // The emulated device pass must be the one the kernels were compiled for (compat.h picks
@@ -56,6 +57,13 @@ int emu_small_seq_bwd(const SmallSeqParams* p, int bf16, int head_dim) {
 }
 #endif
 
+#if defined(RA_EMU_TILED)
+int emu_small_seq_tiled_fwd(const SmallSeqTiledParams* p, int bf16, int head_dim) {
+  return small_seq_tiled_fwd_launch(
+      *p, bf16 ? SmallSeqTiledDtype::kBFloat16 : SmallSeqTiledDtype::kFloat16, head_dim, nullptr);
+}
+#endif
+
 #if defined(RA_EMU_THD)
 int emu_thd_copy_rows(const ThdCopyParams* p) { return thd_copy_rows_launch(*p, nullptr); }
 int emu_thd_merge(const ThdMergeParams* p) { return thd_merge_launch(*p, nullptr); }
@@ -71,6 +79,12 @@ const char* emu_layout() {
     r += F(SmallSeqParams, q) F(SmallSeqParams, error_state) F(SmallSeqParams, q_token_stride)
         F(SmallSeqParams, dkv_batch_stride) F(SmallSeqParams, batch)
         F(SmallSeqParams, softmax_scale);
+    r += "SmallSeqTiledParams:" + std::to_string(sizeof(SmallSeqTiledParams)) + ";";
+    r += F(SmallSeqTiledParams, seqlens_kv_int64) F(SmallSeqTiledParams, error_state)
+        F(SmallSeqTiledParams, q_batch_stride) F(SmallSeqTiledParams, dlse_head_stride)
+        F(SmallSeqTiledParams, batch) F(SmallSeqTiledParams, s_kv)
+        F(SmallSeqTiledParams, softmax_scale) F(SmallSeqTiledParams, workspace)
+        F(SmallSeqTiledParams, workspace_elems);
     r += "ThdCopyParams:" + std::to_string(sizeof(ThdCopyParams)) + ";";
     r += F(ThdCopyParams, map) F(ThdCopyParams, rows) F(ThdCopyParams, heads)
         F(ThdCopyParams, fill_bytes);

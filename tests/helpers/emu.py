@@ -65,6 +65,9 @@ CONFIGS = {
     "w64": dict(wave=64, kernel_wave=64, families=("selftest", "small_seq", "thd")),
     "w32": dict(wave=32, kernel_wave=32, families=("selftest", "small_seq", "thd")),
     "w64_k32": dict(wave=64, kernel_wave=32, families=("selftest",)),
+    # the tiled small-seq kernels on their own, so that changing them rebuilds only these
+    "tiled_w64": dict(wave=64, kernel_wave=64, families=("selftest", "tiled")),
+    "tiled_w32": dict(wave=32, kernel_wave=32, families=("selftest", "tiled")),
 }
 
 HIP_SUCCESS = 0
@@ -140,6 +143,8 @@ def _sources(cfg: dict, gen: Path) -> List[Path]:
         files += _small_seq_sources(cfg["wave"], gen)
     if "thd" in cfg["families"]:
         files += [HIP_SRC / "thd" / name for name in ("copy.hip", "merge.hip", "grad.hip")]
+    if "tiled" in cfg["families"]:
+        files.append(HIP_SRC / "small_seq" / "tiled_launch.hip")
     return files
 
 
@@ -227,6 +232,20 @@ class SmallSeqParams(ctypes.Structure):
         [("softmax_scale", ctypes.c_float)]
 
 
+class SmallSeqTiledParams(ctypes.Structure):
+    _fields_ = [(n, P) for n in ("q", "k", "v", "o", "lse", "probs", "dout", "out", "dlse", "dq",
+                                 "dk", "dv", "cu_seqlens_q", "cu_seqlens_kv", "seqlens_kv")] + \
+        [(n, ctypes.c_bool) for n in ("cu_seqlens_q_int64", "cu_seqlens_kv_int64",
+                                      "seqlens_kv_int64")] + \
+        [("error_state", P)] + \
+        [(f"{t}_{s}_stride", I64) for t in ("q", "k", "v", "o", "out", "do", "dq", "dk", "dv")
+         for s in ("batch", "token", "head")] + \
+        [("lse_head_stride", I64), ("dlse_head_stride", I64)] + \
+        [(n, I32) for n in ("batch", "total_q", "total_kv", "num_heads_q", "num_heads_kv",
+                            "max_seqlen_q", "max_seqlen_kv", "s_q", "s_kv")] + \
+        [("softmax_scale", ctypes.c_float), ("workspace", P), ("workspace_elems", I64)]
+
+
 class ThdRowMapParams(ctypes.Structure):
     _fields_ = [("kind", I32), ("b", I32), ("cu", P), ("cu_dst", P), ("cu_src", P), ("cp", I32),
                 ("rank", I32), ("half", I32), ("local_rows", I64), ("src_rows", I64),
@@ -259,7 +278,7 @@ class ThdGradParams(ctypes.Structure):
                             "step_is_half", "copy_none")] + [("map", ThdRowMapParams)]
 
 
-STRUCTS = {c.__name__: c for c in (SmallSeqParams, ThdRowMapParams, ThdCopyParams,
+STRUCTS = {c.__name__: c for c in (SmallSeqParams, SmallSeqTiledParams, ThdRowMapParams, ThdCopyParams,
                                     ThdMergeParams, ThdGradParams)}
 
 
@@ -688,3 +707,60 @@ class EmuThdOps:
             p.map.step_count = step.shape[0]
         p.n = n
         self._run(self.lib.lib.emu_thd_grad, p, "thd add_rows (in place)")
+
+
+# ---------------------------------------------------------------------------------------------
+# tiled small-seq: the launcher of hip_src/small_seq/tiled_launch.hip with host tensors (params
+# filled as hip_src/bindings/small_seq_tiled.cpp fills them)
+# ---------------------------------------------------------------------------------------------
+def small_seq_tiled_params(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv,
+                           scale) -> SmallSeqTiledParams:
+    p = SmallSeqTiledParams()
+    p.num_heads_q, p.num_heads_kv = q.shape[-2], k.shape[-2]
+    p.max_seqlen_q, p.max_seqlen_kv = max_q, max_kv
+    p.softmax_scale = scale
+    if cu_q is not None:  # THD q [total_q, h, d]
+        p.batch = cu_q.numel() - 1
+        p.cu_seqlens_q, p.cu_seqlens_q_int64 = ptr(cu_q), cu_q.dtype == torch.int64
+        p.total_q = q.shape[0]
+        p.q_token_stride, p.q_head_stride = q.stride(0), q.stride(1)
+    else:  # BSHD q [b, s_q, h, d]
+        p.batch = q.shape[0]
+        p.s_q = q.shape[1]
+        p.total_q = q.shape[0] * q.shape[1]
+        p.q_batch_stride, p.q_token_stride, p.q_head_stride = q.stride(0), q.stride(1), q.stride(2)
+    if cu_kv is not None:  # THD k/v [total_kv, h, d]
+        p.cu_seqlens_kv, p.cu_seqlens_kv_int64 = ptr(cu_kv), cu_kv.dtype == torch.int64
+        p.total_kv = k.shape[0]
+        p.k_token_stride, p.k_head_stride = k.stride(0), k.stride(1)
+        p.v_token_stride, p.v_head_stride = v.stride(0), v.stride(1)
+    else:  # BSHD k/v [b, s_kv, h, d]
+        p.seqlens_kv, p.seqlens_kv_int64 = ptr(seqlens), seqlens.dtype == torch.int64
+        p.total_kv = p.s_kv = k.shape[1]
+        p.k_batch_stride, p.k_token_stride, p.k_head_stride = k.stride(0), k.stride(1), k.stride(2)
+        p.v_batch_stride, p.v_token_stride, p.v_head_stride = v.stride(0), v.stride(1), v.stride(2)
+    p.lse_head_stride = p.total_q
+    p.q, p.k, p.v = ptr(q), ptr(k), ptr(v)
+    p.error_state = lib.lib.emu_error_state_ptr()
+    return p
+
+
+def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale,
+                        return_softmax=True):
+    """(out, lse, probs) of the emulated tiled forward; outputs start as NaN (unwritten shows).
+    lse [h_q, total_q], probs [total_q, h_q, max_kv] (total_q = b * s_q for BSHD q)."""
+    p = small_seq_tiled_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale)
+    out = _nan(q.shape, q.dtype)
+    lse = _nan((p.num_heads_q, p.total_q), torch.float32)
+    probs = _nan((p.total_q, p.num_heads_q, max_kv), torch.float32)
+    p.o = ptr(out)
+    if q.dim() == 3:
+        p.o_token_stride, p.o_head_stride = out.stride(0), out.stride(1)
+    else:
+        p.o_batch_stride, p.o_token_stride, p.o_head_stride = out.stride(0), out.stride(1), out.stride(2)
+    p.lse = ptr(lse)
+    p.probs = ptr(probs) if return_softmax else None
+    lib.apply_tuning()
+    lib.check(lib.lib.emu_small_seq_tiled_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
+                                              q.shape[-1]), "small_seq tiled forward")
+    return out, lse, probs

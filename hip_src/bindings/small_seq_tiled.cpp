@@ -1,0 +1,207 @@
+// rocm_attn::small_seq_tiled_fwd: the tiled small-seq forward (any number of queries per
+// segment, long histories, int32 or int64 offsets) as a torch op. Checks the tensors, allocates
+// out / lse / probs, takes the current stream and launches (hip_src/small_seq/tiled_launch.hip).
+// User-facing validation with ValueErrors naming the argument lives in Python
+// (rocm_attn/small_seq.py); the checks here guard direct torch.ops callers, each message naming
+// the argument. Offsets are never read on the host (no sync): a segment that breaks the
+// contract is flagged by the kernel (docs/kernels.md#tiled-small-seq-kernels).
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "common/error_state.h"
+#include "small_seq/tiled_params.h"
+
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+hipStream_t tiled_stream(const at::Device& device) {
+  const c10::Stream stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+  return static_cast<hipStream_t>(stream.native_handle());
+}
+
+// 16-byte vector access needs 16-byte aligned rows: base pointer and every stride but the last.
+void tiled_check_rows_16b(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.stride(-1) == 1, "small_seq_tiled: ", name, " must have a contiguous last dim");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "small_seq_tiled: ", name,
+              " must be 16-byte aligned");
+  for (int64_t i = 0; i + 1 < t.dim(); ++i)
+    TORCH_CHECK(t.stride(i) % 8 == 0 || t.size(i) == 1, "small_seq_tiled: ", name,
+                " strides must be multiples of 8 elements");
+}
+
+// An offset tensor: contiguous 1-D int32 or int64 with `numel` entries on q's device. Returns
+// whether it is int64.
+bool tiled_check_offsets(const at::Tensor& t, const at::Tensor& q, int64_t numel,
+                         const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, "small_seq_tiled: ",
+              name, " must be int32 or int64, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 1 && t.numel() == numel, "small_seq_tiled: ", name,
+              " must be a 1-D tensor of ", numel, " entries, got shape ", t.sizes());
+  TORCH_CHECK(t.is_contiguous(), "small_seq_tiled: ", name, " must be contiguous");
+  TORCH_CHECK(t.device() == q.device(), "small_seq_tiled: ", name, " must be on ", q.device(),
+              " (the device of q), got ", t.device());
+  return t.scalar_type() == at::kLong;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
+    const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_q, int64_t max_seqlen_kv,
+    double softmax_scale, bool return_softmax) {
+  const bool thd = q.dim() == 3;
+  TORCH_CHECK(thd || q.dim() == 4,
+              "small_seq_tiled: q must be [total_q, h_q, d] (THD) or [b, s_q, h_q, d] (BSHD), "
+              "got shape ", q.sizes());
+  TORCH_CHECK(k.dim() == q.dim(), "small_seq_tiled: k must have the rank of q (", q.dim(),
+              "), got shape ", k.sizes());
+  TORCH_CHECK(v.sizes() == k.sizes(), "small_seq_tiled: v must have the shape of k ", k.sizes(),
+              ", got ", v.sizes());
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+              "small_seq_tiled: q must be float16 or bfloat16, got ", q.scalar_type());
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "small_seq_tiled: k and v must have the dtype of q (", q.scalar_type(), ")");
+  TORCH_CHECK(q.is_cuda(), "small_seq_tiled: q must be on a GPU, got ", q.device());
+  TORCH_CHECK(k.device() == q.device() && v.device() == q.device(),
+              "small_seq_tiled: k and v must be on the device of q (", q.device(), ")");
+  const int64_t d = q.size(-1);
+  TORCH_CHECK(small_seq_tiled_supports(static_cast<int>(d)), "small_seq_tiled: head dim ", d,
+              " of q unsupported (64, 128, 256)");
+  TORCH_CHECK(k.size(-1) == d, "small_seq_tiled: k head dim ", k.size(-1),
+              " differs from q's ", d);
+  const int64_t h_q = q.size(-2);
+  const int64_t h_kv = k.size(-2);
+  TORCH_CHECK(h_kv > 0 && h_q % h_kv == 0, "small_seq_tiled: the heads of q (", h_q,
+              ") must be a multiple of the heads of k (", h_kv, ")");
+  TORCH_CHECK(max_seqlen_q >= 1 && max_seqlen_q <= kInt32Max,
+              "small_seq_tiled: max_seqlen_q must be in 1..2^31-1, got ", max_seqlen_q);
+  TORCH_CHECK(max_seqlen_kv >= 1 && max_seqlen_kv <= kSmallSeqTiledMaxSeqlenKv,
+              "small_seq_tiled: max_seqlen_kv must be in 1..", kSmallSeqTiledMaxSeqlenKv,
+              ", got ", max_seqlen_kv);
+  const float scale = static_cast<float>(softmax_scale);
+  TORCH_CHECK(std::isfinite(scale), "small_seq_tiled: softmax_scale must be finite in float32, "
+              "got ", softmax_scale);
+  tiled_check_rows_16b(q, "q");
+  tiled_check_rows_16b(k, "k");
+  tiled_check_rows_16b(v, "v");
+
+  SmallSeqTiledParams p{};
+  p.num_heads_q = static_cast<int32_t>(h_q);
+  p.num_heads_kv = static_cast<int32_t>(h_kv);
+  p.max_seqlen_q = static_cast<int32_t>(max_seqlen_q);
+  p.max_seqlen_kv = static_cast<int32_t>(max_seqlen_kv);
+  p.softmax_scale = scale;
+  int64_t total_q = 0;
+  if (thd) {
+    TORCH_CHECK(cu_seqlens_q.has_value() && cu_seqlens_kv.has_value(),
+                "small_seq_tiled: THD q needs cu_seqlens_q and cu_seqlens_kv");
+    TORCH_CHECK(!seqlens_kv.has_value(),
+                "small_seq_tiled: seqlens_kv is for BSHD inputs; THD takes cu_seqlens_kv");
+    const int64_t entries = cu_seqlens_q->numel();
+    TORCH_CHECK(entries >= 1 && entries - 1 <= kInt32Max - 1,
+                "small_seq_tiled: cu_seqlens_q must have b + 1 entries (1..2^31-1), got ",
+                entries);
+    p.cu_seqlens_q_int64 = tiled_check_offsets(*cu_seqlens_q, q, entries, "cu_seqlens_q");
+    p.cu_seqlens_kv_int64 = tiled_check_offsets(*cu_seqlens_kv, q, entries, "cu_seqlens_kv");
+    TORCH_CHECK(q.size(0) <= kInt32Max, "small_seq_tiled: q must have fewer than 2^31 rows");
+    TORCH_CHECK(k.size(0) <= kInt32Max, "small_seq_tiled: k must have fewer than 2^31 rows");
+    p.batch = static_cast<int32_t>(entries - 1);
+    p.cu_seqlens_q = cu_seqlens_q->data_ptr();
+    p.cu_seqlens_kv = cu_seqlens_kv->data_ptr();
+    total_q = q.size(0);
+    p.total_kv = static_cast<int32_t>(k.size(0));
+    p.q_token_stride = q.stride(0);
+    p.q_head_stride = q.stride(1);
+    p.k_token_stride = k.stride(0);
+    p.k_head_stride = k.stride(1);
+    p.v_token_stride = v.stride(0);
+    p.v_head_stride = v.stride(1);
+  } else {
+    TORCH_CHECK(seqlens_kv.has_value(), "small_seq_tiled: BSHD q needs seqlens_kv");
+    TORCH_CHECK(!cu_seqlens_q.has_value() && !cu_seqlens_kv.has_value(),
+                "small_seq_tiled: cu_seqlens_q / cu_seqlens_kv are for THD inputs; BSHD takes "
+                "seqlens_kv");
+    const int64_t b = q.size(0);
+    TORCH_CHECK(k.size(0) == b, "small_seq_tiled: k must have the batch of q (", b, "), got ",
+                k.size(0));
+    TORCH_CHECK(max_seqlen_q == q.size(1), "small_seq_tiled: BSHD max_seqlen_q (", max_seqlen_q,
+                ") must equal q.shape[1] (", q.size(1), ")");
+    TORCH_CHECK(b <= kInt32Max && b * q.size(1) <= kInt32Max && k.size(1) <= kInt32Max,
+                "small_seq_tiled: q must have fewer than 2^31 rows and k fewer than 2^31 per "
+                "batch");
+    p.seqlens_kv_int64 = tiled_check_offsets(*seqlens_kv, q, b, "seqlens_kv");
+    p.seqlens_kv = seqlens_kv->data_ptr();
+    p.batch = static_cast<int32_t>(b);
+    p.s_q = static_cast<int32_t>(q.size(1));
+    total_q = b * q.size(1);
+    p.total_kv = p.s_kv = static_cast<int32_t>(k.size(1));
+    p.q_batch_stride = q.stride(0);
+    p.q_token_stride = q.stride(1);
+    p.q_head_stride = q.stride(2);
+    p.k_batch_stride = k.stride(0);
+    p.k_token_stride = k.stride(1);
+    p.k_head_stride = k.stride(2);
+    p.v_batch_stride = v.stride(0);
+    p.v_token_stride = v.stride(1);
+    p.v_head_stride = v.stride(2);
+  }
+  p.total_q = static_cast<int32_t>(total_q);
+
+  const c10::DeviceGuard guard(q.device());
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  at::Tensor lse = at::empty({h_q, total_q}, q.options().dtype(at::kFloat));
+  at::Tensor probs = return_softmax ? at::empty({total_q, h_q, max_seqlen_kv}, lse.options())
+                                    : at::empty({0}, lse.options());
+  if (p.batch == 0) {
+    // No segment: every row of q is padding (the kernel has no work item to write it).
+    out.zero_();
+    lse.fill_(-std::numeric_limits<float>::infinity());
+    probs.zero_();
+    return {out, lse, probs};
+  }
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = out.data_ptr();
+  if (thd) {
+    p.o_token_stride = out.stride(0);
+    p.o_head_stride = out.stride(1);
+  } else {
+    p.o_batch_stride = out.stride(0);
+    p.o_token_stride = out.stride(1);
+    p.o_head_stride = out.stride(2);
+  }
+  p.lse = lse.data_ptr<float>();
+  p.lse_head_stride = total_q;
+  p.probs = return_softmax ? probs.data_ptr<float>() : nullptr;
+  p.error_state = ra_error_state_ptr();
+  TORCH_CHECK(p.error_state != nullptr,
+              "small_seq_tiled: could not reach the device error counter");
+  const SmallSeqTiledDtype dtype = q.scalar_type() == at::kBFloat16
+                                       ? SmallSeqTiledDtype::kBFloat16
+                                       : SmallSeqTiledDtype::kFloat16;
+  const hipError_t err =
+      small_seq_tiled_fwd_launch(p, dtype, static_cast<int>(d), tiled_stream(q.device()));
+  TORCH_CHECK(err == hipSuccess, "rocm_attn: small_seq tiled forward launch failed: ",
+              hipGetErrorString(err));
+  return {out, lse, probs};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(rocm_attn, m) {
+  m.def(
+      "small_seq_tiled_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, "
+      "Tensor? cu_seqlens_kv, Tensor? seqlens_kv, int max_seqlen_q, int max_seqlen_kv, "
+      "float softmax_scale, bool return_softmax) -> (Tensor out, Tensor lse, Tensor probs)");
+}
+
+TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) { m.impl("small_seq_tiled_fwd", &small_seq_tiled_fwd); }

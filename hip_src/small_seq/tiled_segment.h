@@ -1,0 +1,137 @@
+// Segment lookup and contract check of the tiled small-seq kernels (forward and backward).
+//
+// Offsets come from device memory and may hold anything, as int32 or int64. Every value is
+// widened to int64 and checked in an order that never forms a difference of two unchecked
+// values (an int64 end - start can overflow, an int32 one can wrap into the valid range), so
+// a bad segment is recognised whatever its offsets hold, and it reads no K/V row.
+//
+// Contract (docs/kernels.md#tiled-small-seq-kernels, the same as the torch path's):
+//   valid iff 0 <= q0 <= q1 <= total_q, q1 - q0 <= max_seqlen_q (BSHD q: always, s_q rows)
+//         and 0 <= k0 <= k1 <= total_kv, k1 - k0 <= max_seqlen_kv
+//             (BSHD kv: 0 <= seqlens_kv[i] <= min(s_kv, max_seqlen_kv)).
+//   A bad segment is counted once (tiled_report_bad_segment), reads no K/V, writes NaN to out
+//   and lse of rows max(q0, 0) .. min(q1, q0 + max_seqlen_q, total_q) - 1 (an empty range writes
+//   nothing) and gives its keys zero gradient.
+//   Rows of a THD q outside every segment (before cu_seqlens_q[0], from cu_seqlens_q[b] on,
+//   clamped into q) are padding: out 0, lse -inf, dq 0, written by the work of the first /
+//   last segment (tiled_padding_rows). With non-monotone offsets padding and segment rows can
+//   overlap; such a call is flagged and what the overlapping rows hold is unspecified.
+#pragma once
+
+#include "../common/compat.h"
+#include "tiled_params.h"
+
+namespace small_seq {
+
+// Entry i of an int32 or int64 offset array, widened.
+RA_DEVICE int64_t tiled_read_offset(const void* base, bool is_int64, int64_t i) {
+  return is_int64 ? static_cast<const int64_t*>(base)[i]
+                  : static_cast<int64_t>(static_cast<const int32_t*>(base)[i]);
+}
+
+// The raw per-segment values, split from their interpretation so that a wave can issue the
+// next item's reads before it works on the current one.
+struct TiledBounds {
+  int64_t q0, q1;  // THD q: cu_seqlens_q[seg], [seg + 1]; BSHD q: unused
+  int64_t k0, k1;  // THD kv: cu_seqlens_kv[seg], [seg + 1]; BSHD kv: 0, seqlens_kv[seg]
+};
+
+RA_DEVICE TiledBounds tiled_fetch_bounds(const SmallSeqTiledParams& p, int seg) {
+  TiledBounds b{0, 0, 0, 0};
+  if (p.cu_seqlens_q != nullptr) {
+    b.q0 = tiled_read_offset(p.cu_seqlens_q, p.cu_seqlens_q_int64, seg);
+    b.q1 = tiled_read_offset(p.cu_seqlens_q, p.cu_seqlens_q_int64, seg + 1);
+  }
+  if (p.cu_seqlens_kv != nullptr) {
+    b.k0 = tiled_read_offset(p.cu_seqlens_kv, p.cu_seqlens_kv_int64, seg);
+    b.k1 = tiled_read_offset(p.cu_seqlens_kv, p.cu_seqlens_kv_int64, seg + 1);
+  } else {
+    b.k1 = tiled_read_offset(p.seqlens_kv, p.seqlens_kv_int64, seg);
+  }
+  return b;
+}
+
+// A segment resolved against the contract. Query row j (0 <= j < nq) is token q_token0 + j of
+// batch q_batch of q / o / dout / out / dq (strides of each tensor), and row q_row0 + j of lse,
+// probs and dlse; key j (0 <= j < nk) is token kv_token0 + j of batch kv_batch of k / v / dk / dv.
+struct TiledSegment {
+  int64_t q_row0;
+  int64_t q_batch, q_token0;
+  int64_t kv_batch, kv_token0;
+  int nq;      // valid: the segment's queries; invalid: the rows to write NaN to (maybe 0)
+  int nk;      // valid: the segment's keys; invalid: 0 (no key is ever read)
+  bool valid;
+};
+
+RA_DEVICE TiledSegment tiled_resolve_segment(const SmallSeqTiledParams& p, int seg,
+                                             const TiledBounds& b) {
+  TiledSegment s;
+  bool ok;
+  if (p.cu_seqlens_q != nullptr) {
+    const int64_t total_q = p.total_q;
+    ok = b.q0 >= 0 && b.q0 <= b.q1 && b.q1 <= total_q && b.q1 - b.q0 <= p.max_seqlen_q;
+    // Rows to write (NaN when the segment is bad): max(q0, 0) .. min(q1, q0 + max_q, total_q).
+    // q0 + max_seqlen_q is only formed once q0 <= total_q (< 2^31), so it cannot overflow.
+    const int64_t lo = b.q0 > 0 ? b.q0 : 0;
+    int64_t hi = b.q1 < total_q ? b.q1 : total_q;
+    if (b.q0 <= total_q && b.q0 + p.max_seqlen_q < hi) hi = b.q0 + p.max_seqlen_q;
+    s.q_row0 = lo;
+    s.q_batch = 0;
+    s.q_token0 = lo;
+    s.nq = hi > lo ? static_cast<int>(hi - lo) : 0;
+  } else {
+    ok = true;
+    s.q_row0 = static_cast<int64_t>(seg) * p.s_q;
+    s.q_batch = seg;
+    s.q_token0 = 0;
+    s.nq = p.s_q;
+  }
+  int64_t nk;
+  if (p.cu_seqlens_kv != nullptr) {
+    ok = ok && b.k0 >= 0 && b.k0 <= b.k1 && b.k1 <= p.total_kv &&
+         b.k1 - b.k0 <= p.max_seqlen_kv;
+    s.kv_batch = 0;
+    s.kv_token0 = b.k0;
+    nk = ok ? b.k1 - b.k0 : 0;
+  } else {
+    const int64_t cap = p.s_kv < p.max_seqlen_kv ? p.s_kv : p.max_seqlen_kv;
+    ok = ok && b.k1 >= 0 && b.k1 <= cap;
+    s.kv_batch = seg;
+    s.kv_token0 = 0;
+    nk = ok ? b.k1 : 0;
+  }
+  s.nk = static_cast<int>(nk);
+  if (!ok) s.kv_token0 = 0;
+  s.valid = ok;
+  return s;
+}
+
+// Counts a bad segment once (the caller picks one work item per segment).
+RA_DEVICE void tiled_report_bad_segment(const SmallSeqTiledParams& p, int seg) {
+  atomicAdd(p.error_state, 1);
+  // Largest (INT32_MAX - seg) wins: the lowest bad segment index, whatever the launch order.
+  atomicMax(p.error_state + 1, 0x7fffffff - seg);
+}
+
+// Padding query rows of a THD q: [0, lead_end) and [tail_begin, total_q) (both empty for BSHD
+// q). The work of segment 0 writes the first range, that of segment b - 1 the second.
+struct TiledPadding {
+  int64_t lead_end;
+  int64_t tail_begin;
+};
+
+RA_DEVICE int64_t tiled_clamp_row(int64_t r, int64_t total) {
+  return r < 0 ? 0 : (r > total ? total : r);
+}
+
+// (b == 0: no work items run; the binding fills every row itself.)
+RA_DEVICE TiledPadding tiled_padding_rows(const SmallSeqTiledParams& p) {
+  if (p.cu_seqlens_q == nullptr || p.batch == 0) return TiledPadding{0, p.total_q};
+  const int64_t first = tiled_read_offset(p.cu_seqlens_q, p.cu_seqlens_q_int64, 0);
+  const int64_t last = tiled_read_offset(p.cu_seqlens_q, p.cu_seqlens_q_int64, p.batch);
+  return TiledPadding{tiled_clamp_row(first, p.total_q), tiled_clamp_row(last, p.total_q)};
+}
+
+RA_DEVICE float tiled_nan() { return __int_as_float(0x7fc00000); }
+
+}  // namespace small_seq

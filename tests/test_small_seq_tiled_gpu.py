@@ -1,0 +1,285 @@
+"""GPU tests of the tiled small-seq forward op, ``torch.ops.rocm_attn.small_seq_tiled_fwd``
+(hip_src/small_seq/tiled_fwd_kernel.h), called directly: any number of queries per segment,
+long histories, int32 / int64 offsets, THD and BSHD.
+
+Every test is marked ``gpu`` and skipped unless a CUDA/ROCm device is present and the compiled
+extension is loaded. The oracle is float64 (tests/helpers/small_seq_tiled_cases.py, cross-checked
+against rocm_attn.reference in tests/test_emu_small_seq_tiled.py). Outputs are allocated by the
+op, so they are poisoned through the caching allocator (NaN in every float dtype) before each
+call: an element the kernel forgets to write shows as NaN, and NaN never passes. Input rows no
+segment may read (q padding, k/v around the segments, BSHD rows past a length) are NaN too.
+
+Bounds: out within 1e-2 (bf16) / 5e-3 (fp16) relative error of the oracle, lse and probs 1e-4.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import rocm_attn  # noqa: E402
+from rocm_attn.errors import read_errors  # noqa: E402
+from helpers.gpu import gpu_marks, poison_allocator, why_no_kernels  # noqa: E402
+from helpers import small_seq_tiled_cases as C  # noqa: E402
+
+pytestmark = gpu_marks(thd_ops=False)
+
+DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
+GROUPS = [pytest.param(8, 8, id="g1"), pytest.param(8, 2, id="g4"), pytest.param(4, 1, id="g4mqa")]
+
+
+@pytest.fixture(scope="module")
+def dev():
+    why = why_no_kernels(thd_ops=False)
+    if why:
+        pytest.skip(why)
+    if not hasattr(torch.ops.rocm_attn, "small_seq_tiled_fwd"):
+        pytest.skip("the compiled extension has no small_seq_tiled_fwd op (rebuild)")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture(autouse=True)
+def clean_error_counter(dev):
+    read_errors(reset=True)
+    yield
+    read_errors(reset=True)
+
+
+def op(case: C.TiledCase, return_softmax=True, poison=True):
+    if poison:
+        poison_allocator(case.q.device)
+    out, lse, probs = torch.ops.rocm_attn.small_seq_tiled_fwd(
+        case.q, case.k, case.v, case.cu_q, case.cu_kv, case.seqlens, case.max_q, case.max_kv,
+        case.scale, return_softmax)
+    return out, lse, (probs if return_softmax else None)
+
+
+def check_valid(case, return_softmax=True):
+    out, lse, probs = op(case, return_softmax)
+    C.check(case, out, lse, probs, expect_bad=[])
+    assert read_errors(reset=True) == (0, -1), "valid inputs tripped the device error counter"
+    return out, lse, probs
+
+
+def lens(gen, n, lo, hi):
+    return torch.randint(lo, hi + 1, (n,), generator=gen).tolist()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype):
+    """Queries per segment 1, 2, 17 and 512 (and 0) against keys 17, 64, 256, 1000 (and 0)."""
+    q_lens = [1, 2, 17, 512, 0, 1, 17, 2, 512, 3]
+    kv_lens = [17, 64, 256, 1000, 5, 0, 1000, 17, 64, 256]
+    case = C.thd_case(d + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, d, dtype, device=dev)
+    check_valid(case)
+
+
+# the launcher's choice, the wave kernel only, the block kernel for every d <= 128 call
+KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0}, "block": {"small_seq_tiled_block": 2}}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_wave_and_block_kernels(dev, d, h_q, h_kv, kernel):
+    """Both tiled kernels on ragged segments of many queries over long histories, and on short
+    ones (the block kernel's per-wave register path)."""
+    gen = torch.Generator().manual_seed(d + h_q + h_kv)
+    b = 150
+    with rocm_attn.tuning.override(**KERNELS[kernel]):
+        case = C.thd_case(30, lens(gen, b, 0, 100), lens(gen, b, 0, 300), h_q, h_kv, d,
+                          torch.bfloat16, max_q=100, max_kv=300, device=dev)
+        check_valid(case)
+        case = C.thd_case(31, lens(gen, b, 0, 100), lens(gen, b, 0, 16), h_q, h_kv, d,
+                          torch.float16, offsets=torch.int64, max_q=100, max_kv=16, device=dev)
+        check_valid(case)
+
+
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+@pytest.mark.parametrize("max_kv", [17, 64, 256, 1000])
+def test_one_query_long_histories(dev, max_kv, h_q, h_kv):
+    """q = 1 per segment over ragged histories up to max_kv (the long-history q=1 path), with
+    and without return_softmax."""
+    gen = torch.Generator().manual_seed(max_kv + h_kv)
+    b = 300
+    case = C.thd_case(max_kv, [1] * b, lens(gen, b, 0, max_kv), h_q, h_kv, 128, torch.bfloat16,
+                      max_kv=max_kv, device=dev)
+    check_valid(case)
+    check_valid(case, return_softmax=False)
+
+
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+def test_ragged_many_segments(dev, h_q, h_kv, offsets):
+    """Many segments with random query and key counts, empty ones included."""
+    gen = torch.Generator().manual_seed(h_q * 10 + h_kv)
+    b = 700
+    case = C.thd_case(3, lens(gen, b, 0, 40), lens(gen, b, 0, 300), h_q, h_kv, 128,
+                      torch.bfloat16, offsets=offsets, max_q=40, max_kv=300, device=dev)
+    check_valid(case)
+
+
+def test_mixed_offset_dtypes(dev):
+    """cu_seqlens_q int32 with cu_seqlens_kv int64, and the other way round."""
+    for qo, ko in ((torch.int32, torch.int64), (torch.int64, torch.int32)):
+        case = C.thd_case(4, [3, 17, 1, 0], [64, 1, 0, 17], 8, 2, 128, torch.bfloat16,
+                          offsets=qo, kv_offsets=ko, device=dev)
+        check_valid(case)
+
+
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+def test_strided_views_padding_rows(dev, offsets):
+    """q a head slice of a wider tensor, k/v halves of one fused tensor; padding q rows before
+    and after the segments (out 0, lse -inf, probs 0) and unread NaN k/v rows around them."""
+    case = C.thd_case(5, [2, 17, 512, 1, 0], [17, 64, 256, 1000, 3], 8, 2, 128, torch.bfloat16,
+                      offsets=offsets, strided=True, pad_before=7, pad_after=9, kv_pad=5,
+                      device=dev)
+    out, lse, probs = check_valid(case)
+    assert (out[:7] == 0).all() and (out[-9:] == 0).all()
+    assert torch.isneginf(lse[:, :7]).all() and torch.isneginf(lse[:, -9:]).all()
+    assert (probs[:7] == 0).all() and (probs[-9:] == 0).all()
+
+
+def test_no_queries_and_no_segments(dev):
+    """All segments without queries: every q row is padding; zero segments: the same, written
+    by the binding."""
+    case = C.thd_case(6, [0, 0, 0], [3, 0, 17], 4, 2, 64, torch.bfloat16, pad_before=2,
+                      pad_after=4, max_q=1, device=dev)
+    out, lse, probs = check_valid(case)
+    assert (out == 0).all() and torch.isneginf(lse).all() and (probs == 0).all()
+    case = C.thd_case(7, [], [], 4, 2, 64, torch.bfloat16, pad_before=5, max_q=1, max_kv=8,
+                      device=dev)
+    out, lse, probs = op(case)
+    assert (out == 0).all() and torch.isneginf(lse).all() and (probs == 0).all()
+
+
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+@pytest.mark.parametrize("s_q", [1, 17, 512])
+def test_bshd(dev, s_q, offsets):
+    """BSHD q [b, s_q, h, d] with seqlens_kv; k/v rows past each length are NaN (never read)."""
+    gen = torch.Generator().manual_seed(s_q)
+    case = C.bshd_case(8, s_q, lens(gen, 24, 0, 256) + [0, 256], 256, 8, 2, 128,
+                       torch.bfloat16, offsets=offsets, device=dev)
+    check_valid(case)
+
+
+def test_bad_segments_flagged_no_oob(dev):
+    """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
+    max_seqlen_kv): each bad segment counted once (lowest index reported), NaN on its rows, no
+    out-of-bounds access (k/v are small and surrounded by unread NaN rows; a stray read would
+    fault or show), every other segment exact."""
+    q_lens, kv_lens = [3, 1, 17, 2, 40, 5, 1, 2, 4], [5, 17, 64, 3, 10, 1, 0, 7, 9]
+    case = C.thd_case(9, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, offsets=torch.int64,
+                      max_q=17, max_kv=64, pad_before=2, pad_after=2, kv_pad=3, device=dev)
+    case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
+    case.cu_kv[8] = 2**40  # segments 7 and 8: keys past the end of k/v
+    case.cu_kv[9] = -(2**40)
+    out, lse, probs = op(case)
+    bad = C.check(case, out, lse, probs, expect_bad=[4, 5, 7, 8])
+    torch.cuda.synchronize()
+    assert read_errors(reset=True) == (len(bad), bad[0])
+
+
+def test_bad_segments_int32_wrap(dev):
+    """int32 offsets whose 32-bit difference wraps into the valid range: flagged, never read."""
+    case = C.thd_case(10, [1, 2, 17, 1, 3], [4, 6, 9, 2, 5], 8, 8, 64, torch.bfloat16,
+                      max_kv=16, device=dev)
+    case.cu_kv[2] = 2147483640
+    case.cu_kv[3] = -2147483640
+    out, lse, probs = op(case)
+    C.check(case, out, lse, probs, expect_bad=[1, 2, 3])
+    assert read_errors(reset=True) == (3, 1)
+
+
+def test_bshd_length_past_s_kv_flagged(dev):
+    case = C.bshd_case(11, 17, [5, 41, 2], 40, 8, 2, 128, torch.bfloat16, max_kv=64, device=dev)
+    out, lse, probs = op(case)
+    C.check(case, out, lse, probs, expect_bad=[1])
+    assert read_errors(reset=True) == (1, 1)
+
+
+def test_host_checks_name_the_argument(dev):
+    case = C.thd_case(12, [2, 3], [4, 5], 8, 2, 128, torch.bfloat16, device=dev)
+    f = torch.ops.rocm_attn.small_seq_tiled_fwd
+    a = dict(q=case.q, k=case.k, v=case.v, cu_seqlens_q=case.cu_q, cu_seqlens_kv=case.cu_kv,
+             seqlens_kv=None, max_seqlen_q=4, max_seqlen_kv=8, softmax_scale=0.1,
+             return_softmax=False)
+
+    def call(**kw):
+        args = dict(a, **kw)
+        return f(*args.values())
+
+    for kw, word in [
+        (dict(cu_seqlens_q=case.cu_q.float()), "cu_seqlens_q"),
+        (dict(cu_seqlens_kv=case.cu_kv[:-1]), "cu_seqlens_kv"),
+        (dict(cu_seqlens_q=case.cu_q.cpu()), "cu_seqlens_q"),
+        (dict(max_seqlen_q=0), "max_seqlen_q"),
+        (dict(max_seqlen_kv=0), "max_seqlen_kv"),
+        (dict(max_seqlen_kv=10**6), "max_seqlen_kv"),
+        (dict(softmax_scale=float("inf")), "softmax_scale"),
+        (dict(softmax_scale=1e39), "softmax_scale"),
+        (dict(k=case.k[:, :1].repeat(1, 3, 1), v=case.v[:, :1].repeat(1, 3, 1)), "heads"),
+        (dict(v=case.v.half()), "dtype"),
+        (dict(q=case.q[..., :96].contiguous(), k=case.k[..., :96].contiguous(),
+              v=case.v[..., :96].contiguous()), "head dim"),
+        (dict(seqlens_kv=case.cu_kv[1:]), "seqlens_kv"),
+    ]:
+        with pytest.raises(RuntimeError, match=word):
+            call(**kw)
+
+
+def test_cuda_graph_capture(dev):
+    """Capture the op with static inputs; replay with new values and new device-side offsets
+    copied in: bitwise equal to eager, nothing read from the host."""
+    b, max_q, max_kv = 64, 33, 300
+
+    def make(seed):
+        gen = torch.Generator().manual_seed(seed)
+        q_lens, kv_lens = lens(gen, b, 0, max_q), lens(gen, b, 0, max_kv)
+        # fixed tensor sizes across cases: rows past the last segment are padding / unread
+        return C.thd_case(seed, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, max_q=max_q,
+                          max_kv=max_kv, pad_after=b * max_q - sum(q_lens),
+                          kv_pad=0, device=dev), sum(kv_lens)
+
+    (first, n1), (second, n2) = make(20), make(21)
+    total_kv = b * max_kv
+
+    def pad_kv(case, n):
+        k = torch.full((total_kv,) + tuple(case.k.shape[1:]), float("nan"), dtype=case.k.dtype,
+                       device=dev)
+        v = k.clone()
+        k[:n], v[:n] = case.k, case.v
+        return C.TiledCase(case.q, k, v, case.cu_q, case.cu_kv, None, max_q, max_kv, case.scale)
+
+    first, second = pad_kv(first, n1), pad_kv(second, n2)
+    static = C.TiledCase(first.q.clone(), first.k.clone(), first.v.clone(), first.cu_q.clone(),
+                         first.cu_kv.clone(), None, max_q, max_kv, first.scale)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            op(static, poison=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = op(static, poison=False)
+    for case in (second, first, second):
+        for name in ("q", "k", "v", "cu_q", "cu_kv"):
+            getattr(static, name).copy_(getattr(case, name))
+        poison_allocator(dev)
+        graph.replay()
+        torch.cuda.synchronize()
+        C.check(case, *captured, ctx="graph replay", expect_bad=[])
+        eager = op(case)
+        for name, x, y in zip(("out", "lse", "probs"), captured, eager):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
+                                       msg=f"{name}: graph != eager")
+    assert read_errors(reset=True) == (0, -1)
+    del graph
