@@ -612,4 +612,50 @@ RA_DEVICE float ra_mma_row_value_for_out(const float (&v)[kRaMmaAccSlots], int j
 #endif
 }
 
+// V panel whose rows are not evenly spaced (the tiled small-seq backward's tiles of query rows x
+// q heads as the contracted side of dV = P^T dO and dK = dS^T Q): `row_ptr(r)` gives row r's
+// address (16-byte aligned; 8-byte aligned is enough for D = 64 on CDNA) and is called only for
+// rows r < min(R, nrows). Same fragment layout as ra_mma_load_vrows.
+template <int D, int R, typename RowPtr>
+RA_DEVICE void ra_mma_load_vrows_at(ra_mma_vrows<D, R>& v, RowPtr row_ptr, int nrows, int lane) {
+  using V = ra_mma_vrows<D, R>;
+#if defined(RA_MMA_SM80)
+  const int g = lane >> 2;
+  const int t = lane & 3;
+#pragma unroll
+  for (int rs = 0; rs < V::kSlots; ++rs) {
+    const int row = 2 * t + (rs & 1) + 8 * (rs >> 1);
+    const bool ok = row < R && row < nrows;
+    const uint16_t* p = ok ? row_ptr(row) : nullptr;
+#pragma unroll
+    for (int u = 0; u < D / 64; ++u) {
+      const ra_vec8 piece = ok ? ra_load16(p + 8 * (g + 8 * u)) : ra_vec8{{0u, 0u, 0u, 0u}};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v.w[rs][4 * u + k] = piece.w[k];
+    }
+  }
+#else
+  const int r = lane & 15;
+  const int q = lane >> 4;
+#pragma unroll
+  for (int rs = 0; rs < V::kSlots; ++rs) {
+    const int row = 4 * q + rs;
+    const bool ok = row < R && row < nrows;
+    const uint16_t* p = ok ? row_ptr(row) : nullptr;
+    if constexpr (V::kUnit == 8) {
+#pragma unroll
+      for (int u = 0; u < D / 128; ++u) {
+        const ra_vec8 piece = ok ? ra_load16(p + 8 * (r + 16 * u)) : ra_vec8{{0u, 0u, 0u, 0u}};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v.w[rs][4 * u + k] = piece.w[k];
+      }
+    } else {
+      const ra_vec4 piece = ok ? ra_load8(p + 4 * r) : ra_vec4{{0u, 0u}};
+      v.w[rs][0] = piece.w[0];
+      v.w[rs][1] = piece.w[1];
+    }
+  }
+#endif
+}
+
 #endif  // RA_HAS_MMA

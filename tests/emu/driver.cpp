@@ -64,6 +64,13 @@ int emu_small_seq_tiled_fwd(const SmallSeqTiledParams* p, int bf16, int head_dim
 }
 #endif
 
+#if defined(RA_EMU_TILED)
+int emu_small_seq_tiled_bwd(const SmallSeqTiledParams* p, int bf16, int head_dim) {
+  return small_seq_tiled_bwd_launch(
+      *p, bf16 ? SmallSeqTiledDtype::kBFloat16 : SmallSeqTiledDtype::kFloat16, head_dim, nullptr);
+}
+#endif
+
 #if defined(RA_EMU_THD)
 int emu_thd_copy_rows(const ThdCopyParams* p) { return thd_copy_rows_launch(*p, nullptr); }
 int emu_thd_merge(const ThdMergeParams* p) { return thd_merge_launch(*p, nullptr); }

@@ -145,6 +145,7 @@ def _sources(cfg: dict, gen: Path) -> List[Path]:
         files += [HIP_SRC / "thd" / name for name in ("copy.hip", "merge.hip", "grad.hip")]
     if "tiled" in cfg["families"]:
         files.append(HIP_SRC / "small_seq" / "tiled_launch.hip")
+        files.append(HIP_SRC / "small_seq" / "tiled_bwd_launch.hip")
     return files
 
 
@@ -764,3 +765,27 @@ def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, 
     lib.check(lib.lib.emu_small_seq_tiled_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
                                               q.shape[-1]), "small_seq tiled forward")
     return out, lse, probs
+
+
+def small_seq_tiled_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens, max_q,
+                        max_kv, scale):
+    """(dq, dk, dv) of the emulated tiled backward, params filled as
+    hip_src/bindings/small_seq_tiled_bwd.cpp fills them; outputs start as NaN (unwritten shows).
+    lse / dlse: [h_q, total_q] float32 (dlse may be None)."""
+    p = small_seq_tiled_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale)
+    dq, dk, dv = _nan(q.shape, q.dtype), _nan(k.shape, k.dtype), _nan(k.shape, k.dtype)
+    workspace = _nan((p.num_heads_q * p.total_q,), torch.float32)
+    lse = lse.contiguous()
+    p.lse, p.lse_head_stride = ptr(lse), lse.stride(0)
+    if dlse is not None:
+        dlse = dlse.contiguous()
+        p.dlse, p.dlse_head_stride = ptr(dlse), dlse.stride(0)
+    p.dout, p.out, p.dq, p.dk, p.dv = ptr(dout), ptr(out), ptr(dq), ptr(dk), ptr(dv)
+    p.workspace, p.workspace_elems = ptr(workspace), workspace.numel()
+    lead = [] if q.dim() == 3 else ["batch"]
+    for name, t in (("do", dout), ("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        for dim, s in zip(lead + ["token", "head"], t.stride()[:-1]):
+            setattr(p, f"{name}_{dim}_stride", s)
+    lib.check(lib.lib.emu_small_seq_tiled_bwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
+                                              q.shape[-1]), "small_seq tiled backward")
+    return dq, dk, dv

@@ -1,0 +1,75 @@
+// Launch of the tiled small-seq backward (tiled_bwd_kernel.h): Delta pass, dK/dV pass and, when
+// max_seqlen_kv exceeds one key tile, the dQ pass, in stream order; dispatch over dtype x head
+// dim (six variants of each kernel, one translation unit: no kv bucket, no generated files).
+#include "../common/launch.h"
+#include "tiled_bwd_kernel.h"
+
+namespace small_seq {
+namespace {
+
+// Blocks for `items` work items of one wave each: at most kTiledBwdResidencyFactor x the blocks
+// resident at once (the grid-stride loops then re-use waves), at least one.
+template <auto KERNEL>
+dim3 tiled_bwd_grid(int64_t items, int threads) {
+  const int64_t waves_per_block = threads / ra_device_wave_size();
+  int64_t blocks = (items + waves_per_block - 1) / waves_per_block;
+  const int64_t cap = ra_resident_blocks<KERNEL>(threads) * kTiledBwdResidencyFactor;
+  if (cap > 0 && blocks > cap) blocks = cap;
+  return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
+}
+
+template <typename T, int D>
+hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
+  if (p.batch == 0 || p.num_heads_kv == 0) return hipSuccess;
+  if (p.workspace == nullptr || p.workspace_elems < tiled_bwd_delta_pairs(p))
+    return hipErrorInvalidValue;  // Delta lives there ([h_q, total_q] fp32)
+  const int wave = ra_device_wave_size();
+  const int threads = kTiledBwdWavesPerBlock * wave;
+  const int slices = tiled_bwd_slices(wave, D);
+  const dim3 block(threads);
+  {
+    const int per_wave = wave / (D / 8 < wave ? D / 8 : wave);  // (row, head) pairs per wave
+    const int64_t items = (tiled_bwd_delta_pairs(p) + per_wave - 1) / per_wave;
+    if (items > 0) {
+      hipLaunchKernelGGL((small_seq_tiled_bwd_delta_kernel<T, D>),
+                         (tiled_bwd_grid<small_seq_tiled_bwd_delta_kernel<T, D>>(items, threads)),
+                         block, 0, stream, p);
+      const hipError_t err = hipGetLastError();
+      if (err != hipSuccess) return err;
+    }
+  }
+  hipLaunchKernelGGL((small_seq_tiled_bwd_dkv_kernel<T, D>),
+                     (tiled_bwd_grid<small_seq_tiled_bwd_dkv_kernel<T, D>>(
+                         tiled_bwd_dkv_items(p, slices), threads)),
+                     block, 0, stream, p);
+  hipError_t err = hipGetLastError();
+  if (err != hipSuccess || !tiled_bwd_needs_dq_pass(p)) return err;
+  hipLaunchKernelGGL((small_seq_tiled_bwd_dq_kernel<T, D>),
+                     (tiled_bwd_grid<small_seq_tiled_bwd_dq_kernel<T, D>>(
+                         tiled_bwd_dq_items(p, slices), threads)),
+                     block, 0, stream, p);
+  return hipGetLastError();
+}
+
+template <typename T>
+hipError_t run_tiled_bwd_dim(const SmallSeqTiledParams& p, int head_dim, hipStream_t stream) {
+  switch (head_dim) {
+    case 64: return run_tiled_bwd<T, 64>(p, stream);
+    case 128: return run_tiled_bwd<T, 128>(p, stream);
+    case 256: return run_tiled_bwd<T, 256>(p, stream);
+    default: return hipErrorInvalidValue;  // callers validate first (small_seq_tiled_supports)
+  }
+}
+
+}  // namespace
+}  // namespace small_seq
+
+hipError_t small_seq_tiled_bwd_launch(const SmallSeqTiledParams& p, SmallSeqTiledDtype dtype,
+                                      int head_dim, hipStream_t stream) {
+  if (!small_seq_tiled_supports(head_dim) || p.max_seqlen_kv > kSmallSeqTiledMaxSeqlenKv ||
+      p.max_seqlen_q < 1 || p.max_seqlen_kv < 1)
+    return hipErrorInvalidValue;
+  return dtype == SmallSeqTiledDtype::kBFloat16
+             ? small_seq::run_tiled_bwd_dim<ra_bf16>(p, head_dim, stream)
+             : small_seq::run_tiled_bwd_dim<ra_fp16>(p, head_dim, stream);
+}

@@ -1,0 +1,152 @@
+"""The float64 gradient oracle of the tiled small-seq backward (helper of
+tests/test_emu_small_seq_tiled_bwd.py and tests/test_small_seq_tiled_bwd_gpu.py; no tests here).
+
+By the contract of docs/kernels.md#tiled-small-seq-backward, segment by segment in float64:
+every query of a valid segment attends to all of its keys; dq of a bad segment's rows
+max(q0, 0) .. min(q1, q0 + max_q, total_q) - 1 is NaN; q rows outside every segment (padding)
+get dq 0; k/v rows that no segment covers, and a bad segment's keys, get dk = dv = 0. Rows the
+contract leaves open (a bad segment's queries past max_seqlen_q; k/v rows claimed by two
+segments, which only garbage offsets produce) are excluded from the comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+import small_seq_tiled_cases as C
+
+# Relative (norm) error of a 16-bit gradient: the rounding of the output and of P / dS as
+# product operands (as flash-attention does).
+TOL_GRAD = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
+
+
+def inputs(case: C.TiledCase, seed: int, with_dlse: bool):
+    """(dout in the input dtype with q's shape, out in the input dtype and lse float32 from the
+    float64 forward oracle, dlse float32 [h_q, total_q] or None)."""
+    gen = torch.Generator().manual_seed(seed)
+    ref_out, ref_lse, _, _, _, _ = C.oracle(case)
+    dev = case.q.device
+    dout = torch.randn(*case.q.shape, generator=gen).to(device=dev, dtype=case.q.dtype)
+    out = ref_out.reshape(case.q.shape).to(device=dev, dtype=case.q.dtype)
+    lse = ref_lse.float().to(dev)
+    dlse = None
+    if with_dlse:
+        dlse = torch.randn(*lse.shape, generator=gen).float().to(dev)
+    return dout, out, lse, dlse
+
+
+def _kv_claims(case: C.TiledCase):
+    """Per segment: (valid, kv range) and per k/v row (THD) the number of segments claiming it.
+    A bad THD segment claims its clamped ordered range (the kernel zeroes it)."""
+    total_q = case.total_q
+    rows = case.k.shape[0]
+    claims = torch.zeros(rows, dtype=torch.int64)
+    segs = []
+    cu_q = case.cu_q.tolist() if case.cu_q is not None else None
+    cu_kv = case.cu_kv.tolist()
+    for i in range(case.batch):
+        q0, q1 = (cu_q[i], cu_q[i + 1]) if cu_q is not None else (0, 0)
+        k0, k1 = cu_kv[i], cu_kv[i + 1]
+        ok = (cu_q is None or (0 <= q0 <= q1 <= total_q and q1 - q0 <= case.max_q)) and \
+            0 <= k0 <= k1 <= rows and k1 - k0 <= case.max_kv
+        a, b = (k0, k1) if ok else (min(max(k0, 0), rows), min(max(k1, 0), rows))
+        if a < b:
+            claims[a:b] += 1
+        segs.append((ok, a, b))
+    return segs, claims
+
+
+def oracle_grads(case: C.TiledCase, dout, dlse: Optional[torch.Tensor]):
+    """(dq, dk, dv float64 with the inputs' shapes, dq_mask bool [q rows], dkv_mask bool over
+    k/v rows ([total_kv] THD, [b, s_kv] BSHD), dq_live, dkv_live): the masks mark the rows the
+    contract fixes, the live ones those with a computed gradient (the others are exact zeros
+    or NaN by the contract)."""
+    rows, h_q, d = case.total_q, case.q.shape[-2], case.q.shape[-1]
+    h_kv = case.k.shape[-2]
+    group = h_q // h_kv
+    _, _, _, bad, nan_rows, unspecified = C.oracle(case)
+    qf = case.q.detach().double().cpu().reshape(rows, h_q, d)
+    gf = dout.detach().double().cpu().reshape(rows, h_q, d)
+    kf = case.k.detach().double().cpu()
+    vf = case.v.detach().double().cpu()
+    lf = dlse.detach().double().cpu() if dlse is not None else None
+    dq = torch.zeros(rows, h_q, d, dtype=torch.float64)
+    dk = torch.zeros(kf.shape, dtype=torch.float64)
+    dv = torch.zeros(kf.shape, dtype=torch.float64)
+    dq[nan_rows] = math.nan
+    dq_mask = ~unspecified
+    dq_live = torch.zeros(rows, dtype=torch.bool)
+    dkv_live = torch.zeros(kf.shape[:-2], dtype=torch.bool)
+    if case.cu_kv is not None:
+        segs, claims = _kv_claims(case)
+        dkv_mask = claims <= 1
+    else:
+        dkv_mask = torch.ones(kf.shape[:2], dtype=torch.bool)
+        lens = case.seqlens.tolist()
+        segs = []
+        for i in range(case.batch):
+            ok = i not in bad
+            segs.append((ok, 0, lens[i]))
+    cu_q = case.cu_q.tolist() if case.cu_q is not None else None
+    for i, (ok, a, b) in enumerate(segs):
+        if not ok:
+            continue
+        q0, q1 = (cu_q[i], cu_q[i + 1]) if cu_q is not None else (i * case.q.shape[1],
+                                                                     (i + 1) * case.q.shape[1])
+        if q1 == q0 or b == a:
+            continue
+        if case.cu_kv is not None:
+            ks, vs = kf[a:b], vf[a:b]
+        else:
+            ks, vs = kf[i, a:b], vf[i, a:b]
+        qs = qf[q0:q1].clone().requires_grad_(True)
+        ks = ks.clone().requires_grad_(True)
+        vs = vs.clone().requires_grad_(True)
+        kh = ks.repeat_interleave(group, dim=1)
+        vh = vs.repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", qs, kh) * case.scale
+        ls = torch.logsumexp(s, dim=-1)  # [h, nq]
+        o = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vh)
+        loss = (o * gf[q0:q1]).sum()
+        if lf is not None:
+            loss = loss + (ls * lf[:, q0:q1]).sum()
+        gq, gk, gv = torch.autograd.grad(loss, (qs, ks, vs))
+        dq[q0:q1] = gq
+        dq_live[q0:q1] = True
+        if case.cu_kv is not None:
+            dk[a:b], dv[a:b] = gk, gv
+            dkv_live[a:b] = True
+        else:
+            dk[i, a:b], dv[i, a:b] = gk, gv
+            dkv_live[i, a:b] = True
+    return dq.reshape(case.q.shape), dk, dv, dq_mask, dkv_mask, dq_live, dkv_live
+
+
+def check_grads(case: C.TiledCase, dout, dlse, dq, dk, dv, ctx: str = ""):
+    """Kernel gradients against the oracle: NaN exactly where the contract says (a bad segment's
+    dq rows), exact zeros where it says zero, finite and close everywhere else."""
+    ctx = f"{case} {ctx}"
+    rdq, rdk, rdv, dq_mask, dkv_mask, dq_live, dkv_live = oracle_grads(case, dout, dlse)
+    assert dq.shape == case.q.shape and dq.dtype == case.q.dtype, ctx
+    assert dk.shape == case.k.shape and dk.dtype == case.k.dtype, ctx
+    assert dv.shape == case.v.shape and dv.dtype == case.v.dtype, ctx
+    rows, h_q, d = case.total_q, case.q.shape[-2], case.q.shape[-1]
+    tol = TOL_GRAD[case.q.dtype]
+    pairs = [("dq", dq.detach().cpu().double().reshape(rows, h_q, d), rdq.reshape(rows, h_q, d),
+              dq_mask, dq_live),
+             ("dk", dk.detach().cpu().double(), rdk, dkv_mask, dkv_live),
+             ("dv", dv.detach().cpu().double(), rdv, dkv_mask, dkv_live)]
+    for name, x, r, mask, live in pairs:
+        x, r, live = x[mask], r[mask], live[mask]
+        nan = torch.isnan(r).flatten(1).all(1) if r.dim() > 1 else torch.isnan(r)
+        assert torch.isnan(x[nan]).all(), f"{name}: bad segments' rows not all NaN ({ctx})"
+        zero = ~live & ~nan
+        assert (x[zero] == 0).all(), f"{name}: nonzero where the contract says 0 ({ctx})"
+        xg, rg = x[~nan], r[~nan]
+        assert torch.isfinite(xg).all(), \
+            f"{name}: {(~torch.isfinite(xg)).sum().item()} non-finite ({ctx})"
+        err = C.rel_err(xg, rg)
+        assert err < tol, f"{name}: rel. error {err:.3e} ({ctx})"

@@ -1,0 +1,171 @@
+"""The tiled small-seq backward (hip_src/small_seq/tiled_bwd_kernel.h) executed on the CPU
+emulation (tests/emu_harness.py) through its own launcher: 64-lane waves with MFMA (the gfx942
+code path) and 32-lane waves (the path of targets without matrix units), against the float64
+gradient oracle of tests/small_seq_tiled_bwd_cases.py. The forward's out and LSE come from the
+float64 oracle, so these tests do not depend on the forward kernel. Gradients start as NaN and
+unread input rows are NaN, so an unwritten gradient or a stray read fails.
+
+Grid: queries per segment 1, 2, 17 (and 0); keys 0, 1, 17, 64, 300; GQA groups 1, 2, 8; head
+dims 64, 128 (256 at 64 lanes); bf16 and fp16; int32 and int64 offsets; THD and BSHD; dlse;
+padding rows; bad segments; bitwise determinism (twice, and in reverse schedule order).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import emu_harness as emu
+import small_seq_tiled_bwd_cases as G
+import small_seq_tiled_cases as C
+from emu_harness import one_torch_thread  # noqa: F401  (fixture)
+
+
+@pytest.fixture(scope="module", params=["tiled_w64", "tiled_w32"], ids=["wave64", "wave32"])
+def lib(request):
+    return emu.emu_or_skip(request.param)
+
+
+def run(lib, case, dout, out, lse, dlse):
+    lib.stats(reset=True)
+    lib.errors(reset=True)
+    grads = emu.small_seq_tiled_bwd(lib, dout, case.q, case.k, case.v, out, lse, dlse, case.cu_q,
+                                    case.cu_kv, case.seqlens, case.max_q, case.max_kv, case.scale)
+    assert lib.stats()["inactive_reads"] == 0, "a lane read a value from an exited lane"
+    assert lib.errors() == (0, 0), "the backward counts no segment (the forward did)"
+    return grads
+
+
+def check(lib, case, seed=0, dlse=False):
+    dout, out, lse, dl = G.inputs(case, seed, dlse)
+    dq, dk, dv = run(lib, case, dout, out, lse, dl)
+    G.check_grads(case, dout, dl, dq, dk, dv, f"wave {lib.wave}")
+    return dout, out, lse, dl, (dq, dk, dv)
+
+
+# every queries-per-segment value meets several key counts (and 0 queries, 0 keys)
+Q_LENS = [1, 2, 17, 1, 2, 17, 0, 3, 17]
+KV_LENS = [300, 64, 17, 17, 1, 0, 5, 0, 64]
+GROUPS = [pytest.param(2, 2, id="g1"), pytest.param(4, 2, id="g2"), pytest.param(8, 1, id="g8")]
+
+
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_mixed_segments(lib, d, h_q, h_kv):
+    offsets = torch.int64 if d == 64 else torch.int32
+    case = C.thd_case(d + h_q, Q_LENS, KV_LENS, h_q, h_kv, d, torch.bfloat16, offsets=offsets)
+    check(lib, case, seed=d + h_q, dlse=h_q == 4)
+
+
+def test_one_key_tile_fp16_dlse(lib):
+    """Every segment within one key tile (kv <= 16: dQ from the dK/dV pass, no dQ pass), fp16,
+    with an LSE gradient."""
+    case = C.thd_case(3, [1, 17, 2, 0, 5], [16, 3, 1, 7, 0], 8, 2, 128, torch.float16)
+    check(lib, case, seed=3, dlse=True)
+
+
+def test_d256(lib):
+    case = C.thd_case(4, [1, 17, 2], [17, 40, 3], 4, 2, 256, torch.bfloat16, offsets=torch.int64)
+    check(lib, case, seed=4)
+
+
+def test_q1_long_histories(lib):
+    """One query per segment over long histories (the q=1 path past 16 keys), GQA group 4."""
+    case = C.thd_case(11, [1] * 5, [64, 300, 1, 17, 0], 8, 2, 64, torch.bfloat16, max_kv=320)
+    check(lib, case, seed=11, dlse=True)
+
+
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+def test_strided_views_and_padding_rows(lib, offsets):
+    """q a head slice of a wider tensor, k/v halves of one fused tensor; q rows before and after
+    the segments (padding: dq 0) and unread k/v rows around them (dk = dv = 0)."""
+    case = C.thd_case(12, [2, 17, 1, 0, 5], [17, 64, 0, 3, 1], 4, 2, 64, torch.bfloat16,
+                      offsets=offsets, strided=True, pad_before=3, pad_after=5, kv_pad=4)
+    _, _, _, _, (dq, dk, dv) = check(lib, case, seed=12)
+    assert (dq[:3] == 0).all() and (dq[-5:] == 0).all()
+    assert (dk[:4] == 0).all() and (dv[-4:] == 0).all()
+
+
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+def test_bshd(lib, offsets):
+    """BSHD q [b, s_q, h, d], k/v [b, s_kv, h, d] with seqlens_kv: rows past a length get zero
+    gradient; a length past s_kv is a bad segment (NaN dq, zero dk / dv)."""
+    case = C.bshd_case(14, 17, [0, 1, 17, 40, 3], 40, 4, 2, 64, torch.bfloat16, offsets=offsets)
+    check(lib, case, seed=14)
+    case = C.bshd_case(15, 3, [5, 41, 2], 40, 2, 2, 128, torch.bfloat16, offsets=offsets,
+                       max_kv=64)
+    case.seqlens[1] = 41  # <= max_seqlen_kv but > s_kv
+    _, _, _, _, (dq, dk, dv) = check(lib, case, seed=15)
+    assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
+
+
+def test_bad_segments_int64(lib):
+    """Offsets that break the contract, int64: more queries than max_seqlen_q, a negative key
+    count, keys past the end of k/v (2^40): NaN dq on the bad segments' rows, zero dk / dv on
+    their keys, nothing read out of bounds, every other segment exact."""
+    q_lens, kv_lens = [3, 1, 17, 2, 40, 5, 1, 2], [5, 17, 64, 3, 10, 4, 9, 7]
+    case = C.thd_case(16, q_lens, kv_lens, 4, 2, 64, torch.bfloat16, offsets=torch.int64,
+                      max_q=17, max_kv=64, pad_before=2, pad_after=2)
+    case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys (6 then overlaps 4's keys)
+    case.cu_kv[8] = 2**40  # segment 7: keys past the end of k/v
+    _, _, _, _, (dq, dk, dv) = check(lib, case, seed=16)
+    k7 = int(case.cu_kv[7])
+    assert (dk[k7:] == 0).all() and (dv[k7:] == 0).all()
+
+
+def test_bad_segments_int32_wrap(lib):
+    """int32 offsets whose 32-bit difference wraps into the valid range (2147483640 to
+    -2147483640 reads as 16 keys) and a negative start: flagged, never read."""
+    case = C.thd_case(17, [1, 2, 17, 1, 3], [4, 6, 9, 2, 5], 2, 2, 128, torch.bfloat16,
+                      max_kv=16)
+    case.cu_kv[2] = 2147483640
+    case.cu_kv[3] = -2147483640
+    check(lib, case, seed=17)
+
+
+def test_deterministic(lib, monkeypatch):
+    """Twice, then with blocks, waves and lanes in reverse order (RA_EMU_REVERSE=1): bitwise the
+    same gradients (a result that depended on the schedule would be a race)."""
+    case = C.thd_case(18, [17, 2, 1, 17], [300, 64, 17, 5], 8, 2, 64, torch.bfloat16)
+    dout, out, lse, dl, first = check(lib, case, seed=18, dlse=True)
+    second = run(lib, case, dout, out, lse, dl)
+    monkeypatch.setenv("RA_EMU_REVERSE", "1")
+    third = run(lib, case, dout, out, lse, dl)
+    monkeypatch.delenv("RA_EMU_REVERSE")
+    for other in (second, third):
+        for name, a, b in zip(("dq", "dk", "dv"), first, other):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+
+
+def test_oracle_matches_autograd_of_reference():
+    """The gradient oracle agrees with autograd through rocm_attn.reference (no mask) on valid
+    THD inputs, in float64 (no emulation involved)."""
+    from rocm_attn.reference import reference_attention
+
+    case = C.thd_case(19, [1, 2, 17, 0, 3], [300, 64, 17, 5, 0], 8, 2, 64, torch.float32)
+    case.q, case.k, case.v = case.q.double(), case.k.double(), case.v.double()
+    gen = torch.Generator().manual_seed(19)
+    dout = torch.randn(*case.q.shape, generator=gen, dtype=torch.float64)
+    dq, dk, dv, _, _, _, _ = G.oracle_grads(case, dout, None)
+    q, k, v = (t.clone().requires_grad_(True) for t in (case.q, case.k, case.v))
+    out, _ = reference_attention(q, k, v, case.cu_q, case.cu_kv, attn_mask_type="no_mask",
+                                 softmax_scale=case.scale)
+    rq, rk, rv = torch.autograd.grad((out * dout).sum(), (q, k, v))
+    for x, r in ((dq, rq), (dk, rk), (dv, rv)):
+        torch.testing.assert_close(x, r, rtol=1e-10, atol=1e-10)
+
+
+def test_swapped_mfma_operands_fail(lib):
+    """With MFMA operands swapped (the emulation's fault switch) the 64-lane gradients must fail
+    the oracle: the comparison sees the matrix-unit path."""
+    if lib.wave != 64:
+        pytest.skip("the 32-lane path has no matrix units")
+    case = C.thd_case(20, [17, 2, 1], [64, 17, 5], 8, 2, 64, torch.bfloat16)
+    dout, out, lse, dl = G.inputs(case, 20, False)
+    lib.lib.ra_emu_set_faults(1)
+    try:
+        dq, dk, dv = run(lib, case, dout, out, lse, dl)
+    finally:
+        lib.lib.ra_emu_set_faults(0)
+    with pytest.raises(AssertionError):
+        G.check_grads(case, dout, dl, dq, dk, dv)
