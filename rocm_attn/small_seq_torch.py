@@ -220,10 +220,10 @@ def torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q: i
     """(out, lse, probs) of fused_attn_small_seq; see the module docstring for the contract.
 
     THD q is ``[total_q, h_q, d]`` (``one_query``: ``[b, h_q, d]``); BSHD q ``[b, s_q, h_q, d]``.
-    probs is an empty tensor unless ``return_softmax``; lse may be empty when neither
-    ``return_lse`` nor a gradient needs it."""
+    probs is an empty tensor unless ``return_softmax``; lse holds no values (empty, or zeros)
+    unless ``return_lse`` or a gradient asks for it."""
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    h_q, d = q.shape[-2], q.shape[-1]
+    h_q = q.shape[-2]
     if thd:
         total_q, total_kv = q.shape[0], k.shape[0]
         b = cu_seqlens_q.numel() - 1
