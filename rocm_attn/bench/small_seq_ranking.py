@@ -158,6 +158,17 @@ def _with_backward(fwd, leaves):
     return step
 
 
+def _path_of(r: dict) -> str:
+    """Which implementation serves our op on this row (logged too, at INFO)."""
+    from .. import ops, small_seq
+
+    if r["cands"] == 1 and r["hist"] <= small_seq.MAX_SEQLEN_KV:
+        return "one-query kernels"
+    if r["hist"] > small_seq.KERNEL_MAX_SEQLEN_KV:
+        return "rocm_attn.attention (history beyond the tiled kernels)"
+    return "tiled kernels" if ops.HAS_TILED_OPS else "torch path (this build has no tiled kernels)"
+
+
 def _device_ms(fn, floor_ms: float, name: str) -> float:
     """Device time per call by graph replay (fewer calls per graph for long calls, so that the
     whole grid stays within minutes); eager where capture fails (common.time_ms reports it)."""
@@ -177,7 +188,8 @@ def bench_rank_row(r: dict, bw: float, dtype, seed: int) -> dict:
     # input sets rotate so that the working set exceeds L2 (small rows only)
     n_sets = min(8, max(1, math.ceil(ROTATION_BYTES / max(fwd_bytes, 1))))
     sets = [probe] + [make_rank_inputs(r, dtype, "cuda", gen) for _ in range(n_sets - 1)]
-    out = dict(r, case=row_name(r), total_kv=probe["total_kv"], input_sets=n_sets)
+    out = dict(r, case=row_name(r), total_kv=probe["total_kv"], input_sets=n_sets,
+               ours_path=_path_of(r))
     for mode, backward, nbytes in (("fwd", False, fwd_bytes), ("fwdbwd", True, fb_bytes)):
         floor = nbytes / bw * 1e3
         res: Dict[str, object] = {"floor_ms": floor, "anchors": {}}
@@ -213,6 +225,7 @@ def bench_rank_row(r: dict, bw: float, dtype, seed: int) -> dict:
 def print_rank_rows(rows, device: str, bw: float) -> None:
     print(f"\n{device}  copy bandwidth {bw / 1e9:.0f} GB/s  bf16  h_q {H_Q}: ranking rows "
           "(ours: device time; anchors: eager)")
+    print("ours served by: " + "; ".join(sorted({r["ours_path"] for r in rows})))
     print(f"{'case':28s} {'floor us':>8s} {'fwd us':>8s} {'%fl':>4s} {'x best':>6s} "
           f"{'fb us':>8s} {'%fl':>4s} {'x best':>6s}  anchors fwd us (% floor)")
     for r in rows:
