@@ -648,3 +648,17 @@ def test_bench_cpu_rows(capsys, tmp_path):
     row = json.loads(out.read_text())["rows"][0]
     assert row["max_abs_diff_vs_sdpa_mask"] < 1e-4
     assert set(row["thread_cpu_ms"]) == {"ours", "sdpa_mask", "sdpa_fixed", "einsum"}
+
+
+def test_kernel_max_seqlen_kv_mirrors_the_kernels():
+    """rocm_attn.small_seq.KERNEL_MAX_SEQLEN_KV is the tiled kernels' limit
+    (hip_src/small_seq/tiled_params.h kSmallSeqTiledMaxSeqlenKv), where that header exists."""
+    import re
+    from pathlib import Path
+
+    header = Path(__file__).resolve().parents[1] / "hip_src" / "small_seq" / "tiled_params.h"
+    if not header.exists():
+        pytest.skip("no tiled kernels in this checkout")
+    found = re.search(r"kSmallSeqTiledMaxSeqlenKv\s*=\s*(\d+)", header.read_text())
+    assert found, "kSmallSeqTiledMaxSeqlenKv not found in tiled_params.h"
+    assert int(found.group(1)) == small_seq_mod.KERNEL_MAX_SEQLEN_KV
