@@ -1,7 +1,7 @@
 """rocm_attn: ROCm-first attention kernels for PyTorch.
 
 Public API:
-  fused_attn_small_seq  one query token per segment over 1..16 keys (fwd + bwd kernels)
+  fused_attn_small_seq  candidates of each user over the user's history (fwd + bwd kernels)
   check_errors          raise if a kernel saw a segment that broke its contract
   build_info            what this install was built with
   nn.TargetAttention    target-attention module for recommendation models, on the op

@@ -158,9 +158,10 @@ def check_errors(reset: bool = True) -> None:
 
 def _message(count: int, first: int) -> str:
     return (
-        f"fused_attn_small_seq: {count} segment(s) broke the contract (need exactly one query "
-        f"token and 0 <= seqlen_kv <= max_seqlen_kv, inside the k/v tensors); first bad "
-        f"segment: {first}. Their outputs are NaN. Fix the lengths in cu_seqlens_q / "
-        f"cu_seqlens_kv (or seqlens_kv), or raise max_seqlen_kv (at most 16); "
-        f"validate='sync' (env ROCM_ATTN_VALIDATE=1) raises at the offending call instead."
+        f"fused_attn_small_seq: {count} segment(s) broke the contract (need 0 <= queries <= "
+        f"max_seqlen_q, exactly one with max_seqlen_q=1 and int32 offsets, and 0 <= keys <= "
+        f"max_seqlen_kv, inside the q and k/v tensors); first bad segment: {first}. Their "
+        f"outputs are NaN. Fix the offsets in cu_seqlens_q / cu_seqlens_kv (or seqlens_kv), or "
+        f"raise max_seqlen_q / max_seqlen_kv; validate='sync' (env ROCM_ATTN_VALIDATE=1) "
+        f"raises at the offending call instead."
     )

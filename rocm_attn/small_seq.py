@@ -313,13 +313,15 @@ def _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q
     thd = qkv_layout == "thd_thd_thd"
     one_query = _one_query_call(cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                                 max_seqlen_kv)
-    path = _pick_path(q, k, v, one_query, max_seqlen_kv, return_softmax, backend)
     if batch == 0:
+        if backend not in ("auto", "kernel", "torch"):
+            raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")
         # no segment: every q row is padding (out 0, lse -inf)
         rows = q.shape[0] if thd else 0
         return (torch.zeros_like(q), q.new_full((q.shape[-2], rows), float("-inf"),
                                                 dtype=torch.float32),
                 q.new_zeros((rows, q.shape[-2], max_seqlen_kv), dtype=torch.float32))
+    path = _pick_path(q, k, v, one_query, max_seqlen_kv, return_softmax, backend)
     if path == "kernel":
         outputs = ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
                                         max_seqlen_kv, scale, return_softmax)

@@ -220,10 +220,10 @@ def torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q: i
     """(out, lse, probs) of fused_attn_small_seq; see the module docstring for the contract.
 
     THD q is ``[total_q, h_q, d]`` (``one_query``: ``[b, h_q, d]``); BSHD q ``[b, s_q, h_q, d]``.
-    probs is an empty tensor unless ``return_softmax``; lse may be empty when neither
-    ``return_lse`` nor a gradient needs it."""
+    probs is an empty tensor unless ``return_softmax``; lse holds no values (empty, or zeros)
+    unless ``return_lse`` or a gradient asks for it."""
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    h_q, d = q.shape[-2], q.shape[-1]
+    h_q = q.shape[-2]
     if thd:
         total_q, total_kv = q.shape[0], k.shape[0]
         b = cu_seqlens_q.numel() - 1
@@ -390,6 +390,24 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
             _fold_heads(qc.to(compute), h_kv), kc.to(compute).transpose(1, 2),
             vc.to(compute).transpose(1, 2), scale=scale)
         out.copy_(_unfold_heads(o, mq, h_q).view(out.shape))
+        return out, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
+    if not return_lse and not packed_full and (one_query or not thd) and q.dtype == compute:
+        # the common inference call, with as few ops per chunk as it takes (Python's cost per
+        # op is comparable to a small chunk's work): chunks cut up front by split()
+        qf = _fold_heads(q.view(b, mq, h_q, d), h_kv)  # a view for one query per segment
+        out_f = out.view(b, mq, h_q, d)
+        for rows_c, q_c, mask_c, empty_c, out_c in zip(
+                k_rows.view(-1).split(n_chunk * width), qf.split(n_chunk), mask.split(n_chunk),
+                empty.split(n_chunk), out_f.split(n_chunk)):
+            n = q_c.shape[0]
+            kc = torch.index_select(k_rows_of, 0, rows_c, out=kbuf[:n * width])
+            vc = torch.index_select(v_rows_of, 0, rows_c, out=vbuf[:n * width])
+            o = F.scaled_dot_product_attention(
+                q_c, kc.view(n, width, h_kv, d).transpose(1, 2),
+                vc.view(n, width, h_kv, d).transpose(1, 2), attn_mask=mask_c, scale=scale)
+            if maybe_empty:
+                o = torch.where(empty_c, o.new_zeros(()), o)
+            out_c.copy_(_unfold_heads(o, mq, h_q))
         return out, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
     for s in range(0, b, n_chunk):
         e = min(b, s + n_chunk)

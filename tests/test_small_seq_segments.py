@@ -632,3 +632,33 @@ def test_long_history_logs_its_route(caplog, monkeypatch):
     assert small_seq_mod._pick_path(q, q, q, False, small_seq_mod.KERNEL_MAX_SEQLEN_KV,
                                     False, "auto") == "tiled"
 
+
+
+def test_bench_cpu_rows(capsys, tmp_path):
+    """`rocm-attn bench small-seq --device cpu` runs without a GPU, and our op's numbers are
+    the masked SDPA anchor's."""
+    import json
+
+    from rocm_attn.bench import small_seq as bench
+
+    out = tmp_path / "cpu.json"
+    assert bench.main(["--device", "cpu", "--cases", "q1_b2048_h4_d64_kv1-16", "--reps", "1",
+                       "--threads", "1", "--no-progress", "--json", str(out)]) == 0
+    assert "q1_b2048_h4_d64_kv1-16" in capsys.readouterr().out
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["max_abs_diff_vs_sdpa_mask"] < 1e-4
+    assert set(row["thread_cpu_ms"]) == {"ours", "sdpa_mask", "sdpa_fixed", "einsum"}
+
+
+def test_kernel_max_seqlen_kv_mirrors_the_kernels():
+    """rocm_attn.small_seq.KERNEL_MAX_SEQLEN_KV is the tiled kernels' limit
+    (hip_src/small_seq/tiled_params.h kSmallSeqTiledMaxSeqlenKv), where that header exists."""
+    import re
+    from pathlib import Path
+
+    header = Path(__file__).resolve().parents[1] / "hip_src" / "small_seq" / "tiled_params.h"
+    if not header.exists():
+        pytest.skip("no tiled kernels in this checkout")
+    found = re.search(r"kSmallSeqTiledMaxSeqlenKv\s*=\s*(\d+)", header.read_text())
+    assert found, "kSmallSeqTiledMaxSeqlenKv not found in tiled_params.h"
+    assert int(found.group(1)) == small_seq_mod.KERNEL_MAX_SEQLEN_KV

@@ -91,6 +91,10 @@ def bench_cpu_case(name, spec, reps: int, seed: int, thread_clock: bool) -> dict
     with torch.no_grad():
         for fn in fns.values():
             fn()  # warm-up
+        # the same numbers as the masked anchor (the check of the rows' meaning)
+        ours = fns["ours"]().view(b, nq, h, d)
+        ref = fns["sdpa_mask"]().transpose(1, 2)
+        max_diff = (ours - ref).abs().max().item()
         for _ in range(reps):  # interleaved: a slow moment of a shared machine hits all alike
             for n, fn in fns.items():
                 t0, c0 = time.perf_counter(), time.thread_time()
@@ -99,6 +103,7 @@ def bench_cpu_case(name, spec, reps: int, seed: int, thread_clock: bool) -> dict
                 cpu[n].append(time.thread_time() - c0)
     row = {"case": name, "b": b, "queries": nq, "h": h, "d": d, "kv": kv,
            "total_kv": x["total"], "threads": torch.get_num_threads(),
+           "max_abs_diff_vs_sdpa_mask": max_diff,
            "wall_ms": {n: 1e3 * min(t) for n, t in wall.items()}}
     if thread_clock:
         row["thread_cpu_ms"] = {n: 1e3 * min(t) for n, t in cpu.items()}
