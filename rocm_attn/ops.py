@@ -151,7 +151,7 @@ def _tiled_backward(ctx, dout, dlse, _dprobs):
     grads = (dq, dk, dv)
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         # backward(create_graph=True): the gradients themselves are not differentiable
-        from .cp.autograd import no_second_derivative
+        from .second_derivative import no_second_derivative
 
         grads = no_second_derivative("fused_attn_small_seq", grads, (q, k, v))
     return (*grads, None, None, None, None, None, None, None)

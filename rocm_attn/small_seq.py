@@ -37,7 +37,7 @@ MAX_SEQLEN_KV = 16
 # Head dims and largest max_seqlen_kv the tiled kernels serve (hip_src/small_seq/tiled_params.h
 # kSmallSeqTiledMaxSeqlenKv); longer histories take rocm_attn.attention.
 TILED_HEAD_DIMS = (64, 128, 256)
-KERNEL_MAX_SEQLEN_KV = 1024
+KERNEL_MAX_SEQLEN_KV = 4096
 OFFSET_DTYPES = (torch.int32, torch.int64)
 # Rows of q, k, v (and offsets' values) are int32 in the kernels.
 MAX_ROWS = 2**31 - 1

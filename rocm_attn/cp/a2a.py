@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..varlen.autograd import no_second_derivative
+from ..second_derivative import no_second_derivative
 from ..varlen.backends import accum_dtype
 from . import comm
 from .steps import CPPlan, a2a_step_meta

@@ -22,7 +22,7 @@ from typing import Tuple
 
 import torch
 
-from ..varlen.autograd import no_second_derivative
+from ..second_derivative import no_second_derivative
 from . import comm
 from .p2p import ring_backward, ring_forward
 from .steps import CPPlan, side_geometry

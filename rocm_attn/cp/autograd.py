@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from ..varlen.autograd import no_second_derivative
+from ..second_derivative import no_second_derivative
 from .steps import CPPlan
 
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, CPPlan], tuple]

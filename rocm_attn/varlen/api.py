@@ -15,7 +15,7 @@ import torch
 
 from .._checks import check_chunk_size, check_window
 from ..errors import validate_mode
-from .autograd import no_second_derivative
+from ..second_derivative import no_second_derivative
 from .backends import accum_dtype, resolve_backend
 from .bands import MaskSpec, Segment
 from .checks import check_qkv, check_seq_args
