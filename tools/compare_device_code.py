@@ -38,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("sm_90", "gfx942")
+CUOBJDUMP = "cuobjdump"  # --cuobjdump: where the CUDA toolkit's copy is not on PATH
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -123,7 +124,7 @@ def compile_unit(target: str, unit: Path, include_dir: Path, out: Path, sass: bo
         flags = ["-O3", "-std=c++17", "--use_fast_math", "-I", include_dir]
         if sass:
             run(["nvcc", "-arch=sm_90", *flags, "-cubin", unit, "-o", out.with_suffix(".cubin")])
-            return run(["cuobjdump", "-sass", out.with_suffix(".cubin")]).stdout
+            return run([CUOBJDUMP, "-sass", out.with_suffix(".cubin")]).stdout
         run(["nvcc", "-arch=sm_90", *flags, "-ptx", unit, "-o", out])
     else:
         run(["clang++-19", "-x", "hip", "--offload-arch=gfx942", "--rocm-path=/usr", "-O3",
@@ -207,6 +208,7 @@ def main(argv=None) -> int:
     parser.add_argument("--base", default="main", help="git ref of the baseline (default main)")
     parser.add_argument("--targets", default=",".join(TARGETS))
     parser.add_argument("--sass", action="store_true", help="sm_90: compare SASS, not PTX")
+    parser.add_argument("--cuobjdump", default="cuobjdump", help="cuobjdump for --sass")
     parser.add_argument("--only", default="", help="comma-separated unit-name substrings to keep")
     parser.add_argument("--compile-all", action="store_true",
                         help="compile units whose sources match too")
@@ -215,6 +217,8 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", type=Path, help="keep the build products in this folder")
     args = parser.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
+    global CUOBJDUMP
+    CUOBJDUMP = args.cuobjdump
     bad = set(targets) - set(TARGETS)
     if bad:
         parser.error(f"unknown targets {sorted(bad)}; choose from {TARGETS}")
