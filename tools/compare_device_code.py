@@ -198,6 +198,8 @@ def split_amdgcn(text: str) -> dict:
 
 def device_functions(target: str, text: str, sass: bool) -> dict:
     if target == "sm_90":
+        # nvcc names anonymous-namespace symbols after a hash of the source's path
+        text = re.sub(r"_GLOBAL__N__[0-9a-f]{8}_", "_GLOBAL__N__path_", text)
         return split_sass(text) if sass else split_ptx(text)
     return split_amdgcn(text)
 
