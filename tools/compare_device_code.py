@@ -10,14 +10,15 @@ the extension does and compares it function by function:
 
 Each tree is taken with its own tools (hipify, kernel generator): the ref from `git archive`,
 the working tree as it is. A translation unit present in both trees whose own text and every
-header it includes (quoted includes, followed recursively) are byte-identical is identical by
-construction (same compiler, same flags) and is not compiled; every other unit is compiled in
-both trees. Functions (kernels and non-inlined device functions) are then matched by mangled
+header it includes (quoted includes, followed recursively) are the same up to comments and
+blank space is identical by construction (same compiler, same flags; nothing under hip_src/
+reads __LINE__, which a moved line would change) and is not compiled unless --compile-all;
+every other unit is compiled in both trees. Functions (kernels and non-inlined device functions) are then matched by mangled
 name across all compiled units, whichever file they came from, and compared after stripping
 comments, debug/line directives and function-local label numbering.
 
 Usage: python tools/compare_device_code.py [--base REF] [--targets sm_90,gfx942] [--sass]
-       [--only SUBSTR,...] [--jobs N] [--show-diff]
+       [--only SUBSTR,...] [--compile-all] [--jobs N] [--show-diff] [--keep DIR]
 Prints one line per function (identical / DIFFERENT / only in base / only in tree) and exits
 non-zero when any function differs or exists on one side only.
 """
@@ -37,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("sm_90", "gfx942")
+CUOBJDUMP = "cuobjdump"  # --cuobjdump: where the CUDA toolkit's copy is not on PATH
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -63,9 +65,35 @@ def prepare_tree(src: Path, out: Path) -> dict:
     }
 
 
+def code_text(data: str) -> str:
+    """`data` without comments, each line's blank space collapsed, blank lines dropped: what the
+    preprocessor sees, but for line numbers (string and character literals kept as written)."""
+    out, i, n = [], 0, len(data)
+    while i < n:
+        c = data[i]
+        if data.startswith("//", i):
+            j = data.find("\n", i)
+            i = n if j < 0 else j
+        elif data.startswith("/*", i):
+            j = data.find("*/", i + 2)
+            out.append(" ")
+            i = n if j < 0 else j + 2
+        elif c in "\"'":
+            j = i + 1
+            while j < n and data[j] != c:
+                j += 2 if data[j] == "\\" else 1
+            out.append(data[i:j + 1])
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    lines = (" ".join(ln.split()) for ln in "".join(out).splitlines())
+    return "\n".join(ln for ln in lines if ln)
+
+
 def include_closure(unit: Path, include_dir: Path) -> dict:
-    """{path relative to include_dir or the unit's folder: sha256} of the unit and its quoted
-    includes, recursively (system headers are the same on both sides)."""
+    """{path relative to include_dir or the unit's folder: sha256 of its code_text} of the unit
+    and its quoted includes, recursively (system headers are the same on both sides)."""
     seen: dict = {}
     todo = [unit]
     while todo:
@@ -74,7 +102,7 @@ def include_closure(unit: Path, include_dir: Path) -> dict:
         if key in seen:
             continue
         data = path.read_bytes()
-        seen[key] = hashlib.sha256(data).hexdigest()
+        seen[key] = hashlib.sha256(code_text(data.decode()).encode()).hexdigest()
         for name in _INCLUDE_RE.findall(data.decode(errors="replace")):
             for base in (path.parent, include_dir):
                 cand = base / name
@@ -96,7 +124,7 @@ def compile_unit(target: str, unit: Path, include_dir: Path, out: Path, sass: bo
         flags = ["-O3", "-std=c++17", "--use_fast_math", "-I", include_dir]
         if sass:
             run(["nvcc", "-arch=sm_90", *flags, "-cubin", unit, "-o", out.with_suffix(".cubin")])
-            return run(["cuobjdump", "-sass", out.with_suffix(".cubin")]).stdout
+            return run([CUOBJDUMP, "-sass", out.with_suffix(".cubin")]).stdout
         run(["nvcc", "-arch=sm_90", *flags, "-ptx", unit, "-o", out])
     else:
         run(["clang++-19", "-x", "hip", "--offload-arch=gfx942", "--rocm-path=/usr", "-O3",
@@ -170,6 +198,8 @@ def split_amdgcn(text: str) -> dict:
 
 def device_functions(target: str, text: str, sass: bool) -> dict:
     if target == "sm_90":
+        # nvcc names anonymous-namespace symbols after a hash of the source's path
+        text = re.sub(r"_GLOBAL__N__[0-9a-f]{8}_", "_GLOBAL__N__path_", text)
         return split_sass(text) if sass else split_ptx(text)
     return split_amdgcn(text)
 
@@ -180,12 +210,17 @@ def main(argv=None) -> int:
     parser.add_argument("--base", default="main", help="git ref of the baseline (default main)")
     parser.add_argument("--targets", default=",".join(TARGETS))
     parser.add_argument("--sass", action="store_true", help="sm_90: compare SASS, not PTX")
+    parser.add_argument("--cuobjdump", default="cuobjdump", help="cuobjdump for --sass")
     parser.add_argument("--only", default="", help="comma-separated unit-name substrings to keep")
+    parser.add_argument("--compile-all", action="store_true",
+                        help="compile units whose sources match too")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--show-diff", action="store_true", help="print a diff per difference")
     parser.add_argument("--keep", type=Path, help="keep the build products in this folder")
     args = parser.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
+    global CUOBJDUMP
+    CUOBJDUMP = args.cuobjdump
     bad = set(targets) - set(TARGETS)
     if bad:
         parser.error(f"unknown targets {sorted(bad)}; choose from {TARGETS}")
@@ -210,7 +245,7 @@ def main(argv=None) -> int:
         jobs, same_units = [], []
         for name in names:
             present = {s: units[s][1].get(name) for s in units}
-            if all(present.values()) and (include_closure(present["base"], units["base"][0]) ==
+            if not args.compile_all and all(present.values()) and (include_closure(present["base"], units["base"][0]) ==
                                           include_closure(present["tree"], units["tree"][0])):
                 same_units.append(name)
                 continue
@@ -225,8 +260,8 @@ def main(argv=None) -> int:
         for side, unit, text in texts:
             for fname, body in device_functions(target, text, args.sass).items():
                 funcs[side].setdefault(fname, {})[unit] = body
-        print(f"\n[{target}] {len(same_units)} units with byte-identical sources and includes "
-              f"(not compiled); {len(jobs)} compiles of "
+        print(f"\n[{target}] {len(same_units)} units whose sources and includes match up to "
+              f"comments (not compiled); {len(jobs)} compiles of "
               f"{len({j[1] for j in jobs})} units: " + ", ".join(sorted({j[1] for j in jobs})))
         counts = {"identical": 0, "DIFFERENT": 0, "only in base": 0, "only in tree": 0}
         for fname in sorted(set(funcs["base"]) | set(funcs["tree"])):

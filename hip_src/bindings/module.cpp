@@ -29,7 +29,6 @@ PyMethodDef module_methods[] = {
      METH_FASTCALL, "small_seq_fwd without the dispatcher (eager calls without autograd)"},
     {nullptr, nullptr, 0, nullptr}};
 
-
 }  // namespace
 
 // `import rocm_attn._C` loads this library, whose static initialisers register the ops of every

@@ -6,13 +6,7 @@
 
 namespace thd {
 
-// Grad kernel: one wave per tile of 2^tile_shift step tokens k. Owner lanes (lane j: k =
-// tile_base + j) do the row search once per k (both halves' rows); the rows, [heads, head_dim]
-// as VEC-element vectors over the whole wave, are moved in units (one vector per lane of one
-// half of one k; U units in flight per lane, kept packed) whose row comes from the owner by a
-// shuffle. Every unit is warp-uniform in (k, half), so the shuffle is a broadcast.
-// NOTE: hoisting both halves' loads as floats before any store (99 registers) lost badly;
-// packed raw vectors keep U loads in flight at fewer registers (docs/kernels.md#thd-grad-kernels).
+// Offset (elements) of vector v of a [heads, head_dim] row, vph vectors per head.
 template <int VEC>
 RA_DEVICE int64_t row_offset(int v, int vph, int heads, int64_t head_stride) {
   if (heads == 1) return static_cast<int64_t>(v) * VEC;
@@ -29,6 +23,13 @@ RA_DEVICE int64_t row_offset(int v, int vph, int heads, int64_t head_stride) {
 enum GradRows : int { kGradRowsDirect = 0, kGradRowsIndexed = 1, kGradRowsSnapshot = 2 };
 constexpr int kGradSnapshotBlocksPerSM = 4;
 
+// Grad kernel: one wave per tile of 2^tile_shift step tokens k. Owner lanes (lane j: k =
+// tile_base + j) do the row search once per k (both halves' rows); the rows, [heads, head_dim]
+// as VEC-element vectors over the whole wave, are moved in units (one vector per lane of one
+// half of one k; U units in flight per lane, kept packed) whose row comes from the owner by a
+// shuffle. Every unit is warp-uniform in (k, half), so the shuffle is a broadcast.
+// NOTE: hoisting both halves' loads as floats before any store (99 registers) lost badly;
+// packed raw vectors keep U loads in flight at fewer registers (docs/kernels.md#thd-grad-kernels).
 template <int VEC, int GDT, int SDT, int ROWS>
 __global__ void __launch_bounds__(kMergeThreads) grad_kernel(const ThdGradParams p,
                                                              const int tile_shift) {
