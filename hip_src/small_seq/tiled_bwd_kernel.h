@@ -258,19 +258,12 @@ RA_DEVICE void tiled_bwd_load_panel(TiledBwdPanel<D, W>& x, const uint16_t* base
   for (int c = 0; c < D / W; ++c) ra_mma_load_rows(x.c[c], base + c * W, row_stride, nrows, lane);
 }
 
-template <int D, int W, typename RowPtr>
-RA_DEVICE void tiled_bwd_load_panel_at(TiledBwdPanel<D, W>& x, RowPtr row_ptr, int nrows,
-                                       int lane) {
-#pragma unroll
-  for (int c = 0; c < D / W; ++c)
-    ra_mma_load_rows_at(x.c[c], [&](int i) { return row_ptr(i) + c * W; }, nrows, lane);
-}
-
 // Two 16-row panels over the whole head dim (K and V, or Q and dO) are held in registers across
-// a loop when they take at most 64 registers per lane (16 D / wave); otherwise (d = 256 on
-// 32-lane warps) they are re-read per use from L1.
+// a loop when they take at most 32 registers per lane (16 D / wave: d = 64 on 32-lane warps,
+// d <= 128 on 64-lane waves); otherwise they are re-read per use (L1 hits). Holding them at
+// d = 128 on sm_90 took the dK / dV kernel past 255 registers (spills).
 template <int D>
-constexpr bool kTiledBwdResident = 16 * D / RA_WAVE_SIZE <= 64;
+constexpr bool kTiledBwdResident = 16 * D / RA_WAVE_SIZE <= 32;
 
 // Pass 2 on matrix units: one valid (segment, kv head, key tile, slice).
 template <typename T, int D>
@@ -291,16 +284,11 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
   const uint16_t* kt_base = rw.k + static_cast<int64_t>(k0) * p.k_token_stride;
   const uint16_t* vt_base = rw.v + static_cast<int64_t>(k0) * p.v_token_stride;
 
-  TiledBwdPanel<D, W> kp, vp;
+  TiledBwdPanel<D, kResident ? W : D> kp, vp;  // (unused unless resident)
   if constexpr (kResident) {
     tiled_bwd_load_panel(kp, kt_base, p.k_token_stride, nkt, lane);
     tiled_bwd_load_panel(vp, vt_base, p.v_token_stride, nkt, lane);
   }
-  // K's slice as the right operand of dQ = dS K (one-tile segments only).
-  ra_mma_vrows<DS, 16> kslice;
-  if (one_tile)
-    ra_mma_load_vrows(kslice, kt_base + slice * DS, p.k_token_stride, nkt, lane);
-
   ra_mma_out<DS, 16> dk, dv;  // [key][slice column], fp32
   ra_mma_zero(dk);
   ra_mma_zero(dv);
@@ -319,26 +307,35 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
       return rw.dout + (s.q_token0 + j) * p.do_token_stride +
              (hq0 + (r - j * group)) * p.do_head_stride;
     };
-    if constexpr (!kResident) {
-      tiled_bwd_load_panel(kp, kt_base, p.k_token_stride, nkt, lane);
-      tiled_bwd_load_panel(vp, vt_base, p.v_token_stride, nkt, lane);
-    }
     // Scores with keys as rows (S^T, dP^T) and, for one-tile segments, with rows as rows.
     ra_mma_acc<16> st, dpt, sc, dp;
     ra_mma_zero(st);
     ra_mma_zero(dpt);
     ra_mma_zero(sc);
     ra_mma_zero(dp);
-#pragma unroll
-    for (int c = 0; c < D / W; ++c) {
+    auto chunk = [&](const int c, const ra_mma_rows<W, 16>& kc, const ra_mma_rows<W, 16>& vc) {
       ra_mma_rows<W, 16> qr, dr;
       ra_mma_load_rows_at(qr, [&](int i) { return q_row(i) + c * W; }, nrows, lane);
       ra_mma_load_rows_at(dr, [&](int i) { return do_row(i) + c * W; }, nrows, lane);
-      ra_mma_dot<T>(st, kp.c[c], qr);
-      ra_mma_dot<T>(dpt, vp.c[c], dr);
+      ra_mma_dot<T>(st, kc, qr);
+      ra_mma_dot<T>(dpt, vc, dr);
       if (one_tile) {
-        ra_mma_dot<T>(sc, qr, kp.c[c]);
-        ra_mma_dot<T>(dp, dr, vp.c[c]);
+        ra_mma_dot<T>(sc, qr, kc);
+        ra_mma_dot<T>(dp, dr, vc);
+      }
+    };
+    if constexpr (kResident) {
+#pragma unroll
+      for (int c = 0; c < D / W; ++c) chunk(c, kp.c[c], vp.c[c]);
+    } else {
+      // One chunk's operands live at a time (an unrolled loop let the compiler hoist every
+      // chunk's loads: past 255 registers on sm_90).
+#pragma unroll 1
+      for (int c = 0; c < D / W; ++c) {
+        ra_mma_rows<W, 16> kc, vc;
+        ra_mma_load_rows(kc, kt_base + c * W, p.k_token_stride, nkt, lane);
+        ra_mma_load_rows(vc, vt_base + c * W, p.v_token_stride, nkt, lane);
+        chunk(c, kc, vc);
       }
     }
     // P^T and dS^T: element (key, row) with the row's LSE and Delta.
@@ -378,6 +375,10 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
         sc.x[i] = pr * (dp.x[i] - t.delta);
       }
       const ra_mma_pfrag<16> ds_f = ra_mma_to_pfrag<T, 16>(sc);
+      // K's slice as the right operand of dQ = dS K, re-read per row tile (L1 hits): held
+      // across the loop it cost 16 registers of a kernel at the sm_90 limit.
+      ra_mma_vrows<DS, 16> kslice;
+      ra_mma_load_vrows(kslice, kt_base + slice * DS, p.k_token_stride, nkt, lane);
       ra_mma_out<DS, 16> dq;
       ra_mma_zero(dq);
       ra_mma_pv<T>(dq, ds_f, kslice);
@@ -414,7 +415,9 @@ RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, cons
   constexpr int DS = tiled_bwd_slice(RA_WAVE_SIZE, D);
   constexpr int W = DS;
   constexpr int E = ra_mma_acc<16>::kElems;
-  constexpr bool kResident = kTiledBwdResident<D>;
+  // Q / dO held across the key tiles on 64-lane waves only: on sm_90 holding them at d = 64
+  // made ptxas spill (72 bytes at 168 registers).
+  constexpr bool kResident = kTiledBwdResident<D> && RA_WAVE_SIZE == 64;
   constexpr int KT = kTiledBwdKeys;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int hq0 = hk * group;
@@ -435,10 +438,13 @@ RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, cons
     return rw.dout + (s.q_token0 + j) * p.do_token_stride +
            (hq0 + (r - j * group)) * p.do_head_stride;
   };
-  TiledBwdPanel<D, W> qp, dp_rows;
+  TiledBwdPanel<D, kResident ? W : D> qp, gp;  // Q and dO rows (unused unless resident)
   if constexpr (kResident) {
-    tiled_bwd_load_panel_at(qp, q_row, nrows, lane);
-    tiled_bwd_load_panel_at(dp_rows, do_row, nrows, lane);
+#pragma unroll
+    for (int c = 0; c < D / W; ++c) {
+      ra_mma_load_rows_at(qp.c[c], [&](int i) { return q_row(i) + c * W; }, nrows, lane);
+      ra_mma_load_rows_at(gp.c[c], [&](int i) { return do_row(i) + c * W; }, nrows, lane);
+    }
   }
   // The LSE and Delta of this lane's accumulator rows.
   TiledBwdRowTerms terms[kRaMmaAccSlots];
@@ -454,20 +460,29 @@ RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, cons
     const uint16_t* kb = rw.k + static_cast<int64_t>(k0) * p.k_token_stride;
     const uint16_t* vb = rw.v + static_cast<int64_t>(k0) * p.v_token_stride;
     const int nkt = nk - k0;
-    if constexpr (!kResident) {
-      tiled_bwd_load_panel_at(qp, q_row, nrows, lane);
-      tiled_bwd_load_panel_at(dp_rows, do_row, nrows, lane);
-    }
     ra_mma_acc<16> sc, dpa;
     ra_mma_zero(sc);
     ra_mma_zero(dpa);
+    if constexpr (kResident) {
 #pragma unroll
-    for (int c = 0; c < D / W; ++c) {
-      ra_mma_rows<W, 16> kr, vr;
-      ra_mma_load_rows(kr, kb + c * W, p.k_token_stride, nkt, lane);
-      ra_mma_load_rows(vr, vb + c * W, p.v_token_stride, nkt, lane);
-      ra_mma_dot<T>(sc, qp.c[c], kr);
-      ra_mma_dot<T>(dpa, dp_rows.c[c], vr);
+      for (int c = 0; c < D / W; ++c) {
+        ra_mma_rows<W, 16> kr, vr;
+        ra_mma_load_rows(kr, kb + c * W, p.k_token_stride, nkt, lane);
+        ra_mma_load_rows(vr, vb + c * W, p.v_token_stride, nkt, lane);
+        ra_mma_dot<T>(sc, qp.c[c], kr);
+        ra_mma_dot<T>(dpa, gp.c[c], vr);
+      }
+    } else {
+#pragma unroll 1
+      for (int c = 0; c < D / W; ++c) {
+        ra_mma_rows<W, 16> qc, gc, kr, vr;
+        ra_mma_load_rows_at(qc, [&](int i) { return q_row(i) + c * W; }, nrows, lane);
+        ra_mma_load_rows_at(gc, [&](int i) { return do_row(i) + c * W; }, nrows, lane);
+        ra_mma_load_rows(kr, kb + c * W, p.k_token_stride, nkt, lane);
+        ra_mma_load_rows(vr, vb + c * W, p.v_token_stride, nkt, lane);
+        ra_mma_dot<T>(sc, qc, kr);
+        ra_mma_dot<T>(dpa, gc, vr);
+      }
     }
     ra_mma_vrows<DS, 16> kslice;
     ra_mma_load_vrows(kslice, kb + slice * DS, p.k_token_stride, nkt, lane);
