@@ -5,8 +5,10 @@ oracle of tests/small_seq_tiled_cases.py. Outputs start as NaN and unread input 
 so an unwritten output or a stray read fails.
 
 Grid: queries per segment 1, 2, 17, 40 (and 0); keys 0, 1, 17, 64, 300; GQA groups 1, 2, 8;
-head dims 64, 128 (256 at 64 lanes); bf16 and fp16; int32 and int64 offsets; THD and BSHD;
-strided views; padding rows; bad segments flagged with NaN.
+head dims 64, 128, 256; bf16 and fp16; int32 and int64 offsets; THD and BSHD; strided views;
+padding rows; bad segments flagged with NaN. Both kernels: the launcher sends many rows over
+long histories to the block kernel (shared-memory K/V), the rest to the wave kernel; the
+mixed-segment cases also run on the wave kernel alone.
 """
 
 from __future__ import annotations
@@ -45,12 +47,19 @@ KV_LENS = [300, 64, 17, 1, 0, 17, 300, 64, 5, 0, 1]
 GROUPS = [pytest.param(2, 2, id="g1"), pytest.param(4, 2, id="g2"), pytest.param(8, 1, id="g8")]
 
 
+# the launcher's choice (here the block kernel: many rows over long histories) and the wave
+# kernel for the same calls (tuning small_seq_tiled_block=0)
+KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0}}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
 @pytest.mark.parametrize("d", [64, 128])
-def test_mixed_segments(lib, d, h_q, h_kv):
+def test_mixed_segments(lib, d, h_q, h_kv, kernel):
     offsets = torch.int64 if d == 64 else torch.int32
     case = C.thd_case(d + h_q, Q_LENS, KV_LENS, h_q, h_kv, d, torch.bfloat16, offsets=offsets)
-    check_valid(lib, case)
+    with emu.tuning(**KERNELS[kernel]):
+        check_valid(lib, case)
 
 
 @pytest.mark.parametrize("h_q,h_kv", [(2, 2), (8, 2)], ids=["g1", "g4"])
@@ -126,13 +135,16 @@ def test_bad_segments_int32_wrap(lib):
     assert lib.errors() == (3, 0x7FFFFFFF - 1)
 
 
-def test_one_wave_per_item(lib):
-    """The grid-stride loop with a grid of one wave per item (tuning small_seq_tiled_fwd_grid=0)
-    and with the default residency-sized grid give the same results."""
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_one_block_per_item(lib, kernel):
+    """The grid-stride loops with a grid of one block per item group (tuning
+    small_seq_tiled_fwd_grid=0) and with the default residency-sized grid give the same
+    results, for the wave and the block kernel."""
     case = C.thd_case(18, Q_LENS, KV_LENS, 4, 2, 64, torch.bfloat16)
-    a = check_valid(lib, case)
-    with emu.tuning(small_seq_tiled_fwd_grid=0):
-        b = check_valid(lib, case)
+    with emu.tuning(**KERNELS[kernel]):
+        a = check_valid(lib, case)
+        with emu.tuning(small_seq_tiled_fwd_grid=0):
+            b = check_valid(lib, case)
     for x, y in zip(a, b):
         assert torch.equal(x, y)
 

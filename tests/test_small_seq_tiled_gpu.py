@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import rocm_attn  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
 from gpu_helpers import gpu_marks, poison_allocator, why_no_kernels  # noqa: E402
 import small_seq_tiled_cases as C  # noqa: E402
@@ -78,6 +79,27 @@ def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype):
     kv_lens = [17, 64, 256, 1000, 5, 0, 1000, 17, 64, 256]
     case = C.thd_case(d + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, d, dtype, device=dev)
     check_valid(case)
+
+
+# the launcher's choice, the wave kernel only, the block kernel for every d <= 128 call
+KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0}, "block": {"small_seq_tiled_block": 2}}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_wave_and_block_kernels(dev, d, h_q, h_kv, kernel):
+    """Both tiled kernels on ragged segments of many queries over long histories, and on short
+    ones (the block kernel's per-wave register path)."""
+    gen = torch.Generator().manual_seed(d + h_q + h_kv)
+    b = 150
+    with rocm_attn.tuning.override(**KERNELS[kernel]):
+        case = C.thd_case(30, lens(gen, b, 0, 100), lens(gen, b, 0, 300), h_q, h_kv, d,
+                          torch.bfloat16, max_q=100, max_kv=300, device=dev)
+        check_valid(case)
+        case = C.thd_case(31, lens(gen, b, 0, 100), lens(gen, b, 0, 16), h_q, h_kv, d,
+                          torch.float16, offsets=torch.int64, max_q=100, max_kv=16, device=dev)
+        check_valid(case)
 
 
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)

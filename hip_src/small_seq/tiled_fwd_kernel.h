@@ -1,18 +1,27 @@
 // Tiled small-seq attention forward: any number of queries per segment, keys streamed in tiles
 // with an online softmax (docs/kernels.md#tiled-small-seq-kernels).
 //
-// Work item = (segment, kv head, row tile). The rows of a (segment, kv head) are the pairs
-// (query j, q head h of the kv head's GQA group), numbered r = j * group + h, and cut into
-// tiles of tiled_rows_for_wave rows (16 on CDNA, 8 on NVIDIA: the narrowest accumulator tile,
-// which halves the registers of Q and O there); one wave computes one tile over all keys:
+// Work item = (segment, kv head, group of kTiledRowTilesPerItem row tiles). The rows of a
+// (segment, kv head) are the pairs (query j, q head h of the kv head's GQA group), numbered
+// r = j * group + h, and cut into tiles of tiled_rows_for_wave rows (16 on CDNA, 8 on NVIDIA:
+// the narrowest accumulator tile, which halves the registers of Q and O there); the item's wave
+// computes its row tiles one after the other, each over all keys:
 //   for each key tile (kTiledKeys keys):
 //     S = Q . K^T              (ra_mma_dot: rows x 16 keys, fp32)
 //     online softmax on S     (fp32 running max / sum per row, log2 domain)
 //     O = O * alpha + P . V    (ra_mma_pv: P rounded to the input dtype, fp32 accumulators)
-// Items are numbered segment-major, then kv head, then row tile, so the row tiles of one
-// (segment, kv head) run at the same time on neighbouring waves of the grid-stride loop: the
-// first wave to touch a K/V tile brings it from DRAM, the others read it from L2. Each segment's
-// K/V crosses DRAM once for all of its queries; q and out are read and written once.
+// K/V reuse across a segment's queries:
+// - A segment of at most kTiledKeys keys (one key tile) loads its K and V into registers once
+//   per item and serves all of the item's row tiles from them (many candidates over a short
+//   history: K/V leave L2 once per kTiledRowTilesPerItem row tiles).
+// - Many query rows over longer segments (d <= 128) take the block kernel at the end of this
+//   file: a block's waves share each key tile through shared memory.
+// - Otherwise longer segments stream their key tiles once per row tile; the item's next row
+//   tile finds them in L1 / L2. Items are numbered segment-major, then kv head, then row-tile
+//   group, so the groups of one (segment, kv head) run at the same time on neighbouring waves
+//   of the grid-stride loop: the first wave to touch a K/V tile brings it from DRAM, the others
+//   read it from L2.
+// Each segment's K/V crosses DRAM once for all of its queries; q and out move once.
 // Pipelining: the next key tile's K and the current tile's V are loaded before the current
 // tile's products, so one tile of K and one of V are in flight while a wave computes (the q=1
 // long-history case is a stream of K/V and must keep the memory system busy).
@@ -49,6 +58,11 @@ constexpr int kTiledFwdResidencyFactor = 4;
 RA_HOST_DEVICE constexpr int tiled_rows_for_wave(int wave) { return wave == 64 ? 16 : 8; }
 // Keys of a tile: the 16 columns of one score accumulator.
 constexpr int kTiledKeys = 16;
+// Row tiles per work item: K/V of a one-key-tile segment are loaded once per item, so more
+// tiles per item mean less L2 traffic for short histories; fewer mean more items to spread a
+// (segment, kv head) with many queries over the machine. 4 keeps >= 4 items per (segment, kv
+// head) at 512 queries of one q head (NVIDIA: 64 tiles of 8 rows -> 16 items).
+constexpr int kTiledRowTilesPerItem = 4;
 
 constexpr float kTiledLog2e = 1.4426950408889634f;
 constexpr float kTiledLn2 = 0.6931471805599453f;
@@ -60,8 +74,12 @@ RA_HOST_DEVICE int64_t tiled_row_tiles(const SmallSeqTiledParams& p, int rows) {
   return (static_cast<int64_t>(p.max_seqlen_q) * group + rows - 1) / rows;
 }
 
+RA_HOST_DEVICE int64_t tiled_item_groups(const SmallSeqTiledParams& p, int rows) {
+  return (tiled_row_tiles(p, rows) + kTiledRowTilesPerItem - 1) / kTiledRowTilesPerItem;
+}
+
 RA_HOST_DEVICE int64_t tiled_fwd_items(const SmallSeqTiledParams& p, int rows) {
-  return static_cast<int64_t>(p.batch) * p.num_heads_kv * tiled_row_tiles(p, rows);
+  return static_cast<int64_t>(p.batch) * p.num_heads_kv * tiled_item_groups(p, rows);
 }
 
 // Flattened rows r0 .. r1 - 1 (r = j * group + h) of query rows starting at (batch, token0),
@@ -102,29 +120,40 @@ RA_DEVICE void tiled_fill_rows(const SmallSeqTiledParams& p, int64_t batch, int6
   }
 }
 
-// What every item does before (or instead of) its attention: the padding rows of a THD q (by
-// tile 0 of the first / last segment), and a bad segment's report and NaN rows. Returns whether
-// the item has rows to compute.
-template <typename T, int D, int ROWS>
-RA_DEVICE bool tiled_fwd_prologue(const SmallSeqTiledParams& p, const int seg, const int hk,
-                                  const int64_t tile, const TiledSegment& s, const int lane) {
+// The padding rows of a THD q for the q heads of kv head hk, by one wave of the first item of
+// segment 0 (rows before it) and of segment b - 1 (rows after it).
+template <typename T, int D>
+RA_DEVICE void tiled_fwd_padding(const SmallSeqTiledParams& p, const int seg, const int hk,
+                                 const int lane) {
+  if (p.cu_seqlens_q == nullptr || (seg != 0 && seg != p.batch - 1)) return;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int hq0 = hk * group;
-  if (tile == 0 && p.cu_seqlens_q != nullptr && (seg == 0 || seg == p.batch - 1)) {
-    const TiledPadding pad = tiled_padding_rows(p);
-    if (seg == 0)
-      tiled_fill_rows<T, D>(p, 0, 0, 0, 0, pad.lead_end * group, hq0, group, 0.f, -INFINITY,
-                            0.f, lane);
-    if (seg == p.batch - 1)
-      tiled_fill_rows<T, D>(p, 0, pad.tail_begin, pad.tail_begin, 0,
-                            (p.total_q - pad.tail_begin) * group, hq0, group, 0.f, -INFINITY,
-                            0.f, lane);
-  }
-  const int64_t r0 = tile * ROWS;
-  int64_t r1 = r0 + ROWS;
+  const TiledPadding pad = tiled_padding_rows(p);
+  if (seg == 0)
+    tiled_fill_rows<T, D>(p, 0, 0, 0, 0, pad.lead_end * group, hq0, group, 0.f, -INFINITY, 0.f,
+                          lane);
+  if (seg == p.batch - 1)
+    tiled_fill_rows<T, D>(p, 0, pad.tail_begin, pad.tail_begin, 0,
+                          (p.total_q - pad.tail_begin) * group, hq0, group, 0.f, -INFINITY, 0.f,
+                          lane);
+}
+
+// What every item does before (or instead of) its attention: the padding rows of a THD q (by
+// item group 0 of the first / last segment), and a bad segment's report and NaN rows. Returns
+// whether the item has rows to compute.
+template <typename T, int D, int ROWS>
+RA_DEVICE bool tiled_fwd_prologue(const SmallSeqTiledParams& p, const int seg, const int hk,
+                                  const int64_t item_group, const TiledSegment& s,
+                                  const int lane) {
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int hq0 = hk * group;
+  if (item_group == 0) tiled_fwd_padding<T, D>(p, seg, hk, lane);
+  constexpr int kItemRows = ROWS * kTiledRowTilesPerItem;
+  const int64_t r0 = item_group * kItemRows;
+  int64_t r1 = r0 + kItemRows;
   if (r1 > static_cast<int64_t>(s.nq) * group) r1 = static_cast<int64_t>(s.nq) * group;
   if (!s.valid) {
-    if (tile == 0 && hk == 0 && lane == 0) tiled_report_bad_segment(p, seg);
+    if (item_group == 0 && hk == 0 && lane == 0) tiled_report_bad_segment(p, seg);
     const float nan = tiled_nan();
     tiled_fill_rows<T, D>(p, s.q_batch, s.q_token0, s.q_row0, r0, r1, hq0, group, nan, nan, nan,
                           lane);
@@ -133,26 +162,102 @@ RA_DEVICE bool tiled_fwd_prologue(const SmallSeqTiledParams& p, const int seg, c
   return r1 > r0;
 }
 
+// Head-dim slices: d <= 128 is one slice; d = 256 is two of 128, so that only half a key tile's
+// K or V is in registers at a time (Q and O, which live across the key loop, stay whole).
+template <int D>
+struct TiledSlices {
+  static constexpr int kWidth = D < 128 ? D : 128;
+  static constexpr int kCount = D / kWidth;
+  static_assert(kCount <= 2, "head dims up to 256");
+};
+
+// One valid (segment, kv head, row tile) on matrix units. HELD: the segment has at most one key
+// tile, already in registers (held_k / held_v, one slice); otherwise keys are streamed.
+// Key tiles staged in shared memory by the whole block (the block kernel): two buffers of K and
+// V, rows padded by 32 elements (64 bytes) so that the 16-byte fragment loads of one quarter
+// warp fall into distinct banks.
+template <int D>
+struct TiledStage {
+  static constexpr int kStride = D + 32;
+  static constexpr int kElems = kTiledKeys * kStride;
+  alignas(16) uint16_t k[2][kElems];
+  alignas(16) uint16_t v[2][kElems];
+};
+
+// This thread's share of one key tile's K and V (16 rows x D / 8 vectors each, spread over the
+// block's THREADS threads), loaded from global memory into registers; rows past the segment's
+// keys are zeros (never read).
+template <int D, int THREADS>
+struct TiledStageRegs {
+  static constexpr int kVecs = kTiledKeys * D / 8;
+  static constexpr int kPerThread = (kVecs + THREADS - 1) / THREADS;
+  ra_vec8 k[kPerThread];
+  ra_vec8 v[kPerThread];
+};
+
+template <int D, int THREADS>
+RA_DEVICE void tiled_stage_load(TiledStageRegs<D, THREADS>& r, const uint16_t* kbase,
+                                int64_t k_stride, const uint16_t* vbase, int64_t v_stride,
+                                const int k0, const int nk, const int tid) {
+#pragma unroll
+  for (int i = 0; i < TiledStageRegs<D, THREADS>::kPerThread; ++i) {
+    const int idx = tid + i * THREADS;
+    const int row = idx / (D / 8);
+    const int vec = idx % (D / 8);
+    const bool ok = idx < TiledStageRegs<D, THREADS>::kVecs && k0 + row < nk;
+    r.k[i] = ok ? ra_load16(kbase + (k0 + row) * k_stride + 8 * vec) : ra_vec8{{0u, 0u, 0u, 0u}};
+    r.v[i] = ok ? ra_load16(vbase + (k0 + row) * v_stride + 8 * vec) : ra_vec8{{0u, 0u, 0u, 0u}};
+  }
+}
+
+template <int D, int THREADS>
+RA_DEVICE void tiled_stage_store(TiledStage<D>& st, const int buf,
+                                 const TiledStageRegs<D, THREADS>& r, const int tid) {
+#pragma unroll
+  for (int i = 0; i < TiledStageRegs<D, THREADS>::kPerThread; ++i) {
+    const int idx = tid + i * THREADS;
+    if (idx >= TiledStageRegs<D, THREADS>::kVecs) continue;
+    const int off = (idx / (D / 8)) * TiledStage<D>::kStride + 8 * (idx % (D / 8));
+    ra_store16(st.k[buf] + off, r.k[i]);
+    ra_store16(st.v[buf] + off, r.v[i]);
+  }
+}
+
+// Where a row tile finds its keys: streamed from global memory by the wave (kTiledStream),
+// held in registers for a one-tile segment (kTiledHeld), or staged in shared memory by the
+// block (kTiledShared: every wave of the block calls with the same segment, idle ones too,
+// since the staging and its barriers need all of them).
+constexpr int kTiledStream = 0;
+constexpr int kTiledHeld = 1;
+constexpr int kTiledShared = 2;
+constexpr int kTiledBlockThreads = 256;
+
 #if RA_HAS_MMA
 
-// One valid (segment, kv head, row tile) on matrix units.
-template <typename T, int D, int ROWS>
+template <int D>
+using TiledHeldK = ra_mma_rows<TiledSlices<D>::kWidth, kTiledKeys>;
+template <int D>
+using TiledHeldV = ra_mma_vrows<TiledSlices<D>::kWidth, kTiledKeys>;
+
+
+template <typename T, int D, int ROWS, int MODE>
 RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile,
-                                  const TiledSegment& s, const int lane) {
+                                  const TiledSegment& s, const int lane,
+                                  const TiledHeldK<D>* held_k, const TiledHeldV<D>* held_v,
+                                  TiledStage<D>* stage = nullptr, const int tid = 0) {
+  constexpr bool HELD = MODE == kTiledHeld;
   constexpr int SLOTS = kRaMmaAccSlots;
   constexpr int E = ra_mma_acc<kTiledKeys>::kElems;
   constexpr int KT = kTiledKeys;
-  // Head-dim slices: d <= 128 is one slice; d = 256 is two of 128, so that only half a key
-  // tile's K or V is in registers at a time (Q and O, which live across the loop, stay whole).
-  constexpr int DS = D < 128 ? D : 128;
-  constexpr int NSL = D / DS;
-  static_assert(NSL <= 2, "head dims up to 256");
+  constexpr int DS = TiledSlices<D>::kWidth;
+  constexpr int NSL = TiledSlices<D>::kCount;
+  static_assert(MODE == kTiledStream || NSL == 1, "held / staged K/V: one head-dim slice");
   constexpr int OUT_J = static_cast<int>(sizeof(ra_mma_out<DS, ROWS>{}.x[0]) / sizeof(float));
   const int group = p.num_heads_q / p.num_heads_kv;
   const int hq0 = hk * group;
   const int64_t r0 = tile * ROWS;
   const int64_t rows_left = static_cast<int64_t>(s.nq) * group - r0;
-  const int nrows = rows_left < ROWS ? static_cast<int>(rows_left) : ROWS;
+  const int nrows = rows_left < ROWS ? (rows_left > 0 ? static_cast<int>(rows_left) : 0) : ROWS;
   const int nk = s.nk;
   const float qscale = p.softmax_scale * kTiledLog2e;
 
@@ -237,7 +342,45 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
   };
 
   ra_mma_rows<DS, KT> ka, kb;
-  if constexpr (NSL == 1) {
+  if constexpr (MODE == kTiledShared) {
+    // Block-wide double buffering: tile t + 1 is loaded into registers while every wave
+    // computes tile t from shared memory, then stored into the other buffer (read last in
+    // iteration t - 1, which every wave finished before the barrier that closed it).
+    using Regs = TiledStageRegs<D, kTiledBlockThreads>;
+    constexpr int SK = TiledStage<D>::kStride;
+    Regs staged;
+    if (ntiles > 0) {
+      tiled_stage_load<D, kTiledBlockThreads>(staged, kbase, p.k_token_stride, vbase,
+                                              p.v_token_stride, 0, nk, tid);
+      tiled_stage_store<D, kTiledBlockThreads>(*stage, 0, staged, tid);
+    }
+    __syncthreads();
+    for (int t = 0; t < ntiles; ++t) {
+      const int k0 = t * KT;
+      if (t + 1 < ntiles)
+        tiled_stage_load<D, kTiledBlockThreads>(staged, kbase, p.k_token_stride, vbase,
+                                                p.v_token_stride, k0 + KT, nk, tid);
+      ra_mma_load_rows(ka, stage->k[t & 1], SK, nk - k0, lane);
+      ra_mma_vrows<DS, KT> vr;
+      ra_mma_load_vrows(vr, stage->v[t & 1], SK, nk - k0, lane);
+      ra_mma_acc<KT> sc;
+      ra_mma_zero(sc);
+      ra_mma_dot<T>(sc, qr[0], ka);
+      const ra_mma_pfrag<ROWS> pf = softmax_step(sc, k0);
+      ra_mma_pv<T>(o[0], pf, vr);
+      if (t + 1 < ntiles)
+        tiled_stage_store<D, kTiledBlockThreads>(*stage, (t + 1) & 1, staged, tid);
+      __syncthreads();
+    }
+  } else if constexpr (HELD) {
+    if (ntiles > 0) {
+      ra_mma_acc<KT> sc;
+      ra_mma_zero(sc);
+      ra_mma_dot<T>(sc, qr[0], *held_k);
+      const ra_mma_pfrag<ROWS> pf = softmax_step(sc, 0);
+      ra_mma_pv<T>(o[0], pf, *held_v);
+    }
+  } else if constexpr (NSL == 1) {
     // One key tile: V of this tile and K of the next are issued before this tile's products.
     auto step = [&](const ra_mma_rows<DS, KT>& kcur, ra_mma_rows<DS, KT>& knext, const int t) {
       const int k0 = t * KT;
@@ -326,11 +469,17 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     const int k0 = t * KT;
     ra_mma_acc<KT> sc;
     ra_mma_zero(sc);
+    if (k0 < nk) {  // tiles past the keys are all zero: no product
+      if constexpr (HELD) {
+        ra_mma_dot<T>(sc, qr[0], *held_k);
+      } else {
 #pragma unroll
-    for (int c = 0; c < NSL; ++c) {
-      ra_mma_load_rows(ka, kbase + k0 * p.k_token_stride + c * DS, p.k_token_stride, nk - k0,
-                       lane);
-      ra_mma_dot<T>(sc, qr[c], ka);
+        for (int c = 0; c < NSL; ++c) {
+          ra_mma_load_rows(ka, kbase + k0 * p.k_token_stride + c * DS, p.k_token_stride,
+                           nk - k0, lane);
+          ra_mma_dot<T>(sc, qr[c], ka);
+        }
+      }
     }
 #pragma unroll
     for (int i = 0; i < E; ++i) {
@@ -345,6 +494,33 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       p.probs[((s.q_row0 + j) * p.num_heads_q + hq) * p.max_seqlen_kv + col] = pr;
     }
   }
+}
+
+// Row tiles [tile0, tile1) of one valid (segment, kv head): a segment of one key tile (d <=
+// 128) loads K and V once and serves every row tile from registers; longer ones stream.
+template <typename T, int D, int ROWS>
+RA_DEVICE void tiled_fwd_item_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile0,
+                                  const int64_t tile1, const TiledSegment& s, const int lane) {
+  constexpr int DS = TiledSlices<D>::kWidth;
+  if constexpr (TiledSlices<D>::kCount == 1) {
+    if (s.nk <= kTiledKeys) {
+      ra_mma_rows<DS, kTiledKeys> kr;
+      ra_mma_vrows<DS, kTiledKeys> vr;
+      const int64_t k_off = s.kv_batch * p.k_batch_stride + s.kv_token0 * p.k_token_stride +
+                            hk * p.k_head_stride;
+      const int64_t v_off = s.kv_batch * p.v_batch_stride + s.kv_token0 * p.v_token_stride +
+                            hk * p.v_head_stride;
+      ra_mma_load_rows(kr, static_cast<const uint16_t*>(p.k) + k_off, p.k_token_stride, s.nk,
+                       lane);
+      ra_mma_load_vrows(vr, static_cast<const uint16_t*>(p.v) + v_off, p.v_token_stride, s.nk,
+                        lane);
+      for (int64_t tile = tile0; tile < tile1; ++tile)
+        tiled_fwd_tile_mma<T, D, ROWS, kTiledHeld>(p, hk, tile, s, lane, &kr, &vr);
+      return;
+    }
+  }
+  for (int64_t tile = tile0; tile < tile1; ++tile)
+    tiled_fwd_tile_mma<T, D, ROWS, kTiledStream>(p, hk, tile, s, lane, nullptr, nullptr);
 }
 
 #else  // !RA_HAS_MMA
@@ -468,7 +644,7 @@ RA_DEVICE void tiled_fwd_tile_scalar(const SmallSeqTiledParams& p, const int hk,
 
 #endif  // RA_HAS_MMA
 
-// Grid-stride loop over (segment, kv head, row tile) items.
+// Grid-stride loop over (segment, kv head, row-tile group) items.
 template <typename T, int D>
 __global__ void __launch_bounds__(kTiledMaxThreadsPerBlock)
     small_seq_tiled_fwd_kernel(const SmallSeqTiledParams p) {
@@ -476,8 +652,8 @@ __global__ void __launch_bounds__(kTiledMaxThreadsPerBlock)
   const int lane = threadIdx.x % WAVE;
   const int waves = blockDim.x / WAVE;
   constexpr int ROWS = tiled_rows_for_wave(WAVE);
-  const int64_t tiles = tiled_row_tiles(p, ROWS);
-  const int64_t per_seg = tiles * p.num_heads_kv;
+  const int64_t groups = tiled_item_groups(p, ROWS);
+  const int64_t per_seg = groups * p.num_heads_kv;
   const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * waves;
   int64_t item = static_cast<int64_t>(blockIdx.x) * waves + threadIdx.x / WAVE;
@@ -487,16 +663,82 @@ __global__ void __launch_bounds__(kTiledMaxThreadsPerBlock)
   for (; item < items; item += stride) {
     const int seg = static_cast<int>(item / per_seg);
     const int64_t rest = item - seg * per_seg;
-    const int hk = static_cast<int>(rest / tiles);
-    const int64_t tile = rest - hk * tiles;
+    const int hk = static_cast<int>(rest / groups);
+    const int64_t item_group = rest - hk * groups;
     const TiledSegment s = tiled_resolve_segment(p, seg, bounds);
     if (item + stride < items)
       bounds = tiled_fetch_bounds(p, static_cast<int>((item + stride) / per_seg));
-    if (!tiled_fwd_prologue<T, D, ROWS>(p, seg, hk, tile, s, lane)) continue;
+    if (!tiled_fwd_prologue<T, D, ROWS>(p, seg, hk, item_group, s, lane)) continue;
+    // The item's row tiles that hold rows of this segment.
+    const int64_t seg_rows = static_cast<int64_t>(s.nq) * (p.num_heads_q / p.num_heads_kv);
+    const int64_t tile0 = item_group * kTiledRowTilesPerItem;
+    const int64_t seg_tiles = (seg_rows + ROWS - 1) / ROWS;
+    const int64_t tile1 =
+        tile0 + kTiledRowTilesPerItem < seg_tiles ? tile0 + kTiledRowTilesPerItem : seg_tiles;
 #if RA_HAS_MMA
-    tiled_fwd_tile_mma<T, D, ROWS>(p, hk, tile, s, lane);
+    tiled_fwd_item_mma<T, D, ROWS>(p, hk, tile0, tile1, s, lane);
 #else
-    tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);
+    for (int64_t tile = tile0; tile < tile1; ++tile)
+      tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);
+#endif
+  }
+}
+
+// Block variant for segments with many query rows and more than one key tile (d <= 128): the
+// block's waves take consecutive row tiles of one (segment, kv head) and share each key tile,
+// which the block stages in shared memory, so K/V leave L2 once per block instead of once per
+// row tile. Work item = (segment, kv head, group of one row tile per wave), grid-stride over
+// blocks. Segments of one key tile take the register-held path per wave; bad segments and
+// padding rows are handled as in the wave kernel.
+// NOTE: the explicit minimum of one resident block lets nvcc use the registers it needs; with
+// the thread bound alone it capped d = 64 at 128 registers and spilled.
+template <typename T, int D>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBlockThreads, 1)
+    small_seq_tiled_fwd_block_kernel(const SmallSeqTiledParams p) {
+  static_assert(TiledSlices<D>::kCount == 1, "the block kernel serves head dims up to 128");
+  constexpr int WAVE = RA_WAVE_SIZE;
+  constexpr int ROWS = tiled_rows_for_wave(WAVE);
+  constexpr int WAVES = kTiledBlockThreads / WAVE;
+#if RA_HAS_MMA
+  __shared__ TiledStage<D> stage;
+#endif
+  const int tid = threadIdx.x;
+  const int lane = tid % WAVE;
+  const int w = tid / WAVE;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int64_t groups = (tiled_row_tiles(p, ROWS) + WAVES - 1) / WAVES;
+  const int64_t per_seg = groups * p.num_heads_kv;
+  const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int seg = static_cast<int>(item / per_seg);
+    const int64_t rest = item - seg * per_seg;
+    const int hk = static_cast<int>(rest / groups);
+    const int64_t bg = rest - hk * groups;
+    const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
+    if (bg == 0 && w == 0) tiled_fwd_padding<T, D>(p, seg, hk, lane);
+    const int64_t tile = bg * WAVES + w;
+    const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
+    if (!s.valid) {
+      if (bg == 0 && hk == 0 && tid == 0) tiled_report_bad_segment(p, seg);
+      const int64_t r0 = tile * ROWS;
+      const int64_t r1 = r0 + ROWS < seg_rows ? r0 + ROWS : seg_rows;
+      const float nan = tiled_nan();
+      tiled_fill_rows<T, D>(p, s.q_batch, s.q_token0, s.q_row0, r0, r1, hk * group, group, nan,
+                            nan, nan, lane);
+      continue;  // the same for every wave of the block
+    }
+    if (bg * WAVES * ROWS >= seg_rows) continue;  // no rows in this block (block-uniform)
+#if RA_HAS_MMA
+    if (s.nk <= kTiledKeys) {  // block-uniform: one key tile, held in registers per wave
+      if (tile * ROWS < seg_rows) tiled_fwd_item_mma<T, D, ROWS>(p, hk, tile, tile + 1, s, lane);
+      continue;
+    }
+    // Every wave, those past the segment's rows too (they stage and wait, and write nothing).
+    tiled_fwd_tile_mma<T, D, ROWS, kTiledShared>(p, hk, tile, s, lane, nullptr, nullptr, &stage,
+                                                 tid);
+#else
+    // Targets without matrix units: each wave its own tile, scalar (no staging).
+    if (tile * ROWS < seg_rows) tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);
 #endif
   }
 }
