@@ -73,7 +73,7 @@ RA_HOST_DEVICE int64_t tiled_bwd_dq_items(const SmallSeqTiledParams& p, int slic
 RA_HOST_DEVICE bool tiled_bwd_needs_dq_pass(const SmallSeqTiledParams& p) {
   return p.max_seqlen_kv > kTiledBwdKeys;
 }
-// (query row, q head) pairs of pass 1, in groups of kTiledBwdDeltaPairs per wave step.
+// (query row, q head) pairs of pass 1 (one lane group each).
 RA_HOST_DEVICE int64_t tiled_bwd_delta_pairs(const SmallSeqTiledParams& p) {
   return static_cast<int64_t>(p.total_q) * p.num_heads_q;
 }
