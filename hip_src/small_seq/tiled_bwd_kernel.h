@@ -17,8 +17,9 @@
 //      segment covers and for a bad segment's keys, NaN dq rows of a bad segment.
 //   3. small_seq_tiled_bwd_dq_kernel (launched only when max_seqlen_kv > kTiledBwdKeys), work
 //      item = (segment, kv head, row tile, head-dim slice) of a segment with more than one key
-//      tile: walks the key tiles with the tile's Q and dO in registers, accumulating the slice
-//      of dQ in fp32, stored once.
+//      tile: walks the key tiles (the tile's Q and dO held in registers on 64-lane waves,
+//      re-read per key tile from L1 on 32-lane warps), accumulating the slice of dQ in fp32,
+//      stored once.
 // Every gradient element is written by exactly one work item, which sums its terms in a fixed
 // order: deterministic (bitwise, run to run), no atomics. Head-dim slices are separate items:
 // they bound the fp32 accumulators (two 16 x slice tiles in pass 2) to 64 registers per lane
