@@ -13,11 +13,16 @@
 //      kTiledBwdRows, accumulating the slice of dK and dV of its keys in fp32 registers, and
 //      stores them once. When the segment has one key tile, the same scores also give the
 //      slice of dQ of every row (complete: it sums over all keys), stored per row tile.
+//      A segment whose rows fit one row tile (q = 1 with a GQA group of at most 16, a few
+//      candidates without GQA) instead takes one item per (kv head, slice) that walks all key
+//      tiles: each tile's dK / dV are complete at once and dQ accumulates across the tiles, so
+//      K / V are read once for all three gradients.
 //      It also writes every gradient that is not a valid segment's: zeros for kv rows no
 //      segment covers and for a bad segment's keys, NaN dq rows of a bad segment.
-//   3. small_seq_tiled_bwd_dq_kernel (launched only when max_seqlen_kv > kTiledBwdKeys), work
-//      item = (segment, kv head, row tile, head-dim slice) of a segment with more than one key
-//      tile: walks the key tiles (the tile's Q and dO held in registers on 64-lane waves,
+//   3. small_seq_tiled_bwd_dq_kernel (launched only when max_seqlen_kv > kTiledBwdKeys and
+//      max_seqlen_q x group > kTiledBwdRows), work item = (segment, kv head, row tile,
+//      head-dim slice) of a segment with more than one key tile and more than one row tile:
+//      walks the key tiles (the tile's Q and dO held in registers on 64-lane waves,
 //      re-read per key tile from L1 on 32-lane warps), accumulating the slice of dQ in fp32,
 //      stored once.
 // Every gradient element is written by exactly one work item, which sums its terms in a fixed
@@ -70,9 +75,17 @@ RA_HOST_DEVICE int64_t tiled_bwd_dkv_items(const SmallSeqTiledParams& p, int sli
 RA_HOST_DEVICE int64_t tiled_bwd_dq_items(const SmallSeqTiledParams& p, int slices) {
   return static_cast<int64_t>(p.batch) * p.num_heads_kv * tiled_bwd_row_tiles(p) * slices;
 }
-// Whether pass 3 has work: only segments with more than one key tile need it.
+// Segments whose rows fit one row tile (q = 1 with a GQA group of at most 16, few candidates
+// without GQA) are served by one pass-2 item per (kv head, slice) walking all key tiles, dQ
+// included.
+RA_HOST_DEVICE bool tiled_bwd_one_row_tile(const SmallSeqTiledParams& p, const TiledSegment& s) {
+  return static_cast<int64_t>(s.nq) * (p.num_heads_q / p.num_heads_kv) <= kTiledBwdRows;
+}
+// Whether pass 3 has work: only segments with more than one key tile and more than one row
+// tile need it.
 RA_HOST_DEVICE bool tiled_bwd_needs_dq_pass(const SmallSeqTiledParams& p) {
-  return p.max_seqlen_kv > kTiledBwdKeys;
+  return p.max_seqlen_kv > kTiledBwdKeys &&
+         static_cast<int64_t>(p.max_seqlen_q) * (p.num_heads_q / p.num_heads_kv) > kTiledBwdRows;
 }
 // (query row, q head) pairs of pass 1 (one lane group each).
 RA_HOST_DEVICE int64_t tiled_bwd_delta_pairs(const SmallSeqTiledParams& p) {
@@ -409,6 +422,145 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
                        p.dk_token_stride, nkt, lane);
 }
 
+// Pass 2 on matrix units for a segment whose rows fit one row tile: one item per (kv head,
+// slice) walks all key tiles with the tile's Q and dO. Per key tile, dV and dK of its keys are
+// complete (every row is in this tile) and stored at once; dQ accumulates over the key tiles in
+// fp32 and is stored at the end. K/V are read once for all three gradients (no pass 3).
+template <typename T, int D>
+RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk,
+                                      const int slice, const TiledSegment& s, const int lane) {
+  constexpr int DS = tiled_bwd_slice(RA_WAVE_SIZE, D);
+  constexpr int W = DS;
+  constexpr int E = ra_mma_acc<16>::kElems;
+  constexpr bool kResident = kTiledBwdResident<D> && RA_WAVE_SIZE == 64;
+  constexpr int KT = kTiledBwdKeys;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int hq0 = hk * group;
+  const int nrows = s.nq * group;  // <= kTiledBwdRows (the caller checks)
+  const int nk = s.nk;
+  const float qscale = p.softmax_scale * kTiledBwdLog2e;
+  const TiledBwdRows rw = tiled_bwd_rows(p, hk, s);
+  auto q_row = [&](int i) {
+    const int j = i / group;
+    return rw.q + (s.q_token0 + j) * p.q_token_stride + (hq0 + (i - j * group)) * p.q_head_stride;
+  };
+  auto do_row = [&](int i) {
+    const int j = i / group;
+    return rw.dout + (s.q_token0 + j) * p.do_token_stride +
+           (hq0 + (i - j * group)) * p.do_head_stride;
+  };
+  TiledBwdPanel<D, kResident ? W : D> qp, gp;  // (unused unless resident)
+  if constexpr (kResident) {
+#pragma unroll
+    for (int c = 0; c < D / W; ++c) {
+      ra_mma_load_rows_at(qp.c[c], [&](int i) { return q_row(i) + c * W; }, nrows, lane);
+      ra_mma_load_rows_at(gp.c[c], [&](int i) { return do_row(i) + c * W; }, nrows, lane);
+    }
+  }
+  ra_mma_out<DS, 16> dq;
+  ra_mma_zero(dq);
+  for (int k0 = 0; k0 < nk; k0 += KT) {
+    const uint16_t* kb = rw.k + static_cast<int64_t>(k0) * p.k_token_stride;
+    const uint16_t* vb = rw.v + static_cast<int64_t>(k0) * p.v_token_stride;
+    const int nkt = nk - k0;
+    ra_mma_acc<16> st, dpt, sc, dp;
+    ra_mma_zero(st);
+    ra_mma_zero(dpt);
+    ra_mma_zero(sc);
+    ra_mma_zero(dp);
+    auto chunk = [&](const ra_mma_rows<W, 16>& qc, const ra_mma_rows<W, 16>& gc,
+                     const ra_mma_rows<W, 16>& kc, const ra_mma_rows<W, 16>& vc) {
+      ra_mma_dot<T>(st, kc, qc);
+      ra_mma_dot<T>(dpt, vc, gc);
+      ra_mma_dot<T>(sc, qc, kc);
+      ra_mma_dot<T>(dp, gc, vc);
+    };
+    if constexpr (kResident) {
+#pragma unroll
+      for (int c = 0; c < D / W; ++c) {
+        ra_mma_rows<W, 16> kc, vc;
+        ra_mma_load_rows(kc, kb + c * W, p.k_token_stride, nkt, lane);
+        ra_mma_load_rows(vc, vb + c * W, p.v_token_stride, nkt, lane);
+        chunk(qp.c[c], gp.c[c], kc, vc);
+      }
+    } else {
+#pragma unroll 1
+      for (int c = 0; c < D / W; ++c) {
+        ra_mma_rows<W, 16> qc, gc, kc, vc;
+        ra_mma_load_rows_at(qc, [&](int i) { return q_row(i) + c * W; }, nrows, lane);
+        ra_mma_load_rows_at(gc, [&](int i) { return do_row(i) + c * W; }, nrows, lane);
+        ra_mma_load_rows(kc, kb + c * W, p.k_token_stride, nkt, lane);
+        ra_mma_load_rows(vc, vb + c * W, p.v_token_stride, nkt, lane);
+        chunk(qc, gc, kc, vc);
+      }
+    }
+    // P^T, dS^T (keys as rows) and dS (rows as rows), with each row's LSE and Delta.
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const int key = ra_mma_acc_row(lane, i);
+      const int col = ra_mma_acc_col(lane, i);
+      const bool live = key < nkt && col < nrows;
+      const TiledBwdRowTerms t =
+          col < nrows ? tiled_bwd_row_terms(p, s, hq0, group, col) : TiledBwdRowTerms{0.f, 0.f};
+      const float pr = live ? exp2f(st.x[i] * qscale - t.lse2) : 0.f;
+      st.x[i] = pr;
+      dpt.x[i] = pr * (dpt.x[i] - t.delta);
+    }
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const int row = ra_mma_acc_row(lane, i);
+      const int key = ra_mma_acc_col(lane, i);
+      const bool live = key < nkt && row < nrows;
+      const TiledBwdRowTerms t =
+          row < nrows ? tiled_bwd_row_terms(p, s, hq0, group, row) : TiledBwdRowTerms{0.f, 0.f};
+      const float pr = live ? exp2f(sc.x[i] * qscale - t.lse2) : 0.f;
+      sc.x[i] = pr * (dp.x[i] - t.delta);
+    }
+    const ra_mma_pfrag<16> pt_f = ra_mma_to_pfrag<T, 16>(st);
+    const ra_mma_pfrag<16> dst_f = ra_mma_to_pfrag<T, 16>(dpt);
+    const ra_mma_pfrag<16> ds_f = ra_mma_to_pfrag<T, 16>(sc);
+    {
+      ra_mma_vrows<DS, 16> dov;
+      ra_mma_load_vrows_at(dov, [&](int i) { return do_row(i) + slice * DS; }, nrows, lane);
+      ra_mma_out<DS, 16> dv;
+      ra_mma_zero(dv);
+      ra_mma_pv<T>(dv, pt_f, dov);
+      ra_mma_store_rows<T>(dv, rw.dv + static_cast<int64_t>(k0) * p.dv_token_stride + slice * DS,
+                           p.dv_token_stride, nkt, lane);
+    }
+    {
+      ra_mma_vrows<DS, 16> qv;
+      ra_mma_load_vrows_at(qv, [&](int i) { return q_row(i) + slice * DS; }, nrows, lane);
+      ra_mma_out<DS, 16> dk;
+      ra_mma_zero(dk);
+      ra_mma_pv<T>(dk, dst_f, qv);
+#pragma unroll
+      for (int i = 0; i < DS / 16; ++i)
+#pragma unroll
+        for (int e = 0; e < static_cast<int>(sizeof(dk.x[0]) / sizeof(float)); ++e)
+          dk.x[i][e] *= p.softmax_scale;
+      ra_mma_store_rows<T>(dk, rw.dk + static_cast<int64_t>(k0) * p.dk_token_stride + slice * DS,
+                           p.dk_token_stride, nkt, lane);
+    }
+    {
+      ra_mma_vrows<DS, 16> kslice;
+      ra_mma_load_vrows(kslice, kb + slice * DS, p.k_token_stride, nkt, lane);
+      ra_mma_pv<T>(dq, ds_f, kslice);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < DS / 16; ++i)
+#pragma unroll
+    for (int e = 0; e < static_cast<int>(sizeof(dq.x[0]) / sizeof(float)); ++e)
+      dq.x[i][e] *= p.softmax_scale;
+  auto dq_row = [&](int i) {
+    const int j = i / group;
+    return rw.dq + (s.q_token0 + j) * p.dq_token_stride + (hq0 + (i - j * group)) * p.dq_head_stride +
+           slice * DS;
+  };
+  ra_mma_store_rows_at<T>(dq, dq_row, nrows, lane);
+}
+
 // Pass 3 on matrix units: dQ of one valid (segment, kv head, row tile, slice) over all key tiles.
 template <typename T, int D>
 RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, const int64_t rt,
@@ -742,12 +894,25 @@ __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
       continue;
     }
     // Tile 0 always runs (it writes dQ of a segment without keys: zeros); later tiles only
-    // where the segment has keys.
-    if (kt > 0 && static_cast<int64_t>(kt) * kTiledBwdKeys >= s.nk) continue;
+    // where the segment has keys and more than one row tile.
+    const bool one_row_tile = tiled_bwd_one_row_tile(p, s);
+    if (kt > 0 && (one_row_tile || static_cast<int64_t>(kt) * kTiledBwdKeys >= s.nk)) continue;
 #if RA_HAS_MMA
-    tiled_bwd_dkv_mma<T, D>(p, hk, kt, slice, s, lane);
+    if (one_row_tile) {
+      tiled_bwd_row_tile_mma<T, D>(p, hk, slice, s, lane);
+    } else {
+      tiled_bwd_dkv_mma<T, D>(p, hk, kt, slice, s, lane);
+    }
 #else
-    tiled_bwd_dkv_scalar<T, D>(p, hk, kt, slice, s, lane);
+    if (one_row_tile) {
+      // Every key tile's dK / dV here, then dQ over all keys as pass 3 computes it.
+      for (int t = 0; t * kTiledBwdKeys < s.nk; ++t)
+        tiled_bwd_dkv_scalar<T, D>(p, hk, t, slice, s, lane);
+      if (s.nk > kTiledBwdKeys) tiled_bwd_dq_scalar<T, D>(p, hk, 0, slice, s, lane);
+      if (s.nk == 0) tiled_bwd_dkv_scalar<T, D>(p, hk, 0, slice, s, lane);  // dq = 0
+    } else {
+      tiled_bwd_dkv_scalar<T, D>(p, hk, kt, slice, s, lane);
+    }
 #endif
   }
 }
@@ -776,7 +941,8 @@ __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
     const int64_t rt = rest / SLICES;
     const int slice = static_cast<int>(rest - rt * SLICES);
     const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
-    if (!s.valid || s.nk <= kTiledBwdKeys) continue;  // pass 2 wrote these rows' dQ
+    // pass 2 wrote the dQ of segments with one key tile or one row tile
+    if (!s.valid || s.nk <= kTiledBwdKeys || tiled_bwd_one_row_tile(p, s)) continue;
     if (rt * kTiledBwdRows >= static_cast<int64_t>(s.nq) * group) continue;
 #if RA_HAS_MMA
     tiled_bwd_dq_mma<T, D>(p, hk, rt, slice, s, lane);
