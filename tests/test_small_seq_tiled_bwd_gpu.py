@@ -97,6 +97,18 @@ def test_one_query_long_histories(dev, max_kv, h_q, h_kv):
     check(case, seed=max_kv, dlse=True)
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("h_q,h_kv", [(8, 1), (8, 8)], ids=["g8", "g1"])
+def test_tile_boundaries(dev, h_q, h_kv, d):
+    """Rows per (segment, kv head) of 16 (one row tile: one item walks every key tile) and 17+
+    (the dK/dV items per key tile plus the dQ pass), against 16 keys (one key tile) and 17."""
+    group = h_q // h_kv
+    q_lens = [16 // group, 16 // group + 1, 16 // group, 16 // group + 1, 1, 16 // group + 1]
+    case = C.thd_case(30 + d, q_lens, [16, 16, 17, 17, 33, 1000], h_q, h_kv, d, torch.bfloat16,
+                      device=dev)
+    check(case, seed=30, dlse=True)
+
+
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
 def test_ragged_many_segments(dev, h_q, h_kv, offsets):

@@ -152,7 +152,8 @@ __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
   const int64_t pairs = tiled_bwd_delta_pairs(p);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE) * PPW;
   const TiledPadding pad = tiled_padding_rows(p);
-  int64_t base = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE) * PPW;
+  int64_t base =
+      (static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE) * PPW;
   for (; base < pairs; base += stride) {
     // A lane group past the end computes on pair 0 and stores nothing (its lanes stay in the
     // wave's shuffles).
@@ -359,7 +360,8 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
       const int col = ra_mma_acc_col(lane, i);
       const bool live = key < nkt && col < nrows;
       const TiledBwdRowTerms t =
-          col < nrows ? tiled_bwd_row_terms(p, s, hq0, group, r0 + col) : TiledBwdRowTerms{0.f, 0.f};
+          col < nrows ? tiled_bwd_row_terms(p, s, hq0, group, r0 + col)
+                      : TiledBwdRowTerms{0.f, 0.f};
       const float pr = live ? exp2f(st.x[i] * qscale - t.lse2) : 0.f;
       st.x[i] = pr;
       dpt.x[i] = pr * (dpt.x[i] - t.delta);
@@ -384,7 +386,8 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
         const int key = ra_mma_acc_col(lane, i);
         const bool live = key < nkt && row < nrows;
         const TiledBwdRowTerms t =
-            row < nrows ? tiled_bwd_row_terms(p, s, hq0, group, r0 + row) : TiledBwdRowTerms{0.f, 0.f};
+            row < nrows ? tiled_bwd_row_terms(p, s, hq0, group, r0 + row)
+                        : TiledBwdRowTerms{0.f, 0.f};
         const float pr = live ? exp2f(sc.x[i] * qscale - t.lse2) : 0.f;
         sc.x[i] = pr * (dp.x[i] - t.delta);
       }
@@ -555,8 +558,8 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
       dq.x[i][e] *= p.softmax_scale;
   auto dq_row = [&](int i) {
     const int j = i / group;
-    return rw.dq + (s.q_token0 + j) * p.dq_token_stride + (hq0 + (i - j * group)) * p.dq_head_stride +
-           slice * DS;
+    return rw.dq + (s.q_token0 + j) * p.dq_token_stride +
+           (hq0 + (i - j * group)) * p.dq_head_stride + slice * DS;
   };
   ra_mma_store_rows_at<T>(dq, dq_row, nrows, lane);
 }
@@ -740,10 +743,9 @@ RA_DEVICE void tiled_bwd_dkv_scalar(const SmallSeqTiledParams& p, const int hk, 
   for (int sl = 0; sl < SL; ++sl) {
     const int key = sl * RPP + row_group;
     const bool ok = key < nkt;
-    tiled_bwd_load_vecs<T, VPL>(kf[sl], rw.k + static_cast<int64_t>(k0 + (ok ? key : 0)) * p.k_token_stride,
-                                col_lane, LPR, ok);
-    tiled_bwd_load_vecs<T, VPL>(vf[sl], rw.v + static_cast<int64_t>(k0 + (ok ? key : 0)) * p.v_token_stride,
-                                col_lane, LPR, ok);
+    const int64_t at = k0 + (ok ? key : 0);
+    tiled_bwd_load_vecs<T, VPL>(kf[sl], rw.k + at * p.k_token_stride, col_lane, LPR, ok);
+    tiled_bwd_load_vecs<T, VPL>(vf[sl], rw.v + at * p.v_token_stride, col_lane, LPR, ok);
 #pragma unroll
     for (int vi = 0; vi < VPL; ++vi)
 #pragma unroll
@@ -753,8 +755,8 @@ RA_DEVICE void tiled_bwd_dkv_scalar(const SmallSeqTiledParams& p, const int hk, 
     const int64_t j = r / group;
     const int64_t hq = hq0 + (r - j * group);
     float qf[VPL][8], gf[VPL][8], dq[VPL][8];
-    tiled_bwd_load_vecs<T, VPL>(qf, rw.q + (s.q_token0 + j) * p.q_token_stride + hq * p.q_head_stride,
-                                col_lane, LPR, true);
+    tiled_bwd_load_vecs<T, VPL>(
+        qf, rw.q + (s.q_token0 + j) * p.q_token_stride + hq * p.q_head_stride, col_lane, LPR, true);
     tiled_bwd_load_vecs<T, VPL>(gf, rw.dout + (s.q_token0 + j) * p.do_token_stride +
                                         hq * p.do_head_stride,
                                 col_lane, LPR, true);
@@ -824,8 +826,8 @@ RA_DEVICE void tiled_bwd_dq_scalar(const SmallSeqTiledParams& p, const int hk, c
     const int64_t j = r / group;
     const int64_t hq = hq0 + (r - j * group);
     float qf[VPL][8], gf[VPL][8], dq[VPL][8];
-    tiled_bwd_load_vecs<T, VPL>(qf, rw.q + (s.q_token0 + j) * p.q_token_stride + hq * p.q_head_stride,
-                                col_lane, LPR, true);
+    tiled_bwd_load_vecs<T, VPL>(
+        qf, rw.q + (s.q_token0 + j) * p.q_token_stride + hq * p.q_head_stride, col_lane, LPR, true);
     tiled_bwd_load_vecs<T, VPL>(gf, rw.dout + (s.q_token0 + j) * p.do_token_stride +
                                         hq * p.do_head_stride,
                                 col_lane, LPR, true);
@@ -838,10 +840,9 @@ RA_DEVICE void tiled_bwd_dq_scalar(const SmallSeqTiledParams& p, const int hk, c
       const int key = base + row_group;
       const bool live = key < s.nk;
       float kf[VPL][8], vf[VPL][8];
-      tiled_bwd_load_vecs<T, VPL>(kf, rw.k + static_cast<int64_t>(live ? key : 0) * p.k_token_stride,
-                                  col_lane, LPR, live);
-      tiled_bwd_load_vecs<T, VPL>(vf, rw.v + static_cast<int64_t>(live ? key : 0) * p.v_token_stride,
-                                  col_lane, LPR, live);
+      const int64_t at = live ? key : 0;
+      tiled_bwd_load_vecs<T, VPL>(kf, rw.k + at * p.k_token_stride, col_lane, LPR, live);
+      tiled_bwd_load_vecs<T, VPL>(vf, rw.v + at * p.v_token_stride, col_lane, LPR, live);
       const float sc = ra_group_sum<LPR>(tiled_bwd_dot<VPL>(qf, kf)) * qscale;
       const float dpv = ra_group_sum<LPR>(tiled_bwd_dot<VPL>(gf, vf));
       const float pr = live ? exp2f(sc - t.lse2) : 0.f;
