@@ -47,9 +47,10 @@ KV_LENS = [300, 64, 17, 1, 0, 17, 300, 64, 5, 0, 1]
 GROUPS = [pytest.param(2, 2, id="g1"), pytest.param(4, 2, id="g2"), pytest.param(8, 1, id="g8")]
 
 
-# the launcher's choice (here the block kernel: many rows over long histories) and the wave
-# kernel for the same calls (tuning small_seq_tiled_block=0)
-KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0}}
+# the launcher's choice (here the block kernel: many rows over long histories), the wave
+# kernel for the same calls (tuning small_seq_tiled_block=0) and the block kernel of 128 threads
+KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0},
+           "block128": {"small_seq_tiled_block": 2, "small_seq_tiled_block_threads": 128}}
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))

@@ -82,7 +82,8 @@ def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype):
 
 
 # the launcher's choice, the wave kernel only, the block kernel for every d <= 128 call
-KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0}, "block": {"small_seq_tiled_block": 2}}
+KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0}, "block": {"small_seq_tiled_block": 2},
+           "block128": {"small_seq_tiled_block": 2, "small_seq_tiled_block_threads": 128}}
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))

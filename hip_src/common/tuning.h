@@ -26,6 +26,8 @@ struct RaTuning {
   // block kernel (K/V staged in shared memory, tiled_fwd_kernel.h), d <= 128; 0 = never;
   // 2 = every d <= 128 call (tests).
   int small_seq_tiled_block = 1;
+  // tiled small-seq forward: threads of a block-kernel block, 256 (64 rows) or 128 (32 rows).
+  int small_seq_tiled_block_threads = 256;
   // small-seq: passes whose GQA calls take the matrix-unit kernels, a bit mask (1 = forward,
   // 2 = backward); 0 sends every GQA call to the general kernels.
   int small_seq_mma = 3;
@@ -56,6 +58,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_bwd_grid", "ROCM_ATTN_SMALL_SEQ_BWD_GRID", &RaTuning::small_seq_bwd_grid},
     {"small_seq_tiled_fwd_grid", "ROCM_ATTN_SMALL_SEQ_TILED_GRID", &RaTuning::small_seq_tiled_fwd_grid},
     {"small_seq_tiled_block", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK", &RaTuning::small_seq_tiled_block},
+    {"small_seq_tiled_block_threads", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK_THREADS", &RaTuning::small_seq_tiled_block_threads},
     {"small_seq_mma", "ROCM_ATTN_SMALL_SEQ_MMA", &RaTuning::small_seq_mma},
     {"small_seq_pipe", "ROCM_ATTN_SMALL_SEQ_PIPE", &RaTuning::small_seq_pipe},
     {"thd_copy_wide", "ROCM_ATTN_THD_COPY_WIDE", &RaTuning::thd_copy_wide},

@@ -230,6 +230,9 @@ RA_DEVICE void tiled_stage_store(TiledStage<D>& st, const int buf,
 constexpr int kTiledStream = 0;
 constexpr int kTiledHeld = 1;
 constexpr int kTiledShared = 2;
+// Threads of the block kernel: 256 (64 rows, 8 warps / 4 waves) by default; 128 (32 rows) is
+// compiled too, for two resident blocks per multiprocessor where registers allow (tuning
+// small_seq_tiled_block_threads).
 constexpr int kTiledBlockThreads = 256;
 
 #if RA_HAS_MMA
@@ -240,7 +243,7 @@ template <int D>
 using TiledHeldV = ra_mma_vrows<TiledSlices<D>::kWidth, kTiledKeys>;
 
 
-template <typename T, int D, int ROWS, int MODE>
+template <typename T, int D, int ROWS, int MODE, int THREADS = kTiledBlockThreads>
 RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile,
                                   const TiledSegment& s, const int lane,
                                   const TiledHeldK<D>* held_k, const TiledHeldV<D>* held_v,
@@ -346,19 +349,19 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     // Block-wide double buffering: tile t + 1 is loaded into registers while every wave
     // computes tile t from shared memory, then stored into the other buffer (read last in
     // iteration t - 1, which every wave finished before the barrier that closed it).
-    using Regs = TiledStageRegs<D, kTiledBlockThreads>;
+    using Regs = TiledStageRegs<D, THREADS>;
     constexpr int SK = TiledStage<D>::kStride;
     Regs staged;
     if (ntiles > 0) {
-      tiled_stage_load<D, kTiledBlockThreads>(staged, kbase, p.k_token_stride, vbase,
+      tiled_stage_load<D, THREADS>(staged, kbase, p.k_token_stride, vbase,
                                               p.v_token_stride, 0, nk, tid);
-      tiled_stage_store<D, kTiledBlockThreads>(*stage, 0, staged, tid);
+      tiled_stage_store<D, THREADS>(*stage, 0, staged, tid);
     }
     __syncthreads();
     for (int t = 0; t < ntiles; ++t) {
       const int k0 = t * KT;
       if (t + 1 < ntiles)
-        tiled_stage_load<D, kTiledBlockThreads>(staged, kbase, p.k_token_stride, vbase,
+        tiled_stage_load<D, THREADS>(staged, kbase, p.k_token_stride, vbase,
                                                 p.v_token_stride, k0 + KT, nk, tid);
       ra_mma_load_rows(ka, stage->k[t & 1], SK, nk - k0, lane);
       ra_mma_vrows<DS, KT> vr;
@@ -369,7 +372,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       const ra_mma_pfrag<ROWS> pf = softmax_step(sc, k0);
       ra_mma_pv<T>(o[0], pf, vr);
       if (t + 1 < ntiles)
-        tiled_stage_store<D, kTiledBlockThreads>(*stage, (t + 1) & 1, staged, tid);
+        tiled_stage_store<D, THREADS>(*stage, (t + 1) & 1, staged, tid);
       __syncthreads();
     }
   } else if constexpr (HELD) {
@@ -692,13 +695,13 @@ __global__ void __launch_bounds__(kTiledMaxThreadsPerBlock)
 // padding rows are handled as in the wave kernel.
 // NOTE: the explicit minimum of one resident block lets nvcc use the registers it needs; with
 // the thread bound alone it capped d = 64 at 128 registers and spilled.
-template <typename T, int D>
-__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBlockThreads, 1)
+template <typename T, int D, int THREADS>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, 1)
     small_seq_tiled_fwd_block_kernel(const SmallSeqTiledParams p) {
   static_assert(TiledSlices<D>::kCount == 1, "the block kernel serves head dims up to 128");
   constexpr int WAVE = RA_WAVE_SIZE;
   constexpr int ROWS = tiled_rows_for_wave(WAVE);
-  constexpr int WAVES = kTiledBlockThreads / WAVE;
+  constexpr int WAVES = THREADS / WAVE;
 #if RA_HAS_MMA
   __shared__ TiledStage<D> stage;
 #endif
@@ -734,8 +737,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBlockThreads, 1)
       continue;
     }
     // Every wave, those past the segment's rows too (they stage and wait, and write nothing).
-    tiled_fwd_tile_mma<T, D, ROWS, kTiledShared>(p, hk, tile, s, lane, nullptr, nullptr, &stage,
-                                                 tid);
+    tiled_fwd_tile_mma<T, D, ROWS, kTiledShared, THREADS>(p, hk, tile, s, lane, nullptr, nullptr,
+                                                          &stage, tid);
 #else
     // Targets without matrix units: each wave its own tile, scalar (no staging).
     if (tile * ROWS < seg_rows) tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);

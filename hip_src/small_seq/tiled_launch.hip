@@ -38,13 +38,27 @@ dim3 tiled_grid(Kernel kernel, int64_t items, int items_per_block, int threads,
 // The block kernel (K/V staged in shared memory for the block's row tiles) where a (segment,
 // kv head) may have more than one key tile and at least half a block of rows: below that its
 // waves would mostly idle at the barriers, and one key tile is served from registers anyway.
-inline bool tiled_use_block(const SmallSeqTiledParams& p, int head_dim, int wave) {
+inline bool tiled_use_block(const SmallSeqTiledParams& p, int head_dim, int wave, int threads) {
   const int mode = ra_tuning().small_seq_tiled_block;
   if (mode <= 0 || head_dim > 128) return false;
   if (mode >= 2) return true;
   const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * (p.num_heads_q / p.num_heads_kv);
-  const int block_rows = (kTiledBlockThreads / wave) * tiled_rows_for_wave(wave);
+  const int block_rows = (threads / wave) * tiled_rows_for_wave(wave);
   return p.max_seqlen_kv > kTiledKeys && 2 * rows >= block_rows;
+}
+
+template <typename T, int D, int THREADS>
+hipError_t run_tiled_fwd_block(const SmallSeqTiledParams& p, int wave, hipStream_t stream) {
+  static int resident_block[64] = {};
+  const int waves = THREADS / wave;
+  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv *
+                        ((tiled_row_tiles(p, tiled_rows_for_wave(wave)) + waves - 1) / waves);
+  const dim3 grid =
+      tiled_grid(small_seq_tiled_fwd_block_kernel<T, D, THREADS>, items, 1, THREADS,
+                 resident_block);
+  hipLaunchKernelGGL((small_seq_tiled_fwd_block_kernel<T, D, THREADS>), grid, dim3(THREADS), 0,
+                     stream, p);
+  return hipGetLastError();
 }
 
 template <typename T, int D>
@@ -53,17 +67,10 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   const int wave = ra_device_wave_size();
   const int rows = tiled_rows_for_wave(wave);
   if constexpr (D <= 128) {
-    if (tiled_use_block(p, D, wave)) {
-      static int resident_block[64] = {};
-      const int waves = kTiledBlockThreads / wave;
-      const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv *
-                            ((tiled_row_tiles(p, rows) + waves - 1) / waves);
-      const dim3 grid = tiled_grid(small_seq_tiled_fwd_block_kernel<T, D>, items, 1,
-                                   kTiledBlockThreads, resident_block);
-      hipLaunchKernelGGL((small_seq_tiled_fwd_block_kernel<T, D>), grid,
-                         dim3(kTiledBlockThreads), 0, stream, p);
-      return hipGetLastError();
-    }
+    const int threads = ra_tuning().small_seq_tiled_block_threads == 128 ? 128 : 256;
+    if (tiled_use_block(p, D, wave, threads))
+      return threads == 128 ? run_tiled_fwd_block<T, D, 128>(p, wave, stream)
+                            : run_tiled_fwd_block<T, D, 256>(p, wave, stream);
   }
   static int resident[64] = {};
   const dim3 block(kTiledWavesPerBlock * wave);
