@@ -39,8 +39,9 @@ def inputs(case: C.TiledCase, seed: int, with_dlse: bool):
 
 
 def _kv_claims(case: C.TiledCase):
-    """Per segment: (valid, kv range) and per k/v row (THD) the number of segments claiming it.
-    A bad THD segment claims its clamped ordered range (the kernel zeroes it)."""
+    """Per segment: (valid, kv range) and per k/v row (THD) the number of writers claiming it:
+    a valid segment its keys, a bad one its clamped ordered range (the kernel zeroes it), and
+    the ranges before cu_seqlens_kv[0] and from cu_seqlens_kv[b] on (zeroed too)."""
     total_q = case.total_q
     rows = case.k.shape[0]
     claims = torch.zeros(rows, dtype=torch.int64)
@@ -56,6 +57,9 @@ def _kv_claims(case: C.TiledCase):
         if a < b:
             claims[a:b] += 1
         segs.append((ok, a, b))
+    # the rows before the first segment and from the end of the last (zeroed by the kernel)
+    claims[:min(max(cu_kv[0], 0), rows)] += 1
+    claims[min(max(cu_kv[-1], 0), rows):] += 1
     return segs, claims
 
 

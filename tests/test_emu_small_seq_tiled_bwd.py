@@ -169,3 +169,13 @@ def test_swapped_mfma_operands_fail(lib):
         lib.lib.ra_emu_set_faults(0)
     with pytest.raises(AssertionError):
         G.check_grads(case, dout, dl, dq, dk, dv)
+
+
+@pytest.mark.parametrize("h_q,h_kv", [(8, 1), (2, 2)], ids=["g8", "g1"])
+def test_tile_boundaries(lib, h_q, h_kv):
+    """Rows per (segment, kv head) of 16 (one row tile: one item walks every key tile) and 17+
+    (the dK/dV items per key tile plus the dQ pass), against 16 keys (one key tile) and 17."""
+    group = h_q // h_kv
+    q_lens = [16 // group, 16 // group + 1, 16 // group, 16 // group + 1, 1]
+    case = C.thd_case(21 + h_q, q_lens, [16, 16, 17, 17, 33], h_q, h_kv, 64, torch.bfloat16)
+    check(lib, case, seed=21, dlse=True)

@@ -13,12 +13,18 @@
 //      kTiledBwdRows, accumulating the slice of dK and dV of its keys in fp32 registers, and
 //      stores them once. When the segment has one key tile, the same scores also give the
 //      slice of dQ of every row (complete: it sums over all keys), stored per row tile.
+//      A segment whose rows fit one row tile (q = 1 with a GQA group of at most 16, a few
+//      candidates without GQA) instead takes one item per (kv head, slice) that walks all key
+//      tiles: each tile's dK / dV are complete at once and dQ accumulates across the tiles, so
+//      K / V are read once for all three gradients.
 //      It also writes every gradient that is not a valid segment's: zeros for kv rows no
 //      segment covers and for a bad segment's keys, NaN dq rows of a bad segment.
-//   3. small_seq_tiled_bwd_dq_kernel (launched only when max_seqlen_kv > kTiledBwdKeys), work
-//      item = (segment, kv head, row tile, head-dim slice) of a segment with more than one key
-//      tile: walks the key tiles with the tile's Q and dO in registers, accumulating the slice
-//      of dQ in fp32, stored once.
+//   3. small_seq_tiled_bwd_dq_kernel (launched only when max_seqlen_kv > kTiledBwdKeys and
+//      max_seqlen_q x group > kTiledBwdRows), work item = (segment, kv head, row tile,
+//      head-dim slice) of a segment with more than one key tile and more than one row tile:
+//      walks the key tiles (the tile's Q and dO held in registers on 64-lane waves,
+//      re-read per key tile from L1 on 32-lane warps), accumulating the slice of dQ in fp32,
+//      stored once.
 // Every gradient element is written by exactly one work item, which sums its terms in a fixed
 // order: deterministic (bitwise, run to run), no atomics. Head-dim slices are separate items:
 // they bound the fp32 accumulators (two 16 x slice tiles in pass 2) to 64 registers per lane
@@ -69,11 +75,19 @@ RA_HOST_DEVICE int64_t tiled_bwd_dkv_items(const SmallSeqTiledParams& p, int sli
 RA_HOST_DEVICE int64_t tiled_bwd_dq_items(const SmallSeqTiledParams& p, int slices) {
   return static_cast<int64_t>(p.batch) * p.num_heads_kv * tiled_bwd_row_tiles(p) * slices;
 }
-// Whether pass 3 has work: only segments with more than one key tile need it.
-RA_HOST_DEVICE bool tiled_bwd_needs_dq_pass(const SmallSeqTiledParams& p) {
-  return p.max_seqlen_kv > kTiledBwdKeys;
+// Segments whose rows fit one row tile (q = 1 with a GQA group of at most 16, few candidates
+// without GQA) are served by one pass-2 item per (kv head, slice) walking all key tiles, dQ
+// included.
+RA_HOST_DEVICE bool tiled_bwd_one_row_tile(const SmallSeqTiledParams& p, const TiledSegment& s) {
+  return static_cast<int64_t>(s.nq) * (p.num_heads_q / p.num_heads_kv) <= kTiledBwdRows;
 }
-// (query row, q head) pairs of pass 1, in groups of kTiledBwdDeltaPairs per wave step.
+// Whether pass 3 has work: only segments with more than one key tile and more than one row
+// tile need it.
+RA_HOST_DEVICE bool tiled_bwd_needs_dq_pass(const SmallSeqTiledParams& p) {
+  return p.max_seqlen_kv > kTiledBwdKeys &&
+         static_cast<int64_t>(p.max_seqlen_q) * (p.num_heads_q / p.num_heads_kv) > kTiledBwdRows;
+}
+// (query row, q head) pairs of pass 1 (one lane group each).
 RA_HOST_DEVICE int64_t tiled_bwd_delta_pairs(const SmallSeqTiledParams& p) {
   return static_cast<int64_t>(p.total_q) * p.num_heads_q;
 }
@@ -138,7 +152,8 @@ __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
   const int64_t pairs = tiled_bwd_delta_pairs(p);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE) * PPW;
   const TiledPadding pad = tiled_padding_rows(p);
-  int64_t base = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE) * PPW;
+  int64_t base =
+      (static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE) * PPW;
   for (; base < pairs; base += stride) {
     // A lane group past the end computes on pair 0 and stores nothing (its lanes stay in the
     // wave's shuffles).
@@ -258,19 +273,12 @@ RA_DEVICE void tiled_bwd_load_panel(TiledBwdPanel<D, W>& x, const uint16_t* base
   for (int c = 0; c < D / W; ++c) ra_mma_load_rows(x.c[c], base + c * W, row_stride, nrows, lane);
 }
 
-template <int D, int W, typename RowPtr>
-RA_DEVICE void tiled_bwd_load_panel_at(TiledBwdPanel<D, W>& x, RowPtr row_ptr, int nrows,
-                                       int lane) {
-#pragma unroll
-  for (int c = 0; c < D / W; ++c)
-    ra_mma_load_rows_at(x.c[c], [&](int i) { return row_ptr(i) + c * W; }, nrows, lane);
-}
-
 // Two 16-row panels over the whole head dim (K and V, or Q and dO) are held in registers across
-// a loop when they take at most 64 registers per lane (16 D / wave); otherwise (d = 256 on
-// 32-lane warps) they are re-read per use from L1.
+// a loop when they take at most 32 registers per lane (16 D / wave: d = 64 on 32-lane warps,
+// d <= 128 on 64-lane waves); otherwise they are re-read per use (L1 hits). Holding them at
+// d = 128 on sm_90 took the dK / dV kernel past 255 registers (spills).
 template <int D>
-constexpr bool kTiledBwdResident = 16 * D / RA_WAVE_SIZE <= 64;
+constexpr bool kTiledBwdResident = 16 * D / RA_WAVE_SIZE <= 32;
 
 // Pass 2 on matrix units: one valid (segment, kv head, key tile, slice).
 template <typename T, int D>
@@ -291,16 +299,11 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
   const uint16_t* kt_base = rw.k + static_cast<int64_t>(k0) * p.k_token_stride;
   const uint16_t* vt_base = rw.v + static_cast<int64_t>(k0) * p.v_token_stride;
 
-  TiledBwdPanel<D, W> kp, vp;
+  TiledBwdPanel<D, kResident ? W : D> kp, vp;  // (unused unless resident)
   if constexpr (kResident) {
     tiled_bwd_load_panel(kp, kt_base, p.k_token_stride, nkt, lane);
     tiled_bwd_load_panel(vp, vt_base, p.v_token_stride, nkt, lane);
   }
-  // K's slice as the right operand of dQ = dS K (one-tile segments only).
-  ra_mma_vrows<DS, 16> kslice;
-  if (one_tile)
-    ra_mma_load_vrows(kslice, kt_base + slice * DS, p.k_token_stride, nkt, lane);
-
   ra_mma_out<DS, 16> dk, dv;  // [key][slice column], fp32
   ra_mma_zero(dk);
   ra_mma_zero(dv);
@@ -319,26 +322,35 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
       return rw.dout + (s.q_token0 + j) * p.do_token_stride +
              (hq0 + (r - j * group)) * p.do_head_stride;
     };
-    if constexpr (!kResident) {
-      tiled_bwd_load_panel(kp, kt_base, p.k_token_stride, nkt, lane);
-      tiled_bwd_load_panel(vp, vt_base, p.v_token_stride, nkt, lane);
-    }
     // Scores with keys as rows (S^T, dP^T) and, for one-tile segments, with rows as rows.
     ra_mma_acc<16> st, dpt, sc, dp;
     ra_mma_zero(st);
     ra_mma_zero(dpt);
     ra_mma_zero(sc);
     ra_mma_zero(dp);
-#pragma unroll
-    for (int c = 0; c < D / W; ++c) {
+    auto chunk = [&](const int c, const ra_mma_rows<W, 16>& kc, const ra_mma_rows<W, 16>& vc) {
       ra_mma_rows<W, 16> qr, dr;
       ra_mma_load_rows_at(qr, [&](int i) { return q_row(i) + c * W; }, nrows, lane);
       ra_mma_load_rows_at(dr, [&](int i) { return do_row(i) + c * W; }, nrows, lane);
-      ra_mma_dot<T>(st, kp.c[c], qr);
-      ra_mma_dot<T>(dpt, vp.c[c], dr);
+      ra_mma_dot<T>(st, kc, qr);
+      ra_mma_dot<T>(dpt, vc, dr);
       if (one_tile) {
-        ra_mma_dot<T>(sc, qr, kp.c[c]);
-        ra_mma_dot<T>(dp, dr, vp.c[c]);
+        ra_mma_dot<T>(sc, qr, kc);
+        ra_mma_dot<T>(dp, dr, vc);
+      }
+    };
+    if constexpr (kResident) {
+#pragma unroll
+      for (int c = 0; c < D / W; ++c) chunk(c, kp.c[c], vp.c[c]);
+    } else {
+      // One chunk's operands live at a time (an unrolled loop let the compiler hoist every
+      // chunk's loads: past 255 registers on sm_90).
+#pragma unroll 1
+      for (int c = 0; c < D / W; ++c) {
+        ra_mma_rows<W, 16> kc, vc;
+        ra_mma_load_rows(kc, kt_base + c * W, p.k_token_stride, nkt, lane);
+        ra_mma_load_rows(vc, vt_base + c * W, p.v_token_stride, nkt, lane);
+        chunk(c, kc, vc);
       }
     }
     // P^T and dS^T: element (key, row) with the row's LSE and Delta.
@@ -348,7 +360,8 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
       const int col = ra_mma_acc_col(lane, i);
       const bool live = key < nkt && col < nrows;
       const TiledBwdRowTerms t =
-          col < nrows ? tiled_bwd_row_terms(p, s, hq0, group, r0 + col) : TiledBwdRowTerms{0.f, 0.f};
+          col < nrows ? tiled_bwd_row_terms(p, s, hq0, group, r0 + col)
+                      : TiledBwdRowTerms{0.f, 0.f};
       const float pr = live ? exp2f(st.x[i] * qscale - t.lse2) : 0.f;
       st.x[i] = pr;
       dpt.x[i] = pr * (dpt.x[i] - t.delta);
@@ -373,11 +386,16 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
         const int key = ra_mma_acc_col(lane, i);
         const bool live = key < nkt && row < nrows;
         const TiledBwdRowTerms t =
-            row < nrows ? tiled_bwd_row_terms(p, s, hq0, group, r0 + row) : TiledBwdRowTerms{0.f, 0.f};
+            row < nrows ? tiled_bwd_row_terms(p, s, hq0, group, r0 + row)
+                        : TiledBwdRowTerms{0.f, 0.f};
         const float pr = live ? exp2f(sc.x[i] * qscale - t.lse2) : 0.f;
         sc.x[i] = pr * (dp.x[i] - t.delta);
       }
       const ra_mma_pfrag<16> ds_f = ra_mma_to_pfrag<T, 16>(sc);
+      // K's slice as the right operand of dQ = dS K, re-read per row tile (L1 hits): held
+      // across the loop it cost 16 registers of a kernel at the sm_90 limit.
+      ra_mma_vrows<DS, 16> kslice;
+      ra_mma_load_vrows(kslice, kt_base + slice * DS, p.k_token_stride, nkt, lane);
       ra_mma_out<DS, 16> dq;
       ra_mma_zero(dq);
       ra_mma_pv<T>(dq, ds_f, kslice);
@@ -407,6 +425,145 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
                        p.dk_token_stride, nkt, lane);
 }
 
+// Pass 2 on matrix units for a segment whose rows fit one row tile: one item per (kv head,
+// slice) walks all key tiles with the tile's Q and dO. Per key tile, dV and dK of its keys are
+// complete (every row is in this tile) and stored at once; dQ accumulates over the key tiles in
+// fp32 and is stored at the end. K/V are read once for all three gradients (no pass 3).
+template <typename T, int D>
+RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk,
+                                      const int slice, const TiledSegment& s, const int lane) {
+  constexpr int DS = tiled_bwd_slice(RA_WAVE_SIZE, D);
+  constexpr int W = DS;
+  constexpr int E = ra_mma_acc<16>::kElems;
+  constexpr bool kResident = kTiledBwdResident<D> && RA_WAVE_SIZE == 64;
+  constexpr int KT = kTiledBwdKeys;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int hq0 = hk * group;
+  const int nrows = s.nq * group;  // <= kTiledBwdRows (the caller checks)
+  const int nk = s.nk;
+  const float qscale = p.softmax_scale * kTiledBwdLog2e;
+  const TiledBwdRows rw = tiled_bwd_rows(p, hk, s);
+  auto q_row = [&](int i) {
+    const int j = i / group;
+    return rw.q + (s.q_token0 + j) * p.q_token_stride + (hq0 + (i - j * group)) * p.q_head_stride;
+  };
+  auto do_row = [&](int i) {
+    const int j = i / group;
+    return rw.dout + (s.q_token0 + j) * p.do_token_stride +
+           (hq0 + (i - j * group)) * p.do_head_stride;
+  };
+  TiledBwdPanel<D, kResident ? W : D> qp, gp;  // (unused unless resident)
+  if constexpr (kResident) {
+#pragma unroll
+    for (int c = 0; c < D / W; ++c) {
+      ra_mma_load_rows_at(qp.c[c], [&](int i) { return q_row(i) + c * W; }, nrows, lane);
+      ra_mma_load_rows_at(gp.c[c], [&](int i) { return do_row(i) + c * W; }, nrows, lane);
+    }
+  }
+  ra_mma_out<DS, 16> dq;
+  ra_mma_zero(dq);
+  for (int k0 = 0; k0 < nk; k0 += KT) {
+    const uint16_t* kb = rw.k + static_cast<int64_t>(k0) * p.k_token_stride;
+    const uint16_t* vb = rw.v + static_cast<int64_t>(k0) * p.v_token_stride;
+    const int nkt = nk - k0;
+    ra_mma_acc<16> st, dpt, sc, dp;
+    ra_mma_zero(st);
+    ra_mma_zero(dpt);
+    ra_mma_zero(sc);
+    ra_mma_zero(dp);
+    auto chunk = [&](const ra_mma_rows<W, 16>& qc, const ra_mma_rows<W, 16>& gc,
+                     const ra_mma_rows<W, 16>& kc, const ra_mma_rows<W, 16>& vc) {
+      ra_mma_dot<T>(st, kc, qc);
+      ra_mma_dot<T>(dpt, vc, gc);
+      ra_mma_dot<T>(sc, qc, kc);
+      ra_mma_dot<T>(dp, gc, vc);
+    };
+    if constexpr (kResident) {
+#pragma unroll
+      for (int c = 0; c < D / W; ++c) {
+        ra_mma_rows<W, 16> kc, vc;
+        ra_mma_load_rows(kc, kb + c * W, p.k_token_stride, nkt, lane);
+        ra_mma_load_rows(vc, vb + c * W, p.v_token_stride, nkt, lane);
+        chunk(qp.c[c], gp.c[c], kc, vc);
+      }
+    } else {
+#pragma unroll 1
+      for (int c = 0; c < D / W; ++c) {
+        ra_mma_rows<W, 16> qc, gc, kc, vc;
+        ra_mma_load_rows_at(qc, [&](int i) { return q_row(i) + c * W; }, nrows, lane);
+        ra_mma_load_rows_at(gc, [&](int i) { return do_row(i) + c * W; }, nrows, lane);
+        ra_mma_load_rows(kc, kb + c * W, p.k_token_stride, nkt, lane);
+        ra_mma_load_rows(vc, vb + c * W, p.v_token_stride, nkt, lane);
+        chunk(qc, gc, kc, vc);
+      }
+    }
+    // P^T, dS^T (keys as rows) and dS (rows as rows), with each row's LSE and Delta.
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const int key = ra_mma_acc_row(lane, i);
+      const int col = ra_mma_acc_col(lane, i);
+      const bool live = key < nkt && col < nrows;
+      const TiledBwdRowTerms t =
+          col < nrows ? tiled_bwd_row_terms(p, s, hq0, group, col) : TiledBwdRowTerms{0.f, 0.f};
+      const float pr = live ? exp2f(st.x[i] * qscale - t.lse2) : 0.f;
+      st.x[i] = pr;
+      dpt.x[i] = pr * (dpt.x[i] - t.delta);
+    }
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const int row = ra_mma_acc_row(lane, i);
+      const int key = ra_mma_acc_col(lane, i);
+      const bool live = key < nkt && row < nrows;
+      const TiledBwdRowTerms t =
+          row < nrows ? tiled_bwd_row_terms(p, s, hq0, group, row) : TiledBwdRowTerms{0.f, 0.f};
+      const float pr = live ? exp2f(sc.x[i] * qscale - t.lse2) : 0.f;
+      sc.x[i] = pr * (dp.x[i] - t.delta);
+    }
+    const ra_mma_pfrag<16> pt_f = ra_mma_to_pfrag<T, 16>(st);
+    const ra_mma_pfrag<16> dst_f = ra_mma_to_pfrag<T, 16>(dpt);
+    const ra_mma_pfrag<16> ds_f = ra_mma_to_pfrag<T, 16>(sc);
+    {
+      ra_mma_vrows<DS, 16> dov;
+      ra_mma_load_vrows_at(dov, [&](int i) { return do_row(i) + slice * DS; }, nrows, lane);
+      ra_mma_out<DS, 16> dv;
+      ra_mma_zero(dv);
+      ra_mma_pv<T>(dv, pt_f, dov);
+      ra_mma_store_rows<T>(dv, rw.dv + static_cast<int64_t>(k0) * p.dv_token_stride + slice * DS,
+                           p.dv_token_stride, nkt, lane);
+    }
+    {
+      ra_mma_vrows<DS, 16> qv;
+      ra_mma_load_vrows_at(qv, [&](int i) { return q_row(i) + slice * DS; }, nrows, lane);
+      ra_mma_out<DS, 16> dk;
+      ra_mma_zero(dk);
+      ra_mma_pv<T>(dk, dst_f, qv);
+#pragma unroll
+      for (int i = 0; i < DS / 16; ++i)
+#pragma unroll
+        for (int e = 0; e < static_cast<int>(sizeof(dk.x[0]) / sizeof(float)); ++e)
+          dk.x[i][e] *= p.softmax_scale;
+      ra_mma_store_rows<T>(dk, rw.dk + static_cast<int64_t>(k0) * p.dk_token_stride + slice * DS,
+                           p.dk_token_stride, nkt, lane);
+    }
+    {
+      ra_mma_vrows<DS, 16> kslice;
+      ra_mma_load_vrows(kslice, kb + slice * DS, p.k_token_stride, nkt, lane);
+      ra_mma_pv<T>(dq, ds_f, kslice);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < DS / 16; ++i)
+#pragma unroll
+    for (int e = 0; e < static_cast<int>(sizeof(dq.x[0]) / sizeof(float)); ++e)
+      dq.x[i][e] *= p.softmax_scale;
+  auto dq_row = [&](int i) {
+    const int j = i / group;
+    return rw.dq + (s.q_token0 + j) * p.dq_token_stride +
+           (hq0 + (i - j * group)) * p.dq_head_stride + slice * DS;
+  };
+  ra_mma_store_rows_at<T>(dq, dq_row, nrows, lane);
+}
+
 // Pass 3 on matrix units: dQ of one valid (segment, kv head, row tile, slice) over all key tiles.
 template <typename T, int D>
 RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, const int64_t rt,
@@ -414,7 +571,9 @@ RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, cons
   constexpr int DS = tiled_bwd_slice(RA_WAVE_SIZE, D);
   constexpr int W = DS;
   constexpr int E = ra_mma_acc<16>::kElems;
-  constexpr bool kResident = kTiledBwdResident<D>;
+  // Q / dO held across the key tiles on 64-lane waves only: on sm_90 holding them at d = 64
+  // made ptxas spill (72 bytes at 168 registers).
+  constexpr bool kResident = kTiledBwdResident<D> && RA_WAVE_SIZE == 64;
   constexpr int KT = kTiledBwdKeys;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int hq0 = hk * group;
@@ -435,10 +594,13 @@ RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, cons
     return rw.dout + (s.q_token0 + j) * p.do_token_stride +
            (hq0 + (r - j * group)) * p.do_head_stride;
   };
-  TiledBwdPanel<D, W> qp, dp_rows;
+  TiledBwdPanel<D, kResident ? W : D> qp, gp;  // Q and dO rows (unused unless resident)
   if constexpr (kResident) {
-    tiled_bwd_load_panel_at(qp, q_row, nrows, lane);
-    tiled_bwd_load_panel_at(dp_rows, do_row, nrows, lane);
+#pragma unroll
+    for (int c = 0; c < D / W; ++c) {
+      ra_mma_load_rows_at(qp.c[c], [&](int i) { return q_row(i) + c * W; }, nrows, lane);
+      ra_mma_load_rows_at(gp.c[c], [&](int i) { return do_row(i) + c * W; }, nrows, lane);
+    }
   }
   // The LSE and Delta of this lane's accumulator rows.
   TiledBwdRowTerms terms[kRaMmaAccSlots];
@@ -454,20 +616,29 @@ RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, cons
     const uint16_t* kb = rw.k + static_cast<int64_t>(k0) * p.k_token_stride;
     const uint16_t* vb = rw.v + static_cast<int64_t>(k0) * p.v_token_stride;
     const int nkt = nk - k0;
-    if constexpr (!kResident) {
-      tiled_bwd_load_panel_at(qp, q_row, nrows, lane);
-      tiled_bwd_load_panel_at(dp_rows, do_row, nrows, lane);
-    }
     ra_mma_acc<16> sc, dpa;
     ra_mma_zero(sc);
     ra_mma_zero(dpa);
+    if constexpr (kResident) {
 #pragma unroll
-    for (int c = 0; c < D / W; ++c) {
-      ra_mma_rows<W, 16> kr, vr;
-      ra_mma_load_rows(kr, kb + c * W, p.k_token_stride, nkt, lane);
-      ra_mma_load_rows(vr, vb + c * W, p.v_token_stride, nkt, lane);
-      ra_mma_dot<T>(sc, qp.c[c], kr);
-      ra_mma_dot<T>(dpa, dp_rows.c[c], vr);
+      for (int c = 0; c < D / W; ++c) {
+        ra_mma_rows<W, 16> kr, vr;
+        ra_mma_load_rows(kr, kb + c * W, p.k_token_stride, nkt, lane);
+        ra_mma_load_rows(vr, vb + c * W, p.v_token_stride, nkt, lane);
+        ra_mma_dot<T>(sc, qp.c[c], kr);
+        ra_mma_dot<T>(dpa, gp.c[c], vr);
+      }
+    } else {
+#pragma unroll 1
+      for (int c = 0; c < D / W; ++c) {
+        ra_mma_rows<W, 16> qc, gc, kr, vr;
+        ra_mma_load_rows_at(qc, [&](int i) { return q_row(i) + c * W; }, nrows, lane);
+        ra_mma_load_rows_at(gc, [&](int i) { return do_row(i) + c * W; }, nrows, lane);
+        ra_mma_load_rows(kr, kb + c * W, p.k_token_stride, nkt, lane);
+        ra_mma_load_rows(vr, vb + c * W, p.v_token_stride, nkt, lane);
+        ra_mma_dot<T>(sc, qc, kr);
+        ra_mma_dot<T>(dpa, gc, vr);
+      }
     }
     ra_mma_vrows<DS, 16> kslice;
     ra_mma_load_vrows(kslice, kb + slice * DS, p.k_token_stride, nkt, lane);
@@ -572,10 +743,9 @@ RA_DEVICE void tiled_bwd_dkv_scalar(const SmallSeqTiledParams& p, const int hk, 
   for (int sl = 0; sl < SL; ++sl) {
     const int key = sl * RPP + row_group;
     const bool ok = key < nkt;
-    tiled_bwd_load_vecs<T, VPL>(kf[sl], rw.k + static_cast<int64_t>(k0 + (ok ? key : 0)) * p.k_token_stride,
-                                col_lane, LPR, ok);
-    tiled_bwd_load_vecs<T, VPL>(vf[sl], rw.v + static_cast<int64_t>(k0 + (ok ? key : 0)) * p.v_token_stride,
-                                col_lane, LPR, ok);
+    const int64_t at = k0 + (ok ? key : 0);
+    tiled_bwd_load_vecs<T, VPL>(kf[sl], rw.k + at * p.k_token_stride, col_lane, LPR, ok);
+    tiled_bwd_load_vecs<T, VPL>(vf[sl], rw.v + at * p.v_token_stride, col_lane, LPR, ok);
 #pragma unroll
     for (int vi = 0; vi < VPL; ++vi)
 #pragma unroll
@@ -585,8 +755,8 @@ RA_DEVICE void tiled_bwd_dkv_scalar(const SmallSeqTiledParams& p, const int hk, 
     const int64_t j = r / group;
     const int64_t hq = hq0 + (r - j * group);
     float qf[VPL][8], gf[VPL][8], dq[VPL][8];
-    tiled_bwd_load_vecs<T, VPL>(qf, rw.q + (s.q_token0 + j) * p.q_token_stride + hq * p.q_head_stride,
-                                col_lane, LPR, true);
+    tiled_bwd_load_vecs<T, VPL>(
+        qf, rw.q + (s.q_token0 + j) * p.q_token_stride + hq * p.q_head_stride, col_lane, LPR, true);
     tiled_bwd_load_vecs<T, VPL>(gf, rw.dout + (s.q_token0 + j) * p.do_token_stride +
                                         hq * p.do_head_stride,
                                 col_lane, LPR, true);
@@ -656,8 +826,8 @@ RA_DEVICE void tiled_bwd_dq_scalar(const SmallSeqTiledParams& p, const int hk, c
     const int64_t j = r / group;
     const int64_t hq = hq0 + (r - j * group);
     float qf[VPL][8], gf[VPL][8], dq[VPL][8];
-    tiled_bwd_load_vecs<T, VPL>(qf, rw.q + (s.q_token0 + j) * p.q_token_stride + hq * p.q_head_stride,
-                                col_lane, LPR, true);
+    tiled_bwd_load_vecs<T, VPL>(
+        qf, rw.q + (s.q_token0 + j) * p.q_token_stride + hq * p.q_head_stride, col_lane, LPR, true);
     tiled_bwd_load_vecs<T, VPL>(gf, rw.dout + (s.q_token0 + j) * p.do_token_stride +
                                         hq * p.do_head_stride,
                                 col_lane, LPR, true);
@@ -670,10 +840,9 @@ RA_DEVICE void tiled_bwd_dq_scalar(const SmallSeqTiledParams& p, const int hk, c
       const int key = base + row_group;
       const bool live = key < s.nk;
       float kf[VPL][8], vf[VPL][8];
-      tiled_bwd_load_vecs<T, VPL>(kf, rw.k + static_cast<int64_t>(live ? key : 0) * p.k_token_stride,
-                                  col_lane, LPR, live);
-      tiled_bwd_load_vecs<T, VPL>(vf, rw.v + static_cast<int64_t>(live ? key : 0) * p.v_token_stride,
-                                  col_lane, LPR, live);
+      const int64_t at = live ? key : 0;
+      tiled_bwd_load_vecs<T, VPL>(kf, rw.k + at * p.k_token_stride, col_lane, LPR, live);
+      tiled_bwd_load_vecs<T, VPL>(vf, rw.v + at * p.v_token_stride, col_lane, LPR, live);
       const float sc = ra_group_sum<LPR>(tiled_bwd_dot<VPL>(qf, kf)) * qscale;
       const float dpv = ra_group_sum<LPR>(tiled_bwd_dot<VPL>(gf, vf));
       const float pr = live ? exp2f(sc - t.lse2) : 0.f;
@@ -726,12 +895,25 @@ __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
       continue;
     }
     // Tile 0 always runs (it writes dQ of a segment without keys: zeros); later tiles only
-    // where the segment has keys.
-    if (kt > 0 && static_cast<int64_t>(kt) * kTiledBwdKeys >= s.nk) continue;
+    // where the segment has keys and more than one row tile.
+    const bool one_row_tile = tiled_bwd_one_row_tile(p, s);
+    if (kt > 0 && (one_row_tile || static_cast<int64_t>(kt) * kTiledBwdKeys >= s.nk)) continue;
 #if RA_HAS_MMA
-    tiled_bwd_dkv_mma<T, D>(p, hk, kt, slice, s, lane);
+    if (one_row_tile) {
+      tiled_bwd_row_tile_mma<T, D>(p, hk, slice, s, lane);
+    } else {
+      tiled_bwd_dkv_mma<T, D>(p, hk, kt, slice, s, lane);
+    }
 #else
-    tiled_bwd_dkv_scalar<T, D>(p, hk, kt, slice, s, lane);
+    if (one_row_tile) {
+      // Every key tile's dK / dV here, then dQ over all keys as pass 3 computes it.
+      for (int t = 0; t * kTiledBwdKeys < s.nk; ++t)
+        tiled_bwd_dkv_scalar<T, D>(p, hk, t, slice, s, lane);
+      if (s.nk > kTiledBwdKeys) tiled_bwd_dq_scalar<T, D>(p, hk, 0, slice, s, lane);
+      if (s.nk == 0) tiled_bwd_dkv_scalar<T, D>(p, hk, 0, slice, s, lane);  // dq = 0
+    } else {
+      tiled_bwd_dkv_scalar<T, D>(p, hk, kt, slice, s, lane);
+    }
 #endif
   }
 }
@@ -760,7 +942,8 @@ __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
     const int64_t rt = rest / SLICES;
     const int slice = static_cast<int>(rest - rt * SLICES);
     const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
-    if (!s.valid || s.nk <= kTiledBwdKeys) continue;  // pass 2 wrote these rows' dQ
+    // pass 2 wrote the dQ of segments with one key tile or one row tile
+    if (!s.valid || s.nk <= kTiledBwdKeys || tiled_bwd_one_row_tile(p, s)) continue;
     if (rt * kTiledBwdRows >= static_cast<int64_t>(s.nq) * group) continue;
 #if RA_HAS_MMA
     tiled_bwd_dq_mma<T, D>(p, hk, rt, slice, s, lane);

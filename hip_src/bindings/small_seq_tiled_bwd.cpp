@@ -1,0 +1,230 @@
+// rocm_attn::small_seq_tiled_bwd: the tiled small-seq backward (any number of queries per
+// segment, long histories, int32 or int64 offsets) as a torch op. Checks the tensors, allocates
+// dq / dk / dv (contiguous) and the fp32 Delta workspace, takes the current stream and launches
+// (hip_src/small_seq/tiled_bwd_launch.hip). User-facing validation with ValueErrors naming the
+// argument lives in Python (rocm_attn/small_seq.py); the checks here guard direct torch.ops
+// callers, each message naming the argument. Offsets are never read on the host (no sync): the
+// kernels resolve every segment against the contract (docs/kernels.md#tiled-small-seq-backward).
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "small_seq/tiled_params.h"
+
+namespace {
+
+constexpr int64_t kBwdInt32Max = std::numeric_limits<int32_t>::max();
+
+hipStream_t tiled_bwd_stream(const at::Device& device) {
+  const c10::Stream stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+  return static_cast<hipStream_t>(stream.native_handle());
+}
+
+// 16-byte vector access needs 16-byte aligned rows: base pointer and every stride but the last.
+void tiled_bwd_check_rows_16b(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.stride(-1) == 1, "small_seq_tiled_bwd: ", name,
+              " must have a contiguous last dim");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "small_seq_tiled_bwd: ",
+              name, " must be 16-byte aligned");
+  for (int64_t i = 0; i + 1 < t.dim(); ++i)
+    TORCH_CHECK(t.stride(i) % 8 == 0 || t.size(i) == 1, "small_seq_tiled_bwd: ", name,
+                " strides must be multiples of 8 elements");
+}
+
+// An offset tensor: contiguous 1-D int32 or int64 with `numel` entries on q's device. Returns
+// whether it is int64.
+bool tiled_bwd_check_offsets(const at::Tensor& t, const at::Tensor& q, int64_t numel,
+                             const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
+              "small_seq_tiled_bwd: ", name, " must be int32 or int64, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 1 && t.numel() == numel, "small_seq_tiled_bwd: ", name,
+              " must be a 1-D tensor of ", numel, " entries, got shape ", t.sizes());
+  TORCH_CHECK(t.is_contiguous(), "small_seq_tiled_bwd: ", name, " must be contiguous");
+  TORCH_CHECK(t.device() == q.device(), "small_seq_tiled_bwd: ", name, " must be on ",
+              q.device(), " (the device of q), got ", t.device());
+  return t.scalar_type() == at::kLong;
+}
+
+// Batch / token / head strides of a THD ([rows, h, d]) or BSHD ([b, s, h, d]) tensor.
+void tiled_bwd_strides(const at::Tensor& t, int64_t& batch, int64_t& token, int64_t& head) {
+  const bool thd = t.dim() == 3;
+  batch = thd ? 0 : t.stride(0);
+  token = t.stride(thd ? 0 : 1);
+  head = t.stride(thd ? 1 : 2);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& dlse,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
+    const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_q, int64_t max_seqlen_kv,
+    double softmax_scale) {
+  const bool thd = q.dim() == 3;
+  TORCH_CHECK(thd || q.dim() == 4,
+              "small_seq_tiled_bwd: q must be [total_q, h_q, d] (THD) or [b, s_q, h_q, d] "
+              "(BSHD), got shape ", q.sizes());
+  TORCH_CHECK(k.dim() == q.dim(), "small_seq_tiled_bwd: k must have the rank of q (", q.dim(),
+              "), got shape ", k.sizes());
+  TORCH_CHECK(v.sizes() == k.sizes(), "small_seq_tiled_bwd: v must have the shape of k ",
+              k.sizes(), ", got ", v.sizes());
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+              "small_seq_tiled_bwd: q must be float16 or bfloat16, got ", q.scalar_type());
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "small_seq_tiled_bwd: k and v must have the dtype of q (", q.scalar_type(), ")");
+  TORCH_CHECK(dout.sizes() == q.sizes() && dout.scalar_type() == q.scalar_type(),
+              "small_seq_tiled_bwd: dout must have the shape and dtype of q ", q.sizes(), " ",
+              q.scalar_type(), ", got ", dout.sizes(), " ", dout.scalar_type());
+  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
+              "small_seq_tiled_bwd: out must have the shape and dtype of q ", q.sizes(), " ",
+              q.scalar_type(), ", got ", out.sizes(), " ", out.scalar_type());
+  TORCH_CHECK(q.is_cuda(), "small_seq_tiled_bwd: q must be on a GPU, got ", q.device());
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{k, "k"}, {v, "v"},
+                                {dout, "dout"}, {out, "out"}, {lse, "lse"}})
+    TORCH_CHECK(t.device() == q.device(), "small_seq_tiled_bwd: ", name,
+                " must be on the device of q (", q.device(), "), got ", t.device());
+  const int64_t d = q.size(-1);
+  TORCH_CHECK(small_seq_tiled_supports(static_cast<int>(d)), "small_seq_tiled_bwd: head dim ",
+              d, " of q unsupported (64, 128, 256)");
+  TORCH_CHECK(k.size(-1) == d, "small_seq_tiled_bwd: k head dim ", k.size(-1),
+              " differs from q's ", d);
+  const int64_t h_q = q.size(-2);
+  const int64_t h_kv = k.size(-2);
+  TORCH_CHECK(h_kv > 0 && h_q % h_kv == 0, "small_seq_tiled_bwd: the heads of q (", h_q,
+              ") must be a multiple of the heads of k (", h_kv, ")");
+  TORCH_CHECK(max_seqlen_q >= 1 && max_seqlen_q <= kBwdInt32Max,
+              "small_seq_tiled_bwd: max_seqlen_q must be in 1..2^31-1, got ", max_seqlen_q);
+  TORCH_CHECK(max_seqlen_kv >= 1 && max_seqlen_kv <= kSmallSeqTiledMaxSeqlenKv,
+              "small_seq_tiled_bwd: max_seqlen_kv must be in 1..", kSmallSeqTiledMaxSeqlenKv,
+              ", got ", max_seqlen_kv);
+  const float scale = static_cast<float>(softmax_scale);
+  TORCH_CHECK(std::isfinite(scale),
+              "small_seq_tiled_bwd: softmax_scale must be finite in float32, got ",
+              softmax_scale);
+  tiled_bwd_check_rows_16b(q, "q");
+  tiled_bwd_check_rows_16b(k, "k");
+  tiled_bwd_check_rows_16b(v, "v");
+  tiled_bwd_check_rows_16b(dout, "dout");
+  tiled_bwd_check_rows_16b(out, "out");
+
+  SmallSeqTiledParams p{};
+  p.num_heads_q = static_cast<int32_t>(h_q);
+  p.num_heads_kv = static_cast<int32_t>(h_kv);
+  p.max_seqlen_q = static_cast<int32_t>(max_seqlen_q);
+  p.max_seqlen_kv = static_cast<int32_t>(max_seqlen_kv);
+  p.softmax_scale = scale;
+  int64_t total_q = 0;
+  if (thd) {
+    TORCH_CHECK(cu_seqlens_q.has_value() && cu_seqlens_kv.has_value(),
+                "small_seq_tiled_bwd: THD q needs cu_seqlens_q and cu_seqlens_kv");
+    TORCH_CHECK(!seqlens_kv.has_value(),
+                "small_seq_tiled_bwd: seqlens_kv is for BSHD inputs; THD takes cu_seqlens_kv");
+    const int64_t entries = cu_seqlens_q->numel();
+    TORCH_CHECK(entries >= 1 && entries - 1 <= kBwdInt32Max - 1,
+                "small_seq_tiled_bwd: cu_seqlens_q must have b + 1 entries (1..2^31-1), got ",
+                entries);
+    p.cu_seqlens_q_int64 = tiled_bwd_check_offsets(*cu_seqlens_q, q, entries, "cu_seqlens_q");
+    p.cu_seqlens_kv_int64 =
+        tiled_bwd_check_offsets(*cu_seqlens_kv, q, entries, "cu_seqlens_kv");
+    TORCH_CHECK(q.size(0) <= kBwdInt32Max,
+                "small_seq_tiled_bwd: q must have fewer than 2^31 rows");
+    TORCH_CHECK(k.size(0) <= kBwdInt32Max,
+                "small_seq_tiled_bwd: k must have fewer than 2^31 rows");
+    p.batch = static_cast<int32_t>(entries - 1);
+    p.cu_seqlens_q = cu_seqlens_q->data_ptr();
+    p.cu_seqlens_kv = cu_seqlens_kv->data_ptr();
+    total_q = q.size(0);
+    p.total_kv = static_cast<int32_t>(k.size(0));
+  } else {
+    TORCH_CHECK(seqlens_kv.has_value(), "small_seq_tiled_bwd: BSHD q needs seqlens_kv");
+    TORCH_CHECK(!cu_seqlens_q.has_value() && !cu_seqlens_kv.has_value(),
+                "small_seq_tiled_bwd: cu_seqlens_q / cu_seqlens_kv are for THD inputs; BSHD "
+                "takes seqlens_kv");
+    const int64_t b = q.size(0);
+    TORCH_CHECK(k.size(0) == b, "small_seq_tiled_bwd: k must have the batch of q (", b,
+                "), got ", k.size(0));
+    TORCH_CHECK(max_seqlen_q == q.size(1), "small_seq_tiled_bwd: BSHD max_seqlen_q (",
+                max_seqlen_q, ") must equal q.shape[1] (", q.size(1), ")");
+    TORCH_CHECK(b <= kBwdInt32Max && b * q.size(1) <= kBwdInt32Max && k.size(1) <= kBwdInt32Max,
+                "small_seq_tiled_bwd: q must have fewer than 2^31 rows and k fewer than 2^31 "
+                "per batch");
+    p.seqlens_kv_int64 = tiled_bwd_check_offsets(*seqlens_kv, q, b, "seqlens_kv");
+    p.seqlens_kv = seqlens_kv->data_ptr();
+    p.batch = static_cast<int32_t>(b);
+    p.s_q = static_cast<int32_t>(q.size(1));
+    total_q = b * q.size(1);
+    p.total_kv = p.s_kv = static_cast<int32_t>(k.size(1));
+  }
+  p.total_q = static_cast<int32_t>(total_q);
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == h_q &&
+                  lse.size(1) == total_q && lse.is_contiguous(),
+              "small_seq_tiled_bwd: lse must be contiguous float32 [h_q, total_q] = [", h_q,
+              ", ", total_q, "], got ", lse.scalar_type(), " ", lse.sizes());
+  if (dlse.has_value()) {
+    TORCH_CHECK(dlse->scalar_type() == at::kFloat && dlse->sizes() == lse.sizes() &&
+                    dlse->is_contiguous() && dlse->device() == q.device(),
+                "small_seq_tiled_bwd: dlse must be contiguous float32 like lse ", lse.sizes(),
+                " on ", q.device(), ", got ", dlse->scalar_type(), " ", dlse->sizes());
+  }
+
+  const c10::DeviceGuard guard(q.device());
+  at::Tensor dq = at::empty(q.sizes(), q.options());
+  at::Tensor dk = at::empty(k.sizes(), k.options());
+  at::Tensor dv = at::empty(k.sizes(), k.options());
+  if (p.batch == 0 || h_q == 0) {
+    // No segment: every row of q is padding and no k / v row is covered.
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+  at::Tensor workspace = at::empty({h_q * total_q}, lse.options());
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.dout = dout.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.lse_head_stride = total_q;
+  p.dlse = dlse.has_value() ? dlse->data_ptr<float>() : nullptr;
+  p.dlse_head_stride = total_q;
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.workspace = workspace.data_ptr<float>();
+  p.workspace_elems = workspace.numel();
+  tiled_bwd_strides(q, p.q_batch_stride, p.q_token_stride, p.q_head_stride);
+  tiled_bwd_strides(k, p.k_batch_stride, p.k_token_stride, p.k_head_stride);
+  tiled_bwd_strides(v, p.v_batch_stride, p.v_token_stride, p.v_head_stride);
+  tiled_bwd_strides(dout, p.do_batch_stride, p.do_token_stride, p.do_head_stride);
+  tiled_bwd_strides(out, p.out_batch_stride, p.out_token_stride, p.out_head_stride);
+  tiled_bwd_strides(dq, p.dq_batch_stride, p.dq_token_stride, p.dq_head_stride);
+  tiled_bwd_strides(dk, p.dk_batch_stride, p.dk_token_stride, p.dk_head_stride);
+  tiled_bwd_strides(dv, p.dv_batch_stride, p.dv_token_stride, p.dv_head_stride);
+  const SmallSeqTiledDtype dtype = q.scalar_type() == at::kBFloat16
+                                       ? SmallSeqTiledDtype::kBFloat16
+                                       : SmallSeqTiledDtype::kFloat16;
+  const hipError_t err =
+      small_seq_tiled_bwd_launch(p, dtype, static_cast<int>(d), tiled_bwd_stream(q.device()));
+  TORCH_CHECK(err == hipSuccess, "rocm_attn: small_seq tiled backward launch failed: ",
+              hipGetErrorString(err));
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(rocm_attn, m) {
+  m.def(
+      "small_seq_tiled_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+      "Tensor? dlse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? seqlens_kv, "
+      "int max_seqlen_q, int max_seqlen_kv, float softmax_scale) -> (Tensor dq, Tensor dk, "
+      "Tensor dv)");
+}
+
+TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) { m.impl("small_seq_tiled_bwd", &small_seq_tiled_bwd); }

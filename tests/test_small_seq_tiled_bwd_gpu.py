@@ -1,0 +1,282 @@
+"""GPU tests of the tiled small-seq backward op, ``torch.ops.rocm_attn.small_seq_tiled_bwd``
+(hip_src/small_seq/tiled_bwd_kernel.h), called directly with out and LSE from the float64
+oracle (so they do not depend on the forward kernel): any number of queries per segment, long
+histories, GQA, int32 / int64 offsets, THD and BSHD, dlse, garbage offsets, determinism.
+
+Every test is marked ``gpu`` and skipped unless a CUDA/ROCm device is present and the compiled
+extension is loaded. The gradient oracle is float64 (tests/small_seq_tiled_bwd_cases.py,
+cross-checked against autograd through rocm_attn.reference in
+tests/test_emu_small_seq_tiled_bwd.py). dq / dk / dv are allocated by the op, so they are
+poisoned through the caching allocator (NaN in every float dtype) before each call: an element
+the kernels forget to write shows as NaN, and NaN never passes. Input rows no segment may read
+(q padding, k/v around the segments, BSHD rows past a length) are NaN too.
+
+Bounds: gradients within 1e-2 (bf16) / 5e-3 (fp16) relative error of the oracle.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from rocm_attn.errors import read_errors  # noqa: E402
+from gpu_helpers import gpu_marks, poison_allocator, why_no_kernels  # noqa: E402
+import small_seq_tiled_bwd_cases as G  # noqa: E402
+import small_seq_tiled_cases as C  # noqa: E402
+
+pytestmark = gpu_marks(thd_ops=False)
+
+DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
+GROUPS = [pytest.param(8, 8, id="g1"), pytest.param(8, 2, id="g4"), pytest.param(4, 1, id="g4mqa")]
+
+
+@pytest.fixture(scope="module")
+def dev():
+    why = why_no_kernels(thd_ops=False)
+    if why:
+        pytest.skip(why)
+    if not hasattr(torch.ops.rocm_attn, "small_seq_tiled_bwd"):
+        pytest.skip("the compiled extension has no small_seq_tiled_bwd op (rebuild)")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture(autouse=True)
+def clean_error_counter(dev):
+    read_errors(reset=True)
+    yield
+    read_errors(reset=True)
+
+
+def op(case: C.TiledCase, dout, out, lse, dlse, poison=True):
+    if poison:
+        poison_allocator(case.q.device)
+    return torch.ops.rocm_attn.small_seq_tiled_bwd(
+        dout, case.q, case.k, case.v, out, lse, dlse, case.cu_q, case.cu_kv, case.seqlens,
+        case.max_q, case.max_kv, case.scale)
+
+
+def check(case, seed=0, dlse=False):
+    """Gradients against the oracle; the backward leaves the error counter alone (the forward
+    counts bad segments). Returns the inputs and the gradients."""
+    dout, out, lse, dl = G.inputs(case, seed, dlse)
+    grads = op(case, dout, out, lse, dl)
+    torch.cuda.synchronize()
+    G.check_grads(case, dout, dl, *grads)
+    assert read_errors(reset=True) == (0, -1), "the backward touched the error counter"
+    return (dout, out, lse, dl), grads
+
+
+def lens(gen, n, lo, hi):
+    return torch.randint(lo, hi + 1, (n,), generator=gen).tolist()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype):
+    """Queries per segment 1, 2, 17 and 512 (and 0) against keys 17, 64, 256, 1000 (and 0)."""
+    q_lens = [1, 2, 17, 512, 0, 1, 17, 2, 512, 3]
+    kv_lens = [17, 64, 256, 1000, 5, 0, 1000, 17, 64, 256]
+    case = C.thd_case(d + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, d, dtype, device=dev)
+    check(case, seed=d, dlse=d == 128)
+
+
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+@pytest.mark.parametrize("max_kv", [16, 17, 64, 256, 1000])
+def test_one_query_long_histories(dev, max_kv, h_q, h_kv):
+    """q = 1 per segment over ragged histories up to max_kv (16: one key tile, no dQ pass)."""
+    gen = torch.Generator().manual_seed(max_kv + h_kv)
+    b = 300
+    case = C.thd_case(max_kv, [1] * b, lens(gen, b, 0, max_kv), h_q, h_kv, 128, torch.bfloat16,
+                      max_kv=max_kv, device=dev)
+    check(case, seed=max_kv, dlse=True)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("h_q,h_kv", [(8, 1), (8, 8)], ids=["g8", "g1"])
+def test_tile_boundaries(dev, h_q, h_kv, d):
+    """Rows per (segment, kv head) of 16 (one row tile: one item walks every key tile) and 17+
+    (the dK/dV items per key tile plus the dQ pass), against 16 keys (one key tile) and 17."""
+    group = h_q // h_kv
+    q_lens = [16 // group, 16 // group + 1, 16 // group, 16 // group + 1, 1, 16 // group + 1]
+    case = C.thd_case(30 + d, q_lens, [16, 16, 17, 17, 33, 1000], h_q, h_kv, d, torch.bfloat16,
+                      device=dev)
+    check(case, seed=30, dlse=True)
+
+
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+def test_ragged_many_segments(dev, h_q, h_kv, offsets):
+    """Many segments with random query and key counts, empty ones included."""
+    gen = torch.Generator().manual_seed(h_q * 10 + h_kv)
+    b = 500
+    case = C.thd_case(3, lens(gen, b, 0, 40), lens(gen, b, 0, 300), h_q, h_kv, 128,
+                      torch.bfloat16, offsets=offsets, max_q=40, max_kv=300, device=dev)
+    check(case, seed=3)
+
+
+def test_mixed_offset_dtypes(dev):
+    """cu_seqlens_q int32 with cu_seqlens_kv int64, and the other way round."""
+    for qo, ko in ((torch.int32, torch.int64), (torch.int64, torch.int32)):
+        case = C.thd_case(4, [3, 17, 1, 0], [64, 1, 0, 17], 8, 2, 128, torch.bfloat16,
+                          offsets=qo, kv_offsets=ko, device=dev)
+        check(case, seed=4)
+
+
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+def test_strided_views_padding_rows(dev, offsets):
+    """q a head slice of a wider tensor, k/v halves of one fused tensor; padding q rows before
+    and after the segments (dq 0) and unread NaN k/v rows around them (dk = dv = 0)."""
+    case = C.thd_case(5, [2, 17, 512, 1, 0], [17, 64, 256, 1000, 3], 8, 2, 128, torch.bfloat16,
+                      offsets=offsets, strided=True, pad_before=7, pad_after=9, kv_pad=5,
+                      device=dev)
+    _, (dq, dk, dv) = check(case, seed=5)
+    assert (dq[:7] == 0).all() and (dq[-9:] == 0).all()
+    assert (dk[:5] == 0).all() and (dv[-5:] == 0).all()
+
+
+def test_empty_segments_and_no_segments(dev):
+    """Segments without queries (their keys get zero gradient), without keys (their queries get
+    dq 0), and a call with no segment at all (everything zero)."""
+    case = C.thd_case(6, [0, 0, 5, 0], [3, 0, 0, 17], 8, 2, 64, torch.bfloat16, pad_before=2,
+                      pad_after=4, max_q=5, device=dev)
+    _, (dq, dk, dv) = check(case, seed=6)
+    assert (dq == 0).all() and (dk == 0).all() and (dv == 0).all()
+    empty = C.thd_case(7, [], [], 8, 2, 64, torch.bfloat16, pad_before=3, kv_pad=2, device=dev)
+    dout, out, lse, _ = G.inputs(empty, 7, False)
+    dq, dk, dv = op(empty, dout, out, lse, None)
+    assert (dq == 0).all() and (dk == 0).all() and (dv == 0).all()
+
+
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+@pytest.mark.parametrize("s_q", [1, 17])
+def test_bshd(dev, s_q, offsets):
+    """BSHD q [b, s_q, h, d], k/v [b, s_kv, h, d] with seqlens_kv: rows past a length get zero
+    gradient; a length past s_kv is a bad segment (NaN dq, zero dk / dv)."""
+    case = C.bshd_case(8, s_q, [0, 1, 17, 300, 64], 300, 8, 2, 128, torch.bfloat16,
+                       offsets=offsets, device=dev)
+    check(case, seed=8)
+    case = C.bshd_case(9, s_q, [5, 41, 2], 40, 8, 2, 128, torch.bfloat16, offsets=offsets,
+                       max_kv=64, device=dev)
+    case.seqlens[1] = 41  # <= max_seqlen_kv but > s_kv
+    _, (dq, dk, dv) = check(case, seed=9)
+    assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
+
+
+def test_garbage_offsets_no_oob(dev):
+    """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
+    max_seqlen_kv): NaN dq on the bad segments' rows, zero dk / dv on their keys, no
+    out-of-bounds access (k/v are small and surrounded by unread NaN rows; a stray read would
+    fault or show), every other segment exact."""
+    q_lens, kv_lens = [3, 1, 17, 2, 40, 5, 1, 2, 4], [5, 17, 64, 3, 10, 1, 0, 7, 9]
+    case = C.thd_case(10, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, offsets=torch.int64,
+                      max_q=17, max_kv=64, pad_before=2, pad_after=2, kv_pad=3, device=dev)
+    case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
+    case.cu_kv[8] = 2**40  # segment 7: keys past the end of k/v
+    case.cu_q[2] = -(2**40)  # segments 1 and 2: queries before the start of q
+    check(case, seed=10)
+
+
+def test_garbage_offsets_int32_wrap(dev):
+    """int32 offsets whose 32-bit difference wraps into the valid range: never read."""
+    case = C.thd_case(11, [1, 2, 17, 1, 3], [4, 6, 9, 2, 5], 8, 8, 64, torch.bfloat16,
+                      max_kv=16, device=dev)
+    case.cu_kv[2] = 2147483640
+    case.cu_kv[3] = -2147483640
+    check(case, seed=11)
+
+
+def test_deterministic(dev):
+    """Bitwise the same gradients run to run (dK / dV reduced over 512 queries per segment in a
+    fixed order, no atomics), with other work on the device in between."""
+    case = C.thd_case(12, [512, 17, 1, 512], [1000, 64, 17, 16], 8, 2, 128, torch.bfloat16,
+                      device=dev)
+    inputs, first = check(case, seed=12, dlse=True)
+    for _ in range(3):
+        torch.randn(1 << 20, device=dev).sum()
+        again = op(case, *inputs)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+
+
+def test_host_checks_name_the_argument(dev):
+    case = C.thd_case(13, [2, 3], [4, 5], 8, 2, 128, torch.bfloat16, device=dev)
+    dout, out, lse, _ = G.inputs(case, 13, False)
+    f = torch.ops.rocm_attn.small_seq_tiled_bwd
+    a = dict(dout=dout, q=case.q, k=case.k, v=case.v, out=out, lse=lse, dlse=None,
+             cu_seqlens_q=case.cu_q, cu_seqlens_kv=case.cu_kv, seqlens_kv=None, max_seqlen_q=4,
+             max_seqlen_kv=8, softmax_scale=0.1)
+
+    def call(**kw):
+        return f(*dict(a, **kw).values())
+
+    for kw, word in [
+        (dict(dout=dout[:-1]), "dout"),
+        (dict(out=out.half()), "out"),
+        (dict(lse=lse[:, :-1]), "lse"),
+        (dict(lse=lse.double()), "lse"),
+        (dict(dlse=lse[:1]), "dlse"),
+        (dict(cu_seqlens_q=case.cu_q.float()), "cu_seqlens_q"),
+        (dict(cu_seqlens_kv=case.cu_kv[:-1]), "cu_seqlens_kv"),
+        (dict(cu_seqlens_q=case.cu_q.cpu()), "cu_seqlens_q"),
+        (dict(max_seqlen_q=0), "max_seqlen_q"),
+        (dict(max_seqlen_kv=10**6), "max_seqlen_kv"),
+        (dict(softmax_scale=float("inf")), "softmax_scale"),
+        (dict(k=case.k[:, :1].repeat(1, 3, 1), v=case.v[:, :1].repeat(1, 3, 1)), "heads"),
+        (dict(v=case.v.half()), "dtype"),
+        (dict(seqlens_kv=case.cu_kv[1:]), "seqlens_kv"),
+    ]:
+        with pytest.raises(RuntimeError, match=word):
+            call(**kw)
+
+
+def test_cuda_graph_capture(dev):
+    """Capture the op with static inputs; replay with new values and new device-side offsets
+    copied in: bitwise equal to eager, nothing read from the host."""
+    b, max_q, max_kv = 32, 33, 300
+
+    def make(seed):
+        gen = torch.Generator().manual_seed(seed)
+        q_lens, kv_lens = lens(gen, b, 0, max_q), lens(gen, b, 0, max_kv)
+        case = C.thd_case(seed, q_lens, kv_lens + [b * max_kv - sum(kv_lens)], 8, 2, 128,
+                          torch.bfloat16, max_q=max_q, max_kv=b * max_kv,
+                          pad_after=b * max_q - sum(q_lens), device=dev)
+        # fixed tensor sizes: one extra segment of keys pads k / v; drop it from the offsets
+        case.cu_kv = case.cu_kv[:-1].contiguous()
+        case.max_kv = max_kv
+        return case
+
+    first, second = make(20), make(21)
+    ins = [G.inputs(c, s, True) for c, s in ((first, 20), (second, 21))]
+    static = C.TiledCase(first.q.clone(), first.k.clone(), first.v.clone(), first.cu_q.clone(),
+                         first.cu_kv.clone(), None, max_q, max_kv, first.scale)
+    static_in = [t.clone() for t in ins[0]]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            op(static, *static_in, poison=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = op(static, *static_in, poison=False)
+    for case, inp in ((second, ins[1]), (first, ins[0]), (second, ins[1])):
+        for name in ("q", "k", "v", "cu_q", "cu_kv"):
+            getattr(static, name).copy_(getattr(case, name))
+        for dst, src in zip(static_in, inp):
+            dst.copy_(src)
+        poison_allocator(dev)
+        graph.replay()
+        torch.cuda.synchronize()
+        G.check_grads(case, inp[0], inp[3], *captured, "graph replay")
+        eager = op(case, *inp)
+        for name, x, y in zip(("dq", "dk", "dv"), captured, eager):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
+                                       msg=f"{name}: graph != eager")
+    assert read_errors(reset=True) == (0, -1)
+    del graph
