@@ -1,7 +1,7 @@
 """The tiled small-seq backward (hip_src/small_seq/tiled_bwd_kernel.h) executed on the CPU
-emulation (tests/emu_harness.py) through its own launcher: 64-lane waves with MFMA (the gfx942
+emulation (tests/helpers/emu.py) through its own launcher: 64-lane waves with MFMA (the gfx942
 code path) and 32-lane waves (the path of targets without matrix units), against the float64
-gradient oracle of tests/small_seq_tiled_bwd_cases.py. The forward's out and LSE come from the
+gradient oracle of tests/helpers/small_seq_tiled_bwd_cases.py. The forward's out and LSE come from the
 float64 oracle, so these tests do not depend on the forward kernel. Gradients start as NaN and
 unread input rows are NaN, so an unwritten gradient or a stray read fails.
 
@@ -15,10 +15,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import emu_harness as emu
-import small_seq_tiled_bwd_cases as G
-import small_seq_tiled_cases as C
-from emu_harness import one_torch_thread  # noqa: F401  (fixture)
+from helpers import emu
+from helpers import small_seq_tiled_bwd_cases as G
+from helpers import small_seq_tiled_cases as C
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=["tiled_w64", "tiled_w32"], ids=["wave64", "wave32"])

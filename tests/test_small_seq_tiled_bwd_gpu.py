@@ -4,7 +4,7 @@ oracle (so they do not depend on the forward kernel): any number of queries per 
 histories, GQA, int32 / int64 offsets, THD and BSHD, dlse, garbage offsets, determinism.
 
 Every test is marked ``gpu`` and skipped unless a CUDA/ROCm device is present and the compiled
-extension is loaded. The gradient oracle is float64 (tests/small_seq_tiled_bwd_cases.py,
+extension is loaded. The gradient oracle is float64 (tests/helpers/small_seq_tiled_bwd_cases.py,
 cross-checked against autograd through rocm_attn.reference in
 tests/test_emu_small_seq_tiled_bwd.py). dq / dk / dv are allocated by the op, so they are
 poisoned through the caching allocator (NaN in every float dtype) before each call: an element
@@ -25,9 +25,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from rocm_attn.errors import read_errors  # noqa: E402
-from gpu_helpers import gpu_marks, poison_allocator, why_no_kernels  # noqa: E402
-import small_seq_tiled_bwd_cases as G  # noqa: E402
-import small_seq_tiled_cases as C  # noqa: E402
+from helpers.gpu import gpu_marks, poison_allocator, why_no_kernels  # noqa: E402
+from helpers import small_seq_tiled_bwd_cases as G  # noqa: E402
+from helpers import small_seq_tiled_cases as C  # noqa: E402
 
 pytestmark = gpu_marks(thd_ops=False)
 

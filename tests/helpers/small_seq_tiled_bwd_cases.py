@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-import small_seq_tiled_cases as C
+from . import small_seq_tiled_cases as C
 
 # Relative (norm) error of a 16-bit gradient: the rounding of the output and of P / dS as
 # product operands (as flash-attention does).
