@@ -206,13 +206,17 @@ def test_every_kernel_ran(request):
     files = {item.path.name for item in request.session.items}
     selected = not (request.config.option.keyword or request.config.option.markexpr)
     if not selected or not {"test_emu_common.py", "test_emu_small_seq.py",
-                            "test_emu_thd.py"} <= files:
+                            "test_emu_thd.py", "test_emu_small_seq_tiled.py",
+                            "test_emu_small_seq_tiled_bwd.py"} <= files:
         pytest.skip("needs the whole emulation suite in this session")
     families = _kernel_families()
     assert len(families) >= 13, families
     for name in ("w64", "w32"):
         lib = emu.emu_or_skip(name)
-        ran = {re.match(r"(?:void )?(?:\w+::)*(\w+)", k).group(1) for k in lib.kernels_run()}
+        # the tiled kernels are built into their own library per wave width (tiled_w64 / _w32)
+        tiled = emu.emu_or_skip("tiled_" + name)
+        ran = {re.match(r"(?:void )?(?:\w+::)*(\w+)", k).group(1)
+               for k in lib.kernels_run() + tiled.kernels_run()}
         want = families  # at 32 lanes the MMA kernels run their general bodies
         assert want <= ran, f"wave {lib.wave}: kernels never run: {sorted(want - ran)}"
         for loop in ("small_seq_fwd_kernel", "small_seq_bwd_kernel"):  # pipelined and plain
