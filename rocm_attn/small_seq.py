@@ -279,7 +279,8 @@ def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seq
     the op; None (the caller then takes the checked path, which raises the ValueError naming
     the argument, or picks the torch path) when the call differs or the op refuses it.
     """
-    if (backend not in ("auto", "kernel") or max_seqlen_q != 1 or type(max_seqlen_kv) is not int
+    if (backend not in ("auto", "kernel") or type(max_seqlen_q) is not int or max_seqlen_q != 1
+            or type(max_seqlen_kv) is not int
             or not isinstance(q, torch.Tensor) or q.shape[0] == 0
             or (softmax_scale is not None and (type(softmax_scale) is not float
                                                or not -FLOAT32_MAX <= softmax_scale <= FLOAT32_MAX))
