@@ -191,7 +191,7 @@ def loaded_libstdcxx() -> list[str]:
     The GPU image's toolchain (/opt/gcc) ships only a static libstdc++, so g++ copied its
     iostream and locale code into the extension; when a TORCH_CHECK streamed a number into its
     message, torch's stream (the process's libstdc++) ran the copy's code with the process's
-    locale facets and segfaulted instead of raising (H200 image, docs/NOTES.md, session 6).
+    locale facets and segfaulted instead of raising (seen on the H200 image).
     Naming the loaded library on the link line resolves those symbols to it, ahead of the
     compiler's implicit -lstdc++, so the extension shares one C++ runtime with torch.
     """
