@@ -30,15 +30,6 @@ void row_strides(const at::Tensor& t, int64_t& token, int64_t& head) {
 
 namespace rocm_attn::bindings {
 
-void check_rows_16b(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.stride(-1) == 1, "small_seq: ", name, " must have a contiguous last dim");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "small_seq: ", name,
-              " must be 16-byte aligned");
-  for (int64_t i = 0; i + 1 < t.dim(); ++i)
-    TORCH_CHECK(t.stride(i) % 8 == 0 || t.size(i) == 1, "small_seq: ", name,
-                " strides must be multiples of 8 elements");
-}
-
 SmallSeqParams make_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::optional<at::Tensor>& cu_seqlens_q,
                            const std::optional<at::Tensor>& cu_seqlens_kv,
@@ -51,9 +42,9 @@ SmallSeqParams make_params(const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
               "small_seq: q, k, v dtypes differ");
   TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), "small_seq: devices differ");
-  check_rows_16b(q, "q");
-  check_rows_16b(k, "k");
-  check_rows_16b(v, "v");
+  check_rows_16b(q, "small_seq", "q");
+  check_rows_16b(k, "small_seq", "k");
+  check_rows_16b(v, "small_seq", "v");
   TORCH_CHECK(max_seqlen_kv >= 1 && max_seqlen_kv <= 16, "small_seq: max_seqlen_kv must be in 1..16");
 
   SmallSeqParams p{};
@@ -145,8 +136,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_bwd(
   TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes() &&
                   dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
               "small_seq backward: dout and out must match q");
-  check_rows_16b(dout, "dout");
-  check_rows_16b(out, "out");
+  check_rows_16b(dout, "small_seq", "dout");
+  check_rows_16b(out, "small_seq", "out");
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 2 &&
                   lse.size(0) == p.num_heads_q && lse.size(1) == p.batch,
               "small_seq backward: lse must be contiguous float32 [h_q, b]");

@@ -17,9 +17,6 @@ inline SmallSeqDtype small_seq_dtype(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? SmallSeqDtype::kBFloat16 : SmallSeqDtype::kFloat16;
 }
 
-// 16-byte vector access needs 16-byte aligned rows: base pointer and every stride but the last.
-void check_rows_16b(const at::Tensor& t, const char* name);
-
 // Fills the layout-dependent fields of the params. THD: q [total_q, h, d], k/v [total_kv, h, d].
 // BSHD: q [b, 1, h, d], k/v [b, s, h, d].
 SmallSeqParams make_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

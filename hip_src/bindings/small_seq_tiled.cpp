@@ -17,40 +17,16 @@
 #include <tuple>
 
 #include "common/error_state.h"
+#include "bindings/small_seq_tiled.h"
 #include "small_seq/tiled_params.h"
 
 namespace {
 
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-
-hipStream_t tiled_stream(const at::Device& device) {
-  const c10::Stream stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
-  return static_cast<hipStream_t>(stream.native_handle());
-}
-
-// 16-byte vector access needs 16-byte aligned rows: base pointer and every stride but the last.
-void tiled_check_rows_16b(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.stride(-1) == 1, "small_seq_tiled: ", name, " must have a contiguous last dim");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "small_seq_tiled: ", name,
-              " must be 16-byte aligned");
-  for (int64_t i = 0; i + 1 < t.dim(); ++i)
-    TORCH_CHECK(t.stride(i) % 8 == 0 || t.size(i) == 1, "small_seq_tiled: ", name,
-                " strides must be multiples of 8 elements");
-}
-
-// An offset tensor: contiguous 1-D int32 or int64 with `numel` entries on q's device. Returns
-// whether it is int64.
-bool tiled_check_offsets(const at::Tensor& t, const at::Tensor& q, int64_t numel,
-                         const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, "small_seq_tiled: ",
-              name, " must be int32 or int64, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 1 && t.numel() == numel, "small_seq_tiled: ", name,
-              " must be a 1-D tensor of ", numel, " entries, got shape ", t.sizes());
-  TORCH_CHECK(t.is_contiguous(), "small_seq_tiled: ", name, " must be contiguous");
-  TORCH_CHECK(t.device() == q.device(), "small_seq_tiled: ", name, " must be on ", q.device(),
-              " (the device of q), got ", t.device());
-  return t.scalar_type() == at::kLong;
-}
+using rocm_attn::bindings::check_launch;
+using rocm_attn::bindings::check_rows_16b;
+using rocm_attn::bindings::check_tiled_offsets;
+using rocm_attn::bindings::current_stream;
+using rocm_attn::bindings::kTiledInt32Max;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -81,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
   const int64_t h_kv = k.size(-2);
   TORCH_CHECK(h_kv > 0 && h_q % h_kv == 0, "small_seq_tiled: the heads of q (", h_q,
               ") must be a multiple of the heads of k (", h_kv, ")");
-  TORCH_CHECK(max_seqlen_q >= 1 && max_seqlen_q <= kInt32Max,
+  TORCH_CHECK(max_seqlen_q >= 1 && max_seqlen_q <= kTiledInt32Max,
               "small_seq_tiled: max_seqlen_q must be in 1..2^31-1, got ", max_seqlen_q);
   TORCH_CHECK(max_seqlen_kv >= 1 && max_seqlen_kv <= kSmallSeqTiledMaxSeqlenKv,
               "small_seq_tiled: max_seqlen_kv must be in 1..", kSmallSeqTiledMaxSeqlenKv,
@@ -89,9 +65,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
   const float scale = static_cast<float>(softmax_scale);
   TORCH_CHECK(std::isfinite(scale), "small_seq_tiled: softmax_scale must be finite in float32, "
               "got ", softmax_scale);
-  tiled_check_rows_16b(q, "q");
-  tiled_check_rows_16b(k, "k");
-  tiled_check_rows_16b(v, "v");
+  check_rows_16b(q, "small_seq_tiled", "q");
+  check_rows_16b(k, "small_seq_tiled", "k");
+  check_rows_16b(v, "small_seq_tiled", "v");
 
   SmallSeqTiledParams p{};
   p.num_heads_q = static_cast<int32_t>(h_q);
@@ -106,13 +82,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
     TORCH_CHECK(!seqlens_kv.has_value(),
                 "small_seq_tiled: seqlens_kv is for BSHD inputs; THD takes cu_seqlens_kv");
     const int64_t entries = cu_seqlens_q->numel();
-    TORCH_CHECK(entries >= 1 && entries - 1 <= kInt32Max - 1,
+    TORCH_CHECK(entries >= 1 && entries - 1 <= kTiledInt32Max - 1,
                 "small_seq_tiled: cu_seqlens_q must have b + 1 entries (1..2^31-1), got ",
                 entries);
-    p.cu_seqlens_q_int64 = tiled_check_offsets(*cu_seqlens_q, q, entries, "cu_seqlens_q");
-    p.cu_seqlens_kv_int64 = tiled_check_offsets(*cu_seqlens_kv, q, entries, "cu_seqlens_kv");
-    TORCH_CHECK(q.size(0) <= kInt32Max, "small_seq_tiled: q must have fewer than 2^31 rows");
-    TORCH_CHECK(k.size(0) <= kInt32Max, "small_seq_tiled: k must have fewer than 2^31 rows");
+    p.cu_seqlens_q_int64 =
+        check_tiled_offsets(*cu_seqlens_q, q, entries, "small_seq_tiled", "cu_seqlens_q");
+    p.cu_seqlens_kv_int64 =
+        check_tiled_offsets(*cu_seqlens_kv, q, entries, "small_seq_tiled", "cu_seqlens_kv");
+    TORCH_CHECK(q.size(0) <= kTiledInt32Max, "small_seq_tiled: q must have fewer than 2^31 rows");
+    TORCH_CHECK(k.size(0) <= kTiledInt32Max, "small_seq_tiled: k must have fewer than 2^31 rows");
     p.batch = static_cast<int32_t>(entries - 1);
     p.cu_seqlens_q = cu_seqlens_q->data_ptr();
     p.cu_seqlens_kv = cu_seqlens_kv->data_ptr();
@@ -134,10 +112,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
                 k.size(0));
     TORCH_CHECK(max_seqlen_q == q.size(1), "small_seq_tiled: BSHD max_seqlen_q (", max_seqlen_q,
                 ") must equal q.shape[1] (", q.size(1), ")");
-    TORCH_CHECK(b <= kInt32Max && b * q.size(1) <= kInt32Max && k.size(1) <= kInt32Max,
+    TORCH_CHECK(b <= kTiledInt32Max && b * q.size(1) <= kTiledInt32Max &&
+                    k.size(1) <= kTiledInt32Max,
                 "small_seq_tiled: q must have fewer than 2^31 rows and k fewer than 2^31 per "
                 "batch");
-    p.seqlens_kv_int64 = tiled_check_offsets(*seqlens_kv, q, b, "seqlens_kv");
+    p.seqlens_kv_int64 = check_tiled_offsets(*seqlens_kv, q, b, "small_seq_tiled", "seqlens_kv");
     p.seqlens_kv = seqlens_kv->data_ptr();
     p.batch = static_cast<int32_t>(b);
     p.s_q = static_cast<int32_t>(q.size(1));
@@ -189,9 +168,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
                                        ? SmallSeqTiledDtype::kBFloat16
                                        : SmallSeqTiledDtype::kFloat16;
   const hipError_t err =
-      small_seq_tiled_fwd_launch(p, dtype, static_cast<int>(d), tiled_stream(q.device()));
-  TORCH_CHECK(err == hipSuccess, "rocm_attn: small_seq tiled forward launch failed: ",
-              hipGetErrorString(err));
+      small_seq_tiled_fwd_launch(p, dtype, static_cast<int>(d), current_stream(q.device()));
+  check_launch(err, "small_seq tiled forward launch");
   return {out, lse, probs};
 }
 

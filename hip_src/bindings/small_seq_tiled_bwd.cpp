@@ -16,41 +16,16 @@
 #include <optional>
 #include <tuple>
 
+#include "bindings/small_seq_tiled.h"
 #include "small_seq/tiled_params.h"
 
 namespace {
 
-constexpr int64_t kBwdInt32Max = std::numeric_limits<int32_t>::max();
-
-hipStream_t tiled_bwd_stream(const at::Device& device) {
-  const c10::Stream stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
-  return static_cast<hipStream_t>(stream.native_handle());
-}
-
-// 16-byte vector access needs 16-byte aligned rows: base pointer and every stride but the last.
-void tiled_bwd_check_rows_16b(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.stride(-1) == 1, "small_seq_tiled_bwd: ", name,
-              " must have a contiguous last dim");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "small_seq_tiled_bwd: ",
-              name, " must be 16-byte aligned");
-  for (int64_t i = 0; i + 1 < t.dim(); ++i)
-    TORCH_CHECK(t.stride(i) % 8 == 0 || t.size(i) == 1, "small_seq_tiled_bwd: ", name,
-                " strides must be multiples of 8 elements");
-}
-
-// An offset tensor: contiguous 1-D int32 or int64 with `numel` entries on q's device. Returns
-// whether it is int64.
-bool tiled_bwd_check_offsets(const at::Tensor& t, const at::Tensor& q, int64_t numel,
-                             const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
-              "small_seq_tiled_bwd: ", name, " must be int32 or int64, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 1 && t.numel() == numel, "small_seq_tiled_bwd: ", name,
-              " must be a 1-D tensor of ", numel, " entries, got shape ", t.sizes());
-  TORCH_CHECK(t.is_contiguous(), "small_seq_tiled_bwd: ", name, " must be contiguous");
-  TORCH_CHECK(t.device() == q.device(), "small_seq_tiled_bwd: ", name, " must be on ",
-              q.device(), " (the device of q), got ", t.device());
-  return t.scalar_type() == at::kLong;
-}
+using rocm_attn::bindings::check_launch;
+using rocm_attn::bindings::check_rows_16b;
+using rocm_attn::bindings::check_tiled_offsets;
+using rocm_attn::bindings::current_stream;
+using rocm_attn::bindings::kTiledInt32Max;
 
 // Batch / token / head strides of a THD ([rows, h, d]) or BSHD ([b, s, h, d]) tensor.
 void tiled_bwd_strides(const at::Tensor& t, int64_t& batch, int64_t& token, int64_t& head) {
@@ -98,7 +73,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
   const int64_t h_kv = k.size(-2);
   TORCH_CHECK(h_kv > 0 && h_q % h_kv == 0, "small_seq_tiled_bwd: the heads of q (", h_q,
               ") must be a multiple of the heads of k (", h_kv, ")");
-  TORCH_CHECK(max_seqlen_q >= 1 && max_seqlen_q <= kBwdInt32Max,
+  TORCH_CHECK(max_seqlen_q >= 1 && max_seqlen_q <= kTiledInt32Max,
               "small_seq_tiled_bwd: max_seqlen_q must be in 1..2^31-1, got ", max_seqlen_q);
   TORCH_CHECK(max_seqlen_kv >= 1 && max_seqlen_kv <= kSmallSeqTiledMaxSeqlenKv,
               "small_seq_tiled_bwd: max_seqlen_kv must be in 1..", kSmallSeqTiledMaxSeqlenKv,
@@ -107,11 +82,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
   TORCH_CHECK(std::isfinite(scale),
               "small_seq_tiled_bwd: softmax_scale must be finite in float32, got ",
               softmax_scale);
-  tiled_bwd_check_rows_16b(q, "q");
-  tiled_bwd_check_rows_16b(k, "k");
-  tiled_bwd_check_rows_16b(v, "v");
-  tiled_bwd_check_rows_16b(dout, "dout");
-  tiled_bwd_check_rows_16b(out, "out");
+  check_rows_16b(q, "small_seq_tiled_bwd", "q");
+  check_rows_16b(k, "small_seq_tiled_bwd", "k");
+  check_rows_16b(v, "small_seq_tiled_bwd", "v");
+  check_rows_16b(dout, "small_seq_tiled_bwd", "dout");
+  check_rows_16b(out, "small_seq_tiled_bwd", "out");
 
   SmallSeqTiledParams p{};
   p.num_heads_q = static_cast<int32_t>(h_q);
@@ -126,15 +101,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
     TORCH_CHECK(!seqlens_kv.has_value(),
                 "small_seq_tiled_bwd: seqlens_kv is for BSHD inputs; THD takes cu_seqlens_kv");
     const int64_t entries = cu_seqlens_q->numel();
-    TORCH_CHECK(entries >= 1 && entries - 1 <= kBwdInt32Max - 1,
+    TORCH_CHECK(entries >= 1 && entries - 1 <= kTiledInt32Max - 1,
                 "small_seq_tiled_bwd: cu_seqlens_q must have b + 1 entries (1..2^31-1), got ",
                 entries);
-    p.cu_seqlens_q_int64 = tiled_bwd_check_offsets(*cu_seqlens_q, q, entries, "cu_seqlens_q");
+    p.cu_seqlens_q_int64 =
+        check_tiled_offsets(*cu_seqlens_q, q, entries, "small_seq_tiled_bwd", "cu_seqlens_q");
     p.cu_seqlens_kv_int64 =
-        tiled_bwd_check_offsets(*cu_seqlens_kv, q, entries, "cu_seqlens_kv");
-    TORCH_CHECK(q.size(0) <= kBwdInt32Max,
+        check_tiled_offsets(*cu_seqlens_kv, q, entries, "small_seq_tiled_bwd", "cu_seqlens_kv");
+    TORCH_CHECK(q.size(0) <= kTiledInt32Max,
                 "small_seq_tiled_bwd: q must have fewer than 2^31 rows");
-    TORCH_CHECK(k.size(0) <= kBwdInt32Max,
+    TORCH_CHECK(k.size(0) <= kTiledInt32Max,
                 "small_seq_tiled_bwd: k must have fewer than 2^31 rows");
     p.batch = static_cast<int32_t>(entries - 1);
     p.cu_seqlens_q = cu_seqlens_q->data_ptr();
@@ -151,10 +127,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
                 "), got ", k.size(0));
     TORCH_CHECK(max_seqlen_q == q.size(1), "small_seq_tiled_bwd: BSHD max_seqlen_q (",
                 max_seqlen_q, ") must equal q.shape[1] (", q.size(1), ")");
-    TORCH_CHECK(b <= kBwdInt32Max && b * q.size(1) <= kBwdInt32Max && k.size(1) <= kBwdInt32Max,
+    TORCH_CHECK(b <= kTiledInt32Max && b * q.size(1) <= kTiledInt32Max &&
+                    k.size(1) <= kTiledInt32Max,
                 "small_seq_tiled_bwd: q must have fewer than 2^31 rows and k fewer than 2^31 "
                 "per batch");
-    p.seqlens_kv_int64 = tiled_bwd_check_offsets(*seqlens_kv, q, b, "seqlens_kv");
+    p.seqlens_kv_int64 =
+        check_tiled_offsets(*seqlens_kv, q, b, "small_seq_tiled_bwd", "seqlens_kv");
     p.seqlens_kv = seqlens_kv->data_ptr();
     p.batch = static_cast<int32_t>(b);
     p.s_q = static_cast<int32_t>(q.size(1));
@@ -211,9 +189,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
                                        ? SmallSeqTiledDtype::kBFloat16
                                        : SmallSeqTiledDtype::kFloat16;
   const hipError_t err =
-      small_seq_tiled_bwd_launch(p, dtype, static_cast<int>(d), tiled_bwd_stream(q.device()));
-  TORCH_CHECK(err == hipSuccess, "rocm_attn: small_seq tiled backward launch failed: ",
-              hipGetErrorString(err));
+      small_seq_tiled_bwd_launch(p, dtype, static_cast<int>(d), current_stream(q.device()));
+  check_launch(err, "small_seq tiled backward launch");
   return {dq, dk, dv};
 }
 

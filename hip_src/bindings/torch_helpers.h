@@ -20,6 +20,17 @@ inline hipStream_t current_stream(const at::Device& device) {
   return static_cast<hipStream_t>(stream.native_handle());
 }
 
+// 16-byte vector access needs 16-byte aligned rows: base pointer and every stride but the last.
+// `op` prefixes the message ("small_seq", "small_seq_tiled", ...), `name` is the argument.
+inline void check_rows_16b(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(t.stride(-1) == 1, op, ": ", name, " must have a contiguous last dim");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": ", name,
+              " must be 16-byte aligned");
+  for (int64_t i = 0; i + 1 < t.dim(); ++i)
+    TORCH_CHECK(t.stride(i) % 8 == 0 || t.size(i) == 1, op, ": ", name,
+                " strides must be multiples of 8 elements");
+}
+
 inline void check_launch(hipError_t err, const char* what) {
   TORCH_CHECK(err == hipSuccess, "rocm_attn: ", what, " failed: ", hipGetErrorString(err));
 }
