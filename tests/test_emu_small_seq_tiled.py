@@ -6,8 +6,9 @@ so an unwritten output or a stray read fails.
 
 Grid: queries per segment 1, 2, 17, 40 (and 0); keys 0, 1, 17, 64, 300; GQA groups 1, 2, 8;
 head dims 64, 128, 256; bf16 and fp16; int32 and int64 offsets; THD and BSHD; strided views;
-padding rows; bad segments flagged with NaN. Both kernels: the launcher sends many rows over
-long histories to the block kernel (shared-memory K/V), the rest to the wave kernel; the
+padding rows; bad segments flagged with NaN. All three kernels: the launcher sends many rows
+over histories that fit a block's shared memory to the resident kernel, many rows over longer
+ones to the block kernel (K/V staged per key tile), the rest to the wave kernel; the
 mixed-segment cases also run on the wave kernel alone.
 """
 
@@ -48,10 +49,18 @@ KV_LENS = [300, 64, 17, 1, 0, 17, 300, 64, 5, 0, 1]
 GROUPS = [pytest.param(2, 2, id="g1"), pytest.param(4, 2, id="g2"), pytest.param(8, 1, id="g8")]
 
 
-# the launcher's choice (here the block kernel: many rows over long histories), the wave
-# kernel for the same calls (tuning small_seq_tiled_block=0) and the block kernel of 128 threads
-KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0},
-           "block128": {"small_seq_tiled_block": 2, "small_seq_tiled_block_threads": 128}}
+# the launcher's choice (here the block kernel: many rows over histories longer than a block's
+# shared memory holds), the wave kernel for the same calls and the block kernel of 128 threads
+KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0, "small_seq_tiled_resident": 0},
+           "block128": {"small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
+                        "small_seq_tiled_block_threads": 128}}
+# The resident kernel (a segment's whole K/V in shared memory; the emulation gives a block
+# 64 KiB, as gfx942 has): the launcher's choice for many rows over histories that fit, and
+# forced on every call (2) with four waves and with 128 threads (two waves).
+RESIDENT = {"auto": {}, "resident": {"small_seq_tiled_resident": 2},
+            "resident128": {"small_seq_tiled_resident": 2, "small_seq_tiled_resident_threads": 128}}
+# histories that fit 64 KiB at d 128 (K and V of 96 keys of 160 padded elements)
+KV_LENS_RESIDENT = [96, 64, 17, 1, 0, 17, 96, 64, 5, 0, 1]
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
@@ -62,6 +71,38 @@ def test_mixed_segments(lib, d, h_q, h_kv, kernel):
     case = C.thd_case(d + h_q, Q_LENS, KV_LENS, h_q, h_kv, d, torch.bfloat16, offsets=offsets)
     with emu.tuning(**KERNELS[kernel]):
         check_valid(lib, case)
+
+
+@pytest.mark.parametrize("kernel", list(RESIDENT))
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_resident_kernel(lib, d, h_q, h_kv, kernel):
+    """Segments of 0..40 queries over 0..96 keys; the shared memory starts as NaN (the
+    emulation poisons it), so a key tile read before it was staged fails."""
+    offsets = torch.int32 if d == 64 else torch.int64
+    case = C.thd_case(30 + d + h_q, Q_LENS, KV_LENS_RESIDENT, h_q, h_kv, d, torch.bfloat16,
+                      offsets=offsets, pad_before=2, pad_after=3)
+    with emu.tuning(**RESIDENT[kernel]):
+        check_valid(lib, case, return_softmax=kernel != "auto")
+        if kernel != "auto":
+            assert any("small_seq_tiled_fwd_resident_kernel" in k for k in lib.kernels_run())
+        if kernel == "resident":  # one block per item, and splits of a segment's row tiles
+            with emu.tuning(small_seq_tiled_fwd_grid=0):
+                check_valid(lib, case, return_softmax=False)
+
+
+def test_resident_kernel_bad_segments(lib):
+    """The resident kernel flags bad segments (too many queries, negative key count, keys past
+    the end of k/v) and stages nothing for them; the other segments stay exact."""
+    q_lens, kv_lens = [3, 1, 17, 2, 40, 5, 1, 2], [5, 17, 64, 3, 10, 1, 0, 7]
+    case = C.thd_case(36, q_lens, kv_lens, 4, 2, 64, torch.bfloat16, offsets=torch.int64,
+                      max_q=17, max_kv=64, pad_before=2, pad_after=2)
+    case.cu_kv[6] = case.cu_kv[5] - 1
+    case.cu_kv[8] = 2**40
+    with emu.tuning(small_seq_tiled_resident=2):
+        out, lse, probs = run(lib, case)
+    bad = C.check(case, out, lse, probs, f"wave {lib.wave}", expect_bad=[4, 5, 7])
+    assert lib.errors() == (len(bad), 0x7FFFFFFF - bad[0])
 
 
 @pytest.mark.parametrize("h_q,h_kv", [(2, 2), (8, 2)], ids=["g1", "g4"])

@@ -81,16 +81,21 @@ def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype):
     check_valid(case)
 
 
-# the launcher's choice, the wave kernel only, the block kernel for every d <= 128 call
-KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0}, "block": {"small_seq_tiled_block": 2},
-           "block128": {"small_seq_tiled_block": 2, "small_seq_tiled_block_threads": 128}}
+# the launcher's choice, the wave kernel only, the block kernel (K/V staged per key tile) and the
+# resident kernel (a segment's whole K/V in shared memory) for every d <= 128 call they take
+KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0, "small_seq_tiled_resident": 0},
+           "block": {"small_seq_tiled_block": 2, "small_seq_tiled_resident": 0},
+           "block128": {"small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
+                        "small_seq_tiled_block_threads": 128},
+           "resident": {"small_seq_tiled_resident": 2},
+           "resident256": {"small_seq_tiled_resident": 2, "small_seq_tiled_resident_threads": 256}}
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
 @pytest.mark.parametrize("d", [64, 128])
 def test_wave_and_block_kernels(dev, d, h_q, h_kv, kernel):
-    """Both tiled kernels on ragged segments of many queries over long histories, and on short
+    """The tiled kernels on ragged segments of many queries over long histories, and on short
     ones (the block kernel's per-wave register path)."""
     gen = torch.Generator().manual_seed(d + h_q + h_kv)
     b = 150

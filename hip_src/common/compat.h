@@ -45,6 +45,12 @@ RA_DEVICE int ra_shfl(int v, int src_lane) { return __shfl(v, src_lane); }
 #define RA_LAUNCH_BOUNDS_MIN_BLOCKS(threads, blocks) __launch_bounds__(threads, blocks)
 #endif
 
+// A kernel's dynamic shared memory (its size given at launch) as an array `name` of `type`.
+// The CPU emulation (tests/emu) defines its own before including this header.
+#if !defined(RA_DYNAMIC_SHARED)
+#define RA_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 // Number of lanes of this wave whose `pred` is true (every lane calls it, converged). HIP's
 // ballot is 64-bit on every target; CUDA's (after hipify: __ballot_sync) is 32-bit.
 RA_DEVICE int ra_count_lanes(bool pred) {

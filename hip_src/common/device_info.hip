@@ -34,6 +34,21 @@ int ra_device_index() {
   return hipGetDevice(&device) == hipSuccess ? device : 0;
 }
 
+int ra_device_max_shared_per_block() {
+  static int cache[64] = {};
+#if defined(__HIP__)
+  return cached_attribute(hipDeviceAttributeMaxSharedMemoryPerBlock, cache, 48 * 1024);
+#else
+  // Read by its CUDA name: the opt-in limit has no HIP attribute of its own for hipify to map.
+  return cached_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, cache, 48 * 1024);
+#endif
+}
+
+int ra_device_shared_per_multiprocessor() {
+  static int cache[64] = {};
+  return cached_attribute(hipDeviceAttributeMaxSharedMemoryPerMultiprocessor, cache, 64 * 1024);
+}
+
 bool ra_device_overlapped_launch() {
 #if defined(__HIP__)
   return false;

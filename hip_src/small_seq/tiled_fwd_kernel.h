@@ -30,9 +30,15 @@
 // - S is the exact-input product q . k accumulated in fp32 and scaled afterwards in fp32 (q is
 //   not pre-multiplied by the softmax scale: rounding q * scale to 16 bits would put a ~2^-9
 //   relative error on every score).
-// - The running max m and sum l are fp32 in the log2 domain; P = exp2(s - m) is rounded to the
-//   input dtype for the P.V product (flash-attention's choice), O and l stay fp32, and O / l is
-//   rounded once at the end. LSE = (m + log2 l) * ln 2 from the fp32 values.
+// - The reference max m and sum l are fp32 in the log2 domain; P = exp2(s - m) is rounded to
+//   the input dtype for the P.V product (flash-attention's choice), O and l stay fp32, and O / l
+//   is rounded once at the end. LSE = (m + log2 l) * ln 2 from the fp32 values.
+// - m is not the exact running max: it is set by a row's first key tile and moves (rescaling l
+//   and O by exp2(m_old - m_new)) only when a later tile's max exceeds it by more than
+//   kTiledLazyRescaleLog2, so P may reach 2^8 (exact in every 16-bit format's range; its
+//   relative rounding is the same at any scale). The O rescale, a multiply per accumulator,
+//   is then skipped by the whole wave on most tiles. O / l and m + log2 l do not depend on
+//   which reference was used.
 // - Keys past the segment's length are never read: their K/V rows are exact zeros and their
 //   scores -inf, so they contribute exactly 0 (never 0 * garbage).
 // - return_softmax: a second pass over the key tiles recomputes S (the same products, so the
@@ -64,6 +70,10 @@ constexpr int kTiledKeys = 16;
 // head) at 512 queries of one q head (NVIDIA: 64 tiles of 8 rows -> 16 items).
 constexpr int kTiledRowTilesPerItem = 4;
 
+// Lazy rescaling: the running max m of a row (log2 domain) is the reference of P = exp2(s - m)
+// and moves only when a tile's max exceeds it by more than this, so P <= 2^8 and O, l (fp32)
+// stay far from overflow while most key tiles skip the O rescale.
+constexpr float kTiledLazyRescaleLog2 = 8.f;
 constexpr float kTiledLog2e = 1.4426950408889634f;
 constexpr float kTiledLn2 = 0.6931471805599453f;
 
@@ -171,17 +181,26 @@ struct TiledSlices {
   static_assert(kCount <= 2, "head dims up to 256");
 };
 
-// One valid (segment, kv head, row tile) on matrix units. HELD: the segment has at most one key
-// tile, already in registers (held_k / held_v, one slice); otherwise keys are streamed.
+// Row strides (elements) of K and V in shared memory, padded so that the 16-byte fragment loads
+// of one NVIDIA quarter warp (8 lanes, 128 bytes) fall into distinct banks:
+// - K (ra_mma_load_rows): the quarter reads 64 bytes of each of rows g, g + 1, so consecutive
+//   rows must start 64 bytes apart modulo 128: D + 32 elements (D * 2 is a multiple of 128).
+// - V (ra_mma_load_vrows): it reads 32 bytes of each of rows 0, 2, 4, 6 (+ an offset), so rows
+//   two apart must start 32 bytes apart modulo 128: D + 8 elements (16 bytes modulo 64).
+template <int D>
+struct TiledSmemStride {
+  static constexpr int kK = D + 32;
+  static constexpr int kV = D + 8;
+};
+
 // Key tiles staged in shared memory by the whole block (the block kernel): two buffers of K and
-// V, rows padded by 32 elements (64 bytes) so that the 16-byte fragment loads of one quarter
-// warp fall into distinct banks.
+// of V.
 template <int D>
 struct TiledStage {
-  static constexpr int kStride = D + 32;
-  static constexpr int kElems = kTiledKeys * kStride;
-  alignas(16) uint16_t k[2][kElems];
-  alignas(16) uint16_t v[2][kElems];
+  static constexpr int kKElems = kTiledKeys * TiledSmemStride<D>::kK;
+  static constexpr int kVElems = kTiledKeys * TiledSmemStride<D>::kV;
+  alignas(16) uint16_t k[2][kKElems];
+  alignas(16) uint16_t v[2][kVElems];
 };
 
 // This thread's share of one key tile's K and V (16 rows x D / 8 vectors each, spread over the
@@ -217,9 +236,10 @@ RA_DEVICE void tiled_stage_store(TiledStage<D>& st, const int buf,
   for (int i = 0; i < TiledStageRegs<D, THREADS>::kPerThread; ++i) {
     const int idx = tid + i * THREADS;
     if (idx >= TiledStageRegs<D, THREADS>::kVecs) continue;
-    const int off = (idx / (D / 8)) * TiledStage<D>::kStride + 8 * (idx % (D / 8));
-    ra_store16(st.k[buf] + off, r.k[i]);
-    ra_store16(st.v[buf] + off, r.v[i]);
+    const int row = idx / (D / 8);
+    const int col = 8 * (idx % (D / 8));
+    ra_store16(st.k[buf] + row * TiledSmemStride<D>::kK + col, r.k[i]);
+    ra_store16(st.v[buf] + row * TiledSmemStride<D>::kV + col, r.v[i]);
   }
 }
 
@@ -227,9 +247,20 @@ RA_DEVICE void tiled_stage_store(TiledStage<D>& st, const int buf,
 // held in registers for a one-tile segment (kTiledHeld), or staged in shared memory by the
 // block (kTiledShared: every wave of the block calls with the same segment, idle ones too,
 // since the staging and its barriers need all of them).
+// kTiledResident: the segment's whole K and V sit in shared memory (the resident block kernel,
+// tiled_fwd_resident_kernel.h, staged them once for all of the block's row tiles), so key tiles
+// are read from there without barriers.
 constexpr int kTiledStream = 0;
 constexpr int kTiledHeld = 1;
 constexpr int kTiledShared = 2;
+constexpr int kTiledResident = 3;
+
+// A segment's K and V in shared memory for kTiledResident: key j at k + j * TiledSmemStride<D>::kK
+// and v + j * TiledSmemStride<D>::kV.
+struct TiledResidentKv {
+  const uint16_t* k;
+  const uint16_t* v;
+};
 // Threads of the block kernel: 256 (64 rows, 8 warps / 4 waves) by default; 128 (32 rows) is
 // compiled too, for two resident blocks per multiprocessor where registers allow (tuning
 // small_seq_tiled_block_threads).
@@ -247,7 +278,8 @@ template <typename T, int D, int ROWS, int MODE, int THREADS = kTiledBlockThread
 RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile,
                                   const TiledSegment& s, const int lane,
                                   const TiledHeldK<D>* held_k, const TiledHeldV<D>* held_v,
-                                  TiledStage<D>* stage = nullptr, const int tid = 0) {
+                                  TiledStage<D>* stage = nullptr, const int tid = 0,
+                                  const TiledResidentKv* resident = nullptr) {
   constexpr bool HELD = MODE == kTiledHeld;
   constexpr int SLOTS = kRaMmaAccSlots;
   constexpr int E = ra_mma_acc<kTiledKeys>::kElems;
@@ -297,29 +329,35 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
 #pragma unroll
   for (int c = 0; c < NSL; ++c) ra_mma_zero(o[c]);
 
-  // Online softmax of one key tile's scores (keys k0 ..): S -> P in place, m / l / O rescaled.
+  // Online softmax of one key tile's scores (keys k0 ..): S -> P in place, m / l / O rescaled
+  // when the reference max moves (lazy rescaling, see the header NOTE).
   auto softmax_step = [&](ra_mma_acc<KT>& sc, const int k0) {
+    const bool full = k0 + KT <= nk;  // every key of the tile is live
     float mt[SLOTS];
 #pragma unroll
     for (int r = 0; r < SLOTS; ++r) mt[r] = -INFINITY;
 #pragma unroll
     for (int i = 0; i < E; ++i) {
       if (ra_mma_slot_row0(ra_mma_acc_slot(i)) >= ROWS) continue;  // rows no tile has
-      const bool live = k0 + ra_mma_acc_col(lane, i) < nk;
+      const bool live = full || k0 + ra_mma_acc_col(lane, i) < nk;
       sc.x[i] = live ? sc.x[i] * qscale : -INFINITY;
       mt[ra_mma_acc_slot(i)] = fmaxf(mt[ra_mma_acc_slot(i)], sc.x[i]);
     }
     float alpha[SLOTS];
+    bool rescale = false;
 #pragma unroll
     for (int r = 0; r < SLOTS; ++r) {
       alpha[r] = 1.f;
       if (ra_mma_slot_row0(r) >= ROWS) continue;
-      const float mnew = fmaxf(m[r], ra_mma_row_max(mt[r]));
-      // Nothing accumulated yet (m = -inf): alpha 0; 1 while the row has no finite score
-      // (never exp2(-inf - -inf) = NaN).
-      alpha[r] = mnew == -INFINITY ? 1.f : exp2f(m[r] - mnew);
-      m[r] = mnew;
-      l[r] *= alpha[r];
+      const float tile_max = ra_mma_row_max(mt[r]);
+      if (m[r] == -INFINITY) {
+        m[r] = tile_max;  // nothing accumulated yet (l and O are 0): no rescale
+      } else if (tile_max > m[r] + kTiledLazyRescaleLog2) {
+        alpha[r] = exp2f(m[r] - tile_max);
+        m[r] = tile_max;
+        l[r] *= alpha[r];
+        rescale = true;
+      }
     }
 #pragma unroll
     for (int i = 0; i < E; ++i) {
@@ -328,18 +366,21 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
         sc.x[i] = 0.f;  // never a P row
         continue;
       }
-      const bool live = k0 + ra_mma_acc_col(lane, i) < nk;
+      const bool live = full || k0 + ra_mma_acc_col(lane, i) < nk;
       const float pr = live && m[slot] != -INFINITY ? exp2f(sc.x[i] - m[slot]) : 0.f;
       sc.x[i] = pr;
       l[slot] += pr;
     }
+    // O is rescaled by the whole wave or not at all (the alphas are exchanged across lanes).
+    if (ra_count_lanes(rescale) > 0) {
 #pragma unroll
-    for (int j = 0; j < OUT_J; ++j) {
-      const float a = ra_mma_row_value_for_out(alpha, j, lane);
+      for (int j = 0; j < OUT_J; ++j) {
+        const float a = ra_mma_row_value_for_out(alpha, j, lane);
 #pragma unroll
-      for (int c = 0; c < NSL; ++c)
+        for (int c = 0; c < NSL; ++c)
 #pragma unroll
-        for (int i = 0; i < DS / 16; ++i) o[c].x[i][j] *= a;
+          for (int i = 0; i < DS / 16; ++i) o[c].x[i][j] *= a;
+      }
     }
     return ra_mma_to_pfrag<T, ROWS>(sc);
   };
@@ -350,7 +391,8 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     // computes tile t from shared memory, then stored into the other buffer (read last in
     // iteration t - 1, which every wave finished before the barrier that closed it).
     using Regs = TiledStageRegs<D, THREADS>;
-    constexpr int SK = TiledStage<D>::kStride;
+    constexpr int SK = TiledSmemStride<D>::kK;
+    constexpr int SV = TiledSmemStride<D>::kV;
     Regs staged;
     if (ntiles > 0) {
       tiled_stage_load<D, THREADS>(staged, kbase, p.k_token_stride, vbase,
@@ -365,7 +407,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
                                                 p.v_token_stride, k0 + KT, nk, tid);
       ra_mma_load_rows(ka, stage->k[t & 1], SK, nk - k0, lane);
       ra_mma_vrows<DS, KT> vr;
-      ra_mma_load_vrows(vr, stage->v[t & 1], SK, nk - k0, lane);
+      ra_mma_load_vrows(vr, stage->v[t & 1], SV, nk - k0, lane);
       ra_mma_acc<KT> sc;
       ra_mma_zero(sc);
       ra_mma_dot<T>(sc, qr[0], ka);
@@ -374,6 +416,20 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       if (t + 1 < ntiles)
         tiled_stage_store<D, THREADS>(*stage, (t + 1) & 1, staged, tid);
       __syncthreads();
+    }
+  } else if constexpr (MODE == kTiledResident) {
+    constexpr int SK = TiledSmemStride<D>::kK;
+    constexpr int SV = TiledSmemStride<D>::kV;
+    for (int t = 0; t < ntiles; ++t) {
+      const int k0 = t * KT;
+      ra_mma_load_rows(ka, resident->k + k0 * SK, SK, nk - k0, lane);
+      ra_mma_vrows<DS, KT> vr;
+      ra_mma_load_vrows(vr, resident->v + k0 * SV, SV, nk - k0, lane);
+      ra_mma_acc<KT> sc;
+      ra_mma_zero(sc);
+      ra_mma_dot<T>(sc, qr[0], ka);
+      const ra_mma_pfrag<ROWS> pf = softmax_step(sc, k0);
+      ra_mma_pv<T>(o[0], pf, vr);
     }
   } else if constexpr (HELD) {
     if (ntiles > 0) {

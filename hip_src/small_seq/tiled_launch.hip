@@ -1,9 +1,10 @@
-// Launch of the tiled small-seq forward (tiled_fwd_kernel.h): dispatch over dtype x head dim,
-// the choice between the wave kernel and the block kernel, grid sized from occupancy. Six
-// variants (plus four block kernels), one translation unit: the kernels have no kv bucket, so
-// the variant count stays small and needs no generated instantiation files.
+// Launch of the tiled small-seq forward (tiled_fwd_kernel.h, tiled_fwd_resident_kernel.h):
+// dispatch over dtype x head dim, the choice between the resident, block and wave kernels, grid
+// sized from occupancy. Per dtype: three wave kernels (d 64, 128, 256), and block and resident
+// kernels of 128 and 256 threads for d 64 and 128; one translation unit: the kernels have no kv
+// bucket, so the variant count stays small and needs no generated instantiation files.
 #include "../common/tuning.h"
-#include "tiled_fwd_kernel.h"
+#include "tiled_fwd_resident_kernel.h"
 
 namespace small_seq {
 namespace {
@@ -47,6 +48,85 @@ inline bool tiled_use_block(const SmallSeqTiledParams& p, int head_dim, int wave
   return p.max_seqlen_kv > kTiledKeys && 2 * rows >= block_rows;
 }
 
+// The resident kernel where a (segment, kv head) has at least this many row tiles of 16 (fewer
+// leave most of a block's waves idle: the wave kernel serves those) ...
+constexpr int kTiledResidentMinTiles = 4;
+// ... with blocks of four waves (64 rows on NVIDIA): two blocks per multiprocessor, so that
+// one stages its next segment while the other computes (faster than 8-wave blocks on H100 in
+// every ranking row measured) ...
+constexpr int kTiledResidentWaves = 4;
+// Shared memory a block holds beyond its own (the runtime's reserve on NVIDIA), for the count
+// of blocks that fit a multiprocessor.
+constexpr int64_t kTiledSharedReserve = 1024;
+// ... and its grid gives each resident block about this many work items, splitting the row
+// tiles of a (segment, kv head) over several items when there are few segments.
+constexpr int kTiledResidentItemsPerBlock = 4;
+
+// Whether the resident kernel serves the call: d <= 128, enough rows per (segment, kv head),
+// and K/V of max_seqlen_kv keys within the device's shared memory per block (its bytes in
+// *smem).
+template <int D>
+bool tiled_use_resident(const SmallSeqTiledParams& p, int64_t* smem) {
+  const int mode = ra_tuning().small_seq_tiled_resident;
+  if (mode <= 0 || D > 128) return false;
+  *smem = tiled_resident_smem_bytes<D>(p.max_seqlen_kv);
+  if (*smem > ra_device_max_shared_per_block()) return false;
+  return mode >= 2 || tiled_row_tiles(p, kTiledResidentRows) >= kTiledResidentMinTiles;
+}
+
+template <typename T, int D, int THREADS>
+hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int wave, int64_t smem,
+                                  hipStream_t stream) {
+  const auto kernel = small_seq_tiled_fwd_resident_kernel<T, D, THREADS>;
+  const int device = ra_device_index();
+  const bool cached = device >= 0 && device < 64;
+  // Above 48 KiB a kernel's dynamic shared memory must be allowed first (NVIDIA): once per
+  // device, to the device's limit.
+  static int raised[64] = {};
+  if (smem > 48 * 1024 && !(cached && raised[device])) {
+    const hipError_t err =
+        hipFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                            hipFuncAttributeMaxDynamicSharedMemorySize,
+                            ra_device_max_shared_per_block());
+    if (err != hipSuccess) return err;
+    if (cached) raised[device] = 1;
+  }
+  // Resident blocks per multiprocessor at this shared-memory size (recomputed when it changes:
+  // serving repeats one shape).
+  static int64_t last_smem[64] = {};
+  static int last_blocks[64] = {};
+  int per_mp = cached && last_smem[device] == smem ? last_blocks[device] : 0;
+  if (per_mp == 0) {
+    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_mp, kernel, THREADS,
+                                                     static_cast<size_t>(smem)) != hipSuccess ||
+        per_mp <= 0) {
+      (void)hipGetLastError();  // not left for the launch check to report
+      per_mp = 1;
+    }
+    if (cached) {
+      last_smem[device] = smem;
+      last_blocks[device] = per_mp;
+    }
+  }
+  const int64_t resident = static_cast<int64_t>(per_mp) * ra_device_multiprocessors();
+  const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  const int64_t tiles = tiled_row_tiles(p, kTiledResidentRows);
+  const int waves = THREADS / wave;
+  // Every split keeps each wave busy with at least one tile.
+  const int64_t max_splits = tiles / waves > 1 ? tiles / waves : 1;
+  int64_t splits = (kTiledResidentItemsPerBlock * resident + pairs - 1) / pairs;
+  splits = splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
+  const int64_t items = pairs * splits;
+  const int tuned = ra_tuning().small_seq_tiled_fwd_grid;
+  const int factor = tuned >= 0 ? tuned : kTiledFwdResidencyFactor;
+  int64_t blocks = items;
+  if (factor > 0 && blocks > resident * factor) blocks = resident * factor;
+  hipLaunchKernelGGL((small_seq_tiled_fwd_resident_kernel<T, D, THREADS>),
+                     dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1)), dim3(THREADS),
+                     static_cast<size_t>(smem), stream, p, static_cast<int>(splits));
+  return hipGetLastError();
+}
+
 template <typename T, int D, int THREADS>
 hipError_t run_tiled_fwd_block(const SmallSeqTiledParams& p, int wave, hipStream_t stream) {
   static int resident_block[64] = {};
@@ -68,6 +148,18 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   const int rows = tiled_rows_for_wave(wave);
   if constexpr (D <= 128) {
     const int threads = ra_tuning().small_seq_tiled_block_threads == 128 ? 128 : 256;
+    int64_t smem = 0;
+    if (tiled_use_resident<D>(p, &smem)) {
+      const int tuned = ra_tuning().small_seq_tiled_resident_threads;
+      int rthreads = kTiledResidentWaves * wave;
+      // One block per multiprocessor (long histories fill its shared memory): eight warps on
+      // NVIDIA, so that the multiprocessor is not left with four.
+      if (wave == 32 && 2 * (smem + kTiledSharedReserve) > ra_device_shared_per_multiprocessor())
+        rthreads = 256;
+      if (tuned == 128 || tuned == 256) rthreads = tuned;
+      return rthreads == 128 ? run_tiled_fwd_resident<T, D, 128>(p, wave, smem, stream)
+                             : run_tiled_fwd_resident<T, D, 256>(p, wave, smem, stream);
+    }
     if (tiled_use_block(p, D, wave, threads))
       return threads == 128 ? run_tiled_fwd_block<T, D, 128>(p, wave, stream)
                             : run_tiled_fwd_block<T, D, 256>(p, wave, stream);

@@ -39,7 +39,7 @@ from .gpu import require_gpu
 from .plot import bar_chart, check_plot_arg
 from .progress import progress
 from .small_seq_cpu import CPU_CASES, DEFAULT_CPU_CASES, bench_cpu_case, print_cpu_rows
-from .small_seq_ranking import bench_rank_row, grid_rows, print_rank_rows
+from .small_seq_ranking import bench_rank_row, grid_rows, print_rank_rows, row_name
 
 # name: (h_q, h_kv, d, kv) where kv is an int (every segment) or (lo, hi) uniform
 CASES = {
@@ -245,6 +245,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, help="CPU: torch intra-op threads (1 also "
                         "reports the calling thread's CPU time)")
     parser.add_argument("--reps", type=int, default=5, help="CPU: timed calls per case")
+    parser.add_argument("--fwd-only", action="store_true",
+                        help="--ranking: time the forward only (quick A/B runs)")
     parser.add_argument("--ranking", action="store_true",
                         help="GPU: the ranking grid (users x candidates x history x h_kv, "
                              "fixed and ragged; long one-query histories)")
@@ -326,8 +328,18 @@ def _main_ranking(args) -> int:
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "copy_bandwidth_GBps": bw / 1e9, "rows": rows,
               "clock": "ours: device (graph replay); anchors: eager, host dispatch included"}
-    for r in progress(grid_rows(), "small-seq ranking", not args.no_progress):
-        rows.append(bench_rank_row(r, bw, dtype, args.seed))
+    grid = grid_rows()
+    if args.cases != ",".join(CASES):  # --cases: ranking row names (row_name)
+        wanted = args.cases.split(",")
+        unknown = sorted(set(wanted) - {row_name(r) for r in grid})
+        if unknown:
+            print(f"unknown ranking rows {unknown}", file=sys.stderr)
+            return 2
+        grid = [r for r in grid if row_name(r) in wanted]
+    for r in progress(grid, "small-seq ranking", not args.no_progress):
+        rows.append(bench_rank_row(r, bw, dtype, args.seed, anchors=not args.no_anchors,
+                                   ab=args.ab, with_tuning=_with_tuning,
+                                   fwd_only=args.fwd_only))
         report["eager_fallbacks"] = eager_fallbacks()
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))

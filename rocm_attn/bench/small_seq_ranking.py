@@ -192,7 +192,8 @@ def _device_ms(fn, floor_ms: float, name: str) -> float:
     return time_ms(fn, reps=9, warmup=2, name=name)
 
 
-def bench_rank_row(r: dict, bw: float, dtype, seed: int) -> dict:
+def bench_rank_row(r: dict, bw: float, dtype, seed: int, anchors: bool = True, ab=(),
+                   with_tuning=None, fwd_only: bool = False) -> dict:
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     probe = make_rank_inputs(r, dtype, "cuda", gen)
@@ -202,7 +203,8 @@ def bench_rank_row(r: dict, bw: float, dtype, seed: int) -> dict:
     sets = [probe] + [make_rank_inputs(r, dtype, "cuda", gen) for _ in range(n_sets - 1)]
     out = dict(r, case=row_name(r), total_kv=probe["total_kv"], input_sets=n_sets,
                ours_path=_path_of(r))
-    for mode, backward, nbytes in (("fwd", False, fwd_bytes), ("fwdbwd", True, fb_bytes)):
+    modes = (("fwd", False, fwd_bytes), ("fwdbwd", True, fb_bytes))
+    for mode, backward, nbytes in modes[:1] if fwd_only else modes:
         floor = nbytes / bw * 1e3
         res: Dict[str, object] = {"floor_ms": floor, "anchors": {}}
         t = None
@@ -212,8 +214,12 @@ def bench_rank_row(r: dict, bw: float, dtype, seed: int) -> dict:
             res.update(ms=t, pct_floor=100 * floor / t)
         except Exception as exc:  # e.g. a build without the tiled kernels
             res["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        for setting in ab:  # ours again on the same inputs with a launch tuning value set
+            ta = with_tuning(setting, lambda: _device_ms(
+                rotating([_ours(x, backward) for x in sets]), floor, f"{out['case']}/{mode}"))
+            res.setdefault("ab", {})[setting] = {"ms": ta, "pct_floor": 100 * floor / ta}
         try:
-            per_set = [_anchors(x, backward) for x in sets[:2]]
+            per_set = [_anchors(x, backward) for x in sets[:2]] if anchors else []
             names = list(per_set[0])
         except Exception as exc:  # noqa: BLE001
             per_set, names = [], []
@@ -241,7 +247,7 @@ def print_rank_rows(rows, device: str, bw: float) -> None:
     print(f"{'case':28s} {'floor us':>8s} {'fwd us':>8s} {'%fl':>4s} {'x best':>6s} "
           f"{'fb us':>8s} {'%fl':>4s} {'x best':>6s}  anchors fwd us (% floor)")
     for r in rows:
-        f, fb = r["fwd"], r["fwdbwd"]
+        f, fb = r["fwd"], r.get("fwdbwd", {"anchors": {}})
         anchors = " ".join(
             f"{n}={a['ms'] * 1e3:.0f}({a['pct_floor']:.0f}%)" if "ms" in a else f"{n}=n/a"
             for n, a in f["anchors"].items())
@@ -255,4 +261,6 @@ def print_rank_rows(rows, device: str, bw: float) -> None:
               f"{cell(fb, 'ms', '.0f', 1e3):>8s} {cell(fb, 'pct_floor', '.0f'):>4s} "
               f"{cell(fb, 'speedup_vs_best', '.2f'):>6s}"
               f"  {anchors}")
+        for setting, a in f.get("ab", {}).items():
+            print(f"{'':28s} {setting}: fwd {a['ms'] * 1e3:.0f} us ({a['pct_floor']:.0f}%)")
 

@@ -59,6 +59,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static thread_local
+#define RA_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(ra_emu::dynamic_shared())
 
 // ---------------------------------------------------------------------------------------------
 // Runtime types and host API subset.
@@ -88,7 +89,10 @@ enum hipDeviceAttribute_t {
   hipDeviceAttributeWarpSize,
   hipDeviceAttributeMultiprocessorCount,
   hipDeviceAttributeComputeCapabilityMajor,
+  hipDeviceAttributeMaxSharedMemoryPerBlock,
+  hipDeviceAttributeMaxSharedMemoryPerMultiprocessor,
 };
+enum hipFuncAttribute { hipFuncAttributeMaxDynamicSharedMemorySize };
 enum hipMemcpyKind {
   hipMemcpyHostToHost,
   hipMemcpyHostToDevice,
@@ -116,6 +120,14 @@ inline hipError_t hipGetSymbolAddress(void** ptr, const void* symbol) {
 
 namespace ra_emu {
 
+// Shared memory of one block, as gfx942 has it: the limit of static plus dynamic shared memory.
+constexpr int kSharedBytesPerBlock = 64 * 1024;
+
+// This block's dynamic shared memory (the launch's size; 16-byte aligned). Every launch fills
+// it with 0xff bytes (a NaN in every 16-bit float format) before its first block, so a kernel
+// that reads what it never staged produces NaN instead of a plausible value.
+void* dynamic_shared();
+
 // Blocks resident per multiprocessor that the occupancy query reports (any kernel).
 constexpr int kResidentBlocksPerMultiprocessor = 2;
 
@@ -124,7 +136,7 @@ constexpr int kResidentBlocksPerMultiprocessor = 2;
 // `expr` is the kernel expression at the launch site and `fn` the kernel, for the record of
 // the kernels run (ra_emu_kernels_run).
 hipError_t launch(dim3 grid, dim3 block, const std::function<void()>& body, const char* expr,
-                  const void* fn);
+                  const void* fn, size_t dynamic_shared_bytes = 0);
 
 // Exchange kinds (runtime.cpp resolves them).
 enum Op : int { kBpermute = 1, kBallot, kMfmaBf16, kMfmaF16 };
@@ -332,17 +344,19 @@ inline ra_emu_v4f32 ra_emu_mfma_16x16x16(int op, V16 a, V16 b, ra_emu_v4f32 c, i
 template <typename... Params, typename... Args>
 inline void ra_emu_launch_kernel(const char* expr, void (*kernel)(Params...), dim3 grid,
                                  dim3 block, size_t shmem, hipStream_t, Args&&... args) {
-  if (shmem != 0) {
-    ra_emu_fail("dynamic shared memory is not emulated");
-    return;
-  }
   // arguments converted to the kernel's parameter types once, as a launch copies them
   std::tuple<std::decay_t<Params>...> copies(std::forward<Args>(args)...);
   ra_emu::launch(grid, block, [&] { std::apply(kernel, copies); }, expr,
-                 reinterpret_cast<const void*>(kernel));
+                 reinterpret_cast<const void*>(kernel), shmem);
 }
 #define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...) \
   ra_emu_launch_kernel(#kernel, kernel, dim3(grid), dim3(block), shmem, stream, ##__VA_ARGS__)
+
+// Raising a kernel's dynamic shared memory limit: accepted up to the block's shared memory.
+template <typename F>
+inline hipError_t hipFuncSetAttribute(F, hipFuncAttribute, int value) {
+  return value >= 0 && value <= ra_emu::kSharedBytesPerBlock ? hipSuccess : hipErrorInvalidValue;
+}
 
 template <typename F>
 inline hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int* n, F, int, size_t) {

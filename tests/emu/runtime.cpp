@@ -93,6 +93,7 @@ struct Worker {
   Fiber* cur = nullptr;
   const std::function<void()>* body = nullptr;
   std::string error;  // first failure of this worker's current launch
+  std::vector<uint64_t> dynamic_shared;  // the current launch's dynamic shared memory
 
   ~Worker() {
     for (char* s : stacks) munmap(s, stack_bytes + page());
@@ -396,8 +397,10 @@ std::string kernel_name(const char* expr, const void* fn) {
   return e;
 }
 
+void* dynamic_shared() { return tw.dynamic_shared.data(); }
+
 hipError_t launch(dim3 grid, dim3 block, const std::function<void()>& body, const char* expr,
-                  const void* fn) {
+                  const void* fn, size_t dynamic_shared_bytes) {
   g_launches.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(g_error_mutex);
@@ -411,7 +414,8 @@ hipError_t launch(dim3 grid, dim3 block, const std::function<void()>& body, cons
   }
   const int64_t nthreads = static_cast<int64_t>(block.x) * block.y * block.z;
   const int64_t nblocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  if (nthreads <= 0 || nthreads > 1024 || nblocks <= 0) {
+  if (nthreads <= 0 || nthreads > 1024 || nblocks <= 0 ||
+      dynamic_shared_bytes > static_cast<size_t>(kSharedBytesPerBlock)) {
     std::lock_guard<std::mutex> lock(g_error_mutex);
     g_last_message = "invalid launch configuration";
     g_last_error = hipErrorInvalidValue;
@@ -428,6 +432,7 @@ hipError_t launch(dim3 grid, dim3 block, const std::function<void()>& body, cons
     w.ensure(static_cast<size_t>(nthreads));
     w.body = &body;
     w.error.clear();
+    w.dynamic_shared.assign((dynamic_shared_bytes + 7) / 8, ~uint64_t{0});
     gridDim = ra_emu_uint3{grid.x, grid.y, grid.z};
     blockDim = ra_emu_uint3{block.x, block.y, block.z};
     for (int64_t i; !failed.load() && (i = next.fetch_add(1)) < nblocks;) {
@@ -523,6 +528,10 @@ hipError_t hipDeviceGetAttribute(int* value, hipDeviceAttribute_t attribute, int
     }
     case hipDeviceAttributeComputeCapabilityMajor:
       *value = 9;  // gfx9
+      return hipSuccess;
+    case hipDeviceAttributeMaxSharedMemoryPerBlock:
+    case hipDeviceAttributeMaxSharedMemoryPerMultiprocessor:
+      *value = ra_emu::kSharedBytesPerBlock;
       return hipSuccess;
   }
   return hipErrorInvalidValue;

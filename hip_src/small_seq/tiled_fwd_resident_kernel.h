@@ -1,0 +1,152 @@
+// Tiled small-seq forward, resident variant: a block stages one segment's whole K and V in
+// shared memory once and runs all of the segment's row tiles (or a share of them) against it
+// (docs/kernels.md#tiled-small-seq-kernels).
+//
+// Why: with many candidates per user the wave kernel re-walks a segment's keys once per row
+// tile from L2 (K/V bytes x row tiles), and the staged block kernel pays a block barrier and a
+// global-memory round trip per key tile of 16. Here a (segment, kv head) costs one pass over
+// its K/V from global memory per work item and one barrier; after it every wave runs its row
+// tiles free of the others, reading key tiles from shared memory. Rows are 16 per tile on both
+// vendors (on NVIDIA: m16n8k16 with two n8 tiles of rows, which the wave kernel cannot afford
+// in registers while it streams K/V ahead; here nothing is streamed).
+//
+// Work item = (segment, kv head, split): a (segment, kv head) whose rows make many tiles may be
+// cut into `splits` contiguous runs of tiles, each its own item (and its own K/V staging), so
+// that few segments still fill the machine; the host picks `splits` (tiled_launch.hip). The
+// waves of a block take the item's tiles round robin.
+//
+// Shared memory: K then V, each round_up(max_seqlen_kv, 16) rows (TiledSmemStride's padded
+// strides), sized by the launch (dynamic shared memory). A valid segment has at most
+// max_seqlen_kv keys (tiled_segment.h), so staging never writes past the buffer; a bad segment
+// stages nothing.
+#pragma once
+
+#include "tiled_fwd_kernel.h"
+
+namespace small_seq {
+
+// Rows of a row tile in the resident kernel (both vendors).
+constexpr int kTiledResidentRows = 16;
+
+// Keys the resident buffers hold for max_seqlen_kv (whole key tiles).
+RA_HOST_DEVICE constexpr int64_t tiled_resident_keys(int max_seqlen_kv) {
+  return (static_cast<int64_t>(max_seqlen_kv) + kTiledKeys - 1) / kTiledKeys * kTiledKeys;
+}
+
+// Shared-memory bytes the resident kernel needs for keys up to max_seqlen_kv (K then V).
+template <int D>
+RA_HOST_DEVICE constexpr int64_t tiled_resident_smem_bytes(int max_seqlen_kv) {
+  return tiled_resident_keys(max_seqlen_kv) * (TiledSmemStride<D>::kK + TiledSmemStride<D>::kV) *
+         2;
+}
+
+// Row tiles per split of a (segment, kv head): tiles counted from the host bound max_seqlen_q.
+RA_HOST_DEVICE int64_t tiled_resident_tiles_per_split(const SmallSeqTiledParams& p, int splits) {
+  const int64_t tiles = tiled_row_tiles(p, kTiledResidentRows);
+  return (tiles + splits - 1) / splits;
+}
+
+#if RA_HAS_MMA
+
+// Copies keys [0, nk) of one kv head from global memory into the resident buffers (all threads
+// of the block; 16-byte pieces, several loads in flight per thread before their stores).
+template <int D, int THREADS>
+RA_DEVICE void tiled_resident_stage(uint16_t* sk, uint16_t* sv, const uint16_t* kbase,
+                                    int64_t k_stride, const uint16_t* vbase, int64_t v_stride,
+                                    const int nk, const int tid) {
+  constexpr int kVecsPerRow = D / 8;
+  constexpr int SK = TiledSmemStride<D>::kK;
+  constexpr int SV = TiledSmemStride<D>::kV;
+  constexpr int kBatch = 4;
+  const int total = nk * kVecsPerRow;
+  for (int base = 0; base < total; base += kBatch * THREADS) {
+    ra_vec8 kb[kBatch], vb[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int idx = base + i * THREADS + tid;
+      if (idx < total) {
+        const int row = idx / kVecsPerRow;
+        const int vec = idx - row * kVecsPerRow;
+        kb[i] = ra_load16(kbase + row * k_stride + 8 * vec);
+        vb[i] = ra_load16(vbase + row * v_stride + 8 * vec);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int idx = base + i * THREADS + tid;
+      if (idx < total) {
+        const int row = idx / kVecsPerRow;
+        const int vec = idx - row * kVecsPerRow;
+        ra_store16(sk + row * SK + 8 * vec, kb[i]);
+        ra_store16(sv + row * SV + 8 * vec, vb[i]);
+      }
+    }
+  }
+}
+
+#endif  // RA_HAS_MMA
+
+// NOTE: one resident block per multiprocessor is allowed the registers it needs (16-row tiles
+// hold Q and O of 16 rows); a second fits where the segment's K/V and the registers allow.
+template <typename T, int D, int THREADS>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, 1)
+    small_seq_tiled_fwd_resident_kernel(const SmallSeqTiledParams p, const int splits) {
+  static_assert(TiledSlices<D>::kCount == 1, "the resident kernel serves head dims up to 128");
+  constexpr int WAVE = RA_WAVE_SIZE;
+  constexpr int ROWS = kTiledResidentRows;
+  constexpr int WAVES = THREADS / WAVE;
+  const int tid = threadIdx.x;
+  const int lane = tid % WAVE;
+  const int w = tid / WAVE;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int64_t per_split = tiled_resident_tiles_per_split(p, splits);
+  const int64_t per_seg = static_cast<int64_t>(splits) * p.num_heads_kv;
+  const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int seg = static_cast<int>(item / per_seg);
+    const int64_t rest = item - seg * per_seg;
+    const int hk = static_cast<int>(rest / splits);
+    const int64_t split = rest - static_cast<int64_t>(hk) * splits;
+    const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
+    if (split == 0 && w == 0) tiled_fwd_padding<T, D>(p, seg, hk, lane);
+    const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
+    const int64_t seg_tiles = (seg_rows + ROWS - 1) / ROWS;
+    const int64_t tile0 = split * per_split;
+    const int64_t tile1 = tile0 + per_split < seg_tiles ? tile0 + per_split : seg_tiles;
+    if (!s.valid) {  // block-uniform: no staging, NaN rows, reported once
+      if (split == 0 && hk == 0 && tid == 0) tiled_report_bad_segment(p, seg);
+      const float nan = tiled_nan();
+      for (int64_t tile = tile0 + w; tile < tile1; tile += WAVES) {
+        const int64_t r0 = tile * ROWS;
+        const int64_t r1 = r0 + ROWS < seg_rows ? r0 + ROWS : seg_rows;
+        tiled_fill_rows<T, D>(p, s.q_batch, s.q_token0, s.q_row0, r0, r1, hk * group, group,
+                              nan, nan, nan, lane);
+      }
+      continue;
+    }
+    if (tile0 >= tile1) continue;  // no rows in this split (block-uniform)
+#if RA_HAS_MMA
+    RA_DYNAMIC_SHARED(ra_vec8, tiled_resident_smem);
+    uint16_t* sk = reinterpret_cast<uint16_t*>(tiled_resident_smem);
+    uint16_t* sv = sk + tiled_resident_keys(p.max_seqlen_kv) * TiledSmemStride<D>::kK;
+    const uint16_t* kbase = static_cast<const uint16_t*>(p.k) + s.kv_batch * p.k_batch_stride +
+                            s.kv_token0 * p.k_token_stride + hk * p.k_head_stride;
+    const uint16_t* vbase = static_cast<const uint16_t*>(p.v) + s.kv_batch * p.v_batch_stride +
+                            s.kv_token0 * p.v_token_stride + hk * p.v_head_stride;
+    tiled_resident_stage<D, THREADS>(sk, sv, kbase, p.k_token_stride, vbase, p.v_token_stride,
+                                     s.nk, tid);
+    __syncthreads();
+    const TiledResidentKv resident{sk, sv};
+    for (int64_t tile = tile0 + w; tile < tile1; tile += WAVES)
+      tiled_fwd_tile_mma<T, D, ROWS, kTiledResident, THREADS>(p, hk, tile, s, lane, nullptr,
+                                                              nullptr, nullptr, tid, &resident);
+    __syncthreads();  // every wave is done with this segment's K/V before the next staging
+#else
+    // Targets without matrix units: each wave its tiles, scalar, from global memory.
+    for (int64_t tile = tile0 + w; tile < tile1; tile += WAVES)
+      tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);
+#endif
+  }
+}
+
+}  // namespace small_seq
