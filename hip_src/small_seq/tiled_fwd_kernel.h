@@ -256,7 +256,7 @@ constexpr int kTiledShared = 2;
 constexpr int kTiledResident = 3;
 
 // A segment's K and V in shared memory for kTiledResident: key j at k + j * TiledSmemStride<D>::kK
-// and v + j * TiledSmemStride<D>::kV.
+// and v + j * TiledSmemStride<D>::kV, keys from nk to the end of the last key tile zero.
 struct TiledResidentKv {
   const uint16_t* k;
   const uint16_t* v;
@@ -332,16 +332,25 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
   // Online softmax of one key tile's scores (keys k0 ..): S -> P in place, m / l / O rescaled
   // when the reference max moves (lazy rescaling, see the header NOTE).
   auto softmax_step = [&](ra_mma_acc<KT>& sc, const int k0) {
-    const bool full = k0 + KT <= nk;  // every key of the tile is live
+    // Scores in the log2 domain; keys past the segment's end (last tile only) are -inf, so
+    // their P is exp2(-inf) = 0.
     float mt[SLOTS];
 #pragma unroll
     for (int r = 0; r < SLOTS; ++r) mt[r] = -INFINITY;
+    if (k0 + KT <= nk) {
 #pragma unroll
-    for (int i = 0; i < E; ++i) {
-      if (ra_mma_slot_row0(ra_mma_acc_slot(i)) >= ROWS) continue;  // rows no tile has
-      const bool live = full || k0 + ra_mma_acc_col(lane, i) < nk;
-      sc.x[i] = live ? sc.x[i] * qscale : -INFINITY;
-      mt[ra_mma_acc_slot(i)] = fmaxf(mt[ra_mma_acc_slot(i)], sc.x[i]);
+      for (int i = 0; i < E; ++i) {
+        if (ra_mma_slot_row0(ra_mma_acc_slot(i)) >= ROWS) continue;  // rows no tile has
+        sc.x[i] *= qscale;
+        mt[ra_mma_acc_slot(i)] = fmaxf(mt[ra_mma_acc_slot(i)], sc.x[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        if (ra_mma_slot_row0(ra_mma_acc_slot(i)) >= ROWS) continue;
+        sc.x[i] = k0 + ra_mma_acc_col(lane, i) < nk ? sc.x[i] * qscale : -INFINITY;
+        mt[ra_mma_acc_slot(i)] = fmaxf(mt[ra_mma_acc_slot(i)], sc.x[i]);
+      }
     }
     float alpha[SLOTS];
     bool rescale = false;
@@ -359,6 +368,11 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
         rescale = true;
       }
     }
+    // m is finite once a row has seen a live key (every row's first tile has key 0); the
+    // guard keeps exp2(-inf - -inf) = NaN out of a row whose scores are not finite.
+    float mref[SLOTS];
+#pragma unroll
+    for (int r = 0; r < SLOTS; ++r) mref[r] = m[r] == -INFINITY ? 0.f : m[r];
 #pragma unroll
     for (int i = 0; i < E; ++i) {
       const int slot = ra_mma_acc_slot(i);
@@ -366,8 +380,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
         sc.x[i] = 0.f;  // never a P row
         continue;
       }
-      const bool live = full || k0 + ra_mma_acc_col(lane, i) < nk;
-      const float pr = live && m[slot] != -INFINITY ? exp2f(sc.x[i] - m[slot]) : 0.f;
+      const float pr = exp2f(sc.x[i] - mref[slot]);
       sc.x[i] = pr;
       l[slot] += pr;
     }
@@ -420,11 +433,12 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
   } else if constexpr (MODE == kTiledResident) {
     constexpr int SK = TiledSmemStride<D>::kK;
     constexpr int SV = TiledSmemStride<D>::kV;
+    // Rows past nk up to the tile's end are zeros in shared memory (staged so): no guards.
     for (int t = 0; t < ntiles; ++t) {
       const int k0 = t * KT;
-      ra_mma_load_rows(ka, resident->k + k0 * SK, SK, nk - k0, lane);
+      ra_mma_load_rows(ka, resident->k + k0 * SK, SK, KT, lane);
       ra_mma_vrows<DS, KT> vr;
-      ra_mma_load_vrows(vr, resident->v + k0 * SV, SV, nk - k0, lane);
+      ra_mma_load_vrows(vr, resident->v + k0 * SV, SV, KT, lane);
       ra_mma_acc<KT> sc;
       ra_mma_zero(sc);
       ra_mma_dot<T>(sc, qr[0], ka);

@@ -48,8 +48,10 @@ RA_HOST_DEVICE int64_t tiled_resident_tiles_per_split(const SmallSeqTiledParams&
 
 #if RA_HAS_MMA
 
-// Copies keys [0, nk) of one kv head from global memory into the resident buffers (all threads
-// of the block; 16-byte pieces, several loads in flight per thread before their stores).
+// Copies keys [0, nk) of one kv head from global memory into the resident buffers and zeros the
+// rows after them up to the end of the last key tile, so that key tiles load without row guards
+// (all threads of the block; 16-byte pieces, several loads in flight per thread before their
+// stores).
 template <int D, int THREADS>
 RA_DEVICE void tiled_resident_stage(uint16_t* sk, uint16_t* sv, const uint16_t* kbase,
                                     int64_t k_stride, const uint16_t* vbase, int64_t v_stride,
@@ -58,13 +60,15 @@ RA_DEVICE void tiled_resident_stage(uint16_t* sk, uint16_t* sv, const uint16_t* 
   constexpr int SK = TiledSmemStride<D>::kK;
   constexpr int SV = TiledSmemStride<D>::kV;
   constexpr int kBatch = 4;
-  const int total = nk * kVecsPerRow;
+  const int live = nk * kVecsPerRow;
+  const int total = static_cast<int>(tiled_resident_keys(nk)) * kVecsPerRow;
   for (int base = 0; base < total; base += kBatch * THREADS) {
     ra_vec8 kb[kBatch], vb[kBatch];
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int idx = base + i * THREADS + tid;
-      if (idx < total) {
+      kb[i] = vb[i] = ra_vec8{{0u, 0u, 0u, 0u}};
+      if (idx < live) {
         const int row = idx / kVecsPerRow;
         const int vec = idx - row * kVecsPerRow;
         kb[i] = ra_load16(kbase + row * k_stride + 8 * vec);
@@ -93,8 +97,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, 1)
     small_seq_tiled_fwd_resident_kernel(const SmallSeqTiledParams p, const int splits) {
   static_assert(TiledSlices<D>::kCount == 1, "the resident kernel serves head dims up to 128");
   constexpr int WAVE = RA_WAVE_SIZE;
-  constexpr int ROWS = kTiledResidentRows;
   constexpr int WAVES = THREADS / WAVE;
+  constexpr int ROWS = kTiledResidentRows;
   const int tid = threadIdx.x;
   const int lane = tid % WAVE;
   const int w = tid / WAVE;

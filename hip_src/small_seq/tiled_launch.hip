@@ -51,26 +51,27 @@ inline bool tiled_use_block(const SmallSeqTiledParams& p, int head_dim, int wave
 // The resident kernel where a (segment, kv head) has at least this many row tiles of 16 (fewer
 // leave most of a block's waves idle: the wave kernel serves those) ...
 constexpr int kTiledResidentMinTiles = 4;
-// ... with blocks of four waves (64 rows on NVIDIA): two blocks per multiprocessor, so that
-// one stages its next segment while the other computes (faster than 8-wave blocks on H100 in
-// every ranking row measured) ...
+// ... with blocks of four waves (64 rows on NVIDIA), two per multiprocessor, so that one stages
+// its next segment while the other computes; where one block's K/V fill a multiprocessor's
+// shared memory (long histories), eight warps on NVIDIA instead (faster than four on H200 in
+// the ranking rows measured; docs/kernels.md#tiled-small-seq-kernels) ...
 constexpr int kTiledResidentWaves = 4;
-// Shared memory a block holds beyond its own (the runtime's reserve on NVIDIA), for the count
-// of blocks that fit a multiprocessor.
-constexpr int64_t kTiledSharedReserve = 1024;
 // ... and its grid gives each resident block about this many work items, splitting the row
 // tiles of a (segment, kv head) over several items when there are few segments.
 constexpr int kTiledResidentItemsPerBlock = 4;
+// Shared memory a block holds beyond its own (the runtime's reserve on NVIDIA), for the count
+// of blocks that fit a multiprocessor.
+constexpr int64_t kTiledSharedReserve = 1024;
 
 // Whether the resident kernel serves the call: d <= 128, enough rows per (segment, kv head),
-// and K/V of max_seqlen_kv keys within the device's shared memory per block (its bytes in
-// *smem).
+// and K/V of max_seqlen_kv keys within the device's shared memory per block (their bytes in
+// *kv_smem).
 template <int D>
-bool tiled_use_resident(const SmallSeqTiledParams& p, int64_t* smem) {
+bool tiled_use_resident(const SmallSeqTiledParams& p, int64_t* kv_smem) {
   const int mode = ra_tuning().small_seq_tiled_resident;
   if (mode <= 0 || D > 128) return false;
-  *smem = tiled_resident_smem_bytes<D>(p.max_seqlen_kv);
-  if (*smem > ra_device_max_shared_per_block()) return false;
+  *kv_smem = tiled_resident_smem_bytes<D>(p.max_seqlen_kv);
+  if (*kv_smem > ra_device_max_shared_per_block()) return false;
   return mode >= 2 || tiled_row_tiles(p, kTiledResidentRows) >= kTiledResidentMinTiles;
 }
 
@@ -127,6 +128,20 @@ hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int wave, int64_
   return hipGetLastError();
 }
 
+// Block size of the resident kernel for K/V of kv_smem bytes (see kTiledResidentWaves; tuning
+// small_seq_tiled_resident_threads overrides).
+template <typename T, int D>
+hipError_t run_tiled_fwd_resident_for(const SmallSeqTiledParams& p, int wave, int64_t kv_smem,
+                                      hipStream_t stream) {
+  const int tuned = ra_tuning().small_seq_tiled_resident_threads;
+  int threads = kTiledResidentWaves * wave;
+  if (wave == 32 && 2 * (kv_smem + kTiledSharedReserve) > ra_device_shared_per_multiprocessor())
+    threads = 256;
+  if (tuned == 128 || tuned == 256) threads = tuned;
+  return threads == 128 ? run_tiled_fwd_resident<T, D, 128>(p, wave, kv_smem, stream)
+                        : run_tiled_fwd_resident<T, D, 256>(p, wave, kv_smem, stream);
+}
+
 template <typename T, int D, int THREADS>
 hipError_t run_tiled_fwd_block(const SmallSeqTiledParams& p, int wave, hipStream_t stream) {
   static int resident_block[64] = {};
@@ -148,18 +163,9 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   const int rows = tiled_rows_for_wave(wave);
   if constexpr (D <= 128) {
     const int threads = ra_tuning().small_seq_tiled_block_threads == 128 ? 128 : 256;
-    int64_t smem = 0;
-    if (tiled_use_resident<D>(p, &smem)) {
-      const int tuned = ra_tuning().small_seq_tiled_resident_threads;
-      int rthreads = kTiledResidentWaves * wave;
-      // One block per multiprocessor (long histories fill its shared memory): eight warps on
-      // NVIDIA, so that the multiprocessor is not left with four.
-      if (wave == 32 && 2 * (smem + kTiledSharedReserve) > ra_device_shared_per_multiprocessor())
-        rthreads = 256;
-      if (tuned == 128 || tuned == 256) rthreads = tuned;
-      return rthreads == 128 ? run_tiled_fwd_resident<T, D, 128>(p, wave, smem, stream)
-                             : run_tiled_fwd_resident<T, D, 256>(p, wave, smem, stream);
-    }
+    int64_t kv_smem = 0;
+    if (tiled_use_resident<D>(p, &kv_smem))
+      return run_tiled_fwd_resident_for<T, D>(p, wave, kv_smem, stream);
     if (tiled_use_block(p, D, wave, threads))
       return threads == 128 ? run_tiled_fwd_block<T, D, 128>(p, wave, stream)
                             : run_tiled_fwd_block<T, D, 256>(p, wave, stream);
