@@ -126,6 +126,17 @@ struct TiledBwdRowTerms {
   float delta;
 };
 
+// The same for row i of a tile (rows.at: no 64-bit division per row).
+RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_at(const SmallSeqTiledParams& p,
+                                                  const TiledSegment& s, const int hq0,
+                                                  const TiledRowMap& rows, const int i) {
+  int64_t j;
+  int h;
+  rows.at(i, j, h);
+  const int64_t at = static_cast<int64_t>(hq0 + h) * p.lse_head_stride + s.q_row0 + j;
+  return TiledBwdRowTerms{p.lse[at] * kTiledBwdLog2e, p.workspace[at]};
+}
+
 RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms(const SmallSeqTiledParams& p,
                                                const TiledSegment& s, const int hq0,
                                                const int group, const int64_t r) {
@@ -311,16 +322,18 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
   for (int64_t r0 = 0; r0 < nrows_all; r0 += kTiledBwdRows) {
     const int nrows =
         nrows_all - r0 < kTiledBwdRows ? static_cast<int>(nrows_all - r0) : kTiledBwdRows;
+    const TiledRowMap rows(r0, group);
     auto q_row = [&](int i) {
-      const int64_t r = r0 + i;
-      const int64_t j = r / group;
-      return rw.q + (s.q_token0 + j) * p.q_token_stride + (hq0 + (r - j * group)) * p.q_head_stride;
+      int64_t j;
+      int h;
+      rows.at(i, j, h);
+      return rw.q + (s.q_token0 + j) * p.q_token_stride + (hq0 + h) * p.q_head_stride;
     };
     auto do_row = [&](int i) {
-      const int64_t r = r0 + i;
-      const int64_t j = r / group;
-      return rw.dout + (s.q_token0 + j) * p.do_token_stride +
-             (hq0 + (r - j * group)) * p.do_head_stride;
+      int64_t j;
+      int h;
+      rows.at(i, j, h);
+      return rw.dout + (s.q_token0 + j) * p.do_token_stride + (hq0 + h) * p.do_head_stride;
     };
     // Scores with keys as rows (S^T, dP^T) and, for one-tile segments, with rows as rows.
     ra_mma_acc<16> st, dpt, sc, dp;
@@ -360,7 +373,7 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
       const int col = ra_mma_acc_col(lane, i);
       const bool live = key < nkt && col < nrows;
       const TiledBwdRowTerms t =
-          col < nrows ? tiled_bwd_row_terms(p, s, hq0, group, r0 + col)
+          col < nrows ? tiled_bwd_row_terms_at(p, s, hq0, rows, col)
                       : TiledBwdRowTerms{0.f, 0.f};
       const float pr = live ? exp2f(st.x[i] * qscale - t.lse2) : 0.f;
       st.x[i] = pr;
@@ -386,7 +399,7 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
         const int key = ra_mma_acc_col(lane, i);
         const bool live = key < nkt && row < nrows;
         const TiledBwdRowTerms t =
-            row < nrows ? tiled_bwd_row_terms(p, s, hq0, group, r0 + row)
+            row < nrows ? tiled_bwd_row_terms_at(p, s, hq0, rows, row)
                         : TiledBwdRowTerms{0.f, 0.f};
         const float pr = live ? exp2f(sc.x[i] * qscale - t.lse2) : 0.f;
         sc.x[i] = pr * (dp.x[i] - t.delta);
@@ -405,10 +418,11 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
         for (int e = 0; e < static_cast<int>(sizeof(dq.x[0]) / sizeof(float)); ++e)
           dq.x[i][e] *= p.softmax_scale;
       auto dq_row = [&](int i) {
-        const int64_t r = r0 + i;
-        const int64_t j = r / group;
-        return rw.dq + (s.q_token0 + j) * p.dq_token_stride +
-               (hq0 + (r - j * group)) * p.dq_head_stride + slice * DS;
+        int64_t j;
+        int h;
+        rows.at(i, j, h);
+        return rw.dq + (s.q_token0 + j) * p.dq_token_stride + (hq0 + h) * p.dq_head_stride +
+               slice * DS;
       };
       ra_mma_store_rows_at<T>(dq, dq_row, nrows, lane);
     }
@@ -583,16 +597,18 @@ RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, cons
   const int nk = s.nk;
   const float qscale = p.softmax_scale * kTiledBwdLog2e;
   const TiledBwdRows rw = tiled_bwd_rows(p, hk, s);
+  const TiledRowMap rows(r0, group);
   auto q_row = [&](int i) {
-    const int64_t r = r0 + i;
-    const int64_t j = r / group;
-    return rw.q + (s.q_token0 + j) * p.q_token_stride + (hq0 + (r - j * group)) * p.q_head_stride;
+    int64_t j;
+    int h;
+    rows.at(i, j, h);
+    return rw.q + (s.q_token0 + j) * p.q_token_stride + (hq0 + h) * p.q_head_stride;
   };
   auto do_row = [&](int i) {
-    const int64_t r = r0 + i;
-    const int64_t j = r / group;
-    return rw.dout + (s.q_token0 + j) * p.do_token_stride +
-           (hq0 + (r - j * group)) * p.do_head_stride;
+    int64_t j;
+    int h;
+    rows.at(i, j, h);
+    return rw.dout + (s.q_token0 + j) * p.do_token_stride + (hq0 + h) * p.do_head_stride;
   };
   TiledBwdPanel<D, kResident ? W : D> qp, gp;  // Q and dO rows (unused unless resident)
   if constexpr (kResident) {
@@ -608,7 +624,7 @@ RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, cons
   for (int i = 0; i < E; ++i) {
     const int row = ra_mma_acc_row(lane, i);
     terms[ra_mma_acc_slot(i)] =
-        row < nrows ? tiled_bwd_row_terms(p, s, hq0, group, r0 + row) : TiledBwdRowTerms{0.f, 0.f};
+        row < nrows ? tiled_bwd_row_terms_at(p, s, hq0, rows, row) : TiledBwdRowTerms{0.f, 0.f};
   }
   ra_mma_out<DS, 16> dq;
   ra_mma_zero(dq);
@@ -658,10 +674,11 @@ RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, cons
     for (int e = 0; e < static_cast<int>(sizeof(dq.x[0]) / sizeof(float)); ++e)
       dq.x[i][e] *= p.softmax_scale;
   auto dq_row = [&](int i) {
-    const int64_t r = r0 + i;
-    const int64_t j = r / group;
-    return rw.dq + (s.q_token0 + j) * p.dq_token_stride +
-           (hq0 + (r - j * group)) * p.dq_head_stride + slice * DS;
+    int64_t j;
+    int h;
+    rows.at(i, j, h);
+    return rw.dq + (s.q_token0 + j) * p.dq_token_stride + (hq0 + h) * p.dq_head_stride +
+           slice * DS;
   };
   ra_mma_store_rows_at<T>(dq, dq_row, nrows, lane);
 }

@@ -297,6 +297,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
   const float qscale = p.softmax_scale * kTiledLog2e;
 
   // Row i of the tile: query j = (r0 + i) / group, q head hq0 + (r0 + i) % group.
+  const TiledRowMap rows(r0, group);
   const uint16_t* qb = static_cast<const uint16_t*>(p.q) + s.q_batch * p.q_batch_stride;
   uint16_t* ob = static_cast<uint16_t*>(p.o) + s.q_batch * p.o_batch_stride;
   const uint16_t* kbase = static_cast<const uint16_t*>(p.k) + s.kv_batch * p.k_batch_stride +
@@ -308,10 +309,10 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
 #pragma unroll
   for (int c = 0; c < NSL; ++c) {
     auto q_row = [&](int i) {
-      const int64_t r = r0 + i;
-      const int64_t j = r / group;
-      return qb + (s.q_token0 + j) * p.q_token_stride +
-             (hq0 + (r - j * group)) * p.q_head_stride + c * DS;
+      int64_t j;
+      int h;
+      rows.at(i, j, h);
+      return qb + (s.q_token0 + j) * p.q_token_stride + (hq0 + h) * p.q_head_stride + c * DS;
     };
     ra_mma_load_rows_at(qr[c], q_row, nrows, lane);
   }
@@ -514,10 +515,10 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
 #pragma unroll
   for (int c = 0; c < NSL; ++c) {
     auto o_row = [&](int i) {
-      const int64_t r = r0 + i;
-      const int64_t j = r / group;
-      return ob + (s.q_token0 + j) * p.o_token_stride +
-             (hq0 + (r - j * group)) * p.o_head_stride + c * DS;
+      int64_t j;
+      int h;
+      rows.at(i, j, h);
+      return ob + (s.q_token0 + j) * p.o_token_stride + (hq0 + h) * p.o_head_stride + c * DS;
     };
     ra_mma_store_rows_at<T>(o[c], o_row, nrows, lane);
   }
@@ -527,9 +528,10 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
   for (int i = 0; i < E; ++i) {
     const int row = ra_mma_acc_row(lane, i);
     if (ra_mma_acc_col(lane, i) != 0 || row >= nrows) continue;
-    const int64_t r = r0 + row;
-    const int64_t j = r / group;
-    const int64_t hq = hq0 + (r - j * group);
+    int64_t j;
+    int h;
+    rows.at(row, j, h);
+    const int64_t hq = hq0 + h;
     const float v = lse2[ra_mma_acc_slot(i)];
     p.lse[hq * p.lse_head_stride + s.q_row0 + j] = v == -INFINITY ? -INFINITY : v * kTiledLn2;
   }
@@ -561,9 +563,10 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       if (row >= nrows || col >= p.max_seqlen_kv) continue;
       const float l2 = lse2[ra_mma_acc_slot(i)];
       const float pr = col < nk && l2 != -INFINITY ? exp2f(sc.x[i] * qscale - l2) : 0.f;
-      const int64_t r = r0 + row;
-      const int64_t j = r / group;
-      const int64_t hq = hq0 + (r - j * group);
+      int64_t j;
+      int h;
+      rows.at(row, j, h);
+      const int64_t hq = hq0 + h;
       p.probs[((s.q_row0 + j) * p.num_heads_q + hq) * p.max_seqlen_kv + col] = pr;
     }
   }

@@ -134,4 +134,27 @@ RA_DEVICE TiledPadding tiled_padding_rows(const SmallSeqTiledParams& p) {
 
 RA_DEVICE float tiled_nan() { return __int_as_float(0x7fc00000); }
 
+// Query j and q-head offset h of row r0 + i of a tile (rows r = j * group + h): r0 is split
+// once per tile, a row's offset with 32-bit arithmetic (a 64-bit division per row costs more
+// than a short-history tile's softmax). group == 1 (no GQA) takes no division at all.
+struct TiledRowMap {
+  int64_t j0;
+  int h0;
+  int group;
+  RA_DEVICE TiledRowMap(int64_t r0, int group_) : j0(r0 / group_), h0(0), group(group_) {
+    h0 = static_cast<int>(r0 - j0 * group_);
+  }
+  RA_DEVICE void at(int i, int64_t& j, int& h) const {
+    if (group == 1) {
+      j = j0 + i;
+      h = 0;
+      return;
+    }
+    const unsigned t = static_cast<unsigned>(h0 + i);
+    const unsigned dj = t / static_cast<unsigned>(group);
+    j = j0 + dj;
+    h = static_cast<int>(t - dj * static_cast<unsigned>(group));
+  }
+};
+
 }  // namespace small_seq
