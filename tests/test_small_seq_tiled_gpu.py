@@ -176,18 +176,21 @@ def test_bshd(dev, s_q, offsets):
     check_valid(case)
 
 
-def test_bad_segments_flagged_no_oob(dev):
+@pytest.mark.parametrize("kernel", ["auto", "resident256", "block", "wave"])
+def test_bad_segments_flagged_no_oob(dev, kernel):
     """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
     max_seqlen_kv): each bad segment counted once (lowest index reported), NaN on its rows, no
     out-of-bounds access (k/v are small and surrounded by unread NaN rows; a stray read would
-    fault or show), every other segment exact."""
+    fault or show), every other segment exact. "auto" is the resident kernel here (68 rows per
+    segment and kv head over at most 64 keys)."""
     q_lens, kv_lens = [3, 1, 17, 2, 40, 5, 1, 2, 4], [5, 17, 64, 3, 10, 1, 0, 7, 9]
     case = C.thd_case(9, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, offsets=torch.int64,
                       max_q=17, max_kv=64, pad_before=2, pad_after=2, kv_pad=3, device=dev)
     case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
     case.cu_kv[8] = 2**40  # segments 7 and 8: keys past the end of k/v
     case.cu_kv[9] = -(2**40)
-    out, lse, probs = op(case)
+    with rocm_attn.tuning.override(**KERNELS[kernel]):
+        out, lse, probs = op(case)
     bad = C.check(case, out, lse, probs, expect_bad=[4, 5, 7, 8])
     torch.cuda.synchronize()
     assert read_errors(reset=True) == (len(bad), bad[0])
