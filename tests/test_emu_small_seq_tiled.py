@@ -59,7 +59,7 @@ KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0, "small_seq_tiled_res
 # forced on every call (2) with four waves and with 128 threads (two waves).
 RESIDENT = {"auto": {}, "resident": {"small_seq_tiled_resident": 2},
             "resident128": {"small_seq_tiled_resident": 2, "small_seq_tiled_resident_threads": 128}}
-# histories that fit 64 KiB at d 128 (K and V of 96 keys of 160 padded elements)
+# histories that fit 64 KiB at d 128 (K and V of 96 keys, rows padded: 57 KiB)
 KV_LENS_RESIDENT = [96, 64, 17, 1, 0, 17, 96, 64, 5, 0, 1]
 
 
