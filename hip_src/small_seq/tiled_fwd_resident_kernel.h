@@ -93,8 +93,8 @@ RA_DEVICE void tiled_resident_stage(uint16_t* sk, uint16_t* sv, const uint16_t* 
 // NOTE (registers): blocks of 128 threads are capped for three per multiprocessor (168
 // registers on sm_90; d = 128 then spills a few hundred bytes per thread to L1): a tile is a
 // chain of dependent matrix and softmax steps, and twelve warps hide it better than eight
-// unspilled ones (H200: 1.1x on the short-history ranking rows, docs/kernels.md). Blocks of 256
-// threads (long histories, one block per multiprocessor) keep the registers they need.
+// unspilled ones (measured: docs/kernels.md#tiled-small-seq-kernels). Blocks of 256 threads
+// (long histories, one block per multiprocessor) keep the registers they need.
 template <typename T, int D, int THREADS>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, THREADS == 128 ? 3 : 1)
     small_seq_tiled_fwd_resident_kernel(const SmallSeqTiledParams p, const int splits) {

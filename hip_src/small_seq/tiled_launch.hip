@@ -51,10 +51,10 @@ inline bool tiled_use_block(const SmallSeqTiledParams& p, int head_dim, int wave
 // The resident kernel where a (segment, kv head) has at least this many row tiles of 16 (fewer
 // leave most of a block's waves idle: the wave kernel serves those) ...
 constexpr int kTiledResidentMinTiles = 4;
-// ... with blocks of four waves (64 rows on NVIDIA), two per multiprocessor, so that one stages
-// its next segment while the other computes; where one block's K/V fill a multiprocessor's
-// shared memory (long histories), eight warps on NVIDIA instead (faster than four on H200 in
-// the ranking rows measured; docs/kernels.md#tiled-small-seq-kernels) ...
+// ... with blocks of four waves (64 rows on NVIDIA), several per multiprocessor, so that one
+// stages its next segment while the others compute; where one block's K/V fill a
+// multiprocessor's shared memory (long histories), eight warps on NVIDIA instead, so that the
+// multiprocessor is not left with four (docs/kernels.md#tiled-small-seq-kernels) ...
 constexpr int kTiledResidentWaves = 4;
 // ... and its grid gives each resident block about this many work items, splitting the row
 // tiles of a (segment, kv head) over several items when there are few segments.
