@@ -9,31 +9,58 @@
 namespace small_seq {
 namespace {
 
-// Blocks for `items` work items of `items_per_block` each: at most `factor` x the blocks
-// resident at once (occupancy API, cached per device in the caller's `resident_per_mp`, one
-// cache per kernel), at least one; factor 0 = one block per items_per_block items.
+// Blocks of one kernel resident per multiprocessor, cached per device for the shared-memory
+// size last asked (one cache per kernel; serving repeats one shape).
+struct TiledOccupancyCache {
+  int64_t smem[64] = {};
+  int blocks[64] = {};
+};
+
+template <typename Kernel>
+int tiled_blocks_per_mp(Kernel kernel, int threads, int64_t smem, TiledOccupancyCache& cache) {
+  const int device = ra_device_index();
+  const bool cached = device >= 0 && device < 64;
+  if (cached && cache.blocks[device] > 0 && cache.smem[device] == smem)
+    return cache.blocks[device];
+  int n = 0;
+  if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads,
+                                                   static_cast<size_t>(smem)) != hipSuccess ||
+      n <= 0) {
+    (void)hipGetLastError();  // not left for the launch check to report
+    n = 1;
+  }
+  if (cached) {
+    cache.smem[device] = smem;
+    cache.blocks[device] = n;
+  }
+  return n;
+}
+
+// Grid of the tiled forward kernels: this many times the blocks resident at once (tuning
+// small_seq_tiled_fwd_grid; 0 = one block per block of work).
+inline int tiled_grid_factor() {
+  const int tuned = ra_tuning().small_seq_tiled_fwd_grid;
+  return tuned >= 0 ? tuned : kTiledFwdResidencyFactor;
+}
+
+// `blocks` blocks of work capped at factor x the `resident` blocks resident at once (factor
+// 0: no cap), at least one.
+inline dim3 tiled_capped_grid(int64_t blocks, int64_t resident, int factor) {
+  if (factor > 0 && blocks > resident * factor) blocks = resident * factor;
+  return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
+}
+
+// Blocks for `items` work items of `items_per_block` each (no dynamic shared memory).
 template <typename Kernel>
 dim3 tiled_grid(Kernel kernel, int64_t items, int items_per_block, int threads,
-                int (&resident_per_mp)[64]) {
-  int64_t blocks = (items + items_per_block - 1) / items_per_block;
-  const int tuned = ra_tuning().small_seq_tiled_fwd_grid;
-  const int factor = tuned >= 0 ? tuned : kTiledFwdResidencyFactor;
-  if (factor > 0) {
-    const int device = ra_device_index();
-    if (device >= 0 && device < 64 && resident_per_mp[device] == 0) {
-      int n = 0;
-      if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != hipSuccess ||
-          n <= 0) {
-        (void)hipGetLastError();  // not left for the launch check to report
-        n = 1;
-      }
-      resident_per_mp[device] = n;
-    }
-    const int per_mp = device >= 0 && device < 64 ? resident_per_mp[device] : 1;
-    const int64_t cap = static_cast<int64_t>(per_mp) * ra_device_multiprocessors() * factor;
-    blocks = blocks < cap ? blocks : cap;
-  }
-  return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
+                TiledOccupancyCache& cache) {
+  const int64_t blocks = (items + items_per_block - 1) / items_per_block;
+  const int factor = tiled_grid_factor();
+  if (factor <= 0) return tiled_capped_grid(blocks, 0, 0);
+  const int64_t resident =
+      static_cast<int64_t>(tiled_blocks_per_mp(kernel, threads, 0, cache)) *
+      ra_device_multiprocessors();
+  return tiled_capped_grid(blocks, resident, factor);
 }
 
 // The block kernel (K/V staged in shared memory for the block's row tiles) where a (segment,
@@ -92,24 +119,10 @@ hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int wave, int64_
     if (err != hipSuccess) return err;
     if (cached) raised[device] = 1;
   }
-  // Resident blocks per multiprocessor at this shared-memory size (recomputed when it changes:
-  // serving repeats one shape).
-  static int64_t last_smem[64] = {};
-  static int last_blocks[64] = {};
-  int per_mp = cached && last_smem[device] == smem ? last_blocks[device] : 0;
-  if (per_mp == 0) {
-    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_mp, kernel, THREADS,
-                                                     static_cast<size_t>(smem)) != hipSuccess ||
-        per_mp <= 0) {
-      (void)hipGetLastError();  // not left for the launch check to report
-      per_mp = 1;
-    }
-    if (cached) {
-      last_smem[device] = smem;
-      last_blocks[device] = per_mp;
-    }
-  }
-  const int64_t resident = static_cast<int64_t>(per_mp) * ra_device_multiprocessors();
+  static TiledOccupancyCache occupancy;
+  const int64_t resident =
+      static_cast<int64_t>(tiled_blocks_per_mp(kernel, THREADS, smem, occupancy)) *
+      ra_device_multiprocessors();
   const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   const int64_t tiles = tiled_row_tiles(p, kTiledResidentRows);
   const int waves = THREADS / wave;
@@ -117,13 +130,8 @@ hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int wave, int64_
   const int64_t max_splits = tiles / waves > 1 ? tiles / waves : 1;
   int64_t splits = (kTiledResidentItemsPerBlock * resident + pairs - 1) / pairs;
   splits = splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
-  const int64_t items = pairs * splits;
-  const int tuned = ra_tuning().small_seq_tiled_fwd_grid;
-  const int factor = tuned >= 0 ? tuned : kTiledFwdResidencyFactor;
-  int64_t blocks = items;
-  if (factor > 0 && blocks > resident * factor) blocks = resident * factor;
-  hipLaunchKernelGGL((small_seq_tiled_fwd_resident_kernel<T, D, THREADS>),
-                     dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1)), dim3(THREADS),
+  const dim3 grid = tiled_capped_grid(pairs * splits, resident, tiled_grid_factor());
+  hipLaunchKernelGGL((small_seq_tiled_fwd_resident_kernel<T, D, THREADS>), grid, dim3(THREADS),
                      static_cast<size_t>(smem), stream, p, static_cast<int>(splits));
   return hipGetLastError();
 }
@@ -144,13 +152,13 @@ hipError_t run_tiled_fwd_resident_for(const SmallSeqTiledParams& p, int wave, in
 
 template <typename T, int D, int THREADS>
 hipError_t run_tiled_fwd_block(const SmallSeqTiledParams& p, int wave, hipStream_t stream) {
-  static int resident_block[64] = {};
+  static TiledOccupancyCache occupancy;
   const int waves = THREADS / wave;
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv *
                         ((tiled_row_tiles(p, tiled_rows_for_wave(wave)) + waves - 1) / waves);
   const dim3 grid =
       tiled_grid(small_seq_tiled_fwd_block_kernel<T, D, THREADS>, items, 1, THREADS,
-                 resident_block);
+                 occupancy);
   hipLaunchKernelGGL((small_seq_tiled_fwd_block_kernel<T, D, THREADS>), grid, dim3(THREADS), 0,
                      stream, p);
   return hipGetLastError();
@@ -170,10 +178,10 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
       return threads == 128 ? run_tiled_fwd_block<T, D, 128>(p, wave, stream)
                             : run_tiled_fwd_block<T, D, 256>(p, wave, stream);
   }
-  static int resident[64] = {};
+  static TiledOccupancyCache occupancy;
   const dim3 block(kTiledWavesPerBlock * wave);
   const dim3 grid = tiled_grid(small_seq_tiled_fwd_kernel<T, D>, tiled_fwd_items(p, rows),
-                               kTiledWavesPerBlock, static_cast<int>(block.x), resident);
+                               kTiledWavesPerBlock, static_cast<int>(block.x), occupancy);
   hipLaunchKernelGGL((small_seq_tiled_fwd_kernel<T, D>), grid, block, 0, stream, p);
   return hipGetLastError();
 }
