@@ -56,9 +56,12 @@ KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0, "small_seq_tiled_res
                         "small_seq_tiled_block_threads": 128}}
 # The resident kernel (a segment's whole K/V in shared memory; the emulation gives a block
 # 64 KiB, as gfx942 has): the launcher's choice for many rows over histories that fit, and
-# forced on every call (2) with four waves and with 128 threads (two waves).
+# forced on every call (2) with four waves and with 128 threads (two waves), with softmax steps
+# of four key tiles (the launcher's choice here: histories reach 64 keys) and of one.
 RESIDENT = {"auto": {}, "resident": {"small_seq_tiled_resident": 2},
-            "resident128": {"small_seq_tiled_resident": 2, "small_seq_tiled_resident_threads": 128}}
+            "resident128": {"small_seq_tiled_resident": 2, "small_seq_tiled_resident_threads": 128},
+            "resident_step16": {"small_seq_tiled_resident": 2,
+                                "small_seq_tiled_resident_key_step": 16}}
 # histories that fit 64 KiB at d 128 (K and V of 96 keys, rows padded: 57 KiB)
 KV_LENS_RESIDENT = [96, 64, 17, 1, 0, 17, 96, 64, 5, 0, 1]
 

@@ -9,7 +9,6 @@ exported program (and its AOTInductor package) calls them.
 from __future__ import annotations
 
 import importlib.util
-import os
 import warnings
 
 import pytest
@@ -153,15 +152,39 @@ def test_export_on_gpu_calls_the_kernels():
     _check_runs(program.module(), inputs, want)
 
 
-# AOTInductor's package build crashed the process (SIGSEGV inside
-# torch._inductor.aoti_compile_and_package) with torch 2.11 on an H100; not yet understood, so it
-# runs only when asked, in a process of its own: ROCM_ATTN_TEST_AOTI=1.
+_AOTI_PROBE = """
+import torch
+m = torch.nn.Linear(16, 16).cuda()
+x = torch.randn(4, 16, device="cuda")
+path = torch._inductor.aoti_compile_and_package(torch.export.export(m, (x,)),
+                                                package_path={path!r})
+torch.testing.assert_close(torch._inductor.aoti_load_package(path)(x), m(x))
+"""
+
+
+def _aoti_problem(tmp_path):
+    """Why AOTInductor itself cannot be tested here, or None: a package of a plain nn.Linear is
+    built and run in a process of its own (torch 2.11 + CUDA 13 crashed loading any package on
+    the H100 / H200 machines, rocm_attn not imported)."""
+    import subprocess
+    import sys
+
+    code = _AOTI_PROBE.format(path=str(tmp_path / "probe.pt2"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode == 0:
+        return None
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return (f"torch {torch.__version__}'s AOTInductor fails on a plain nn.Linear here (exit "
+            f"{done.returncode}: {last})")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(_why is not None, reason=str(_why))
-@pytest.mark.skipif(os.environ.get("ROCM_ATTN_TEST_AOTI") != "1",
-                    reason="AOTInductor packaging crashed on the GPU machine (torch 2.11); "
-                           "ROCM_ATTN_TEST_AOTI=1 runs it")
 def test_aoti_package_on_gpu_calls_the_kernels(tmp_path):
+    problem = _aoti_problem(tmp_path)
+    if problem is not None:
+        pytest.skip(problem)
     program, inputs, want = _export_on_gpu()
     package = torch._inductor.aoti_compile_and_package(program,
                                                        package_path=str(tmp_path / "r.pt2"))

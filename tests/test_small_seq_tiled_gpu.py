@@ -82,12 +82,17 @@ def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype):
 
 
 # the launcher's choice, the wave kernel only, the block kernel (K/V staged per key tile) and the
-# resident kernel (a segment's whole K/V in shared memory) for every d <= 128 call they take
+# resident kernel (a segment's whole K/V in shared memory) for every d <= 128 call they take,
+# with its softmax steps of one and of four key tiles
 KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0, "small_seq_tiled_resident": 0},
            "block": {"small_seq_tiled_block": 2, "small_seq_tiled_resident": 0},
            "block128": {"small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
                         "small_seq_tiled_block_threads": 128},
            "resident": {"small_seq_tiled_resident": 2},
+           "resident_step16": {"small_seq_tiled_resident": 2,
+                               "small_seq_tiled_resident_key_step": 16},
+           "resident_step64": {"small_seq_tiled_resident": 2,
+                               "small_seq_tiled_resident_key_step": 64},
            "resident256": {"small_seq_tiled_resident": 2, "small_seq_tiled_resident_threads": 256}}
 
 
@@ -176,7 +181,7 @@ def test_bshd(dev, s_q, offsets):
     check_valid(case)
 
 
-@pytest.mark.parametrize("kernel", ["auto", "resident256", "block", "wave"])
+@pytest.mark.parametrize("kernel", ["auto", "resident_step16", "resident256", "block", "wave"])
 def test_bad_segments_flagged_no_oob(dev, kernel):
     """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
     max_seqlen_kv): each bad segment counted once (lowest index reported), NaN on its rows, no

@@ -32,10 +32,17 @@ struct RaTuning {
   // launcher's choice (small_seq/tiled_launch.hip: four waves, eight NVIDIA warps where one
   // block fills a multiprocessor's shared memory).
   int small_seq_tiled_resident_threads = 0;
+  // tiled small-seq forward: keys per online-softmax step of the resident kernel, 16 or 64;
+  // 0 = the launcher's choice (small_seq/tiled_launch.hip: 64 where histories reach 64 keys).
+  int small_seq_tiled_resident_key_step = 0;
   // tiled small-seq forward: 1 = segments with many query rows whose K/V fit a block's shared
   // memory take the resident kernel (tiled_fwd_resident_kernel.h), d <= 128; 0 = never; 2 =
   // every d <= 128 call whose K/V fit (tests).
   int small_seq_tiled_resident = 1;
+  // tiled small-seq backward: 1 = segments with many query rows over more than one key tile
+  // take the block variant of the dK / dV pass (tiled_bwd_block_kernel.h); 0 = never; 2 = every
+  // call (tests).
+  int small_seq_tiled_bwd_block = 1;
   // small-seq: passes whose GQA calls take the matrix-unit kernels, a bit mask (1 = forward,
   // 2 = backward); 0 sends every GQA call to the general kernels.
   int small_seq_mma = 3;
@@ -69,6 +76,8 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_block_threads", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK_THREADS", &RaTuning::small_seq_tiled_block_threads},
     {"small_seq_tiled_resident", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT", &RaTuning::small_seq_tiled_resident},
     {"small_seq_tiled_resident_threads", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_THREADS", &RaTuning::small_seq_tiled_resident_threads},
+    {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
+    {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},
     {"small_seq_mma", "ROCM_ATTN_SMALL_SEQ_MMA", &RaTuning::small_seq_mma},
     {"small_seq_pipe", "ROCM_ATTN_SMALL_SEQ_PIPE", &RaTuning::small_seq_pipe},
     {"thd_copy_wide", "ROCM_ATTN_THD_COPY_WIDE", &RaTuning::thd_copy_wide},

@@ -2,7 +2,8 @@
 // max_seqlen_kv exceeds one key tile, the dQ pass, in stream order; dispatch over dtype x head
 // dim (six variants of each kernel, one translation unit: no kv bucket, no generated files).
 #include "../common/launch.h"
-#include "tiled_bwd_kernel.h"
+#include "../common/tuning.h"
+#include "tiled_bwd_block_kernel.h"
 
 namespace small_seq {
 namespace {
@@ -16,6 +17,19 @@ dim3 tiled_bwd_grid(int64_t items, int threads) {
   const int64_t cap = ra_resident_blocks<KERNEL>(threads) * kTiledBwdResidencyFactor;
   if (cap > 0 && blocks > cap) blocks = cap;
   return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
+}
+
+// The block variant of pass 2 (tiled_bwd_block_kernel.h) where a (segment, kv head) may have
+// more than one key tile and at least this many row tiles: its waves then share every row
+// tile's staging; fewer rows leave the barriers little to amortise. Tuning
+// small_seq_tiled_bwd_block: 0 = never, 2 = every call (tests).
+constexpr int kTiledBwdBlockMinRowTiles = 4;
+
+inline bool tiled_bwd_use_block(const SmallSeqTiledParams& p) {
+  const int mode = ra_tuning().small_seq_tiled_bwd_block;
+  if (mode <= 0) return false;
+  if (mode >= 2) return true;
+  return p.max_seqlen_kv > kTiledBwdKeys && tiled_bwd_row_tiles(p) >= kTiledBwdBlockMinRowTiles;
 }
 
 template <typename T, int D>
@@ -38,10 +52,19 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
       if (err != hipSuccess) return err;
     }
   }
-  hipLaunchKernelGGL((small_seq_tiled_bwd_dkv_kernel<T, D>),
-                     (tiled_bwd_grid<small_seq_tiled_bwd_dkv_kernel<T, D>>(
-                         tiled_bwd_dkv_items(p, slices), threads)),
-                     block, 0, stream, p);
+  if (tiled_bwd_use_block(p)) {
+    constexpr auto kernel = small_seq_tiled_bwd_dkv_block_kernel<T, D>;
+    int64_t blocks = tiled_bwd_block_items(p, wave, D);
+    const int64_t cap = ra_resident_blocks<kernel>(kTiledBwdBlockThreads) * kTiledBwdResidencyFactor;
+    if (cap > 0 && blocks > cap) blocks = cap;
+    hipLaunchKernelGGL(kernel, dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1)),
+                       dim3(kTiledBwdBlockThreads), 0, stream, p);
+  } else {
+    hipLaunchKernelGGL((small_seq_tiled_bwd_dkv_kernel<T, D>),
+                       (tiled_bwd_grid<small_seq_tiled_bwd_dkv_kernel<T, D>>(
+                           tiled_bwd_dkv_items(p, slices), threads)),
+                       block, 0, stream, p);
+  }
   hipError_t err = hipGetLastError();
   if (err != hipSuccess || !tiled_bwd_needs_dq_pass(p)) return err;
   hipLaunchKernelGGL((small_seq_tiled_bwd_dq_kernel<T, D>),

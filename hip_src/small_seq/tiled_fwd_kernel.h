@@ -46,6 +46,7 @@
 #pragma once
 
 #include "tiled_segment.h"
+#include "tiled_smem.h"
 
 namespace small_seq {
 
@@ -181,18 +182,6 @@ struct TiledSlices {
   static_assert(kCount <= 2, "head dims up to 256");
 };
 
-// Row strides (elements) of K and V in shared memory, padded so that the 16-byte fragment loads
-// of one NVIDIA quarter warp (8 lanes, 128 bytes) fall into distinct banks:
-// - K (ra_mma_load_rows): the quarter reads 64 bytes of each of rows g, g + 1, so consecutive
-//   rows must start 64 bytes apart modulo 128: D + 32 elements (D * 2 is a multiple of 128).
-// - V (ra_mma_load_vrows): it reads 32 bytes of each of rows 0, 2, 4, 6 (+ an offset), so rows
-//   two apart must start 32 bytes apart modulo 128: D + 8 elements (16 bytes modulo 64).
-template <int D>
-struct TiledSmemStride {
-  static constexpr int kK = D + 32;
-  static constexpr int kV = D + 8;
-};
-
 // Key tiles staged in shared memory by the whole block (the block kernel): two buffers of K and
 // of V.
 template <int D>
@@ -274,7 +263,8 @@ template <int D>
 using TiledHeldV = ra_mma_vrows<TiledSlices<D>::kWidth, kTiledKeys>;
 
 
-template <typename T, int D, int ROWS, int MODE, int THREADS = kTiledBlockThreads>
+template <typename T, int D, int ROWS, int MODE, int THREADS = kTiledBlockThreads,
+          int KSTEP = 1>
 RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile,
                                   const TiledSegment& s, const int lane,
                                   const TiledHeldK<D>* held_k, const TiledHeldV<D>* held_v,
@@ -330,28 +320,35 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
 #pragma unroll
   for (int c = 0; c < NSL; ++c) ra_mma_zero(o[c]);
 
-  // Online softmax of one key tile's scores (keys k0 ..): S -> P in place, m / l / O rescaled
-  // when the reference max moves (lazy rescaling, see the header NOTE).
-  auto softmax_step = [&](ra_mma_acc<KT>& sc, const int k0) {
-    // Scores in the log2 domain; keys past the segment's end (last tile only) are -inf, so
+  // Online softmax of the scores of NS consecutive key tiles (keys k0 .. k0 + 16 NS; sc and pf
+  // are arrays of NS): S -> P fragments in pf, m / l / O rescaled when the reference max moves
+  // (lazy rescaling, see the header NOTE). One row-max exchange serves all NS tiles.
+  auto softmax_step = [&](auto& sc, const int k0, auto& pf) {
+    constexpr int NS = static_cast<int>(sizeof(sc) / sizeof(sc[0]));
+    // Scores in the log2 domain; keys past the segment's end (last step only) are -inf, so
     // their P is exp2(-inf) = 0.
     float mt[SLOTS];
 #pragma unroll
     for (int r = 0; r < SLOTS; ++r) mt[r] = -INFINITY;
-    if (k0 + KT <= nk) {
+    if (k0 + NS * KT <= nk) {
 #pragma unroll
-      for (int i = 0; i < E; ++i) {
-        if (ra_mma_slot_row0(ra_mma_acc_slot(i)) >= ROWS) continue;  // rows no tile has
-        sc.x[i] *= qscale;
-        mt[ra_mma_acc_slot(i)] = fmaxf(mt[ra_mma_acc_slot(i)], sc.x[i]);
-      }
+      for (int n = 0; n < NS; ++n)
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+          if (ra_mma_slot_row0(ra_mma_acc_slot(i)) >= ROWS) continue;  // rows no tile has
+          sc[n].x[i] *= qscale;
+          mt[ra_mma_acc_slot(i)] = fmaxf(mt[ra_mma_acc_slot(i)], sc[n].x[i]);
+        }
     } else {
 #pragma unroll
-      for (int i = 0; i < E; ++i) {
-        if (ra_mma_slot_row0(ra_mma_acc_slot(i)) >= ROWS) continue;
-        sc.x[i] = k0 + ra_mma_acc_col(lane, i) < nk ? sc.x[i] * qscale : -INFINITY;
-        mt[ra_mma_acc_slot(i)] = fmaxf(mt[ra_mma_acc_slot(i)], sc.x[i]);
-      }
+      for (int n = 0; n < NS; ++n)
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+          if (ra_mma_slot_row0(ra_mma_acc_slot(i)) >= ROWS) continue;
+          sc[n].x[i] =
+              k0 + n * KT + ra_mma_acc_col(lane, i) < nk ? sc[n].x[i] * qscale : -INFINITY;
+          mt[ra_mma_acc_slot(i)] = fmaxf(mt[ra_mma_acc_slot(i)], sc[n].x[i]);
+        }
     }
     float alpha[SLOTS];
     bool rescale = false;
@@ -375,16 +372,18 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
 #pragma unroll
     for (int r = 0; r < SLOTS; ++r) mref[r] = m[r] == -INFINITY ? 0.f : m[r];
 #pragma unroll
-    for (int i = 0; i < E; ++i) {
-      const int slot = ra_mma_acc_slot(i);
-      if (ra_mma_slot_row0(slot) >= ROWS) {
-        sc.x[i] = 0.f;  // never a P row
-        continue;
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        const int slot = ra_mma_acc_slot(i);
+        if (ra_mma_slot_row0(slot) >= ROWS) {
+          sc[n].x[i] = 0.f;  // never a P row
+          continue;
+        }
+        const float pr = exp2f(sc[n].x[i] - mref[slot]);
+        sc[n].x[i] = pr;
+        l[slot] += pr;
       }
-      const float pr = exp2f(sc.x[i] - mref[slot]);
-      sc.x[i] = pr;
-      l[slot] += pr;
-    }
     // O is rescaled by the whole wave or not at all (the alphas are exchanged across lanes).
     if (ra_count_lanes(rescale) > 0) {
 #pragma unroll
@@ -396,7 +395,8 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
           for (int i = 0; i < DS / 16; ++i) o[c].x[i][j] *= a;
       }
     }
-    return ra_mma_to_pfrag<T, ROWS>(sc);
+#pragma unroll
+    for (int n = 0; n < NS; ++n) pf[n] = ra_mma_to_pfrag<T, ROWS>(sc[n]);
   };
 
   ra_mma_rows<DS, KT> ka, kb;
@@ -422,11 +422,12 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       ra_mma_load_rows(ka, stage->k[t & 1], SK, nk - k0, lane);
       ra_mma_vrows<DS, KT> vr;
       ra_mma_load_vrows(vr, stage->v[t & 1], SV, nk - k0, lane);
-      ra_mma_acc<KT> sc;
-      ra_mma_zero(sc);
-      ra_mma_dot<T>(sc, qr[0], ka);
-      const ra_mma_pfrag<ROWS> pf = softmax_step(sc, k0);
-      ra_mma_pv<T>(o[0], pf, vr);
+      ra_mma_acc<KT> sc[1];
+      ra_mma_zero(sc[0]);
+      ra_mma_dot<T>(sc[0], qr[0], ka);
+      ra_mma_pfrag<ROWS> pf[1];
+      softmax_step(sc, k0, pf);
+      ra_mma_pv<T>(o[0], pf[0], vr);
       if (t + 1 < ntiles)
         tiled_stage_store<D, THREADS>(*stage, (t + 1) & 1, staged, tid);
       __syncthreads();
@@ -434,25 +435,39 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
   } else if constexpr (MODE == kTiledResident) {
     constexpr int SK = TiledSmemStride<D>::kK;
     constexpr int SV = TiledSmemStride<D>::kV;
-    // Rows past nk up to the tile's end are zeros in shared memory (staged so): no guards.
-    for (int t = 0; t < ntiles; ++t) {
-      const int k0 = t * KT;
-      ra_mma_load_rows(ka, resident->k + k0 * SK, SK, KT, lane);
-      ra_mma_vrows<DS, KT> vr;
-      ra_mma_load_vrows(vr, resident->v + k0 * SV, SV, KT, lane);
-      ra_mma_acc<KT> sc;
-      ra_mma_zero(sc);
-      ra_mma_dot<T>(sc, qr[0], ka);
-      const ra_mma_pfrag<ROWS> pf = softmax_step(sc, k0);
-      ra_mma_pv<T>(o[0], pf, vr);
+    // KSTEP key tiles per softmax step: their products are independent, so a step keeps
+    // several matrix chains in flight, and one row-max exchange serves them all. Rows past nk up
+    // to the end of the segment's last key tile are zeros in shared memory (staged so); key
+    // tiles after it were not staged: their products are skipped (scores masked to -inf, P 0).
+    for (int k0 = 0; k0 < nk; k0 += KSTEP * KT) {
+      ra_mma_acc<KT> sc[KSTEP];
+#pragma unroll
+      for (int n = 0; n < KSTEP; ++n) {
+        ra_mma_zero(sc[n]);
+        if (n == 0 || k0 + n * KT < nk) {
+          ra_mma_load_rows(ka, resident->k + (k0 + n * KT) * SK, SK, KT, lane);
+          ra_mma_dot<T>(sc[n], qr[0], ka);
+        }
+      }
+      ra_mma_pfrag<ROWS> pf[KSTEP];
+      softmax_step(sc, k0, pf);
+#pragma unroll
+      for (int n = 0; n < KSTEP; ++n) {
+        if (n == 0 || k0 + n * KT < nk) {
+          ra_mma_vrows<DS, KT> vr;
+          ra_mma_load_vrows(vr, resident->v + (k0 + n * KT) * SV, SV, KT, lane);
+          ra_mma_pv<T>(o[0], pf[n], vr);
+        }
+      }
     }
   } else if constexpr (HELD) {
     if (ntiles > 0) {
-      ra_mma_acc<KT> sc;
-      ra_mma_zero(sc);
-      ra_mma_dot<T>(sc, qr[0], *held_k);
-      const ra_mma_pfrag<ROWS> pf = softmax_step(sc, 0);
-      ra_mma_pv<T>(o[0], pf, *held_v);
+      ra_mma_acc<KT> sc[1];
+      ra_mma_zero(sc[0]);
+      ra_mma_dot<T>(sc[0], qr[0], *held_k);
+      ra_mma_pfrag<ROWS> pf[1];
+      softmax_step(sc, 0, pf);
+      ra_mma_pv<T>(o[0], pf[0], *held_v);
     }
   } else if constexpr (NSL == 1) {
     // One key tile: V of this tile and K of the next are issued before this tile's products.
@@ -463,11 +478,12 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       if (t + 1 < ntiles)
         ra_mma_load_rows(knext, kbase + (k0 + KT) * p.k_token_stride, p.k_token_stride,
                          nk - k0 - KT, lane);
-      ra_mma_acc<KT> sc;
-      ra_mma_zero(sc);
-      ra_mma_dot<T>(sc, qr[0], kcur);
-      const ra_mma_pfrag<ROWS> pf = softmax_step(sc, k0);
-      ra_mma_pv<T>(o[0], pf, vr);
+      ra_mma_acc<KT> sc[1];
+      ra_mma_zero(sc[0]);
+      ra_mma_dot<T>(sc[0], qr[0], kcur);
+      ra_mma_pfrag<ROWS> pf[1];
+      softmax_step(sc, k0, pf);
+      ra_mma_pv<T>(o[0], pf[0], vr);
     };
     // Two register sets of K, used in turn (a loop over a two-entry array indexed by t & 1
     // would put them in scratch memory).
@@ -484,16 +500,17 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       const uint16_t* vt = vbase + k0 * p.v_token_stride;
       ra_mma_load_rows(ka, kt, p.k_token_stride, nk - k0, lane);
       ra_mma_load_rows(kb, kt + DS, p.k_token_stride, nk - k0, lane);
-      ra_mma_acc<KT> sc;
-      ra_mma_zero(sc);
-      ra_mma_dot<T>(sc, qr[0], ka);
+      ra_mma_acc<KT> sc[1];
+      ra_mma_zero(sc[0]);
+      ra_mma_dot<T>(sc[0], qr[0], ka);
       ra_mma_vrows<DS, KT> va, vb;
       ra_mma_load_vrows(va, vt, p.v_token_stride, nk - k0, lane);
-      ra_mma_dot<T>(sc, qr[1], kb);
-      const ra_mma_pfrag<ROWS> pf = softmax_step(sc, k0);
+      ra_mma_dot<T>(sc[0], qr[1], kb);
+      ra_mma_pfrag<ROWS> pf[1];
+      softmax_step(sc, k0, pf);
       ra_mma_load_vrows(vb, vt + DS, p.v_token_stride, nk - k0, lane);
-      ra_mma_pv<T>(o[0], pf, va);
-      ra_mma_pv<T>(o[1], pf, vb);
+      ra_mma_pv<T>(o[0], pf[0], va);
+      ra_mma_pv<T>(o[1], pf[0], vb);
     }
   }
 

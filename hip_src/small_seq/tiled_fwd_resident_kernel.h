@@ -90,13 +90,15 @@ RA_DEVICE void tiled_resident_stage(uint16_t* sk, uint16_t* sv, const uint16_t* 
 
 #endif  // RA_HAS_MMA
 
-// NOTE (registers): blocks of 128 threads are capped for three per multiprocessor (168
-// registers on sm_90; d = 128 then spills a few hundred bytes per thread to L1): a tile is a
-// chain of dependent matrix and softmax steps, and twelve warps hide it better than eight
-// unspilled ones (measured: docs/kernels.md#tiled-small-seq-kernels). Blocks of 256 threads
-// (long histories, one block per multiprocessor) keep the registers they need.
-template <typename T, int D, int THREADS>
-__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, THREADS == 128 ? 3 : 1)
+// NOTE (registers): with a softmax step of one key tile (KSTEP 1), blocks of 128 threads are
+// capped for three per multiprocessor (168 registers on sm_90; d = 128 then spills a few hundred
+// bytes per thread to L1): a tile is a chain of dependent matrix and softmax steps, and twelve
+// warps hide it better than eight unspilled ones. With four key tiles per step (KSTEP 4) the
+// step's four chains are the latency cover, and their scores need the registers: two blocks
+// (253 registers at d = 128, no spills). Blocks of 256 threads (long histories, one block per
+// multiprocessor) keep the registers they need (measured: docs/kernels.md#tiled-small-seq-kernels).
+template <typename T, int D, int THREADS, int KSTEP>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, THREADS == 128 ? (KSTEP == 1 ? 3 : 2) : 1)
     small_seq_tiled_fwd_resident_kernel(const SmallSeqTiledParams p, const int splits) {
   static_assert(TiledSlices<D>::kCount == 1, "the resident kernel serves head dims up to 128");
   constexpr int WAVE = RA_WAVE_SIZE;
@@ -145,8 +147,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, THREADS == 128 ? 3 : 1)
     __syncthreads();
     const TiledResidentKv resident{sk, sv};
     for (int64_t tile = tile0 + w; tile < tile1; tile += WAVES)
-      tiled_fwd_tile_mma<T, D, ROWS, kTiledResident, THREADS>(p, hk, tile, s, lane, nullptr,
-                                                              nullptr, nullptr, tid, &resident);
+      tiled_fwd_tile_mma<T, D, ROWS, kTiledResident, THREADS, KSTEP>(
+          p, hk, tile, s, lane, nullptr, nullptr, nullptr, tid, &resident);
     __syncthreads();  // every wave is done with this segment's K/V before the next staging
 #else
     // Targets without matrix units: each wave its tiles, scalar, from global memory.

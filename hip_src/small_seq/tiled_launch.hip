@@ -1,7 +1,8 @@
 // Launch of the tiled small-seq forward (tiled_fwd_kernel.h, tiled_fwd_resident_kernel.h):
 // dispatch over dtype x head dim, the choice between the resident, block and wave kernels, grid
-// sized from occupancy. Per dtype: three wave kernels (d 64, 128, 256), and block and resident
-// kernels of 128 and 256 threads for d 64 and 128; one translation unit: the kernels have no kv
+// sized from occupancy. Per dtype: three wave kernels (d 64, 128, 256), block kernels of 128 and
+// 256 threads for d 64 and 128, and resident kernels of 128 and 256 threads and key steps of 16
+// and 64 for d 64 and 128; one translation unit: the kernels have no kv
 // bucket, so the variant count stays small and needs no generated instantiation files.
 #include "../common/tuning.h"
 #include "tiled_fwd_resident_kernel.h"
@@ -102,10 +103,10 @@ bool tiled_use_resident(const SmallSeqTiledParams& p, int64_t* kv_smem) {
   return mode >= 2 || tiled_row_tiles(p, kTiledResidentRows) >= kTiledResidentMinTiles;
 }
 
-template <typename T, int D, int THREADS>
+template <typename T, int D, int THREADS, int KSTEP>
 hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int wave, int64_t smem,
                                   hipStream_t stream) {
-  const auto kernel = small_seq_tiled_fwd_resident_kernel<T, D, THREADS>;
+  const auto kernel = small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>;
   const int device = ra_device_index();
   const bool cached = device >= 0 && device < 64;
   // Above 48 KiB a kernel's dynamic shared memory must be allowed first (NVIDIA): once per
@@ -131,9 +132,20 @@ hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int wave, int64_
   int64_t splits = (kTiledResidentItemsPerBlock * resident + pairs - 1) / pairs;
   splits = splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
   const dim3 grid = tiled_capped_grid(pairs * splits, resident, tiled_grid_factor());
-  hipLaunchKernelGGL((small_seq_tiled_fwd_resident_kernel<T, D, THREADS>), grid, dim3(THREADS),
+  hipLaunchKernelGGL((small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>), grid, dim3(THREADS),
                      static_cast<size_t>(smem), stream, p, static_cast<int>(splits));
   return hipGetLastError();
+}
+
+// Keys per online-softmax step of the resident kernel: four key tiles (64 keys) where histories
+// may reach that many, so that a step keeps four independent matrix chains in flight; one tile
+// for shorter ones, whose extra tiles would be skipped work holding registers (two blocks per
+// multiprocessor instead of three at d = 128; docs/kernels.md#tiled-small-seq-kernels). Tuning
+// small_seq_tiled_resident_key_step (16 or 64) overrides.
+inline int tiled_resident_key_step(const SmallSeqTiledParams& p) {
+  const int tuned = ra_tuning().small_seq_tiled_resident_key_step;
+  if (tuned == kTiledKeys || tuned == 4 * kTiledKeys) return tuned;
+  return p.max_seqlen_kv >= 4 * kTiledKeys ? 4 * kTiledKeys : kTiledKeys;
 }
 
 // Block size of the resident kernel for K/V of kv_smem bytes (see kTiledResidentWaves; tuning
@@ -146,8 +158,11 @@ hipError_t run_tiled_fwd_resident_for(const SmallSeqTiledParams& p, int wave, in
   if (wave == 32 && 2 * (kv_smem + kTiledSharedReserve) > ra_device_shared_per_multiprocessor())
     threads = 256;
   if (tuned == 128 || tuned == 256) threads = tuned;
-  return threads == 128 ? run_tiled_fwd_resident<T, D, 128>(p, wave, kv_smem, stream)
-                        : run_tiled_fwd_resident<T, D, 256>(p, wave, kv_smem, stream);
+  if (tiled_resident_key_step(p) == kTiledKeys)
+    return threads == 128 ? run_tiled_fwd_resident<T, D, 128, 1>(p, wave, kv_smem, stream)
+                          : run_tiled_fwd_resident<T, D, 256, 1>(p, wave, kv_smem, stream);
+  return threads == 128 ? run_tiled_fwd_resident<T, D, 128, 4>(p, wave, kv_smem, stream)
+                        : run_tiled_fwd_resident<T, D, 256, 4>(p, wave, kv_smem, stream);
 }
 
 template <typename T, int D, int THREADS>
