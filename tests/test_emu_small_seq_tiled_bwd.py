@@ -48,35 +48,37 @@ def check(lib, case, seed=0, dlse=False):
 Q_LENS = [1, 2, 17, 1, 2, 17, 0, 3, 17]
 KV_LENS = [300, 64, 17, 17, 1, 0, 5, 0, 64]
 GROUPS = [pytest.param(2, 2, id="g1"), pytest.param(4, 2, id="g2"), pytest.param(8, 1, id="g8")]
-# the dK / dV pass by its wave kernel and by its block variant (tiled_bwd_block_kernel.h: rows
-# staged in shared memory), for every call
-PASS2 = {"wave": {"small_seq_tiled_bwd_block": 0}, "block": {"small_seq_tiled_bwd_block": 2}}
+# the dK / dV and dQ passes by their wave kernels and by their block variants
+# (tiled_bwd_block_kernel.h: row / key tiles staged in shared memory), for every call
+BWD_PASSES = {"wave": {"small_seq_tiled_bwd_block": 0}, "block": {"small_seq_tiled_bwd_block": 2}}
 
 
-@pytest.mark.parametrize("pass2", list(PASS2))
+@pytest.mark.parametrize("passes", list(BWD_PASSES))
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
 @pytest.mark.parametrize("d", [64, 128])
-def test_mixed_segments(lib, d, h_q, h_kv, pass2):
+def test_mixed_segments(lib, d, h_q, h_kv, passes):
     offsets = torch.int64 if d == 64 else torch.int32
     case = C.thd_case(d + h_q, Q_LENS, KV_LENS, h_q, h_kv, d, torch.bfloat16, offsets=offsets)
-    with emu.tuning(**PASS2[pass2]):
+    with emu.tuning(**BWD_PASSES[passes]):
         check(lib, case, seed=d + h_q, dlse=h_q == 4)
 
 
 @pytest.mark.parametrize("h_q,h_kv", [(8, 2), (2, 2)], ids=["g4", "g1"])
 def test_block_pass_matches_wave_pass_bitwise(lib, h_q, h_kv):
-    """The block dK / dV pass sums the same terms in the same order as the wave kernel:
-    bitwise equal gradients (dQ of one-key-tile segments included), many row tiles per
-    segment."""
+    """The block dK / dV and dQ passes sum the same terms in the same order as the wave
+    kernels: bitwise equal gradients (dQ of one-key-tile segments included), many row tiles
+    per segment."""
     case = C.thd_case(19, [40, 3, 70, 0, 33], [100, 16, 5, 9, 0], h_q, h_kv, 64, torch.bfloat16,
                       offsets=torch.int64)
     dout, out, lse, dl = G.inputs(case, 19, True)
     grads = {}
-    for name, knobs in PASS2.items():
+    for name, knobs in BWD_PASSES.items():
         with emu.tuning(**knobs):
             grads[name] = run(lib, case, dout, out, lse, dl)
     G.check_grads(case, dout, dl, *grads["block"], f"wave {lib.wave}")
-    assert any("small_seq_tiled_bwd_dkv_block_kernel" in k for k in lib.kernels_run())
+    run_names = "\n".join(lib.kernels_run())
+    assert "small_seq_tiled_bwd_dkv_block_kernel" in run_names
+    assert "small_seq_tiled_bwd_dq_block_kernel" in run_names
     for name, a, b in zip(("dq", "dk", "dv"), grads["wave"], grads["block"]):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
 
@@ -123,8 +125,8 @@ def test_bshd(lib, offsets):
     assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
 
 
-@pytest.mark.parametrize("pass2", list(PASS2))
-def test_bad_segments_int64(lib, pass2):
+@pytest.mark.parametrize("passes", list(BWD_PASSES))
+def test_bad_segments_int64(lib, passes):
     """Offsets that break the contract, int64: more queries than max_seqlen_q, a negative key
     count, keys past the end of k/v (2^40): NaN dq on the bad segments' rows, zero dk / dv on
     their keys, nothing read out of bounds, every other segment exact."""
@@ -133,7 +135,7 @@ def test_bad_segments_int64(lib, pass2):
                       max_q=17, max_kv=64, pad_before=2, pad_after=2)
     case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys (6 then overlaps 4's keys)
     case.cu_kv[8] = 2**40  # segment 7: keys past the end of k/v
-    with emu.tuning(**PASS2[pass2]):
+    with emu.tuning(**BWD_PASSES[passes]):
         _, _, _, _, (dq, dk, dv) = check(lib, case, seed=16)
     k7 = int(case.cu_kv[7])
     assert (dk[k7:] == 0).all() and (dv[k7:] == 0).all()
@@ -149,13 +151,13 @@ def test_bad_segments_int32_wrap(lib):
     check(lib, case, seed=17)
 
 
-@pytest.mark.parametrize("pass2", list(PASS2))
-def test_deterministic(lib, monkeypatch, pass2):
+@pytest.mark.parametrize("passes", list(BWD_PASSES))
+def test_deterministic(lib, monkeypatch, passes):
     """Twice, then with blocks, waves and lanes in reverse order (RA_EMU_REVERSE=1): bitwise the
     same gradients (a result that depended on the schedule, e.g. a missing barrier of the block
     pass's staging, would be a race)."""
     case = C.thd_case(18, [17, 2, 1, 17], [300, 64, 17, 5], 8, 2, 64, torch.bfloat16)
-    with emu.tuning(**PASS2[pass2]):
+    with emu.tuning(**BWD_PASSES[passes]):
         dout, out, lse, dl, first = check(lib, case, seed=18, dlse=True)
         second = run(lib, case, dout, out, lse, dl)
         monkeypatch.setenv("RA_EMU_REVERSE", "1")

@@ -35,9 +35,9 @@ pytestmark = gpu_marks(thd_ops=False)
 
 DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
 GROUPS = [pytest.param(8, 8, id="g1"), pytest.param(8, 2, id="g4"), pytest.param(4, 1, id="g4mqa")]
-# the dK / dV pass by its wave kernel and by its block variant (rows staged in shared memory),
-# for every call
-PASS2 = {"wave": {"small_seq_tiled_bwd_block": 0}, "block": {"small_seq_tiled_bwd_block": 2}}
+# the dK / dV and dQ passes by their wave kernels and by their block variants (row / key tiles
+# staged in shared memory), for every call
+BWD_PASSES = {"wave": {"small_seq_tiled_bwd_block": 0}, "block": {"small_seq_tiled_bwd_block": 2}}
 
 
 @pytest.fixture(scope="module")
@@ -80,31 +80,31 @@ def lens(gen, n, lo, hi):
     return torch.randint(lo, hi + 1, (n,), generator=gen).tolist()
 
 
-@pytest.mark.parametrize("pass2", list(PASS2))
+@pytest.mark.parametrize("passes", list(BWD_PASSES))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype, pass2):
+def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype, passes):
     """Queries per segment 1, 2, 17 and 512 (and 0) against keys 17, 64, 256, 1000 (and 0)."""
     q_lens = [1, 2, 17, 512, 0, 1, 17, 2, 512, 3]
     kv_lens = [17, 64, 256, 1000, 5, 0, 1000, 17, 64, 256]
     case = C.thd_case(d + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, d, dtype, device=dev)
-    with rocm_attn.tuning.override(**PASS2[pass2]):
+    with rocm_attn.tuning.override(**BWD_PASSES[passes]):
         check(case, seed=d, dlse=d == 128)
 
 
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_block_pass_matches_wave_pass_bitwise(dev, d, h_q, h_kv):
-    """The block variant of the dK / dV pass sums the same terms in the same order as the wave
-    kernel: bitwise equal gradients (dQ of one-key-tile segments included)."""
+    """The block variants of the dK / dV and dQ passes sum the same terms in the same order as
+    the wave kernels: bitwise equal gradients (dQ of one-key-tile segments included)."""
     q_lens = [40, 3, 100, 0, 64, 17]
     kv_lens = [300, 16, 5, 9, 0, 129]
     case = C.thd_case(d + 7, q_lens, kv_lens, h_q, h_kv, d, torch.bfloat16, max_kv=300,
                       device=dev)
     inputs = G.inputs(case, d, True)
     grads = {}
-    for name, knobs in PASS2.items():
+    for name, knobs in BWD_PASSES.items():
         with rocm_attn.tuning.override(**knobs):
             grads[name] = op(case, *inputs)
     G.check_grads(case, inputs[0], inputs[3], *grads["block"])
@@ -135,16 +135,16 @@ def test_tile_boundaries(dev, h_q, h_kv, d):
     check(case, seed=30, dlse=True)
 
 
-@pytest.mark.parametrize("pass2", list(PASS2))
+@pytest.mark.parametrize("passes", list(BWD_PASSES))
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
-def test_ragged_many_segments(dev, h_q, h_kv, offsets, pass2):
+def test_ragged_many_segments(dev, h_q, h_kv, offsets, passes):
     """Many segments with random query and key counts, empty ones included."""
     gen = torch.Generator().manual_seed(h_q * 10 + h_kv)
     b = 500
     case = C.thd_case(3, lens(gen, b, 0, 40), lens(gen, b, 0, 300), h_q, h_kv, 128,
                       torch.bfloat16, offsets=offsets, max_q=40, max_kv=300, device=dev)
-    with rocm_attn.tuning.override(**PASS2[pass2]):
+    with rocm_attn.tuning.override(**BWD_PASSES[passes]):
         check(case, seed=3)
 
 
@@ -196,8 +196,8 @@ def test_bshd(dev, s_q, offsets):
     assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
 
 
-@pytest.mark.parametrize("pass2", list(PASS2))
-def test_garbage_offsets_no_oob(dev, pass2):
+@pytest.mark.parametrize("passes", list(BWD_PASSES))
+def test_garbage_offsets_no_oob(dev, passes):
     """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
     max_seqlen_kv): NaN dq on the bad segments' rows, zero dk / dv on their keys, no
     out-of-bounds access (k/v are small and surrounded by unread NaN rows; a stray read would
@@ -208,7 +208,7 @@ def test_garbage_offsets_no_oob(dev, pass2):
     case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
     case.cu_kv[8] = 2**40  # segment 7: keys past the end of k/v
     case.cu_q[2] = -(2**40)  # segments 1 and 2: queries before the start of q
-    with rocm_attn.tuning.override(**PASS2[pass2]):
+    with rocm_attn.tuning.override(**BWD_PASSES[passes]):
         check(case, seed=10)
 
 

@@ -1,5 +1,6 @@
-// Tiled small-seq backward, block variant of pass 2 (dK / dV): the waves of a block share each
-// row tile's Q, dO, LSE and Delta through shared memory (docs/kernels.md#tiled-small-seq-backward).
+// Tiled small-seq backward, block variants of pass 2 (dK / dV) and pass 3 (dQ): the waves of a
+// block share each row tile's Q, dO, LSE and Delta (pass 2) or each key tile's K and V (pass 3)
+// through shared memory (docs/kernels.md#tiled-small-seq-backward).
 //
 // Why: the wave kernel's pass-2 item (one key tile, one head-dim slice) walks all of its
 // segment's rows and reads their Q and dO from L2, so with many candidates per user every row is
@@ -12,7 +13,12 @@
 // same.
 //
 // Segments whose rows fit one row tile keep the wave kernel's per-(kv head, slice) walk
-// (tiled_bwd_row_tile_mma), run by the first waves of key group 0; pass 3 (dQ) is unchanged.
+// (tiled_bwd_row_tile_mma), run by the first waves of key group 0.
+//
+// Pass 3 likewise: the wave kernel's item (one row tile, one slice) walks all of the segment's
+// key tiles from L2; here a block item is (segment, kv head, group of RTG row tiles), one wave
+// per (row tile, slice), and the block stages each key tile's K and V once for all of them. The
+// wave's sums are tiled_bwd_dq_mma's, in the same order.
 #pragma once
 
 #include "tiled_bwd_kernel.h"
@@ -24,15 +30,15 @@ namespace small_seq {
 // CDNA.
 constexpr int kTiledBwdBlockThreads = 256;
 
-// Key tiles of one block item: the waves split over (key tile, slice).
-RA_HOST_DEVICE constexpr int tiled_bwd_block_key_tiles(int wave, int d) {
+// Key tiles (pass 2) or row tiles (pass 3) of one block item: the waves split over (tile, slice).
+RA_HOST_DEVICE constexpr int tiled_bwd_block_tiles(int wave, int d) {
   return kTiledBwdBlockThreads / wave / tiled_bwd_slices(wave, d) > 0
              ? kTiledBwdBlockThreads / wave / tiled_bwd_slices(wave, d)
              : 1;
 }
 
 RA_HOST_DEVICE int64_t tiled_bwd_block_items(const SmallSeqTiledParams& p, int wave, int d) {
-  const int ktg = tiled_bwd_block_key_tiles(wave, d);
+  const int ktg = tiled_bwd_block_tiles(wave, d);
   return static_cast<int64_t>(p.batch) * p.num_heads_kv *
          ((tiled_bwd_key_tiles(p) + ktg - 1) / ktg);
 }
@@ -214,7 +220,7 @@ __global__ void __launch_bounds__(kTiledBwdBlockThreads)
   constexpr int THREADS = kTiledBwdBlockThreads;
   constexpr int WAVE = RA_WAVE_SIZE;
   constexpr int SLICES = tiled_bwd_slices(WAVE, D);
-  constexpr int KTG = tiled_bwd_block_key_tiles(WAVE, D);
+  constexpr int KTG = tiled_bwd_block_tiles(WAVE, D);
   const int tid = threadIdx.x;
   const int lane = tid % WAVE;
   const int w = tid / WAVE;
@@ -299,6 +305,210 @@ __global__ void __launch_bounds__(kTiledBwdBlockThreads)
 #else
     // Targets without matrix units: each wave its (key tile, slice) as the wave kernel does.
     if (active) tiled_bwd_dkv_scalar<T, D>(p, hk, kt, slice, s, lane);
+#endif
+  }
+}
+
+// One key tile's K and V in shared memory (two buffers; one stride: K is read both as the
+// rows of S = Q K^T and as the right operand of dQ = dS K), zeros past the segment's keys.
+template <int D>
+struct TiledBwdKeyStage {
+  static constexpr int kStride = TiledSmemStride<D>::kK;
+  alignas(16) uint16_t k[2][kTiledBwdKeys * kStride];
+  alignas(16) uint16_t v[2][kTiledBwdKeys * kStride];
+};
+
+template <int D, int THREADS>
+struct TiledBwdKeyStageRegs {
+  static constexpr int kVecs = kTiledBwdKeys * D / 8;
+  static constexpr int kPerThread = (kVecs + THREADS - 1) / THREADS;
+  ra_vec8 k[kPerThread];
+  ra_vec8 v[kPerThread];
+};
+
+template <int D, int THREADS>
+RA_DEVICE void tiled_bwd_stage_keys_load(TiledBwdKeyStageRegs<D, THREADS>& r,
+                                         const SmallSeqTiledParams& p, const TiledBwdRows& rw,
+                                         const int k0, const int nk, const int tid) {
+#pragma unroll
+  for (int i = 0; i < TiledBwdKeyStageRegs<D, THREADS>::kPerThread; ++i) {
+    const int idx = tid + i * THREADS;
+    const int row = idx / (D / 8);
+    const int vec = idx % (D / 8);
+    const bool ok = idx < TiledBwdKeyStageRegs<D, THREADS>::kVecs && k0 + row < nk;
+    r.k[i] = ok ? ra_load16(rw.k + static_cast<int64_t>(k0 + row) * p.k_token_stride + 8 * vec)
+                : ra_vec8{{0u, 0u, 0u, 0u}};
+    r.v[i] = ok ? ra_load16(rw.v + static_cast<int64_t>(k0 + row) * p.v_token_stride + 8 * vec)
+                : ra_vec8{{0u, 0u, 0u, 0u}};
+  }
+}
+
+template <int D, int THREADS>
+RA_DEVICE void tiled_bwd_stage_keys_store(TiledBwdKeyStage<D>& st, const int buf,
+                                          const TiledBwdKeyStageRegs<D, THREADS>& r,
+                                          const int tid) {
+  constexpr int S = TiledBwdKeyStage<D>::kStride;
+#pragma unroll
+  for (int i = 0; i < TiledBwdKeyStageRegs<D, THREADS>::kPerThread; ++i) {
+    const int idx = tid + i * THREADS;
+    if (idx >= TiledBwdKeyStageRegs<D, THREADS>::kVecs) continue;
+    const int row = idx / (D / 8);
+    const int col = 8 * (idx % (D / 8));
+    ra_store16(st.k[buf] + row * S + col, r.k[i]);
+    ra_store16(st.v[buf] + row * S + col, r.v[i]);
+  }
+}
+
+// Pass 3, block variant: grid-stride over (segment, kv head, row group) items of segments with
+// more than one key tile and more than one row tile; wave w takes row tile RTG * group +
+// w / SLICES, slice w % SLICES.
+template <typename T, int D>
+__global__ void __launch_bounds__(kTiledBwdBlockThreads)
+    small_seq_tiled_bwd_dq_block_kernel(const SmallSeqTiledParams p) {
+  constexpr int THREADS = kTiledBwdBlockThreads;
+  constexpr int WAVE = RA_WAVE_SIZE;
+  constexpr int SLICES = tiled_bwd_slices(WAVE, D);
+  constexpr int RTG = tiled_bwd_block_tiles(WAVE, D);
+  const int tid = threadIdx.x;
+  const int lane = tid % WAVE;
+  const int w = tid / WAVE;
+  const int slice = w % SLICES;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int64_t groups = (tiled_bwd_row_tiles(p) + RTG - 1) / RTG;
+  const int64_t per_seg = groups * p.num_heads_kv;
+  const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
+#if RA_HAS_MMA
+  __shared__ TiledBwdKeyStage<D> stage;
+#endif
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int seg = static_cast<int>(item / per_seg);
+    const int64_t rest = item - seg * per_seg;
+    const int hk = static_cast<int>(rest / groups);
+    const int64_t rg = rest - static_cast<int64_t>(hk) * groups;
+    const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
+    // pass 2 wrote the dQ of segments with one key tile or one row tile (block-uniform, as
+    // every branch up to the key loop)
+    if (!s.valid || s.nk <= kTiledBwdKeys || tiled_bwd_one_row_tile(p, s)) continue;
+    const int64_t nrows_all = static_cast<int64_t>(s.nq) * group;
+    if (rg * RTG * kTiledBwdRows >= nrows_all) continue;
+    const int64_t rt = rg * RTG + w / SLICES;
+    const bool active = rt * kTiledBwdRows < nrows_all;
+#if RA_HAS_MMA
+    constexpr int DS = tiled_bwd_slice(WAVE, D);
+    constexpr int W = DS;
+    constexpr int E = ra_mma_acc<16>::kElems;
+    constexpr int KT = kTiledBwdKeys;
+    constexpr int S = TiledBwdKeyStage<D>::kStride;
+    // Q / dO held across the key tiles on 64-lane waves only, as in tiled_bwd_dq_mma.
+    constexpr bool kResident = kTiledBwdResident<D> && WAVE == 64;
+    const int hq0 = hk * group;
+    const int64_t r0 = rt * kTiledBwdRows;
+    const int64_t left = nrows_all - r0;
+    const int nrows = left < kTiledBwdRows ? (left > 0 ? static_cast<int>(left) : 0)
+                                           : kTiledBwdRows;
+    const int nk = s.nk;
+    const float qscale = p.softmax_scale * kTiledBwdLog2e;
+    const TiledBwdRows rw = tiled_bwd_rows(p, hk, s);
+    const TiledRowMap rows(r0, group);
+    auto q_row = [&](int i) {
+      int64_t j;
+      int h;
+      rows.at(i, j, h);
+      return rw.q + (s.q_token0 + j) * p.q_token_stride + (hq0 + h) * p.q_head_stride;
+    };
+    auto do_row = [&](int i) {
+      int64_t j;
+      int h;
+      rows.at(i, j, h);
+      return rw.dout + (s.q_token0 + j) * p.do_token_stride + (hq0 + h) * p.do_head_stride;
+    };
+    TiledBwdPanel<D, kResident ? W : D> qp, gp;  // Q and dO rows (unused unless resident)
+    if constexpr (kResident) {
+#pragma unroll
+      for (int c = 0; c < D / W; ++c) {
+        ra_mma_load_rows_at(qp.c[c], [&](int i) { return q_row(i) + c * W; }, nrows, lane);
+        ra_mma_load_rows_at(gp.c[c], [&](int i) { return do_row(i) + c * W; }, nrows, lane);
+      }
+    }
+    TiledBwdRowTerms terms[kRaMmaAccSlots];
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const int row = ra_mma_acc_row(lane, i);
+      terms[ra_mma_acc_slot(i)] = row < nrows ? tiled_bwd_row_terms_at(p, s, hq0, rows, row)
+                                              : TiledBwdRowTerms{0.f, 0.f};
+    }
+    ra_mma_out<DS, 16> dq;
+    ra_mma_zero(dq);
+    const int ntiles = (nk + KT - 1) / KT;
+    TiledBwdKeyStageRegs<D, THREADS> staged;
+    tiled_bwd_stage_keys_load<D, THREADS>(staged, p, rw, 0, nk, tid);
+    tiled_bwd_stage_keys_store<D, THREADS>(stage, 0, staged, tid);
+    __syncthreads();
+    for (int t = 0; t < ntiles; ++t) {
+      const int k0 = t * KT;
+      const int buf = t & 1;
+      // Key tile t + 1 into registers while tile t is computed, then into the other buffer
+      // (last read in iteration t - 1, closed by its barrier).
+      if (t + 1 < ntiles) tiled_bwd_stage_keys_load<D, THREADS>(staged, p, rw, k0 + KT, nk, tid);
+      if (active) {
+        const int nkt = nk - k0;
+        ra_mma_acc<16> sc, dpa;
+        ra_mma_zero(sc);
+        ra_mma_zero(dpa);
+        if constexpr (kResident) {
+#pragma unroll
+          for (int c = 0; c < D / W; ++c) {
+            ra_mma_rows<W, 16> kr, vr;
+            ra_mma_load_rows(kr, stage.k[buf] + c * W, S, KT, lane);
+            ra_mma_load_rows(vr, stage.v[buf] + c * W, S, KT, lane);
+            ra_mma_dot<T>(sc, qp.c[c], kr);
+            ra_mma_dot<T>(dpa, gp.c[c], vr);
+          }
+        } else {
+#pragma unroll 1
+          for (int c = 0; c < D / W; ++c) {
+            ra_mma_rows<W, 16> qc, gc, kr, vr;
+            ra_mma_load_rows_at(qc, [&](int i) { return q_row(i) + c * W; }, nrows, lane);
+            ra_mma_load_rows_at(gc, [&](int i) { return do_row(i) + c * W; }, nrows, lane);
+            ra_mma_load_rows(kr, stage.k[buf] + c * W, S, KT, lane);
+            ra_mma_load_rows(vr, stage.v[buf] + c * W, S, KT, lane);
+            ra_mma_dot<T>(sc, qc, kr);
+            ra_mma_dot<T>(dpa, gc, vr);
+          }
+        }
+        ra_mma_vrows<DS, 16> kslice;
+        ra_mma_load_vrows(kslice, stage.k[buf] + slice * DS, S, KT, lane);
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+          const bool live = ra_mma_acc_col(lane, i) < nkt && ra_mma_acc_row(lane, i) < nrows;
+          const TiledBwdRowTerms tm = terms[ra_mma_acc_slot(i)];
+          const float pr = live ? exp2f(sc.x[i] * qscale - tm.lse2) : 0.f;
+          sc.x[i] = pr * (dpa.x[i] - tm.delta);
+        }
+        const ra_mma_pfrag<16> ds_f = ra_mma_to_pfrag<T, 16>(sc);
+        ra_mma_pv<T>(dq, ds_f, kslice);
+      }
+      if (t + 1 < ntiles)
+        tiled_bwd_stage_keys_store<D, THREADS>(stage, (t + 1) & 1, staged, tid);
+      __syncthreads();
+    }
+    if (!active) continue;
+#pragma unroll
+    for (int i = 0; i < DS / 16; ++i)
+#pragma unroll
+      for (int e = 0; e < static_cast<int>(sizeof(dq.x[0]) / sizeof(float)); ++e)
+        dq.x[i][e] *= p.softmax_scale;
+    auto dq_row = [&](int i) {
+      int64_t j;
+      int h;
+      rows.at(i, j, h);
+      return rw.dq + (s.q_token0 + j) * p.dq_token_stride + (hq0 + h) * p.dq_head_stride +
+             slice * DS;
+    };
+    ra_mma_store_rows_at<T>(dq, dq_row, nrows, lane);
+#else
+    // Targets without matrix units: each wave its (row tile, slice) as the wave kernel does.
+    if (active) tiled_bwd_dq_scalar<T, D>(p, hk, rt, slice, s, lane);
 #endif
   }
 }

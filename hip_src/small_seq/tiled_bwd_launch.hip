@@ -19,9 +19,12 @@ dim3 tiled_bwd_grid(int64_t items, int threads) {
   return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
 }
 
-// The block variant of pass 2 (tiled_bwd_block_kernel.h) where a (segment, kv head) may have
-// more than one key tile and at least this many row tiles: its waves then share every row
-// tile's staging; fewer rows leave the barriers little to amortise. Tuning
+// The block variants of passes 2 and 3 (tiled_bwd_block_kernel.h) where a (segment, kv head)
+// may have more than one key tile and at least this many row tiles: the waves then share every
+// row tile's (pass 2) or key tile's (pass 3) staging; fewer rows leave the barriers little to
+// amortise. Pass 3's block variant only for d = 256: at d <= 128 the wave kernel's small blocks
+// keep 12 warps per multiprocessor against the block's 8, and measured faster
+// (docs/kernels.md#tiled-small-seq-backward). Tuning
 // small_seq_tiled_bwd_block: 0 = never, 2 = every call (tests).
 constexpr int kTiledBwdBlockMinRowTiles = 4;
 
@@ -67,10 +70,21 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   }
   hipError_t err = hipGetLastError();
   if (err != hipSuccess || !tiled_bwd_needs_dq_pass(p)) return err;
-  hipLaunchKernelGGL((small_seq_tiled_bwd_dq_kernel<T, D>),
-                     (tiled_bwd_grid<small_seq_tiled_bwd_dq_kernel<T, D>>(
-                         tiled_bwd_dq_items(p, slices), threads)),
-                     block, 0, stream, p);
+  if (tiled_bwd_use_block(p) && (D > 128 || ra_tuning().small_seq_tiled_bwd_block >= 2)) {
+    constexpr auto kernel = small_seq_tiled_bwd_dq_block_kernel<T, D>;
+    const int rtg = tiled_bwd_block_tiles(wave, D);
+    int64_t blocks = static_cast<int64_t>(p.batch) * p.num_heads_kv *
+                     ((tiled_bwd_row_tiles(p) + rtg - 1) / rtg);
+    const int64_t cap = ra_resident_blocks<kernel>(kTiledBwdBlockThreads) * kTiledBwdResidencyFactor;
+    if (cap > 0 && blocks > cap) blocks = cap;
+    hipLaunchKernelGGL(kernel, dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1)),
+                       dim3(kTiledBwdBlockThreads), 0, stream, p);
+  } else {
+    hipLaunchKernelGGL((small_seq_tiled_bwd_dq_kernel<T, D>),
+                       (tiled_bwd_grid<small_seq_tiled_bwd_dq_kernel<T, D>>(
+                           tiled_bwd_dq_items(p, slices), threads)),
+                       block, 0, stream, p);
+  }
   return hipGetLastError();
 }
 
