@@ -786,6 +786,7 @@ def small_seq_tiled_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, se
     for name, t in (("do", dout), ("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
         for dim, s in zip(lead + ["token", "head"], t.stride()[:-1]):
             setattr(p, f"{name}_{dim}_stride", s)
+    lib.apply_tuning()
     lib.check(lib.lib.emu_small_seq_tiled_bwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
                                               q.shape[-1]), "small_seq tiled backward")
     return dq, dk, dv
