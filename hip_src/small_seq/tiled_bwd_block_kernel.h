@@ -40,7 +40,7 @@ RA_HOST_DEVICE constexpr int tiled_bwd_block_tiles(int wave, int d) {
 RA_HOST_DEVICE int64_t tiled_bwd_block_items(const SmallSeqTiledParams& p, int wave, int d) {
   const int ktg = tiled_bwd_block_tiles(wave, d);
   return static_cast<int64_t>(p.batch) * p.num_heads_kv *
-         ((tiled_bwd_key_tiles(p) + ktg - 1) / ktg);
+         ((tiled_bwd_item_key_tiles(p) + ktg - 1) / ktg);
 }
 
 // One row tile's operands in shared memory (two buffers): Q and dO rows (zeros past the
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kTiledBwdBlockThreads)
   const int lane = tid % WAVE;
   const int w = tid / WAVE;
   const int slice = w % SLICES;
-  const int64_t groups = (tiled_bwd_key_tiles(p) + KTG - 1) / KTG;
+  const int64_t groups = (tiled_bwd_item_key_tiles(p) + KTG - 1) / KTG;
   const int64_t per_seg = groups * p.num_heads_kv;
   const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
 #if RA_HAS_MMA

@@ -69,8 +69,17 @@ RA_HOST_DEVICE int64_t tiled_bwd_row_tiles(const SmallSeqTiledParams& p) {
   const int64_t group = p.num_heads_q / p.num_heads_kv;
   return (static_cast<int64_t>(p.max_seqlen_q) * group + kTiledBwdRows - 1) / kTiledBwdRows;
 }
+// Key tiles per (segment, kv head) in pass 2's item numbering: all of them, except where every
+// segment's rows fit one row tile (max_seqlen_q x group <= 16). Such a segment is walked by its
+// key-tile-0 item alone (tiled_bwd_row_tile_mma), so numbering the other tiles only adds items
+// that return at once, and with a grid stride that is a multiple of the items per (segment, kv
+// head) every working item fell to the same few waves (q = 1 over 1024 keys: 4% of the warps
+// active, 470 ms where one item per (segment, kv head, slice) spreads the work).
+RA_HOST_DEVICE int64_t tiled_bwd_item_key_tiles(const SmallSeqTiledParams& p) {
+  return tiled_bwd_row_tiles(p) <= 1 ? 1 : tiled_bwd_key_tiles(p);
+}
 RA_HOST_DEVICE int64_t tiled_bwd_dkv_items(const SmallSeqTiledParams& p, int slices) {
-  return static_cast<int64_t>(p.batch) * p.num_heads_kv * tiled_bwd_key_tiles(p) * slices;
+  return static_cast<int64_t>(p.batch) * p.num_heads_kv * tiled_bwd_item_key_tiles(p) * slices;
 }
 RA_HOST_DEVICE int64_t tiled_bwd_dq_items(const SmallSeqTiledParams& p, int slices) {
   return static_cast<int64_t>(p.batch) * p.num_heads_kv * tiled_bwd_row_tiles(p) * slices;
@@ -891,7 +900,7 @@ __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
   constexpr int SLICES = tiled_bwd_slices(WAVE, D);
   const int lane = threadIdx.x % WAVE;
   const int waves = blockDim.x / WAVE;
-  const int64_t tiles = tiled_bwd_key_tiles(p);
+  const int64_t tiles = tiled_bwd_item_key_tiles(p);
   const int64_t per_hk = tiles * SLICES;
   const int64_t per_seg = per_hk * p.num_heads_kv;
   const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
