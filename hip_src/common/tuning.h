@@ -40,8 +40,8 @@ struct RaTuning {
   // every d <= 128 call whose K/V fit (tests).
   int small_seq_tiled_resident = 1;
   // tiled small-seq backward: 1 = segments with many query rows over more than one key tile
-  // take the block variant of the dK / dV pass, and at d = 256 of the dQ pass
-  // (tiled_bwd_block_kernel.h); 0 = never; 2 = both passes on every call (tests).
+  // take the block variants of the dK / dV and dQ passes (tiled_bwd_block_kernel.h); 0 = never;
+  // 2 = every call (tests).
   int small_seq_tiled_bwd_block = 1;
   // small-seq: passes whose GQA calls take the matrix-unit kernels, a bit mask (1 = forward,
   // 2 = backward); 0 sends every GQA call to the general kernels.

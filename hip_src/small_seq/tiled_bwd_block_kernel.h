@@ -27,18 +27,23 @@
 namespace small_seq {
 
 // Threads of a pass-2 block: 8 warps on NVIDIA (d = 128: 4 key tiles x 2 slices), 4 waves on
-// CDNA.
+// CDNA (255 registers on sm_90: one block per multiprocessor).
 constexpr int kTiledBwdBlockThreads = 256;
+// Threads of a pass-3 block: 4 warps on NVIDIA (d = 128: 2 row tiles x 2 slices) at about 163
+// registers, so that three blocks (12 warps) share a multiprocessor, as many as the wave
+// kernel's small blocks get; 2 waves on CDNA.
+constexpr int kTiledBwdDqBlockThreads = 128;
 
-// Key tiles (pass 2) or row tiles (pass 3) of one block item: the waves split over (tile, slice).
-RA_HOST_DEVICE constexpr int tiled_bwd_block_tiles(int wave, int d) {
-  return kTiledBwdBlockThreads / wave / tiled_bwd_slices(wave, d) > 0
-             ? kTiledBwdBlockThreads / wave / tiled_bwd_slices(wave, d)
+// Key tiles (pass 2) or row tiles (pass 3) of one block item of `threads` threads: the waves
+// split over (tile, slice).
+RA_HOST_DEVICE constexpr int tiled_bwd_block_tiles(int threads, int wave, int d) {
+  return threads / wave / tiled_bwd_slices(wave, d) > 0
+             ? threads / wave / tiled_bwd_slices(wave, d)
              : 1;
 }
 
 RA_HOST_DEVICE int64_t tiled_bwd_block_items(const SmallSeqTiledParams& p, int wave, int d) {
-  const int ktg = tiled_bwd_block_tiles(wave, d);
+  const int ktg = tiled_bwd_block_tiles(kTiledBwdBlockThreads, wave, d);
   return static_cast<int64_t>(p.batch) * p.num_heads_kv *
          ((tiled_bwd_item_key_tiles(p) + ktg - 1) / ktg);
 }
@@ -220,7 +225,7 @@ __global__ void __launch_bounds__(kTiledBwdBlockThreads)
   constexpr int THREADS = kTiledBwdBlockThreads;
   constexpr int WAVE = RA_WAVE_SIZE;
   constexpr int SLICES = tiled_bwd_slices(WAVE, D);
-  constexpr int KTG = tiled_bwd_block_tiles(WAVE, D);
+  constexpr int KTG = tiled_bwd_block_tiles(THREADS, WAVE, D);
   const int tid = threadIdx.x;
   const int lane = tid % WAVE;
   const int w = tid / WAVE;
@@ -363,12 +368,12 @@ RA_DEVICE void tiled_bwd_stage_keys_store(TiledBwdKeyStage<D>& st, const int buf
 // more than one key tile and more than one row tile; wave w takes row tile RTG * group +
 // w / SLICES, slice w % SLICES.
 template <typename T, int D>
-__global__ void __launch_bounds__(kTiledBwdBlockThreads)
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdDqBlockThreads, 3)
     small_seq_tiled_bwd_dq_block_kernel(const SmallSeqTiledParams p) {
-  constexpr int THREADS = kTiledBwdBlockThreads;
+  constexpr int THREADS = kTiledBwdDqBlockThreads;
   constexpr int WAVE = RA_WAVE_SIZE;
   constexpr int SLICES = tiled_bwd_slices(WAVE, D);
-  constexpr int RTG = tiled_bwd_block_tiles(WAVE, D);
+  constexpr int RTG = tiled_bwd_block_tiles(THREADS, WAVE, D);
   const int tid = threadIdx.x;
   const int lane = tid % WAVE;
   const int w = tid / WAVE;

@@ -22,9 +22,7 @@ dim3 tiled_bwd_grid(int64_t items, int threads) {
 // The block variants of passes 2 and 3 (tiled_bwd_block_kernel.h) where a (segment, kv head)
 // may have more than one key tile and at least this many row tiles: the waves then share every
 // row tile's (pass 2) or key tile's (pass 3) staging; fewer rows leave the barriers little to
-// amortise. Pass 3's block variant only for d = 256: at d <= 128 the wave kernel's small blocks
-// keep 12 warps per multiprocessor against the block's 8, and measured faster
-// (docs/kernels.md#tiled-small-seq-backward). Tuning
+// amortise (docs/kernels.md#tiled-small-seq-backward). Tuning
 // small_seq_tiled_bwd_block: 0 = never, 2 = every call (tests).
 constexpr int kTiledBwdBlockMinRowTiles = 4;
 
@@ -70,15 +68,16 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   }
   hipError_t err = hipGetLastError();
   if (err != hipSuccess || !tiled_bwd_needs_dq_pass(p)) return err;
-  if (tiled_bwd_use_block(p) && (D > 128 || ra_tuning().small_seq_tiled_bwd_block >= 2)) {
+  if (tiled_bwd_use_block(p)) {
     constexpr auto kernel = small_seq_tiled_bwd_dq_block_kernel<T, D>;
-    const int rtg = tiled_bwd_block_tiles(wave, D);
+    const int rtg = tiled_bwd_block_tiles(kTiledBwdDqBlockThreads, wave, D);
     int64_t blocks = static_cast<int64_t>(p.batch) * p.num_heads_kv *
                      ((tiled_bwd_row_tiles(p) + rtg - 1) / rtg);
-    const int64_t cap = ra_resident_blocks<kernel>(kTiledBwdBlockThreads) * kTiledBwdResidencyFactor;
+    const int64_t cap =
+        ra_resident_blocks<kernel>(kTiledBwdDqBlockThreads) * kTiledBwdResidencyFactor;
     if (cap > 0 && blocks > cap) blocks = cap;
     hipLaunchKernelGGL(kernel, dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1)),
-                       dim3(kTiledBwdBlockThreads), 0, stream, p);
+                       dim3(kTiledBwdDqBlockThreads), 0, stream, p);
   } else {
     hipLaunchKernelGGL((small_seq_tiled_bwd_dq_kernel<T, D>),
                        (tiled_bwd_grid<small_seq_tiled_bwd_dq_kernel<T, D>>(
