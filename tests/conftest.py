@@ -45,6 +45,19 @@ def one_torch_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def clean_error_counter(dev):
+    """The device error counter (rocm_attn.errors) reset before and after the test; the tiled
+    small-seq GPU files use it for every test (``pytest.mark.usefixtures``). It takes the file's
+    ``dev`` fixture first, so where that skips (no GPU, an extension without the op) the counter
+    is never read."""
+    from rocm_attn.errors import read_errors
+
+    read_errors(reset=True)
+    yield
+    read_errors(reset=True)
+
+
 def pytest_terminal_summary(terminalreporter):
     """How long the CPU emulation libraries took to build in this run (helpers/emu.py)."""
     emu = sys.modules.get("helpers.emu")

@@ -27,14 +27,14 @@ import rocm_attn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from rocm_attn.errors import read_errors  # noqa: E402
-from helpers.gpu import gpu_marks, poison_allocator, why_no_kernels  # noqa: E402
+from helpers.gpu import gpu_marks, poison_allocator  # noqa: E402
+from helpers.small_seq_tiled_gpu import DTYPES, GROUPS, lens, tiled_device  # noqa: E402
 from helpers import small_seq_tiled_bwd_cases as G  # noqa: E402
 from helpers import small_seq_tiled_cases as C  # noqa: E402
 
-pytestmark = gpu_marks(thd_ops=False)
+# every test starts and ends with a clean device error counter (tests/conftest.py)
+pytestmark = [*gpu_marks(thd_ops=False), pytest.mark.usefixtures("clean_error_counter")]
 
-DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
-GROUPS = [pytest.param(8, 8, id="g1"), pytest.param(8, 2, id="g4"), pytest.param(4, 1, id="g4mqa")]
 # the dK / dV and dQ passes by their wave kernels and by their block variants (row / key tiles
 # staged in shared memory), for every call
 BWD_PASSES = {"wave": {"small_seq_tiled_bwd_block": 0}, "block": {"small_seq_tiled_bwd_block": 2}}
@@ -42,19 +42,7 @@ BWD_PASSES = {"wave": {"small_seq_tiled_bwd_block": 0}, "block": {"small_seq_til
 
 @pytest.fixture(scope="module")
 def dev():
-    why = why_no_kernels(thd_ops=False)
-    if why:
-        pytest.skip(why)
-    if not hasattr(torch.ops.rocm_attn, "small_seq_tiled_bwd"):
-        pytest.skip("the compiled extension has no small_seq_tiled_bwd op (rebuild)")
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-@pytest.fixture(autouse=True)
-def clean_error_counter(dev):
-    read_errors(reset=True)
-    yield
-    read_errors(reset=True)
+    return tiled_device("small_seq_tiled_bwd")
 
 
 def op(case: C.TiledCase, dout, out, lse, dlse, poison=True):
@@ -74,10 +62,6 @@ def check(case, seed=0, dlse=False):
     G.check_grads(case, dout, dl, *grads)
     assert read_errors(reset=True) == (0, -1), "the backward touched the error counter"
     return (dout, out, lse, dl), grads
-
-
-def lens(gen, n, lo, hi):
-    return torch.randint(lo, hi + 1, (n,), generator=gen).tolist()
 
 
 @pytest.mark.parametrize("passes", list(BWD_PASSES))

@@ -24,30 +24,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rocm_attn  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
-from helpers.gpu import gpu_marks, poison_allocator, why_no_kernels  # noqa: E402
+from helpers.gpu import gpu_marks, poison_allocator  # noqa: E402
+from helpers.small_seq_tiled_gpu import DTYPES, GROUPS, lens, tiled_device  # noqa: E402
 from helpers import small_seq_tiled_cases as C  # noqa: E402
 
-pytestmark = gpu_marks(thd_ops=False)
-
-DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
-GROUPS = [pytest.param(8, 8, id="g1"), pytest.param(8, 2, id="g4"), pytest.param(4, 1, id="g4mqa")]
+# every test starts and ends with a clean device error counter (tests/conftest.py)
+pytestmark = [*gpu_marks(thd_ops=False), pytest.mark.usefixtures("clean_error_counter")]
 
 
 @pytest.fixture(scope="module")
 def dev():
-    why = why_no_kernels(thd_ops=False)
-    if why:
-        pytest.skip(why)
-    if not hasattr(torch.ops.rocm_attn, "small_seq_tiled_fwd"):
-        pytest.skip("the compiled extension has no small_seq_tiled_fwd op (rebuild)")
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-@pytest.fixture(autouse=True)
-def clean_error_counter(dev):
-    read_errors(reset=True)
-    yield
-    read_errors(reset=True)
+    return tiled_device("small_seq_tiled_fwd")
 
 
 def op(case: C.TiledCase, return_softmax=True, poison=True):
@@ -64,10 +51,6 @@ def check_valid(case, return_softmax=True):
     C.check(case, out, lse, probs, expect_bad=[])
     assert read_errors(reset=True) == (0, -1), "valid inputs tripped the device error counter"
     return out, lse, probs
-
-
-def lens(gen, n, lo, hi):
-    return torch.randint(lo, hi + 1, (n,), generator=gen).tolist()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

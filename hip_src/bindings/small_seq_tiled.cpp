@@ -24,8 +24,8 @@ namespace {
 
 using rocm_attn::bindings::check_launch;
 using rocm_attn::bindings::check_rows_16b;
-using rocm_attn::bindings::check_tiled_offsets;
 using rocm_attn::bindings::current_stream;
+using rocm_attn::bindings::fill_tiled_segments;
 using rocm_attn::bindings::kTiledInt32Max;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
@@ -72,30 +72,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
   SmallSeqTiledParams p{};
   p.num_heads_q = static_cast<int32_t>(h_q);
   p.num_heads_kv = static_cast<int32_t>(h_kv);
-  p.max_seqlen_q = static_cast<int32_t>(max_seqlen_q);
-  p.max_seqlen_kv = static_cast<int32_t>(max_seqlen_kv);
   p.softmax_scale = scale;
-  int64_t total_q = 0;
+  fill_tiled_segments(p, q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                      max_seqlen_kv, "small_seq_tiled");
+  const int64_t total_q = p.total_q;
   if (thd) {
-    TORCH_CHECK(cu_seqlens_q.has_value() && cu_seqlens_kv.has_value(),
-                "small_seq_tiled: THD q needs cu_seqlens_q and cu_seqlens_kv");
-    TORCH_CHECK(!seqlens_kv.has_value(),
-                "small_seq_tiled: seqlens_kv is for BSHD inputs; THD takes cu_seqlens_kv");
-    const int64_t entries = cu_seqlens_q->numel();
-    TORCH_CHECK(entries >= 1 && entries - 1 <= kTiledInt32Max - 1,
-                "small_seq_tiled: cu_seqlens_q must have b + 1 entries (1..2^31-1), got ",
-                entries);
-    p.cu_seqlens_q_int64 =
-        check_tiled_offsets(*cu_seqlens_q, q, entries, "small_seq_tiled", "cu_seqlens_q");
-    p.cu_seqlens_kv_int64 =
-        check_tiled_offsets(*cu_seqlens_kv, q, entries, "small_seq_tiled", "cu_seqlens_kv");
-    TORCH_CHECK(q.size(0) <= kTiledInt32Max, "small_seq_tiled: q must have fewer than 2^31 rows");
-    TORCH_CHECK(k.size(0) <= kTiledInt32Max, "small_seq_tiled: k must have fewer than 2^31 rows");
-    p.batch = static_cast<int32_t>(entries - 1);
-    p.cu_seqlens_q = cu_seqlens_q->data_ptr();
-    p.cu_seqlens_kv = cu_seqlens_kv->data_ptr();
-    total_q = q.size(0);
-    p.total_kv = static_cast<int32_t>(k.size(0));
     p.q_token_stride = q.stride(0);
     p.q_head_stride = q.stride(1);
     p.k_token_stride = k.stride(0);
@@ -103,25 +84,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
     p.v_token_stride = v.stride(0);
     p.v_head_stride = v.stride(1);
   } else {
-    TORCH_CHECK(seqlens_kv.has_value(), "small_seq_tiled: BSHD q needs seqlens_kv");
-    TORCH_CHECK(!cu_seqlens_q.has_value() && !cu_seqlens_kv.has_value(),
-                "small_seq_tiled: cu_seqlens_q / cu_seqlens_kv are for THD inputs; BSHD takes "
-                "seqlens_kv");
-    const int64_t b = q.size(0);
-    TORCH_CHECK(k.size(0) == b, "small_seq_tiled: k must have the batch of q (", b, "), got ",
-                k.size(0));
-    TORCH_CHECK(max_seqlen_q == q.size(1), "small_seq_tiled: BSHD max_seqlen_q (", max_seqlen_q,
-                ") must equal q.shape[1] (", q.size(1), ")");
-    TORCH_CHECK(b <= kTiledInt32Max && b * q.size(1) <= kTiledInt32Max &&
-                    k.size(1) <= kTiledInt32Max,
-                "small_seq_tiled: q must have fewer than 2^31 rows and k fewer than 2^31 per "
-                "batch");
-    p.seqlens_kv_int64 = check_tiled_offsets(*seqlens_kv, q, b, "small_seq_tiled", "seqlens_kv");
-    p.seqlens_kv = seqlens_kv->data_ptr();
-    p.batch = static_cast<int32_t>(b);
-    p.s_q = static_cast<int32_t>(q.size(1));
-    total_q = b * q.size(1);
-    p.total_kv = p.s_kv = static_cast<int32_t>(k.size(1));
     p.q_batch_stride = q.stride(0);
     p.q_token_stride = q.stride(1);
     p.q_head_stride = q.stride(2);
@@ -132,7 +94,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
     p.v_token_stride = v.stride(1);
     p.v_head_stride = v.stride(2);
   }
-  p.total_q = static_cast<int32_t>(total_q);
 
   const c10::DeviceGuard guard(q.device());
   at::Tensor out = at::empty(q.sizes(), q.options());

@@ -1,10 +1,13 @@
 // What the tiled small-seq ops' bindings share (small_seq_tiled.cpp: the forward;
-// small_seq_tiled_bwd.cpp: the backward): the offset-tensor check and the int32 bound on sizes.
+// small_seq_tiled_bwd.cpp: the backward): the int32 bound on sizes, the offset-tensor check and
+// the segment arguments' checks and params fields.
 #pragma once
 
 #include <limits>
+#include <optional>
 
 #include "bindings/torch_helpers.h"
+#include "small_seq/tiled_params.h"
 
 namespace rocm_attn::bindings {
 
@@ -23,6 +26,56 @@ inline bool check_tiled_offsets(const at::Tensor& t, const at::Tensor& q, int64_
   TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on ", q.device(),
               " (the device of q), got ", t.device());
   return t.scalar_type() == at::kLong;
+}
+
+// The segments of a THD q ([total_q, h_q, d], k [total_kv, h_kv, d]; cu_seqlens_q and
+// cu_seqlens_kv) or a BSHD q ([b, s_q, h_q, d], k [b, s_kv, h_kv, d]; seqlens_kv), checked and
+// written to p: max_seqlen_q / max_seqlen_kv, batch, the offset pointers and their int64 flags,
+// total_q, total_kv and (BSHD) s_q / s_kv. Both ops take the same segment arguments, so one
+// check keeps their messages alike; `op` prefixes the messages. The offsets themselves are not
+// read (no host sync). max_seqlen_q / max_seqlen_kv are range-checked by the caller, before.
+inline void fill_tiled_segments(SmallSeqTiledParams& p, const at::Tensor& q, const at::Tensor& k,
+                                const std::optional<at::Tensor>& cu_seqlens_q,
+                                const std::optional<at::Tensor>& cu_seqlens_kv,
+                                const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_q,
+                                int64_t max_seqlen_kv, const char* op) {
+  p.max_seqlen_q = static_cast<int32_t>(max_seqlen_q);
+  p.max_seqlen_kv = static_cast<int32_t>(max_seqlen_kv);
+  if (q.dim() == 3) {
+    TORCH_CHECK(cu_seqlens_q.has_value() && cu_seqlens_kv.has_value(), op,
+                ": THD q needs cu_seqlens_q and cu_seqlens_kv");
+    TORCH_CHECK(!seqlens_kv.has_value(), op,
+                ": seqlens_kv is for BSHD inputs; THD takes cu_seqlens_kv");
+    const int64_t entries = cu_seqlens_q->numel();
+    TORCH_CHECK(entries >= 1 && entries - 1 <= kTiledInt32Max - 1, op,
+                ": cu_seqlens_q must have b + 1 entries (1..2^31-1), got ", entries);
+    p.cu_seqlens_q_int64 = check_tiled_offsets(*cu_seqlens_q, q, entries, op, "cu_seqlens_q");
+    p.cu_seqlens_kv_int64 = check_tiled_offsets(*cu_seqlens_kv, q, entries, op, "cu_seqlens_kv");
+    TORCH_CHECK(q.size(0) <= kTiledInt32Max, op, ": q must have fewer than 2^31 rows");
+    TORCH_CHECK(k.size(0) <= kTiledInt32Max, op, ": k must have fewer than 2^31 rows");
+    p.batch = static_cast<int32_t>(entries - 1);
+    p.cu_seqlens_q = cu_seqlens_q->data_ptr();
+    p.cu_seqlens_kv = cu_seqlens_kv->data_ptr();
+    p.total_q = static_cast<int32_t>(q.size(0));
+    p.total_kv = static_cast<int32_t>(k.size(0));
+  } else {
+    TORCH_CHECK(seqlens_kv.has_value(), op, ": BSHD q needs seqlens_kv");
+    TORCH_CHECK(!cu_seqlens_q.has_value() && !cu_seqlens_kv.has_value(), op,
+                ": cu_seqlens_q / cu_seqlens_kv are for THD inputs; BSHD takes seqlens_kv");
+    const int64_t b = q.size(0);
+    TORCH_CHECK(k.size(0) == b, op, ": k must have the batch of q (", b, "), got ", k.size(0));
+    TORCH_CHECK(max_seqlen_q == q.size(1), op, ": BSHD max_seqlen_q (", max_seqlen_q,
+                ") must equal q.shape[1] (", q.size(1), ")");
+    TORCH_CHECK(b <= kTiledInt32Max && b * q.size(1) <= kTiledInt32Max &&
+                    k.size(1) <= kTiledInt32Max,
+                op, ": q must have fewer than 2^31 rows and k fewer than 2^31 per batch");
+    p.seqlens_kv_int64 = check_tiled_offsets(*seqlens_kv, q, b, op, "seqlens_kv");
+    p.seqlens_kv = seqlens_kv->data_ptr();
+    p.batch = static_cast<int32_t>(b);
+    p.s_q = static_cast<int32_t>(q.size(1));
+    p.total_q = static_cast<int32_t>(b * q.size(1));
+    p.total_kv = p.s_kv = static_cast<int32_t>(k.size(1));
+  }
 }
 
 }  // namespace rocm_attn::bindings

@@ -23,8 +23,8 @@ namespace {
 
 using rocm_attn::bindings::check_launch;
 using rocm_attn::bindings::check_rows_16b;
-using rocm_attn::bindings::check_tiled_offsets;
 using rocm_attn::bindings::current_stream;
+using rocm_attn::bindings::fill_tiled_segments;
 using rocm_attn::bindings::kTiledInt32Max;
 
 // Batch / token / head strides of a THD ([rows, h, d]) or BSHD ([b, s, h, d]) tensor.
@@ -91,55 +91,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
   SmallSeqTiledParams p{};
   p.num_heads_q = static_cast<int32_t>(h_q);
   p.num_heads_kv = static_cast<int32_t>(h_kv);
-  p.max_seqlen_q = static_cast<int32_t>(max_seqlen_q);
-  p.max_seqlen_kv = static_cast<int32_t>(max_seqlen_kv);
   p.softmax_scale = scale;
-  int64_t total_q = 0;
-  if (thd) {
-    TORCH_CHECK(cu_seqlens_q.has_value() && cu_seqlens_kv.has_value(),
-                "small_seq_tiled_bwd: THD q needs cu_seqlens_q and cu_seqlens_kv");
-    TORCH_CHECK(!seqlens_kv.has_value(),
-                "small_seq_tiled_bwd: seqlens_kv is for BSHD inputs; THD takes cu_seqlens_kv");
-    const int64_t entries = cu_seqlens_q->numel();
-    TORCH_CHECK(entries >= 1 && entries - 1 <= kTiledInt32Max - 1,
-                "small_seq_tiled_bwd: cu_seqlens_q must have b + 1 entries (1..2^31-1), got ",
-                entries);
-    p.cu_seqlens_q_int64 =
-        check_tiled_offsets(*cu_seqlens_q, q, entries, "small_seq_tiled_bwd", "cu_seqlens_q");
-    p.cu_seqlens_kv_int64 =
-        check_tiled_offsets(*cu_seqlens_kv, q, entries, "small_seq_tiled_bwd", "cu_seqlens_kv");
-    TORCH_CHECK(q.size(0) <= kTiledInt32Max,
-                "small_seq_tiled_bwd: q must have fewer than 2^31 rows");
-    TORCH_CHECK(k.size(0) <= kTiledInt32Max,
-                "small_seq_tiled_bwd: k must have fewer than 2^31 rows");
-    p.batch = static_cast<int32_t>(entries - 1);
-    p.cu_seqlens_q = cu_seqlens_q->data_ptr();
-    p.cu_seqlens_kv = cu_seqlens_kv->data_ptr();
-    total_q = q.size(0);
-    p.total_kv = static_cast<int32_t>(k.size(0));
-  } else {
-    TORCH_CHECK(seqlens_kv.has_value(), "small_seq_tiled_bwd: BSHD q needs seqlens_kv");
-    TORCH_CHECK(!cu_seqlens_q.has_value() && !cu_seqlens_kv.has_value(),
-                "small_seq_tiled_bwd: cu_seqlens_q / cu_seqlens_kv are for THD inputs; BSHD "
-                "takes seqlens_kv");
-    const int64_t b = q.size(0);
-    TORCH_CHECK(k.size(0) == b, "small_seq_tiled_bwd: k must have the batch of q (", b,
-                "), got ", k.size(0));
-    TORCH_CHECK(max_seqlen_q == q.size(1), "small_seq_tiled_bwd: BSHD max_seqlen_q (",
-                max_seqlen_q, ") must equal q.shape[1] (", q.size(1), ")");
-    TORCH_CHECK(b <= kTiledInt32Max && b * q.size(1) <= kTiledInt32Max &&
-                    k.size(1) <= kTiledInt32Max,
-                "small_seq_tiled_bwd: q must have fewer than 2^31 rows and k fewer than 2^31 "
-                "per batch");
-    p.seqlens_kv_int64 =
-        check_tiled_offsets(*seqlens_kv, q, b, "small_seq_tiled_bwd", "seqlens_kv");
-    p.seqlens_kv = seqlens_kv->data_ptr();
-    p.batch = static_cast<int32_t>(b);
-    p.s_q = static_cast<int32_t>(q.size(1));
-    total_q = b * q.size(1);
-    p.total_kv = p.s_kv = static_cast<int32_t>(k.size(1));
-  }
-  p.total_q = static_cast<int32_t>(total_q);
+  fill_tiled_segments(p, q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                      max_seqlen_kv, "small_seq_tiled_bwd");
+  const int64_t total_q = p.total_q;
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == h_q &&
                   lse.size(1) == total_q && lse.is_contiguous(),
               "small_seq_tiled_bwd: lse must be contiguous float32 [h_q, total_q] = [", h_q,

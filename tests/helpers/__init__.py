@@ -6,6 +6,8 @@
 * ``cp.py``             context-parallel problem helpers (cu_seqlens, poisoned inputs, the
                         comparison against the reference, a group stand-in)
 * ``cp_spawn.py``       spawned process-group worlds for the CP suites
+* ``small_seq_tiled_gpu.py`` the tiled small-seq GPU files' device, dtype / head grids,
+                        random segment lengths
 
 Fixtures live in tests/conftest.py.
 """
