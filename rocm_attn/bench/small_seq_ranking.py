@@ -220,7 +220,7 @@ def bench_rank_row(r: dict, bw: float, dtype, seed: int, anchors: bool = True, a
             res.setdefault("ab", {})[setting] = {"ms": ta, "pct_floor": 100 * floor / ta}
         try:
             per_set = [_anchors(x, backward) for x in sets[:2]] if anchors else []
-            names = list(per_set[0])
+            names = list(per_set[0]) if per_set else []
         except Exception as exc:  # noqa: BLE001
             per_set, names = [], []
             res["anchors"]["setup"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
