@@ -389,7 +389,11 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
         o = F.scaled_dot_product_attention(
             _fold_heads(qc.to(compute), h_kv), kc.to(compute).transpose(1, 2),
             vc.to(compute).transpose(1, 2), scale=scale)
-        out.copy_(_unfold_heads(o, mq, h_q).view(out.shape))
+        o = _unfold_heads(o, mq, h_q).view(out.shape)
+        if o.dtype == out.dtype and o.is_contiguous():
+            out = o  # one query per segment: SDPA's output is already out's layout, no copy
+        else:
+            out.copy_(o)
         return out, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
     if not return_lse and not packed_full and (one_query or not thd) and q.dtype == compute:
         # the common inference call, with as few ops per chunk as it takes (Python's cost per
