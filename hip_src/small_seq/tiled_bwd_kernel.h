@@ -73,8 +73,8 @@ RA_HOST_DEVICE int64_t tiled_bwd_row_tiles(const SmallSeqTiledParams& p) {
 // segment's rows fit one row tile (max_seqlen_q x group <= 16). Such a segment is walked by its
 // key-tile-0 item alone (tiled_bwd_row_tile_mma), so numbering the other tiles only adds items
 // that return at once, and with a grid stride that is a multiple of the items per (segment, kv
-// head) every working item fell to the same few waves (q = 1 over 1024 keys: 4% of the warps
-// active, 470 ms where one item per (segment, kv head, slice) spreads the work).
+// head) every working item falls to the same few waves (measured:
+// docs/kernels.md#tiled-small-seq-backward).
 RA_HOST_DEVICE int64_t tiled_bwd_item_key_tiles(const SmallSeqTiledParams& p) {
   return tiled_bwd_row_tiles(p) <= 1 ? 1 : tiled_bwd_key_tiles(p);
 }
