@@ -125,7 +125,8 @@ RA_DEVICE void tiled_bwd_dkv_block_step(const SmallSeqTiledParams& p, const Tile
                                         const TiledBwdRows& rw, const TiledBwdRowStage<D>& st,
                                         const int buf, const int hq0, const int group,
                                         const int64_t r0, const int nrows, const int kt,
-                                        const int slice, ra_mma_out<tiled_bwd_slice(RA_WAVE_SIZE, D), 16>& dk,
+                                        const int slice,
+                                        ra_mma_out<tiled_bwd_slice(RA_WAVE_SIZE, D), 16>& dk,
                                         ra_mma_out<tiled_bwd_slice(RA_WAVE_SIZE, D), 16>& dv,
                                         const int lane) {
   constexpr int DS = tiled_bwd_slice(RA_WAVE_SIZE, D);

@@ -56,7 +56,8 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   if (tiled_bwd_use_block(p)) {
     constexpr auto kernel = small_seq_tiled_bwd_dkv_block_kernel<T, D>;
     int64_t blocks = tiled_bwd_block_items(p, wave, D);
-    const int64_t cap = ra_resident_blocks<kernel>(kTiledBwdBlockThreads) * kTiledBwdResidencyFactor;
+    const int64_t cap =
+        ra_resident_blocks<kernel>(kTiledBwdBlockThreads) * kTiledBwdResidencyFactor;
     if (cap > 0 && blocks > cap) blocks = cap;
     hipLaunchKernelGGL(kernel, dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1)),
                        dim3(kTiledBwdBlockThreads), 0, stream, p);

@@ -132,7 +132,8 @@ hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int wave, int64_
   int64_t splits = (kTiledResidentItemsPerBlock * resident + pairs - 1) / pairs;
   splits = splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
   const dim3 grid = tiled_capped_grid(pairs * splits, resident, tiled_grid_factor());
-  hipLaunchKernelGGL((small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>), grid, dim3(THREADS),
+  hipLaunchKernelGGL((small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>), grid,
+                     dim3(THREADS),
                      static_cast<size_t>(smem), stream, p, static_cast<int>(splits));
   return hipGetLastError();
 }
