@@ -315,55 +315,11 @@ __global__ void __launch_bounds__(kTiledBwdBlockThreads)
   }
 }
 
-// One key tile's K and V in shared memory (two buffers; one stride: K is read both as the
-// rows of S = Q K^T and as the right operand of dQ = dS K), zeros past the segment's keys.
+// The dQ block kernel's key tiles (tiled_smem.h): V at K's stride, since pass 3 reads V rows
+// as score operands (dP = dO V^T), as it reads K.
 template <int D>
-struct TiledBwdKeyStage {
-  static constexpr int kStride = TiledSmemStride<D>::kK;
-  alignas(16) uint16_t k[2][kTiledBwdKeys * kStride];
-  alignas(16) uint16_t v[2][kTiledBwdKeys * kStride];
-};
-
-template <int D, int THREADS>
-struct TiledBwdKeyStageRegs {
-  static constexpr int kVecs = kTiledBwdKeys * D / 8;
-  static constexpr int kPerThread = (kVecs + THREADS - 1) / THREADS;
-  ra_vec8 k[kPerThread];
-  ra_vec8 v[kPerThread];
-};
-
-template <int D, int THREADS>
-RA_DEVICE void tiled_bwd_stage_keys_load(TiledBwdKeyStageRegs<D, THREADS>& r,
-                                         const SmallSeqTiledParams& p, const TiledBwdRows& rw,
-                                         const int k0, const int nk, const int tid) {
-#pragma unroll
-  for (int i = 0; i < TiledBwdKeyStageRegs<D, THREADS>::kPerThread; ++i) {
-    const int idx = tid + i * THREADS;
-    const int row = idx / (D / 8);
-    const int vec = idx % (D / 8);
-    const bool ok = idx < TiledBwdKeyStageRegs<D, THREADS>::kVecs && k0 + row < nk;
-    r.k[i] = ok ? ra_load16(rw.k + static_cast<int64_t>(k0 + row) * p.k_token_stride + 8 * vec)
-                : ra_vec8{{0u, 0u, 0u, 0u}};
-    r.v[i] = ok ? ra_load16(rw.v + static_cast<int64_t>(k0 + row) * p.v_token_stride + 8 * vec)
-                : ra_vec8{{0u, 0u, 0u, 0u}};
-  }
-}
-
-template <int D, int THREADS>
-RA_DEVICE void tiled_bwd_stage_keys_store(TiledBwdKeyStage<D>& st, const int buf,
-                                          const TiledBwdKeyStageRegs<D, THREADS>& r,
-                                          const int tid) {
-  constexpr int S = TiledBwdKeyStage<D>::kStride;
-#pragma unroll
-  for (int i = 0; i < TiledBwdKeyStageRegs<D, THREADS>::kPerThread; ++i) {
-    const int idx = tid + i * THREADS;
-    if (idx >= TiledBwdKeyStageRegs<D, THREADS>::kVecs) continue;
-    const int row = idx / (D / 8);
-    const int col = 8 * (idx % (D / 8));
-    ra_store16(st.k[buf] + row * S + col, r.k[i]);
-    ra_store16(st.v[buf] + row * S + col, r.v[i]);
-  }
-}
+using TiledBwdKeyStage = TiledStage<D, TiledSmemStride<D>::kK>;
+static_assert(kTiledBwdKeys == kTiledStageRows, "the dQ block kernel stages whole key tiles");
 
 // Pass 3, block variant: grid-stride over (segment, kv head, row group) items of segments with
 // more than one key tile and more than one row tile; wave w takes row tile RTG * group +
@@ -404,7 +360,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdDqBlockThreads, 3)
     constexpr int W = DS;
     constexpr int E = ra_mma_acc<16>::kElems;
     constexpr int KT = kTiledBwdKeys;
-    constexpr int S = TiledBwdKeyStage<D>::kStride;
+    constexpr int S = TiledSmemStride<D>::kK;
     // Q / dO held across the key tiles on 64-lane waves only, as in tiled_bwd_dq_mma.
     constexpr bool kResident = kTiledBwdResident<D> && WAVE == 64;
     const int hq0 = hk * group;
@@ -446,16 +402,19 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdDqBlockThreads, 3)
     ra_mma_out<DS, 16> dq;
     ra_mma_zero(dq);
     const int ntiles = (nk + KT - 1) / KT;
-    TiledBwdKeyStageRegs<D, THREADS> staged;
-    tiled_bwd_stage_keys_load<D, THREADS>(staged, p, rw, 0, nk, tid);
-    tiled_bwd_stage_keys_store<D, THREADS>(stage, 0, staged, tid);
+    TiledStageRegs<D, THREADS> staged;
+    tiled_stage_load<D, THREADS>(staged, rw.k, p.k_token_stride, rw.v, p.v_token_stride, 0, nk,
+                                 tid);
+    tiled_stage_store(stage, 0, staged, tid);
     __syncthreads();
     for (int t = 0; t < ntiles; ++t) {
       const int k0 = t * KT;
       const int buf = t & 1;
       // Key tile t + 1 into registers while tile t is computed, then into the other buffer
       // (last read in iteration t - 1, closed by its barrier).
-      if (t + 1 < ntiles) tiled_bwd_stage_keys_load<D, THREADS>(staged, p, rw, k0 + KT, nk, tid);
+      if (t + 1 < ntiles)
+        tiled_stage_load<D, THREADS>(staged, rw.k, p.k_token_stride, rw.v, p.v_token_stride,
+                                     k0 + KT, nk, tid);
       if (active) {
         const int nkt = nk - k0;
         ra_mma_acc<16> sc, dpa;
@@ -495,7 +454,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdDqBlockThreads, 3)
         ra_mma_pv<T>(dq, ds_f, kslice);
       }
       if (t + 1 < ntiles)
-        tiled_bwd_stage_keys_store<D, THREADS>(stage, (t + 1) & 1, staged, tid);
+        tiled_stage_store(stage, (t + 1) & 1, staged, tid);
       __syncthreads();
     }
     if (!active) continue;

@@ -65,6 +65,7 @@ constexpr int kTiledFwdResidencyFactor = 4;
 RA_HOST_DEVICE constexpr int tiled_rows_for_wave(int wave) { return wave == 64 ? 16 : 8; }
 // Keys of a tile: the 16 columns of one score accumulator.
 constexpr int kTiledKeys = 16;
+static_assert(kTiledKeys == kTiledStageRows, "the block kernel stages whole key tiles");
 // Row tiles per work item: K/V of a one-key-tile segment are loaded once per item, so more
 // tiles per item mean less L2 traffic for short histories; fewer mean more items to spread a
 // (segment, kv head) with many queries over the machine. 4 keeps >= 4 items per (segment, kv
@@ -181,56 +182,6 @@ struct TiledSlices {
   static constexpr int kCount = D / kWidth;
   static_assert(kCount <= 2, "head dims up to 256");
 };
-
-// Key tiles staged in shared memory by the whole block (the block kernel): two buffers of K and
-// of V.
-template <int D>
-struct TiledStage {
-  static constexpr int kKElems = kTiledKeys * TiledSmemStride<D>::kK;
-  static constexpr int kVElems = kTiledKeys * TiledSmemStride<D>::kV;
-  alignas(16) uint16_t k[2][kKElems];
-  alignas(16) uint16_t v[2][kVElems];
-};
-
-// This thread's share of one key tile's K and V (16 rows x D / 8 vectors each, spread over the
-// block's THREADS threads), loaded from global memory into registers; rows past the segment's
-// keys are zeros (never read).
-template <int D, int THREADS>
-struct TiledStageRegs {
-  static constexpr int kVecs = kTiledKeys * D / 8;
-  static constexpr int kPerThread = (kVecs + THREADS - 1) / THREADS;
-  ra_vec8 k[kPerThread];
-  ra_vec8 v[kPerThread];
-};
-
-template <int D, int THREADS>
-RA_DEVICE void tiled_stage_load(TiledStageRegs<D, THREADS>& r, const uint16_t* kbase,
-                                int64_t k_stride, const uint16_t* vbase, int64_t v_stride,
-                                const int k0, const int nk, const int tid) {
-#pragma unroll
-  for (int i = 0; i < TiledStageRegs<D, THREADS>::kPerThread; ++i) {
-    const int idx = tid + i * THREADS;
-    const int row = idx / (D / 8);
-    const int vec = idx % (D / 8);
-    const bool ok = idx < TiledStageRegs<D, THREADS>::kVecs && k0 + row < nk;
-    r.k[i] = ok ? ra_load16(kbase + (k0 + row) * k_stride + 8 * vec) : ra_vec8{{0u, 0u, 0u, 0u}};
-    r.v[i] = ok ? ra_load16(vbase + (k0 + row) * v_stride + 8 * vec) : ra_vec8{{0u, 0u, 0u, 0u}};
-  }
-}
-
-template <int D, int THREADS>
-RA_DEVICE void tiled_stage_store(TiledStage<D>& st, const int buf,
-                                 const TiledStageRegs<D, THREADS>& r, const int tid) {
-#pragma unroll
-  for (int i = 0; i < TiledStageRegs<D, THREADS>::kPerThread; ++i) {
-    const int idx = tid + i * THREADS;
-    if (idx >= TiledStageRegs<D, THREADS>::kVecs) continue;
-    const int row = idx / (D / 8);
-    const int col = 8 * (idx % (D / 8));
-    ra_store16(st.k[buf] + row * TiledSmemStride<D>::kK + col, r.k[i]);
-    ra_store16(st.v[buf] + row * TiledSmemStride<D>::kV + col, r.v[i]);
-  }
-}
 
 // Where a row tile finds its keys: streamed from global memory by the wave (kTiledStream),
 // held in registers for a one-tile segment (kTiledHeld), or staged in shared memory by the
@@ -411,7 +362,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     if (ntiles > 0) {
       tiled_stage_load<D, THREADS>(staged, kbase, p.k_token_stride, vbase,
                                               p.v_token_stride, 0, nk, tid);
-      tiled_stage_store<D, THREADS>(*stage, 0, staged, tid);
+      tiled_stage_store(*stage, 0, staged, tid);
     }
     __syncthreads();
     for (int t = 0; t < ntiles; ++t) {
@@ -429,7 +380,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       softmax_step(sc, k0, pf);
       ra_mma_pv<T>(o[0], pf[0], vr);
       if (t + 1 < ntiles)
-        tiled_stage_store<D, THREADS>(*stage, (t + 1) & 1, staged, tid);
+        tiled_stage_store(*stage, (t + 1) & 1, staged, tid);
       __syncthreads();
     }
   } else if constexpr (MODE == kTiledResident) {
