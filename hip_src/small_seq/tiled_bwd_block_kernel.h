@@ -42,10 +42,13 @@ RA_HOST_DEVICE constexpr int tiled_bwd_block_tiles(int threads, int wave, int d)
              : 1;
 }
 
-RA_HOST_DEVICE int64_t tiled_bwd_block_items(const SmallSeqTiledParams& p, int wave, int d) {
-  const int ktg = tiled_bwd_block_tiles(kTiledBwdBlockThreads, wave, d);
-  return static_cast<int64_t>(p.batch) * p.num_heads_kv *
-         ((tiled_bwd_item_key_tiles(p) + ktg - 1) / ktg);
+// Block items per (segment, kv head): groups of ktg key tiles (pass 2), of rtg row tiles
+// (pass 3).
+RA_HOST_DEVICE int64_t tiled_bwd_dkv_block_groups(const SmallSeqTiledParams& p, int ktg) {
+  return (tiled_bwd_item_key_tiles(p) + ktg - 1) / ktg;
+}
+RA_HOST_DEVICE int64_t tiled_bwd_dq_block_groups(const SmallSeqTiledParams& p, int rtg) {
+  return (tiled_bwd_row_tiles(p) + rtg - 1) / rtg;
 }
 
 // One row tile's operands in shared memory (two buffers): Q and dO rows (zeros past the
@@ -231,7 +234,7 @@ __global__ void __launch_bounds__(kTiledBwdBlockThreads)
   const int lane = tid % WAVE;
   const int w = tid / WAVE;
   const int slice = w % SLICES;
-  const int64_t groups = (tiled_bwd_item_key_tiles(p) + KTG - 1) / KTG;
+  const int64_t groups = tiled_bwd_dkv_block_groups(p, KTG);
   const int64_t per_seg = groups * p.num_heads_kv;
   const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
 #if RA_HAS_MMA
@@ -336,7 +339,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdDqBlockThreads, 3)
   const int w = tid / WAVE;
   const int slice = w % SLICES;
   const int group = p.num_heads_q / p.num_heads_kv;
-  const int64_t groups = (tiled_bwd_row_tiles(p) + RTG - 1) / RTG;
+  const int64_t groups = tiled_bwd_dq_block_groups(p, RTG);
   const int64_t per_seg = groups * p.num_heads_kv;
   const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
 #if RA_HAS_MMA

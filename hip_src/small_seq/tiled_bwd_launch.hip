@@ -8,12 +8,11 @@
 namespace small_seq {
 namespace {
 
-// Blocks for `items` work items of one wave each: at most kTiledBwdResidencyFactor x the blocks
-// resident at once (the grid-stride loops then re-use waves), at least one.
+// Blocks for `items` work items, items_per_block per block: at most kTiledBwdResidencyFactor x
+// the blocks resident at once (the grid-stride loops then re-use them), at least one.
 template <auto KERNEL>
-dim3 tiled_bwd_grid(int64_t items, int threads) {
-  const int64_t waves_per_block = threads / ra_device_wave_size();
-  int64_t blocks = (items + waves_per_block - 1) / waves_per_block;
+dim3 tiled_bwd_grid(int64_t items, int64_t items_per_block, int threads) {
+  int64_t blocks = (items + items_per_block - 1) / items_per_block;
   const int64_t cap = ra_resident_blocks<KERNEL>(threads) * kTiledBwdResidencyFactor;
   if (cap > 0 && blocks > cap) blocks = cap;
   return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
@@ -42,47 +41,47 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   const int threads = kTiledBwdWavesPerBlock * wave;
   const int slices = tiled_bwd_slices(wave, D);
   const dim3 block(threads);
+  const int waves = threads / wave;  // one item per wave in the wave kernels
+  const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   {
     const int per_wave = wave / (D / 8 < wave ? D / 8 : wave);  // (row, head) pairs per wave
     const int64_t items = (tiled_bwd_delta_pairs(p) + per_wave - 1) / per_wave;
     if (items > 0) {
       hipLaunchKernelGGL((small_seq_tiled_bwd_delta_kernel<T, D>),
-                         (tiled_bwd_grid<small_seq_tiled_bwd_delta_kernel<T, D>>(items, threads)),
+                         (tiled_bwd_grid<small_seq_tiled_bwd_delta_kernel<T, D>>(items, waves,
+                                                                                threads)),
                          block, 0, stream, p);
       const hipError_t err = hipGetLastError();
       if (err != hipSuccess) return err;
     }
   }
-  if (tiled_bwd_use_block(p)) {
+  const bool use_block = tiled_bwd_use_block(p);
+  if (use_block) {
     constexpr auto kernel = small_seq_tiled_bwd_dkv_block_kernel<T, D>;
-    int64_t blocks = tiled_bwd_block_items(p, wave, D);
-    const int64_t cap =
-        ra_resident_blocks<kernel>(kTiledBwdBlockThreads) * kTiledBwdResidencyFactor;
-    if (cap > 0 && blocks > cap) blocks = cap;
-    hipLaunchKernelGGL(kernel, dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1)),
-                       dim3(kTiledBwdBlockThreads), 0, stream, p);
+    constexpr int kThreads = kTiledBwdBlockThreads;
+    const int64_t items =
+        pairs * tiled_bwd_dkv_block_groups(p, tiled_bwd_block_tiles(kThreads, wave, D));
+    hipLaunchKernelGGL(kernel, (tiled_bwd_grid<kernel>(items, 1, kThreads)), dim3(kThreads), 0,
+                       stream, p);
   } else {
     hipLaunchKernelGGL((small_seq_tiled_bwd_dkv_kernel<T, D>),
                        (tiled_bwd_grid<small_seq_tiled_bwd_dkv_kernel<T, D>>(
-                           tiled_bwd_dkv_items(p, slices), threads)),
+                           tiled_bwd_dkv_items(p, slices), waves, threads)),
                        block, 0, stream, p);
   }
   hipError_t err = hipGetLastError();
   if (err != hipSuccess || !tiled_bwd_needs_dq_pass(p)) return err;
-  if (tiled_bwd_use_block(p)) {
+  if (use_block) {
     constexpr auto kernel = small_seq_tiled_bwd_dq_block_kernel<T, D>;
-    const int rtg = tiled_bwd_block_tiles(kTiledBwdDqBlockThreads, wave, D);
-    int64_t blocks = static_cast<int64_t>(p.batch) * p.num_heads_kv *
-                     ((tiled_bwd_row_tiles(p) + rtg - 1) / rtg);
-    const int64_t cap =
-        ra_resident_blocks<kernel>(kTiledBwdDqBlockThreads) * kTiledBwdResidencyFactor;
-    if (cap > 0 && blocks > cap) blocks = cap;
-    hipLaunchKernelGGL(kernel, dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1)),
-                       dim3(kTiledBwdDqBlockThreads), 0, stream, p);
+    constexpr int kThreads = kTiledBwdDqBlockThreads;
+    const int64_t items =
+        pairs * tiled_bwd_dq_block_groups(p, tiled_bwd_block_tiles(kThreads, wave, D));
+    hipLaunchKernelGGL(kernel, (tiled_bwd_grid<kernel>(items, 1, kThreads)), dim3(kThreads), 0,
+                       stream, p);
   } else {
     hipLaunchKernelGGL((small_seq_tiled_bwd_dq_kernel<T, D>),
                        (tiled_bwd_grid<small_seq_tiled_bwd_dq_kernel<T, D>>(
-                           tiled_bwd_dq_items(p, slices), threads)),
+                           tiled_bwd_dq_items(p, slices), waves, threads)),
                        block, 0, stream, p);
   }
   return hipGetLastError();
