@@ -48,18 +48,15 @@ def check(lib, case, seed=0, dlse=False):
 Q_LENS = [1, 2, 17, 1, 2, 17, 0, 3, 17]
 KV_LENS = [300, 64, 17, 17, 1, 0, 5, 0, 64]
 GROUPS = [pytest.param(2, 2, id="g1"), pytest.param(4, 2, id="g2"), pytest.param(8, 1, id="g8")]
-# the dK / dV and dQ passes by their wave kernels and by their block variants
-# (tiled_bwd_block_kernel.h: row / key tiles staged in shared memory), for every call
-BWD_PASSES = {"wave": {"small_seq_tiled_bwd_block": 0}, "block": {"small_seq_tiled_bwd_block": 2}}
 
 
-@pytest.mark.parametrize("passes", list(BWD_PASSES))
+@pytest.mark.parametrize("passes", list(G.BWD_PASSES))
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
 @pytest.mark.parametrize("d", [64, 128])
 def test_mixed_segments(lib, d, h_q, h_kv, passes):
     offsets = torch.int64 if d == 64 else torch.int32
     case = C.thd_case(d + h_q, Q_LENS, KV_LENS, h_q, h_kv, d, torch.bfloat16, offsets=offsets)
-    with emu.tuning(**BWD_PASSES[passes]):
+    with emu.tuning(**G.BWD_PASSES[passes]):
         check(lib, case, seed=d + h_q, dlse=h_q == 4)
 
 
@@ -72,7 +69,7 @@ def test_block_pass_matches_wave_pass_bitwise(lib, h_q, h_kv):
                       offsets=torch.int64)
     dout, out, lse, dl = G.inputs(case, 19, True)
     grads = {}
-    for name, knobs in BWD_PASSES.items():
+    for name, knobs in G.BWD_PASSES.items():
         with emu.tuning(**knobs):
             grads[name] = run(lib, case, dout, out, lse, dl)
     G.check_grads(case, dout, dl, *grads["block"], f"wave {lib.wave}")
@@ -125,7 +122,7 @@ def test_bshd(lib, offsets):
     assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
 
 
-@pytest.mark.parametrize("passes", list(BWD_PASSES))
+@pytest.mark.parametrize("passes", list(G.BWD_PASSES))
 def test_bad_segments_int64(lib, passes):
     """Offsets that break the contract, int64: more queries than max_seqlen_q, a negative key
     count, keys past the end of k/v (2^40): NaN dq on the bad segments' rows, zero dk / dv on
@@ -135,7 +132,7 @@ def test_bad_segments_int64(lib, passes):
                       max_q=17, max_kv=64, pad_before=2, pad_after=2)
     case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys (6 then overlaps 4's keys)
     case.cu_kv[8] = 2**40  # segment 7: keys past the end of k/v
-    with emu.tuning(**BWD_PASSES[passes]):
+    with emu.tuning(**G.BWD_PASSES[passes]):
         _, _, _, _, (dq, dk, dv) = check(lib, case, seed=16)
     k7 = int(case.cu_kv[7])
     assert (dk[k7:] == 0).all() and (dv[k7:] == 0).all()
@@ -151,13 +148,13 @@ def test_bad_segments_int32_wrap(lib):
     check(lib, case, seed=17)
 
 
-@pytest.mark.parametrize("passes", list(BWD_PASSES))
+@pytest.mark.parametrize("passes", list(G.BWD_PASSES))
 def test_deterministic(lib, monkeypatch, passes):
     """Twice, then with blocks, waves and lanes in reverse order (RA_EMU_REVERSE=1): bitwise the
     same gradients (a result that depended on the schedule, e.g. a missing barrier of the block
     pass's staging, would be a race)."""
     case = C.thd_case(18, [17, 2, 1, 17], [300, 64, 17, 5], 8, 2, 64, torch.bfloat16)
-    with emu.tuning(**BWD_PASSES[passes]):
+    with emu.tuning(**G.BWD_PASSES[passes]):
         dout, out, lse, dl, first = check(lib, case, seed=18, dlse=True)
         second = run(lib, case, dout, out, lse, dl)
         monkeypatch.setenv("RA_EMU_REVERSE", "1")

@@ -35,10 +35,6 @@ from helpers import small_seq_tiled_cases as C  # noqa: E402
 # every test starts and ends with a clean device error counter (tests/conftest.py)
 pytestmark = [*gpu_marks(thd_ops=False), pytest.mark.usefixtures("clean_error_counter")]
 
-# the dK / dV and dQ passes by their wave kernels and by their block variants (row / key tiles
-# staged in shared memory), for every call
-BWD_PASSES = {"wave": {"small_seq_tiled_bwd_block": 0}, "block": {"small_seq_tiled_bwd_block": 2}}
-
 
 @pytest.fixture(scope="module")
 def dev():
@@ -64,7 +60,7 @@ def check(case, seed=0, dlse=False):
     return (dout, out, lse, dl), grads
 
 
-@pytest.mark.parametrize("passes", list(BWD_PASSES))
+@pytest.mark.parametrize("passes", list(G.BWD_PASSES))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -73,7 +69,7 @@ def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype, passes):
     q_lens = [1, 2, 17, 512, 0, 1, 17, 2, 512, 3]
     kv_lens = [17, 64, 256, 1000, 5, 0, 1000, 17, 64, 256]
     case = C.thd_case(d + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, d, dtype, device=dev)
-    with rocm_attn.tuning.override(**BWD_PASSES[passes]):
+    with rocm_attn.tuning.override(**G.BWD_PASSES[passes]):
         check(case, seed=d, dlse=d == 128)
 
 
@@ -88,7 +84,7 @@ def test_block_pass_matches_wave_pass_bitwise(dev, d, h_q, h_kv):
                       device=dev)
     inputs = G.inputs(case, d, True)
     grads = {}
-    for name, knobs in BWD_PASSES.items():
+    for name, knobs in G.BWD_PASSES.items():
         with rocm_attn.tuning.override(**knobs):
             grads[name] = op(case, *inputs)
     G.check_grads(case, inputs[0], inputs[3], *grads["block"])
@@ -119,7 +115,7 @@ def test_tile_boundaries(dev, h_q, h_kv, d):
     check(case, seed=30, dlse=True)
 
 
-@pytest.mark.parametrize("passes", list(BWD_PASSES))
+@pytest.mark.parametrize("passes", list(G.BWD_PASSES))
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
 def test_ragged_many_segments(dev, h_q, h_kv, offsets, passes):
@@ -128,7 +124,7 @@ def test_ragged_many_segments(dev, h_q, h_kv, offsets, passes):
     b = 500
     case = C.thd_case(3, lens(gen, b, 0, 40), lens(gen, b, 0, 300), h_q, h_kv, 128,
                       torch.bfloat16, offsets=offsets, max_q=40, max_kv=300, device=dev)
-    with rocm_attn.tuning.override(**BWD_PASSES[passes]):
+    with rocm_attn.tuning.override(**G.BWD_PASSES[passes]):
         check(case, seed=3)
 
 
@@ -180,7 +176,7 @@ def test_bshd(dev, s_q, offsets):
     assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
 
 
-@pytest.mark.parametrize("passes", list(BWD_PASSES))
+@pytest.mark.parametrize("passes", list(G.BWD_PASSES))
 def test_garbage_offsets_no_oob(dev, passes):
     """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
     max_seqlen_kv): NaN dq on the bad segments' rows, zero dk / dv on their keys, no
@@ -192,7 +188,7 @@ def test_garbage_offsets_no_oob(dev, passes):
     case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
     case.cu_kv[8] = 2**40  # segment 7: keys past the end of k/v
     case.cu_q[2] = -(2**40)  # segments 1 and 2: queries before the start of q
-    with rocm_attn.tuning.override(**BWD_PASSES[passes]):
+    with rocm_attn.tuning.override(**G.BWD_PASSES[passes]):
         check(case, seed=10)
 
 

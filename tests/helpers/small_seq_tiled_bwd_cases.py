@@ -18,6 +18,11 @@ import torch
 
 from . import small_seq_tiled_cases as C
 
+# The dK / dV and dQ passes by their wave kernels and by their block variants
+# (tiled_bwd_block_kernel.h: row / key tiles staged in shared memory), for every call: tuning
+# values for rocm_attn.tuning.override (GPU) and helpers.emu.tuning (CPU emulation).
+BWD_PASSES = {"wave": {"small_seq_tiled_bwd_block": 0}, "block": {"small_seq_tiled_bwd_block": 2}}
+
 # Relative (norm) error of a 16-bit gradient: the rounding of the output and of P / dS as
 # product operands (as flash-attention does).
 TOL_GRAD = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
