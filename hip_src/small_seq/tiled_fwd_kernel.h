@@ -274,14 +274,14 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
   // Online softmax of the scores of NS consecutive key tiles (keys k0 .. k0 + 16 NS; sc and pf
   // are arrays of NS): S -> P fragments in pf, m / l / O rescaled when the reference max moves
   // (lazy rescaling, see the header NOTE). One row-max exchange serves all NS tiles.
-  auto softmax_step = [&](auto& sc, const int k0, auto& pf) {
+  auto softmax_step = [&](auto& sc, const int k0, auto& pf, auto whole) {
     constexpr int NS = static_cast<int>(sizeof(sc) / sizeof(sc[0]));
     // Scores in the log2 domain; keys past the segment's end (last step only) are -inf, so
-    // their P is exp2(-inf) = 0.
+    // their P is exp2(-inf) = 0. `whole` (TiledFlag): the caller knows every key is live.
     float mt[SLOTS];
 #pragma unroll
     for (int r = 0; r < SLOTS; ++r) mt[r] = -INFINITY;
-    if (k0 + NS * KT <= nk) {
+    if (decltype(whole)::value || k0 + NS * KT <= nk) {
 #pragma unroll
       for (int n = 0; n < NS; ++n)
 #pragma unroll
@@ -377,7 +377,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       ra_mma_zero(sc[0]);
       ra_mma_dot<T>(sc[0], qr[0], ka);
       ra_mma_pfrag<ROWS> pf[1];
-      softmax_step(sc, k0, pf);
+      softmax_step(sc, k0, pf, TiledFlag<false>{});
       ra_mma_pv<T>(o[0], pf[0], vr);
       if (t + 1 < ntiles)
         tiled_stage_store(*stage, (t + 1) & 1, staged, tid);
@@ -390,34 +390,41 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     // several matrix chains in flight, and one row-max exchange serves them all. Rows past nk up
     // to the end of the segment's last key tile are zeros in shared memory (staged so); key
     // tiles after it were not staged: their products are skipped (scores masked to -inf, P 0).
-    for (int k0 = 0; k0 < nk; k0 += KSTEP * KT) {
+    // Steps whose KSTEP tiles all hold keys (every step of a segment but its last) are compiled
+    // without those guards (WHOLE): no selects and register moves on the dense steps.
+    auto resident_step = [&](const int k0, auto whole) {
+      constexpr bool WHOLE = decltype(whole)::value;
       ra_mma_acc<KT> sc[KSTEP];
 #pragma unroll
       for (int n = 0; n < KSTEP; ++n) {
         ra_mma_zero(sc[n]);
-        if (n == 0 || k0 + n * KT < nk) {
+        if (WHOLE || n == 0 || k0 + n * KT < nk) {
           ra_mma_load_rows(ka, resident->k + (k0 + n * KT) * SK, SK, KT, lane);
           ra_mma_dot<T>(sc[n], qr[0], ka);
         }
       }
       ra_mma_pfrag<ROWS> pf[KSTEP];
-      softmax_step(sc, k0, pf);
+      softmax_step(sc, k0, pf, whole);
 #pragma unroll
       for (int n = 0; n < KSTEP; ++n) {
-        if (n == 0 || k0 + n * KT < nk) {
+        if (WHOLE || n == 0 || k0 + n * KT < nk) {
           ra_mma_vrows<DS, KT> vr;
           ra_mma_load_vrows(vr, resident->v + (k0 + n * KT) * SV, SV, KT, lane);
           ra_mma_pv<T>(o[0], pf[n], vr);
         }
       }
-    }
+    };
+    const int whole_end = nk / (KSTEP * KT) * (KSTEP * KT);
+    int k0 = 0;
+    for (; k0 < whole_end; k0 += KSTEP * KT) resident_step(k0, TiledFlag<true>{});
+    if (k0 < nk) resident_step(k0, TiledFlag<false>{});
   } else if constexpr (HELD) {
     if (ntiles > 0) {
       ra_mma_acc<KT> sc[1];
       ra_mma_zero(sc[0]);
       ra_mma_dot<T>(sc[0], qr[0], *held_k);
       ra_mma_pfrag<ROWS> pf[1];
-      softmax_step(sc, 0, pf);
+      softmax_step(sc, 0, pf, TiledFlag<false>{});
       ra_mma_pv<T>(o[0], pf[0], *held_v);
     }
   } else if constexpr (NSL == 1) {
@@ -433,7 +440,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       ra_mma_zero(sc[0]);
       ra_mma_dot<T>(sc[0], qr[0], kcur);
       ra_mma_pfrag<ROWS> pf[1];
-      softmax_step(sc, k0, pf);
+      softmax_step(sc, k0, pf, TiledFlag<false>{});
       ra_mma_pv<T>(o[0], pf[0], vr);
     };
     // Two register sets of K, used in turn (a loop over a two-entry array indexed by t & 1
@@ -458,7 +465,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       ra_mma_load_vrows(va, vt, p.v_token_stride, nk - k0, lane);
       ra_mma_dot<T>(sc[0], qr[1], kb);
       ra_mma_pfrag<ROWS> pf[1];
-      softmax_step(sc, k0, pf);
+      softmax_step(sc, k0, pf, TiledFlag<false>{});
       ra_mma_load_vrows(vb, vt + DS, p.v_token_stride, nk - k0, lane);
       ra_mma_pv<T>(o[0], pf[0], va);
       ra_mma_pv<T>(o[1], pf[0], vb);

@@ -134,6 +134,12 @@ RA_DEVICE TiledPadding tiled_padding_rows(const SmallSeqTiledParams& p) {
 
 RA_DEVICE float tiled_nan() { return __int_as_float(0x7fc00000); }
 
+// A compile-time flag passed to generic lambdas (decltype(flag)::value).
+template <bool V>
+struct TiledFlag {
+  static constexpr bool value = V;
+};
+
 // Query j and q-head offset h of row r0 + i of a tile (rows r = j * group + h): r0 is split
 // once per tile, a row's offset with 32-bit arithmetic (a 64-bit division per row costs more
 // than a short-history tile's softmax). group == 1 (no GQA) takes no division at all.

@@ -9,9 +9,11 @@ Per row (users x candidates x history, fixed or ragged, h_q / h_kv, d), in one r
               graph replay; eager where capture fails, reported)
   anchors     SDPA fixed-length ([users, h, candidates, d] vs [users, h, history, d], no mask:
               for a ragged row it reads the padding as keys), SDPA with a key mask, the
-              package's varlen attention (rocm_attn.attention, flash underneath), and the
-              one-query op with the history repeated once per candidate (history <= 16, where
-              the repeated K/V fit in memory); eager (one call at a time, host included)
+              package's varlen attention (rocm_attn.attention, flash underneath), torch's
+              flash varlen kernel called directly (aten._flash_attention_forward on the THD
+              tensors and offsets, GQA native), and the one-query op with the history repeated
+              once per candidate (history <= 16, where the repeated K/V fit in memory); eager
+              (one call at a time, host included)
 Then % of floor and the speed-up over the best anchor. Long-history rows (one query, 64..1024
 keys, 4096 and 30720 users) follow the grid.
 """
@@ -138,8 +140,14 @@ def _anchors(x, backward: bool) -> Dict[str, object]:
         return rocm_attn.attention(x["q"], x["k"], x["v"], x["cu_q"], x["cu_kv"], x["cands"],
                                    x["hist"])
 
+    def flash_varlen():
+        return torch.ops.aten._flash_attention_forward(
+            x["q"], x["k"], x["v"], x["cu_q"], x["cu_kv"], x["cands"], x["hist"], 0.0, False,
+            False)[0]
+
     fns = {"sdpa_fixed": (sdpa_fixed, (qb, kp, vp)), "sdpa_mask": (sdpa_mask, (qb, kp, vp)),
-           "varlen": (varlen, (x["q"], x["k"], x["v"]))}
+           "varlen": (varlen, (x["q"], x["k"], x["v"])),
+           "flash_varlen": (flash_varlen, (x["q"], x["k"], x["v"]))}
     rep_bytes = x["users"] * x["cands"] * x["hist"] * 2 * x["k"].shape[1] * x["k"].shape[2] * 2
     if x["hist"] <= 16 and x["cands"] > 1 and rep_bytes <= REPEAT_LIMIT_BYTES:
         idx = torch.repeat_interleave(torch.arange(x["users"], device=qb.device), x["cands"])
