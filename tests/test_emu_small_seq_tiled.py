@@ -94,6 +94,21 @@ def test_resident_kernel(lib, d, h_q, h_kv, kernel):
                 check_valid(lib, case, return_softmax=False)
 
 
+@pytest.mark.parametrize("max_q", [2, 4])
+def test_small_blocks_for_few_rows_over_long_histories(lib, max_q):
+    """A (segment, kv head) of 16 or 32 rows (8 q heads per kv head) over histories past 64
+    keys: the launcher gives the block kernel blocks of just enough waves for those rows (none
+    where one wave's tile holds them all: 16 rows on 64-lane waves)."""
+    q_lens = [max_q, 1, max_q, 0, 2, max_q, 1]
+    kv_lens = [300, 65, 17, 100, 0, 1, 200]
+    case = C.thd_case(50 + max_q, q_lens, kv_lens, 8, 1, 128, torch.bfloat16, max_q=max_q,
+                      max_kv=300, pad_before=1, pad_after=2)
+    check_valid(lib, case)
+    ran = [k for k in lib.kernels_run() if "small_seq_tiled_fwd" in k]
+    one_tile = max_q * 8 <= (16 if lib.wave == 64 else 8)
+    assert any("block_kernel" in k for k in ran) != one_tile, ran
+
+
 def test_resident_kernel_bad_segments(lib):
     """The resident kernel flags bad segments (too many queries, negative key count, keys past
     the end of k/v) and stages nothing for them; the other segments stay exact."""

@@ -64,13 +64,15 @@ def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype):
     check_valid(case)
 
 
-# the launcher's choice, the wave kernel only, the block kernel (K/V staged per key tile) and the
-# resident kernel (a segment's whole K/V in shared memory) for every d <= 128 call they take,
-# with its softmax steps of one and of four key tiles
+# the launcher's choice, the wave kernel only, the block kernel (K/V staged per key tile; blocks
+# of 256, 128 and 64 threads) and the resident kernel (a segment's whole K/V in shared memory)
+# for every d <= 128 call they take, with its softmax steps of one and of four key tiles
 KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0, "small_seq_tiled_resident": 0},
            "block": {"small_seq_tiled_block": 2, "small_seq_tiled_resident": 0},
            "block128": {"small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
                         "small_seq_tiled_block_threads": 128},
+           "block64": {"small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
+                       "small_seq_tiled_block_threads": 64},
            "resident": {"small_seq_tiled_resident": 2},
            "resident_step16": {"small_seq_tiled_resident": 2,
                                "small_seq_tiled_resident_key_step": 16},
@@ -94,6 +96,23 @@ def test_wave_and_block_kernels(dev, d, h_q, h_kv, kernel):
         case = C.thd_case(31, lens(gen, b, 0, 100), lens(gen, b, 0, 16), h_q, h_kv, d,
                           torch.float16, offsets=torch.int64, max_q=100, max_kv=16, device=dev)
         check_valid(case)
+
+
+@pytest.mark.parametrize("max_q", [2, 4])
+def test_few_rows_over_long_histories(dev, max_q):
+    """16 or 32 rows per (segment, kv head) (8 q heads per kv head) over histories of up to
+    300 keys, where the launcher sizes block-kernel blocks to the rows (two or four warps on
+    NVIDIA); one segment has more keys than max_seqlen_kv and is flagged."""
+    gen = torch.Generator().manual_seed(60 + max_q)
+    b = 200
+    q_lens, kv_lens = lens(gen, b, 0, max_q), lens(gen, b, 0, 300)
+    q_lens[7], kv_lens[7] = max_q, 301
+    case = C.thd_case(60 + max_q, q_lens, kv_lens, 8, 1, 128, torch.bfloat16, max_q=max_q,
+                      max_kv=300, pad_before=3, pad_after=1, device=dev)
+    out, lse, probs = op(case)
+    bad = C.check(case, out, lse, probs, expect_bad=[7])
+    torch.cuda.synchronize()
+    assert read_errors(reset=True) == (1, 7)
 
 
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
@@ -164,7 +183,8 @@ def test_bshd(dev, s_q, offsets):
     check_valid(case)
 
 
-@pytest.mark.parametrize("kernel", ["auto", "resident_step16", "resident256", "block", "wave"])
+@pytest.mark.parametrize("kernel", ["auto", "resident_step16", "resident256", "block", "block64",
+                                    "wave"])
 def test_bad_segments_flagged_no_oob(dev, kernel):
     """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
     max_seqlen_kv): each bad segment counted once (lowest index reported), NaN on its rows, no

@@ -26,7 +26,9 @@ struct RaTuning {
   // block kernel (K/V staged in shared memory, tiled_fwd_kernel.h), d <= 128; 0 = never;
   // 2 = every d <= 128 call (tests).
   int small_seq_tiled_block = 1;
-  // tiled small-seq forward: threads of a block-kernel block, 256 (64 rows) or 128 (32 rows).
+  // tiled small-seq forward: threads of a block-kernel block where many rows take that kernel,
+  // 256, 128 or 64 (64, 32 or 16 rows on NVIDIA); few rows over a long history get blocks of
+  // just enough waves from the launcher (small_seq/tiled_launch.hip).
   int small_seq_tiled_block_threads = 256;
   // tiled small-seq forward: threads of a resident-kernel block, 128 or 256; 0 = the
   // launcher's choice (small_seq/tiled_launch.hip: four waves, eight NVIDIA warps where one

@@ -1,9 +1,9 @@
 // Launch of the tiled small-seq forward (tiled_fwd_kernel.h, tiled_fwd_resident_kernel.h):
 // dispatch over dtype x head dim, the choice between the resident, block and wave kernels, grid
-// sized from occupancy. Per dtype: three wave kernels (d 64, 128, 256), block kernels of 128 and
-// 256 threads for d 64 and 128, and resident kernels of 128 and 256 threads and key steps of 16
-// and 64 for d 64 and 128; one translation unit: the kernels have no kv
-// bucket, so the variant count stays small and needs no generated instantiation files.
+// sized from occupancy. Per dtype: three wave kernels (d 64, 128, 256), block kernels of 64, 128
+// and 256 threads for d 64 and 128, and resident kernels of 128 and 256 threads and key steps of
+// 16 and 64 for d 64 and 128; one translation unit: the kernels have no kv bucket, so the
+// variant count stays small and needs no generated instantiation files.
 #include "../common/tuning.h"
 #include "tiled_fwd_resident_kernel.h"
 
@@ -67,6 +67,7 @@ dim3 tiled_grid(Kernel kernel, int64_t items, int items_per_block, int threads,
 // The block kernel (K/V staged in shared memory for the block's row tiles) where a (segment,
 // kv head) may have more than one key tile and at least half a block of rows: below that its
 // waves would mostly idle at the barriers, and one key tile is served from registers anyway.
+// Blocks of `threads` (tuning small_seq_tiled_block_threads, 256 by default).
 inline bool tiled_use_block(const SmallSeqTiledParams& p, int head_dim, int wave, int threads) {
   const int mode = ra_tuning().small_seq_tiled_block;
   if (mode <= 0 || head_dim > 128) return false;
@@ -74,6 +75,28 @@ inline bool tiled_use_block(const SmallSeqTiledParams& p, int head_dim, int wave
   const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * (p.num_heads_q / p.num_heads_kv);
   const int block_rows = (threads / wave) * tiled_rows_for_wave(wave);
   return p.max_seqlen_kv > kTiledKeys && 2 * rows >= block_rows;
+}
+
+// Histories longer than this take the block kernel even for a (segment, kv head) of fewer rows
+// than half a default block, in blocks of just enough waves (at least two) for its rows: the
+// wave kernel's row tiles of one item each stream the whole history, and past about 64 keys
+// (32 KiB of K/V per kv head at d = 128) the later tiles no longer find it in L2 with the whole
+// machine streaming (16 candidates x 8 q heads of one kv head over 256 keys: 1.6x, and 84% of
+// the byte floor; docs/kernels.md#tiled-small-seq-kernels).
+constexpr int kTiledSmallBlockMinKeys = 64;
+
+// Threads of a block kernel block whose waves together hold the rows of a (segment, kv head)
+// (max_seqlen_q x group): the fewest waves, at least two, below 256 threads; 0 where the call
+// does not take such a block (few keys; rows that one wave's tile holds, which reads the
+// history once anyway; or rows for a default block).
+inline int tiled_small_block_threads(const SmallSeqTiledParams& p, int wave) {
+  if (ra_tuning().small_seq_tiled_block != 1 || p.max_seqlen_kv <= kTiledSmallBlockMinKeys)
+    return 0;
+  const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * (p.num_heads_q / p.num_heads_kv);
+  if (rows <= tiled_rows_for_wave(wave)) return 0;
+  for (int threads = 2 * wave; threads < 256; threads *= 2)
+    if (static_cast<int64_t>(threads / wave) * tiled_rows_for_wave(wave) >= rows) return threads;
+  return 0;
 }
 
 // The resident kernel where a (segment, kv head) has at least this many row tiles of 16 (fewer
@@ -186,13 +209,20 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   const int wave = ra_device_wave_size();
   const int rows = tiled_rows_for_wave(wave);
   if constexpr (D <= 128) {
-    const int threads = ra_tuning().small_seq_tiled_block_threads == 128 ? 128 : 256;
+    const int tuned = ra_tuning().small_seq_tiled_block_threads;
+    int threads = tuned == 64 || tuned == 128 ? tuned : 256;
     int64_t kv_smem = 0;
     if (tiled_use_resident<D>(p, &kv_smem))
       return run_tiled_fwd_resident_for<T, D>(p, wave, kv_smem, stream);
-    if (tiled_use_block(p, D, wave, threads))
-      return threads == 128 ? run_tiled_fwd_block<T, D, 128>(p, wave, stream)
-                            : run_tiled_fwd_block<T, D, 256>(p, wave, stream);
+    bool block = tiled_use_block(p, D, wave, threads);
+    if (!block) {
+      threads = tiled_small_block_threads(p, wave);
+      block = threads > 0;
+    }
+    if (block)
+      return threads == 64    ? run_tiled_fwd_block<T, D, 64>(p, wave, stream)
+             : threads == 128 ? run_tiled_fwd_block<T, D, 128>(p, wave, stream)
+                              : run_tiled_fwd_block<T, D, 256>(p, wave, stream);
   }
   static TiledOccupancyCache occupancy;
   const dim3 block(kTiledWavesPerBlock * wave);
