@@ -554,11 +554,13 @@ extern "C" {
 const char* ra_emu_last_message() { return g_last_message.c_str(); }
 int ra_emu_wave() { return W; }
 void ra_emu_set_faults(int faults) { g_faults.store(faults); }
-// Names of every kernel launched since the library was loaded, one per line.
-const char* ra_emu_kernels_run() {
+// Names of every kernel launched since the library was loaded or the last reset, one per line;
+// reset: forget them after listing.
+const char* ra_emu_kernels_run(int reset) {
   std::lock_guard<std::mutex> lock(g_error_mutex);
   g_kernels_text.clear();
   for (const std::string& k : g_kernels_run) g_kernels_text += k + "\n";
+  if (reset) g_kernels_run.clear();
   return g_kernels_text.c_str();
 }
 // [inactive-lane reads, exchanges, barriers, launches] since the last reset

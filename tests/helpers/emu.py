@@ -298,6 +298,7 @@ class Emu:
         L.emu_layout.restype = ctypes.c_char_p
         L.emu_error_state_ptr.restype = ctypes.c_void_p
         L.ra_emu_kernels_run.restype = ctypes.c_char_p
+        L.ra_emu_kernels_run.argtypes = [ctypes.c_int]
         self.wave = L.ra_emu_wave()
         self.kernel_wave = L.emu_kernel_wave()
         self.has_mma = bool(L.emu_has_mma())
@@ -329,10 +330,11 @@ class Emu:
                 got = ctypes.sizeof(STRUCTS[name])
             assert got == int(value), f"ctypes mirror of {name}: {got} != {value}"
 
-    def kernels_run(self) -> List[str]:
-        """Names of the kernels this library has launched (demangled, or the launch site's
-        expression for kernels without a dynamic symbol)."""
-        return self.lib.ra_emu_kernels_run().decode().split("\n")[:-1]
+    def kernels_run(self, reset: bool = False) -> List[str]:
+        """Names of the kernels this library has launched since it was loaded or the last
+        reset (demangled, or the launch site's expression for kernels without a dynamic
+        symbol); reset: forget them after listing."""
+        return self.lib.ra_emu_kernels_run(int(reset)).decode().split("\n")[:-1]
 
     def message(self) -> str:
         return self.lib.ra_emu_last_message().decode()
