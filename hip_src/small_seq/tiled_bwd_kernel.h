@@ -483,6 +483,19 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
       ra_mma_load_rows_at(gp.c[c], [&](int i) { return do_row(i) + c * W; }, nrows, lane);
     }
   }
+  // The LSE (log2 domain) and Delta of the rows of this lane's accumulator elements, with keys
+  // as rows (columns are rows of the tile) and with rows as rows: the same for every key tile,
+  // so read once here rather than per key tile behind the previous tile's stores.
+  TiledBwdRowTerms col_terms[E], row_terms[E];
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    const int col = ra_mma_acc_col(lane, i);
+    const int row = ra_mma_acc_row(lane, i);
+    col_terms[i] =
+        col < nrows ? tiled_bwd_row_terms(p, s, hq0, group, col) : TiledBwdRowTerms{0.f, 0.f};
+    row_terms[i] =
+        row < nrows ? tiled_bwd_row_terms(p, s, hq0, group, row) : TiledBwdRowTerms{0.f, 0.f};
+  }
   ra_mma_out<DS, 16> dq;
   ra_mma_zero(dq);
   for (int k0 = 0; k0 < nk; k0 += KT) {
@@ -526,8 +539,7 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
       const int key = ra_mma_acc_row(lane, i);
       const int col = ra_mma_acc_col(lane, i);
       const bool live = key < nkt && col < nrows;
-      const TiledBwdRowTerms t =
-          col < nrows ? tiled_bwd_row_terms(p, s, hq0, group, col) : TiledBwdRowTerms{0.f, 0.f};
+      const TiledBwdRowTerms& t = col_terms[i];
       const float pr = live ? exp2f(st.x[i] * qscale - t.lse2) : 0.f;
       st.x[i] = pr;
       dpt.x[i] = pr * (dpt.x[i] - t.delta);
@@ -537,8 +549,7 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
       const int row = ra_mma_acc_row(lane, i);
       const int key = ra_mma_acc_col(lane, i);
       const bool live = key < nkt && row < nrows;
-      const TiledBwdRowTerms t =
-          row < nrows ? tiled_bwd_row_terms(p, s, hq0, group, row) : TiledBwdRowTerms{0.f, 0.f};
+      const TiledBwdRowTerms& t = row_terms[i];
       const float pr = live ? exp2f(sc.x[i] * qscale - t.lse2) : 0.f;
       sc.x[i] = pr * (dp.x[i] - t.delta);
     }
