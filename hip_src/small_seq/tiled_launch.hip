@@ -81,8 +81,8 @@ inline bool tiled_use_block(const SmallSeqTiledParams& p, int head_dim, int wave
 // than half a default block, in blocks of just enough waves (at least two) for its rows: the
 // wave kernel's row tiles of one item each stream the whole history, and past about 64 keys
 // (32 KiB of K/V per kv head at d = 128) the later tiles no longer find it in L2 with the whole
-// machine streaming (16 candidates x 8 q heads of one kv head over 256 keys: 1.6x, and 84% of
-// the byte floor; docs/kernels.md#tiled-small-seq-kernels).
+// machine streaming (16 candidates of one q head per kv head over 256 keys: 1.35-1.6x, 83-84%
+// of the byte floor; docs/kernels.md#tiled-small-seq-kernels).
 constexpr int kTiledSmallBlockMinKeys = 64;
 
 // Threads of a block kernel block whose waves together hold the rows of a (segment, kv head)

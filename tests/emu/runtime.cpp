@@ -131,6 +131,7 @@ std::string g_last_message;     // the last launch failure, kept for the tests' 
 hipError_t g_last_error = hipSuccess;
 std::string g_pending_host_failure;
 std::set<std::string> g_kernels_run;  // names of the kernels launched (ra_emu_kernels_run)
+std::set<std::string> g_kernels_since_mark;  // the same since the last ra_emu_kernels_mark
 std::string g_kernels_text;
 // Fault injection for the tests that prove a broken kernel is caught: bit 0 issues every MFMA
 // with its A and B operands exchanged (what a swapped call in mma.h would compute).
@@ -405,6 +406,7 @@ hipError_t launch(dim3 grid, dim3 block, const std::function<void()>& body, cons
   {
     std::lock_guard<std::mutex> lock(g_error_mutex);
     g_kernels_run.insert(kernel_name(expr, fn));
+    g_kernels_since_mark.insert(kernel_name(expr, fn));
     if (!g_pending_host_failure.empty()) {
       g_last_message = g_pending_host_failure;
       g_pending_host_failure.clear();
@@ -554,14 +556,18 @@ extern "C" {
 const char* ra_emu_last_message() { return g_last_message.c_str(); }
 int ra_emu_wave() { return W; }
 void ra_emu_set_faults(int faults) { g_faults.store(faults); }
-// Names of every kernel launched since the library was loaded or the last reset, one per line;
-// reset: forget them after listing.
-const char* ra_emu_kernels_run(int reset) {
+// Names of every kernel launched since the library was loaded (since_mark: since the last
+// ra_emu_kernels_mark), one per line.
+const char* ra_emu_kernels_run(int since_mark) {
   std::lock_guard<std::mutex> lock(g_error_mutex);
   g_kernels_text.clear();
-  for (const std::string& k : g_kernels_run) g_kernels_text += k + "\n";
-  if (reset) g_kernels_run.clear();
+  for (const std::string& k : since_mark ? g_kernels_since_mark : g_kernels_run)
+    g_kernels_text += k + "\n";
   return g_kernels_text.c_str();
+}
+void ra_emu_kernels_mark() {
+  std::lock_guard<std::mutex> lock(g_error_mutex);
+  g_kernels_since_mark.clear();
 }
 // [inactive-lane reads, exchanges, barriers, launches] since the last reset
 void ra_emu_stats(int64_t* out, int reset) {

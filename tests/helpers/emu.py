@@ -330,11 +330,16 @@ class Emu:
                 got = ctypes.sizeof(STRUCTS[name])
             assert got == int(value), f"ctypes mirror of {name}: {got} != {value}"
 
-    def kernels_run(self, reset: bool = False) -> List[str]:
-        """Names of the kernels this library has launched since it was loaded or the last
-        reset (demangled, or the launch site's expression for kernels without a dynamic
-        symbol); reset: forget them after listing."""
-        return self.lib.ra_emu_kernels_run(int(reset)).decode().split("\n")[:-1]
+    def kernels_run(self, since_mark: bool = False) -> List[str]:
+        """Names of the kernels this library has launched since it was loaded (demangled, or
+        the launch site's expression for kernels without a dynamic symbol); since_mark: only
+        those launched since the last mark_kernels() (the list of the whole run stays whole:
+        test_emu_thd.py reads it at the end)."""
+        return self.lib.ra_emu_kernels_run(int(since_mark)).decode().split("\n")[:-1]
+
+    def mark_kernels(self) -> None:
+        """Start a new list for kernels_run(since_mark=True)."""
+        self.lib.ra_emu_kernels_mark()
 
     def message(self) -> str:
         return self.lib.ra_emu_last_message().decode()
