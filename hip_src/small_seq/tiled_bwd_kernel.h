@@ -66,8 +66,7 @@ RA_HOST_DEVICE int64_t tiled_bwd_key_tiles(const SmallSeqTiledParams& p) {
   return (static_cast<int64_t>(p.max_seqlen_kv) + kTiledBwdKeys - 1) / kTiledBwdKeys;
 }
 RA_HOST_DEVICE int64_t tiled_bwd_row_tiles(const SmallSeqTiledParams& p) {
-  const int64_t group = p.num_heads_q / p.num_heads_kv;
-  return (static_cast<int64_t>(p.max_seqlen_q) * group + kTiledBwdRows - 1) / kTiledBwdRows;
+  return (tiled_max_rows(p) + kTiledBwdRows - 1) / kTiledBwdRows;
 }
 // Key tiles per (segment, kv head) in pass 2's item numbering: all of them, except where every
 // segment's rows fit one row tile (max_seqlen_q x group <= 16). Such a segment is walked by its
@@ -93,8 +92,7 @@ RA_HOST_DEVICE bool tiled_bwd_one_row_tile(const SmallSeqTiledParams& p, const T
 // Whether pass 3 has work: only segments with more than one key tile and more than one row
 // tile need it.
 RA_HOST_DEVICE bool tiled_bwd_needs_dq_pass(const SmallSeqTiledParams& p) {
-  return p.max_seqlen_kv > kTiledBwdKeys &&
-         static_cast<int64_t>(p.max_seqlen_q) * (p.num_heads_q / p.num_heads_kv) > kTiledBwdRows;
+  return p.max_seqlen_kv > kTiledBwdKeys && tiled_max_rows(p) > kTiledBwdRows;
 }
 // (query row, q head) pairs of pass 1 (one lane group each).
 RA_HOST_DEVICE int64_t tiled_bwd_delta_pairs(const SmallSeqTiledParams& p) {

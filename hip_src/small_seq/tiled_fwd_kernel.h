@@ -82,8 +82,7 @@ constexpr float kTiledLn2 = 0.6931471805599453f;
 // Row tiles per (segment, kv head): sized by the host bound max_seqlen_q, so the grid needs no
 // device data; tiles past a segment's own rows return at once.
 RA_HOST_DEVICE int64_t tiled_row_tiles(const SmallSeqTiledParams& p, int rows) {
-  const int64_t group = p.num_heads_q / p.num_heads_kv;
-  return (static_cast<int64_t>(p.max_seqlen_q) * group + rows - 1) / rows;
+  return (tiled_max_rows(p) + rows - 1) / rows;
 }
 
 RA_HOST_DEVICE int64_t tiled_item_groups(const SmallSeqTiledParams& p, int rows) {

@@ -72,9 +72,8 @@ inline bool tiled_use_block(const SmallSeqTiledParams& p, int head_dim, int wave
   const int mode = ra_tuning().small_seq_tiled_block;
   if (mode <= 0 || head_dim > 128) return false;
   if (mode >= 2) return true;
-  const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * (p.num_heads_q / p.num_heads_kv);
   const int block_rows = (threads / wave) * tiled_rows_for_wave(wave);
-  return p.max_seqlen_kv > kTiledKeys && 2 * rows >= block_rows;
+  return p.max_seqlen_kv > kTiledKeys && 2 * tiled_max_rows(p) >= block_rows;
 }
 
 // Histories longer than this take the block kernel even for a (segment, kv head) of fewer rows
@@ -92,11 +91,21 @@ constexpr int kTiledSmallBlockMinKeys = 64;
 inline int tiled_small_block_threads(const SmallSeqTiledParams& p, int wave) {
   if (ra_tuning().small_seq_tiled_block != 1 || p.max_seqlen_kv <= kTiledSmallBlockMinKeys)
     return 0;
-  const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * (p.num_heads_q / p.num_heads_kv);
+  const int64_t rows = tiled_max_rows(p);
   if (rows <= tiled_rows_for_wave(wave)) return 0;
   for (int threads = 2 * wave; threads < 256; threads *= 2)
     if (static_cast<int64_t>(threads / wave) * tiled_rows_for_wave(wave) >= rows) return threads;
   return 0;
+}
+
+// Threads per block of the block kernel for this call (d <= 128), 0 where it does not take the
+// block kernel: the default blocks (tuning small_seq_tiled_block_threads: 64, 128 or 256)
+// where tiled_use_block says so, else the small blocks of tiled_small_block_threads.
+inline int tiled_block_threads(const SmallSeqTiledParams& p, int head_dim, int wave) {
+  const int tuned = ra_tuning().small_seq_tiled_block_threads;
+  const int threads = tuned == 64 || tuned == 128 ? tuned : 256;
+  return tiled_use_block(p, head_dim, wave, threads) ? threads
+                                                     : tiled_small_block_threads(p, wave);
 }
 
 // The resident kernel where a (segment, kv head) has at least this many row tiles of 16 (fewer
@@ -209,20 +218,15 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   const int wave = ra_device_wave_size();
   const int rows = tiled_rows_for_wave(wave);
   if constexpr (D <= 128) {
-    const int tuned = ra_tuning().small_seq_tiled_block_threads;
-    int threads = tuned == 64 || tuned == 128 ? tuned : 256;
     int64_t kv_smem = 0;
     if (tiled_use_resident<D>(p, &kv_smem))
       return run_tiled_fwd_resident_for<T, D>(p, wave, kv_smem, stream);
-    bool block = tiled_use_block(p, D, wave, threads);
-    if (!block) {
-      threads = tiled_small_block_threads(p, wave);
-      block = threads > 0;
+    switch (tiled_block_threads(p, D, wave)) {
+      case 64: return run_tiled_fwd_block<T, D, 64>(p, wave, stream);
+      case 128: return run_tiled_fwd_block<T, D, 128>(p, wave, stream);
+      case 256: return run_tiled_fwd_block<T, D, 256>(p, wave, stream);
+      default: break;  // the wave kernel
     }
-    if (block)
-      return threads == 64    ? run_tiled_fwd_block<T, D, 64>(p, wave, stream)
-             : threads == 128 ? run_tiled_fwd_block<T, D, 128>(p, wave, stream)
-                              : run_tiled_fwd_block<T, D, 256>(p, wave, stream);
   }
   static TiledOccupancyCache occupancy;
   const dim3 block(kTiledWavesPerBlock * wave);

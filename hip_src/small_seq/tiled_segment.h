@@ -134,6 +134,14 @@ RA_DEVICE TiledPadding tiled_padding_rows(const SmallSeqTiledParams& p) {
 
 RA_DEVICE float tiled_nan() { return __int_as_float(0x7fc00000); }
 
+// The most rows a (segment, kv head) can have, from the host bound: max_seqlen_q queries x the
+// q heads of a kv head's GQA group (rows r = j * group + h). Launch sizes and kernel choices
+// come from it, so they need no device data.
+RA_HOST_DEVICE int64_t tiled_max_rows(const SmallSeqTiledParams& p) {
+  const int64_t group = p.num_heads_q / p.num_heads_kv;
+  return static_cast<int64_t>(p.max_seqlen_q) * group;
+}
+
 // A compile-time flag passed to generic lambdas (decltype(flag)::value).
 template <bool V>
 struct TiledFlag {

@@ -405,8 +405,9 @@ hipError_t launch(dim3 grid, dim3 block, const std::function<void()>& body, cons
   g_launches.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(g_error_mutex);
-    g_kernels_run.insert(kernel_name(expr, fn));
-    g_kernels_since_mark.insert(kernel_name(expr, fn));
+    const std::string name = kernel_name(expr, fn);
+    g_kernels_run.insert(name);
+    g_kernels_since_mark.insert(name);
     if (!g_pending_host_failure.empty()) {
       g_last_message = g_pending_host_failure;
       g_pending_host_failure.clear();
