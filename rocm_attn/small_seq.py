@@ -7,7 +7,9 @@ attends to all of the segment's keys. Which implementation serves a call:
 * one query per segment, int32 offsets, ``max_seqlen_kv <= 16``: the ``small_seq_fwd/bwd``
   kernels (fp16/bf16, head dims 64/128/256/512);
 * any other call up to ``KERNEL_MAX_SEQLEN_KV`` keys: the tiled kernels
-  (``small_seq_tiled_fwd/bwd``: fp16/bf16, head dims 64/128/256; int32 or int64 offsets);
+  (``small_seq_tiled_fwd/bwd``: fp16/bf16, head dims 64/128/256; int32 or int64 offsets),
+  except that THD calls with many rows per (segment, kv head) over 32+ keys take torch's flash
+  varlen kernels on CUDA builds of torch, with the same contract (rocm_attn/small_seq_flash.py);
 * a kernel-eligible call with longer histories: the package's varlen attention
   (``rocm_attn.attention``), logged at INFO;
 * everything else (CPU, fp32/fp64, other head dims, ``backend="torch"``): the torch path
@@ -23,6 +25,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from . import _ext, _logging, errors, ops  # noqa: F401  (ops registers fake impls and autograd)
+from . import small_seq_flash
 from ._checks import is_int
 from .small_seq_torch import bshd_segments, thd_segments, torch_path
 
@@ -219,9 +222,10 @@ def _tiled_problems(q, k, v) -> List[str]:
     return reasons
 
 
-def _pick_path(q, k, v, one_query: bool, max_seqlen_kv: int, return_softmax: bool,
-               backend: str) -> str:
-    """"kernel" (small_seq_fwd), "tiled", "varlen" (rocm_attn.attention) or "torch"."""
+def _pick_path(q, k, v, one_query: bool, max_seqlen_q: int, max_seqlen_kv: int, thd: bool,
+               return_softmax: bool, backend: str) -> str:
+    """"kernel" (small_seq_fwd), "tiled", "flash" (small_seq_flash.flash_route), "varlen"
+    (rocm_attn.attention) or "torch"."""
     if backend not in ("auto", "kernel", "torch"):
         raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")
     if backend == "torch":
@@ -251,6 +255,14 @@ def _pick_path(q, k, v, one_query: bool, max_seqlen_kv: int, return_softmax: boo
                             "limit): rocm_attn.attention (varlen) serves the call",
                             max_seqlen_kv, KERNEL_MAX_SEQLEN_KV)
         return "varlen"
+    if not one_query and small_seq_flash.takes_route(q, k, thd, max_seqlen_q, max_seqlen_kv,
+                                                     return_softmax):
+        _logging.log_choice(log, ("small_seq", "flash", q.device.type, q.dtype, q.shape[-1]),
+                            "fused_attn_small_seq: flash route (up to %d rows per segment and "
+                            "kv head over up to %d keys: torch's flash varlen kernels, "
+                            "rocm_attn/small_seq_flash.py)",
+                            max_seqlen_q * (q.shape[-2] // k.shape[-2]), max_seqlen_kv)
+        return "flash"
     kind = "kernel" if one_query else "tiled"
     _logging.log_choice(log, ("small_seq", kind, q.device.type, q.dtype, q.shape[-1]),
                         "fused_attn_small_seq: compiled %s kernels (%s, %s, head dim %d)",
@@ -322,12 +334,16 @@ def _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q
         return (torch.zeros_like(q), q.new_full((q.shape[-2], rows), float("-inf"),
                                                 dtype=torch.float32),
                 q.new_zeros((rows, q.shape[-2], max_seqlen_kv), dtype=torch.float32))
-    path = _pick_path(q, k, v, one_query, max_seqlen_kv, return_softmax, backend)
+    path = _pick_path(q, k, v, one_query, max_seqlen_q, max_seqlen_kv, thd, return_softmax,
+                      backend)
     if path == "kernel":
         outputs = ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
                                         max_seqlen_kv, scale, return_softmax)
         _served_by_kernels.add(_call_shape(q, qkv_layout))
         return outputs
+    if path == "flash":
+        return small_seq_flash.flash_route(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
+                                           max_seqlen_kv, scale, return_lse)
     if path == "tiled":
         return torch.ops.rocm_attn.small_seq_tiled_fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,

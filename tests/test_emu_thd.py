@@ -207,7 +207,8 @@ def test_every_kernel_ran(request):
     selected = not (request.config.option.keyword or request.config.option.markexpr)
     if not selected or not {"test_emu_common.py", "test_emu_small_seq.py",
                             "test_emu_thd.py", "test_emu_small_seq_tiled.py",
-                            "test_emu_small_seq_tiled_bwd.py"} <= files:
+                            "test_emu_small_seq_tiled_bwd.py",
+                            "test_emu_small_seq_flash_contract.py"} <= files:
         pytest.skip("needs the whole emulation suite in this session")
     families = _kernel_families()
     assert len(families) >= 13, families

@@ -45,6 +45,13 @@ struct RaTuning {
   // take the block variants of the dK / dV and dQ passes (tiled_bwd_block_kernel.h); 0 = never;
   // 2 = every call (tests).
   int small_seq_tiled_bwd_block = 1;
+  // small-seq, THD calls of the tiled kernels on a CUDA build of torch: the flash route
+  // (torch's flash varlen kernels with the contract kernels around them,
+  // rocm_attn/small_seq_flash.py). 1 = many rows per (segment, kv head) over histories of 64+
+  // keys; 2 = every call the route can serve (tests); 0 = never, the default until the route
+  // is measured on a GPU (docs/kernels.md#flash-route). Read by the Python dispatch, not by a
+  // launcher.
+  int small_seq_flash_route = 0;
   // small-seq: passes whose GQA calls take the matrix-unit kernels, a bit mask (1 = forward,
   // 2 = backward); 0 sends every GQA call to the general kernels.
   int small_seq_mma = 3;
@@ -80,6 +87,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_resident_threads", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_THREADS", &RaTuning::small_seq_tiled_resident_threads},
     {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
     {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},
+    {"small_seq_flash_route", "ROCM_ATTN_SMALL_SEQ_FLASH_ROUTE", &RaTuning::small_seq_flash_route},
     {"small_seq_mma", "ROCM_ATTN_SMALL_SEQ_MMA", &RaTuning::small_seq_mma},
     {"small_seq_pipe", "ROCM_ATTN_SMALL_SEQ_PIPE", &RaTuning::small_seq_pipe},
     {"thd_copy_wide", "ROCM_ATTN_THD_COPY_WIDE", &RaTuning::thd_copy_wide},

@@ -180,12 +180,16 @@ def _with_backward(fwd, leaves):
 
 def _path_of(r: dict) -> str:
     """Which implementation serves our op on this row (logged too, at INFO)."""
-    from .. import ops, small_seq
+    from .. import ops, small_seq, small_seq_flash
 
     if r["cands"] == 1 and r["hist"] <= small_seq.MAX_SEQLEN_KV:
         return "one-query kernels"
     if r["hist"] > small_seq.KERNEL_MAX_SEQLEN_KV:
         return "rocm_attn.attention (history beyond the tiled kernels)"
+    mode = small_seq_flash._route_mode()
+    if small_seq_flash.route_problem() is None and (
+            mode >= 2 or small_seq_flash.route_wins(H_Q, r["h_kv"], r["cands"], r["hist"])):
+        return "flash route (torch's flash varlen kernels, contract kernels)"
     return "tiled kernels" if ops.HAS_TILED_OPS else "torch path (this build has no tiled kernels)"
 
 

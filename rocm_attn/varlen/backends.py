@@ -344,6 +344,18 @@ def _aten_flash():
     return torch.ops.aten._flash_attention_forward, torch.ops.aten._flash_attention_backward
 
 
+def aten_flash_ops():
+    """``(forward, backward)``: torch's flash varlen ops for other families of the package (the
+    small-seq flash route), through :func:`_aten_flash`, the slot tests substitute."""
+    return _aten_flash()
+
+
+def flash_problem(q: torch.Tensor) -> Optional[str]:
+    """Why torch's flash varlen kernels cannot serve inputs like ``q`` (None: they can), for
+    other families of the package; see :func:`_flash_problem`."""
+    return _flash_problem(q)
+
+
 def _input_problem(q: torch.Tensor) -> Optional[str]:
     """Why torch_flash cannot serve inputs like ``q`` on any torch (None: it can)."""
     if not q.is_cuda:

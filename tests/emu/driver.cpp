@@ -9,6 +9,7 @@
 #include "common/error_state.h"
 #include "common/selftest_kernel.h"
 #include "common/tuning.h"
+#include "small_seq/flash_contract.h"
 #include "small_seq/params.h"
 #include "small_seq/tiled_params.h"
 #include "thd/params.h"
@@ -68,6 +69,21 @@ int emu_small_seq_tiled_fwd(const SmallSeqTiledParams* p, int bf16, int head_dim
 int emu_small_seq_tiled_bwd(const SmallSeqTiledParams* p, int bf16, int head_dim) {
   return small_seq_tiled_bwd_launch(
       *p, bf16 ? SmallSeqTiledDtype::kBFloat16 : SmallSeqTiledDtype::kFloat16, head_dim, nullptr);
+}
+#endif
+
+#if defined(RA_EMU_TILED)
+int emu_small_seq_flash_contract_fwd(const SmallSeqTiledParams* p, const int32_t* flash_cu_q,
+                                     const int32_t* flash_cu_kv, int bf16, int head_dim) {
+  return small_seq_flash_contract_fwd_launch(
+      *p, flash_cu_q, flash_cu_kv,
+      bf16 ? SmallSeqTiledDtype::kBFloat16 : SmallSeqTiledDtype::kFloat16, head_dim, nullptr);
+}
+int emu_small_seq_flash_contract_bwd(const SmallSeqTiledParams* p, const int32_t* flash_cu_q,
+                                     const int32_t* flash_cu_kv, int bf16, int head_dim) {
+  return small_seq_flash_contract_bwd_launch(
+      *p, flash_cu_q, flash_cu_kv,
+      bf16 ? SmallSeqTiledDtype::kBFloat16 : SmallSeqTiledDtype::kFloat16, head_dim, nullptr);
 }
 #endif
 

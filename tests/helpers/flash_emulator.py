@@ -17,6 +17,9 @@ tested without a GPU:
   sub-sequence: a longer one is allowed only without keys (forward) / without queries (dk, dv),
   i.e. a dummy; its rows past the bound stay uninitialised (NaN here), the rest are zero.
 * ``cu_seqlens`` must be non-decreasing (asserted).
+* a real sub-sequence longer than the bounds asserts, unless ``LONG_SPANS_UNINITIALISED`` is
+  set (the flash route of fused_attn_small_seq passes bad segments on): then its rows (and, in
+  the backward, its keys) are left uninitialised, as rows the kernels' grids miss are.
 
 Computation in the input dtype (use float64 for exact comparisons); LSE is float32 as in aten.
 """
@@ -26,6 +29,11 @@ from __future__ import annotations
 import torch
 
 NAN = float("nan")
+LONG_SPANS_UNINITIALISED = False
+
+
+def _too_long(sq, sk, max_q, max_k) -> bool:
+    return LONG_SPANS_UNINITIALISED and (sq > max_q or sk > max_k)
 
 
 def _windows(max_q, max_k, is_causal, wl, wr, h, h_k):
@@ -87,7 +95,7 @@ def flash_forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, retur
     g = h // h_k
     for q0, q1, k0, k1 in _spans(cu_q, cu_k):
         sq, sk = q1 - q0, k1 - k0
-        if sq == 0:
+        if sq == 0 or _too_long(sq, sk, max_q, max_k):
             continue
         if sk == 0:  # no key: the kernel writes zeros and LSE +inf (rows its grid covers)
             out[q0:q0 + min(sq, max_q)] = 0
@@ -120,6 +128,8 @@ def flash_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p,
     dv = torch.full_like(v, NAN)
     for q0, q1, k0, k1 in _spans(cu_q, cu_k):
         sq, sk = q1 - q0, k1 - k0
+        if _too_long(sq, sk, max_q, max_k):
+            continue
         if sq == 0 or sk == 0:  # a dummy: zeros on the rows the grids cover
             dk[k0:k0 + min(sk, max_k)] = 0
             dv[k0:k0 + min(sk, max_k)] = 0

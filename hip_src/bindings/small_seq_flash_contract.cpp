@@ -1,0 +1,139 @@
+// rocm_attn::small_seq_flash_contract_fwd / _bwd: the tiled small-seq contract written around a
+// flash varlen call (rocm_attn/small_seq_flash.py, kernels in
+// hip_src/small_seq/flash_contract_kernel.h). In place on flash's outputs; THD only. The
+// offsets are never read on the host (no sync).
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "common/error_state.h"
+#include "bindings/small_seq_tiled.h"
+#include "small_seq/flash_contract.h"
+
+namespace {
+
+using rocm_attn::bindings::check_launch;
+using rocm_attn::bindings::check_tiled_offsets;
+using rocm_attn::bindings::current_stream;
+using rocm_attn::bindings::fill_tiled_segments;
+
+constexpr const char* kOp = "small_seq_flash_contract";
+
+// p's segment fields from the call's offsets (q: [total_q, h_q, d], k: [total_kv, h_kv, d]);
+// the flash offsets checked to be int32 [b + 1] on the same device.
+SmallSeqTiledParams contract_params(const at::Tensor& q, const at::Tensor& k,
+                                    const at::Tensor& cu_seqlens_q,
+                                    const at::Tensor& cu_seqlens_kv,
+                                    const at::Tensor& flash_cu_seqlens_q,
+                                    const at::Tensor& flash_cu_seqlens_kv, int64_t max_seqlen_q,
+                                    int64_t max_seqlen_kv) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3, kOp, ": THD tensors only, got shapes ", q.sizes(),
+              " and ", k.sizes());
+  TORCH_CHECK(q.is_cuda() && k.device() == q.device(), kOp, ": tensors must be on one GPU");
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, kOp,
+              ": float16 or bfloat16 only, got ", q.scalar_type());
+  TORCH_CHECK(k.scalar_type() == q.scalar_type(), kOp, ": k must have the dtype of q");
+  TORCH_CHECK(q.size(-1) == k.size(-1) && q.size(-1) % 8 == 0, kOp,
+              ": head dims must match and be a multiple of 8");
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, kOp,
+              ": the heads of q must be a multiple of the heads of k");
+  TORCH_CHECK(max_seqlen_q >= 1 && max_seqlen_q <= rocm_attn::bindings::kTiledInt32Max &&
+                  max_seqlen_kv >= 1 && max_seqlen_kv <= rocm_attn::bindings::kTiledInt32Max,
+              kOp, ": max_seqlen_q and max_seqlen_kv must be in 1..2^31-1");
+  for (const at::Tensor* t : {&q, &k})
+    TORCH_CHECK(t->stride(-1) == 1 && t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0 &&
+                    reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                kOp, ": rows must be 16-byte aligned with a contiguous head dim");
+  SmallSeqTiledParams p{};
+  p.num_heads_q = static_cast<int32_t>(q.size(1));
+  p.num_heads_kv = static_cast<int32_t>(k.size(1));
+  fill_tiled_segments(p, q, k, cu_seqlens_q, cu_seqlens_kv, std::nullopt, max_seqlen_q,
+                      max_seqlen_kv, kOp);
+  for (const auto& [t, name] : {std::pair{&flash_cu_seqlens_q, "flash_cu_seqlens_q"},
+                                std::pair{&flash_cu_seqlens_kv, "flash_cu_seqlens_kv"}}) {
+    const bool is64 = check_tiled_offsets(*t, q, cu_seqlens_q.numel(), kOp, name);
+    TORCH_CHECK(!is64, kOp, ": ", name, " must be int32 (flash's offsets)");
+  }
+  p.error_state = ra_error_state_ptr();
+  TORCH_CHECK(p.error_state != nullptr, kOp, ": could not reach the device error counter");
+  return p;
+}
+
+SmallSeqTiledDtype contract_dtype(const at::Tensor& q) {
+  return q.scalar_type() == at::kBFloat16 ? SmallSeqTiledDtype::kBFloat16
+                                          : SmallSeqTiledDtype::kFloat16;
+}
+
+void small_seq_flash_contract_fwd(at::Tensor& out, at::Tensor& lse, const at::Tensor& k,
+                                  const at::Tensor& cu_seqlens_q,
+                                  const at::Tensor& cu_seqlens_kv,
+                                  const at::Tensor& flash_cu_seqlens_q,
+                                  const at::Tensor& flash_cu_seqlens_kv, int64_t max_seqlen_q,
+                                  int64_t max_seqlen_kv) {
+  SmallSeqTiledParams p = contract_params(out, k, cu_seqlens_q, cu_seqlens_kv, flash_cu_seqlens_q,
+                                          flash_cu_seqlens_kv, max_seqlen_q, max_seqlen_kv);
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 &&
+                  lse.size(0) == out.size(1) && lse.size(1) == out.size(0) &&
+                  lse.stride(1) == 1 && lse.device() == out.device(),
+              kOp, ": lse must be float32 [h_q, total_q] with contiguous rows, got ",
+              lse.sizes());
+  p.o = out.data_ptr();
+  p.o_token_stride = out.stride(0);
+  p.o_head_stride = out.stride(1);
+  p.lse = lse.data_ptr<float>();
+  p.lse_head_stride = lse.stride(0);
+  const c10::DeviceGuard guard(out.device());
+  check_launch(small_seq_flash_contract_fwd_launch(
+                   p, flash_cu_seqlens_q.data_ptr<int32_t>(),
+                   flash_cu_seqlens_kv.data_ptr<int32_t>(), contract_dtype(out),
+                   static_cast<int>(out.size(-1)), current_stream(out.device())),
+               "small_seq flash contract forward launch");
+}
+
+void small_seq_flash_contract_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+                                  const at::Tensor& cu_seqlens_q,
+                                  const at::Tensor& cu_seqlens_kv,
+                                  const at::Tensor& flash_cu_seqlens_q,
+                                  const at::Tensor& flash_cu_seqlens_kv, int64_t max_seqlen_q,
+                                  int64_t max_seqlen_kv) {
+  SmallSeqTiledParams p = contract_params(dq, dk, cu_seqlens_q, cu_seqlens_kv, flash_cu_seqlens_q,
+                                          flash_cu_seqlens_kv, max_seqlen_q, max_seqlen_kv);
+  TORCH_CHECK(dv.sizes() == dk.sizes() && dv.scalar_type() == dk.scalar_type() &&
+                  dv.device() == dk.device() && dv.stride(-1) == 1 && dv.stride(0) % 8 == 0 &&
+                  dv.stride(1) % 8 == 0 && reinterpret_cast<uintptr_t>(dv.data_ptr()) % 16 == 0,
+              kOp, ": dv must be like dk ", dk.sizes());
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.dq_token_stride = dq.stride(0);
+  p.dq_head_stride = dq.stride(1);
+  p.dk_token_stride = dk.stride(0);
+  p.dk_head_stride = dk.stride(1);
+  p.dv_token_stride = dv.stride(0);
+  p.dv_head_stride = dv.stride(1);
+  const c10::DeviceGuard guard(dq.device());
+  check_launch(small_seq_flash_contract_bwd_launch(
+                   p, flash_cu_seqlens_q.data_ptr<int32_t>(),
+                   flash_cu_seqlens_kv.data_ptr<int32_t>(), contract_dtype(dq),
+                   static_cast<int>(dq.size(-1)), current_stream(dq.device())),
+               "small_seq flash contract backward launch");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(rocm_attn, m) {
+  m.def(
+      "small_seq_flash_contract_fwd(Tensor(a!) out, Tensor(b!) lse, Tensor k, "
+      "Tensor cu_seqlens_q, Tensor cu_seqlens_kv, Tensor flash_cu_seqlens_q, "
+      "Tensor flash_cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv) -> ()");
+  m.def(
+      "small_seq_flash_contract_bwd(Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, "
+      "Tensor cu_seqlens_q, Tensor cu_seqlens_kv, Tensor flash_cu_seqlens_q, "
+      "Tensor flash_cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) {
+  m.impl("small_seq_flash_contract_fwd", &small_seq_flash_contract_fwd);
+  m.impl("small_seq_flash_contract_bwd", &small_seq_flash_contract_bwd);
+}

@@ -1,0 +1,155 @@
+// The tiled small-seq contract around a flash-attention call (the flash route of
+// rocm_attn/small_seq_flash.py): what the tiled kernels would have written that flash does not.
+//
+// The route runs torch's flash varlen kernels on "flash offsets": each of cu_seqlens_q /
+// cu_seqlens_kv clamped into its tensor and made non-decreasing (a running maximum), so flash
+// reads and writes only rows inside q, k, v whatever the offsets hold. Where the offsets are
+// valid the flash offsets equal them and flash computes every segment. These kernels then run
+// once per segment, like the tiled kernels' segment check (tiled_segment.h, same contract):
+//   * a bad segment is counted (tiled_report_bad_segment) and gets NaN on the rows the tiled
+//     forward writes NaN to (out and lse) and on those rows' dq; zero dk / dv on its keys
+//     (cu_seqlens_kv[seg] .. [seg + 1] clamped into k, when ordered);
+//   * a valid segment whose flash offsets differ from its own (its rows or keys overlap an
+//     earlier segment's: possible only when some segment is bad, so the call is flagged)
+//     was computed by flash on the wrong rows or keys: NaN on its out, lse and dq rows and on
+//     its keys' dk / dv, never a silently wrong value;
+//   * a valid segment without keys: out 0 and lse -inf on its rows (flash writes lse +inf
+//     there), dq 0; without queries: dk / dv 0 on its keys;
+//   * padding rows of q (before cu_seqlens_q[0], from cu_seqlens_q[b] on): out 0, lse -inf,
+//     dq 0; k / v rows before cu_seqlens_kv[0] and from cu_seqlens_kv[b] on: dk / dv 0
+//     (flash allocates its outputs uninitialised and writes only its segments' rows).
+// A block per segment (grid-stride); its threads share the row writes. A valid call costs each
+// block six offset reads and no write.
+#pragma once
+
+#include "../common/compat.h"
+#include "tiled_segment.h"
+
+namespace small_seq {
+
+// Rows [row0, row0 + rows) x `heads` heads of a 16-bit [rows, heads, vecs * 8] tensor set to
+// the 16-bit pattern `bits`, the block's threads striding over the 16-byte vectors.
+RA_DEVICE void flash_contract_fill_rows(void* base, int64_t token_stride, int64_t head_stride,
+                                        int64_t row0, int64_t rows, int heads, int vecs,
+                                        uint16_t bits) {
+  if (rows <= 0) return;
+  const uint32_t w = static_cast<uint32_t>(bits) | (static_cast<uint32_t>(bits) << 16);
+  const int64_t per_row = static_cast<int64_t>(heads) * vecs;
+  uint16_t* x = static_cast<uint16_t*>(base);
+  for (int64_t idx = threadIdx.x; idx < rows * per_row; idx += blockDim.x) {
+    const int64_t r = idx / per_row;
+    const int rem = static_cast<int>(idx - r * per_row);
+    const int h = rem / vecs;
+    const int vec = rem - h * vecs;
+    ra_store16(x + (row0 + r) * token_stride + h * head_stride + 8 * vec, ra_vec8{{w, w, w, w}});
+  }
+}
+
+// Entries [row0, row0 + rows) of every head of the [h_q, total_q] LSE set to `value`.
+RA_DEVICE void flash_contract_fill_lse(const SmallSeqTiledParams& p, int64_t row0, int64_t rows,
+                                       float value) {
+  if (rows <= 0) return;
+  for (int64_t idx = threadIdx.x; idx < rows * p.num_heads_q; idx += blockDim.x) {
+    const int64_t h = idx / rows;
+    p.lse[h * p.lse_head_stride + row0 + (idx - h * rows)] = value;
+  }
+}
+
+// Whether flash served segment `seg` on exactly its own rows and keys.
+RA_DEVICE bool flash_contract_exact(const TiledBounds& b, const TiledSegment& s,
+                                    const int32_t* flash_cu_q, const int32_t* flash_cu_kv,
+                                    int seg) {
+  return s.valid && flash_cu_q[seg] == b.q0 && flash_cu_q[seg + 1] == b.q1 &&
+         flash_cu_kv[seg] == b.k0 && flash_cu_kv[seg + 1] == b.k1;
+}
+
+// Forward: out ([total_q, h_q, d], strides o_*) and lse as the tiled forward leaves them.
+template <typename T>
+__global__ void small_seq_flash_contract_fwd_kernel(SmallSeqTiledParams p,
+                                                    const int32_t* flash_cu_q,
+                                                    const int32_t* flash_cu_kv, int vecs) {
+  const uint16_t nan_bits = ra_dtype<T>::from_float(tiled_nan());
+  const float neg_inf = -__int_as_float(0x7f800000);
+  for (int seg = blockIdx.x; seg < p.batch; seg += gridDim.x) {
+    const TiledBounds b = tiled_fetch_bounds(p, seg);
+    const TiledSegment s = tiled_resolve_segment(p, seg, b);
+    if (!s.valid && threadIdx.x == 0) tiled_report_bad_segment(p, seg);
+    if (!flash_contract_exact(b, s, flash_cu_q, flash_cu_kv, seg)) {
+      flash_contract_fill_rows(p.o, p.o_token_stride, p.o_head_stride, s.q_row0, s.nq,
+                               p.num_heads_q, vecs, nan_bits);
+      flash_contract_fill_lse(p, s.q_row0, s.nq, tiled_nan());
+    } else if (s.nk == 0) {
+      flash_contract_fill_rows(p.o, p.o_token_stride, p.o_head_stride, s.q_row0, s.nq,
+                               p.num_heads_q, vecs, 0);
+      flash_contract_fill_lse(p, s.q_row0, s.nq, neg_inf);
+    }
+    // padding rows of q
+    if (seg == 0) {
+      const TiledPadding pad = tiled_padding_rows(p);
+      flash_contract_fill_rows(p.o, p.o_token_stride, p.o_head_stride, 0, pad.lead_end,
+                               p.num_heads_q, vecs, 0);
+      flash_contract_fill_lse(p, 0, pad.lead_end, neg_inf);
+    }
+    if (seg == p.batch - 1) {
+      const TiledPadding pad = tiled_padding_rows(p);
+      const int64_t rows = p.total_q - pad.tail_begin;
+      flash_contract_fill_rows(p.o, p.o_token_stride, p.o_head_stride, pad.tail_begin, rows,
+                               p.num_heads_q, vecs, 0);
+      flash_contract_fill_lse(p, pad.tail_begin, rows, neg_inf);
+    }
+  }
+}
+
+// Backward: dq ([total_q, h_q, d], strides dq_*), dk and dv ([total_kv, h_kv, d]) as the tiled
+// backward leaves them.
+template <typename T>
+__global__ void small_seq_flash_contract_bwd_kernel(SmallSeqTiledParams p,
+                                                    const int32_t* flash_cu_q,
+                                                    const int32_t* flash_cu_kv, int vecs) {
+  const uint16_t nan_bits = ra_dtype<T>::from_float(tiled_nan());
+  for (int seg = blockIdx.x; seg < p.batch; seg += gridDim.x) {
+    const TiledBounds b = tiled_fetch_bounds(p, seg);
+    const TiledSegment s = tiled_resolve_segment(p, seg, b);
+    const bool exact = flash_contract_exact(b, s, flash_cu_q, flash_cu_kv, seg);
+    // dk / dv of this segment's keys: zero for a bad segment (when ordered) and for a valid
+    // one without queries, NaN for a valid one that flash computed on other rows or keys.
+    const int64_t k0 = tiled_clamp_row(b.k0, p.total_kv);
+    const int64_t k1 = tiled_clamp_row(b.k1, p.total_kv);
+    if (!s.valid || !exact || s.nq == 0) {
+      const uint16_t bits = s.valid && !exact ? nan_bits : 0;
+      flash_contract_fill_rows(p.dk, p.dk_token_stride, p.dk_head_stride, k0, k1 - k0,
+                               p.num_heads_kv, vecs, bits);
+      flash_contract_fill_rows(p.dv, p.dv_token_stride, p.dv_head_stride, k0, k1 - k0,
+                               p.num_heads_kv, vecs, bits);
+    }
+    // dq of its rows: NaN unless flash computed them, zero where the segment has no key.
+    if (!exact || s.nk == 0)
+      flash_contract_fill_rows(p.dq, p.dq_token_stride, p.dq_head_stride, s.q_row0, s.nq,
+                               p.num_heads_q, vecs, exact ? 0 : nan_bits);
+    // padding: q rows and k / v rows outside every segment
+    if (seg == 0) {
+      const TiledPadding pad = tiled_padding_rows(p);
+      flash_contract_fill_rows(p.dq, p.dq_token_stride, p.dq_head_stride, 0, pad.lead_end,
+                               p.num_heads_q, vecs, 0);
+      const int64_t lead_kv = tiled_clamp_row(
+          tiled_read_offset(p.cu_seqlens_kv, p.cu_seqlens_kv_int64, 0), p.total_kv);
+      flash_contract_fill_rows(p.dk, p.dk_token_stride, p.dk_head_stride, 0, lead_kv,
+                               p.num_heads_kv, vecs, 0);
+      flash_contract_fill_rows(p.dv, p.dv_token_stride, p.dv_head_stride, 0, lead_kv,
+                               p.num_heads_kv, vecs, 0);
+    }
+    if (seg == p.batch - 1) {
+      const TiledPadding pad = tiled_padding_rows(p);
+      flash_contract_fill_rows(p.dq, p.dq_token_stride, p.dq_head_stride, pad.tail_begin,
+                               p.total_q - pad.tail_begin, p.num_heads_q, vecs, 0);
+      const int64_t tail_kv = tiled_clamp_row(
+          tiled_read_offset(p.cu_seqlens_kv, p.cu_seqlens_kv_int64, p.batch), p.total_kv);
+      flash_contract_fill_rows(p.dk, p.dk_token_stride, p.dk_head_stride, tail_kv,
+                               p.total_kv - tail_kv, p.num_heads_kv, vecs, 0);
+      flash_contract_fill_rows(p.dv, p.dv_token_stride, p.dv_head_stride, tail_kv,
+                               p.total_kv - tail_kv, p.num_heads_kv, vecs, 0);
+    }
+  }
+}
+
+}  // namespace small_seq

@@ -1,0 +1,203 @@
+"""The flash route of ``fused_attn_small_seq``: many candidates per user on NVIDIA GPUs.
+
+Where a (segment, kv head) has many query rows (hundreds of candidates of one user) over a
+history of 64+ keys, the attention is a dense matrix product per segment and flash-attention's
+tiles run full. The ranking grid's anchors (docs/performance.md#ranking-rows-gpu) show torch's
+flash varlen kernels ahead of the tiled kernels there, by up to 2x forward and 4x
+forward+backward. The route runs those kernels (``aten._flash_attention_forward`` /
+``_backward``: GQA native, no padding, strides as given) and keeps the tiled kernels'
+contract (hip_src/small_seq/tiled_segment.h) whatever the offsets hold:
+
+1. flash offsets: each of ``cu_seqlens_q`` / ``cu_seqlens_kv`` clamped into its tensor and made
+   non-decreasing (a running maximum; torch ops on ``b + 1`` values, no host sync), so flash
+   touches only rows inside q, k, v. For valid offsets they are the offsets themselves.
+2. flash on those offsets.
+3. ``rocm_attn::small_seq_flash_contract_fwd`` (hip_src/small_seq/flash_contract_kernel.h), one
+   block per segment: bad segments counted and NaN, padding rows 0 / -inf, rows without keys
+   lse -inf; a valid segment that flash saw on other rows or keys (only when some segment is
+   bad, so the call is flagged) NaN instead of the tiled kernels' value.
+
+The backward is flash's (``_flash_attention_backward``) followed by
+``small_seq_flash_contract_bwd``; with an LSE cotangent (flash has no slot for it) the tiled
+backward runs instead, on the same saved out and LSE. Flash's dQ sums key blocks with atomics:
+bitwise run-to-run identical only where a segment's keys fit two of flash's key blocks, or under
+``torch.use_deterministic_algorithms(True)`` (torch then runs flash's deterministic backward);
+dK and dV are always deterministic.
+
+Which calls take it: tuning ``small_seq_flash_route`` (``ROCM_ATTN_SMALL_SEQ_FLASH_ROUTE``): 0 =
+never (the default until the route is measured on a GPU against the tiled kernels), 1 = the
+rule :func:`route_wins`, 2 = every call it can serve (tests). It serves THD calls of the tiled
+kernels without ``return_softmax`` on a CUDA build of torch whose flash varlen kernels pass the
+varlen backend's probe (rocm_attn/varlen/backends.py). ROCm builds keep the tiled kernels.
+"""
+
+# NOTE: no `from __future__ import annotations`: torch.library.custom_op reads the annotations
+# as types (torch 2.4 cannot parse them as strings).
+from typing import Optional, Tuple
+
+import torch
+
+from . import _ext
+
+# The rule of tuning value 1: rows of a (segment, kv head), max_seqlen_q x the GQA group, and
+# history length from which the ranking grid's flash anchors beat the tiled kernels (128+
+# candidates over 64+ keys; over 16 keys the tiled kernels tie or win). To be confirmed with
+# `--ab small_seq_flash_route=0` / `=2` on the grid before it becomes the default.
+ROUTE_MIN_ROWS = 128
+ROUTE_MIN_SEQLEN_KV = 64
+
+
+def _route_mode() -> int:
+    """Tuning ``small_seq_flash_route`` (0 without the compiled extension)."""
+    if not _ext.HAS_EXTENSION:
+        return 0
+    from . import _C
+
+    return _C.tuning()["small_seq_flash_route"][0]
+
+
+def route_wins(h_q: int, h_kv: int, max_seqlen_q: int, max_seqlen_kv: int) -> bool:
+    """The rule of tuning value 1: many rows per (segment, kv head) over histories of at
+    least ROUTE_MIN_SEQLEN_KV keys."""
+    return (max_seqlen_q * (h_q // h_kv) >= ROUTE_MIN_ROWS
+            and max_seqlen_kv >= ROUTE_MIN_SEQLEN_KV)
+
+
+def takes_route(q, k, thd: bool, max_seqlen_q: int, max_seqlen_kv: int,
+                return_softmax: bool) -> bool:
+    """Whether a call the tiled kernels would serve takes the flash route instead."""
+    if (not thd or return_softmax or not q.is_cuda or torch.version.hip is not None
+            or q.shape[0] == 0 or k.shape[0] == 0):
+        return False
+    mode = _route_mode()
+    if mode <= 0 or (mode == 1 and not route_wins(q.shape[-2], k.shape[-2], max_seqlen_q,
+                                                  max_seqlen_kv)):
+        return False
+    from .varlen import backends
+
+    return backends.flash_problem(q) is None
+
+
+def flash_offsets(cu: torch.Tensor, total: int) -> torch.Tensor:
+    """``cu`` clamped into ``[0, total]`` and made non-decreasing, int32: offsets that address
+    only rows of a ``total``-row tensor; equal to ``cu`` where ``cu`` is valid."""
+    clamped = cu.to(torch.int64).clamp(0, total)
+    return torch.cummax(clamped, 0).values.to(torch.int32)
+
+
+def _flash_max_q(max_seqlen_q: int) -> int:
+    # aten's flash wrapper takes max_seqlen_q == 1 with GQA for one query per sequence (no
+    # varlen q); a looser bound only grows the grid (rocm_attn/varlen/backends.py)
+    return max(2, max_seqlen_q)
+
+
+@torch.library.custom_op("rocm_attn::small_seq_flash_fwd", mutates_args=())
+def small_seq_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        cu_seqlens_q: torch.Tensor, cu_seqlens_kv: torch.Tensor,
+                        max_seqlen_q: int, max_seqlen_kv: int, softmax_scale: float,
+                        lse_differentiable: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse [h_q, total_q] float32) of a THD call on the flash route. The LSE carries a
+    gradient only with ``lse_differentiable`` (the caller returns it): traced backward graphs
+    pass a zero cotangent for every differentiable output, which would send the gradients
+    to the tiled backward."""
+    from .varlen import backends
+
+    fq = flash_offsets(cu_seqlens_q, q.shape[0])
+    fk = flash_offsets(cu_seqlens_kv, k.shape[0])
+    out, lse, _, _, _ = backends.aten_flash_ops()[0](
+        q, k, v, fq, fk, _flash_max_q(max_seqlen_q), max_seqlen_kv, 0.0, False, False,
+        scale=softmax_scale)
+    lse = lse.float()
+    torch.ops.rocm_attn.small_seq_flash_contract_fwd(out, lse, k, cu_seqlens_q, cu_seqlens_kv,
+                                                     fq, fk, max_seqlen_q, max_seqlen_kv)
+    # flash allocates out like q (a permuted q gives a permuted out); the op's is contiguous
+    return out.contiguous(), lse
+
+
+@small_seq_flash_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, softmax_scale,
+      lse_differentiable):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((q.shape[-2], q.shape[0]), dtype=torch.float32))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_kv, max_q, max_kv, scale, lse_differentiable = inputs
+    out, lse = output
+    if not lse_differentiable:
+        ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv)
+    ctx.bounds = (max_q, max_kv, scale)
+    ctx.set_materialize_grads(False)
+
+
+@torch.library.custom_op("rocm_attn::small_seq_flash_bwd", mutates_args=())
+def small_seq_flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                        cu_seqlens_kv: torch.Tensor, max_seqlen_q: int, max_seqlen_kv: int,
+                        softmax_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) by flash's backward and the contract kernel (no LSE cotangent). An op of
+    its own, so that traced backward graphs hold it whole."""
+    from .varlen import backends
+
+    fq = flash_offsets(cu_seqlens_q, q.shape[0])
+    fk = flash_offsets(cu_seqlens_kv, k.shape[0])
+    dq, dk, dv = backends.aten_flash_ops()[1](
+        dout.contiguous(), q, k, v, out, lse, fq, fk, _flash_max_q(max_seqlen_q), max_seqlen_kv,
+        0.0, False, torch.zeros(2, dtype=torch.uint64, device=q.device),
+        torch.empty(0, device=q.device), scale=softmax_scale)
+    torch.ops.rocm_attn.small_seq_flash_contract_bwd(dq, dk, dv, cu_seqlens_q, cu_seqlens_kv,
+                                                     fq, fk, max_seqlen_q, max_seqlen_kv)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+@small_seq_flash_bwd.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
+      softmax_scale):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv = ctx.saved_tensors
+    max_q, max_kv, scale = ctx.bounds
+    if dout is None and dlse is None:
+        return (None,) * 9
+    if dlse is None:
+        dq, dk, dv = small_seq_flash_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv,
+                                         max_q, max_kv, scale)
+    else:  # flash's backward has no LSE cotangent: the tiled backward, same out and LSE
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = torch.ops.rocm_attn.small_seq_tiled_bwd(
+            dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, None, max_q, max_kv,
+            scale)
+    grads = (dq, dk, dv)
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        # backward(create_graph=True): the gradients themselves are not differentiable
+        from .second_derivative import no_second_derivative
+
+        grads = no_second_derivative("fused_attn_small_seq", grads, (q, k, v))
+    return (*grads, None, None, None, None, None, None)
+
+
+small_seq_flash_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def flash_route(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int, max_seqlen_kv: int,
+                scale: float, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, probs) of a call on the flash route (probs: empty, as the tiled op's)."""
+    out, lse = small_seq_flash_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
+                                   max_seqlen_kv, scale, return_lse)
+    return out, lse, lse.new_empty((0,))
+
+
+def route_problem(ignore_tuning: bool = False) -> Optional[str]:
+    """Why this process cannot take the flash route at all (None: it can, on suitable calls);
+    ``ignore_tuning``: whether it could with the route switched on."""
+    if not _ext.HAS_EXTENSION:
+        return "no compiled extension (the contract kernels)"
+    if torch.version.hip is not None:
+        return "a ROCm build of torch (the route is for NVIDIA GPUs)"
+    if not ignore_tuning and _route_mode() <= 0:
+        return "tuning small_seq_flash_route is 0"
+    return None

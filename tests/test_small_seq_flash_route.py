@@ -1,0 +1,199 @@
+"""The flash route of fused_attn_small_seq (rocm_attn/small_seq_flash.py) on the CPU: the route's
+own code (flash offsets, the custom op, its fake, its autograd, the LSE-cotangent fallback,
+the contract kernels) with torch's flash varlen kernels stood in for by
+tests/helpers/flash_emulator.py and the contract kernels run on the CPU emulation of
+hip_src/ (tests/helpers/emu.py), against the float64 oracle of test_small_seq_segments. The
+GPU tests (tests/test_small_seq_tiled_gpu.py) run the real kernels.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from helpers import emu, flash_emulator  # noqa: E402
+from rocm_attn import fused_attn_small_seq, small_seq_flash  # noqa: E402
+from rocm_attn.varlen import backends  # noqa: E402
+import test_small_seq_segments as seg_tests  # noqa: E402
+from test_small_seq_segments import Call, Rng, assert_rel  # noqa: E402
+
+emulated_tiled_ops = seg_tests.emulated_tiled_ops
+TOL_BF16 = 3e-2
+_CONTRACT_LIB = []
+
+
+def _define_contract_ops(lib_emu):
+    """rocm_attn::small_seq_flash_contract_fwd/bwd (the C++ schemas) on the CPU, run by the
+    emulated contract kernels."""
+    lib = torch.library.Library("rocm_attn", "FRAGMENT")
+    lib.define("small_seq_flash_contract_fwd(Tensor(a!) out, Tensor(b!) lse, Tensor k, "
+               "Tensor cu_seqlens_q, Tensor cu_seqlens_kv, Tensor flash_cu_seqlens_q, "
+               "Tensor flash_cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv) -> ()")
+    lib.define("small_seq_flash_contract_bwd(Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, "
+               "Tensor cu_seqlens_q, Tensor cu_seqlens_kv, Tensor flash_cu_seqlens_q, "
+               "Tensor flash_cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv) -> ()")
+
+    def fwd(out, lse, k, cu_q, cu_kv, fq, fk, max_q, max_kv):
+        emu.small_seq_flash_contract_fwd(lib_emu, out, lse, k, cu_q, cu_kv, fq, fk, max_q, max_kv)
+
+    def bwd(dq, dk, dv, cu_q, cu_kv, fq, fk, max_q, max_kv):
+        emu.small_seq_flash_contract_bwd(lib_emu, dq, dk, dv, cu_q, cu_kv, fq, fk, max_q, max_kv)
+
+    lib.impl("small_seq_flash_contract_fwd", fwd, "CPU")
+    lib.impl("small_seq_flash_contract_bwd", bwd, "CPU")
+    return lib
+
+
+@pytest.fixture
+def route_on_cpu(emulated_tiled_ops, monkeypatch):
+    lib_emu = emu.emu_or_skip("tiled_w64")
+    if not _CONTRACT_LIB:
+        _CONTRACT_LIB.append(_define_contract_ops(lib_emu))
+    monkeypatch.setattr(small_seq_flash, "takes_route", lambda *a, **kw: True)
+    calls = route_on_cpu_calls = {"forward": 0, "backward": 0}
+
+    def counted(kind, fn):
+        def call(*args, **kw):
+            calls[kind] += 1
+            return fn(*args, **kw)
+        return call
+
+    monkeypatch.setattr(backends, "_aten_flash",
+                        lambda: (counted("forward", flash_emulator.flash_forward),
+                                 counted("backward", flash_emulator.flash_backward)))
+    # a bad segment's flash sub-sequence may exceed the bounds: left uninitialised
+    monkeypatch.setattr(flash_emulator, "LONG_SPANS_UNINITIALISED", True)
+    lib_emu.errors(reset=True)
+    lib_emu.flash_calls = route_on_cpu_calls
+    return lib_emu
+
+
+def _run(call, dlse=None, compiled=False, return_lse=True):
+    leaves = [t.detach().clone().requires_grad_() for t in (call.q, call.k, call.v)]
+
+    def fn(q, k, v, cu_q, cu_kv):
+        return fused_attn_small_seq(q, k, v, cu_q, cu_kv, call.max_q, call.max_kv,
+                                    return_lse=return_lse)
+
+    runner = torch.compile(fn, fullgraph=True) if compiled else fn
+    res = runner(*leaves, call.cu_q, call.cu_kv)
+    out, lse = res if return_lse else (res, None)
+    outs, cots = [out], [call.dout]
+    if dlse is not None:
+        outs.append(lse)
+        cots.append(dlse)
+    return out, lse, torch.autograd.grad(outs, leaves, cots)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled", "dlse"])
+def test_route_matches_oracle(route_on_cpu, mode):
+    """Padding rows, a segment without queries, one without keys, GQA, int64 kv offsets: out,
+    LSE and gradients of the float64 oracle (bf16 inputs). Flash's backward serves the
+    gradients, eager and compiled (without return_lse: a traced backward would pass the LSE a
+    zero cotangent); with an LSE cotangent the tiled backward does."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    rng = Rng(0, f"flash-route-{mode}")
+    call = Call(rng, [5, 0, 9, 3], [7, 4, 0, 11], 4, 2, 64, torch.bfloat16, q_lead=2, q_tail=3,
+                kv_dtype=torch.int64)
+    dlse = None
+    if mode == "dlse":
+        dlse = rng.randn(4, call.total_q)
+    compiled = mode == "compiled"
+    out, lse, grads = _run(call, dlse, compiled=compiled, return_lse=not compiled)
+    assert route_on_cpu.errors() == (0, 0)
+    want_backward = 0 if mode == "dlse" else 1  # an LSE cotangent takes the tiled backward
+    assert route_on_cpu.flash_calls == {"forward": 1, "backward": want_backward}
+    leaves = [t.detach().double().requires_grad_() for t in (call.q, call.k, call.v)]
+    rout, rlse = seg_tests.oracle(*leaves, call.segs, call.total_q)
+    assert_rel("out", out, rout, TOL_BF16, str(call))
+    finite = torch.isfinite(rlse)
+    if compiled:
+        lse = small_seq_flash.small_seq_flash_fwd(call.q, call.k, call.v, call.cu_q, call.cu_kv,
+                                                  call.max_q, call.max_kv, 64 ** -0.5, True)[1]
+    assert torch.equal(torch.isfinite(lse), finite), "LSE: -inf exactly where no key is"
+    assert (lse[~finite] == -math.inf).all()
+    assert torch.allclose(lse[finite].double(), rlse[finite], atol=2e-2)
+    outs, cots = [rout], [call.dout.double()]
+    if dlse is not None:
+        outs.append(torch.where(finite, rlse, 0))
+        cots.append(torch.where(finite, dlse.double(), 0))
+    rg = torch.autograd.grad(outs, leaves, cots)
+    for name, x, r in zip(("dq", "dk", "dv"), grads, rg):
+        assert_rel(name, x, r, TOL_BF16, str(call))
+
+
+def test_route_bad_segments_nan_and_counted(route_on_cpu):
+    """A segment with too many queries and one past the end of k: NaN rows, counted, zero
+    gradient on the bad segments' keys; the valid segments keep the oracle's values."""
+    rng = Rng(1, "flash-route-bad")
+    call = Call(rng, [4, 6, 3, 5], [3, 5, 4, 2], 2, 2, 64, torch.bfloat16, max_q=5, max_kv=5)
+    call.cu_kv[4] = call.total_kv + 9  # segment 3's keys run past k
+    out, lse, grads = _run(call)
+    count, lowest = route_on_cpu.errors()
+    assert count == 2 and 0x7FFFFFFF - lowest == 1
+    q_rows = [(int(call.cu_q[i]), int(call.cu_q[i + 1])) for i in range(4)]
+    for i in (1, 3):  # NaN on the bad segments' rows (at most max_q of them)
+        a, b = q_rows[i][0], min(q_rows[i][1], q_rows[i][0] + call.max_q)
+        assert torch.isnan(out[a:b].float()).all() and torch.isnan(lse[:, a:b]).all()
+        assert torch.isnan(grads[0][a:b].float()).all()
+    good = [s for i, s in enumerate(call.segs) if i in (0, 2)]
+    leaves = [t.detach().double().requires_grad_() for t in (call.q, call.k, call.v)]
+    rout, _ = seg_tests.oracle(*leaves, good, call.total_q)
+    rg = torch.autograd.grad(rout, leaves, call.dout.double())
+    for i in (0, 2):
+        a, b = q_rows[i]
+        assert_rel("out", out[a:b], rout[a:b], TOL_BF16, f"segment {i}")
+        assert_rel("dq", grads[0][a:b], rg[0][a:b], TOL_BF16, f"segment {i}")
+        k0, n = call.segs[i][2], call.segs[i][3]
+        for name, x, r in zip(("dk", "dv"), grads[1:], rg[1:]):
+            assert_rel(name, x[k0:k0 + n], r[k0:k0 + n], TOL_BF16, f"segment {i}")
+    k0, n = call.segs[1][2], call.segs[1][3]  # bad segment 1's ordered keys: zero gradient
+    assert (grads[1][k0:k0 + n] == 0).all() and (grads[2][k0:k0 + n] == 0).all()
+
+
+def test_takes_route_rules(monkeypatch):
+    """Which calls the route takes: THD only, no return_softmax, CUDA builds of torch, the
+    tuning mode (0 never, 1 the measured rule, 2 always)."""
+    q = torch.empty(4, 8, 128)
+    k = torch.empty(4, 2, 128)
+    assert not small_seq_flash.takes_route(q, k, True, 64, 64, False), "CPU tensors"
+    assert small_seq_flash.route_wins(8, 2, 32, 64)  # 128 rows per (segment, kv head)
+    assert not small_seq_flash.route_wins(8, 8, 127, 64)
+    assert not small_seq_flash.route_wins(8, 8, 512, small_seq_flash.ROUTE_MIN_SEQLEN_KV - 1)
+
+    class FakeCuda:  # a tensor stand-in on a CUDA device
+        is_cuda = True
+        shape = q.shape
+
+    class FakeK:
+        shape = k.shape
+
+    monkeypatch.setattr(backends, "_flash_problem", lambda q: None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    for mode, thd, softmax, max_q, want in [(1, True, False, 512, True),
+                                            (1, True, False, 8, False),
+                                            (2, True, False, 8, True),
+                                            (0, True, False, 512, False),
+                                            (2, False, False, 512, False),
+                                            (2, True, True, 512, False)]:
+        monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: mode)
+        got = small_seq_flash.takes_route(FakeCuda(), FakeK(), thd, max_q, 64, softmax)
+        assert got == want, (mode, thd, softmax, max_q)
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), True, 512, 64, False)
+
+
+def test_flash_offsets():
+    """Clamped into [0, total] and non-decreasing; valid offsets unchanged."""
+    cu = torch.tensor([0, 3, 3, 9], dtype=torch.int64)
+    assert torch.equal(small_seq_flash.flash_offsets(cu, 9), cu.int())
+    bad = torch.tensor([-4, 7, 2, 2**40, 5], dtype=torch.int64)
+    assert small_seq_flash.flash_offsets(bad, 10).tolist() == [0, 7, 7, 10, 10]

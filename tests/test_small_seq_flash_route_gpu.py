@@ -1,0 +1,166 @@
+"""GPU tests of fused_attn_small_seq's flash route (rocm_attn/small_seq_flash.py): torch's flash
+varlen kernels with the contract kernels (hip_src/small_seq/flash_contract_kernel.h) around
+them, called directly (``small_seq_flash_fwd`` / ``_bwd``) and through fused_attn_small_seq.
+
+Same oracles, poisoning and bounds as the tiled kernels' GPU tests
+(tests/helpers/small_seq_tiled_cases.py, small_seq_tiled_bwd_cases.py): the route keeps their
+contract. Bad offsets here leave no valid segment overlapping another (the case where the
+route gives NaN instead of the tiled kernels' values: tests/test_emu_small_seq_flash_contract.py).
+Skipped where torch's flash kernels cannot serve (ROCm builds, no flash).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import rocm_attn  # noqa: E402
+from rocm_attn import fused_attn_small_seq, small_seq_flash  # noqa: E402
+from rocm_attn.errors import read_errors  # noqa: E402
+from helpers.gpu import gpu_marks, poison_allocator  # noqa: E402
+from helpers.small_seq_tiled_gpu import DTYPES, GROUPS, lens, tiled_device  # noqa: E402
+from helpers import small_seq_tiled_bwd_cases as G  # noqa: E402
+from helpers import small_seq_tiled_cases as C  # noqa: E402
+
+pytestmark = [*gpu_marks(thd_ops=False), pytest.mark.usefixtures("clean_error_counter")]
+
+
+@pytest.fixture(scope="module")
+def dev():
+    device = tiled_device("small_seq_tiled_fwd")
+    why = small_seq_flash.route_problem(ignore_tuning=True)
+    if why is None:
+        from rocm_attn.varlen import backends
+
+        why = backends.flash_problem(torch.empty(1, 1, 64, device=device,
+                                                  dtype=torch.bfloat16))
+    if why:
+        pytest.skip(f"no flash route here: {why}")
+    return device
+
+
+def fwd(case, lse_grad=False):
+    poison_allocator(case.q.device)
+    return small_seq_flash.small_seq_flash_fwd(case.q, case.k, case.v, case.cu_q, case.cu_kv,
+                                               case.max_q, case.max_kv, case.scale, lse_grad)
+
+
+def bwd(case, dout, out, lse):
+    poison_allocator(case.q.device)
+    return small_seq_flash.small_seq_flash_bwd(dout, case.q, case.k, case.v, out, lse,
+                                               case.cu_q, case.cu_kv, case.max_q, case.max_kv,
+                                               case.scale)
+
+
+def check(case, expect_bad=(), seed=0):
+    """Forward against the oracle, then the backward on the oracle's out / LSE."""
+    out, lse = fwd(case)
+    C.check(case, out, lse, None, expect_bad=list(expect_bad))
+    torch.cuda.synchronize()
+    want = (len(expect_bad), expect_bad[0]) if expect_bad else (0, -1)
+    assert read_errors(reset=True) == want
+    dout, r_out, r_lse, _ = G.inputs(case, seed, False)
+    grads = bwd(case, dout, r_out, r_lse)
+    torch.cuda.synchronize()
+    G.check_grads(case, dout, None, *grads)
+    assert read_errors(reset=True) == (0, -1), "the backward counts nothing"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype):
+    """Queries per segment 1, 2, 17 and 512 (and 0) against keys 17, 64, 256, 1000 (and 0),
+    padding rows around the segments, int64 offsets."""
+    q_lens = [1, 2, 17, 512, 0, 1, 17, 2, 512, 3]
+    kv_lens = [17, 64, 256, 1000, 5, 0, 1000, 17, 64, 256]
+    case = C.thd_case(d + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, d, dtype, pad_before=3,
+                      pad_after=2, kv_pad=2, offsets=torch.int64, device=dev)
+    check(case)
+
+
+def test_ragged_many_candidates_strided(dev):
+    """200 users x up to 300 candidates over up to 300 keys, q a head slice and k / v halves
+    of one fused tensor (flash reads the strides as given), int32 offsets."""
+    gen = torch.Generator().manual_seed(5)
+    case = C.thd_case(5, lens(gen, 200, 0, 300), lens(gen, 200, 0, 300), 8, 2, 128,
+                      torch.bfloat16, strided=True, max_q=300, max_kv=300, device=dev)
+    check(case, seed=5)
+
+
+def test_garbage_offsets_no_oob(dev):
+    """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, fewer than zero
+    keys, keys past the end): NaN rows and dq on the bad segments, zero dk / dv on their ordered
+    keys, counted once, no out-of-bounds access (run under compute-sanitizer), every other
+    segment exact."""
+    q_lens, kv_lens = [3, 1, 17, 2, 40, 5, 1, 2, 4], [5, 17, 64, 3, 10, 1, 0, 7, 9]
+    case = C.thd_case(10, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, offsets=torch.int64,
+                      max_q=17, max_kv=64, pad_before=2, pad_after=2, kv_pad=3, device=dev)
+    case.cu_q[2] = -(2**40)  # segments 1 and 2: queries before the start of q
+    case.cu_kv[8] = case.cu_kv[7] - 1  # segment 7: -1 keys
+    case.cu_kv[9] = 2**40  # segment 8: keys past the end of k / v
+    check(case, expect_bad=(1, 2, 4, 7, 8), seed=10)
+
+
+@pytest.fixture
+def route_rule():
+    """Tuning small_seq_flash_route = 1 (the rule) for one test."""
+    with rocm_attn.tuning.override(small_seq_flash_route=1):
+        yield
+
+
+def test_through_fused_attn_small_seq_compile_and_graph(dev, route_rule):
+    """The rule sends many candidates over 64 keys to the route (flash's forward and backward
+    run); eager, torch.compile and a captured CUDA graph give the same results."""
+    gen = torch.Generator().manual_seed(7)
+    b, max_q, max_kv = 32, 160, 64
+    case = C.thd_case(7, lens(gen, b, 100, max_q), lens(gen, b, 1, max_kv), 8, 8, 128,
+                      torch.bfloat16, max_q=max_q, max_kv=max_kv, device=dev)
+    assert small_seq_flash.takes_route(case.q, case.k, True, max_q, max_kv, False)
+    leaves = [t.detach().clone().requires_grad_() for t in (case.q, case.k, case.v)]
+    dout = torch.randn_like(case.q)
+
+    def step(q, k, v):
+        out = fused_attn_small_seq(q, k, v, case.cu_q, case.cu_kv, max_q, max_kv)
+        return (out,) + torch.autograd.grad(out, (q, k, v), dout)
+
+    eager = step(*leaves)
+    C.check(case, eager[0], fwd(case)[1], None, expect_bad=[])
+    G.check_grads(case, dout, None, *eager[1:])
+    compiled = torch.compile(step)(*leaves)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), eager, compiled):
+        assert torch.allclose(a.float(), b.float(), atol=2e-2, rtol=2e-2), name
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step(*leaves)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(*leaves)
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, a, b in zip(("out", "dq", "dk", "dv"), eager, captured):
+        assert torch.allclose(a.float(), b.float(), atol=2e-2, rtol=2e-2), name
+    assert read_errors(reset=True) == (0, -1)
+
+
+def test_lse_cotangent_takes_the_tiled_backward(dev):
+    """return_lse with a loss on the LSE: gradients of out and LSE (the tiled backward serves
+    them; flash's backward has no LSE cotangent)."""
+    gen = torch.Generator().manual_seed(8)
+    case = C.thd_case(8, lens(gen, 16, 1, 200), lens(gen, 16, 0, 64), 8, 2, 128,
+                      torch.bfloat16, max_q=200, max_kv=64, device=dev)
+    leaves = [t.detach().clone().requires_grad_() for t in (case.q, case.k, case.v)]
+    with rocm_attn.tuning.override(small_seq_flash_route=2):
+        out, lse = fused_attn_small_seq(*leaves, case.cu_q, case.cu_kv, case.max_q, case.max_kv,
+                                        return_lse=True)
+    dout, _, _, dlse = G.inputs(case, 8, True)
+    grads = torch.autograd.grad((out, lse), leaves, (dout, dlse))
+    G.check_grads(case, dout, dlse, *grads)
