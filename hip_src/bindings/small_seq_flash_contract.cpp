@@ -14,15 +14,19 @@
 namespace {
 
 using rocm_attn::bindings::check_launch;
+using rocm_attn::bindings::check_rows_16b;
 using rocm_attn::bindings::check_tiled_offsets;
 using rocm_attn::bindings::current_stream;
 using rocm_attn::bindings::fill_tiled_segments;
+using rocm_attn::bindings::tiled_row_strides;
 
 constexpr const char* kOp = "small_seq_flash_contract";
 
-// p's segment fields from the call's offsets (q: [total_q, h_q, d], k: [total_kv, h_kv, d]);
-// the flash offsets checked to be int32 [b + 1] on the same device.
-SmallSeqTiledParams contract_params(const at::Tensor& q, const at::Tensor& k,
+// p's segment fields from the call's offsets (q: a [total_q, h_q, d] tensor, k: a
+// [total_kv, h_kv, d] one, named q_name / k_name in messages); the flash offsets checked to be
+// int32 [b + 1] on the same device.
+SmallSeqTiledParams contract_params(const at::Tensor& q, const char* q_name,
+                                    const at::Tensor& k, const char* k_name,
                                     const at::Tensor& cu_seqlens_q,
                                     const at::Tensor& cu_seqlens_kv,
                                     const at::Tensor& flash_cu_seqlens_q,
@@ -41,10 +45,8 @@ SmallSeqTiledParams contract_params(const at::Tensor& q, const at::Tensor& k,
   TORCH_CHECK(max_seqlen_q >= 1 && max_seqlen_q <= rocm_attn::bindings::kTiledInt32Max &&
                   max_seqlen_kv >= 1 && max_seqlen_kv <= rocm_attn::bindings::kTiledInt32Max,
               kOp, ": max_seqlen_q and max_seqlen_kv must be in 1..2^31-1");
-  for (const at::Tensor* t : {&q, &k})
-    TORCH_CHECK(t->stride(-1) == 1 && t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0 &&
-                    reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
-                kOp, ": rows must be 16-byte aligned with a contiguous head dim");
+  check_rows_16b(q, kOp, q_name);
+  check_rows_16b(k, kOp, k_name);
   SmallSeqTiledParams p{};
   p.num_heads_q = static_cast<int32_t>(q.size(1));
   p.num_heads_kv = static_cast<int32_t>(k.size(1));
@@ -71,16 +73,16 @@ void small_seq_flash_contract_fwd(at::Tensor& out, at::Tensor& lse, const at::Te
                                   const at::Tensor& flash_cu_seqlens_q,
                                   const at::Tensor& flash_cu_seqlens_kv, int64_t max_seqlen_q,
                                   int64_t max_seqlen_kv) {
-  SmallSeqTiledParams p = contract_params(out, k, cu_seqlens_q, cu_seqlens_kv, flash_cu_seqlens_q,
-                                          flash_cu_seqlens_kv, max_seqlen_q, max_seqlen_kv);
+  SmallSeqTiledParams p =
+      contract_params(out, "out", k, "k", cu_seqlens_q, cu_seqlens_kv, flash_cu_seqlens_q,
+                      flash_cu_seqlens_kv, max_seqlen_q, max_seqlen_kv);
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 &&
                   lse.size(0) == out.size(1) && lse.size(1) == out.size(0) &&
                   lse.stride(1) == 1 && lse.device() == out.device(),
               kOp, ": lse must be float32 [h_q, total_q] with contiguous rows, got ",
               lse.sizes());
   p.o = out.data_ptr();
-  p.o_token_stride = out.stride(0);
-  p.o_head_stride = out.stride(1);
+  tiled_row_strides(out, p.o_batch_stride, p.o_token_stride, p.o_head_stride);
   p.lse = lse.data_ptr<float>();
   p.lse_head_stride = lse.stride(0);
   const c10::DeviceGuard guard(out.device());
@@ -97,21 +99,19 @@ void small_seq_flash_contract_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv
                                   const at::Tensor& flash_cu_seqlens_q,
                                   const at::Tensor& flash_cu_seqlens_kv, int64_t max_seqlen_q,
                                   int64_t max_seqlen_kv) {
-  SmallSeqTiledParams p = contract_params(dq, dk, cu_seqlens_q, cu_seqlens_kv, flash_cu_seqlens_q,
-                                          flash_cu_seqlens_kv, max_seqlen_q, max_seqlen_kv);
+  SmallSeqTiledParams p =
+      contract_params(dq, "dq", dk, "dk", cu_seqlens_q, cu_seqlens_kv, flash_cu_seqlens_q,
+                      flash_cu_seqlens_kv, max_seqlen_q, max_seqlen_kv);
   TORCH_CHECK(dv.sizes() == dk.sizes() && dv.scalar_type() == dk.scalar_type() &&
-                  dv.device() == dk.device() && dv.stride(-1) == 1 && dv.stride(0) % 8 == 0 &&
-                  dv.stride(1) % 8 == 0 && reinterpret_cast<uintptr_t>(dv.data_ptr()) % 16 == 0,
-              kOp, ": dv must be like dk ", dk.sizes());
+                  dv.device() == dk.device(),
+              kOp, ": dv must have dk's shape ", dk.sizes(), ", dtype and device");
+  check_rows_16b(dv, kOp, "dv");
   p.dq = dq.data_ptr();
   p.dk = dk.data_ptr();
   p.dv = dv.data_ptr();
-  p.dq_token_stride = dq.stride(0);
-  p.dq_head_stride = dq.stride(1);
-  p.dk_token_stride = dk.stride(0);
-  p.dk_head_stride = dk.stride(1);
-  p.dv_token_stride = dv.stride(0);
-  p.dv_head_stride = dv.stride(1);
+  tiled_row_strides(dq, p.dq_batch_stride, p.dq_token_stride, p.dq_head_stride);
+  tiled_row_strides(dk, p.dk_batch_stride, p.dk_token_stride, p.dk_head_stride);
+  tiled_row_strides(dv, p.dv_batch_stride, p.dv_token_stride, p.dv_head_stride);
   const c10::DeviceGuard guard(dq.device());
   check_launch(small_seq_flash_contract_bwd_launch(
                    p, flash_cu_seqlens_q.data_ptr<int32_t>(),

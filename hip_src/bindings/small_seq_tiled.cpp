@@ -27,6 +27,7 @@ using rocm_attn::bindings::check_rows_16b;
 using rocm_attn::bindings::current_stream;
 using rocm_attn::bindings::fill_tiled_segments;
 using rocm_attn::bindings::kTiledInt32Max;
+using rocm_attn::bindings::tiled_row_strides;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -76,24 +77,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
   fill_tiled_segments(p, q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                       max_seqlen_kv, "small_seq_tiled");
   const int64_t total_q = p.total_q;
-  if (thd) {
-    p.q_token_stride = q.stride(0);
-    p.q_head_stride = q.stride(1);
-    p.k_token_stride = k.stride(0);
-    p.k_head_stride = k.stride(1);
-    p.v_token_stride = v.stride(0);
-    p.v_head_stride = v.stride(1);
-  } else {
-    p.q_batch_stride = q.stride(0);
-    p.q_token_stride = q.stride(1);
-    p.q_head_stride = q.stride(2);
-    p.k_batch_stride = k.stride(0);
-    p.k_token_stride = k.stride(1);
-    p.k_head_stride = k.stride(2);
-    p.v_batch_stride = v.stride(0);
-    p.v_token_stride = v.stride(1);
-    p.v_head_stride = v.stride(2);
-  }
+  tiled_row_strides(q, p.q_batch_stride, p.q_token_stride, p.q_head_stride);
+  tiled_row_strides(k, p.k_batch_stride, p.k_token_stride, p.k_head_stride);
+  tiled_row_strides(v, p.v_batch_stride, p.v_token_stride, p.v_head_stride);
 
   const c10::DeviceGuard guard(q.device());
   at::Tensor out = at::empty(q.sizes(), q.options());
@@ -111,14 +97,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
   p.k = k.data_ptr();
   p.v = v.data_ptr();
   p.o = out.data_ptr();
-  if (thd) {
-    p.o_token_stride = out.stride(0);
-    p.o_head_stride = out.stride(1);
-  } else {
-    p.o_batch_stride = out.stride(0);
-    p.o_token_stride = out.stride(1);
-    p.o_head_stride = out.stride(2);
-  }
+  tiled_row_strides(out, p.o_batch_stride, p.o_token_stride, p.o_head_stride);
   p.lse = lse.data_ptr<float>();
   p.lse_head_stride = total_q;
   p.probs = return_softmax ? probs.data_ptr<float>() : nullptr;

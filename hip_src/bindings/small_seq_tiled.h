@@ -14,6 +14,16 @@ namespace rocm_attn::bindings {
 // Rows, segments and per-segment bounds are int32 in the kernels' params.
 constexpr int64_t kTiledInt32Max = std::numeric_limits<int32_t>::max();
 
+// Batch / token / head strides (elements) of a THD ([rows, h, d]: batch 0) or BSHD
+// ([b, s, h, d]) tensor, as the params' X_batch_stride / X_token_stride / X_head_stride.
+inline void tiled_row_strides(const at::Tensor& t, int64_t& batch, int64_t& token,
+                              int64_t& head) {
+  const bool thd = t.dim() == 3;
+  batch = thd ? 0 : t.stride(0);
+  token = t.stride(thd ? 0 : 1);
+  head = t.stride(thd ? 1 : 2);
+}
+
 // An offset tensor: contiguous 1-D int32 or int64 with `numel` entries on q's device. Returns
 // whether it is int64. `op` prefixes the message, `name` is the argument.
 inline bool check_tiled_offsets(const at::Tensor& t, const at::Tensor& q, int64_t numel,

@@ -26,14 +26,7 @@ using rocm_attn::bindings::check_rows_16b;
 using rocm_attn::bindings::current_stream;
 using rocm_attn::bindings::fill_tiled_segments;
 using rocm_attn::bindings::kTiledInt32Max;
-
-// Batch / token / head strides of a THD ([rows, h, d]) or BSHD ([b, s, h, d]) tensor.
-void tiled_bwd_strides(const at::Tensor& t, int64_t& batch, int64_t& token, int64_t& head) {
-  const bool thd = t.dim() == 3;
-  batch = thd ? 0 : t.stride(0);
-  token = t.stride(thd ? 0 : 1);
-  head = t.stride(thd ? 1 : 2);
-}
+using rocm_attn::bindings::tiled_row_strides;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -132,14 +125,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
   p.dv = dv.data_ptr();
   p.workspace = workspace.data_ptr<float>();
   p.workspace_elems = workspace.numel();
-  tiled_bwd_strides(q, p.q_batch_stride, p.q_token_stride, p.q_head_stride);
-  tiled_bwd_strides(k, p.k_batch_stride, p.k_token_stride, p.k_head_stride);
-  tiled_bwd_strides(v, p.v_batch_stride, p.v_token_stride, p.v_head_stride);
-  tiled_bwd_strides(dout, p.do_batch_stride, p.do_token_stride, p.do_head_stride);
-  tiled_bwd_strides(out, p.out_batch_stride, p.out_token_stride, p.out_head_stride);
-  tiled_bwd_strides(dq, p.dq_batch_stride, p.dq_token_stride, p.dq_head_stride);
-  tiled_bwd_strides(dk, p.dk_batch_stride, p.dk_token_stride, p.dk_head_stride);
-  tiled_bwd_strides(dv, p.dv_batch_stride, p.dv_token_stride, p.dv_head_stride);
+  tiled_row_strides(q, p.q_batch_stride, p.q_token_stride, p.q_head_stride);
+  tiled_row_strides(k, p.k_batch_stride, p.k_token_stride, p.k_head_stride);
+  tiled_row_strides(v, p.v_batch_stride, p.v_token_stride, p.v_head_stride);
+  tiled_row_strides(dout, p.do_batch_stride, p.do_token_stride, p.do_head_stride);
+  tiled_row_strides(out, p.out_batch_stride, p.out_token_stride, p.out_head_stride);
+  tiled_row_strides(dq, p.dq_batch_stride, p.dq_token_stride, p.dq_head_stride);
+  tiled_row_strides(dk, p.dk_batch_stride, p.dk_token_stride, p.dk_head_stride);
+  tiled_row_strides(dv, p.dv_batch_stride, p.dv_token_stride, p.dv_head_stride);
   const SmallSeqTiledDtype dtype = q.scalar_type() == at::kBFloat16
                                        ? SmallSeqTiledDtype::kBFloat16
                                        : SmallSeqTiledDtype::kFloat16;
