@@ -197,3 +197,26 @@ def test_flash_offsets():
     assert torch.equal(small_seq_flash.flash_offsets(cu, 9), cu.int())
     bad = torch.tensor([-4, 7, 2, 2**40, 5], dtype=torch.int64)
     assert small_seq_flash.flash_offsets(bad, 10).tolist() == [0, 7, 7, 10, 10]
+
+
+def test_route_overlapping_valid_segment_is_nan(route_on_cpu):
+    """Segment 1 bad (decreasing offsets) lets segment 2 overlap segment 0's rows and keys: the
+    route gives segment 2 NaN (flash saw it on other rows) rather than a wrong value, counts
+    only the bad segment, and segment 0's own rows keep the oracle's values."""
+    rng = Rng(2, "flash-route-overlap")
+    call = Call(rng, [8, 0, 8], [4, 0, 4], 2, 2, 64, torch.bfloat16)
+    call.cu_q = torch.tensor([0, 8, 2, 10], dtype=torch.int32)
+    call.cu_kv = torch.tensor([0, 4, 2, 6], dtype=torch.int32)
+    call.q = call.q[:10]
+    call.dout = call.dout[:10]
+    call.k, call.v = call.k[:6], call.v[:6]
+    call.total_q = 10
+    out, lse, grads = _run(call)
+    count, lowest = route_on_cpu.errors()
+    assert count == 1 and 0x7FFFFFFF - lowest == 1
+    assert torch.isnan(out[8:10].float()).all() and torch.isnan(lse[:, 8:10]).all()
+    assert torch.isnan(grads[0][8:10].float()).all()
+    assert torch.isnan(grads[1][4:6].float()).all() and torch.isnan(grads[2][4:6].float()).all()
+    leaves = [t.detach().double().requires_grad_() for t in (call.q, call.k, call.v)]
+    rout, _ = seg_tests.oracle(*leaves, [(0, 8, 0, 4)], call.total_q)
+    assert_rel("out", out[:2], rout[:2], TOL_BF16, "segment 0's own rows")
