@@ -55,6 +55,31 @@ RA_DEVICE void flash_contract_fill_lse(const SmallSeqTiledParams& p, int64_t row
   }
 }
 
+// Forward: rows [row0, row0 + rows) of out (all q heads) set to the 16-bit pattern `bits` and
+// of the LSE to `lse`.
+RA_DEVICE void flash_contract_fill_out(const SmallSeqTiledParams& p, int64_t row0, int64_t rows,
+                                       int vecs, uint16_t bits, float lse) {
+  flash_contract_fill_rows(p.o, p.o_token_stride, p.o_head_stride, row0, rows, p.num_heads_q,
+                           vecs, bits);
+  flash_contract_fill_lse(p, row0, rows, lse);
+}
+
+// Backward: k / v rows [row0, row0 + rows) of dk and dv (all kv heads) set to `bits`.
+RA_DEVICE void flash_contract_fill_dkv(const SmallSeqTiledParams& p, int64_t row0, int64_t rows,
+                                       int vecs, uint16_t bits) {
+  flash_contract_fill_rows(p.dk, p.dk_token_stride, p.dk_head_stride, row0, rows,
+                           p.num_heads_kv, vecs, bits);
+  flash_contract_fill_rows(p.dv, p.dv_token_stride, p.dv_head_stride, row0, rows,
+                           p.num_heads_kv, vecs, bits);
+}
+
+// Backward: rows [row0, row0 + rows) of dq (all q heads) set to `bits`.
+RA_DEVICE void flash_contract_fill_dq(const SmallSeqTiledParams& p, int64_t row0, int64_t rows,
+                                      int vecs, uint16_t bits) {
+  flash_contract_fill_rows(p.dq, p.dq_token_stride, p.dq_head_stride, row0, rows, p.num_heads_q,
+                           vecs, bits);
+}
+
 // Whether flash served segment `seg` on exactly its own rows and keys.
 RA_DEVICE bool flash_contract_exact(const TiledBounds& b, const TiledSegment& s,
                                     const int32_t* flash_cu_q, const int32_t* flash_cu_kv,
@@ -74,28 +99,15 @@ __global__ void small_seq_flash_contract_fwd_kernel(SmallSeqTiledParams p,
     const TiledBounds b = tiled_fetch_bounds(p, seg);
     const TiledSegment s = tiled_resolve_segment(p, seg, b);
     if (!s.valid && threadIdx.x == 0) tiled_report_bad_segment(p, seg);
-    if (!flash_contract_exact(b, s, flash_cu_q, flash_cu_kv, seg)) {
-      flash_contract_fill_rows(p.o, p.o_token_stride, p.o_head_stride, s.q_row0, s.nq,
-                               p.num_heads_q, vecs, nan_bits);
-      flash_contract_fill_lse(p, s.q_row0, s.nq, tiled_nan());
-    } else if (s.nk == 0) {
-      flash_contract_fill_rows(p.o, p.o_token_stride, p.o_head_stride, s.q_row0, s.nq,
-                               p.num_heads_q, vecs, 0);
-      flash_contract_fill_lse(p, s.q_row0, s.nq, neg_inf);
-    }
+    if (!flash_contract_exact(b, s, flash_cu_q, flash_cu_kv, seg))
+      flash_contract_fill_out(p, s.q_row0, s.nq, vecs, nan_bits, tiled_nan());
+    else if (s.nk == 0)
+      flash_contract_fill_out(p, s.q_row0, s.nq, vecs, 0, neg_inf);
     // padding rows of q
-    if (seg == 0) {
-      const TiledPadding pad = tiled_padding_rows(p);
-      flash_contract_fill_rows(p.o, p.o_token_stride, p.o_head_stride, 0, pad.lead_end,
-                               p.num_heads_q, vecs, 0);
-      flash_contract_fill_lse(p, 0, pad.lead_end, neg_inf);
-    }
+    if (seg == 0) flash_contract_fill_out(p, 0, tiled_padding_rows(p).lead_end, vecs, 0, neg_inf);
     if (seg == p.batch - 1) {
-      const TiledPadding pad = tiled_padding_rows(p);
-      const int64_t rows = p.total_q - pad.tail_begin;
-      flash_contract_fill_rows(p.o, p.o_token_stride, p.o_head_stride, pad.tail_begin, rows,
-                               p.num_heads_q, vecs, 0);
-      flash_contract_fill_lse(p, pad.tail_begin, rows, neg_inf);
+      const int64_t tail = tiled_padding_rows(p).tail_begin;
+      flash_contract_fill_out(p, tail, p.total_q - tail, vecs, 0, neg_inf);
     }
   }
 }
@@ -112,42 +124,25 @@ __global__ void small_seq_flash_contract_bwd_kernel(SmallSeqTiledParams p,
     const TiledSegment s = tiled_resolve_segment(p, seg, b);
     const bool exact = flash_contract_exact(b, s, flash_cu_q, flash_cu_kv, seg);
     // dk / dv of this segment's keys: zero for a bad segment (when ordered) and for a valid
-    // one without queries, NaN for a valid one that flash computed on other rows or keys.
+    // one without queries, NaN for a valid one that flash computed on other rows or keys (a
+    // bad segment is never exact).
     const int64_t k0 = tiled_clamp_row(b.k0, p.total_kv);
     const int64_t k1 = tiled_clamp_row(b.k1, p.total_kv);
-    if (!s.valid || !exact || s.nq == 0) {
-      const uint16_t bits = s.valid && !exact ? nan_bits : 0;
-      flash_contract_fill_rows(p.dk, p.dk_token_stride, p.dk_head_stride, k0, k1 - k0,
-                               p.num_heads_kv, vecs, bits);
-      flash_contract_fill_rows(p.dv, p.dv_token_stride, p.dv_head_stride, k0, k1 - k0,
-                               p.num_heads_kv, vecs, bits);
-    }
+    if (!exact || s.nq == 0)
+      flash_contract_fill_dkv(p, k0, k1 - k0, vecs, s.valid && !exact ? nan_bits : 0);
     // dq of its rows: NaN unless flash computed them, zero where the segment has no key.
     if (!exact || s.nk == 0)
-      flash_contract_fill_rows(p.dq, p.dq_token_stride, p.dq_head_stride, s.q_row0, s.nq,
-                               p.num_heads_q, vecs, exact ? 0 : nan_bits);
+      flash_contract_fill_dq(p, s.q_row0, s.nq, vecs, exact ? 0 : nan_bits);
     // padding: q rows and k / v rows outside every segment
     if (seg == 0) {
-      const TiledPadding pad = tiled_padding_rows(p);
-      flash_contract_fill_rows(p.dq, p.dq_token_stride, p.dq_head_stride, 0, pad.lead_end,
-                               p.num_heads_q, vecs, 0);
-      const int64_t lead_kv = tiled_clamp_row(
-          tiled_read_offset(p.cu_seqlens_kv, p.cu_seqlens_kv_int64, 0), p.total_kv);
-      flash_contract_fill_rows(p.dk, p.dk_token_stride, p.dk_head_stride, 0, lead_kv,
-                               p.num_heads_kv, vecs, 0);
-      flash_contract_fill_rows(p.dv, p.dv_token_stride, p.dv_head_stride, 0, lead_kv,
-                               p.num_heads_kv, vecs, 0);
+      flash_contract_fill_dq(p, 0, tiled_padding_rows(p).lead_end, vecs, 0);
+      flash_contract_fill_dkv(p, 0, tiled_kv_offset_clamped(p, 0), vecs, 0);
     }
     if (seg == p.batch - 1) {
-      const TiledPadding pad = tiled_padding_rows(p);
-      flash_contract_fill_rows(p.dq, p.dq_token_stride, p.dq_head_stride, pad.tail_begin,
-                               p.total_q - pad.tail_begin, p.num_heads_q, vecs, 0);
-      const int64_t tail_kv = tiled_clamp_row(
-          tiled_read_offset(p.cu_seqlens_kv, p.cu_seqlens_kv_int64, p.batch), p.total_kv);
-      flash_contract_fill_rows(p.dk, p.dk_token_stride, p.dk_head_stride, tail_kv,
-                               p.total_kv - tail_kv, p.num_heads_kv, vecs, 0);
-      flash_contract_fill_rows(p.dv, p.dv_token_stride, p.dv_head_stride, tail_kv,
-                               p.total_kv - tail_kv, p.num_heads_kv, vecs, 0);
+      const int64_t tail = tiled_padding_rows(p).tail_begin;
+      flash_contract_fill_dq(p, tail, p.total_q - tail, vecs, 0);
+      const int64_t tail_kv = tiled_kv_offset_clamped(p, p.batch);
+      flash_contract_fill_dkv(p, tail_kv, p.total_kv - tail_kv, vecs, 0);
     }
   }
 }

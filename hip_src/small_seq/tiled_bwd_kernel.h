@@ -239,18 +239,9 @@ template <typename T, int D>
 RA_DEVICE bool tiled_bwd_edges(const SmallSeqTiledParams& p, const int seg, const int hk,
                                const TiledBounds& b, const TiledSegment& s, const int lane) {
   if (p.cu_seqlens_kv != nullptr) {
-    if (seg == 0)
-      tiled_bwd_zero_kv<D>(p, 0, hk, 0,
-                           tiled_clamp_row(tiled_read_offset(p.cu_seqlens_kv,
-                                                             p.cu_seqlens_kv_int64, 0),
-                                           p.total_kv),
-                           lane);
+    if (seg == 0) tiled_bwd_zero_kv<D>(p, 0, hk, 0, tiled_kv_offset_clamped(p, 0), lane);
     if (seg == p.batch - 1)
-      tiled_bwd_zero_kv<D>(p, 0, hk,
-                           tiled_clamp_row(tiled_read_offset(p.cu_seqlens_kv,
-                                                             p.cu_seqlens_kv_int64, p.batch),
-                                           p.total_kv),
-                           p.total_kv, lane);
+      tiled_bwd_zero_kv<D>(p, 0, hk, tiled_kv_offset_clamped(p, p.batch), p.total_kv, lane);
     if (!s.valid)
       tiled_bwd_zero_kv<D>(p, 0, hk, tiled_clamp_row(b.k0, p.total_kv),
                            tiled_clamp_row(b.k1, p.total_kv), lane);

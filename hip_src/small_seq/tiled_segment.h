@@ -124,6 +124,13 @@ RA_DEVICE int64_t tiled_clamp_row(int64_t r, int64_t total) {
   return r < 0 ? 0 : (r > total ? total : r);
 }
 
+// THD kv: entry i of cu_seqlens_kv clamped into k's rows (where the k / v rows outside every
+// segment begin or end: entries 0 and b).
+RA_DEVICE int64_t tiled_kv_offset_clamped(const SmallSeqTiledParams& p, int64_t i) {
+  return tiled_clamp_row(tiled_read_offset(p.cu_seqlens_kv, p.cu_seqlens_kv_int64, i),
+                         p.total_kv);
+}
+
 // (b == 0: no work items run; the binding fills every row itself.)
 RA_DEVICE TiledPadding tiled_padding_rows(const SmallSeqTiledParams& p) {
   if (p.cu_seqlens_q == nullptr || p.batch == 0) return TiledPadding{0, p.total_q};
