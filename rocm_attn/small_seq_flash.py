@@ -37,7 +37,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _ext
+from . import _ext, tuning
 
 # The rule of tuning value 1: rows of a (segment, kv head), max_seqlen_q x the GQA group, and
 # history length from which the ranking grid's flash anchors beat the tiled kernels (128+
@@ -49,11 +49,7 @@ ROUTE_MIN_SEQLEN_KV = 64
 
 def _route_mode() -> int:
     """Tuning ``small_seq_flash_route`` (0 without the compiled extension)."""
-    if not _ext.HAS_EXTENSION:
-        return 0
-    from . import _C
-
-    return _C.tuning()["small_seq_flash_route"][0]
+    return tuning.values().get("small_seq_flash_route", 0)
 
 
 def route_wins(h_q: int, h_kv: int, max_seqlen_q: int, max_seqlen_kv: int) -> bool:
@@ -63,15 +59,20 @@ def route_wins(h_q: int, h_kv: int, max_seqlen_q: int, max_seqlen_kv: int) -> bo
             and max_seqlen_kv >= ROUTE_MIN_SEQLEN_KV)
 
 
+def route_selects(h_q: int, h_kv: int, max_seqlen_q: int, max_seqlen_kv: int) -> bool:
+    """Whether the tuning value picks the route for a call of these heads and bounds: 2 always,
+    1 where :func:`route_wins`, 0 never."""
+    mode = _route_mode()
+    return mode >= 2 or (mode == 1 and route_wins(h_q, h_kv, max_seqlen_q, max_seqlen_kv))
+
+
 def takes_route(q, k, thd: bool, max_seqlen_q: int, max_seqlen_kv: int,
                 return_softmax: bool) -> bool:
     """Whether a call the tiled kernels would serve takes the flash route instead."""
     if (not thd or return_softmax or not q.is_cuda or torch.version.hip is not None
             or q.shape[0] == 0 or k.shape[0] == 0):
         return False
-    mode = _route_mode()
-    if mode <= 0 or (mode == 1 and not route_wins(q.shape[-2], k.shape[-2], max_seqlen_q,
-                                                  max_seqlen_kv)):
+    if not route_selects(q.shape[-2], k.shape[-2], max_seqlen_q, max_seqlen_kv):
         return False
     from .varlen import backends
 

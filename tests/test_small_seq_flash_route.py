@@ -56,7 +56,7 @@ def route_on_cpu(emulated_tiled_ops, monkeypatch):
     if not _CONTRACT_LIB:
         _CONTRACT_LIB.append(_define_contract_ops(lib_emu))
     monkeypatch.setattr(small_seq_flash, "takes_route", lambda *a, **kw: True)
-    calls = route_on_cpu_calls = {"forward": 0, "backward": 0}
+    calls = {"forward": 0, "backward": 0}
 
     def counted(kind, fn):
         def call(*args, **kw):
@@ -70,7 +70,7 @@ def route_on_cpu(emulated_tiled_ops, monkeypatch):
     # a bad segment's flash sub-sequence may exceed the bounds: left uninitialised
     monkeypatch.setattr(flash_emulator, "LONG_SPANS_UNINITIALISED", True)
     lib_emu.errors(reset=True)
-    lib_emu.flash_calls = route_on_cpu_calls
+    lib_emu.flash_calls = calls
     return lib_emu
 
 

@@ -62,9 +62,21 @@ SmallSeqTiledParams contract_params(const at::Tensor& q, const char* q_name,
   return p;
 }
 
-SmallSeqTiledDtype contract_dtype(const at::Tensor& q) {
-  return q.scalar_type() == at::kBFloat16 ? SmallSeqTiledDtype::kBFloat16
-                                          : SmallSeqTiledDtype::kFloat16;
+// Launches `launcher` (forward or backward contract) on q_like's device and current stream;
+// q_like (out or dq) gives the dtype and head dim.
+using ContractLauncher = hipError_t (*)(const SmallSeqTiledParams&, const int32_t*,
+                                        const int32_t*, SmallSeqTiledDtype, int, hipStream_t);
+void launch_contract(ContractLauncher launcher, const SmallSeqTiledParams& p,
+                     const at::Tensor& q_like, const at::Tensor& flash_cu_seqlens_q,
+                     const at::Tensor& flash_cu_seqlens_kv, const char* what) {
+  const SmallSeqTiledDtype dtype = q_like.scalar_type() == at::kBFloat16
+                                       ? SmallSeqTiledDtype::kBFloat16
+                                       : SmallSeqTiledDtype::kFloat16;
+  const c10::DeviceGuard guard(q_like.device());
+  check_launch(launcher(p, flash_cu_seqlens_q.data_ptr<int32_t>(),
+                        flash_cu_seqlens_kv.data_ptr<int32_t>(), dtype,
+                        static_cast<int>(q_like.size(-1)), current_stream(q_like.device())),
+               what);
 }
 
 void small_seq_flash_contract_fwd(at::Tensor& out, at::Tensor& lse, const at::Tensor& k,
@@ -85,12 +97,8 @@ void small_seq_flash_contract_fwd(at::Tensor& out, at::Tensor& lse, const at::Te
   tiled_row_strides(out, p.o_batch_stride, p.o_token_stride, p.o_head_stride);
   p.lse = lse.data_ptr<float>();
   p.lse_head_stride = lse.stride(0);
-  const c10::DeviceGuard guard(out.device());
-  check_launch(small_seq_flash_contract_fwd_launch(
-                   p, flash_cu_seqlens_q.data_ptr<int32_t>(),
-                   flash_cu_seqlens_kv.data_ptr<int32_t>(), contract_dtype(out),
-                   static_cast<int>(out.size(-1)), current_stream(out.device())),
-               "small_seq flash contract forward launch");
+  launch_contract(&small_seq_flash_contract_fwd_launch, p, out, flash_cu_seqlens_q,
+                  flash_cu_seqlens_kv, "small_seq flash contract forward launch");
 }
 
 void small_seq_flash_contract_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
@@ -112,12 +120,8 @@ void small_seq_flash_contract_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv
   tiled_row_strides(dq, p.dq_batch_stride, p.dq_token_stride, p.dq_head_stride);
   tiled_row_strides(dk, p.dk_batch_stride, p.dk_token_stride, p.dk_head_stride);
   tiled_row_strides(dv, p.dv_batch_stride, p.dv_token_stride, p.dv_head_stride);
-  const c10::DeviceGuard guard(dq.device());
-  check_launch(small_seq_flash_contract_bwd_launch(
-                   p, flash_cu_seqlens_q.data_ptr<int32_t>(),
-                   flash_cu_seqlens_kv.data_ptr<int32_t>(), contract_dtype(dq),
-                   static_cast<int>(dq.size(-1)), current_stream(dq.device())),
-               "small_seq flash contract backward launch");
+  launch_contract(&small_seq_flash_contract_bwd_launch, p, dq, flash_cu_seqlens_q,
+                  flash_cu_seqlens_kv, "small_seq flash contract backward launch");
 }
 
 }  // namespace

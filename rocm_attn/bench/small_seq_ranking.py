@@ -186,9 +186,8 @@ def _path_of(r: dict) -> str:
         return "one-query kernels"
     if r["hist"] > small_seq.KERNEL_MAX_SEQLEN_KV:
         return "rocm_attn.attention (history beyond the tiled kernels)"
-    mode = small_seq_flash._route_mode()
-    if small_seq_flash.route_problem() is None and (
-            mode >= 2 or small_seq_flash.route_wins(H_Q, r["h_kv"], r["cands"], r["hist"])):
+    if (small_seq_flash.route_problem() is None
+            and small_seq_flash.route_selects(H_Q, r["h_kv"], r["cands"], r["hist"])):
         return "flash route (torch's flash varlen kernels, contract kernels)"
     return "tiled kernels" if ops.HAS_TILED_OPS else "torch path (this build has no tiled kernels)"
 

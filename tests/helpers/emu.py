@@ -801,25 +801,14 @@ def small_seq_tiled_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, se
 
 
 # ---------------------------------------------------------------------------------------------
-# the flash route's contract kernels (hip_src/small_seq/flash_contract_launch.hip), params
-# filled as hip_src/bindings/small_seq_flash_contract.cpp fills them; in place
+# the flash route's contract kernels (hip_src/small_seq/flash_contract_launch.hip), in place;
+# the segment fields filled by small_seq_tiled_params (out / dq stand in for q, dk for k and v:
+# the kernels read only their shapes and offsets)
 # ---------------------------------------------------------------------------------------------
-def _contract_params(lib: Emu, q, k, cu_q, cu_kv, max_q, max_kv) -> SmallSeqTiledParams:
-    p = SmallSeqTiledParams()
-    p.num_heads_q, p.num_heads_kv = q.shape[1], k.shape[1]
-    p.max_seqlen_q, p.max_seqlen_kv = max_q, max_kv
-    p.batch = cu_q.numel() - 1
-    p.cu_seqlens_q, p.cu_seqlens_q_int64 = ptr(cu_q), cu_q.dtype == torch.int64
-    p.cu_seqlens_kv, p.cu_seqlens_kv_int64 = ptr(cu_kv), cu_kv.dtype == torch.int64
-    p.total_q, p.total_kv = q.shape[0], k.shape[0]
-    p.error_state = lib.lib.emu_error_state_ptr()
-    return p
-
-
 def small_seq_flash_contract_fwd(lib: Emu, out, lse, k, cu_q, cu_kv, flash_cu_q, flash_cu_kv,
                                  max_q, max_kv) -> None:
     """The forward contract kernel on out [total_q, h_q, d] and lse [h_q, total_q], in place."""
-    p = _contract_params(lib, out, k, cu_q, cu_kv, max_q, max_kv)
+    p = small_seq_tiled_params(lib, out, k, k, cu_q, cu_kv, None, max_q, max_kv, 0.0)
     p.o, p.o_token_stride, p.o_head_stride = ptr(out), out.stride(0), out.stride(1)
     p.lse, p.lse_head_stride = ptr(lse), lse.stride(0)
     lib.check(lib.lib.emu_small_seq_flash_contract_fwd(
@@ -830,7 +819,7 @@ def small_seq_flash_contract_fwd(lib: Emu, out, lse, k, cu_q, cu_kv, flash_cu_q,
 def small_seq_flash_contract_bwd(lib: Emu, dq, dk, dv, cu_q, cu_kv, flash_cu_q, flash_cu_kv,
                                  max_q, max_kv) -> None:
     """The backward contract kernel on dq, dk, dv, in place."""
-    p = _contract_params(lib, dq, dk, cu_q, cu_kv, max_q, max_kv)
+    p = small_seq_tiled_params(lib, dq, dk, dk, cu_q, cu_kv, None, max_q, max_kv, 0.0)
     p.dq, p.dk, p.dv = ptr(dq), ptr(dk), ptr(dv)
     for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
         setattr(p, f"{name}_token_stride", t.stride(0))
