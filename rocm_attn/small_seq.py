@@ -224,7 +224,7 @@ def _tiled_problems(q, k, v) -> List[str]:
 
 
 def _pick_path(q, k, v, one_query: bool, max_seqlen_q: int, max_seqlen_kv: int, thd: bool,
-               return_softmax: bool, backend: str) -> str:
+               return_softmax: bool, return_lse: bool, backend: str) -> str:
     """"kernel" (small_seq_fwd), "tiled", "flash" (small_seq_flash.flash_route), "varlen"
     (rocm_attn.attention) or "torch"."""
     if backend not in ("auto", "kernel", "torch"):
@@ -250,13 +250,22 @@ def _pick_path(q, k, v, one_query: bool, max_seqlen_q: int, max_seqlen_kv: int, 
         _logging.log_choice(log, ("small_seq", "torch", why),
                             "fused_attn_small_seq: torch path (%s)", why)
         return "torch"
+    # NOTE: beyond the tiled kernels the route serves no LSE cotangent (its backward hands that
+    # to the tiled backward), so a call returning the LSE stays on the varlen attention
+    if long_history and not return_lse and small_seq_flash.takes_route(
+            q, k, v, thd, max_seqlen_q, max_seqlen_kv, return_softmax, long_history=True):
+        _logging.log_choice(log, ("small_seq", "flash-long", q.device.type, q.dtype),
+                            "fused_attn_small_seq: max_seqlen_kv %d > %d (the tiled kernels' "
+                            "limit): flash route (torch's flash varlen kernels, "
+                            "rocm_attn/small_seq_flash.py)", max_seqlen_kv, KERNEL_MAX_SEQLEN_KV)
+        return "flash"
     if long_history:
         _logging.log_choice(log, ("small_seq", "varlen", q.device.type, q.dtype),
                             "fused_attn_small_seq: max_seqlen_kv %d > %d (the tiled kernels' "
                             "limit): rocm_attn.attention (varlen) serves the call",
                             max_seqlen_kv, KERNEL_MAX_SEQLEN_KV)
         return "varlen"
-    if not one_query and small_seq_flash.takes_route(q, k, thd, max_seqlen_q, max_seqlen_kv,
+    if not one_query and small_seq_flash.takes_route(q, k, v, thd, max_seqlen_q, max_seqlen_kv,
                                                      return_softmax):
         _logging.log_choice(log, ("small_seq", "flash", q.device.type, q.dtype, q.shape[-1]),
                             "fused_attn_small_seq: flash route (up to %d rows per segment and "
@@ -336,7 +345,7 @@ def _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q
                                                 dtype=torch.float32),
                 q.new_zeros((rows, q.shape[-2], max_seqlen_kv), dtype=torch.float32))
     path = _pick_path(q, k, v, one_query, max_seqlen_q, max_seqlen_kv, thd, return_softmax,
-                      backend)
+                      return_lse, backend)
     if path == "kernel":
         outputs = ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
                                         max_seqlen_kv, scale, return_softmax)

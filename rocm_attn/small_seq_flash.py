@@ -39,12 +39,18 @@ import torch
 
 from . import _ext, tuning
 
-# The rule of tuning value 1: rows of a (segment, kv head), max_seqlen_q x the GQA group, and
-# history length from which the ranking grid's flash anchors beat the tiled kernels (128+
-# candidates over 64+ keys; over 16 keys the tiled kernels tie or win). To be confirmed with
-# `--ab small_seq_flash_route=0` / `=2` on the grid before it becomes the default.
-ROUTE_MIN_ROWS = 128
+# The rule of tuning value 1, from the ranking grid's A/B of the route against the tiled kernels
+# (docs/performance.md#flash-route): the route wins where segments have at least
+# ROUTE_MIN_QUERIES query rows over a long enough history. Flash tiles each query head on its
+# own (64-128 rows a tile), so its tiles fill with the candidates alone: a GQA group does not
+# help it, while the tiled kernels fold the group into their rows (32 candidates x 4 heads
+# over 256 keys: the route's forward takes twice the tiled one). With a backward ahead, 64 keys
+# suffice (flash's backward is 1.3-3.6x the tiled one there); forward alone needs
+# ROUTE_MIN_SEQLEN_KV_FORWARD keys at head dim <= 128 (over 64 keys the tiled forward ties
+# flash or wins by up to 8%; from 128 keys on flash leads by 5-40%).
+ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV = 64
+ROUTE_MIN_SEQLEN_KV_FORWARD = 128
 
 
 def _route_mode() -> int:
@@ -52,27 +58,41 @@ def _route_mode() -> int:
     return tuning.values().get("small_seq_flash_route", 0)
 
 
-def route_wins(h_q: int, h_kv: int, max_seqlen_q: int, max_seqlen_kv: int) -> bool:
-    """The rule of tuning value 1: many rows per (segment, kv head) over histories of at
-    least ROUTE_MIN_SEQLEN_KV keys."""
-    return (max_seqlen_q * (h_q // h_kv) >= ROUTE_MIN_ROWS
-            and max_seqlen_kv >= ROUTE_MIN_SEQLEN_KV)
+def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: bool) -> bool:
+    """The rule of tuning value 1 (see ROUTE_MIN_QUERIES); ``backward``: the call's result will
+    be differentiated (an input requires grad under grad mode)."""
+    min_kv = (ROUTE_MIN_SEQLEN_KV if backward or head_dim > 128
+              else ROUTE_MIN_SEQLEN_KV_FORWARD)
+    return max_seqlen_q >= ROUTE_MIN_QUERIES and max_seqlen_kv >= min_kv
 
 
-def route_selects(h_q: int, h_kv: int, max_seqlen_q: int, max_seqlen_kv: int) -> bool:
-    """Whether the tuning value picks the route for a call of these heads and bounds: 2 always,
-    1 where :func:`route_wins`, 0 never."""
+def route_selects(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: bool,
+                  long_history: bool = False) -> bool:
+    """Whether the tuning value picks the route for a call of this head dim and these bounds:
+    2 always, 1 for histories beyond the tiled kernels (``long_history``) and where
+    :func:`route_wins`, 0 never."""
     mode = _route_mode()
-    return mode >= 2 or (mode == 1 and route_wins(h_q, h_kv, max_seqlen_q, max_seqlen_kv))
+    return mode >= 2 or (mode == 1 and (long_history or route_wins(
+        head_dim, max_seqlen_q, max_seqlen_kv, backward)))
 
 
-def takes_route(q, k, thd: bool, max_seqlen_q: int, max_seqlen_kv: int,
-                return_softmax: bool) -> bool:
-    """Whether a call the tiled kernels would serve takes the flash route instead."""
+def needs_backward(q, k, v) -> bool:
+    """Whether a call's result will be differentiated: grad mode on and an input requiring
+    grad (known at trace time under torch.compile)."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def takes_route(q, k, v, thd: bool, max_seqlen_q: int, max_seqlen_kv: int,
+                return_softmax: bool, long_history: bool = False) -> bool:
+    """Whether a call the tiled kernels (or, with ``long_history``, the varlen attention) would
+    serve takes the flash route instead."""
     if (not thd or return_softmax or not q.is_cuda or torch.version.hip is not None
             or q.shape[0] == 0 or k.shape[0] == 0):
         return False
-    if not route_selects(q.shape[-2], k.shape[-2], max_seqlen_q, max_seqlen_kv):
+    if not route_selects(q.shape[-1], max_seqlen_q, max_seqlen_kv, needs_backward(q, k, v),
+                         long_history):
+        return False
+    if route_problem() is not None:
         return False
     from .varlen import backends
 

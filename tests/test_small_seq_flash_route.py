@@ -161,34 +161,54 @@ def test_route_bad_segments_nan_and_counted(route_on_cpu):
 
 def test_takes_route_rules(monkeypatch):
     """Which calls the route takes: THD only, no return_softmax, CUDA builds of torch, the
-    tuning mode (0 never, 1 the measured rule, 2 always)."""
+    tuning mode (0 never, 1 the measured rule or a history beyond the tiled kernels, 2 always);
+    the rule's history bound is lower when a backward follows."""
     q = torch.empty(4, 8, 128)
     k = torch.empty(4, 2, 128)
-    assert not small_seq_flash.takes_route(q, k, True, 64, 64, False), "CPU tensors"
-    assert small_seq_flash.route_wins(8, 2, 32, 64)  # 128 rows per (segment, kv head)
-    assert not small_seq_flash.route_wins(8, 8, 127, 64)
-    assert not small_seq_flash.route_wins(8, 8, 512, small_seq_flash.ROUTE_MIN_SEQLEN_KV - 1)
+    assert not small_seq_flash.takes_route(q, k, k, True, 64, 64, False), "CPU tensors"
+    fwd_kv = small_seq_flash.ROUTE_MIN_SEQLEN_KV_FORWARD
+    bwd_kv = small_seq_flash.ROUTE_MIN_SEQLEN_KV
+    rows = small_seq_flash.ROUTE_MIN_QUERIES
+    assert small_seq_flash.route_wins(128, rows, fwd_kv, False)
+    assert not small_seq_flash.route_wins(128, rows - 1, fwd_kv, False)
+    assert not small_seq_flash.route_wins(128, 512, fwd_kv - 1, False)
+    assert small_seq_flash.route_wins(128, 512, bwd_kv, True)
+    assert not small_seq_flash.route_wins(128, 512, bwd_kv - 1, True)
+    assert small_seq_flash.route_wins(256, 512, bwd_kv, False), "wide heads"
 
     class FakeCuda:  # a tensor stand-in on a CUDA device
         is_cuda = True
         shape = q.shape
+        requires_grad = False
 
     class FakeK:
         shape = k.shape
+        requires_grad = False
 
     monkeypatch.setattr(backends, "_flash_problem", lambda q: None)
+    monkeypatch.setattr(small_seq_flash, "route_problem", lambda: None)
     monkeypatch.setattr(torch.version, "hip", None)
-    for mode, thd, softmax, max_q, want in [(1, True, False, 512, True),
-                                            (1, True, False, 8, False),
-                                            (2, True, False, 8, True),
-                                            (0, True, False, 512, False),
-                                            (2, False, False, 512, False),
-                                            (2, True, True, 512, False)]:
+    for mode, thd, softmax, max_q, max_kv, long, want in [
+            (1, True, False, 512, fwd_kv, False, True),
+            (1, True, False, 512, bwd_kv, False, False),
+            (1, True, False, 8, fwd_kv, False, False),
+            (1, True, False, 1, 8192, True, True),
+            (2, True, False, 8, 64, False, True),
+            (0, True, False, 512, fwd_kv, False, False),
+            (0, True, False, 1, 8192, True, False),
+            (2, False, False, 512, 64, False, False),
+            (2, True, True, 512, 64, False, False)]:
         monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: mode)
-        got = small_seq_flash.takes_route(FakeCuda(), FakeK(), thd, max_q, 64, softmax)
-        assert got == want, (mode, thd, softmax, max_q)
+        got = small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), thd, max_q, max_kv,
+                                          softmax, long_history=long)
+        assert got == want, (mode, thd, softmax, max_q, max_kv, long)
+    monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: 1)
+    leaf = torch.empty(4, 8, 128, requires_grad=True)
+    assert small_seq_flash.needs_backward(leaf, k, k)
+    with torch.no_grad():
+        assert not small_seq_flash.needs_backward(leaf, k, k)
     monkeypatch.setattr(torch.version, "hip", "6.2")
-    assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), True, 512, 64, False)
+    assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 512, 64, False)
 
 
 def test_flash_offsets():

@@ -121,18 +121,21 @@ def test_through_fused_attn_small_seq_compile_and_graph(dev, route_rule):
     b, max_q, max_kv = 32, 160, 64
     case = C.thd_case(7, lens(gen, b, 100, max_q), lens(gen, b, 1, max_kv), 8, 8, 128,
                       torch.bfloat16, max_q=max_q, max_kv=max_kv, device=dev)
-    assert small_seq_flash.takes_route(case.q, case.k, True, max_q, max_kv, False)
     leaves = [t.detach().clone().requires_grad_() for t in (case.q, case.k, case.v)]
+    assert small_seq_flash.takes_route(*leaves, True, max_q, max_kv, False)
     dout = torch.randn_like(case.q)
 
     def step(q, k, v):
         out = fused_attn_small_seq(q, k, v, case.cu_q, case.cu_kv, max_q, max_kv)
         return (out,) + torch.autograd.grad(out, (q, k, v), dout)
 
-    eager = step(*leaves)
+    # NOTE: results detached, so that no graph of an eager call outlives it: a kept graph
+    # holds the leaves' grad accumulators, recorded on the default stream, and the captured
+    # backward would then wait on the legacy stream (a capture error; torch's rule, not the op's)
+    eager = [t.detach() for t in step(*leaves)]
     C.check(case, eager[0], fwd(case)[1], None, expect_bad=[])
     G.check_grads(case, dout, None, *eager[1:])
-    compiled = torch.compile(step)(*leaves)
+    compiled = [t.detach() for t in torch.compile(step)(*leaves)]
     for name, a, b in zip(("out", "dq", "dk", "dv"), eager, compiled):
         assert torch.allclose(a.float(), b.float(), atol=2e-2, rtol=2e-2), name
     side = torch.cuda.Stream()

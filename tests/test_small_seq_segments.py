@@ -626,11 +626,11 @@ def test_long_history_logs_its_route(caplog, monkeypatch):
     q = torch.randn(2, 2, 64)
     with caplog.at_level(logging.INFO, logger="rocm_attn"):
         path = small_seq_mod._pick_path(q, q, q, False, 2, small_seq_mod.KERNEL_MAX_SEQLEN_KV + 1,
-                                        True, False, "auto")
+                                        True, False, False, "auto")
     assert path == "varlen"
     assert "rocm_attn.attention" in caplog.text and "limit" in caplog.text
     assert small_seq_mod._pick_path(q, q, q, False, 2, small_seq_mod.KERNEL_MAX_SEQLEN_KV,
-                                    True, False, "auto") == "tiled"
+                                    True, False, False, "auto") == "tiled"
 
 
 

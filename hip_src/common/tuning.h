@@ -45,13 +45,13 @@ struct RaTuning {
   // take the block variants of the dK / dV and dQ passes (tiled_bwd_block_kernel.h); 0 = never;
   // 2 = every call (tests).
   int small_seq_tiled_bwd_block = 1;
-  // small-seq, THD calls of the tiled kernels on a CUDA build of torch: the flash route
-  // (torch's flash varlen kernels with the contract kernels around them,
-  // rocm_attn/small_seq_flash.py). 1 = many rows per (segment, kv head) over histories of 64+
-  // keys; 2 = every call the route can serve (tests); 0 = never, the default until the route
-  // is measured on a GPU (docs/kernels.md#flash-route). Read by the Python dispatch, not by a
-  // launcher.
-  int small_seq_flash_route = 0;
+  // small-seq, THD calls on a CUDA build of torch: the flash route (torch's flash varlen
+  // kernels with the contract kernels around them, rocm_attn/small_seq_flash.py). 1 = the
+  // measured rule (small_seq_flash.route_wins: 128+ rows per (segment, kv head) over 64+ keys
+  // with a backward, 128+ keys forward only) and histories beyond the tiled kernels; 2 = every
+  // call the route can serve (tests); 0 = never (tiled kernels, varlen attention past them).
+  // Read by the Python dispatch, not by a launcher; ROCm builds never take the route.
+  int small_seq_flash_route = 1;
   // small-seq: passes whose GQA calls take the matrix-unit kernels, a bit mask (1 = forward,
   // 2 = backward); 0 sends every GQA call to the general kernels.
   int small_seq_mma = 3;

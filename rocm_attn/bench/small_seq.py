@@ -39,7 +39,7 @@ from .gpu import require_gpu
 from .plot import bar_chart, check_plot_arg
 from .progress import progress
 from .small_seq_cpu import CPU_CASES, DEFAULT_CPU_CASES, bench_cpu_case, print_cpu_rows
-from .small_seq_ranking import bench_rank_row, grid_rows, print_rank_rows, row_name
+from .small_seq_ranking import bench_rank_row, grid_rows, parse_row_name, print_rank_rows
 
 # name: (h_q, h_kv, d, kv) where kv is an int (every segment) or (lo, hi) uniform
 CASES = {
@@ -329,13 +329,14 @@ def _main_ranking(args) -> int:
               "copy_bandwidth_GBps": bw / 1e9, "rows": rows,
               "clock": "ours: device (graph replay); anchors: eager, host dispatch included"}
     grid = grid_rows()
-    if args.cases != ",".join(CASES):  # --cases: ranking row names (row_name)
+    if args.cases != ",".join(CASES):  # --cases: ranking row names (row_name), any sizes
         wanted = args.cases.split(",")
-        unknown = sorted(set(wanted) - {row_name(r) for r in grid})
+        unknown = [n for n in wanted if parse_row_name(n) is None]
         if unknown:
-            print(f"unknown ranking rows {unknown}", file=sys.stderr)
+            print(f"unknown ranking rows {unknown} (spelled like u256_c128_kv64f_hkv8_d128)",
+                  file=sys.stderr)
             return 2
-        grid = [r for r in grid if row_name(r) in wanted]
+        grid = [parse_row_name(n) for n in wanted]
     for r in progress(grid, "small-seq ranking", not args.no_progress):
         rows.append(bench_rank_row(r, bw, dtype, args.seed, anchors=not args.no_anchors,
                                    ab=args.ab, with_tuning=_with_tuning,

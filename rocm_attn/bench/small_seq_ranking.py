@@ -21,6 +21,7 @@ keys, 4096 and 30720 users) follow the grid.
 from __future__ import annotations
 
 import math
+import re
 from typing import Dict, List, Optional
 
 import torch
@@ -76,6 +77,19 @@ def _kv_bytes(r: dict) -> int:
 def row_name(r: dict) -> str:
     return (f"u{r['users']}_c{r['cands']}_kv{r['hist']}{'r' if r['ragged'] else 'f'}"
             f"_hkv{r['h_kv']}_d{r['d']}")
+
+
+_ROW_NAME = re.compile(r"u(\d+)_c(\d+)_kv(\d+)([fr])_hkv(\d+)_d(\d+)")
+
+
+def parse_row_name(name: str) -> Optional[dict]:
+    """The row a :func:`row_name` spells (any sizes, not only the grid's), or None."""
+    m = _ROW_NAME.fullmatch(name)
+    if m is None:
+        return None
+    users, cands, hist, kind, h_kv, d = m.groups()
+    return dict(users=int(users), cands=int(cands), hist=int(hist), ragged=kind == "r",
+                h_kv=int(h_kv), d=int(d))
 
 
 def make_rank_inputs(r: dict, dtype, device, gen) -> dict:
@@ -178,17 +192,19 @@ def _with_backward(fwd, leaves):
     return step
 
 
-def _path_of(r: dict) -> str:
+def _path_of(r: dict, backward: bool) -> str:
     """Which implementation serves our op on this row (logged too, at INFO)."""
     from .. import ops, small_seq, small_seq_flash
 
     if r["cands"] == 1 and r["hist"] <= small_seq.MAX_SEQLEN_KV:
         return "one-query kernels"
-    if r["hist"] > small_seq.KERNEL_MAX_SEQLEN_KV:
-        return "rocm_attn.attention (history beyond the tiled kernels)"
+    long_history = r["hist"] > small_seq.KERNEL_MAX_SEQLEN_KV
     if (small_seq_flash.route_problem() is None
-            and small_seq_flash.route_selects(H_Q, r["h_kv"], r["cands"], r["hist"])):
+            and small_seq_flash.route_selects(r["d"], r["cands"], r["hist"], backward,
+                                              long_history)):
         return "flash route (torch's flash varlen kernels, contract kernels)"
+    if long_history:
+        return "rocm_attn.attention (history beyond the tiled kernels)"
     return "tiled kernels" if ops.HAS_TILED_OPS else "torch path (this build has no tiled kernels)"
 
 
@@ -212,12 +228,11 @@ def bench_rank_row(r: dict, bw: float, dtype, seed: int, anchors: bool = True, a
     # input sets rotate so that the working set exceeds L2 (small rows only)
     n_sets = min(8, max(1, math.ceil(ROTATION_BYTES / max(fwd_bytes, 1))))
     sets = [probe] + [make_rank_inputs(r, dtype, "cuda", gen) for _ in range(n_sets - 1)]
-    out = dict(r, case=row_name(r), total_kv=probe["total_kv"], input_sets=n_sets,
-               ours_path=_path_of(r))
+    out = dict(r, case=row_name(r), total_kv=probe["total_kv"], input_sets=n_sets)
     modes = (("fwd", False, fwd_bytes), ("fwdbwd", True, fb_bytes))
     for mode, backward, nbytes in modes[:1] if fwd_only else modes:
         floor = nbytes / bw * 1e3
-        res: Dict[str, object] = {"floor_ms": floor, "anchors": {}}
+        res: Dict[str, object] = {"floor_ms": floor, "anchors": {}, "path": _path_of(r, backward)}
         t = None
         try:
             t = _device_ms(rotating([_ours(x, backward) for x in sets]), floor,
@@ -251,11 +266,23 @@ def bench_rank_row(r: dict, bw: float, dtype, seed: int, anchors: bool = True, a
     return out
 
 
+# Short names of _path_of's answers for the table's path column.
+_PATH_CODES = {"one-query kernels": "1q", "tiled kernels": "tiled",
+               "flash route (torch's flash varlen kernels, contract kernels)": "flash",
+               "rocm_attn.attention (history beyond the tiled kernels)": "varlen"}
+
+
+def _path_code(m: dict) -> str:
+    return _PATH_CODES.get(m.get("path", ""), "torch") if m.get("path") else "-"
+
+
 def print_rank_rows(rows, device: str, bw: float) -> None:
     print(f"\n{device}  copy bandwidth {bw / 1e9:.0f} GB/s  bf16  h_q {H_Q}: ranking rows "
           "(ours: device time; anchors: eager)")
-    print("ours served by: " + "; ".join(sorted({r["ours_path"] for r in rows})))
-    print(f"{'case':28s} {'floor us':>8s} {'fwd us':>8s} {'%fl':>4s} {'x best':>6s} "
+    paths = sorted({r[m]["path"] for r in rows for m in ("fwd", "fwdbwd") if m in r})
+    print("ours served by (path: fwd/fwd+bwd): "
+          + "; ".join(f"{_PATH_CODES.get(p, 'torch')} = {p}" for p in paths))
+    print(f"{'case':28s} {'path':>11s} {'floor us':>8s} {'fwd us':>8s} {'%fl':>4s} {'x best':>6s} "
           f"{'fb us':>8s} {'%fl':>4s} {'x best':>6s}  anchors fwd us (% floor)")
     for r in rows:
         f, fb = r["fwd"], r.get("fwdbwd", {"anchors": {}})
@@ -267,11 +294,14 @@ def print_rank_rows(rows, device: str, bw: float) -> None:
             v: Optional[float] = m.get(key)
             return format(v * scale, fmt) if v is not None else "-"
 
-        print(f"{r['case']:28s} {f['floor_ms'] * 1e3:8.0f} {cell(f, 'ms', '.0f', 1e3):>8s} "
+        path = f"{_path_code(f)}/{_path_code(fb)}"
+        print(f"{r['case']:28s} {path:>11s} {f['floor_ms'] * 1e3:8.0f} "
+              f"{cell(f, 'ms', '.0f', 1e3):>8s} "
               f"{cell(f, 'pct_floor', '.0f'):>4s} {cell(f, 'speedup_vs_best', '.2f'):>6s} "
               f"{cell(fb, 'ms', '.0f', 1e3):>8s} {cell(fb, 'pct_floor', '.0f'):>4s} "
               f"{cell(fb, 'speedup_vs_best', '.2f'):>6s}"
               f"  {anchors}")
         for setting, a in f.get("ab", {}).items():
-            print(f"{'':28s} {setting}: fwd {a['ms'] * 1e3:.0f} us ({a['pct_floor']:.0f}%)")
-
+            b = fb.get("ab", {}).get(setting)
+            back = f", fwd+bwd {b['ms'] * 1e3:.0f} us ({b['pct_floor']:.0f}%)" if b else ""
+            print(f"{'':28s} {setting}: fwd {a['ms'] * 1e3:.0f} us ({a['pct_floor']:.0f}%){back}")
