@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rocm_attn  # noqa: E402
 from rocm_attn import fused_attn_small_seq, small_seq_flash  # noqa: E402
+from rocm_attn import small_seq as small_seq_mod  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
 from helpers.gpu import gpu_marks, poison_allocator  # noqa: E402
 from helpers.small_seq_tiled_gpu import DTYPES, GROUPS, lens, tiled_device  # noqa: E402
@@ -105,6 +106,44 @@ def test_garbage_offsets_no_oob(dev):
     case.cu_kv[8] = case.cu_kv[7] - 1  # segment 7: -1 keys
     case.cu_kv[9] = 2**40  # segment 8: keys past the end of k / v
     check(case, expect_bad=(1, 2, 4, 7, 8), seed=10)
+
+
+def long_history_case(seed, dev, bad=False):
+    """Histories past the tiled kernels' KERNEL_MAX_SEQLEN_KV keys (and short ones, empty
+    segments) with int64 offsets; with ``bad``, the last segment's keys run past the end of
+    k / v."""
+    limit = small_seq_mod.KERNEL_MAX_SEQLEN_KV
+    q_lens, kv_lens = [1, 100, 3, 0, 64, 2], [limit + 904, limit + 1, 17, 10, 0, limit + 1904]
+    case = C.thd_case(seed, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, offsets=torch.int64,
+                      max_q=100, max_kv=limit + 1904, pad_before=1, kv_pad=2, device=dev)
+    if bad:
+        case.cu_kv[-1] = 2**40
+    return case
+
+
+@pytest.mark.parametrize("bad", [False, True], ids=["valid", "garbage"])
+def test_long_histories_through_fused_attn_small_seq(dev, bad):
+    """Histories beyond the tiled kernels take the route (rocm_attn.attention when the LSE is
+    returned): forward and gradients against the oracle, a bad segment NaN and counted, no
+    out-of-bounds access (run under compute-sanitizer)."""
+    case = long_history_case(11, dev, bad)
+    leaves = [t.detach().clone().requires_grad_() for t in (case.q, case.k, case.v)]
+    args = (case.cu_q, case.cu_kv, case.max_q, case.max_kv)
+    assert small_seq_mod._pick_path(*leaves, False, case.max_q, case.max_kv, True, False,
+                                    False, "auto") == "flash"
+    assert small_seq_mod._pick_path(*leaves, False, case.max_q, case.max_kv, True, False,
+                                    True, "auto") == "varlen"
+    poison_allocator(dev)
+    out = fused_attn_small_seq(*leaves, *args)
+    torch.cuda.synchronize()
+    expect_bad = [5] if bad else []
+    C.check(case, out, fwd(case)[1], None, expect_bad=expect_bad)
+    want = (2, 5) if bad else (0, -1)  # counted by the call and by the direct op
+    assert read_errors(reset=True) == want
+    dout = torch.randn_like(case.q)
+    grads = torch.autograd.grad(out, leaves, dout)
+    torch.cuda.synchronize()
+    G.check_grads(case, dout, None, *grads)
 
 
 @pytest.fixture
