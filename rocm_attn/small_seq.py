@@ -8,11 +8,12 @@ attends to all of the segment's keys. Which implementation serves a call:
   kernels (fp16/bf16, head dims 64/128/256/512);
 * any other call up to ``KERNEL_MAX_SEQLEN_KV`` keys: the tiled kernels
   (``small_seq_tiled_fwd/bwd``: fp16/bf16, head dims 64/128/256; int32 or int64 offsets),
-  except that, with tuning ``small_seq_flash_route`` on (off by default), THD calls with many
-  rows per (segment, kv head) over 64+ keys take torch's flash varlen kernels on CUDA builds
-  of torch, with the same contract (rocm_attn/small_seq_flash.py);
-* a kernel-eligible call with longer histories: the package's varlen attention
-  (``rocm_attn.attention``), logged at INFO;
+  except that on CUDA builds of torch THD calls with segments of many candidates over a long
+  enough history take torch's flash varlen kernels with the same contract (the flash route,
+  rocm_attn/small_seq_flash.py, tuning ``small_seq_flash_route``);
+* a kernel-eligible call with longer histories: on CUDA builds the flash route (unless it
+  returns the LSE), else the package's varlen attention (``rocm_attn.attention``); logged at
+  INFO;
 * everything else (CPU, fp32/fp64, other head dims, ``backend="torch"``): the torch path
   (rocm_attn/small_seq_torch.py), any length.
 """

@@ -1,10 +1,9 @@
 """The flash route of ``fused_attn_small_seq``: many candidates per user on NVIDIA GPUs.
 
-Where a (segment, kv head) has many query rows (hundreds of candidates of one user) over a
-history of 64+ keys, the attention is a dense matrix product per segment and flash-attention's
-tiles run full. The ranking grid's anchors (docs/performance.md#ranking-rows-gpu) show torch's
-flash varlen kernels ahead of the tiled kernels there, by up to 2x forward and 4x
-forward+backward. The route runs those kernels (``aten._flash_attention_forward`` /
+Where segments hold many candidates over a long enough history, the attention is a dense
+matrix product per segment and flash-attention's tiles run full: torch's flash varlen kernels
+then beat the tiled kernels (on an H100, forward by up to 1.6x, forward+backward by 1.3-3.6x;
+docs/kernels.md#flash-route). The route runs those kernels (``aten._flash_attention_forward`` /
 ``_backward``: GQA native, no padding, strides as given) and keeps the tiled kernels'
 contract (hip_src/small_seq/tiled_segment.h) whatever the offsets hold:
 
@@ -24,11 +23,11 @@ bitwise run-to-run identical only where a segment's keys fit two of flash's key 
 ``torch.use_deterministic_algorithms(True)`` (torch then runs flash's deterministic backward);
 dK and dV are always deterministic.
 
-Which calls take it: tuning ``small_seq_flash_route`` (``ROCM_ATTN_SMALL_SEQ_FLASH_ROUTE``): 0 =
-never (the default until the route is measured on a GPU against the tiled kernels), 1 = the
-rule :func:`route_wins`, 2 = every call it can serve (tests). It serves THD calls of the tiled
-kernels without ``return_softmax`` on a CUDA build of torch whose flash varlen kernels pass the
-varlen backend's probe (rocm_attn/varlen/backends.py). ROCm builds keep the tiled kernels.
+Which calls take it: tuning ``small_seq_flash_route`` (``ROCM_ATTN_SMALL_SEQ_FLASH_ROUTE``): 1 =
+the rule :func:`route_wins` and histories beyond the tiled kernels (the default), 2 = every
+call it can serve (tests), 0 = never. It serves THD calls without ``return_softmax`` on a CUDA
+build of torch whose flash varlen kernels pass the varlen backend's probe
+(rocm_attn/varlen/backends.py). ROCm builds keep the tiled kernels.
 """
 
 # NOTE: no `from __future__ import annotations`: torch.library.custom_op reads the annotations
