@@ -36,7 +36,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _ext, tuning
+from . import _ext, errors, tuning
 
 # The rule of tuning value 1, from the ranking grid's A/B of the route against the tiled kernels
 # (docs/performance.md#flash-route): the route wins where segments have at least
@@ -87,6 +87,10 @@ def takes_route(q, k, v, thd: bool, max_seqlen_q: int, max_seqlen_kv: int,
     serve takes the flash route instead."""
     if (not thd or return_softmax or not q.is_cuda or torch.version.hip is not None
             or q.shape[0] == 0 or k.shape[0] == 0):
+        return False
+    # NOTE: an exported program keeps the compiled ops (AOTInductor packages run C++ ops; the
+    # route's ops are Python custom ops), so export traces the tiled kernels / varlen attention
+    if errors.exporting():
         return False
     if not route_selects(q.shape[-1], max_seqlen_q, max_seqlen_kv, needs_backward(q, k, v),
                          long_history):

@@ -226,3 +226,44 @@ def test_request_exports_with_dynamic_sizes():
         with torch.no_grad():
             torch.testing.assert_close(program.module()(*inputs), model(*inputs),
                                        rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_why is not None, reason=str(_why))
+def test_export_of_a_large_request_keeps_the_compiled_ops():
+    """A request the flash route serves in eager mode (128 candidates over up to 200 keys)
+    exports with the tiled kernels (the route's ops are Python custom ops, which AOTInductor
+    packages cannot run); the exported program matches the eager call."""
+    from rocm_attn import small_seq_flash
+
+    if small_seq_flash.route_problem() is not None:
+        pytest.skip(f"no flash route here: {small_seq_flash.route_problem()}")
+    torch.manual_seed(72)
+    att = TargetAttention(256, num_heads=4, num_kv_heads=2, head_dim=64, max_seqlen_kv=200,
+                          device="cuda", dtype=torch.bfloat16).eval()
+
+    class Request(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.att = att
+
+        def forward(self, candidate, rows, cu, offsets):
+            return self.att(candidate, rows, cu_seqlens=cu, candidate_offsets=offsets,
+                            max_candidates=128)
+
+    lens = torch.tensor([200, 1, 0, 150, 77])
+    counts = torch.tensor([128, 3, 64, 0, 128])
+    inputs = (torch.randn(int(counts.sum()), 256, device="cuda", dtype=torch.bfloat16),
+              torch.randn(int(lens.sum()), 256, device="cuda", dtype=torch.bfloat16),
+              torch.nn.functional.pad(lens.cumsum(0), (1, 0)).cuda(),
+              torch.nn.functional.pad(counts.cumsum(0), (1, 0)).cuda())
+    model = Request()
+    assert small_seq_flash.route_wins(64, 128, 200, False)
+    with torch.no_grad():
+        want = model(*inputs)
+        program = torch.export.export(model, inputs)
+        code = program.graph_module.code
+        assert "small_seq_flash" not in code and "small_seq_tiled_fwd" in code, code
+        got = program.module()(*inputs)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

@@ -160,8 +160,8 @@ def test_route_bad_segments_nan_and_counted(route_on_cpu):
 
 
 def test_takes_route_rules(monkeypatch):
-    """Which calls the route takes: THD only, no return_softmax, CUDA builds of torch, the
-    tuning mode (0 never, 1 the measured rule or a history beyond the tiled kernels, 2 always);
+    """Which calls the route takes: THD only, no return_softmax, CUDA builds of torch, not while
+    exporting, the tuning mode (0 never, 1 the measured rule or a history beyond the tiled kernels, 2 always);
     the rule's history bound is lower when a backward follows."""
     q = torch.empty(4, 8, 128)
     k = torch.empty(4, 2, 128)
@@ -202,6 +202,10 @@ def test_takes_route_rules(monkeypatch):
         got = small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), thd, max_q, max_kv,
                                           softmax, long_history=long)
         assert got == want, (mode, thd, softmax, max_q, max_kv, long)
+    monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: 2)
+    monkeypatch.setattr(small_seq_flash.errors, "exporting", lambda: True)
+    assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 512, 64, False), \
+        "export keeps the compiled ops"
     monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: 1)
     leaf = torch.empty(4, 8, 128, requires_grad=True)
     assert small_seq_flash.needs_backward(leaf, k, k)
