@@ -111,8 +111,23 @@ def flash_offsets(cu: torch.Tensor, total: int) -> torch.Tensor:
 
 def _flash_max_q(max_seqlen_q: int) -> int:
     # aten's flash wrapper takes max_seqlen_q == 1 with GQA for one query per sequence (no
-    # varlen q); a looser bound only grows the grid (rocm_attn/varlen/backends.py)
+    # varlen q; only _q_offsets' one-query case passes 1); a looser bound only grows the grid
+    # (rocm_attn/varlen/backends.py)
     return max(2, max_seqlen_q)
+
+
+def _q_offsets(q, k, cu_seqlens_q, max_seqlen_q: int) -> Tuple[torch.Tensor, bool]:
+    """(q offsets for flash, whether the forward takes flash's one-query path). One query per
+    segment with GQA and no padding rows (``q.shape[0] == b``, known on the host) takes that
+    path, which tiles the GQA group's query heads of a kv head together (4x fewer, fuller
+    tiles at group 4) and reads q row ``i`` as segment ``i``'s query whatever
+    ``cu_seqlens_q`` holds. Its offsets are then ``arange(b + 1)`` (what valid offsets are
+    there), for the backward too, and the contract kernel, handed those as the offsets flash
+    used, flags every other segment as it flags a segment flash saw on other rows."""
+    b = cu_seqlens_q.shape[0] - 1
+    if max_seqlen_q == 1 and q.shape[0] == b and q.shape[-2] > k.shape[-2]:
+        return torch.arange(b + 1, dtype=torch.int32, device=q.device), True
+    return flash_offsets(cu_seqlens_q, q.shape[0]), False
 
 
 @torch.library.custom_op("rocm_attn::small_seq_flash_fwd", mutates_args=())
@@ -126,11 +141,11 @@ def small_seq_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     to the tiled backward."""
     from .varlen import backends
 
-    fq = flash_offsets(cu_seqlens_q, q.shape[0])
+    fq, one_query = _q_offsets(q, k, cu_seqlens_q, max_seqlen_q)
     fk = flash_offsets(cu_seqlens_kv, k.shape[0])
     out, lse, _, _, _ = backends.aten_flash_ops()[0](
-        q, k, v, fq, fk, _flash_max_q(max_seqlen_q), max_seqlen_kv, 0.0, False, False,
-        scale=softmax_scale)
+        q, k, v, fq, fk, 1 if one_query else _flash_max_q(max_seqlen_q), max_seqlen_kv, 0.0,
+        False, False, scale=softmax_scale)
     lse = lse.float()
     torch.ops.rocm_attn.small_seq_flash_contract_fwd(out, lse, k, cu_seqlens_q, cu_seqlens_kv,
                                                      fq, fk, max_seqlen_q, max_seqlen_kv)
@@ -164,7 +179,7 @@ def small_seq_flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     its own, so that traced backward graphs hold it whole."""
     from .varlen import backends
 
-    fq = flash_offsets(cu_seqlens_q, q.shape[0])
+    fq = _q_offsets(q, k, cu_seqlens_q, max_seqlen_q)[0]
     fk = flash_offsets(cu_seqlens_kv, k.shape[0])
     dq, dk, dv = backends.aten_flash_ops()[1](
         dout.contiguous(), q, k, v, out, lse, fq, fk, _flash_max_q(max_seqlen_q), max_seqlen_kv,

@@ -244,3 +244,19 @@ def test_route_overlapping_valid_segment_is_nan(route_on_cpu):
     leaves = [t.detach().double().requires_grad_() for t in (call.q, call.k, call.v)]
     rout, _ = seg_tests.oracle(*leaves, [(0, 8, 0, 4)], call.total_q)
     assert_rel("out", out[:2], rout[:2], TOL_BF16, "segment 0's own rows")
+
+
+def test_q_offsets():
+    """One query per segment with GQA and no padding rows takes flash's one-query path
+    (offsets arange); anything else the clamped offsets."""
+    cu = torch.arange(5, dtype=torch.int64)
+    q, k_gqa, k_mha = torch.empty(4, 8, 64), torch.empty(9, 2, 64), torch.empty(9, 8, 64)
+    fq, one_query = small_seq_flash._q_offsets(q, k_gqa, cu, 1)
+    assert one_query and fq.dtype == torch.int32 and fq.tolist() == [0, 1, 2, 3, 4]
+    garbage = torch.tensor([0, 1, 2**40, 3, 4])
+    assert small_seq_flash._q_offsets(q, k_gqa, garbage, 1)[0].tolist() == [0, 1, 2, 3, 4]
+    assert not small_seq_flash._q_offsets(q, k_mha, cu, 1)[1], "no GQA group"
+    padded = torch.empty(5, 8, 64)
+    assert not small_seq_flash._q_offsets(padded, k_gqa, cu, 1)[1], "a padding row"
+    fq, one_query = small_seq_flash._q_offsets(q, k_gqa, garbage, 3)
+    assert not one_query and fq.tolist() == [0, 1, 4, 4, 4]

@@ -94,6 +94,21 @@ def test_ragged_many_candidates_strided(dev):
     check(case, seed=5)
 
 
+@pytest.mark.parametrize("garbage", [False, True], ids=["valid", "garbage"])
+def test_one_query_per_segment_gqa(dev, garbage):
+    """One query per segment, no padding rows, GQA: flash's one-query path (q row i read as
+    segment i's query), forward and backward. Valid offsets against the oracle; a garbage q
+    offset flags its segment."""
+    gen = torch.Generator().manual_seed(12)
+    b = 300
+    case = C.thd_case(12, [1] * b, lens(gen, b, 0, 1000), 8, 2, 128, torch.bfloat16,
+                      offsets=torch.int64, max_q=1, max_kv=1000, device=dev)
+    assert small_seq_flash._q_offsets(case.q, case.k, case.cu_q, 1)[1]
+    if garbage:
+        case.cu_q[b] = 2**40  # the last segment: queries past the end of q
+    check(case, expect_bad=(b - 1,) if garbage else (), seed=12)
+
+
 def test_garbage_offsets_no_oob(dev):
     """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, fewer than zero
     keys, keys past the end): NaN rows and dq on the bad segments, zero dk / dv on their ordered
