@@ -39,7 +39,7 @@ import torch
 from . import _ext, errors, tuning
 
 # The rule of tuning value 1, from the ranking grid's A/B of the route against the tiled kernels
-# (docs/performance.md#flash-route): the route wins where segments have at least
+# (docs/kernels.md#flash-route): the route wins where segments have at least
 # ROUTE_MIN_QUERIES query rows over a long enough history. Flash tiles each query head on its
 # own (64-128 rows a tile), so its tiles fill with the candidates alone: a GQA group does not
 # help it, while the tiled kernels fold the group into their rows (32 candidates x 4 heads
@@ -48,7 +48,7 @@ from . import _ext, errors, tuning
 # ROUTE_MIN_SEQLEN_KV_FORWARD keys at head dim <= 128 (over 64 keys the tiled forward ties
 # flash or wins by up to 8%; from 128 keys on flash leads by 5-40%).
 ROUTE_MIN_QUERIES = 64
-ROUTE_MIN_SEQLEN_KV = 64
+ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128
 
 
@@ -60,7 +60,7 @@ def _route_mode() -> int:
 def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: bool) -> bool:
     """The rule of tuning value 1 (see ROUTE_MIN_QUERIES); ``backward``: the call's result will
     be differentiated (an input requires grad under grad mode)."""
-    min_kv = (ROUTE_MIN_SEQLEN_KV if backward or head_dim > 128
+    min_kv = (ROUTE_MIN_SEQLEN_KV_BACKWARD if backward or head_dim > 128
               else ROUTE_MIN_SEQLEN_KV_FORWARD)
     return max_seqlen_q >= ROUTE_MIN_QUERIES and max_seqlen_kv >= min_kv
 

@@ -167,7 +167,7 @@ def test_takes_route_rules(monkeypatch):
     k = torch.empty(4, 2, 128)
     assert not small_seq_flash.takes_route(q, k, k, True, 64, 64, False), "CPU tensors"
     fwd_kv = small_seq_flash.ROUTE_MIN_SEQLEN_KV_FORWARD
-    bwd_kv = small_seq_flash.ROUTE_MIN_SEQLEN_KV
+    bwd_kv = small_seq_flash.ROUTE_MIN_SEQLEN_KV_BACKWARD
     rows = small_seq_flash.ROUTE_MIN_QUERIES
     assert small_seq_flash.route_wins(128, rows, fwd_kv, False)
     assert not small_seq_flash.route_wins(128, rows - 1, fwd_kv, False)
