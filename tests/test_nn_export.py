@@ -191,6 +191,19 @@ def test_aoti_package_on_gpu_calls_the_kernels(tmp_path):
     _check_runs(torch._inductor.aoti_load_package(package), inputs, want)
 
 
+class Request(torch.nn.Module):
+    """A ranking request: packed histories (cu_seqlens) and each user's candidates
+    (candidate_offsets), max_candidates a host bound."""
+
+    def __init__(self, att, max_candidates):
+        super().__init__()
+        self.att, self.max_candidates = att, max_candidates
+
+    def forward(self, candidate, rows, cu, offsets):
+        return self.att(candidate, rows, cu_seqlens=cu, candidate_offsets=offsets,
+                        max_candidates=self.max_candidates)
+
+
 def test_request_exports_with_dynamic_sizes():
     """One exported program serves requests of other sizes (users, candidates, history rows)
     when max_candidates is given (a host int, not the symbolic candidate count)."""
@@ -198,15 +211,6 @@ def test_request_exports_with_dynamic_sizes():
 
     torch.manual_seed(71)
     att = TargetAttention(32, num_heads=4, num_kv_heads=2, head_dim=8, max_seqlen_kv=64).eval()
-
-    class Request(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.att = att
-
-        def forward(self, candidate, rows, cu, offsets):
-            return self.att(candidate, rows, cu_seqlens=cu, candidate_offsets=offsets,
-                            max_candidates=16)
 
     def request(users):
         lens, counts = torch.randint(0, 65, (users,)), torch.randint(0, 17, (users,))
@@ -216,7 +220,7 @@ def test_request_exports_with_dynamic_sizes():
 
     rows_max = 2**31 - 1  # the op's row limit
     n, t, u = Dim("n", min=2, max=rows_max), Dim("t", min=2, max=rows_max), Dim("u", min=3)
-    model = Request()
+    model = Request(att, max_candidates=16)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.export.export(model, request(5),
@@ -242,22 +246,13 @@ def test_export_of_a_large_request_keeps_the_compiled_ops():
     att = TargetAttention(256, num_heads=4, num_kv_heads=2, head_dim=64, max_seqlen_kv=200,
                           device="cuda", dtype=torch.bfloat16).eval()
 
-    class Request(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.att = att
-
-        def forward(self, candidate, rows, cu, offsets):
-            return self.att(candidate, rows, cu_seqlens=cu, candidate_offsets=offsets,
-                            max_candidates=128)
-
     lens = torch.tensor([200, 1, 0, 150, 77])
     counts = torch.tensor([128, 3, 64, 0, 128])
     inputs = (torch.randn(int(counts.sum()), 256, device="cuda", dtype=torch.bfloat16),
               torch.randn(int(lens.sum()), 256, device="cuda", dtype=torch.bfloat16),
               torch.nn.functional.pad(lens.cumsum(0), (1, 0)).cuda(),
               torch.nn.functional.pad(counts.cumsum(0), (1, 0)).cuda())
-    model = Request()
+    model = Request(att, max_candidates=128)
     assert small_seq_flash.route_wins(64, 128, 200, False)
     with torch.no_grad():
         want = model(*inputs)
