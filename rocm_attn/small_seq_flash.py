@@ -92,10 +92,9 @@ def takes_route(q, k, v, thd: bool, max_seqlen_q: int, max_seqlen_kv: int,
     # route's ops are Python custom ops), so export traces the tiled kernels / varlen attention
     if errors.exporting():
         return False
+    # (no extension: the tuning value reads 0, so route_selects is False)
     if not route_selects(q.shape[-1], max_seqlen_q, max_seqlen_kv, needs_backward(q, k, v),
                          long_history):
-        return False
-    if route_problem() is not None:
         return False
     from .varlen import backends
 

@@ -186,7 +186,6 @@ def test_takes_route_rules(monkeypatch):
         requires_grad = False
 
     monkeypatch.setattr(backends, "_flash_problem", lambda q: None)
-    monkeypatch.setattr(small_seq_flash, "route_problem", lambda: None)
     monkeypatch.setattr(torch.version, "hip", None)
     for mode, thd, softmax, max_q, max_kv, long, want in [
             (1, True, False, 512, fwd_kv, False, True),
