@@ -6,7 +6,8 @@ BUILD_TARGET=auto|rocm|cuda|cpu (default auto) picks what to build:
          through ROCM_HOME/ROCM_PATH, /opt/rocm, PATH, or the ROCm SDK wheel (`rocm-sdk path
          --root`): see find_rocm_home.
   cuda : a CUDA build of torch -> tools/hipify.py writes CUDA sources under build/cuda_src,
-         nvcc compiles them for sm_90 (or for TORCH_CUDA_ARCH_LIST when set).
+         nvcc compiles them for sm_90a (or for TORCH_CUDA_ARCH_LIST when set; the Hopper
+         warpgroup-MMA kernels need "9.0a" there, plain "9.0" builds them empty).
   cpu  : no extension; every public API runs on its torch path.
 auto chooses from the installed torch. ROCM_ATTN_FORCE_CPU=1 skips the extension.
 Build against the torch already installed: `pip install --no-build-isolation .`
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 VALID_TARGETS = ("auto", "rocm", "cuda", "cpu")
 DEFAULT_ROCM_ARCHS = "gfx942;gfx90a"
-DEFAULT_CUDA_GENCODE = "-gencode=arch=compute_90,code=sm_90"
+DEFAULT_CUDA_GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
 
 
 def pick_target() -> str:
@@ -241,7 +242,12 @@ def extension_for(target: str):
         arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST")
         if not arch_list:
             nvcc_flags.append(DEFAULT_CUDA_GENCODE)
-        archs = arch_list.split(";") if arch_list else ["sm_90"]
+        archs = arch_list.split(";") if arch_list else ["sm_90a"]
+        # The host side may select the sm_90a-only kernels (common/device_info.h
+        # ra_device_warpgroup_mma) only where the build has their code.
+        if not arch_list or any(a.strip().startswith("9.0a") for a in archs):
+            nvcc_flags.append("-DRA_WGMMA_BUILD=1")
+            cxx_flags.append("-DRA_WGMMA_BUILD=1")
         include = [str(cuda_src)]
     else:
         archs_env = os.environ.get("GPU_ARCHS") or os.environ.get("PYTORCH_ROCM_ARCH") or DEFAULT_ROCM_ARCHS

@@ -98,6 +98,54 @@ def test_wave_and_block_kernels(dev, d, h_q, h_kv, kernel):
         check_valid(case)
 
 
+# The warpgroup-MMA kernel (Hopper, sm_90a builds: tiled_fwd_warpgroup_kernel.h) serves calls
+# without probabilities; tuning 2 sends every such call of d 64 / 128 whose K/V fit there, in
+# blocks of two or of one warpgroup. Devices without it take the other kernels, and the checks
+# still hold.
+WARPGROUP = {"warpgroup2": {"small_seq_tiled_warpgroup": 2},
+             "warpgroup1": {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroups": 1}}
+
+
+@pytest.mark.parametrize("kernel", list(WARPGROUP))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_warpgroup_kernel(dev, d, h_q, h_kv, dtype, kernel):
+    """Queries per segment 0..512 (partial and whole 64-row tiles) over 0..300 keys (partial
+    and whole 64-key steps); int64 offsets with strided q / k / v and padding rows; BSHD."""
+    q_lens = [1, 2, 17, 512, 0, 64, 65, 130, 512, 3]
+    kv_lens = [17, 64, 256, 300, 5, 0, 1, 63, 64, 129]
+    with rocm_attn.tuning.override(**WARPGROUP[kernel]):
+        case = C.thd_case(d + h_kv, q_lens, kv_lens, h_q, h_kv, d, dtype, device=dev)
+        check_valid(case, return_softmax=False)
+        gen = torch.Generator().manual_seed(d + h_q)
+        b = 40
+        case = C.thd_case(d + 1, lens(gen, b, 0, 200), lens(gen, b, 0, 200), h_q, h_kv, d,
+                          dtype, offsets=torch.int64, strided=True, pad_before=3, pad_after=5,
+                          kv_pad=2, max_q=200, max_kv=200, device=dev)
+        check_valid(case, return_softmax=False)
+        case = C.bshd_case(d + 2, 70, lens(gen, 12, 0, 100) + [0, 100], 100, h_q, h_kv, d,
+                           dtype, device=dev)
+        check_valid(case, return_softmax=False)
+
+
+@pytest.mark.parametrize("kernel", list(WARPGROUP))
+def test_warpgroup_kernel_bad_segments(dev, kernel):
+    """Garbage int64 offsets under the warpgroup-MMA kernel: each bad segment counted once, NaN
+    on its rows, no out-of-bounds access, every other segment exact."""
+    q_lens, kv_lens = [3, 100, 17, 2, 140, 65, 1, 70, 4], [5, 17, 64, 3, 10, 1, 0, 7, 9]
+    case = C.thd_case(19, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, offsets=torch.int64,
+                      max_q=100, max_kv=64, pad_before=2, pad_after=2, kv_pad=3, device=dev)
+    case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
+    case.cu_kv[8] = 2**40  # segments 7 and 8: keys past the end of k/v
+    case.cu_kv[9] = -(2**40)
+    with rocm_attn.tuning.override(**WARPGROUP[kernel]):
+        out, lse, probs = op(case, return_softmax=False)
+    bad = C.check(case, out, lse, probs, expect_bad=[4, 5, 7, 8])
+    torch.cuda.synchronize()
+    assert read_errors(reset=True) == (len(bad), bad[0])
+
+
 @pytest.mark.parametrize("max_q", [2, 4])
 def test_few_rows_over_long_histories(dev, max_q):
     """16 or 32 rows per (segment, kv head) (8 q heads per kv head) over histories of up to

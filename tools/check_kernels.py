@@ -1,7 +1,8 @@
 """Compile every kernel source for every target, with no GPU, and report resources.
 
 Targets:
-  sm_90   hipified sources (tools/hipify.py) through nvcc -gencode=arch=compute_90,code=sm_90
+  sm_90a  hipified sources (tools/hipify.py) through nvcc -gencode=arch=compute_90a,code=sm_90a
+          (the build's default: the Hopper warpgroup-MMA kernels exist only there)
   sm_100  the same through nvcc for sm_100 (B200/GB200; nvcc >= 12.8), not in the default set
   gfx90a  HIP sources through Debian's clang-19 HIP front end, full compile, with
           -Rpass-analysis=kernel-resource-usage (VGPRs, SGPRs, scratch, occupancy, spills)
@@ -9,9 +10,9 @@ Targets:
           gfx940, hence -nogpulib)
 Warnings are errors. Spills to scratch on AMD targets fail the check unless --allow-spills;
 nvcc's own register heuristics sometimes trade a few bytes of local memory for occupancy on
-sm_90, so spills there are reported, not fatal. --install apt-installs clang-19 and the HIP headers when missing.
+sm_90a, so spills there are reported, not fatal. --install apt-installs clang-19 and the HIP headers when missing.
 
-Usage: python tools/check_kernels.py [--targets sm_90,gfx90a,gfx942] [--only SUBSTR,...] [--install]
+Usage: python tools/check_kernels.py [--targets sm_90a,gfx90a,gfx942] [--only SUBSTR,...] [--install]
        [--json OUT]
 --only keeps the sources whose file name contains one of the substrings (e.g.
 --only fwd_bf16_d128 while iterating on one kernel; the full run is the check). The full run
@@ -39,7 +40,7 @@ import generate_kernels  # noqa: E402
 import hipify  # noqa: E402
 
 APT_PACKAGES = ["clang-19", "lld-19", "hipcc", "rocm-device-libs", "libamdhip64-dev"]
-ALL_TARGETS = ("sm_90", "gfx90a", "gfx942")
+ALL_TARGETS = ("sm_90a", "gfx90a", "gfx942")
 EXTRA_TARGETS = ("sm_100",)  # asked for by name: --targets sm_100
 
 

@@ -14,3 +14,7 @@ int ra_device_shared_per_multiprocessor();
 // Whether launches on the current device may overlap the kernel before them (programmatic
 // dependent launch: CUDA, compute capability >= 9.0, and the tuning value pdl not 0).
 bool ra_device_overlapped_launch();
+// Whether the current device runs the Hopper warpgroup-MMA kernels of this build: CUDA, compute
+// capability 9.0 exactly (the sm_90a code runs nowhere else), and the extension compiled for
+// sm_90a (setup.py defines RA_WGMMA_BUILD then; the kernels are empty in an sm_90-only build).
+bool ra_device_warpgroup_mma();

@@ -57,3 +57,24 @@ bool ra_device_overlapped_launch() {
   return ra_tuning().pdl != 0 && cached_attribute(hipDeviceAttributeComputeCapabilityMajor, cache, 1) >= 9;
 #endif
 }
+
+bool ra_device_warpgroup_mma() {
+#if defined(__HIP__) || !defined(RA_WGMMA_BUILD)
+  return false;
+#else
+  static int major[64] = {};
+  static int minor[64] = {};
+  // cached_attribute treats 0 as "not read yet": store minor + 1.
+  const int mj = cached_attribute(hipDeviceAttributeComputeCapabilityMajor, major, 1);
+  int device = 0;
+  if (hipGetDevice(&device) != hipSuccess || device < 0 || device >= 64) return false;
+  if (minor[device] == 0) {
+    int value = 0;
+    if (hipDeviceGetAttribute(&value, hipDeviceAttributeComputeCapabilityMinor, device) !=
+        hipSuccess)
+      value = -1;
+    minor[device] = value + 1;
+  }
+  return mj == 9 && minor[device] == 1;
+#endif
+}

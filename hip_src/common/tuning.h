@@ -41,6 +41,14 @@ struct RaTuning {
   // memory take the resident kernel (tiled_fwd_resident_kernel.h), d <= 128; 0 = never; 2 =
   // every d <= 128 call whose K/V fit (tests).
   int small_seq_tiled_resident = 1;
+  // tiled small-seq forward on Hopper (sm_90a builds): 1 = calls of at least one 64-row tile
+  // per (segment, kv head) whose K/V fit a block's shared memory take the warpgroup-MMA kernel
+  // (tiled_fwd_warpgroup_kernel.h), d 64 / 128, no return_softmax; 0 = never; 2 = every call
+  // it can serve (tests).
+  int small_seq_tiled_warpgroup = 1;
+  // tiled small-seq forward: warpgroups per block of the warpgroup-MMA kernel, 1 or 2; 0 = the
+  // launcher's choice (small_seq/tiled_launch.hip).
+  int small_seq_tiled_warpgroups = 0;
   // tiled small-seq backward: 1 = segments with many query rows over more than one key tile
   // take the block variants of the dK / dV and dQ passes (tiled_bwd_block_kernel.h); 0 = never;
   // 2 = every call (tests).
@@ -84,6 +92,8 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_block", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK", &RaTuning::small_seq_tiled_block},
     {"small_seq_tiled_block_threads", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK_THREADS", &RaTuning::small_seq_tiled_block_threads},
     {"small_seq_tiled_resident", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT", &RaTuning::small_seq_tiled_resident},
+    {"small_seq_tiled_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP", &RaTuning::small_seq_tiled_warpgroup},
+    {"small_seq_tiled_warpgroups", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUPS", &RaTuning::small_seq_tiled_warpgroups},
     {"small_seq_tiled_resident_threads", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_THREADS", &RaTuning::small_seq_tiled_resident_threads},
     {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
     {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},

@@ -1,11 +1,13 @@
-// Launch of the tiled small-seq forward (tiled_fwd_kernel.h, tiled_fwd_resident_kernel.h):
-// dispatch over dtype x head dim, the choice between the resident, block and wave kernels, grid
-// sized from occupancy. Per dtype: three wave kernels (d 64, 128, 256), block kernels of 64, 128
-// and 256 threads for d 64 and 128, and resident kernels of 128 and 256 threads and key steps of
-// 16 and 64 for d 64 and 128; one translation unit: the kernels have no kv bucket, so the
-// variant count stays small and needs no generated instantiation files.
+// Launch of the tiled small-seq forward (tiled_fwd_kernel.h, tiled_fwd_resident_kernel.h,
+// tiled_fwd_warpgroup_kernel.h): dispatch over dtype x head dim, the choice between the
+// warpgroup-MMA (Hopper), resident, block and wave kernels, grid sized from occupancy. Per
+// dtype: three wave kernels (d 64, 128, 256), block kernels of 64, 128 and 256 threads for d 64
+// and 128, resident kernels of 128 and 256 threads and key steps of 16 and 64 for d 64 and 128,
+// and warpgroup kernels of one and two warpgroups and key steps of 16 and 64 for d 64 and 128;
+// one translation unit: the kernels have no kv bucket, so the variant count stays small and
+// needs no generated instantiation files.
 #include "../common/tuning.h"
-#include "tiled_fwd_resident_kernel.h"
+#include "tiled_fwd_warpgroup_kernel.h"
 
 namespace small_seq {
 namespace {
@@ -135,34 +137,46 @@ bool tiled_use_resident(const SmallSeqTiledParams& p, int64_t* kv_smem) {
   return mode >= 2 || tiled_row_tiles(p, kTiledResidentRows) >= kTiledResidentMinTiles;
 }
 
+// Above 48 KiB a kernel's dynamic shared memory must be allowed first (NVIDIA): once per device
+// and kernel, to the device's limit.
+template <auto KERNEL>
+hipError_t tiled_allow_shared(int64_t smem) {
+  static int raised[64] = {};
+  const int device = ra_device_index();
+  const bool cached = device >= 0 && device < 64;
+  if (smem <= 48 * 1024 || (cached && raised[device])) return hipSuccess;
+  const hipError_t err = hipFuncSetAttribute(reinterpret_cast<const void*>(KERNEL),
+                                             hipFuncAttributeMaxDynamicSharedMemorySize,
+                                             ra_device_max_shared_per_block());
+  if (err == hipSuccess && cached) raised[device] = 1;
+  return err;
+}
+
+// Splits per (segment, kv head) of the kernels that stage a segment's K/V per work item
+// (resident, warpgroup): enough for about kTiledResidentItemsPerBlock items per resident block
+// when there are few segments, while every split keeps each of a block's `workers` (waves or
+// warpgroups) busy with at least one of the segment's `tiles` row tiles.
+inline int64_t tiled_splits(const SmallSeqTiledParams& p, int64_t tiles, int workers,
+                            int64_t resident) {
+  const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  const int64_t max_splits = tiles / workers > 1 ? tiles / workers : 1;
+  const int64_t splits = (kTiledResidentItemsPerBlock * resident + pairs - 1) / pairs;
+  return splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
+}
+
 template <typename T, int D, int THREADS, int KSTEP>
 hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int wave, int64_t smem,
                                   hipStream_t stream) {
-  const auto kernel = small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>;
-  const int device = ra_device_index();
-  const bool cached = device >= 0 && device < 64;
-  // Above 48 KiB a kernel's dynamic shared memory must be allowed first (NVIDIA): once per
-  // device, to the device's limit.
-  static int raised[64] = {};
-  if (smem > 48 * 1024 && !(cached && raised[device])) {
-    const hipError_t err =
-        hipFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                            hipFuncAttributeMaxDynamicSharedMemorySize,
-                            ra_device_max_shared_per_block());
-    if (err != hipSuccess) return err;
-    if (cached) raised[device] = 1;
-  }
+  constexpr auto kernel = small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>;
+  const hipError_t err = tiled_allow_shared<kernel>(smem);
+  if (err != hipSuccess) return err;
   static TiledOccupancyCache occupancy;
   const int64_t resident =
       static_cast<int64_t>(tiled_blocks_per_mp(kernel, THREADS, smem, occupancy)) *
       ra_device_multiprocessors();
   const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
-  const int64_t tiles = tiled_row_tiles(p, kTiledResidentRows);
-  const int waves = THREADS / wave;
-  // Every split keeps each wave busy with at least one tile.
-  const int64_t max_splits = tiles / waves > 1 ? tiles / waves : 1;
-  int64_t splits = (kTiledResidentItemsPerBlock * resident + pairs - 1) / pairs;
-  splits = splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
+  const int64_t splits =
+      tiled_splits(p, tiled_row_tiles(p, kTiledResidentRows), THREADS / wave, resident);
   const dim3 grid = tiled_capped_grid(pairs * splits, resident, tiled_grid_factor());
   hipLaunchKernelGGL((small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>), grid,
                      dim3(THREADS),
@@ -198,6 +212,58 @@ hipError_t run_tiled_fwd_resident_for(const SmallSeqTiledParams& p, int wave, in
                         : run_tiled_fwd_resident<T, D, 256, 4>(p, wave, kv_smem, stream);
 }
 
+// The warpgroup-MMA kernel (Hopper, sm_90a builds) where a (segment, kv head) may fill at least
+// one 64-row tile (fewer rows leave most of each product empty: the resident and wave kernels
+// serve those), d 64 / 128, no probabilities asked for, and K / V of max_seqlen_kv keys plus
+// the Q buffers within a block's shared memory.
+template <int D>
+bool tiled_use_warpgroup(const SmallSeqTiledParams& p) {
+  const int mode = ra_tuning().small_seq_tiled_warpgroup;
+  if (mode <= 0 || (D != 64 && D != 128) || p.probs != nullptr || !ra_device_warpgroup_mma())
+    return false;
+  if (tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) > ra_device_max_shared_per_block())
+    return false;
+  return mode >= 2 || tiled_max_rows(p) >= kTiledWarpgroupRows;
+}
+
+// Warpgroups per block of the warpgroup-MMA kernel: one where at least two such blocks fit a
+// multiprocessor's shared memory (histories up to 64 keys at d = 128: three blocks, whose
+// loads and products overlap each other's softmax and staging), else two sharing one copy of
+// K / V (one block per multiprocessor; one warpgroup alone there leaves the matrix unit idle
+// through every softmax: 1.4-1.6x slower on 256-key rows). Tuning small_seq_tiled_warpgroups
+// (1 or 2) overrides where the shared memory allows.
+template <int D>
+int tiled_warpgroups(const SmallSeqTiledParams& p) {
+  const int64_t one = tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) + kTiledSharedReserve;
+  const int64_t two = tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 2);
+  const bool two_fit = two <= ra_device_max_shared_per_block();
+  const int tuned = ra_tuning().small_seq_tiled_warpgroups;
+  if (tuned == 1 || !two_fit) return 1;
+  if (tuned == 2) return 2;
+  return 2 * one <= ra_device_shared_per_multiprocessor() ? 1 : 2;
+}
+
+template <typename T, int D, int WARPGROUPS, int KEYS>
+hipError_t run_tiled_fwd_warpgroup(const SmallSeqTiledParams& p, hipStream_t stream) {
+  constexpr auto kernel = small_seq_tiled_fwd_warpgroup_kernel<T, D, WARPGROUPS, KEYS>;
+  constexpr int THREADS = WARPGROUPS * 128;
+  const int64_t smem = tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS);
+  const hipError_t err = tiled_allow_shared<kernel>(smem);
+  if (err != hipSuccess) return err;
+  static TiledOccupancyCache occupancy;
+  const int64_t resident =
+      static_cast<int64_t>(tiled_blocks_per_mp(kernel, THREADS, smem, occupancy)) *
+      ra_device_multiprocessors();
+  const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  const int64_t splits =
+      tiled_splits(p, tiled_row_tiles(p, kTiledWarpgroupRows), WARPGROUPS, resident);
+  const dim3 grid = tiled_capped_grid(pairs * splits, resident, tiled_grid_factor());
+  hipLaunchKernelGGL((small_seq_tiled_fwd_warpgroup_kernel<T, D, WARPGROUPS, KEYS>), grid,
+                     dim3(THREADS), static_cast<size_t>(smem), stream, p,
+                     static_cast<int>(splits));
+  return hipGetLastError();
+}
+
 template <typename T, int D, int THREADS>
 hipError_t run_tiled_fwd_block(const SmallSeqTiledParams& p, int wave, hipStream_t stream) {
   static TiledOccupancyCache occupancy;
@@ -218,6 +284,14 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   const int wave = ra_device_wave_size();
   const int rows = tiled_rows_for_wave(wave);
   if constexpr (D <= 128) {
+    if (tiled_use_warpgroup<D>(p)) {
+      const bool one = tiled_warpgroups<D>(p) == 1;
+      if (tiled_warpgroup_step_keys(p.max_seqlen_kv) == 16)
+        return one ? run_tiled_fwd_warpgroup<T, D, 1, 16>(p, stream)
+                   : run_tiled_fwd_warpgroup<T, D, 2, 16>(p, stream);
+      return one ? run_tiled_fwd_warpgroup<T, D, 1, 64>(p, stream)
+                 : run_tiled_fwd_warpgroup<T, D, 2, 64>(p, stream);
+    }
     int64_t kv_smem = 0;
     if (tiled_use_resident<D>(p, &kv_smem))
       return run_tiled_fwd_resident_for<T, D>(p, wave, kv_smem, stream);

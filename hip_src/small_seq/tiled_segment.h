@@ -178,4 +178,28 @@ struct TiledRowMap {
   }
 };
 
+// Rows i0, i0 + stride, i0 + 2 * stride, ... of a tile as (j, h), for a thread that walks a
+// tile's rows at a fixed stride: one division at the start (TiledRowMap::at) and one for the
+// stride, then an add with carry per row.
+struct TiledRowWalk {
+  int64_t j;
+  int h;
+  int group;
+  int dj;  // whole queries per stride
+  int dh;  // and the remaining heads
+  RA_DEVICE TiledRowWalk(const TiledRowMap& map, int i0, int stride) : group(map.group) {
+    map.at(i0, j, h);
+    dj = stride / group;
+    dh = stride - dj * group;
+  }
+  RA_DEVICE void next() {
+    j += dj;
+    h += dh;
+    if (h >= group) {
+      h -= group;
+      ++j;
+    }
+  }
+};
+
 }  // namespace small_seq

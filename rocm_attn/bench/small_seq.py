@@ -161,11 +161,14 @@ ANCHORS = {"sdpa": sdpa, "varlen": varlen, "unfused": unfused}
 
 
 def _with_tuning(setting, fn):
-    """fn() with a launch tuning value set (NAME=VALUE, NAME a rocm_attn.tuning name or its
-    ROCM_ATTN_* variable), restored after it."""
-    name, value = setting.split("=", 1)
+    """fn() with launch tuning values set (NAME=VALUE, several joined by "+"; NAME a
+    rocm_attn.tuning name or its ROCM_ATTN_* variable), restored after it."""
     by_env = {env: knob for knob, env in rocm_attn.tuning.environment_names().items()}
-    with rocm_attn.tuning.override(**{by_env.get(name, name): int(value)}):
+    values = {}
+    for part in setting.split("+"):
+        name, value = part.split("=", 1)
+        values[by_env.get(name, name)] = int(value)
+    with rocm_attn.tuning.override(**values):
         return fn()
 
 
@@ -234,7 +237,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ab", action="append", default=[], metavar="NAME=VALUE",
                         help="also time our op with this launch tuning value set (a "
                              "rocm_attn.tuning name or its ROCM_ATTN_* variable), on the same "
-                             "inputs (repeatable; e.g. small_seq_pipe=0)")
+                             "inputs (repeatable; several values of one run joined by '+', "
+                             "e.g. small_seq_pipe=0+small_seq_mma=0)")
     parser.add_argument("--plot", type=Path,
                         help="write a PNG of %% of floor per case (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")

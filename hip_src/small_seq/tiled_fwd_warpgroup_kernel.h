@@ -1,0 +1,337 @@
+// Tiled small-seq forward, warpgroup variant (Hopper, sm_90a): the resident kernel's work
+// (one (segment, kv head)'s whole K and V staged in shared memory once, then all its row tiles
+// against it) with warpgroup matrix products (common/wgmma.h) instead of per-warp mma.sync
+// (docs/kernels.md#tiled-small-seq-kernels).
+//
+// Why: on many candidates the resident kernel is bound by its instruction stream, not by bytes:
+// every 16-row mma.sync tile re-reads its K / V fragments from shared memory into registers and
+// permutes them, and the products are a tenth of the instructions. A warpgroup product takes a
+// 64-row tile with K and V read by the matrix unit straight from shared memory, so the warps
+// issue little besides the softmax.
+//
+// Per work item (segment, kv head, split; the resident kernel's decomposition, 64-row tiles):
+//   1. All threads copy K and V (keys x D each, the swizzled layout of common/wgmma.h: K is
+//      read K-major by the score product, V N-major by P . V) with cp.async, keys up to the
+//      segment's last step, zeros past its length; each warpgroup's first Q tile in the same
+//      batch.
+//   2. Each warpgroup takes tiles round robin. A tile's 64 query rows (r = j * group + h, as in
+//      every tiled kernel) are copied into the warpgroup's shared Q buffer with cp.async, one
+//      tile ahead (two buffers), rows past the segment as zeros.
+//   3. Per step of KEYS keys (64, or 16 where histories are that short): S = Q K^T (D / 16
+//      products m64nKEYSk16 from shared memory), online softmax on the accumulator in registers
+//      (log2 domain, fp32; P rounded to the input dtype), O += P V (KEYS / 16 products
+//      m64nDk16, P from registers). Keys past the segment's length in its last step score -inf.
+//   4. O / l into the tile's Q buffer (free once the last score product is done), then out in
+//      whole 16-byte rows pieces; the LSE from registers.
+// The contract (tiled_segment.h), padding rows and bad segments are handled as in the resident
+// kernel, with the same helpers.
+//
+// Shared memory (dynamic, sized by the launch for max_seqlen_kv): K, V, then two Q buffers per
+// warpgroup; see tiled_warpgroup_smem_bytes. Where the arch-specific features are missing
+// (RA_HAS_WGMMA 0: AMD, sm_90 without "a", the CPU emulation) the kernel body is empty and the
+// launcher never selects it.
+#pragma once
+
+#include "../common/wgmma.h"
+#include "tiled_fwd_resident_kernel.h"
+
+namespace small_seq {
+
+// Rows of a warpgroup tile, and the key granularity of the shared K / V buffers and of the
+// longest softmax step (the m64n64 score product).
+constexpr int kTiledWarpgroupRows = 64;
+constexpr int kTiledWarpgroupKeys = 64;
+
+// Keys per softmax step for histories of up to max_seqlen_kv keys: 16 where they fit one
+// m64n16 product (a 64-key step would compute four times the scores and P . V products of a
+// 16-key history), else 64.
+RA_HOST_DEVICE constexpr int tiled_warpgroup_step_keys(int max_seqlen_kv) {
+  return max_seqlen_kv <= 16 ? 16 : kTiledWarpgroupKeys;
+}
+
+// Keys the buffers hold for max_seqlen_kv: whole 64-key panels.
+RA_HOST_DEVICE constexpr int64_t tiled_warpgroup_keys(int max_seqlen_kv) {
+  return (static_cast<int64_t>(max_seqlen_kv) + kTiledWarpgroupKeys - 1) / kTiledWarpgroupKeys *
+         kTiledWarpgroupKeys;
+}
+
+// Dynamic shared memory of a block: K and V of the staged keys, two Q buffers per
+// warpgroup, and 1024 bytes to align the start (the swizzle is a function of address bits).
+template <int D>
+RA_HOST_DEVICE constexpr int64_t tiled_warpgroup_smem_bytes(int max_seqlen_kv, int warpgroups) {
+  return 2 * tiled_warpgroup_keys(max_seqlen_kv) * D * 2 +
+         static_cast<int64_t>(warpgroups) * 2 * kTiledWarpgroupRows * D * 2 + 1024;
+}
+
+#if RA_HAS_WGMMA
+
+// Issues the cp.async copies of keys [0, nk) of one kv head into the K and V buffers (both
+// (keys x D), `kp` rows each: K is the score product's K-major B operand, V the P . V product's
+// N-major one), zeros for keys nk .. round_up(nk, KEYS) - 1 (all threads of the block).
+template <int D, int KEYS, int THREADS>
+RA_DEVICE void tiled_warpgroup_stage(uint32_t sk, uint32_t sv, const SmallSeqTiledParams& p,
+                                     const uint16_t* kbase, const uint16_t* vbase, const int nk,
+                                     const int kp, const int tid) {
+  constexpr int kVecs = D / 8;
+  const int keys = (nk + KEYS - 1) / KEYS * KEYS;
+  for (int idx = tid; idx < keys * kVecs; idx += THREADS) {
+    const int row = idx / kVecs;
+    const int vec = idx - row * kVecs;
+    const bool live = row < nk;
+    const uint32_t off = ra_wgmma_offset(row, 8 * vec, kp);
+    ra_cp_async16(sk + off, live ? kbase + row * p.k_token_stride + 8 * vec : p.k, live ? 16 : 0);
+    ra_cp_async16(sv + off, live ? vbase + row * p.v_token_stride + 8 * vec : p.v, live ? 16 : 0);
+  }
+}
+
+// Issues the cp.async copies of one tile's query rows (tile rows r0 .. r0 + 63 of the segment)
+// into a Q buffer (64 x D operand), rows at or past seg_rows as zeros (128 threads of one
+// warpgroup, wtid = thread within it).
+template <int D>
+RA_DEVICE void tiled_warpgroup_load_q(const SmallSeqTiledParams& p, const TiledSegment& s,
+                                      const int hk, const int group, const int64_t r0,
+                                      const int64_t seg_rows, uint32_t sq, const int wtid) {
+  constexpr int kVecs = D / 8;
+  constexpr int kRowsPerPass = 128 / kVecs;
+  const uint16_t* q = static_cast<const uint16_t*>(p.q) + s.q_batch * p.q_batch_stride +
+                      s.q_token0 * p.q_token_stride;
+  const int vec = wtid % kVecs;
+  TiledRowWalk row(TiledRowMap(r0, group), wtid / kVecs, kRowsPerPass);
+#pragma unroll
+  for (int pass = 0; pass < kTiledWarpgroupRows / kRowsPerPass; ++pass, row.next()) {
+    const int i = wtid / kVecs + pass * kRowsPerPass;
+    const bool live = r0 + i < seg_rows;
+    const uint16_t* src =
+        live ? q + row.j * p.q_token_stride + (hk * group + row.h) * p.q_head_stride + 8 * vec
+             : static_cast<const uint16_t*>(p.q);
+    ra_cp_async16(sq + ra_wgmma_offset(i, 8 * vec, kTiledWarpgroupRows), src, live ? 16 : 0);
+  }
+}
+
+// One 64-row tile of a valid segment against the staged K / V (one warpgroup): scores,
+// online softmax, P . V, then out and the LSE of its live rows (out through the tile's Q
+// buffer `sq`, which holds Q on entry and is free again once every warp of the warpgroup
+// passed its last score product).
+template <typename T, int D, int KEYS>
+RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
+                                    const int hk, const int group, const int64_t r0,
+                                    const int64_t seg_rows, uint8_t* sq_ptr, const uint32_t sq,
+                                    const uint32_t sk, const uint32_t sv, const int kp,
+                                    const int wg, const int wtid) {
+  constexpr int kSteps = D / 16;  // k steps of the score product
+  constexpr int kVecs = D / 8;
+  const int warp = wtid / 32;
+  const int lane = wtid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const float scale = p.softmax_scale * kTiledLog2e;
+  const int nk = s.nk;
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+  // The score product of the step at key k0 into acc (asynchronous: committed, not waited).
+  const auto issue_scores = [&](float* acc, int k0) {
+    ra_wgmma_fence();
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st)
+      ra_wgmma_ss<T, KEYS>(acc, ra_wgmma_desc(ra_wgmma_step_address(sq, st, kTiledWarpgroupRows, 0)),
+                           ra_wgmma_desc(ra_wgmma_step_address(sk, st, kp, k0)), st > 0);
+    ra_wgmma_commit();
+  };
+  // Online softmax of one step's scores in place (sc becomes P, unrounded); alpha: the factor
+  // O must take before this step's P . V.
+  const auto softmax = [&](float* sc, int k0, float* alpha) {
+    // Scale into the log2 domain; keys past the segment's length (its last step) score -inf.
+    const bool tail = k0 + KEYS > nk;
+#pragma unroll
+    for (int i = 0; i < KEYS / 2; ++i) {
+      const int key = k0 + 8 * (i / 4) + 2 * t + (i % 2);
+      sc[i] = tail && key >= nk ? -INFINITY : sc[i] * scale;
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < KEYS / 2; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], sc[i]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r]);  // finite: every step has a live key
+      alpha[r] = exp2f(m[r] - m_new);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < KEYS / 2; ++i) {
+      const int r = (i / 2) % 2;
+      sc[i] = exp2f(sc[i] - m[r]);
+      l[r] += sc[i];
+    }
+  };
+  // O = O * alpha + P . V for the step at k0 (issued and committed, not waited; O must not be
+  // in flight, and pa must stay untouched until the product is waited for).
+  uint32_t pa[KEYS / 16][4];
+  const auto issue_pv = [&](const float* sc, int k0, const float* alpha) {
+    if (k0 > 0) {  // the first step finds O zero
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+    }
+#pragma unroll
+    for (int kk = 0; kk < KEYS / 16; ++kk)
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+        pa[kk][x] = ra_mma_pack2<T>(sc[8 * kk + 2 * x], sc[8 * kk + 2 * x + 1]);
+    ra_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KEYS / 16; ++kk)
+      ra_wgmma_rs<T, D>(o, pa[kk], ra_wgmma_desc_n_major(sv + (k0 + 16 * kk) * 128, kp * 128), 1);
+    ra_wgmma_commit();
+  };
+  for (int k0 = 0; k0 < nk; k0 += KEYS) {
+    float sc[KEYS / 2], alpha[2];
+    issue_scores(sc, k0);
+    ra_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < KEYS / 2; ++i) ra_wgmma_pin(sc[i]);
+    softmax(sc, k0, alpha);
+    issue_pv(sc, k0, alpha);
+    ra_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(o[i]);
+  }
+  // O / l of this thread's two rows (16 * warp + g, + 8) into the Q buffer, and their LSE.
+  const TiledRowMap map(r0, group);
+  ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int i = 16 * warp + g + 8 * r;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c)
+      *reinterpret_cast<uint32_t*>(sq_ptr + ra_wgmma_offset(i, 8 * c + 2 * t,
+                                                            kTiledWarpgroupRows)) =
+          ra_mma_pack2<T>(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
+    if (t == 0 && r0 + i < seg_rows) {
+      int64_t j;
+      int h;
+      map.at(i, j, h);
+      p.lse[(hk * group + h) * p.lse_head_stride + s.q_row0 + j] =
+          sum > 0.f ? (m[r] + log2f(sum)) * kTiledLn2 : -INFINITY;
+    }
+  }
+  ra_warpgroup_sync(wg);
+  // The tile's live rows to global memory, 16 bytes per thread and store.
+  uint16_t* out = static_cast<uint16_t*>(p.o) + s.q_batch * p.o_batch_stride +
+                  s.q_token0 * p.o_token_stride;
+  constexpr int kRowsPerPass = 128 / kVecs;
+  const int vec = wtid % kVecs;
+  TiledRowWalk row(map, wtid / kVecs, kRowsPerPass);
+#pragma unroll
+  for (int pass = 0; pass < kTiledWarpgroupRows / kRowsPerPass; ++pass, row.next()) {
+    const int i = wtid / kVecs + pass * kRowsPerPass;
+    if (r0 + i >= seg_rows) break;  // rows ascend with the pass
+    ra_store16(out + row.j * p.o_token_stride + (hk * group + row.h) * p.o_head_stride + 8 * vec,
+               ra_load16(sq_ptr + ra_wgmma_offset(i, 8 * vec, kTiledWarpgroupRows)));
+  }
+}
+
+#endif  // RA_HAS_WGMMA
+
+// Row tiles of 64 per split of a (segment, kv head) (the host picks `splits`, as for the
+// resident kernel).
+RA_HOST_DEVICE int64_t tiled_warpgroup_tiles_per_split(const SmallSeqTiledParams& p,
+                                                       int splits) {
+  const int64_t tiles = tiled_row_tiles(p, kTiledWarpgroupRows);
+  return (tiles + splits - 1) / splits;
+}
+
+// NOTE (registers): blocks of one warpgroup are capped for three per multiprocessor (168
+// registers), so that other blocks' products and loads fill one block's softmax and staging;
+// blocks of two keep the registers they need (one per multiprocessor).
+template <typename T, int D, int WARPGROUPS, int KEYS>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128, WARPGROUPS == 1 ? 3 : 1)
+    small_seq_tiled_fwd_warpgroup_kernel(const SmallSeqTiledParams p, const int splits) {
+#if RA_HAS_WGMMA
+  constexpr int THREADS = WARPGROUPS * 128;
+  constexpr int ROWS = kTiledWarpgroupRows;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int wtid = tid % 128;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int kp = static_cast<int>(tiled_warpgroup_keys(p.max_seqlen_kv));
+  RA_DYNAMIC_SHARED(ra_vec8, tiled_warpgroup_smem);
+  const uint32_t raw = ra_smem_address(tiled_warpgroup_smem);
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t sk = raw + pad;
+  const uint32_t sv = sk + kp * D * 2;
+  const uint32_t q_off = pad + 2 * kp * D * 2 + wg * 2 * (ROWS * D * 2);
+  const uint32_t sq0 = raw + q_off;
+  uint8_t* sq0_ptr = reinterpret_cast<uint8_t*>(tiled_warpgroup_smem) + q_off;
+  const int64_t per_split = tiled_warpgroup_tiles_per_split(p, splits);
+  const int64_t per_seg = static_cast<int64_t>(splits) * p.num_heads_kv;
+  const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int seg = static_cast<int>(item / per_seg);
+    const int64_t rest = item - seg * per_seg;
+    const int hk = static_cast<int>(rest / splits);
+    const int64_t split = rest - static_cast<int64_t>(hk) * splits;
+    const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
+    if (split == 0 && warp == 0) tiled_fwd_padding<T, D>(p, seg, hk, lane);
+    const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
+    const int64_t seg_tiles = (seg_rows + ROWS - 1) / ROWS;
+    const int64_t tile0 = split * per_split;
+    const int64_t tile1 = tile0 + per_split < seg_tiles ? tile0 + per_split : seg_tiles;
+    if (!s.valid) {  // block-uniform: no staging, NaN rows, reported once
+      if (split == 0 && hk == 0 && tid == 0) tiled_report_bad_segment(p, seg);
+      const float nan = tiled_nan();
+      for (int64_t tile = tile0; tile < tile1; ++tile) {
+        // The tile's rows split evenly over the block's warps.
+        const int64_t per_warp = ROWS / (THREADS / 32);
+        const int64_t r0 = tile * ROWS + warp * per_warp;
+        const int64_t r1 = r0 + per_warp < seg_rows ? r0 + per_warp : seg_rows;
+        tiled_fill_rows<T, D>(p, s.q_batch, s.q_token0, s.q_row0, r0, r1, hk * group, group,
+                              nan, nan, nan, lane);
+      }
+      continue;
+    }
+    if (tile0 >= tile1) continue;  // no rows in this split (block-uniform)
+    // K, V and this warpgroup's first tile of Q in one batch of copies; then the warpgroup's
+    // tiles, the next one's Q in flight while the current one computes.
+    const uint16_t* kbase = static_cast<const uint16_t*>(p.k) + s.kv_batch * p.k_batch_stride +
+                            s.kv_token0 * p.k_token_stride + hk * p.k_head_stride;
+    const uint16_t* vbase = static_cast<const uint16_t*>(p.v) + s.kv_batch * p.v_batch_stride +
+                            s.kv_token0 * p.v_token_stride + hk * p.v_head_stride;
+    tiled_warpgroup_stage<D, KEYS, THREADS>(sk, sv, p, kbase, vbase, s.nk, kp, tid);
+    int64_t tile = tile0 + wg;
+    if (tile < tile1)
+      tiled_warpgroup_load_q<D>(p, s, hk, group, tile * ROWS, seg_rows, sq0, wtid);
+    ra_cp_async_commit();
+    ra_cp_async_wait<0>();
+    ra_fence_proxy_async();
+    __syncthreads();
+    for (int buf = 0; tile < tile1; tile += WARPGROUPS, buf ^= 1) {
+      const uint32_t off = buf * (ROWS * D * 2);
+      if (tile + WARPGROUPS < tile1)
+        tiled_warpgroup_load_q<D>(p, s, hk, group, (tile + WARPGROUPS) * ROWS, seg_rows,
+                                  sq0 + (buf ^ 1) * (ROWS * D * 2), wtid);
+      ra_cp_async_commit();
+      ra_cp_async_wait<1>();  // this tile's copies have landed (the next one's may not)
+      ra_fence_proxy_async();
+      ra_warpgroup_sync(wg);
+      tiled_warpgroup_tile<T, D, KEYS>(p, s, hk, group, tile * ROWS, seg_rows, sq0_ptr + off,
+                                       sq0 + off, sk, sv, kp, wg, wtid);
+      ra_warpgroup_sync(wg);  // every warp is done with this buffer before it is refilled
+    }
+    ra_cp_async_wait<0>();
+    __syncthreads();  // every warpgroup is done with this segment's K / V
+  }
+#endif
+}
+
+}  // namespace small_seq
