@@ -46,10 +46,16 @@ from . import _ext, errors, tuning
 # over 256 keys: the route's forward takes twice the tiled one). With a backward ahead, 64 keys
 # suffice (flash's backward is 1.3-3.6x the tiled one there); forward alone needs
 # ROUTE_MIN_SEQLEN_KV_FORWARD keys at head dim <= 128 (over 64 keys the tiled forward ties
-# flash or wins by up to 8%; from 128 keys on flash leads by 5-40%).
+# flash or wins by up to 8%; from 128 keys on flash leads the mma.sync kernels by 5-40%). Where
+# the device runs the tiled forward's warpgroup-MMA kernel (Hopper, sm_90a build), a forward
+# alone at head dim <= 128 whose segments may hold WARPGROUP_MIN_ROWS rows per kv head
+# (max_seqlen_q x the GQA group) stays tiled: there that kernel ties flash or wins by up to
+# 1.4x (4096 x 128 x 256 with 2 kv heads); with fewer rows its staging of a 256-key history
+# serves too few row tiles and flash leads by up to 1.2x.
 ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128
+WARPGROUP_MIN_ROWS = 512
 
 
 def _route_mode() -> int:
@@ -57,22 +63,43 @@ def _route_mode() -> int:
     return tuning.values().get("small_seq_flash_route", 0)
 
 
-def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: bool) -> bool:
+def warpgroup_forward() -> bool:
+    """Whether the current device runs the tiled forward's warpgroup-MMA kernel (False without
+    the compiled extension)."""
+    if not _ext.HAS_EXTENSION:
+        return False
+    from . import _C
+
+    return bool(_C.warpgroup_mma())
+
+
+def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: bool,
+               warpgroup: bool = False, group: int = 1) -> bool:
     """The rule of tuning value 1 (see ROUTE_MIN_QUERIES); ``backward``: the call's result will
-    be differentiated (an input requires grad under grad mode)."""
+    be differentiated (an input requires grad under grad mode); ``warpgroup``: the device runs
+    the tiled forward's warpgroup-MMA kernel (:func:`warpgroup_forward`); ``group``: q heads per
+    kv head."""
+    if (warpgroup and not backward and head_dim <= 128
+            and max_seqlen_q * group >= WARPGROUP_MIN_ROWS):
+        return False
     min_kv = (ROUTE_MIN_SEQLEN_KV_BACKWARD if backward or head_dim > 128
               else ROUTE_MIN_SEQLEN_KV_FORWARD)
     return max_seqlen_q >= ROUTE_MIN_QUERIES and max_seqlen_kv >= min_kv
 
 
 def route_selects(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: bool,
-                  long_history: bool = False) -> bool:
-    """Whether the tuning value picks the route for a call of this head dim and these bounds:
-    2 always, 1 for histories beyond the tiled kernels (``long_history``) and where
-    :func:`route_wins`, 0 never."""
+                  long_history: bool = False, group: int = 1) -> bool:
+    """Whether the tuning value picks the route for a call of this head dim and these bounds
+    (``group``: q heads per kv head): 2 always, 1 for histories beyond the tiled kernels
+    (``long_history``) and where :func:`route_wins`, 0 never."""
     mode = _route_mode()
-    return mode >= 2 or (mode == 1 and (long_history or route_wins(
-        head_dim, max_seqlen_q, max_seqlen_kv, backward)))
+    if mode >= 2:
+        return True
+    if mode != 1:
+        return False
+    return long_history or route_wins(head_dim, max_seqlen_q, max_seqlen_kv, backward,
+                                      warpgroup=not backward and warpgroup_forward(),
+                                      group=group)
 
 
 def needs_backward(q, k, v) -> bool:
@@ -94,7 +121,7 @@ def takes_route(q, k, v, thd: bool, max_seqlen_q: int, max_seqlen_kv: int,
         return False
     # (no extension: the tuning value reads 0, so route_selects is False)
     if not route_selects(q.shape[-1], max_seqlen_q, max_seqlen_kv, needs_backward(q, k, v),
-                         long_history):
+                         long_history, group=q.shape[-2] // max(k.shape[-2], 1)):
         return False
     from .varlen import backends
 

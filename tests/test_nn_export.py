@@ -253,8 +253,9 @@ def test_export_of_a_large_request_keeps_the_compiled_ops():
               torch.nn.functional.pad(lens.cumsum(0), (1, 0)).cuda(),
               torch.nn.functional.pad(counts.cumsum(0), (1, 0)).cuda())
     model = Request(att, max_candidates=128)
-    assert small_seq_flash.route_wins(64, 128, 200, False)
-    with torch.no_grad():
+    # every eager call the route can serve takes it (on Hopper the rule keeps a forward alone
+    # on the tiled warpgroup kernel)
+    with torch.no_grad(), rocm_attn.tuning.override(small_seq_flash_route=2):
         want = model(*inputs)
         program = torch.export.export(model, inputs)
         code = program.graph_module.code

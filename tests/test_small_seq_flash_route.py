@@ -175,6 +175,16 @@ def test_takes_route_rules(monkeypatch):
     assert small_seq_flash.route_wins(128, 512, bwd_kv, True)
     assert not small_seq_flash.route_wins(128, 512, bwd_kv - 1, True)
     assert small_seq_flash.route_wins(256, 512, bwd_kv, False), "wide heads"
+    # with the tiled forward's warpgroup-MMA kernel a forward alone at d <= 128 stays tiled
+    # where segments may hold WARPGROUP_MIN_ROWS rows per kv head (candidates x group)
+    wg_rows = small_seq_flash.WARPGROUP_MIN_ROWS
+    assert not small_seq_flash.route_wins(128, wg_rows, 4096, False, warpgroup=True)
+    assert not small_seq_flash.route_wins(128, wg_rows // 4, 4096, False, warpgroup=True,
+                                          group=4)
+    assert small_seq_flash.route_wins(128, wg_rows // 4, 4096, False, warpgroup=True)
+    assert small_seq_flash.route_wins(128, wg_rows, 4096, False)
+    assert small_seq_flash.route_wins(128, 512, bwd_kv, True, warpgroup=True)
+    assert small_seq_flash.route_wins(256, 512, bwd_kv, False, warpgroup=True), "wide heads"
 
     class FakeCuda:  # a tensor stand-in on a CUDA device
         is_cuda = True

@@ -24,6 +24,8 @@ PyMethodDef module_methods[] = {
     {"set_tuning", &set_tuning, METH_VARARGS, "set_tuning(name, value) -> previous value"},
     {"overlapped_launch", &overlapped_launch, METH_NOARGS,
      "whether THD helper launches overlap the kernel before them (CUDA sm_90+, tuning pdl)"},
+    {"warpgroup_mma", &warpgroup_mma, METH_NOARGS,
+     "whether the current device runs the Hopper warpgroup-MMA kernels of this build"},
     {"small_seq_fwd_direct", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
                                  &small_seq_fwd_direct)),
      METH_FASTCALL, "small_seq_fwd without the dispatcher (eager calls without autograd)"},

@@ -10,9 +10,11 @@ namespace rocm_attn::bindings {
 // softmax_scale, return_softmax) -> (out, lse, probs) or None (METH_FASTCALL).
 PyObject* small_seq_fwd_direct(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 
-// overlapped_launch() -> bool; tuning() -> {name: (value, environment variable)};
+// overlapped_launch() -> bool; warpgroup_mma() -> bool;
+// tuning() -> {name: (value, environment variable)};
 // set_tuning(name, value) -> previous value.
 PyObject* overlapped_launch(PyObject* module, PyObject* unused);
+PyObject* warpgroup_mma(PyObject* module, PyObject* unused);
 PyObject* tuning(PyObject* module, PyObject* unused);
 PyObject* set_tuning(PyObject* module, PyObject* args);
 

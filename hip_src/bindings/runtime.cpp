@@ -1,6 +1,6 @@
 // The extension's run-time state as seen from Python: the device error counter (op
-// rocm_attn::read_error_state), the launch tuning values (common/tuning.h) and whether THD
-// launches overlap (common/device_info.h). The Python functions here are listed in module.cpp.
+// rocm_attn::read_error_state), the launch tuning values (common/tuning.h), whether THD
+// launches overlap and whether the warpgroup-MMA kernels run (common/device_info.h). The Python functions here are listed in module.cpp.
 
 #include <Python.h>
 
@@ -36,6 +36,13 @@ namespace rocm_attn::bindings {
 // start while the kernel before them drains, on the current device (benchmark reports).
 PyObject* overlapped_launch(PyObject* /*module*/, PyObject* /*unused*/) {
   if (ra_device_overlapped_launch()) Py_RETURN_TRUE;
+  Py_RETURN_FALSE;
+}
+
+// warpgroup_mma() -> bool: whether the current device runs the Hopper warpgroup-MMA kernels of
+// this build (the tiled forward's fastest kernel; the flash-route rule asks).
+PyObject* warpgroup_mma(PyObject* /*module*/, PyObject* /*unused*/) {
+  if (ra_device_warpgroup_mma()) Py_RETURN_TRUE;
   Py_RETURN_FALSE;
 }
 

@@ -19,8 +19,9 @@
 //      tile ahead (two buffers), rows past the segment as zeros.
 //   3. Per step of KEYS keys (64, or 16 where histories are that short): S = Q K^T (D / 16
 //      products m64nKEYSk16 from shared memory), online softmax on the accumulator in registers
-//      (log2 domain, fp32; P rounded to the input dtype), O += P V (KEYS / 16 products
-//      m64nDk16, P from registers). Keys past the segment's length in its last step score -inf.
+//      (log2 domain, fp32, the lazy reference max of the other tiled kernels; P rounded to the
+//      input dtype), O += P V (KEYS / 16 products m64nDk16, P from registers). Keys past the
+//      segment's length in its last step score -inf.
 //   4. O / l into the tile's Q buffer (free once the last score product is done), then out in
 //      whole 16-byte rows pieces; the LSE from registers.
 // The contract (tiled_segment.h), padding rows and bad segments are handled as in the resident
@@ -37,8 +38,7 @@
 
 namespace small_seq {
 
-// Rows of a warpgroup tile, and the key granularity of the shared K / V buffers and of the
-// longest softmax step (the m64n64 score product).
+// Rows of a warpgroup tile, and keys of the longest softmax step (the m64n64 score product).
 constexpr int kTiledWarpgroupRows = 64;
 constexpr int kTiledWarpgroupKeys = 64;
 
@@ -49,10 +49,11 @@ RA_HOST_DEVICE constexpr int tiled_warpgroup_step_keys(int max_seqlen_kv) {
   return max_seqlen_kv <= 16 ? 16 : kTiledWarpgroupKeys;
 }
 
-// Keys the buffers hold for max_seqlen_kv: whole 64-key panels.
+// Keys the K and V buffers hold for max_seqlen_kv: whole softmax steps (a multiple of 8 rows,
+// the swizzle's period).
 RA_HOST_DEVICE constexpr int64_t tiled_warpgroup_keys(int max_seqlen_kv) {
-  return (static_cast<int64_t>(max_seqlen_kv) + kTiledWarpgroupKeys - 1) / kTiledWarpgroupKeys *
-         kTiledWarpgroupKeys;
+  const int step = tiled_warpgroup_step_keys(max_seqlen_kv);
+  return (static_cast<int64_t>(max_seqlen_kv) + step - 1) / step * step;
 }
 
 // Dynamic shared memory of a block: K and V of the staged keys, two Q buffers per
@@ -140,40 +141,56 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
                            ra_wgmma_desc(ra_wgmma_step_address(sk, st, kp, k0)), st > 0);
     ra_wgmma_commit();
   };
-  // Online softmax of one step's scores in place (sc becomes P, unrounded); alpha: the factor
-  // O must take before this step's P . V.
-  const auto softmax = [&](float* sc, int k0, float* alpha) {
-    // Scale into the log2 domain; keys past the segment's length (its last step) score -inf.
-    const bool tail = k0 + KEYS > nk;
+  // Online softmax of one step's scores in place (sc becomes P, unrounded), with the lazy
+  // reference max of the other tiled kernels (docs/kernels.md#numerics): a row's reference m
+  // moves only when a step's max exceeds it by more than kTiledLazyRescaleLog2, so most steps
+  // leave O alone. Returns whether any row of this warp moved (alpha: the factors O must take
+  // before this step's P . V; 1 for rows that did not move). Only a segment's last step holds
+  // keys past its length (TAIL): the dense steps are compiled without the masking.
+  const auto softmax = [&](float* sc, int k0, float* alpha, auto tail) {
+    if constexpr (decltype(tail)::value) {
 #pragma unroll
-    for (int i = 0; i < KEYS / 2; ++i) {
-      const int key = k0 + 8 * (i / 4) + 2 * t + (i % 2);
-      sc[i] = tail && key >= nk ? -INFINITY : sc[i] * scale;
+      for (int i = 0; i < KEYS / 2; ++i)
+        if (k0 + 8 * (i / 4) + 2 * t + (i % 2) >= nk) sc[i] = -INFINITY;
     }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int i = 0; i < KEYS / 2; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], sc[i]);
+    for (int i = 0; i < KEYS / 2; ++i) {
+      sc[i] *= scale;  // log2 domain
+      mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], sc[i]);
+    }
+    bool moved = false;
+    float mref[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);  // finite: every step has a live key
-      alpha[r] = exp2f(m[r] - m_new);
-      m[r] = m_new;
-      l[r] *= alpha[r];
+      alpha[r] = 1.f;
+      if (m[r] == -INFINITY) {
+        m[r] = mx[r];  // nothing accumulated yet (l and O are 0)
+      } else if (mx[r] > m[r] + kTiledLazyRescaleLog2) {
+        alpha[r] = exp2f(m[r] - mx[r]);
+        m[r] = mx[r];
+        l[r] *= alpha[r];
+        moved = true;
+      }
+      // m is finite once a row has seen a live key; the guard keeps exp2(-inf - -inf) = NaN
+      // out of a row whose scores are not finite.
+      mref[r] = m[r] == -INFINITY ? 0.f : m[r];
     }
 #pragma unroll
     for (int i = 0; i < KEYS / 2; ++i) {
       const int r = (i / 2) % 2;
-      sc[i] = exp2f(sc[i] - m[r]);
+      sc[i] = exp2f(sc[i] - mref[r]);
       l[r] += sc[i];
     }
+    return __any_sync(0xffffffffu, moved);
   };
   // O = O * alpha + P . V for the step at k0 (issued and committed, not waited; O must not be
   // in flight, and pa must stay untouched until the product is waited for).
   uint32_t pa[KEYS / 16][4];
-  const auto issue_pv = [&](const float* sc, int k0, const float* alpha) {
-    if (k0 > 0) {  // the first step finds O zero
+  const auto issue_pv = [&](const float* sc, int k0, const float* alpha, bool rescale) {
+    if (rescale) {  // warp-uniform
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
     }
@@ -194,8 +211,9 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     ra_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < KEYS / 2; ++i) ra_wgmma_pin(sc[i]);
-    softmax(sc, k0, alpha);
-    issue_pv(sc, k0, alpha);
+    const bool rescale = k0 + KEYS <= nk ? softmax(sc, k0, alpha, TiledFlag<false>{})
+                                         : softmax(sc, k0, alpha, TiledFlag<true>{});
+    issue_pv(sc, k0, alpha, rescale);
     ra_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(o[i]);

@@ -201,7 +201,7 @@ def _path_of(r: dict, backward: bool) -> str:
     long_history = r["hist"] > small_seq.KERNEL_MAX_SEQLEN_KV
     if (small_seq_flash.route_problem() is None
             and small_seq_flash.route_selects(r["d"], r["cands"], r["hist"], backward,
-                                              long_history)):
+                                              long_history, group=H_Q // r["h_kv"])):
         return "flash route (torch's flash varlen kernels, contract kernels)"
     if long_history:
         return "rocm_attn.attention (history beyond the tiled kernels)"
