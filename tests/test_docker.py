@@ -7,6 +7,7 @@ is installed here. hadolint lints both files where it is installed (CI installs 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -122,7 +123,7 @@ def arch_problems(archs: list[str], compilers: list[dict]) -> list[str]:
     out = []
     for arch in archs:
         for comp in compilers:
-            known = {_norm(a) for a in comp["archs"]}
+            known = {_norm(a) for a in comp["archs"] + comp.get("arch_specific", [])}
             if _norm(arch) not in known:
                 out.append(f"{arch} is unknown to {comp['what']}")
     return out
@@ -161,6 +162,13 @@ def test_compiler_table_matches_the_installed_tool(name):
         out = subprocess.run(["nvcc", "--list-gpu-arch"], capture_output=True, text=True,
                              check=True).stdout.split()
         assert {a.replace("compute_", "sm_") for a in out} == set(comp["archs"])
+        for arch in comp.get("arch_specific", []):  # not printed by --list-gpu-arch
+            num = arch[len("sm_"):]
+            done = subprocess.run(
+                ["nvcc", f"-gencode=arch=compute_{num},code={arch}", "-x", "cu", "-c",
+                 "-o", os.devnull, "-"], input="__global__ void k() {}\n", capture_output=True,
+                text=True)
+            assert done.returncode == 0, f"{arch}: {done.stderr}"
     elif comp["check"] == "torch":
         import inspect
 
