@@ -28,10 +28,14 @@ def device_arch(index: int = 0) -> Optional[str]:
 
 
 def _normalize_arch(arch: str) -> str:
-    """TORCH_CUDA_ARCH_LIST spellings ("9.0", "9.0a", "9.0+PTX") -> "sm_90"; gfx names as is."""
+    """TORCH_CUDA_ARCH_LIST spellings ("9.0", "9.0a", "9.0+PTX") and build names ("sm_90a") ->
+    "sm_90" (the arch-specific "a" code runs on that compute capability); gfx names as is."""
     arch = arch.strip().split(":")[0]  # gfx90a:xnack- -> gfx90a
     m = re.fullmatch(r"(\d+)\.(\d+)a?(\+PTX)?", arch)
-    return f"sm_{m.group(1)}{m.group(2)}" if m else arch
+    if m:
+        return f"sm_{m.group(1)}{m.group(2)}"
+    m = re.fullmatch(r"(sm_\d+)a", arch)
+    return m.group(1) if m else arch
 
 
 def arch_mismatch(arch: Optional[str], built: List[str]) -> Optional[str]:

@@ -30,6 +30,18 @@ def test_info_text_and_json(capsys):
     assert '"backends"' in capsys.readouterr().out
 
 
+def test_info_arch_warning_spellings():
+    """Build arch names in every spelling (TORCH_CUDA_ARCH_LIST's "9.0a", setup.py's default
+    "sm_90a") match the device's compute capability; another device is warned about."""
+    from rocm_attn.info import arch_mismatch
+
+    for built in (["sm_90a"], ["9.0a"], ["9.0"], ["9.0+PTX"], ["sm_90"]):
+        assert arch_mismatch("sm_90", built) is None, built
+    warning = arch_mismatch("sm_100", ["sm_90a"])
+    assert warning and "TORCH_CUDA_ARCH_LIST=10.0" in warning
+    assert arch_mismatch("gfx942", ["gfx90a"]) and arch_mismatch("gfx90a", ["gfx90a"]) is None
+
+
 def test_selftest_passes(capsys):
     assert cli.main(["selftest"]) == 0
     out = capsys.readouterr().out
