@@ -50,7 +50,7 @@ from . import _ext, errors, tuning
 # the device runs the tiled forward's warpgroup-MMA kernel (Hopper, sm_90a build), a forward
 # alone at head dim <= 128 whose segments may hold WARPGROUP_MIN_ROWS rows per kv head
 # (max_seqlen_q x the GQA group) stays tiled: there that kernel ties flash or wins by up to
-# 1.4x (4096 x 128 x 256 with 2 kv heads); with fewer rows its staging of a 256-key history
+# 1.25x (4096 x 128 x 256 with 2 kv heads); with fewer rows its staging of a 256-key history
 # serves too few row tiles and flash leads by up to 1.2x.
 ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
