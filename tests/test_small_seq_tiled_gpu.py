@@ -112,7 +112,8 @@ WARPGROUP = {"warpgroup2": {"small_seq_tiled_warpgroup": 2},
 @pytest.mark.parametrize("d", [64, 128])
 def test_warpgroup_kernel(dev, d, h_q, h_kv, dtype, kernel):
     """Queries per segment 0..512 (partial and whole 64-row tiles) over 0..300 keys (partial
-    and whole 64-key steps); int64 offsets with strided q / k / v and padding rows; BSHD."""
+    and whole 64-key steps) and over 0..16 keys (16-key steps); int64 offsets with strided
+    q / k / v and padding rows; BSHD."""
     q_lens = [1, 2, 17, 512, 0, 64, 65, 130, 512, 3]
     kv_lens = [17, 64, 256, 300, 5, 0, 1, 63, 64, 129]
     with rocm_attn.tuning.override(**WARPGROUP[kernel]):
@@ -126,6 +127,10 @@ def test_warpgroup_kernel(dev, d, h_q, h_kv, dtype, kernel):
         check_valid(case, return_softmax=False)
         case = C.bshd_case(d + 2, 70, lens(gen, 12, 0, 100) + [0, 100], 100, h_q, h_kv, d,
                            dtype, device=dev)
+        check_valid(case, return_softmax=False)
+        # histories of at most 16 keys: the 16-key-step variant
+        case = C.thd_case(d + 3, [64, 1, 130, 0, 512, 65], [16, 3, 0, 9, 16, 1], h_q, h_kv, d,
+                          dtype, offsets=torch.int64, pad_before=1, pad_after=2, device=dev)
         check_valid(case, return_softmax=False)
 
 

@@ -216,6 +216,10 @@ hipError_t run_tiled_fwd_resident_for(const SmallSeqTiledParams& p, int wave, in
 // one 64-row tile (fewer rows leave most of each product empty: the resident and wave kernels
 // serve those), d 64 / 128, no probabilities asked for, and K / V of max_seqlen_kv keys plus
 // the Q buffers within a block's shared memory.
+//
+// NOTE: its 16-key-step variant (histories of at most 16 keys) has not yet been run against
+// the float64 reference on a GPU, so the default keeps the resident kernel for those
+// histories; tuning 2 selects it (tests/test_small_seq_tiled_gpu.py covers it there).
 template <int D>
 bool tiled_use_warpgroup(const SmallSeqTiledParams& p) {
   const int mode = ra_tuning().small_seq_tiled_warpgroup;
@@ -223,7 +227,9 @@ bool tiled_use_warpgroup(const SmallSeqTiledParams& p) {
     return false;
   if (tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) > ra_device_max_shared_per_block())
     return false;
-  return mode >= 2 || tiled_max_rows(p) >= kTiledWarpgroupRows;
+  if (mode >= 2) return true;
+  return tiled_max_rows(p) >= kTiledWarpgroupRows &&
+         tiled_warpgroup_step_keys(p.max_seqlen_kv) == kTiledWarpgroupKeys;
 }
 
 // Warpgroups per block of the warpgroup-MMA kernel: one where at least two such blocks fit a
