@@ -1,7 +1,7 @@
 // Tiled small-seq forward, warpgroup variant (Hopper, sm_90a): the resident kernel's work
 // (one (segment, kv head)'s whole K and V staged in shared memory once, then all its row tiles
 // against it) with warpgroup matrix products (common/wgmma.h) instead of per-warp mma.sync
-// (docs/kernels.md#tiled-small-seq-kernels).
+// (docs/kernels.md#warpgroup-kernel).
 //
 // Why: on many candidates the resident kernel is bound by its instruction stream, not by bytes:
 // every 16-row mma.sync tile re-reads its K / V fragments from shared memory into registers and
@@ -17,13 +17,14 @@
 //   2. Each warpgroup takes tiles round robin. A tile's 64 query rows (r = j * group + h, as in
 //      every tiled kernel) are copied into the warpgroup's shared Q buffer with cp.async, one
 //      tile ahead (two buffers), rows past the segment as zeros.
-//   3. Per step of KEYS keys (64, or 16 where histories are that short): S = Q K^T (D / 16
+//   3. Per step of KEYS keys (64; 16 where histories are that short, a variant the launcher
+//      selects only under tuning, small_seq/tiled_launch.hip): S = Q K^T (D / 16
 //      products m64nKEYSk16 from shared memory), online softmax on the accumulator in registers
 //      (log2 domain, fp32, the lazy reference max of the other tiled kernels; P rounded to the
 //      input dtype), O += P V (KEYS / 16 products m64nDk16, P from registers). Keys past the
 //      segment's length in its last step score -inf.
 //   4. O / l into the tile's Q buffer (free once the last score product is done), then out in
-//      whole 16-byte rows pieces; the LSE from registers.
+//      whole 16-byte pieces; the LSE from registers.
 // The contract (tiled_segment.h), padding rows and bad segments are handled as in the resident
 // kernel, with the same helpers.
 //
