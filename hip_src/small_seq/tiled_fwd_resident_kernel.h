@@ -40,10 +40,73 @@ RA_HOST_DEVICE constexpr int64_t tiled_resident_smem_bytes(int max_seqlen_kv) {
          2;
 }
 
-// Row tiles per split of a (segment, kv head): tiles counted from the host bound max_seqlen_q.
-RA_HOST_DEVICE int64_t tiled_resident_tiles_per_split(const SmallSeqTiledParams& p, int splits) {
-  const int64_t tiles = tiled_row_tiles(p, kTiledResidentRows);
+// The kernels that stage a (segment, kv head)'s K/V once per work item (this one and the
+// warpgroup kernel) share one decomposition: item = (segment, kv head, split), each split a
+// run of row tiles of `rows` rows, counted from the host bound max_seqlen_q (the host picks
+// `splits`: tiled_splits in tiled_launch.hip).
+RA_HOST_DEVICE int64_t tiled_tiles_per_split(const SmallSeqTiledParams& p, int splits,
+                                             int rows) {
+  const int64_t tiles = tiled_row_tiles(p, rows);
   return (tiles + splits - 1) / splits;
+}
+
+// One work item of a staged kernel: its segment, kv head and split, the split's row tiles
+// [tile0, tile1) clipped to the segment's rows, and (valid segments) where the kv head's keys
+// and values start.
+struct TiledStagedItem {
+  int seg;
+  int hk;
+  int64_t split;
+  TiledSegment s;
+  int64_t seg_rows;
+  int64_t tile0;
+  int64_t tile1;
+  const uint16_t* kbase;
+  const uint16_t* vbase;
+};
+
+// Decodes work item `item` (of tiles of ROWS rows) and does the part that needs no staged K/V:
+// the padding rows (first split, wave 0) and, for a segment that breaks the contract, NaN rows
+// over the split's tiles (16-row pieces spread over the block's waves) and one report. Returns
+// whether the block has rows to compute for the item (block-uniform).
+template <typename T, int D, int ROWS, int THREADS>
+RA_DEVICE bool tiled_staged_item(const SmallSeqTiledParams& p, const int64_t item,
+                                 const int splits, const int tid, TiledStagedItem* it) {
+  constexpr int WAVE = RA_WAVE_SIZE;
+  constexpr int WAVES = THREADS / WAVE;
+  constexpr int kFillRows = 16;
+  const int lane = tid % WAVE;
+  const int w = tid / WAVE;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int64_t per_seg = static_cast<int64_t>(splits) * p.num_heads_kv;
+  it->seg = static_cast<int>(item / per_seg);
+  const int64_t rest = item - it->seg * per_seg;
+  it->hk = static_cast<int>(rest / splits);
+  it->split = rest - static_cast<int64_t>(it->hk) * splits;
+  it->s = tiled_resolve_segment(p, it->seg, tiled_fetch_bounds(p, it->seg));
+  if (it->split == 0 && w == 0) tiled_fwd_padding<T, D>(p, it->seg, it->hk, lane);
+  it->seg_rows = static_cast<int64_t>(it->s.nq) * group;
+  const int64_t seg_tiles = (it->seg_rows + ROWS - 1) / ROWS;
+  const int64_t per_split = tiled_tiles_per_split(p, splits, ROWS);
+  it->tile0 = it->split * per_split;
+  it->tile1 = it->tile0 + per_split < seg_tiles ? it->tile0 + per_split : seg_tiles;
+  if (it->s.valid) {
+    const TiledSegment& sg = it->s;
+    it->kbase = static_cast<const uint16_t*>(p.k) + sg.kv_batch * p.k_batch_stride +
+                sg.kv_token0 * p.k_token_stride + it->hk * p.k_head_stride;
+    it->vbase = static_cast<const uint16_t*>(p.v) + sg.kv_batch * p.v_batch_stride +
+                sg.kv_token0 * p.v_token_stride + it->hk * p.v_head_stride;
+    return it->tile0 < it->tile1;
+  }
+  if (it->split == 0 && it->hk == 0 && tid == 0) tiled_report_bad_segment(p, it->seg);
+  const float nan = tiled_nan();
+  const int64_t row_end = it->tile1 * ROWS < it->seg_rows ? it->tile1 * ROWS : it->seg_rows;
+  for (int64_t r0 = it->tile0 * ROWS + w * kFillRows; r0 < row_end; r0 += WAVES * kFillRows) {
+    const int64_t r1 = r0 + kFillRows < row_end ? r0 + kFillRows : row_end;
+    tiled_fill_rows<T, D>(p, it->s.q_batch, it->s.q_token0, it->s.q_row0, r0, r1,
+                          it->hk * group, group, nan, nan, nan, lane);
+  }
+  return false;
 }
 
 #if RA_HAS_MMA
@@ -107,52 +170,27 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, THREADS == 128 ? (KSTEP == 
   const int tid = threadIdx.x;
   const int lane = tid % WAVE;
   const int w = tid / WAVE;
-  const int group = p.num_heads_q / p.num_heads_kv;
-  const int64_t per_split = tiled_resident_tiles_per_split(p, splits);
-  const int64_t per_seg = static_cast<int64_t>(splits) * p.num_heads_kv;
-  const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
+  const int64_t items = static_cast<int64_t>(p.batch) * splits * p.num_heads_kv;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int seg = static_cast<int>(item / per_seg);
-    const int64_t rest = item - seg * per_seg;
-    const int hk = static_cast<int>(rest / splits);
-    const int64_t split = rest - static_cast<int64_t>(hk) * splits;
-    const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
-    if (split == 0 && w == 0) tiled_fwd_padding<T, D>(p, seg, hk, lane);
-    const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
-    const int64_t seg_tiles = (seg_rows + ROWS - 1) / ROWS;
-    const int64_t tile0 = split * per_split;
-    const int64_t tile1 = tile0 + per_split < seg_tiles ? tile0 + per_split : seg_tiles;
-    if (!s.valid) {  // block-uniform: no staging, NaN rows, reported once
-      if (split == 0 && hk == 0 && tid == 0) tiled_report_bad_segment(p, seg);
-      const float nan = tiled_nan();
-      for (int64_t tile = tile0 + w; tile < tile1; tile += WAVES) {
-        const int64_t r0 = tile * ROWS;
-        const int64_t r1 = r0 + ROWS < seg_rows ? r0 + ROWS : seg_rows;
-        tiled_fill_rows<T, D>(p, s.q_batch, s.q_token0, s.q_row0, r0, r1, hk * group, group,
-                              nan, nan, nan, lane);
-      }
-      continue;
-    }
-    if (tile0 >= tile1) continue;  // no rows in this split (block-uniform)
+    TiledStagedItem it;
+    if (!tiled_staged_item<T, D, ROWS, THREADS>(p, item, splits, tid, &it)) continue;
+    const TiledSegment& s = it.s;
+    const int hk = it.hk;
 #if RA_HAS_MMA
     RA_DYNAMIC_SHARED(ra_vec8, tiled_resident_smem);
     uint16_t* sk = reinterpret_cast<uint16_t*>(tiled_resident_smem);
     uint16_t* sv = sk + tiled_resident_keys(p.max_seqlen_kv) * TiledSmemStride<D>::kK;
-    const uint16_t* kbase = static_cast<const uint16_t*>(p.k) + s.kv_batch * p.k_batch_stride +
-                            s.kv_token0 * p.k_token_stride + hk * p.k_head_stride;
-    const uint16_t* vbase = static_cast<const uint16_t*>(p.v) + s.kv_batch * p.v_batch_stride +
-                            s.kv_token0 * p.v_token_stride + hk * p.v_head_stride;
-    tiled_resident_stage<D, THREADS>(sk, sv, kbase, p.k_token_stride, vbase, p.v_token_stride,
-                                     s.nk, tid);
+    tiled_resident_stage<D, THREADS>(sk, sv, it.kbase, p.k_token_stride, it.vbase,
+                                     p.v_token_stride, s.nk, tid);
     __syncthreads();
     const TiledResidentKv resident{sk, sv};
-    for (int64_t tile = tile0 + w; tile < tile1; tile += WAVES)
+    for (int64_t tile = it.tile0 + w; tile < it.tile1; tile += WAVES)
       tiled_fwd_tile_mma<T, D, ROWS, kTiledResident, THREADS, KSTEP>(
           p, hk, tile, s, lane, nullptr, nullptr, nullptr, tid, &resident);
     __syncthreads();  // every wave is done with this segment's K/V before the next staging
 #else
     // Targets without matrix units: each wave its tiles, scalar, from global memory.
-    for (int64_t tile = tile0 + w; tile < tile1; tile += WAVES)
+    for (int64_t tile = it.tile0 + w; tile < it.tile1; tile += WAVES)
       tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);
 #endif
   }

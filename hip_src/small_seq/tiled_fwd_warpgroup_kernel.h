@@ -260,14 +260,6 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
 
 #endif  // RA_HAS_WGMMA
 
-// Row tiles of 64 per split of a (segment, kv head) (the host picks `splits`, as for the
-// resident kernel).
-RA_HOST_DEVICE int64_t tiled_warpgroup_tiles_per_split(const SmallSeqTiledParams& p,
-                                                       int splits) {
-  const int64_t tiles = tiled_row_tiles(p, kTiledWarpgroupRows);
-  return (tiles + splits - 1) / splits;
-}
-
 // NOTE (registers): blocks of one warpgroup are capped for three per multiprocessor (168
 // registers), so that other blocks' products and loads fill one block's softmax and staging;
 // blocks of two keep the registers they need (one per multiprocessor).
@@ -280,8 +272,6 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128, WARPGROUPS == 1 ? 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   const int wtid = tid % 128;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int kp = static_cast<int>(tiled_warpgroup_keys(p.max_seqlen_kv));
   RA_DYNAMIC_SHARED(ra_vec8, tiled_warpgroup_smem);
@@ -292,42 +282,18 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128, WARPGROUPS == 1 ? 
   const uint32_t q_off = pad + 2 * kp * D * 2 + wg * 2 * (ROWS * D * 2);
   const uint32_t sq0 = raw + q_off;
   uint8_t* sq0_ptr = reinterpret_cast<uint8_t*>(tiled_warpgroup_smem) + q_off;
-  const int64_t per_split = tiled_warpgroup_tiles_per_split(p, splits);
-  const int64_t per_seg = static_cast<int64_t>(splits) * p.num_heads_kv;
-  const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
+  const int64_t items = static_cast<int64_t>(p.batch) * splits * p.num_heads_kv;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int seg = static_cast<int>(item / per_seg);
-    const int64_t rest = item - seg * per_seg;
-    const int hk = static_cast<int>(rest / splits);
-    const int64_t split = rest - static_cast<int64_t>(hk) * splits;
-    const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
-    if (split == 0 && warp == 0) tiled_fwd_padding<T, D>(p, seg, hk, lane);
-    const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
-    const int64_t seg_tiles = (seg_rows + ROWS - 1) / ROWS;
-    const int64_t tile0 = split * per_split;
-    const int64_t tile1 = tile0 + per_split < seg_tiles ? tile0 + per_split : seg_tiles;
-    if (!s.valid) {  // block-uniform: no staging, NaN rows, reported once
-      if (split == 0 && hk == 0 && tid == 0) tiled_report_bad_segment(p, seg);
-      const float nan = tiled_nan();
-      for (int64_t tile = tile0; tile < tile1; ++tile) {
-        // The tile's rows split evenly over the block's warps.
-        const int64_t per_warp = ROWS / (THREADS / 32);
-        const int64_t r0 = tile * ROWS + warp * per_warp;
-        const int64_t r1 = r0 + per_warp < seg_rows ? r0 + per_warp : seg_rows;
-        tiled_fill_rows<T, D>(p, s.q_batch, s.q_token0, s.q_row0, r0, r1, hk * group, group,
-                              nan, nan, nan, lane);
-      }
-      continue;
-    }
-    if (tile0 >= tile1) continue;  // no rows in this split (block-uniform)
+    TiledStagedItem it;
+    if (!tiled_staged_item<T, D, ROWS, THREADS>(p, item, splits, tid, &it)) continue;
+    const TiledSegment& s = it.s;
+    const int hk = it.hk;
+    const int64_t seg_rows = it.seg_rows;
+    const int64_t tile1 = it.tile1;
     // K, V and this warpgroup's first tile of Q in one batch of copies; then the warpgroup's
     // tiles, the next one's Q in flight while the current one computes.
-    const uint16_t* kbase = static_cast<const uint16_t*>(p.k) + s.kv_batch * p.k_batch_stride +
-                            s.kv_token0 * p.k_token_stride + hk * p.k_head_stride;
-    const uint16_t* vbase = static_cast<const uint16_t*>(p.v) + s.kv_batch * p.v_batch_stride +
-                            s.kv_token0 * p.v_token_stride + hk * p.v_head_stride;
-    tiled_warpgroup_stage<D, KEYS, THREADS>(sk, sv, p, kbase, vbase, s.nk, kp, tid);
-    int64_t tile = tile0 + wg;
+    tiled_warpgroup_stage<D, KEYS, THREADS>(sk, sv, p, it.kbase, it.vbase, s.nk, kp, tid);
+    int64_t tile = it.tile0 + wg;
     if (tile < tile1)
       tiled_warpgroup_load_q<D>(p, s, hk, group, tile * ROWS, seg_rows, sq0, wtid);
     ra_cp_async_commit();

@@ -164,24 +164,32 @@ inline int64_t tiled_splits(const SmallSeqTiledParams& p, int64_t tiles, int wor
   return splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
 }
 
-template <typename T, int D, int THREADS, int KSTEP>
-hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int wave, int64_t smem,
-                                  hipStream_t stream) {
-  constexpr auto kernel = small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>;
-  const hipError_t err = tiled_allow_shared<kernel>(smem);
+// Launches a kernel that stages a (segment, kv head)'s K/V per work item (resident, warpgroup)
+// with `smem` bytes of shared memory: as many blocks as stay resident (capped by
+// tiled_capped_grid), each (segment, kv head) split over tiled_splits items of row tiles of
+// `tile_rows` among the block's `workers` (waves or warpgroups).
+template <auto KERNEL, int THREADS>
+hipError_t run_tiled_fwd_staged(const SmallSeqTiledParams& p, int64_t smem, int tile_rows,
+                                int workers, hipStream_t stream) {
+  const hipError_t err = tiled_allow_shared<KERNEL>(smem);
   if (err != hipSuccess) return err;
   static TiledOccupancyCache occupancy;
   const int64_t resident =
-      static_cast<int64_t>(tiled_blocks_per_mp(kernel, THREADS, smem, occupancy)) *
+      static_cast<int64_t>(tiled_blocks_per_mp(KERNEL, THREADS, smem, occupancy)) *
       ra_device_multiprocessors();
   const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
-  const int64_t splits =
-      tiled_splits(p, tiled_row_tiles(p, kTiledResidentRows), THREADS / wave, resident);
+  const int64_t splits = tiled_splits(p, tiled_row_tiles(p, tile_rows), workers, resident);
   const dim3 grid = tiled_capped_grid(pairs * splits, resident, tiled_grid_factor());
-  hipLaunchKernelGGL((small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>), grid,
-                     dim3(THREADS),
-                     static_cast<size_t>(smem), stream, p, static_cast<int>(splits));
+  hipLaunchKernelGGL(KERNEL, grid, dim3(THREADS), static_cast<size_t>(smem), stream, p,
+                     static_cast<int>(splits));
   return hipGetLastError();
+}
+
+template <typename T, int D, int THREADS, int KSTEP>
+hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int wave, int64_t smem,
+                                  hipStream_t stream) {
+  return run_tiled_fwd_staged<small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>,
+                              THREADS>(p, smem, kTiledResidentRows, THREADS / wave, stream);
 }
 
 // Keys per online-softmax step of the resident kernel: four key tiles (64 keys) where histories
@@ -215,11 +223,9 @@ hipError_t run_tiled_fwd_resident_for(const SmallSeqTiledParams& p, int wave, in
 // The warpgroup-MMA kernel (Hopper, sm_90a builds) where a (segment, kv head) may fill at least
 // one 64-row tile (fewer rows leave most of each product empty: the resident and wave kernels
 // serve those), d 64 / 128, no probabilities asked for, and K / V of max_seqlen_kv keys plus
-// the Q buffers within a block's shared memory.
-//
-// NOTE: its 16-key-step variant (histories of at most 16 keys) has not yet been run against
-// the float64 reference on a GPU, so the default keeps the resident kernel for those
-// histories; tuning 2 selects it (tests/test_small_seq_tiled_gpu.py covers it there).
+// the Q buffers within a block's shared memory. Histories of at most 16 keys take its 16-key
+// softmax steps (tiled_warpgroup_step_keys). Tuning small_seq_tiled_warpgroup 0 turns it off,
+// 2 takes it wherever it can serve (any rows per kv head).
 template <int D>
 bool tiled_use_warpgroup(const SmallSeqTiledParams& p) {
   const int mode = ra_tuning().small_seq_tiled_warpgroup;
@@ -228,8 +234,7 @@ bool tiled_use_warpgroup(const SmallSeqTiledParams& p) {
   if (tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) > ra_device_max_shared_per_block())
     return false;
   if (mode >= 2) return true;
-  return tiled_max_rows(p) >= kTiledWarpgroupRows &&
-         tiled_warpgroup_step_keys(p.max_seqlen_kv) == kTiledWarpgroupKeys;
+  return tiled_max_rows(p) >= kTiledWarpgroupRows;
 }
 
 // Warpgroups per block of the warpgroup-MMA kernel: one where at least two such blocks fit a
@@ -251,23 +256,10 @@ int tiled_warpgroups(const SmallSeqTiledParams& p) {
 
 template <typename T, int D, int WARPGROUPS, int KEYS>
 hipError_t run_tiled_fwd_warpgroup(const SmallSeqTiledParams& p, hipStream_t stream) {
-  constexpr auto kernel = small_seq_tiled_fwd_warpgroup_kernel<T, D, WARPGROUPS, KEYS>;
-  constexpr int THREADS = WARPGROUPS * 128;
-  const int64_t smem = tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS);
-  const hipError_t err = tiled_allow_shared<kernel>(smem);
-  if (err != hipSuccess) return err;
-  static TiledOccupancyCache occupancy;
-  const int64_t resident =
-      static_cast<int64_t>(tiled_blocks_per_mp(kernel, THREADS, smem, occupancy)) *
-      ra_device_multiprocessors();
-  const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
-  const int64_t splits =
-      tiled_splits(p, tiled_row_tiles(p, kTiledWarpgroupRows), WARPGROUPS, resident);
-  const dim3 grid = tiled_capped_grid(pairs * splits, resident, tiled_grid_factor());
-  hipLaunchKernelGGL((small_seq_tiled_fwd_warpgroup_kernel<T, D, WARPGROUPS, KEYS>), grid,
-                     dim3(THREADS), static_cast<size_t>(smem), stream, p,
-                     static_cast<int>(splits));
-  return hipGetLastError();
+  return run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_kernel<T, D, WARPGROUPS, KEYS>,
+                              WARPGROUPS * 128>(
+      p, tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS), kTiledWarpgroupRows,
+      WARPGROUPS, stream);
 }
 
 template <typename T, int D, int THREADS>
