@@ -134,21 +134,35 @@ def test_warpgroup_kernel(dev, d, h_q, h_kv, dtype, kernel):
         check_valid(case, return_softmax=False)
 
 
-@pytest.mark.parametrize("kernel", list(WARPGROUP))
-def test_warpgroup_kernel_bad_segments(dev, kernel):
-    """Garbage int64 offsets under the warpgroup-MMA kernel: each bad segment counted once, NaN
-    on its rows, no out-of-bounds access, every other segment exact."""
-    q_lens, kv_lens = [3, 100, 17, 2, 140, 65, 1, 70, 4], [5, 17, 64, 3, 10, 1, 0, 7, 9]
-    case = C.thd_case(19, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, offsets=torch.int64,
-                      max_q=100, max_kv=64, pad_before=2, pad_after=2, kv_pad=3, device=dev)
-    case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
-    case.cu_kv[8] = 2**40  # segments 7 and 8: keys past the end of k/v
+def garbage_case(dev, seed, q_lens, max_q):
+    """Nine segments with garbage int64 offsets: segment 4 holds more queries than max_q
+    (q_lens[4] > max_q), segment 5 -1 keys, segments 7 and 8 keys past the end of k/v (2^40 and
+    -2^40). k/v are small and surrounded by unread NaN rows: a stray read would fault or show."""
+    case = C.thd_case(seed, q_lens, [5, 17, 64, 3, 10, 1, 0, 7, 9], 8, 2, 128, torch.bfloat16,
+                      offsets=torch.int64, max_q=max_q, max_kv=64, pad_before=2, pad_after=2,
+                      kv_pad=3, device=dev)
+    case.cu_kv[6] = case.cu_kv[5] - 1
+    case.cu_kv[8] = 2**40
     case.cu_kv[9] = -(2**40)
-    with rocm_attn.tuning.override(**WARPGROUP[kernel]):
-        out, lse, probs = op(case, return_softmax=False)
+    return case
+
+
+def check_garbage_flagged(case, **kwargs):
+    """Each bad segment of garbage_case counted once (lowest index reported), NaN on its rows,
+    every other segment exact."""
+    out, lse, probs = op(case, **kwargs)
     bad = C.check(case, out, lse, probs, expect_bad=[4, 5, 7, 8])
     torch.cuda.synchronize()
     assert read_errors(reset=True) == (len(bad), bad[0])
+
+
+@pytest.mark.parametrize("kernel", list(WARPGROUP))
+def test_warpgroup_kernel_bad_segments(dev, kernel):
+    """Garbage int64 offsets under the warpgroup-MMA kernel (segments of up to 100 queries):
+    flagged, NaN, no out-of-bounds access, every other segment exact."""
+    case = garbage_case(dev, 19, [3, 100, 17, 2, 140, 65, 1, 70, 4], max_q=100)
+    with rocm_attn.tuning.override(**WARPGROUP[kernel]):
+        check_garbage_flagged(case, return_softmax=False)
 
 
 @pytest.mark.parametrize("max_q", [2, 4])
@@ -240,21 +254,12 @@ def test_bshd(dev, s_q, offsets):
                                     "wave"])
 def test_bad_segments_flagged_no_oob(dev, kernel):
     """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
-    max_seqlen_kv): each bad segment counted once (lowest index reported), NaN on its rows, no
-    out-of-bounds access (k/v are small and surrounded by unread NaN rows; a stray read would
-    fault or show), every other segment exact. "auto" is the resident kernel here (68 rows per
-    segment and kv head over at most 64 keys)."""
-    q_lens, kv_lens = [3, 1, 17, 2, 40, 5, 1, 2, 4], [5, 17, 64, 3, 10, 1, 0, 7, 9]
-    case = C.thd_case(9, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, offsets=torch.int64,
-                      max_q=17, max_kv=64, pad_before=2, pad_after=2, kv_pad=3, device=dev)
-    case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
-    case.cu_kv[8] = 2**40  # segments 7 and 8: keys past the end of k/v
-    case.cu_kv[9] = -(2**40)
+    max_seqlen_kv) under each tiled kernel: each bad segment counted once (lowest index
+    reported), NaN on its rows, no out-of-bounds access, every other segment exact. "auto" is
+    the resident kernel here (68 rows per segment and kv head over at most 64 keys)."""
+    case = garbage_case(dev, 9, [3, 1, 17, 2, 40, 5, 1, 2, 4], max_q=17)
     with rocm_attn.tuning.override(**KERNELS[kernel]):
-        out, lse, probs = op(case)
-    bad = C.check(case, out, lse, probs, expect_bad=[4, 5, 7, 8])
-    torch.cuda.synchronize()
-    assert read_errors(reset=True) == (len(bad), bad[0])
+        check_garbage_flagged(case)
 
 
 def test_bad_segments_int32_wrap(dev):

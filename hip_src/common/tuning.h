@@ -42,10 +42,9 @@ struct RaTuning {
   // every d <= 128 call whose K/V fit (tests).
   int small_seq_tiled_resident = 1;
   // tiled small-seq forward on Hopper (sm_90a builds): 1 = calls of at least one 64-row tile
-  // per (segment, kv head) over histories past 16 keys whose K/V fit a block's shared memory
-  // take the warpgroup-MMA kernel (tiled_fwd_warpgroup_kernel.h), d 64 / 128, no
-  // return_softmax; 0 = never; 2 = every call it can serve, histories of <= 16 keys included
-  // (tests; small_seq/tiled_launch.hip says why those are not in the default).
+  // per (segment, kv head) whose K/V fit a block's shared memory take the warpgroup-MMA kernel
+  // (tiled_fwd_warpgroup_kernel.h), d 64 / 128, no return_softmax; 0 = never; 2 = every call
+  // it can serve, fewer rows included (tests, A/B runs).
   int small_seq_tiled_warpgroup = 1;
   // tiled small-seq forward: warpgroups per block of the warpgroup-MMA kernel, 1 or 2; 0 = the
   // launcher's choice (small_seq/tiled_launch.hip).
