@@ -14,6 +14,7 @@ Bounds: out within 1e-2 (bf16) / 5e-3 (fp16) relative error of the oracle, lse a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -67,18 +68,23 @@ def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype):
 # the launcher's choice, the wave kernel only, the block kernel (K/V staged per key tile; blocks
 # of 256, 128 and 64 threads) and the resident kernel (a segment's whole K/V in shared memory)
 # for every d <= 128 call they take, with its softmax steps of one and of four key tiles
-KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0, "small_seq_tiled_resident": 0},
-           "block": {"small_seq_tiled_block": 2, "small_seq_tiled_resident": 0},
-           "block128": {"small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
+# Tuning that sends a call to one kernel: every entry but "auto" turns the warpgroup kernel off
+# (on Hopper it takes 64+ rows per kv head before the others are asked).
+_NO_WG = {"small_seq_tiled_warpgroup": 0}
+KERNELS = {"auto": {},
+           "wave": {**_NO_WG, "small_seq_tiled_block": 0, "small_seq_tiled_resident": 0},
+           "block": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0},
+           "block128": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
                         "small_seq_tiled_block_threads": 128},
-           "block64": {"small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
+           "block64": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
                        "small_seq_tiled_block_threads": 64},
-           "resident": {"small_seq_tiled_resident": 2},
-           "resident_step16": {"small_seq_tiled_resident": 2,
+           "resident": {**_NO_WG, "small_seq_tiled_resident": 2},
+           "resident_step16": {**_NO_WG, "small_seq_tiled_resident": 2,
                                "small_seq_tiled_resident_key_step": 16},
-           "resident_step64": {"small_seq_tiled_resident": 2,
+           "resident_step64": {**_NO_WG, "small_seq_tiled_resident": 2,
                                "small_seq_tiled_resident_key_step": 64},
-           "resident256": {"small_seq_tiled_resident": 2, "small_seq_tiled_resident_threads": 256}}
+           "resident256": {**_NO_WG, "small_seq_tiled_resident": 2,
+                           "small_seq_tiled_resident_threads": 256}}
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
@@ -132,6 +138,20 @@ def test_warpgroup_kernel(dev, d, h_q, h_kv, dtype, kernel):
         case = C.thd_case(d + 3, [64, 1, 130, 0, 512, 65], [16, 3, 0, 9, 16, 1], h_q, h_kv, d,
                           dtype, offsets=torch.int64, pad_before=1, pad_after=2, device=dev)
         check_valid(case, return_softmax=False)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.3])
+@pytest.mark.parametrize("kernel", ["wave", "block", "resident"] + list(WARPGROUP))
+def test_zero_and_negative_scale(dev, kernel, scale):
+    """A zero scale (uniform weights over each history) and a negative one (the least similar
+    keys weigh most) over histories whose last softmax step is partial, 16-key and 64-key
+    steps: each kernel matches the float64 reference; keys past a history take no part."""
+    tuning = {**KERNELS, **WARPGROUP}[kernel]
+    with rocm_attn.tuning.override(**tuning):
+        for q_lens, kv_lens in (([64, 3, 130, 65], [17, 5, 100, 64]),
+                                ([64, 3, 130, 65], [16, 5, 9, 1])):
+            case = C.thd_case(23, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, device=dev)
+            check_valid(dataclasses.replace(case, scale=scale), return_softmax=False)
 
 
 def garbage_case(dev, seed, q_lens, max_q):

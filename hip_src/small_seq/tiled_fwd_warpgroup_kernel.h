@@ -17,8 +17,7 @@
 //   2. Each warpgroup takes tiles round robin. A tile's 64 query rows (r = j * group + h, as in
 //      every tiled kernel) are copied into the warpgroup's shared Q buffer with cp.async, one
 //      tile ahead (two buffers), rows past the segment as zeros.
-//   3. Per step of KEYS keys (64; 16 where histories are that short, a variant the launcher
-//      selects only under tuning, small_seq/tiled_launch.hip): S = Q K^T (D / 16
+//   3. Per step of KEYS keys (64; 16 where histories are that short): S = Q K^T (D / 16
 //      products m64nKEYSk16 from shared memory), online softmax on the accumulator in registers
 //      (log2 domain, fp32, the lazy reference max of the other tiled kernels; P rounded to the
 //      input dtype), O += P V (KEYS / 16 products m64nDk16, P from registers). Keys past the
@@ -95,18 +94,21 @@ RA_DEVICE void tiled_warpgroup_load_q(const SmallSeqTiledParams& p, const TiledS
                                       const int64_t seg_rows, uint32_t sq, const int wtid) {
   constexpr int kVecs = D / 8;
   constexpr int kRowsPerPass = 128 / kVecs;
-  const uint16_t* q = static_cast<const uint16_t*>(p.q) + s.q_batch * p.q_batch_stride +
-                      s.q_token0 * p.q_token_stride;
+  // Passes move whole swizzle periods (8 rows): a thread's 16-byte chunk keeps its position in
+  // the row, so its destination moves by whole rows.
+  static_assert(kRowsPerPass % 8 == 0, "a pass must move whole swizzle periods");
   const int vec = wtid % kVecs;
-  TiledRowWalk row(TiledRowMap(r0, group), wtid / kVecs, kRowsPerPass);
+  const int i0 = wtid / kVecs;
+  const uint16_t* q = static_cast<const uint16_t*>(p.q) + s.q_batch * p.q_batch_stride +
+                      s.q_token0 * p.q_token_stride + hk * group * p.q_head_stride + 8 * vec;
+  const uint32_t dst = sq + ra_wgmma_offset(i0, 8 * vec, kTiledWarpgroupRows);
+  const int64_t rows_left = seg_rows - r0 - i0;  // pass k's row exists iff k * kRowsPerPass < it
+  TiledRowWalk row(TiledRowMap(r0, group), i0, kRowsPerPass, p.q_token_stride, p.q_head_stride);
 #pragma unroll
   for (int pass = 0; pass < kTiledWarpgroupRows / kRowsPerPass; ++pass, row.next()) {
-    const int i = wtid / kVecs + pass * kRowsPerPass;
-    const bool live = r0 + i < seg_rows;
-    const uint16_t* src =
-        live ? q + row.j * p.q_token_stride + (hk * group + row.h) * p.q_head_stride + 8 * vec
-             : static_cast<const uint16_t*>(p.q);
-    ra_cp_async16(sq + ra_wgmma_offset(i, 8 * vec, kTiledWarpgroupRows), src, live ? 16 : 0);
+    const bool live = pass * kRowsPerPass < rows_left;
+    ra_cp_async16(dst + pass * kRowsPerPass * 128,
+                  live ? q + row.offset : static_cast<const uint16_t*>(p.q), live ? 16 : 0);
   }
 }
 
@@ -149,23 +151,39 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   // before this step's P . V; 1 for rows that did not move). Only a segment's last step holds
   // keys past its length (TAIL): the dense steps are compiled without the masking.
   const auto softmax = [&](float* sc, int k0, float* alpha, auto tail) {
-    if constexpr (decltype(tail)::value) {
+    constexpr bool kTail = decltype(tail)::value;
+    const auto past = [&](int i) { return kTail && k0 + 8 * (i / 4) + 2 * t + (i % 2) >= nk; };
+    // Scores stay unscaled until the exponent, so that exp2(s * scale - m) is one fused
+    // multiply-add: the row max in the log2 domain is max(s) * scale for a non-negative scale
+    // and min(s) * scale for a negative one (a warp-uniform branch). Keys past the history take
+    // no part in either and get P = 0 below (masking after the scale: -inf * 0 would be NaN).
+    float mx[2];
+    if (scale >= 0.f) {
+      mx[0] = mx[1] = -INFINITY;
 #pragma unroll
       for (int i = 0; i < KEYS / 2; ++i)
-        if (k0 + 8 * (i / 4) + 2 * t + (i % 2) >= nk) sc[i] = -INFINITY;
-    }
-    float mx[2] = {-INFINITY, -INFINITY};
+        mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], past(i) ? -INFINITY : sc[i]);
 #pragma unroll
-    for (int i = 0; i < KEYS / 2; ++i) {
-      sc[i] *= scale;  // log2 domain
-      mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], sc[i]);
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      }
+    } else {
+      mx[0] = mx[1] = INFINITY;
+#pragma unroll
+      for (int i = 0; i < KEYS / 2; ++i)
+        mx[(i / 2) % 2] = fminf(mx[(i / 2) % 2], past(i) ? INFINITY : sc[i]);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fminf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fminf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      }
     }
     bool moved = false;
     float mref[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      mx[r] *= scale;  // log2 domain
       alpha[r] = 1.f;
       if (m[r] == -INFINITY) {
         m[r] = mx[r];  // nothing accumulated yet (l and O are 0)
@@ -182,7 +200,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
 #pragma unroll
     for (int i = 0; i < KEYS / 2; ++i) {
       const int r = (i / 2) % 2;
-      sc[i] = exp2f(sc[i] - mref[r]);
+      sc[i] = past(i) ? 0.f : exp2f(fmaf(sc[i], scale, -mref[r]));
       l[r] += sc[i];
     }
     return __any_sync(0xffffffffu, moved);
@@ -220,7 +238,10 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(o[i]);
   }
   // O / l of this thread's two rows (16 * warp + g, + 8) into the Q buffer, and their LSE.
+  // Both rows are g modulo 8, so column chunk c of a panel sits at chunk c ^ g of either
+  // (ra_wgmma_offset with the row's swizzle taken out of the loop).
   const TiledRowMap map(r0, group);
+  uint8_t* const o_row = sq_ptr + (16 * warp + g) * 128 + 4 * t;
   ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -231,8 +252,8 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
     for (int c = 0; c < D / 8; ++c)
-      *reinterpret_cast<uint32_t*>(sq_ptr + ra_wgmma_offset(i, 8 * c + 2 * t,
-                                                            kTiledWarpgroupRows)) =
+      *reinterpret_cast<uint32_t*>(o_row + 8 * 128 * r + (c / 8) * kTiledWarpgroupRows * 128 +
+                                   (((c % 8) ^ g) << 4)) =
           ra_mma_pack2<T>(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
     if (t == 0 && r0 + i < seg_rows) {
       int64_t j;
@@ -243,18 +264,20 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     }
   }
   ra_warpgroup_sync(wg);
-  // The tile's live rows to global memory, 16 bytes per thread and store.
-  uint16_t* out = static_cast<uint16_t*>(p.o) + s.q_batch * p.o_batch_stride +
-                  s.q_token0 * p.o_token_stride;
+  // The tile's live rows to global memory, 16 bytes per thread and store (the rows and
+  // chunks of tiled_warpgroup_load_q).
   constexpr int kRowsPerPass = 128 / kVecs;
   const int vec = wtid % kVecs;
-  TiledRowWalk row(map, wtid / kVecs, kRowsPerPass);
+  const int i0 = wtid / kVecs;
+  uint16_t* out = static_cast<uint16_t*>(p.o) + s.q_batch * p.o_batch_stride +
+                  s.q_token0 * p.o_token_stride + hk * group * p.o_head_stride + 8 * vec;
+  const uint8_t* src = sq_ptr + ra_wgmma_offset(i0, 8 * vec, kTiledWarpgroupRows);
+  const int64_t rows_left = seg_rows - r0 - i0;
+  TiledRowWalk row(map, i0, kRowsPerPass, p.o_token_stride, p.o_head_stride);
 #pragma unroll
   for (int pass = 0; pass < kTiledWarpgroupRows / kRowsPerPass; ++pass, row.next()) {
-    const int i = wtid / kVecs + pass * kRowsPerPass;
-    if (r0 + i >= seg_rows) break;  // rows ascend with the pass
-    ra_store16(out + row.j * p.o_token_stride + (hk * group + row.h) * p.o_head_stride + 8 * vec,
-               ra_load16(sq_ptr + ra_wgmma_offset(i, 8 * vec, kTiledWarpgroupRows)));
+    if (pass * kRowsPerPass >= rows_left) break;  // rows ascend with the pass
+    ra_store16(out + row.offset, ra_load16(src + pass * kRowsPerPass * 128));
   }
 }
 

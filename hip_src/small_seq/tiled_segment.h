@@ -178,26 +178,35 @@ struct TiledRowMap {
   }
 };
 
-// Rows i0, i0 + stride, i0 + 2 * stride, ... of a tile as (j, h), for a thread that walks a
-// tile's rows at a fixed stride: one division at the start (TiledRowMap::at) and one for the
-// stride, then an add with carry per row.
+// Rows i0, i0 + stride, i0 + 2 * stride, ... of a tile, for a thread that walks a tile's rows
+// at a fixed stride, as element offsets j * token_stride + h * head_stride of row (j, h) in one
+// tensor: one division at the start (TiledRowMap::at) and one for the stride, then adds per
+// row. No multiply per row: a row's address math was otherwise most of a warpgroup tile's
+// instructions (docs/kernels.md#warpgroup-kernel).
 struct TiledRowWalk {
-  int64_t j;
+  int64_t offset;
   int h;
   int group;
-  int dj;  // whole queries per stride
-  int dh;  // and the remaining heads
-  RA_DEVICE TiledRowWalk(const TiledRowMap& map, int i0, int stride) : group(map.group) {
+  int dh;         // heads per stride past whole queries
+  int64_t step;   // offset of one stride: whole queries and dh heads
+  int64_t carry;  // offset of a wrap of h: one query, minus `group` heads
+  RA_DEVICE TiledRowWalk(const TiledRowMap& map, int i0, int stride, int64_t token_stride,
+                         int64_t head_stride)
+      : group(map.group) {
+    int64_t j;
     map.at(i0, j, h);
-    dj = stride / group;
+    const int dj = stride / group;
     dh = stride - dj * group;
+    offset = j * token_stride + h * head_stride;
+    step = dj * token_stride + dh * head_stride;
+    carry = token_stride - group * head_stride;
   }
   RA_DEVICE void next() {
-    j += dj;
     h += dh;
+    offset += step;
     if (h >= group) {
       h -= group;
-      ++j;
+      offset += carry;
     }
   }
 };
