@@ -781,20 +781,15 @@ def _call_args(args):
     return (q, k, v), args
 
 
-@pytest.mark.parametrize("change,match", [pytest.param(c, m, id=i) for i, c, m in THD_BAD])
-def test_bad_host_input_thd(change, match):
-    args = _good_thd_args()
-    fused_attn_small_seq(*_call_args(args)[0], **_call_args(args)[1])  # the base call is valid
-    args.update(change)
-    pos, kw = _call_args(args)
-    with pytest.raises(ValueError, match=match):
-        fused_attn_small_seq(*pos, **kw)
-
-
-@pytest.mark.parametrize("change,match", [pytest.param(c, m, id=i) for i, c, m in BSHD_BAD])
-def test_bad_host_input_bshd(change, match):
-    args = _good_bshd_args()
-    fused_attn_small_seq(*_call_args(args)[0], **_call_args(args)[1])  # the base call is valid
+@pytest.mark.parametrize("good,change,match", [
+    pytest.param(good, c, m, id=f"{layout}-{i}")
+    for layout, good, bad in (("thd", _good_thd_args, THD_BAD), ("bshd", _good_bshd_args, BSHD_BAD))
+    for i, c, m in bad])
+def test_bad_host_input(good, change, match):
+    """Each host-visible mistake raises a ValueError naming the argument; the base call it
+    changes is valid."""
+    args = good()
+    fused_attn_small_seq(*_call_args(args)[0], **_call_args(args)[1])
     args.update(change)
     pos, kw = _call_args(args)
     with pytest.raises(ValueError, match=match):
