@@ -21,7 +21,7 @@
 //      products m64nKEYSk16 from shared memory), online softmax on the accumulator in registers
 //      (log2 domain, fp32, the lazy reference max of the other tiled kernels; P rounded to the
 //      input dtype), O += P V (KEYS / 16 products m64nDk16, P from registers). Keys past the
-//      segment's length in its last step score -inf.
+//      segment's length in its last step take no part in the max and get P = 0.
 //   4. O / l into the tile's Q buffer (free once the last score product is done), then out in
 //      whole 16-byte pieces; the LSE from registers.
 // The contract (tiled_segment.h), padding rows and bad segments are handled as in the resident
