@@ -1,6 +1,7 @@
 // The extension's run-time state as seen from Python: the device error counter (op
 // rocm_attn::read_error_state), the launch tuning values (common/tuning.h), whether THD
-// launches overlap and whether the warpgroup-MMA kernels run (common/device_info.h). The Python functions here are listed in module.cpp.
+// launches overlap and whether the warpgroup-MMA kernels run (common/device_info.h). The Python
+// functions here are listed in module.cpp.
 
 #include <Python.h>
 

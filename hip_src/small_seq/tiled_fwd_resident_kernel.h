@@ -50,13 +50,11 @@ RA_HOST_DEVICE int64_t tiled_tiles_per_split(const SmallSeqTiledParams& p, int s
   return (tiles + splits - 1) / splits;
 }
 
-// One work item of a staged kernel: its segment, kv head and split, the split's row tiles
+// One work item of a staged kernel: its kv head and segment, the split's row tiles
 // [tile0, tile1) clipped to the segment's rows, and (valid segments) where the kv head's keys
 // and values start.
 struct TiledStagedItem {
-  int seg;
   int hk;
-  int64_t split;
   TiledSegment s;
   int64_t seg_rows;
   int64_t tile0;
@@ -79,16 +77,16 @@ RA_DEVICE bool tiled_staged_item(const SmallSeqTiledParams& p, const int64_t ite
   const int w = tid / WAVE;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int64_t per_seg = static_cast<int64_t>(splits) * p.num_heads_kv;
-  it->seg = static_cast<int>(item / per_seg);
-  const int64_t rest = item - it->seg * per_seg;
+  const int seg = static_cast<int>(item / per_seg);
+  const int64_t rest = item - seg * per_seg;
   it->hk = static_cast<int>(rest / splits);
-  it->split = rest - static_cast<int64_t>(it->hk) * splits;
-  it->s = tiled_resolve_segment(p, it->seg, tiled_fetch_bounds(p, it->seg));
-  if (it->split == 0 && w == 0) tiled_fwd_padding<T, D>(p, it->seg, it->hk, lane);
+  const int64_t split = rest - static_cast<int64_t>(it->hk) * splits;
+  it->s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
+  if (split == 0 && w == 0) tiled_fwd_padding<T, D>(p, seg, it->hk, lane);
   it->seg_rows = static_cast<int64_t>(it->s.nq) * group;
   const int64_t seg_tiles = (it->seg_rows + ROWS - 1) / ROWS;
   const int64_t per_split = tiled_tiles_per_split(p, splits, ROWS);
-  it->tile0 = it->split * per_split;
+  it->tile0 = split * per_split;
   it->tile1 = it->tile0 + per_split < seg_tiles ? it->tile0 + per_split : seg_tiles;
   if (it->s.valid) {
     const TiledSegment& sg = it->s;
@@ -98,7 +96,7 @@ RA_DEVICE bool tiled_staged_item(const SmallSeqTiledParams& p, const int64_t ite
                 sg.kv_token0 * p.v_token_stride + it->hk * p.v_head_stride;
     return it->tile0 < it->tile1;
   }
-  if (it->split == 0 && it->hk == 0 && tid == 0) tiled_report_bad_segment(p, it->seg);
+  if (split == 0 && it->hk == 0 && tid == 0) tiled_report_bad_segment(p, seg);
   const float nan = tiled_nan();
   const int64_t row_end = it->tile1 * ROWS < it->seg_rows ? it->tile1 * ROWS : it->seg_rows;
   for (int64_t r0 = it->tile0 * ROWS + w * kFillRows; r0 < row_end; r0 += WAVES * kFillRows) {

@@ -140,8 +140,9 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     ra_wgmma_fence();
 #pragma unroll
     for (int st = 0; st < kSteps; ++st)
-      ra_wgmma_ss<T, KEYS>(acc, ra_wgmma_desc(ra_wgmma_step_address(sq, st, kTiledWarpgroupRows, 0)),
-                           ra_wgmma_desc(ra_wgmma_step_address(sk, st, kp, k0)), st > 0);
+      ra_wgmma_ss<T, KEYS>(
+          acc, ra_wgmma_desc(ra_wgmma_step_address(sq, st, kTiledWarpgroupRows, 0)),
+          ra_wgmma_desc(ra_wgmma_step_address(sk, st, kp, k0)), st > 0);
     ra_wgmma_commit();
   };
   // Online softmax of one step's scores in place (sc becomes P, unrounded), with the lazy

@@ -233,8 +233,7 @@ bool tiled_use_warpgroup(const SmallSeqTiledParams& p) {
     return false;
   if (tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) > ra_device_max_shared_per_block())
     return false;
-  if (mode >= 2) return true;
-  return tiled_max_rows(p) >= kTiledWarpgroupRows;
+  return mode >= 2 || tiled_max_rows(p) >= kTiledWarpgroupRows;
 }
 
 // Warpgroups per block of the warpgroup-MMA kernel: one where at least two such blocks fit a
