@@ -51,11 +51,15 @@ from . import _ext, errors, tuning
 # alone at head dim <= 128 whose segments may hold WARPGROUP_MIN_ROWS rows per kv head
 # (max_seqlen_q x the GQA group) stays tiled: there that kernel ties flash or wins by up to
 # 1.25x (4096 x 128 x 256 with 2 kv heads); with fewer rows its staging of a 256-key history
-# serves too few row tiles and flash leads by up to 1.2x.
+# serves too few row tiles and flash leads by up to 1.2x. There, too, a call to be
+# differentiated over at most WARPGROUP_BACKWARD_MAX_SEQLEN_KV keys at head dim <= 128 stays
+# tiled: the tiled backward's warpgroup-MMA kernel takes 0.4-0.5x the route's forward+backward
+# time (docs/kernels.md#warpgroup-backward).
 ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128
 WARPGROUP_MIN_ROWS = 512
+WARPGROUP_BACKWARD_MAX_SEQLEN_KV = 64
 
 
 def _route_mode() -> int:
@@ -63,9 +67,9 @@ def _route_mode() -> int:
     return tuning.values().get("small_seq_flash_route", 0)
 
 
-def warpgroup_forward() -> bool:
-    """Whether the current device runs the tiled forward's warpgroup-MMA kernel (False without
-    the compiled extension)."""
+def warpgroup_kernels() -> bool:
+    """Whether the current device runs the tiled kernels' warpgroup-MMA variants (Hopper, an
+    sm_90a build; False without the compiled extension)."""
     if not _ext.HAS_EXTENSION:
         return False
     from . import _C
@@ -77,11 +81,13 @@ def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: b
                warpgroup: bool = False, group: int = 1) -> bool:
     """The rule of tuning value 1 (see ROUTE_MIN_QUERIES); ``backward``: the call's result will
     be differentiated (an input requires grad under grad mode); ``warpgroup``: the device runs
-    the tiled forward's warpgroup-MMA kernel (:func:`warpgroup_forward`); ``group``: q heads per
-    kv head."""
-    if (warpgroup and not backward and head_dim <= 128
-            and max_seqlen_q * group >= WARPGROUP_MIN_ROWS):
-        return False
+    the tiled kernels' warpgroup-MMA variants (:func:`warpgroup_kernels`); ``group``: q heads
+    per kv head."""
+    if warpgroup and head_dim <= 128:
+        if backward and max_seqlen_kv <= WARPGROUP_BACKWARD_MAX_SEQLEN_KV:
+            return False
+        if not backward and max_seqlen_q * group >= WARPGROUP_MIN_ROWS:
+            return False
     min_kv = (ROUTE_MIN_SEQLEN_KV_BACKWARD if backward or head_dim > 128
               else ROUTE_MIN_SEQLEN_KV_FORWARD)
     return max_seqlen_q >= ROUTE_MIN_QUERIES and max_seqlen_kv >= min_kv
@@ -98,8 +104,7 @@ def route_selects(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward
     if mode != 1:
         return False
     return long_history or route_wins(head_dim, max_seqlen_q, max_seqlen_kv, backward,
-                                      warpgroup=not backward and warpgroup_forward(),
-                                      group=group)
+                                      warpgroup=warpgroup_kernels(), group=group)
 
 
 def needs_backward(q, k, v) -> bool:

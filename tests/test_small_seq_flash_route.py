@@ -183,7 +183,12 @@ def test_takes_route_rules(monkeypatch):
                                           group=4)
     assert small_seq_flash.route_wins(128, wg_rows // 4, 4096, False, warpgroup=True)
     assert small_seq_flash.route_wins(128, wg_rows, 4096, False)
-    assert small_seq_flash.route_wins(128, 512, bwd_kv, True, warpgroup=True)
+    # ... and so does a call to be differentiated over at most 64 keys (the warpgroup backward)
+    wg_bwd_kv = small_seq_flash.WARPGROUP_BACKWARD_MAX_SEQLEN_KV
+    assert not small_seq_flash.route_wins(128, 512, wg_bwd_kv, True, warpgroup=True)
+    assert small_seq_flash.route_wins(128, 512, wg_bwd_kv, True)
+    assert small_seq_flash.route_wins(128, 512, wg_bwd_kv + 1, True, warpgroup=True)
+    assert small_seq_flash.route_wins(256, 512, wg_bwd_kv, True, warpgroup=True), "wide heads"
     assert small_seq_flash.route_wins(256, 512, bwd_kv, False, warpgroup=True), "wide heads"
 
     class FakeCuda:  # a tensor stand-in on a CUDA device

@@ -49,6 +49,16 @@ def op(case: C.TiledCase, dout, out, lse, dlse, poison=True):
         case.max_q, case.max_kv, case.scale)
 
 
+def _passes(name):
+    """Tuning values of a pass name: G.BWD_PASSES' or the warpgroup kernel's."""
+    return G.WARPGROUP_PASS if name == "warpgroup" else G.BWD_PASSES[name]
+
+
+def warpgroup_device(dev) -> bool:
+    """Whether this device and build run the Hopper warpgroup kernels."""
+    return rocm_attn.small_seq_flash.warpgroup_kernels()
+
+
 def check(case, seed=0, dlse=False):
     """Gradients against the oracle; the backward leaves the error counter alone (the forward
     counts bad segments). Returns the inputs and the gradients."""
@@ -161,9 +171,10 @@ def test_empty_segments_and_no_segments(dev):
     assert (dq == 0).all() and (dk == 0).all() and (dv == 0).all()
 
 
+@pytest.mark.parametrize("passes", ["default", "warpgroup"])
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
 @pytest.mark.parametrize("s_q", [1, 17])
-def test_bshd(dev, s_q, offsets):
+def test_bshd(dev, s_q, offsets, passes):
     """BSHD q [b, s_q, h, d], k/v [b, s_kv, h, d] with seqlens_kv: rows past a length get zero
     gradient; a length past s_kv is a bad segment (NaN dq, zero dk / dv)."""
     case = C.bshd_case(8, s_q, [0, 1, 17, 300, 64], 300, 8, 2, 128, torch.bfloat16,
@@ -172,11 +183,12 @@ def test_bshd(dev, s_q, offsets):
     case = C.bshd_case(9, s_q, [5, 41, 2], 40, 8, 2, 128, torch.bfloat16, offsets=offsets,
                        max_kv=64, device=dev)
     case.seqlens[1] = 41  # <= max_seqlen_kv but > s_kv
-    _, (dq, dk, dv) = check(case, seed=9)
+    with rocm_attn.tuning.override(**(G.WARPGROUP_PASS if passes == "warpgroup" else {})):
+        _, (dq, dk, dv) = check(case, seed=9)
     assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
 
 
-@pytest.mark.parametrize("passes", list(G.BWD_PASSES))
+@pytest.mark.parametrize("passes", [*G.BWD_PASSES, "warpgroup"])
 def test_garbage_offsets_no_oob(dev, passes):
     """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
     max_seqlen_kv): NaN dq on the bad segments' rows, zero dk / dv on their keys, no
@@ -188,7 +200,7 @@ def test_garbage_offsets_no_oob(dev, passes):
     case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
     case.cu_kv[8] = 2**40  # segment 7: keys past the end of k/v
     case.cu_q[2] = -(2**40)  # segments 1 and 2: queries before the start of q
-    with rocm_attn.tuning.override(**G.BWD_PASSES[passes]):
+    with rocm_attn.tuning.override(**_passes(passes)):
         check(case, seed=10)
 
 
@@ -290,3 +302,62 @@ def test_cuda_graph_capture(dev):
                                        msg=f"{name}: graph != eager")
     assert read_errors(reset=True) == (0, -1)
     del graph
+
+
+# The warpgroup kernel (tiled_bwd_warpgroup_kernel.h): histories of at most 64 keys (16-key
+# products up to 16 keys), 64-row tiles of (query, q head) rows.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("max_kv", [16, 64])
+def test_warpgroup_many_candidates(dev, max_kv, d, h_q, h_kv, dtype):
+    """Queries per segment 1, 2, 17, 64, 65, 512 and 0 against keys 0, 1, 16 and (64-key
+    calls) 17, 63, 64, by the warpgroup kernel, against the float64 oracle."""
+    if not warpgroup_device(dev):
+        pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
+    q_lens = [1, 2, 17, 512, 0, 64, 65, 17, 2, 512, 3]
+    kv_lens = [16, 1, 16, 16, 5, 0, 16, 3, 16, 9, 16]
+    if max_kv == 64:
+        kv_lens = [17, 64, 63, 64, 5, 0, 1, 64, 17, 40, 64]
+    case = C.thd_case(max_kv + d + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, d, dtype,
+                      max_kv=max_kv, device=dev)
+    with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
+        check(case, seed=d + max_kv, dlse=d == 128)
+
+
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+@pytest.mark.parametrize("max_kv", [16, 64])
+def test_warpgroup_ragged_strided(dev, max_kv, offsets):
+    """Many ragged segments (empty ones included), strided q / k / v views, padding q rows (dq
+    0) and unread NaN k/v rows around the segments (dk = dv = 0), by the warpgroup kernel."""
+    if not warpgroup_device(dev):
+        pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
+    gen = torch.Generator().manual_seed(40 + max_kv)
+    b = 300
+    case = C.thd_case(40 + max_kv, lens(gen, b, 0, 80), lens(gen, b, 0, max_kv), 8, 2, 128,
+                      torch.bfloat16, offsets=offsets, max_q=80, max_kv=max_kv, strided=True,
+                      pad_before=7, pad_after=9, kv_pad=5, device=dev)
+    with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
+        _, (dq, dk, dv) = check(case, seed=41)
+    assert (dq[:7] == 0).all() and (dq[-9:] == 0).all()
+    assert (dk[:5] == 0).all() and (dv[-5:] == 0).all()
+
+
+def test_warpgroup_deterministic_and_default(dev):
+    """The warpgroup kernel's gradients are bitwise the same run to run (dK / dV summed over a
+    segment's row tiles in order), and the default tuning takes it for 512 candidates over 64
+    keys (the same bits as forcing it)."""
+    if not warpgroup_device(dev):
+        pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
+    case = C.thd_case(42, [512, 17, 1, 512, 64], [64, 64, 17, 16, 33], 8, 2, 128,
+                      torch.bfloat16, max_kv=64, device=dev)
+    with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
+        inputs, first = check(case, seed=42, dlse=True)
+        for _ in range(3):
+            torch.randn(1 << 20, device=dev).sum()
+            again = op(case, *inputs)
+            for name, a, b in zip(("dq", "dk", "dv"), first, again):
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    default = op(case, *inputs)
+    for name, a, b in zip(("dq", "dk", "dv"), first, default):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name

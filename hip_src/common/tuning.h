@@ -53,6 +53,11 @@ struct RaTuning {
   // take the block variants of the dK / dV and dQ passes (tiled_bwd_block_kernel.h); 0 = never;
   // 2 = every call (tests).
   int small_seq_tiled_bwd_block = 1;
+  // tiled small-seq backward on Hopper (sm_90a builds): 1 = calls of at least one 64-row tile
+  // per (segment, kv head) over at most 64 keys take the warpgroup-MMA kernel
+  // (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never; 2 = every call it can serve, fewer
+  // rows included (tests, A/B runs).
+  int small_seq_tiled_bwd_warpgroup = 1;
   // small-seq, THD calls on a CUDA build of torch: the flash route (torch's flash varlen
   // kernels with the contract kernels around them, rocm_attn/small_seq_flash.py). 1 = the
   // measured rule (small_seq_flash.route_wins: 128+ rows per (segment, kv head) over 64+ keys
@@ -97,6 +102,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_resident_threads", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_THREADS", &RaTuning::small_seq_tiled_resident_threads},
     {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
     {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},
+    {"small_seq_tiled_bwd_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WARPGROUP", &RaTuning::small_seq_tiled_bwd_warpgroup},
     {"small_seq_flash_route", "ROCM_ATTN_SMALL_SEQ_FLASH_ROUTE", &RaTuning::small_seq_flash_route},
     {"small_seq_mma", "ROCM_ATTN_SMALL_SEQ_MMA", &RaTuning::small_seq_mma},
     {"small_seq_pipe", "ROCM_ATTN_SMALL_SEQ_PIPE", &RaTuning::small_seq_pipe},

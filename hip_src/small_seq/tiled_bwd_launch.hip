@@ -4,6 +4,8 @@
 #include "../common/launch.h"
 #include "../common/tuning.h"
 #include "tiled_bwd_block_kernel.h"
+#include "tiled_bwd_warpgroup_kernel.h"
+#include "tiled_launch_util.h"
 
 namespace small_seq {
 namespace {
@@ -32,6 +34,39 @@ inline bool tiled_bwd_use_block(const SmallSeqTiledParams& p) {
   return p.max_seqlen_kv > kTiledBwdKeys && tiled_bwd_row_tiles(p) >= kTiledBwdBlockMinRowTiles;
 }
 
+// The warpgroup-MMA kernel (Hopper, sm_90a builds) in place of passes 2 and 3 where every
+// history fits one 64-key score product and a (segment, kv head) may fill a 64-row tile (fewer
+// rows leave most of each product empty), d 64 / 128, within a block's shared memory. Tuning
+// small_seq_tiled_bwd_warpgroup 0 turns it off, 2 takes it wherever it can serve.
+template <int D>
+bool tiled_bwd_use_warpgroup(const SmallSeqTiledParams& p) {
+  const int mode = ra_tuning().small_seq_tiled_bwd_warpgroup;
+  if (mode <= 0 || (D != 64 && D != 128) || p.max_seqlen_kv > kTiledBwdWarpgroupMaxKeys ||
+      !ra_device_warpgroup_mma())
+    return false;
+  if (tiled_bwd_warpgroup_smem_bytes<D>(p.max_seqlen_kv) > ra_device_max_shared_per_block())
+    return false;
+  return mode >= 2 || tiled_max_rows(p) >= kTiledWarpgroupRows;
+}
+
+// One block per (segment, kv head) up to kTiledBwdResidencyFactor x the blocks resident at
+// once; 16-key products where every history fits them.
+template <typename T, int D, int KEYS>
+hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, hipStream_t stream) {
+  constexpr auto kernel = small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS>;
+  const int64_t smem = tiled_bwd_warpgroup_smem_bytes<D>(p.max_seqlen_kv);
+  const hipError_t err = tiled_allow_shared<kernel>(smem);
+  if (err != hipSuccess) return err;
+  static TiledOccupancyCache occupancy;
+  const int64_t resident = static_cast<int64_t>(tiled_blocks_per_mp(kernel, 128, smem, occupancy)) *
+                           ra_device_multiprocessors();
+  int64_t blocks = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  if (blocks > resident * kTiledBwdResidencyFactor) blocks = resident * kTiledBwdResidencyFactor;
+  hipLaunchKernelGGL(kernel, dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1)), dim3(128),
+                     static_cast<size_t>(smem), stream, p);
+  return hipGetLastError();
+}
+
 template <typename T, int D>
 hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   if (p.batch == 0 || p.num_heads_kv == 0) return hipSuccess;
@@ -54,6 +89,12 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
       const hipError_t err = hipGetLastError();
       if (err != hipSuccess) return err;
     }
+  }
+  if constexpr (D <= 128) {
+    if (tiled_bwd_use_warpgroup<D>(p))
+      return tiled_warpgroup_step_keys(p.max_seqlen_kv) == 16
+                 ? run_tiled_bwd_warpgroup<T, D, 16>(p, stream)
+                 : run_tiled_bwd_warpgroup<T, D, 64>(p, stream);
   }
   const bool use_block = tiled_bwd_use_block(p);
   if (use_block) {

@@ -68,13 +68,15 @@ RA_HOST_DEVICE constexpr int64_t tiled_warpgroup_smem_bytes(int max_seqlen_kv, i
 
 // Issues the cp.async copies of keys [0, nk) of one kv head into the K and V buffers (both
 // (keys x D), `kp` rows each: K is the score product's K-major B operand, V the P . V product's
-// N-major one), zeros for keys nk .. round_up(nk, KEYS) - 1 (all threads of the block).
+// N-major one), zeros for keys nk .. round_up(nk, KEYS) - 1 and, for a history of no keys, for
+// the whole first step (the backward's products over it must read zeros, not the previous
+// segment's keys) (all threads of the block).
 template <int D, int KEYS, int THREADS>
 RA_DEVICE void tiled_warpgroup_stage(uint32_t sk, uint32_t sv, const SmallSeqTiledParams& p,
                                      const uint16_t* kbase, const uint16_t* vbase, const int nk,
                                      const int kp, const int tid) {
   constexpr int kVecs = D / 8;
-  const int keys = (nk + KEYS - 1) / KEYS * KEYS;
+  const int keys = nk > 0 ? (nk + KEYS - 1) / KEYS * KEYS : KEYS;
   for (int idx = tid; idx < keys * kVecs; idx += THREADS) {
     const int row = idx / kVecs;
     const int vec = idx - row * kVecs;
@@ -85,13 +87,17 @@ RA_DEVICE void tiled_warpgroup_stage(uint32_t sk, uint32_t sv, const SmallSeqTil
   }
 }
 
-// Issues the cp.async copies of one tile's query rows (tile rows r0 .. r0 + 63 of the segment)
-// into a Q buffer (64 x D operand), rows at or past seg_rows as zeros (128 threads of one
-// warpgroup, wtid = thread within it).
+// Issues the cp.async copies of one tile's rows (tile rows r0 .. r0 + 63 of the segment) of a
+// [.., token, head, D] tensor into a 64 x D operand buffer, rows at or past seg_rows as zeros
+// (128 threads of one warpgroup, wtid = thread within it). Row (j, h) of the segment's kv head
+// lives at base + j * token_stride + h * head_stride; `any` is a readable address for the
+// zero-filling copies (which read nothing).
 template <int D>
-RA_DEVICE void tiled_warpgroup_load_q(const SmallSeqTiledParams& p, const TiledSegment& s,
-                                      const int hk, const int group, const int64_t r0,
-                                      const int64_t seg_rows, uint32_t sq, const int wtid) {
+RA_DEVICE void tiled_warpgroup_load_rows(const uint16_t* base, const void* any,
+                                         const int64_t token_stride, const int64_t head_stride,
+                                         const int group, const int64_t r0,
+                                         const int64_t seg_rows, uint32_t dst_buf,
+                                         const int wtid) {
   constexpr int kVecs = D / 8;
   constexpr int kRowsPerPass = 128 / kVecs;
   // Passes move whole swizzle periods (8 rows): a thread's 16-byte chunk keeps its position in
@@ -99,17 +105,65 @@ RA_DEVICE void tiled_warpgroup_load_q(const SmallSeqTiledParams& p, const TiledS
   static_assert(kRowsPerPass % 8 == 0, "a pass must move whole swizzle periods");
   const int vec = wtid % kVecs;
   const int i0 = wtid / kVecs;
-  const uint16_t* q = static_cast<const uint16_t*>(p.q) + s.q_batch * p.q_batch_stride +
-                      s.q_token0 * p.q_token_stride + hk * group * p.q_head_stride + 8 * vec;
-  const uint32_t dst = sq + ra_wgmma_offset(i0, 8 * vec, kTiledWarpgroupRows);
+  const uint16_t* src = base + 8 * vec;
+  const uint32_t dst = dst_buf + ra_wgmma_offset(i0, 8 * vec, kTiledWarpgroupRows);
   const int64_t rows_left = seg_rows - r0 - i0;  // pass k's row exists iff k * kRowsPerPass < it
-  TiledRowWalk row(TiledRowMap(r0, group), i0, kRowsPerPass, p.q_token_stride, p.q_head_stride);
+  TiledRowWalk row(TiledRowMap(r0, group), i0, kRowsPerPass, token_stride, head_stride);
 #pragma unroll
   for (int pass = 0; pass < kTiledWarpgroupRows / kRowsPerPass; ++pass, row.next()) {
     const bool live = pass * kRowsPerPass < rows_left;
-    ra_cp_async16(dst + pass * kRowsPerPass * 128,
-                  live ? q + row.offset : static_cast<const uint16_t*>(p.q), live ? 16 : 0);
+    ra_cp_async16(dst + pass * kRowsPerPass * 128, live ? src + row.offset : any, live ? 16 : 0);
   }
+}
+
+// The same for one tile's query rows.
+template <int D>
+RA_DEVICE void tiled_warpgroup_load_q(const SmallSeqTiledParams& p, const TiledSegment& s,
+                                      const int hk, const int group, const int64_t r0,
+                                      const int64_t seg_rows, uint32_t sq, const int wtid) {
+  const uint16_t* q = static_cast<const uint16_t*>(p.q) + s.q_batch * p.q_batch_stride +
+                      s.q_token0 * p.q_token_stride + hk * group * p.q_head_stride;
+  tiled_warpgroup_load_rows<D>(q, p.q, p.q_token_stride, p.q_head_stride, group, r0, seg_rows,
+                               sq, wtid);
+}
+
+// Stores the live rows of a 64 x D operand buffer `src_buf` (tile rows r0 .. r0 + 63 of the
+// segment) to a [.., token, head, D] tensor laid out as in tiled_warpgroup_load_rows, 16 bytes
+// per thread and store (the rows and chunks of the load).
+template <int D>
+RA_DEVICE void tiled_warpgroup_store_rows(uint16_t* base, const int64_t token_stride,
+                                          const int64_t head_stride, const TiledRowMap& map,
+                                          const int64_t r0, const int64_t seg_rows,
+                                          const uint8_t* src_buf, const int wtid) {
+  constexpr int kVecs = D / 8;
+  constexpr int kRowsPerPass = 128 / kVecs;
+  const int vec = wtid % kVecs;
+  const int i0 = wtid / kVecs;
+  uint16_t* dst = base + 8 * vec;
+  const uint8_t* src = src_buf + ra_wgmma_offset(i0, 8 * vec, kTiledWarpgroupRows);
+  const int64_t rows_left = seg_rows - r0 - i0;
+  TiledRowWalk row(map, i0, kRowsPerPass, token_stride, head_stride);
+#pragma unroll
+  for (int pass = 0; pass < kTiledWarpgroupRows / kRowsPerPass; ++pass, row.next()) {
+    if (pass * kRowsPerPass >= rows_left) break;  // rows ascend with the pass
+    ra_store16(dst + row.offset, ra_load16(src + pass * kRowsPerPass * 128));
+  }
+}
+
+// Row r (0: 16 * warp + g, 1: that + 8) of this thread's part of an m64nD accumulator, times
+// `factor` and rounded to T, into a 64 x D operand buffer (the layout the load and store above
+// use). Both of a thread's rows are g modulo 8, so column chunk c of a panel sits at chunk c ^ g
+// (ra_wgmma_offset with the row's swizzle taken out of the loop).
+template <typename T, int D>
+RA_DEVICE void tiled_warpgroup_acc_row_to_buffer(uint8_t* buf, const float* acc, const int r,
+                                                 const float factor, const int wtid) {
+  const int g = (wtid % 32) / 4;
+  uint8_t* const row = buf + (16 * (wtid / 32) + g + 8 * r) * 128 + 4 * (wtid % 4);
+#pragma unroll
+  for (int c = 0; c < D / 8; ++c)
+    *reinterpret_cast<uint32_t*>(row + (c / 8) * kTiledWarpgroupRows * 128 +
+                                 (((c % 8) ^ g) << 4)) =
+        ra_mma_pack2<T>(acc[4 * c + 2 * r] * factor, acc[4 * c + 2 * r + 1] * factor);
 }
 
 // One 64-row tile of a valid segment against the staged K / V (one warpgroup): scores,
@@ -123,7 +177,6 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
                                     const uint32_t sk, const uint32_t sv, const int kp,
                                     const int wg, const int wtid) {
   constexpr int kSteps = D / 16;  // k steps of the score product
-  constexpr int kVecs = D / 8;
   const int warp = wtid / 32;
   const int lane = wtid % 32;
   const int g = lane / 4;
@@ -238,11 +291,8 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(o[i]);
   }
-  // O / l of this thread's two rows (16 * warp + g, + 8) into the Q buffer, and their LSE.
-  // Both rows are g modulo 8, so column chunk c of a panel sits at chunk c ^ g of either
-  // (ra_wgmma_offset with the row's swizzle taken out of the loop).
+  // O / l of this thread's two rows into the Q buffer, and their LSE.
   const TiledRowMap map(r0, group);
-  uint8_t* const o_row = sq_ptr + (16 * warp + g) * 128 + 4 * t;
   ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -250,12 +300,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int i = 16 * warp + g + 8 * r;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-#pragma unroll
-    for (int c = 0; c < D / 8; ++c)
-      *reinterpret_cast<uint32_t*>(o_row + 8 * 128 * r + (c / 8) * kTiledWarpgroupRows * 128 +
-                                   (((c % 8) ^ g) << 4)) =
-          ra_mma_pack2<T>(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
+    tiled_warpgroup_acc_row_to_buffer<T, D>(sq_ptr, o, r, sum > 0.f ? 1.f / sum : 0.f, wtid);
     if (t == 0 && r0 + i < seg_rows) {
       int64_t j;
       int h;
@@ -265,21 +310,11 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     }
   }
   ra_warpgroup_sync(wg);
-  // The tile's live rows to global memory, 16 bytes per thread and store (the rows and
-  // chunks of tiled_warpgroup_load_q).
-  constexpr int kRowsPerPass = 128 / kVecs;
-  const int vec = wtid % kVecs;
-  const int i0 = wtid / kVecs;
+  // The tile's live rows to global memory.
   uint16_t* out = static_cast<uint16_t*>(p.o) + s.q_batch * p.o_batch_stride +
-                  s.q_token0 * p.o_token_stride + hk * group * p.o_head_stride + 8 * vec;
-  const uint8_t* src = sq_ptr + ra_wgmma_offset(i0, 8 * vec, kTiledWarpgroupRows);
-  const int64_t rows_left = seg_rows - r0 - i0;
-  TiledRowWalk row(map, i0, kRowsPerPass, p.o_token_stride, p.o_head_stride);
-#pragma unroll
-  for (int pass = 0; pass < kTiledWarpgroupRows / kRowsPerPass; ++pass, row.next()) {
-    if (pass * kRowsPerPass >= rows_left) break;  // rows ascend with the pass
-    ra_store16(out + row.offset, ra_load16(src + pass * kRowsPerPass * 128));
-  }
+                  s.q_token0 * p.o_token_stride + hk * group * p.o_head_stride;
+  tiled_warpgroup_store_rows<D>(out, p.o_token_stride, p.o_head_stride, map, r0, seg_rows,
+                                sq_ptr, wtid);
 }
 
 #endif  // RA_HAS_WGMMA

@@ -20,8 +20,16 @@ from . import small_seq_tiled_cases as C
 
 # The dK / dV and dQ passes by their wave kernels and by their block variants
 # (tiled_bwd_block_kernel.h: row / key tiles staged in shared memory), for every call: tuning
-# values for rocm_attn.tuning.override (GPU) and helpers.emu.tuning (CPU emulation).
-BWD_PASSES = {"wave": {"small_seq_tiled_bwd_block": 0}, "block": {"small_seq_tiled_bwd_block": 2}}
+# values for rocm_attn.tuning.override (GPU) and helpers.emu.tuning (CPU emulation). Both keep
+# the Hopper warpgroup kernel off (it would take the calls of at most 64 keys on an sm_90a GPU).
+BWD_PASSES = {
+    "wave": {"small_seq_tiled_bwd_block": 0, "small_seq_tiled_bwd_warpgroup": 0},
+    "block": {"small_seq_tiled_bwd_block": 2, "small_seq_tiled_bwd_warpgroup": 0},
+}
+# The warpgroup kernel (tiled_bwd_warpgroup_kernel.h) for every call it can serve (histories of
+# at most 64 keys, d 64 / 128, on an sm_90a build on Hopper; elsewhere the calls fall back to
+# the passes above): GPU tests only.
+WARPGROUP_PASS = {"small_seq_tiled_bwd_warpgroup": 2}
 
 # Relative (norm) error of a 16-bit gradient: the rounding of the output and of P / dS as
 # product operands (as flash-attention does).

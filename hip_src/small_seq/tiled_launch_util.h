@@ -1,0 +1,53 @@
+// Host helpers of the tiled launchers (tiled_launch.hip, tiled_bwd_launch.hip) for kernels with
+// dynamic shared memory: the residency of a kernel at a shared-memory size, and the opt-in to
+// more than 48 KiB.
+#pragma once
+
+#include "../common/compat.h"
+#include "../common/device_info.h"
+
+namespace small_seq {
+
+// Blocks of one kernel resident per multiprocessor, cached per device for the shared-memory
+// size last asked (one cache per kernel; serving repeats one shape).
+struct TiledOccupancyCache {
+  int64_t smem[64] = {};
+  int blocks[64] = {};
+};
+
+template <typename Kernel>
+int tiled_blocks_per_mp(Kernel kernel, int threads, int64_t smem, TiledOccupancyCache& cache) {
+  const int device = ra_device_index();
+  const bool cached = device >= 0 && device < 64;
+  if (cached && cache.blocks[device] > 0 && cache.smem[device] == smem)
+    return cache.blocks[device];
+  int n = 0;
+  if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads,
+                                                   static_cast<size_t>(smem)) != hipSuccess ||
+      n <= 0) {
+    (void)hipGetLastError();  // not left for the launch check to report
+    n = 1;
+  }
+  if (cached) {
+    cache.smem[device] = smem;
+    cache.blocks[device] = n;
+  }
+  return n;
+}
+
+// Above 48 KiB a kernel's dynamic shared memory must be allowed first (NVIDIA): once per device
+// and kernel, to the device's limit.
+template <auto KERNEL>
+hipError_t tiled_allow_shared(int64_t smem) {
+  static int raised[64] = {};
+  const int device = ra_device_index();
+  const bool cached = device >= 0 && device < 64;
+  if (smem <= 48 * 1024 || (cached && raised[device])) return hipSuccess;
+  const hipError_t err = hipFuncSetAttribute(reinterpret_cast<const void*>(KERNEL),
+                                             hipFuncAttributeMaxDynamicSharedMemorySize,
+                                             ra_device_max_shared_per_block());
+  if (err == hipSuccess && cached) raised[device] = 1;
+  return err;
+}
+
+}  // namespace small_seq
