@@ -53,8 +53,9 @@ from . import _ext, errors, tuning
 # 1.25x (4096 x 128 x 256 with 2 kv heads); with fewer rows its staging of a 256-key history
 # serves too few row tiles and flash leads by up to 1.2x. There, too, a call to be
 # differentiated over at most WARPGROUP_BACKWARD_MAX_SEQLEN_KV keys at head dim <= 128 stays
-# tiled: the tiled backward's warpgroup-MMA kernel takes 0.4-0.5x the route's forward+backward
-# time (docs/kernels.md#warpgroup-backward).
+# tiled: the tiled backward's warpgroup-MMA kernels take 0.4-0.6x the route's forward+backward
+# time there; over 256 keys they tie flash's backward (0.93-1.07x), which keeps those calls
+# (docs/kernels.md#warpgroup-backward).
 ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128

@@ -304,21 +304,28 @@ def test_cuda_graph_capture(dev):
     del graph
 
 
-# The warpgroup kernel (tiled_bwd_warpgroup_kernel.h): histories of at most 64 keys (16-key
-# products up to 16 keys), 64-row tiles of (query, q head) rows.
+# The warpgroup kernels (tiled_bwd_warpgroup_kernel.h): histories of at most 256 keys (16-key
+# products up to 16 keys; one dK / dV / dQ kernel up to 64; past that the dK / dV kernel per
+# 64-key block and the dQ kernel), 64-row tiles of (query, q head) rows.
+WARPGROUP_KV_LENS = {
+    16: [16, 1, 16, 16, 5, 0, 16, 3, 16, 9, 16],
+    64: [17, 64, 63, 64, 5, 0, 1, 64, 17, 40, 64],
+    256: [65, 256, 200, 128, 0, 129, 1, 255, 17, 192, 64],
+}
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("max_kv", [16, 64])
+@pytest.mark.parametrize("max_kv", list(WARPGROUP_KV_LENS))
 def test_warpgroup_many_candidates(dev, max_kv, d, h_q, h_kv, dtype):
-    """Queries per segment 1, 2, 17, 64, 65, 512 and 0 against keys 0, 1, 16 and (64-key
-    calls) 17, 63, 64, by the warpgroup kernel, against the float64 oracle."""
+    """Queries per segment 1, 2, 17, 64, 65, 512 and 0 against keys 0, 1, 16 and (longer
+    calls) whole and partial 64-key blocks, by the warpgroup kernels, against the float64
+    oracle."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     q_lens = [1, 2, 17, 512, 0, 64, 65, 17, 2, 512, 3]
-    kv_lens = [16, 1, 16, 16, 5, 0, 16, 3, 16, 9, 16]
-    if max_kv == 64:
-        kv_lens = [17, 64, 63, 64, 5, 0, 1, 64, 17, 40, 64]
+    kv_lens = WARPGROUP_KV_LENS[max_kv]
     case = C.thd_case(max_kv + d + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, d, dtype,
                       max_kv=max_kv, device=dev)
     with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
@@ -326,7 +333,7 @@ def test_warpgroup_many_candidates(dev, max_kv, d, h_q, h_kv, dtype):
 
 
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
-@pytest.mark.parametrize("max_kv", [16, 64])
+@pytest.mark.parametrize("max_kv", list(WARPGROUP_KV_LENS))
 def test_warpgroup_ragged_strided(dev, max_kv, offsets):
     """Many ragged segments (empty ones included), strided q / k / v views, padding q rows (dq
     0) and unread NaN k/v rows around the segments (dk = dv = 0), by the warpgroup kernel."""
@@ -344,13 +351,19 @@ def test_warpgroup_ragged_strided(dev, max_kv, offsets):
 
 
 def test_warpgroup_deterministic_and_default(dev):
-    """The warpgroup kernel's gradients are bitwise the same run to run (dK / dV summed over a
-    segment's row tiles in order), and the default tuning takes it for 512 candidates over 64
-    keys (the same bits as forcing it)."""
+    """The warpgroup kernels' gradients are bitwise the same run to run (dK / dV summed over a
+    segment's row tiles in order), and the default tuning takes them for 512 candidates over 64
+    keys and over 256 (the same bits as forcing it)."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
-    case = C.thd_case(42, [512, 17, 1, 512, 64], [64, 64, 17, 16, 33], 8, 2, 128,
-                      torch.bfloat16, max_kv=64, device=dev)
+    for max_kv in (64, 256):
+        _deterministic_and_default(dev, max_kv)
+
+
+def _deterministic_and_default(dev, max_kv):
+    kv_lens = [max_kv, 64, 17, 16, 33]
+    case = C.thd_case(42, [512, 17, 1, 512, 64], kv_lens, 8, 2, 128, torch.bfloat16,
+                      max_kv=max_kv, device=dev)
     with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
         inputs, first = check(case, seed=42, dlse=True)
         for _ in range(3):

@@ -34,37 +34,64 @@ inline bool tiled_bwd_use_block(const SmallSeqTiledParams& p) {
   return p.max_seqlen_kv > kTiledBwdKeys && tiled_bwd_row_tiles(p) >= kTiledBwdBlockMinRowTiles;
 }
 
-// The warpgroup-MMA kernel (Hopper, sm_90a builds) in place of passes 2 and 3 where every
-// history fits one 64-key score product and a (segment, kv head) may fill a 64-row tile (fewer
-// rows leave most of each product empty), d 64 / 128, within a block's shared memory. Tuning
-// small_seq_tiled_bwd_warpgroup 0 turns it off, 2 takes it wherever it can serve.
+// The warpgroup-MMA kernels (Hopper, sm_90a builds) in place of passes 2 and 3 where every
+// history has at most kTiledBwdWarpgroupMaxKeys keys and a (segment, kv head) may fill a 64-row
+// tile (fewer rows leave most of each product empty), d 64 / 128, within a block's shared
+// memory. Tuning small_seq_tiled_bwd_warpgroup 0 turns them off, 2 takes them wherever they
+// can serve.
 template <int D>
 bool tiled_bwd_use_warpgroup(const SmallSeqTiledParams& p) {
   const int mode = ra_tuning().small_seq_tiled_bwd_warpgroup;
   if (mode <= 0 || (D != 64 && D != 128) || p.max_seqlen_kv > kTiledBwdWarpgroupMaxKeys ||
       !ra_device_warpgroup_mma())
     return false;
-  if (tiled_bwd_warpgroup_smem_bytes<D>(p.max_seqlen_kv) > ra_device_max_shared_per_block())
+  const int64_t limit = ra_device_max_shared_per_block();
+  if (tiled_bwd_warpgroup_smem_bytes<D>(kTiledBwdWarpgroupBlockKeys) > limit ||
+      (p.max_seqlen_kv > kTiledBwdWarpgroupBlockKeys &&
+       tiled_bwd_warpgroup_dq_smem_bytes<D>(p.max_seqlen_kv) > limit))
     return false;
   return mode >= 2 || tiled_max_rows(p) >= kTiledWarpgroupRows;
 }
 
-// One block per (segment, kv head) up to kTiledBwdResidencyFactor x the blocks resident at
-// once; 16-key products where every history fits them.
-template <typename T, int D, int KEYS>
-hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, hipStream_t stream) {
-  constexpr auto kernel = small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS>;
-  const int64_t smem = tiled_bwd_warpgroup_smem_bytes<D>(p.max_seqlen_kv);
-  const hipError_t err = tiled_allow_shared<kernel>(smem);
+// Launches KERNEL with `threads` threads and `smem` bytes of dynamic shared memory over `items`
+// work items: one block per item up to kTiledBwdResidencyFactor x the blocks resident at once.
+template <auto KERNEL>
+hipError_t run_tiled_bwd_staged(const SmallSeqTiledParams& p, int64_t items, int threads,
+                                int64_t smem, hipStream_t stream) {
+  const hipError_t err = tiled_allow_shared<KERNEL>(smem);
   if (err != hipSuccess) return err;
   static TiledOccupancyCache occupancy;
-  const int64_t resident = static_cast<int64_t>(tiled_blocks_per_mp(kernel, 128, smem, occupancy)) *
-                           ra_device_multiprocessors();
-  int64_t blocks = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  const int64_t resident =
+      static_cast<int64_t>(tiled_blocks_per_mp(KERNEL, threads, smem, occupancy)) *
+      ra_device_multiprocessors();
+  int64_t blocks = items;
   if (blocks > resident * kTiledBwdResidencyFactor) blocks = resident * kTiledBwdResidencyFactor;
-  hipLaunchKernelGGL(kernel, dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1)), dim3(128),
-                     static_cast<size_t>(smem), stream, p);
+  hipLaunchKernelGGL(KERNEL, dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1)),
+                     dim3(threads), static_cast<size_t>(smem), stream, p);
   return hipGetLastError();
+}
+
+// Histories of one key block: the dK / dV kernel with dQ (16-key products where every history
+// fits them). Longer ones: the dK / dV kernel over (segment, kv head, key block) items, then
+// the dQ kernel over (segment, kv head) items.
+template <typename T, int D>
+hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, hipStream_t stream) {
+  constexpr int kBlockKeys = kTiledBwdWarpgroupBlockKeys;
+  const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  if (p.max_seqlen_kv <= 16)
+    return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_kernel<T, D, 16, true>>(
+        p, pairs, 128, tiled_bwd_warpgroup_smem_bytes<D>(16), stream);
+  if (p.max_seqlen_kv <= kBlockKeys)
+    return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_kernel<T, D, kBlockKeys, true>>(
+        p, pairs, 128, tiled_bwd_warpgroup_smem_bytes<D>(kBlockKeys), stream);
+  const hipError_t err =
+      run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_kernel<T, D, kBlockKeys, false>>(
+          p, pairs * tiled_bwd_warpgroup_blocks(p.max_seqlen_kv), 128,
+          tiled_bwd_warpgroup_smem_bytes<D>(kBlockKeys), stream);
+  if (err != hipSuccess) return err;
+  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_kernel<T, D>>(
+      p, pairs, kTiledBwdWarpgroupDqWarpgroups * 128,
+      tiled_bwd_warpgroup_dq_smem_bytes<D>(p.max_seqlen_kv), stream);
 }
 
 template <typename T, int D>
@@ -91,10 +118,7 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
     }
   }
   if constexpr (D <= 128) {
-    if (tiled_bwd_use_warpgroup<D>(p))
-      return tiled_warpgroup_step_keys(p.max_seqlen_kv) == 16
-                 ? run_tiled_bwd_warpgroup<T, D, 16>(p, stream)
-                 : run_tiled_bwd_warpgroup<T, D, 64>(p, stream);
+    if (tiled_bwd_use_warpgroup<D>(p)) return run_tiled_bwd_warpgroup<T, D>(p, stream);
   }
   const bool use_block = tiled_bwd_use_block(p);
   if (use_block) {

@@ -41,43 +41,179 @@
 
 namespace small_seq {
 
-// Longest history of the kernel: the keys of one m64n64 score product, so that one pass over a
-// tile's rows completes its dQ.
-constexpr int kTiledBwdWarpgroupMaxKeys = kTiledWarpgroupKeys;
+// Keys of one key block: the keys of one m64n64 score product, and the rows (M) of the dK / dV
+// products. A history of at most one block is served whole by one item (dQ included).
+constexpr int kTiledBwdWarpgroupBlockKeys = kTiledWarpgroupKeys;
+// Longest history of the kernels: the dQ kernel stages all of a segment's keys.
+constexpr int kTiledBwdWarpgroupMaxKeys = 4 * kTiledBwdWarpgroupBlockKeys;
+// Warpgroups per block of the dQ kernel: two, sharing the staged K / V, so that one's products
+// run while the other loads or computes its softmax terms.
+constexpr int kTiledBwdWarpgroupDqWarpgroups = 2;
 
-// Dynamic shared memory of a block: K and V (tiled_warpgroup_keys rows each), two buffers of a
-// tile's Q and dO, the tile's P and dS as 64 x 64 operands, and 1024 bytes to align the start.
+// Keys per chunk of the score products (their fp32 S and dP sit beside the dK / dV accumulators).
+constexpr int kTiledBwdWarpgroupChunk = 16;
+
+// Key blocks per (segment, kv head) of max_seqlen_kv keys.
+RA_HOST_DEVICE constexpr int tiled_bwd_warpgroup_blocks(int max_seqlen_kv) {
+  return (max_seqlen_kv + kTiledBwdWarpgroupBlockKeys - 1) / kTiledBwdWarpgroupBlockKeys;
+}
+
+// Dynamic shared memory of a dK / dV block whose products take KEYS keys (16 or 64): K and V of
+// one key block, two buffers of a tile's Q and dO, the tile's P and dS as 64 x 64 operands, and
+// 1024 bytes to align the start.
 template <int D>
-RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_smem_bytes(int max_seqlen_kv) {
-  return 2 * tiled_warpgroup_keys(max_seqlen_kv) * D * 2 +
+RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_smem_bytes(int keys) {
+  return 2 * static_cast<int64_t>(keys) * D * 2 +
          2 * 2 * static_cast<int64_t>(kTiledWarpgroupRows) * D * 2 +
          2 * static_cast<int64_t>(kTiledWarpgroupRows) * kTiledWarpgroupKeys * 2 + 1024;
 }
 
+// Dynamic shared memory of a dQ block: K and V of max_seqlen_kv keys (whole key blocks), one
+// Q and dO buffer per warpgroup, alignment.
+template <int D>
+RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_dq_smem_bytes(int max_seqlen_kv) {
+  return 2 * static_cast<int64_t>(tiled_bwd_warpgroup_blocks(max_seqlen_kv)) *
+             kTiledBwdWarpgroupBlockKeys * D * 2 +
+         static_cast<int64_t>(kTiledBwdWarpgroupDqWarpgroups) * 2 * kTiledWarpgroupRows * D *
+             2 +
+         1024;
+}
+
 #if RA_HAS_WGMMA
 
-// One valid segment's dK, dV and dQ for kv head hk (the whole block: one warpgroup). `smem` /
-// `smem_ptr`: the 1024-byte aligned start of the block's buffers; kp: keys of the K / V
-// buffers.
-template <typename T, int D, int KEYS>
-RA_DEVICE void tiled_bwd_warpgroup_segment(const SmallSeqTiledParams& p, const TiledSegment& s,
-                                           const int hk, const int group, uint8_t* smem_ptr,
-                                           const uint32_t smem, const int kp, const int tid) {
+// LSE (log2 domain) and Delta of this thread's rows 16 warp + g and + 8 of the tile at r0; a
+// row past the segment gets lse +inf (P = 0) and Delta 0 (its Q and dO are zeros).
+RA_DEVICE void tiled_bwd_warpgroup_row_terms(const SmallSeqTiledParams& p,
+                                             const TiledSegment& s, const int hq0,
+                                             const TiledRowMap& map, const int64_t r0,
+                                             const int64_t seg_rows, float (&lse2)[2],
+                                             float (&delta)[2], const int wtid) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = 16 * (wtid / 32) + (wtid % 32) / 4 + 8 * r;
+    if (r0 + i < seg_rows) {
+      const TiledBwdRowTerms terms = tiled_bwd_row_terms_at(p, s, hq0, map, i);
+      lse2[r] = terms.lse2;
+      delta[r] = terms.delta;
+    } else {
+      lse2[r] = INFINITY;
+      delta[r] = 0.f;
+    }
+  }
+}
+
+// P and dS of one 64-row tile (Q at sq, dO at sdo) against KEYS keys of the K / V buffers
+// (kp rows each) from key k0, of which `live` are in the history (P = 0 past them). Keys go in
+// chunks of up to 32 (two per 64-key block), so that a chunk's fp32 scores and dP (32
+// registers) sit beside the dK / dV accumulators without spilling: per chunk S = Q K^T and
+// dP = dO V^T from shared memory, then P = exp2(S scale log2e - lse log2e) and
+// dS = P (dP - Delta) in fp32. With STORE, P and dS are rounded into their [rows][keys]
+// buffers (64 x 64 operands, columns from 0) for the dV / dK / dQ products; else dS is packed
+// into `dsa`, the register operand of dQ's product. One warpgroup (wtid: thread within it).
+template <typename T, int D, int KEYS, bool STORE>
+RA_DEVICE void tiled_bwd_warpgroup_scores(const uint32_t sq, const uint32_t sdo,
+                                          const uint32_t sk, const uint32_t sv, const int kp,
+                                          const int k0, const int live, const float scale2,
+                                          const float (&lse2)[2], const float (&delta)[2],
+                                          uint8_t* sp_ptr, uint8_t* sds_ptr,
+                                          uint32_t (&dsa)[KEYS / 16][4], const int wtid) {
+  constexpr int kSteps = D / 16;  // k steps of the score products
+  constexpr int kChunk = KEYS < kTiledBwdWarpgroupChunk ? KEYS : kTiledBwdWarpgroupChunk;
+  const int warp = wtid / 32;
+  const int g = (wtid % 32) / 4;
+  const int t = wtid % 4;
+#pragma unroll
+  for (int c = 0; c < KEYS / kChunk; ++c) {
+    float sc[kChunk / 2], dp[kChunk / 2];
+    ra_wgmma_fence();
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st)
+      ra_wgmma_ss<T, kChunk>(
+          sc, ra_wgmma_desc(ra_wgmma_step_address(sq, st, kTiledWarpgroupRows, 0)),
+          ra_wgmma_desc(ra_wgmma_step_address(sk, st, kp, k0 + c * kChunk)), st > 0);
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st)
+      ra_wgmma_ss<T, kChunk>(
+          dp, ra_wgmma_desc(ra_wgmma_step_address(sdo, st, kTiledWarpgroupRows, 0)),
+          ra_wgmma_desc(ra_wgmma_step_address(sv, st, kp, k0 + c * kChunk)), st > 0);
+    ra_wgmma_commit();
+    ra_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kChunk / 2; ++i) {
+      ra_wgmma_pin(sc[i]);
+      ra_wgmma_pin(dp[i]);
+    }
+    // Element 4j + e: row 16 warp + g + 8 (e / 2), key c kChunk + 8j + 2t + e % 2.
+#pragma unroll
+    for (int i = 0; i < kChunk / 2; ++i) {
+      const int r = (i / 2) % 2;
+      const bool past = c * kChunk + 8 * (i / 4) + 2 * t + (i % 2) >= live;
+      sc[i] = past ? 0.f : exp2f(fmaf(sc[i], scale2, -lse2[r]));
+      dp[i] = sc[i] * (dp[i] - delta[r]);
+    }
+    if constexpr (STORE) {
+      // Rows 16 warp + g + 8r, 16-byte chunk (c kChunk / 8 + j) ^ g: both rows are g mod 8.
+#pragma unroll
+      for (int j = 0; j < kChunk / 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int at =
+              (16 * warp + g + 8 * r) * 128 + (((c * kChunk / 8 + j) ^ g) << 4) + 4 * t;
+          *reinterpret_cast<uint32_t*>(sp_ptr + at) =
+              ra_mma_pack2<T>(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]);
+          *reinterpret_cast<uint32_t*>(sds_ptr + at) =
+              ra_mma_pack2<T>(dp[4 * j + 2 * r], dp[4 * j + 2 * r + 1]);
+        }
+    }
+    if constexpr (!STORE) {
+#pragma unroll
+      for (int kk = 0; kk < kChunk / 16; ++kk)
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+          dsa[c * kChunk / 16 + kk][x] =
+              ra_mma_pack2<T>(dp[8 * kk + 2 * x], dp[8 * kk + 2 * x + 1]);
+    }
+  }
+}
+
+// dq[N / 2] += dS K over KEYS keys from key k0 of the K buffer (kp rows), for head-dim columns
+// col0 .. col0 + N - 1 (a whole number of 64-column panels): K read N-major, dS from registers.
+// Issued and committed, not waited (dsa must stay untouched until then).
+template <typename T, int N, int KEYS>
+RA_DEVICE void tiled_bwd_warpgroup_issue_dq(float* dq, const uint32_t (&dsa)[KEYS / 16][4],
+                                            const uint32_t sk, const int kp, const int k0,
+                                            const int col0) {
+  ra_wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < KEYS / 16; ++kk)
+    ra_wgmma_rs<T, N>(
+        dq, dsa[kk],
+        ra_wgmma_desc_n_major(sk + (col0 / 64) * kp * 128 + (k0 + 16 * kk) * 128, kp * 128), 1);
+  ra_wgmma_commit();
+}
+
+// The dK / dV of one key block (keys kb0 .. kb0 + KEYS - 1 of a valid segment, kv head hk) over
+// all of the segment's rows, and, where the block holds the whole history (WITH_DQ), the dQ of
+// every row (the whole block: one warpgroup). `smem` / `smem_ptr`: the 1024-byte aligned start
+// of the block's buffers.
+template <typename T, int D, int KEYS, bool WITH_DQ>
+RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
+                                             const TiledSegment& s, const int hk,
+                                             const int group, const int kb0, uint8_t* smem_ptr,
+                                             const uint32_t smem, const int tid) {
   constexpr int ROWS = kTiledWarpgroupRows;
   constexpr int kTileBytes = ROWS * D * 2;
-  constexpr int kSteps = D / 16;  // k steps of the score products
-  constexpr int kChunk = KEYS < 32 ? KEYS : 32;
+  // K, V, then buffer b's Q at 2 b kTileBytes and dO after it, then P and dS.
   const uint32_t sk = smem;
-  const uint32_t sv = sk + kp * D * 2;
-  const uint32_t tiles_at = sv + kp * D * 2;  // buffer b: Q at + 2 b kTileBytes, dO after it
-  const uint32_t sp = tiles_at + 4 * kTileBytes;
-  const uint32_t sds = sp + ROWS * kTiledWarpgroupKeys * 2;
-  uint8_t* const sp_ptr = smem_ptr + (sp - smem);
-  uint8_t* const sds_ptr = smem_ptr + (sds - smem);
+  const uint32_t sv = sk + KEYS * D * 2;
+  const uint32_t tiles_at = sv + KEYS * D * 2;
+  constexpr uint32_t sp_off = 2 * KEYS * D * 2 + 4 * kTileBytes;
+  uint8_t* const sp_ptr = smem_ptr + sp_off;
+  uint8_t* const sds_ptr = sp_ptr + ROWS * kTiledWarpgroupKeys * 2;
   const int warp = tid / 32;
   const int g = (tid % 32) / 4;
   const int t = tid % 4;
-  const int nk = s.nk;
+  const int live = s.nk - kb0 < KEYS ? s.nk - kb0 : KEYS;
   const float scale2 = p.softmax_scale * kTiledBwdLog2e;
   const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
   const int64_t tiles = (seg_rows + ROWS - 1) / ROWS;
@@ -94,7 +230,8 @@ RA_DEVICE void tiled_bwd_warpgroup_segment(const SmallSeqTiledParams& p, const T
                                  tile * ROWS, seg_rows, at + kTileBytes, tid);
   };
   if (tiles > 0) {
-    tiled_warpgroup_stage<D, KEYS, 128>(sk, sv, p, rows.k, rows.v, nk, kp, tid);
+    tiled_warpgroup_stage<D, KEYS, 128>(sk, sv, p, rows.k + kb0 * p.k_token_stride,
+                                        rows.v + kb0 * p.v_token_stride, live, KEYS, tid);
     load_tile(0, 0);
   }
   ra_cp_async_commit();
@@ -108,78 +245,23 @@ RA_DEVICE void tiled_bwd_warpgroup_segment(const SmallSeqTiledParams& p, const T
     ra_cp_async_wait<1>();  // this tile's copies have landed (the next one's may not)
     ra_fence_proxy_async();
     __syncthreads();
-    const uint32_t sq = tiles_at + 2 * buf * kTileBytes;
+    // The shared addresses are laundered per tile: else the compiler keeps every product's
+    // descriptors (two registers each) live across the loop, beside dK and dV, and spills.
+    uint32_t sk_tile = sk;
+    asm volatile("" : "+r"(sk_tile));
+    const uint32_t sv_tile = sk_tile + KEYS * D * 2;
+    const uint32_t sq = sk_tile + 2 * KEYS * D * 2 + 2 * buf * kTileBytes;
     const uint32_t sdo = sq + kTileBytes;
+    const uint32_t sp = sk_tile + (sp_off);
+    const uint32_t sds = sp + ROWS * kTiledWarpgroupKeys * 2;
     uint8_t* const sq_ptr = smem_ptr + (sq - smem);
     const int64_t r0 = tile * ROWS;
     const TiledRowMap map(r0, group);
-    // LSE (log2 domain) and Delta of this thread's rows 16 warp + g and + 8; a row past the
-    // segment gets lse +inf (P = 0) and Delta 0 (its Q and dO are zeros).
     float lse2[2], delta[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = 16 * warp + g + 8 * r;
-      if (r0 + i < seg_rows) {
-        const TiledBwdRowTerms terms = tiled_bwd_row_terms_at(p, s, hq0, map, i);
-        lse2[r] = terms.lse2;
-        delta[r] = terms.delta;
-      } else {
-        lse2[r] = INFINITY;
-        delta[r] = 0.f;
-      }
-    }
-    // Keys in chunks of up to 32 (two chunks of a 64-key history), so that the fp32 scores and
-    // dP of a chunk (32 registers) sit beside dK and dV without spilling: per chunk
-    // S = Q K^T and dP = dO V^T, then P (keys past the history: 0) and dS = P (dP - Delta),
-    // rounded into their [rows][keys] buffers and dS into the register operand of dQ.
+    tiled_bwd_warpgroup_row_terms(p, s, hq0, map, r0, seg_rows, lse2, delta, tid);
     uint32_t dsa[KEYS / 16][4];
-#pragma unroll
-    for (int c = 0; c < KEYS / kChunk; ++c) {
-      float sc[kChunk / 2], dp[kChunk / 2];
-      ra_wgmma_fence();
-#pragma unroll
-      for (int st = 0; st < kSteps; ++st)
-        ra_wgmma_ss<T, kChunk>(sc, ra_wgmma_desc(ra_wgmma_step_address(sq, st, ROWS, 0)),
-                               ra_wgmma_desc(ra_wgmma_step_address(sk, st, kp, c * kChunk)),
-                               st > 0);
-#pragma unroll
-      for (int st = 0; st < kSteps; ++st)
-        ra_wgmma_ss<T, kChunk>(dp, ra_wgmma_desc(ra_wgmma_step_address(sdo, st, ROWS, 0)),
-                               ra_wgmma_desc(ra_wgmma_step_address(sv, st, kp, c * kChunk)),
-                               st > 0);
-      ra_wgmma_commit();
-      ra_wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < kChunk / 2; ++i) {
-        ra_wgmma_pin(sc[i]);
-        ra_wgmma_pin(dp[i]);
-      }
-      // Element 4j + e: row 16 warp + g + 8 (e / 2), key c kChunk + 8j + 2t + e % 2.
-#pragma unroll
-      for (int i = 0; i < kChunk / 2; ++i) {
-        const int r = (i / 2) % 2;
-        const bool past = c * kChunk + 8 * (i / 4) + 2 * t + (i % 2) >= nk;
-        sc[i] = past ? 0.f : exp2f(fmaf(sc[i], scale2, -lse2[r]));
-        dp[i] = sc[i] * (dp[i] - delta[r]);
-      }
-      // Rows 16 warp + g + 8r, 16-byte chunk (c kChunk / 8 + j) ^ g: both rows are g modulo 8.
-#pragma unroll
-      for (int j = 0; j < kChunk / 8; ++j)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int at = (16 * warp + g + 8 * r) * 128 + (((c * kChunk / 8 + j) ^ g) << 4) + 4 * t;
-          *reinterpret_cast<uint32_t*>(sp_ptr + at) =
-              ra_mma_pack2<T>(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]);
-          *reinterpret_cast<uint32_t*>(sds_ptr + at) =
-              ra_mma_pack2<T>(dp[4 * j + 2 * r], dp[4 * j + 2 * r + 1]);
-        }
-#pragma unroll
-      for (int kk = 0; kk < kChunk / 16; ++kk)
-#pragma unroll
-        for (int x = 0; x < 4; ++x)
-          dsa[c * kChunk / 16 + kk][x] =
-              ra_mma_pack2<T>(dp[8 * kk + 2 * x], dp[8 * kk + 2 * x + 1]);
-    }
+    tiled_bwd_warpgroup_scores<T, D, KEYS, true>(sq, sdo, sk_tile, sv_tile, KEYS, 0, live, scale2, lse2,
+                                                 delta, sp_ptr, sds_ptr, dsa, tid);
     ra_fence_proxy_async();
     __syncthreads();  // every warp's P and dS rows are in shared memory
     ra_wgmma_fence();
@@ -192,34 +274,40 @@ RA_DEVICE void tiled_bwd_warpgroup_segment(const SmallSeqTiledParams& p, const T
       ra_wgmma_ss_tt<T, D>(dk, ra_wgmma_desc_n_major(sds + st * 16 * 128, ROWS * 128),
                            ra_wgmma_desc_n_major(sq + st * 16 * 128, ROWS * 128), 1);
     ra_wgmma_commit();
-    // dQ = scale dS K in 64-column halves (K's panels), each into the Q buffer once every
-    // product before it is done (dK's reads Q): 32 accumulator registers at a time beside dK
-    // and dV.
+    if constexpr (WITH_DQ) {
+      // dQ = scale dS K in 64-column halves (32 accumulator registers at a time beside dK and
+      // dV), dS read from its buffer (K-major) and K N-major; each half goes into the Q
+      // buffer once every product before it is done (dK's reads Q).
 #pragma unroll
-    for (int half = 0; half < D / 64; ++half) {
-      float dq[32];
+      for (int col0 = 0; col0 < D; col0 += 64) {
+        float dq[32];
 #pragma unroll
-      for (int i = 0; i < 32; ++i) dq[i] = 0.f;
-      ra_wgmma_fence();
+        for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+        ra_wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < KEYS / 16; ++kk)
-        ra_wgmma_rs<T, 64>(
-            dq, dsa[kk],
-            ra_wgmma_desc_n_major(sk + half * kp * 128 + (16 * kk) * 128, kp * 128), 1);
-      ra_wgmma_commit();
+        for (int kk = 0; kk < KEYS / 16; ++kk)
+          ra_wgmma_ss_bt<T, 64>(
+              dq, ra_wgmma_desc(ra_wgmma_step_address(sds, kk, ROWS, 0)),
+              ra_wgmma_desc_n_major(sk_tile + (col0 / 64) * KEYS * 128 + 16 * kk * 128,
+                                    KEYS * 128),
+              1);
+        ra_wgmma_commit();
+        ra_wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) ra_wgmma_pin(dq[i]);
+        if (col0 == 0) __syncthreads();  // every warp's dK product is done: Q's buffer is free
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          tiled_warpgroup_acc_row_to_buffer<T, 64>(sq_ptr + (col0 / 64) * ROWS * 128, dq, r,
+                                                   p.softmax_scale, tid);
+      }
+      __syncthreads();
+      tiled_warpgroup_store_rows<D>(dq_out, p.dq_token_stride, p.dq_head_stride, map, r0,
+                                    seg_rows, sq_ptr, tid);
+    } else {
       ra_wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 32; ++i) ra_wgmma_pin(dq[i]);
-      if (half == 0) __syncthreads();  // every warp's dK product is done: the Q buffer is free
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        tiled_warpgroup_acc_row_to_buffer<T, 64>(sq_ptr + half * ROWS * 128, dq, r,
-                                                 p.softmax_scale, tid);
     }
-    __syncthreads();
-    tiled_warpgroup_store_rows<D>(dq_out, p.dq_token_stride, p.dq_head_stride, map, r0,
-                                  seg_rows, sq_ptr, tid);
-    __syncthreads();  // the buffer is refilled by the copies of the tile after next
+    __syncthreads();  // the buffers are refilled by the copies of the tile after next
   }
   ra_cp_async_wait<0>();
 #pragma unroll
@@ -227,13 +315,13 @@ RA_DEVICE void tiled_bwd_warpgroup_segment(const SmallSeqTiledParams& p, const T
     ra_wgmma_pin(dk[i]);
     ra_wgmma_pin(dv[i]);
   }
-  // dK and dV of keys 16 warp + g (+ 8): accumulator rows are keys, columns the head dim.
+  // dK and dV of keys kb0 + 16 warp + g (+ 8): accumulator rows are keys, columns the head dim.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = 16 * warp + g + 8 * r;
-    if (key >= nk) continue;
-    uint16_t* dk_row = rows.dk + key * p.dk_token_stride + 2 * t;
-    uint16_t* dv_row = rows.dv + key * p.dv_token_stride + 2 * t;
+    if (key >= live) continue;
+    uint16_t* dk_row = rows.dk + (kb0 + key) * p.dk_token_stride + 2 * t;
+    uint16_t* dv_row = rows.dv + (kb0 + key) * p.dv_token_stride + 2 * t;
 #pragma unroll
     for (int c = 0; c < D / 8; ++c) {
       *reinterpret_cast<uint32_t*>(dk_row + 8 * c) = ra_mma_pack2<T>(
@@ -244,31 +332,159 @@ RA_DEVICE void tiled_bwd_warpgroup_segment(const SmallSeqTiledParams& p, const T
   }
 }
 
+// The dQ of one valid segment (kv head hk), all of its keys
+// staged in `sk` / `sv` (kp rows each) by the caller: each warpgroup takes row tiles round
+// robin (its Q and dO in its own buffer at `tile_at`), and per tile walks the key blocks,
+// accumulating dQ = scale sum_blocks dS K in fp32 registers, stored once through the Q buffer.
+template <typename T, int D>
+RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const TiledSegment& s,
+                                           const int hk, const int group, const uint32_t sk,
+                                           const uint32_t sv, const int kp,
+                                           uint8_t* tile_ptr, const uint32_t tile_at,
+                                           const bool first_loaded, const int wg,
+                                           const int wtid) {
+  constexpr int ROWS = kTiledWarpgroupRows;
+  constexpr int KEYS = kTiledBwdWarpgroupBlockKeys;
+  constexpr int kTileBytes = ROWS * D * 2;
+  const float scale2 = p.softmax_scale * kTiledBwdLog2e;
+  const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
+  const int64_t tiles = (seg_rows + ROWS - 1) / ROWS;
+  const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
+  const int hq0 = hk * group;
+  const uint16_t* q = rows.q + s.q_token0 * p.q_token_stride + hq0 * p.q_head_stride;
+  const uint16_t* dout = rows.dout + s.q_token0 * p.do_token_stride + hq0 * p.do_head_stride;
+  uint16_t* dq_out = rows.dq + s.q_token0 * p.dq_token_stride + hq0 * p.dq_head_stride;
+  const uint32_t sq = tile_at;
+  const uint32_t sdo = tile_at + kTileBytes;
+  for (int64_t tile = wg; tile < tiles; tile += kTiledBwdWarpgroupDqWarpgroups) {
+    const int64_t r0 = tile * ROWS;
+    if (tile != wg || !first_loaded) {
+      tiled_warpgroup_load_rows<D>(q, p.q, p.q_token_stride, p.q_head_stride, group, r0,
+                                   seg_rows, sq, wtid);
+      tiled_warpgroup_load_rows<D>(dout, p.dout, p.do_token_stride, p.do_head_stride, group,
+                                   r0, seg_rows, sdo, wtid);
+      ra_cp_async_commit();
+      ra_cp_async_wait<0>();
+      ra_fence_proxy_async();
+      ra_warpgroup_sync(wg);
+    }
+    const TiledRowMap map(r0, group);
+    float lse2[2], delta[2];
+    tiled_bwd_warpgroup_row_terms(p, s, hq0, map, r0, seg_rows, lse2, delta, wtid);
+    float dq[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
+    for (int kb0 = 0; kb0 < s.nk; kb0 += KEYS) {
+      uint32_t dsa[KEYS / 16][4];
+      tiled_bwd_warpgroup_scores<T, D, KEYS, false>(sq, sdo, sk, sv, kp, kb0, s.nk - kb0,
+                                                    scale2, lse2, delta, nullptr, nullptr, dsa,
+                                                    wtid);
+      tiled_bwd_warpgroup_issue_dq<T, D, KEYS>(dq, dsa, sk, kp, kb0, 0);
+      ra_wgmma_wait<0>();  // dsa is rewritten by the next block
+    }
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(dq[i]);
+    ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      tiled_warpgroup_acc_row_to_buffer<T, D>(tile_ptr, dq, r, p.softmax_scale, wtid);
+    ra_warpgroup_sync(wg);
+    tiled_warpgroup_store_rows<D>(dq_out, p.dq_token_stride, p.dq_head_stride, map, r0,
+                                  seg_rows, tile_ptr, wtid);
+    ra_warpgroup_sync(wg);  // the buffer is refilled by the next tile's copies
+  }
+}
+
 #endif  // RA_HAS_WGMMA
 
-// Grid-stride over (segment, kv head) items; also writes what pass 2 writes besides a valid
-// segment's gradients (tiled_bwd_edges, warp 0).
-template <typename T, int D, int KEYS>
+// dK / dV kernel: grid-stride over (segment, kv head, key block) items, numbered segment-major
+// so that the key blocks of one segment run at once and share its Q / dO rows through L2.
+// WITH_DQ (launched where every history fits one key block): each item also writes its rows'
+// dQ; else small_seq_tiled_bwd_warpgroup_dq_kernel does. Item (block 0) also writes what pass 2
+// writes besides a valid segment's gradients (tiled_bwd_edges, warp 0). KEYS: keys of the
+// products, 16 where every history fits them, else 64.
+template <typename T, int D, int KEYS, bool WITH_DQ>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
     small_seq_tiled_bwd_warpgroup_kernel(const SmallSeqTiledParams p) {
 #if RA_HAS_WGMMA
   const int tid = threadIdx.x;
   const int group = p.num_heads_q / p.num_heads_kv;
-  const int kp = static_cast<int>(tiled_warpgroup_keys(p.max_seqlen_kv));
+  const int blocks = tiled_bwd_warpgroup_blocks(p.max_seqlen_kv);
   RA_DYNAMIC_SHARED(ra_vec8, tiled_bwd_warpgroup_smem);
   const uint32_t raw = ra_smem_address(tiled_bwd_warpgroup_smem);
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   uint8_t* const smem_ptr = reinterpret_cast<uint8_t*>(tiled_bwd_warpgroup_smem) + pad;
+  const int64_t per_seg = static_cast<int64_t>(p.num_heads_kv) * blocks;
+  const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int seg = static_cast<int>(item / per_seg);
+    const int rest = static_cast<int>(item - static_cast<int64_t>(seg) * per_seg);
+    const int hk = rest / blocks;
+    const int kb = rest - hk * blocks;
+    const TiledBounds b = tiled_fetch_bounds(p, seg);
+    const TiledSegment s = tiled_resolve_segment(p, seg, b);
+    if (kb == 0 && tid < 32) tiled_bwd_edges<T, D>(p, seg, hk, b, s, tid);
+    const int kb0 = kb * kTiledBwdWarpgroupBlockKeys;
+    // Block 0 always runs with dQ (it writes the dQ of a segment without keys: zeros); without,
+    // only blocks that hold keys.
+    if (!s.valid || ((kb > 0 || !WITH_DQ) && kb0 >= s.nk)) continue;
+    tiled_bwd_warpgroup_key_block<T, D, KEYS, WITH_DQ>(p, s, hk, group, kb0, smem_ptr,
+                                                       raw + pad, tid);
+    __syncthreads();  // every warp is done with this item's K / V
+  }
+#endif
+}
+
+// dQ kernel (launched where max_seqlen_kv exceeds one key block): grid-stride over (segment,
+// kv head) items of valid segments; all threads stage the segment's K / V once, then each of
+// the block's warpgroups walks its row tiles (a segment without keys gets dQ 0).
+template <typename T, int D>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
+    small_seq_tiled_bwd_warpgroup_dq_kernel(const SmallSeqTiledParams p) {
+#if RA_HAS_WGMMA
+  constexpr int THREADS = kTiledBwdWarpgroupDqWarpgroups * 128;
+  constexpr int ROWS = kTiledWarpgroupRows;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int wtid = tid % 128;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int kp = tiled_bwd_warpgroup_blocks(p.max_seqlen_kv) * kTiledBwdWarpgroupBlockKeys;
+  RA_DYNAMIC_SHARED(ra_vec8, tiled_bwd_warpgroup_dq_smem);
+  const uint32_t raw = ra_smem_address(tiled_bwd_warpgroup_dq_smem);
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t sk = raw + pad;
+  const uint32_t sv = sk + kp * D * 2;
+  const uint32_t tile_off = pad + 2 * kp * D * 2 + wg * (2 * ROWS * D * 2);
+  uint8_t* const tile_ptr = reinterpret_cast<uint8_t*>(tiled_bwd_warpgroup_dq_smem) + tile_off;
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int seg = static_cast<int>(item / p.num_heads_kv);
     const int hk = static_cast<int>(item - static_cast<int64_t>(seg) * p.num_heads_kv);
-    const TiledBounds b = tiled_fetch_bounds(p, seg);
-    const TiledSegment s = tiled_resolve_segment(p, seg, b);
-    if (tid < 32) tiled_bwd_edges<T, D>(p, seg, hk, b, s, tid);
-    if (!s.valid) continue;
-    tiled_bwd_warpgroup_segment<T, D, KEYS>(p, s, hk, group, smem_ptr, raw + pad, kp, tid);
-    __syncthreads();  // every warp is done with this segment's K / V
+    const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
+    if (!s.valid) continue;  // the dK / dV kernel wrote its dq (NaN)
+    const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
+    const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
+    // K, V and each warpgroup's first tile of Q and dO in one batch of copies.
+    tiled_warpgroup_stage<D, kTiledBwdWarpgroupBlockKeys, THREADS>(sk, sv, p, rows.k, rows.v,
+                                                                   s.nk, kp, tid);
+    const bool first = wg * ROWS < seg_rows;
+    if (first) {
+      const int hq0 = hk * group;
+      tiled_warpgroup_load_rows<D>(
+          rows.q + s.q_token0 * p.q_token_stride + hq0 * p.q_head_stride, p.q,
+          p.q_token_stride, p.q_head_stride, group, wg * ROWS, seg_rows, raw + tile_off, wtid);
+      tiled_warpgroup_load_rows<D>(
+          rows.dout + s.q_token0 * p.do_token_stride + hq0 * p.do_head_stride, p.dout,
+          p.do_token_stride, p.do_head_stride, group, wg * ROWS, seg_rows,
+          raw + tile_off + ROWS * D * 2, wtid);
+    }
+    ra_cp_async_commit();
+    ra_cp_async_wait<0>();
+    ra_fence_proxy_async();
+    __syncthreads();
+    tiled_bwd_warpgroup_dq_rows<T, D>(p, s, hk, group, sk, sv, kp, tile_ptr, raw + tile_off,
+                                      first, wg, wtid);
+    __syncthreads();  // every warpgroup is done with this segment's K / V
   }
 #endif
 }
