@@ -54,7 +54,7 @@ struct RaTuning {
   // 2 = every call (tests).
   int small_seq_tiled_bwd_block = 1;
   // tiled small-seq backward on Hopper (sm_90a builds): 1 = calls of at least one 64-row tile
-  // per (segment, kv head) over at most 64 keys take the warpgroup-MMA kernel
+  // per (segment, kv head) over at most 256 keys take the warpgroup-MMA kernels
   // (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never; 2 = every call it can serve, fewer
   // rows included (tests, A/B runs).
   int small_seq_tiled_bwd_warpgroup = 1;

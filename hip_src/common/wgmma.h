@@ -17,10 +17,11 @@
 // - K-major (ra_wgmma_desc): the rows are the product's M or N, the columns its k. The k step s
 //   (columns 16s .. 16s + 15) starts at panel s / 4, byte 32 * (s % 4) of the first row; rows
 //   8 apart are 1024 bytes apart (the stride field).
-// - N-major (ra_wgmma_desc_n_major, B operands with the transpose flag): the rows are the
-//   product's k, the columns its N. The k step s starts at row 16s of panel 0; 8 rows of k are
-//   1024 bytes apart (stride field), the next 64 columns of N one panel further (leading field).
-//   So V stored as [keys][D] like K serves P . V without a transposed copy.
+// - N-major (ra_wgmma_desc_n_major, operands with the transpose flag): the rows are the
+//   product's k, the columns its N (or M, for an A operand). The k step s starts at row 16s of
+//   panel 0; 8 rows of k are 1024 bytes apart (stride field), the next 64 columns one panel
+//   further (leading field). So V stored as [keys][D] like K serves P . V without a transposed
+//   copy, and the backward reads P, dS, dO and Q stored as [rows][...] for P^T dO and dS^T Q.
 //
 // Accumulators (fp32, per thread, for an m64nN product): warp w of the warpgroup holds rows
 // 16w .. 16w + 15; with g = lane / 4 and t = lane % 4, element 4j + e is
@@ -142,16 +143,6 @@ RA_DEVICE void ra_wgmma_ss<ra_bf16, 16>(float* d, uint64_t desc_a, uint64_t desc
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 template <>
-RA_DEVICE void ra_wgmma_ss<ra_bf16, 32>(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-template <>
 RA_DEVICE void ra_wgmma_ss<ra_bf16, 64>(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -189,16 +180,6 @@ RA_DEVICE void ra_wgmma_ss<ra_fp16, 16>(float* d, uint64_t desc_a, uint64_t desc
       "{%0, %1, %2, %3, %4, %5, %6, %7}, "
       "%8, %9, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-template <>
-RA_DEVICE void ra_wgmma_ss<ra_fp16, 32>(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 template <>

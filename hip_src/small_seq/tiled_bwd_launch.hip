@@ -1,6 +1,8 @@
 // Launch of the tiled small-seq backward (tiled_bwd_kernel.h): Delta pass, dK/dV pass and, when
-// max_seqlen_kv exceeds one key tile, the dQ pass, in stream order; dispatch over dtype x head
-// dim (six variants of each kernel, one translation unit: no kv bucket, no generated files).
+// max_seqlen_kv exceeds one key tile, the dQ pass, in stream order; on Hopper (sm_90a builds)
+// the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h) replace passes 2 and 3 where they
+// serve. Dispatch over dtype x head dim (one translation unit: no kv bucket, no generated
+// files).
 #include "../common/launch.h"
 #include "../common/tuning.h"
 #include "tiled_bwd_block_kernel.h"

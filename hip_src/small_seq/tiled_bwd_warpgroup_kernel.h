@@ -1,39 +1,42 @@
 // Tiled small-seq backward, warpgroup variant (Hopper, sm_90a): the dK / dV and dQ passes of
-// tiled_bwd_kernel.h in one kernel with warpgroup matrix products (common/wgmma.h), for
-// histories of at most kTiledBwdWarpgroupMaxKeys keys (docs/kernels.md#warpgroup-backward).
+// tiled_bwd_kernel.h with warpgroup matrix products (common/wgmma.h), for histories of at most
+// kTiledBwdWarpgroupMaxKeys keys (docs/kernels.md#warpgroup-backward).
 //
 // Why: on many candidates the mma.sync backward is bound by its instruction stream (16-row
 // tiles, fragments re-read and permuted per product, head-dim slices recomputing the scores),
 // as the forward was before its warpgroup kernel. Here the matrix unit reads K, V, Q, dO, P and
 // dS from shared memory itself.
 //
-// Work item = (segment, kv head), one warpgroup (128 threads) per block:
-//   1. K and V of the segment's keys are staged once (the forward's layout and copy,
+// dK / dV kernel, work item = (segment, kv head, key block of 64 keys), one warpgroup (128
+// threads) per block:
+//   1. K and V of the block's keys are staged once (the forward's layout and copy,
 //      tiled_warpgroup_stage: KEYS rows, zeros past the history).
 //   2. The segment's rows (r = j * group + h, as in every tiled kernel) in tiles of 64; each
 //      tile's Q and dO are copied one tile ahead (two buffers), rows past the segment as zeros.
 //      Per tile, with the forward's LSE and pass 1's Delta of the thread's two rows:
-//        S = Q K^T, dP = dO V^T           (m64nKEYS, both operands from shared memory)
+//        S = Q K^T, dP = dO V^T           (m64nKEYS in chunks of 16 keys, from shared memory)
 //        P = exp2(S * scale log2e - lse log2e), dS = P (dP - Delta)   (fp32, in registers)
-//        dQ = scale dS K                  (m64nD, dS from registers, K N-major: complete, since
-//                                          the tile's rows see every key)
 //        dV += P^T dO, dK += dS^T Q       (m64nD, P / dS / dO / Q read transposed from shared
 //                                          memory: P and dS are stored there as [rows][keys])
-//      dQ goes out through the tile's Q buffer (free once dK's product is done) in 16-byte
-//      pieces.
-//   3. dK (times the scale) and dV of the segment's keys from the fp32 accumulators, once.
+//      Where every history fits one block (WITH_DQ) the tile's dQ = scale dS K follows (dS and
+//      K from shared memory; complete, since the block holds every key), out through the
+//      tile's Q buffer in 16-byte pieces.
+//   3. dK (times the scale) and dV of the block's keys from the fp32 accumulators, once.
 // The dV / dK products have M = 64 keys: a 16-key history leaves rows 16..63 of those
 // accumulators unused (never stored), which costs matrix-unit time the bytes hide.
+// dQ kernel (histories past one block), work item = (segment, kv head), two warpgroups per
+// block sharing all of the segment's K / V: per 64-row tile, every key block's S, dP, dS
+// (registers only) and dQ += dS K, stored once.
 //
 // Numerics are tiled_bwd_kernel.h's: P, dP, dS fp32; P, dS rounded to the input dtype only as
 // product operands; every gradient accumulates in fp32 and is rounded once. Each gradient
-// element has one writer summing in a fixed order (row tiles in order): deterministic.
-// Bad segments, padding rows and K/V rows no segment covers are handled as in pass 2
-// (tiled_bwd_edges); Delta and the dq of q padding rows come from pass 1.
+// element has one writer summing in a fixed order (row tiles, key blocks in order):
+// deterministic. Bad segments, padding rows and K/V rows no segment covers are handled as in
+// pass 2 (tiled_bwd_edges); Delta and the dq of q padding rows come from pass 1.
 //
-// Shared memory (dynamic, tiled_bwd_warpgroup_smem_bytes): K, V, two (Q, dO) buffers, P, dS.
-// Where the arch-specific features are missing (RA_HAS_WGMMA 0) the kernel body is empty and
-// the launcher never selects it.
+// Shared memory (dynamic): tiled_bwd_warpgroup_smem_bytes, tiled_bwd_warpgroup_dq_smem_bytes.
+// Where the arch-specific features are missing (RA_HAS_WGMMA 0) the kernel bodies are empty and
+// the launcher never selects them.
 #pragma once
 
 #include "tiled_bwd_kernel.h"
@@ -50,7 +53,8 @@ constexpr int kTiledBwdWarpgroupMaxKeys = 4 * kTiledBwdWarpgroupBlockKeys;
 // run while the other loads or computes its softmax terms.
 constexpr int kTiledBwdWarpgroupDqWarpgroups = 2;
 
-// Keys per chunk of the score products (their fp32 S and dP sit beside the dK / dV accumulators).
+// Keys per chunk of the score products: at d = 128 the chunk's fp32 S and dP must fit beside
+// the dK / dV accumulators (128 registers); chunks of 32 spilled 100-300 bytes there.
 constexpr int kTiledBwdWarpgroupChunk = 16;
 
 // Key blocks per (segment, kv head) of max_seqlen_kv keys.
@@ -104,8 +108,8 @@ RA_DEVICE void tiled_bwd_warpgroup_row_terms(const SmallSeqTiledParams& p,
 
 // P and dS of one 64-row tile (Q at sq, dO at sdo) against KEYS keys of the K / V buffers
 // (kp rows each) from key k0, of which `live` are in the history (P = 0 past them). Keys go in
-// chunks of up to 32 (two per 64-key block), so that a chunk's fp32 scores and dP (32
-// registers) sit beside the dK / dV accumulators without spilling: per chunk S = Q K^T and
+// chunks of kTiledBwdWarpgroupChunk, so that a chunk's fp32 scores and dP (16 registers) sit
+// beside the dK / dV accumulators without spilling: per chunk S = Q K^T and
 // dP = dO V^T from shared memory, then P = exp2(S scale log2e - lse log2e) and
 // dS = P (dP - Delta) in fp32. With STORE, P and dS are rounded into their [rows][keys]
 // buffers (64 x 64 operands, columns from 0) for the dV / dK / dQ products; else dS is packed
