@@ -31,9 +31,10 @@
 // (row g, cols 2t, 2t+1), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..). So the accumulator
 // of one product, rounded to 16 bits in pairs, is the A operand of the next (scores -> P . V).
 //
-// Ordering: the products are asynchronous. ra_wgmma_fence() before the first product that
-// reads registers written since the last wait; ra_wgmma_commit() after a batch;
-// ra_wgmma_wait<N>() until at most N batches are in flight; then ra_wgmma_pin() on every
+// Ordering: the products are asynchronous (their asm has no memory clobber: the fence, commit
+// and wait below carry it, so every product must sit between them). ra_wgmma_fence() before
+// the first product that reads registers written since the last wait; ra_wgmma_commit() after
+// a batch; ra_wgmma_wait<N>() until at most N batches are in flight; then ra_wgmma_pin() on every
 // accumulator register read afterwards, so the compiler does not move those reads above the
 // wait. Shared memory written by ordinary stores or cp.async must be published to the unit with
 // ra_fence_proxy_async() (by the writing threads, before the barrier that precedes the product).

@@ -23,7 +23,9 @@
 //      tile's Q buffer in 16-byte pieces.
 //   3. dK (times the scale) and dV of the block's keys from the fp32 accumulators, once.
 // The dV / dK products have M = 64 keys: a 16-key history leaves rows 16..63 of those
-// accumulators unused (never stored), which costs matrix-unit time the bytes hide.
+// accumulators unused, which costs matrix-unit time the bytes hide. Those rows come from
+// columns 16..63 of the P / dS buffers, which 16-key products never write (stale shared
+// memory): they must never be stored.
 // dQ kernel (histories past one block), work item = (segment, kv head), two warpgroups per
 // block sharing all of the segment's K / V: per 64-row tile, every key block's S, dP, dS
 // (registers only) and dQ += dS K, stored once.
@@ -264,8 +266,9 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
     float lse2[2], delta[2];
     tiled_bwd_warpgroup_row_terms(p, s, hq0, map, r0, seg_rows, lse2, delta, tid);
     uint32_t dsa[KEYS / 16][4];
-    tiled_bwd_warpgroup_scores<T, D, KEYS, true>(sq, sdo, sk_tile, sv_tile, KEYS, 0, live, scale2, lse2,
-                                                 delta, sp_ptr, sds_ptr, dsa, tid);
+    tiled_bwd_warpgroup_scores<T, D, KEYS, true>(sq, sdo, sk_tile, sv_tile, KEYS, 0, live,
+                                                 scale2, lse2, delta, sp_ptr, sds_ptr, dsa,
+                                                 tid);
     ra_fence_proxy_async();
     __syncthreads();  // every warp's P and dS rows are in shared memory
     ra_wgmma_fence();
