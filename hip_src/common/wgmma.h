@@ -61,6 +61,10 @@ RA_DEVICE uint32_t ra_smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Bytes from shared-memory address `addr` up to the next 1024-byte boundary, where operand
+// panels start (the swizzle is a function of address bits 4..9).
+RA_DEVICE uint32_t ra_smem_pad_1024(uint32_t addr) { return (1024u - (addr & 1023u)) & 1023u; }
+
 // Descriptor of the slab at shared-memory byte address `addr` (see the layout above): start
 // address >> 4 in bits 0..13, leading offset unused with the 128-byte swizzle (1), stride
 // offset 1024 bytes >> 4 in bits 32..45, swizzle mode 1 (128 bytes) in bits 62..63.

@@ -66,9 +66,7 @@ hipError_t run_tiled_bwd_staged(const SmallSeqTiledParams& p, int64_t items, int
   const int64_t resident =
       static_cast<int64_t>(tiled_blocks_per_mp(KERNEL, threads, smem, occupancy)) *
       ra_device_multiprocessors();
-  int64_t blocks = items;
-  if (blocks > resident * kTiledBwdResidencyFactor) blocks = resident * kTiledBwdResidencyFactor;
-  hipLaunchKernelGGL(KERNEL, dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1)),
+  hipLaunchKernelGGL(KERNEL, tiled_capped_grid(items, resident, kTiledBwdResidencyFactor),
                      dim3(threads), static_cast<size_t>(smem), stream, p);
   return hipGetLastError();
 }

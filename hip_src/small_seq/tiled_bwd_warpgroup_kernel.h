@@ -87,6 +87,37 @@ RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_dq_smem_bytes(int max_seqle
 
 #if RA_HAS_WGMMA
 
+// Where a (segment, kv head)'s rows of q, dout and dq start: row (j, h) of its GQA group lives
+// at base + j * token stride + h * head stride (each tensor's own strides).
+struct TiledBwdWarpgroupRows {
+  const uint16_t* q;
+  const uint16_t* dout;
+  uint16_t* dq;
+};
+
+RA_DEVICE TiledBwdWarpgroupRows tiled_bwd_warpgroup_rows(const SmallSeqTiledParams& p,
+                                                         const TiledSegment& s,
+                                                         const TiledBwdRows& rows,
+                                                         const int hq0) {
+  return TiledBwdWarpgroupRows{
+      rows.q + s.q_token0 * p.q_token_stride + hq0 * p.q_head_stride,
+      rows.dout + s.q_token0 * p.do_token_stride + hq0 * p.do_head_stride,
+      rows.dq + s.q_token0 * p.dq_token_stride + hq0 * p.dq_head_stride};
+}
+
+// Issues the cp.async copies of one tile's Q (into `sq`) and dO (right after it), tile rows
+// r0 .. r0 + 63, rows at or past seg_rows as zeros (one warpgroup; not committed).
+template <int D>
+RA_DEVICE void tiled_bwd_warpgroup_load_tile(const SmallSeqTiledParams& p,
+                                             const TiledBwdWarpgroupRows& at, const int group,
+                                             const int64_t r0, const int64_t seg_rows,
+                                             const uint32_t sq, const int wtid) {
+  tiled_warpgroup_load_rows<D>(at.q, p.q, p.q_token_stride, p.q_head_stride, group, r0,
+                               seg_rows, sq, wtid);
+  tiled_warpgroup_load_rows<D>(at.dout, p.dout, p.do_token_stride, p.do_head_stride, group, r0,
+                               seg_rows, sq + kTiledWarpgroupRows * D * 2, wtid);
+}
+
 // LSE (log2 domain) and Delta of this thread's rows 16 warp + g and + 8 of the tile at r0; a
 // row past the segment gets lse +inf (P = 0) and Delta 0 (its Q and dO are zeros).
 RA_DEVICE void tiled_bwd_warpgroup_row_terms(const SmallSeqTiledParams& p,
@@ -182,19 +213,16 @@ RA_DEVICE void tiled_bwd_warpgroup_scores(const uint32_t sq, const uint32_t sdo,
   }
 }
 
-// dq[N / 2] += dS K over KEYS keys from key k0 of the K buffer (kp rows), for head-dim columns
-// col0 .. col0 + N - 1 (a whole number of 64-column panels): K read N-major, dS from registers.
-// Issued and committed, not waited (dsa must stay untouched until then).
-template <typename T, int N, int KEYS>
+// dq[D / 2] += dS K over KEYS keys from key k0 of the K buffer (kp rows): K read N-major, dS
+// from registers. Issued and committed, not waited (dsa must stay untouched until then).
+template <typename T, int D, int KEYS>
 RA_DEVICE void tiled_bwd_warpgroup_issue_dq(float* dq, const uint32_t (&dsa)[KEYS / 16][4],
-                                            const uint32_t sk, const int kp, const int k0,
-                                            const int col0) {
+                                            const uint32_t sk, const int kp, const int k0) {
   ra_wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < KEYS / 16; ++kk)
-    ra_wgmma_rs<T, N>(
-        dq, dsa[kk],
-        ra_wgmma_desc_n_major(sk + (col0 / 64) * kp * 128 + (k0 + 16 * kk) * 128, kp * 128), 1);
+    ra_wgmma_rs<T, D>(dq, dsa[kk], ra_wgmma_desc_n_major(sk + (k0 + 16 * kk) * 128, kp * 128),
+                      1);
   ra_wgmma_commit();
 }
 
@@ -210,12 +238,14 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
   constexpr int ROWS = kTiledWarpgroupRows;
   constexpr int kTileBytes = ROWS * D * 2;
   // K, V, then buffer b's Q at 2 b kTileBytes and dO after it, then P and dS.
+  constexpr uint32_t kPdsBytes = ROWS * kTiledWarpgroupKeys * 2;
   const uint32_t sk = smem;
   const uint32_t sv = sk + KEYS * D * 2;
   const uint32_t tiles_at = sv + KEYS * D * 2;
-  constexpr uint32_t sp_off = 2 * KEYS * D * 2 + 4 * kTileBytes;
-  uint8_t* const sp_ptr = smem_ptr + sp_off;
-  uint8_t* const sds_ptr = sp_ptr + ROWS * kTiledWarpgroupKeys * 2;
+  const uint32_t sp = tiles_at + 4 * kTileBytes;
+  const uint32_t sds = sp + kPdsBytes;
+  uint8_t* const sp_ptr = smem_ptr + (sp - smem);
+  uint8_t* const sds_ptr = sp_ptr + kPdsBytes;
   const int warp = tid / 32;
   const int g = (tid % 32) / 4;
   const int t = tid % 4;
@@ -225,15 +255,10 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
   const int64_t tiles = (seg_rows + ROWS - 1) / ROWS;
   const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
   const int hq0 = hk * group;
-  const uint16_t* q = rows.q + s.q_token0 * p.q_token_stride + hq0 * p.q_head_stride;
-  const uint16_t* dout = rows.dout + s.q_token0 * p.do_token_stride + hq0 * p.do_head_stride;
-  uint16_t* dq_out = rows.dq + s.q_token0 * p.dq_token_stride + hq0 * p.dq_head_stride;
+  const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, rows, hq0);
   const auto load_tile = [&](int64_t tile, int buf) {
-    const uint32_t at = tiles_at + 2 * buf * kTileBytes;
-    tiled_warpgroup_load_rows<D>(q, p.q, p.q_token_stride, p.q_head_stride, group, tile * ROWS,
-                                 seg_rows, at, tid);
-    tiled_warpgroup_load_rows<D>(dout, p.dout, p.do_token_stride, p.do_head_stride, group,
-                                 tile * ROWS, seg_rows, at + kTileBytes, tid);
+    tiled_bwd_warpgroup_load_tile<D>(p, at, group, tile * ROWS, seg_rows,
+                                     tiles_at + 2 * buf * kTileBytes, tid);
   };
   if (tiles > 0) {
     tiled_warpgroup_stage<D, KEYS, 128>(sk, sv, p, rows.k + kb0 * p.k_token_stride,
@@ -251,22 +276,15 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
     ra_cp_async_wait<1>();  // this tile's copies have landed (the next one's may not)
     ra_fence_proxy_async();
     __syncthreads();
-    // The shared addresses are laundered per tile: else the compiler keeps every product's
-    // descriptors (two registers each) live across the loop, beside dK and dV, and spills.
-    uint32_t sk_tile = sk;
-    asm volatile("" : "+r"(sk_tile));
-    const uint32_t sv_tile = sk_tile + KEYS * D * 2;
-    const uint32_t sq = sk_tile + 2 * KEYS * D * 2 + 2 * buf * kTileBytes;
+    const uint32_t sq = tiles_at + 2 * buf * kTileBytes;
     const uint32_t sdo = sq + kTileBytes;
-    const uint32_t sp = sk_tile + (sp_off);
-    const uint32_t sds = sp + ROWS * kTiledWarpgroupKeys * 2;
     uint8_t* const sq_ptr = smem_ptr + (sq - smem);
     const int64_t r0 = tile * ROWS;
     const TiledRowMap map(r0, group);
     float lse2[2], delta[2];
     tiled_bwd_warpgroup_row_terms(p, s, hq0, map, r0, seg_rows, lse2, delta, tid);
     uint32_t dsa[KEYS / 16][4];
-    tiled_bwd_warpgroup_scores<T, D, KEYS, true>(sq, sdo, sk_tile, sv_tile, KEYS, 0, live,
+    tiled_bwd_warpgroup_scores<T, D, KEYS, true>(sq, sdo, sk, sv, KEYS, 0, live,
                                                  scale2, lse2, delta, sp_ptr, sds_ptr, dsa,
                                                  tid);
     ra_fence_proxy_async();
@@ -295,7 +313,7 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
         for (int kk = 0; kk < KEYS / 16; ++kk)
           ra_wgmma_ss_bt<T, 64>(
               dq, ra_wgmma_desc(ra_wgmma_step_address(sds, kk, ROWS, 0)),
-              ra_wgmma_desc_n_major(sk_tile + (col0 / 64) * KEYS * 128 + 16 * kk * 128,
+              ra_wgmma_desc_n_major(sk + (col0 / 64) * KEYS * 128 + 16 * kk * 128,
                                     KEYS * 128),
               1);
         ra_wgmma_commit();
@@ -309,7 +327,7 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
                                                    p.softmax_scale, tid);
       }
       __syncthreads();
-      tiled_warpgroup_store_rows<D>(dq_out, p.dq_token_stride, p.dq_head_stride, map, r0,
+      tiled_warpgroup_store_rows<D>(at.dq, p.dq_token_stride, p.dq_head_stride, map, r0,
                                     seg_rows, sq_ptr, tid);
     } else {
       ra_wgmma_wait<0>();
@@ -339,37 +357,30 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
   }
 }
 
-// The dQ of one valid segment (kv head hk), all of its keys
-// staged in `sk` / `sv` (kp rows each) by the caller: each warpgroup takes row tiles round
-// robin (its Q and dO in its own buffer at `tile_at`), and per tile walks the key blocks,
-// accumulating dQ = scale sum_blocks dS K in fp32 registers, stored once through the Q buffer.
+// The dQ of one valid segment (kv head hk), all of its keys staged in `sk` / `sv` (kp rows
+// each) and the warpgroup's first tile (tile wg) in its buffer at `tile_at` by the caller: each
+// warpgroup takes row tiles round robin, and per tile walks the key blocks, accumulating
+// dQ = scale sum_blocks dS K in fp32 registers, stored once through the Q buffer.
 template <typename T, int D>
 RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const TiledSegment& s,
                                            const int hk, const int group, const uint32_t sk,
                                            const uint32_t sv, const int kp,
                                            uint8_t* tile_ptr, const uint32_t tile_at,
-                                           const bool first_loaded, const int wg,
-                                           const int wtid) {
+                                           const int wg, const int wtid) {
   constexpr int ROWS = kTiledWarpgroupRows;
   constexpr int KEYS = kTiledBwdWarpgroupBlockKeys;
   constexpr int kTileBytes = ROWS * D * 2;
   const float scale2 = p.softmax_scale * kTiledBwdLog2e;
   const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
   const int64_t tiles = (seg_rows + ROWS - 1) / ROWS;
-  const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
   const int hq0 = hk * group;
-  const uint16_t* q = rows.q + s.q_token0 * p.q_token_stride + hq0 * p.q_head_stride;
-  const uint16_t* dout = rows.dout + s.q_token0 * p.do_token_stride + hq0 * p.do_head_stride;
-  uint16_t* dq_out = rows.dq + s.q_token0 * p.dq_token_stride + hq0 * p.dq_head_stride;
+  const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, tiled_bwd_rows(p, hk, s), hq0);
   const uint32_t sq = tile_at;
   const uint32_t sdo = tile_at + kTileBytes;
   for (int64_t tile = wg; tile < tiles; tile += kTiledBwdWarpgroupDqWarpgroups) {
     const int64_t r0 = tile * ROWS;
-    if (tile != wg || !first_loaded) {
-      tiled_warpgroup_load_rows<D>(q, p.q, p.q_token_stride, p.q_head_stride, group, r0,
-                                   seg_rows, sq, wtid);
-      tiled_warpgroup_load_rows<D>(dout, p.dout, p.do_token_stride, p.do_head_stride, group,
-                                   r0, seg_rows, sdo, wtid);
+    if (tile != wg) {  // the first tile came with K / V
+      tiled_bwd_warpgroup_load_tile<D>(p, at, group, r0, seg_rows, sq, wtid);
       ra_cp_async_commit();
       ra_cp_async_wait<0>();
       ra_fence_proxy_async();
@@ -386,7 +397,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const T
       tiled_bwd_warpgroup_scores<T, D, KEYS, false>(sq, sdo, sk, sv, kp, kb0, s.nk - kb0,
                                                     scale2, lse2, delta, nullptr, nullptr, dsa,
                                                     wtid);
-      tiled_bwd_warpgroup_issue_dq<T, D, KEYS>(dq, dsa, sk, kp, kb0, 0);
+      tiled_bwd_warpgroup_issue_dq<T, D, KEYS>(dq, dsa, sk, kp, kb0);
       ra_wgmma_wait<0>();  // dsa is rewritten by the next block
     }
 #pragma unroll
@@ -396,7 +407,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const T
     for (int r = 0; r < 2; ++r)
       tiled_warpgroup_acc_row_to_buffer<T, D>(tile_ptr, dq, r, p.softmax_scale, wtid);
     ra_warpgroup_sync(wg);
-    tiled_warpgroup_store_rows<D>(dq_out, p.dq_token_stride, p.dq_head_stride, map, r0,
+    tiled_warpgroup_store_rows<D>(at.dq, p.dq_token_stride, p.dq_head_stride, map, r0,
                                   seg_rows, tile_ptr, wtid);
     ra_warpgroup_sync(wg);  // the buffer is refilled by the next tile's copies
   }
@@ -419,7 +430,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
   const int blocks = tiled_bwd_warpgroup_blocks(p.max_seqlen_kv);
   RA_DYNAMIC_SHARED(ra_vec8, tiled_bwd_warpgroup_smem);
   const uint32_t raw = ra_smem_address(tiled_bwd_warpgroup_smem);
-  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t pad = ra_smem_pad_1024(raw);
   uint8_t* const smem_ptr = reinterpret_cast<uint8_t*>(tiled_bwd_warpgroup_smem) + pad;
   const int64_t per_seg = static_cast<int64_t>(p.num_heads_kv) * blocks;
   const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
@@ -458,7 +469,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
   const int kp = tiled_bwd_warpgroup_blocks(p.max_seqlen_kv) * kTiledBwdWarpgroupBlockKeys;
   RA_DYNAMIC_SHARED(ra_vec8, tiled_bwd_warpgroup_dq_smem);
   const uint32_t raw = ra_smem_address(tiled_bwd_warpgroup_dq_smem);
-  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t pad = ra_smem_pad_1024(raw);
   const uint32_t sk = raw + pad;
   const uint32_t sv = sk + kp * D * 2;
   const uint32_t tile_off = pad + 2 * kp * D * 2 + wg * (2 * ROWS * D * 2);
@@ -474,23 +485,15 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
     // K, V and each warpgroup's first tile of Q and dO in one batch of copies.
     tiled_warpgroup_stage<D, kTiledBwdWarpgroupBlockKeys, THREADS>(sk, sv, p, rows.k, rows.v,
                                                                    s.nk, kp, tid);
-    const bool first = wg * ROWS < seg_rows;
-    if (first) {
-      const int hq0 = hk * group;
-      tiled_warpgroup_load_rows<D>(
-          rows.q + s.q_token0 * p.q_token_stride + hq0 * p.q_head_stride, p.q,
-          p.q_token_stride, p.q_head_stride, group, wg * ROWS, seg_rows, raw + tile_off, wtid);
-      tiled_warpgroup_load_rows<D>(
-          rows.dout + s.q_token0 * p.do_token_stride + hq0 * p.do_head_stride, p.dout,
-          p.do_token_stride, p.do_head_stride, group, wg * ROWS, seg_rows,
-          raw + tile_off + ROWS * D * 2, wtid);
-    }
+    if (wg * ROWS < seg_rows)
+      tiled_bwd_warpgroup_load_tile<D>(p, tiled_bwd_warpgroup_rows(p, s, rows, hk * group),
+                                       group, wg * ROWS, seg_rows, raw + tile_off, wtid);
     ra_cp_async_commit();
     ra_cp_async_wait<0>();
     ra_fence_proxy_async();
     __syncthreads();
     tiled_bwd_warpgroup_dq_rows<T, D>(p, s, hk, group, sk, sv, kp, tile_ptr, raw + tile_off,
-                                      first, wg, wtid);
+                                      wg, wtid);
     __syncthreads();  // every warpgroup is done with this segment's K / V
   }
 #endif

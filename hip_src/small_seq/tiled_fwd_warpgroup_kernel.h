@@ -335,7 +335,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128, WARPGROUPS == 1 ? 
   const int kp = static_cast<int>(tiled_warpgroup_keys(p.max_seqlen_kv));
   RA_DYNAMIC_SHARED(ra_vec8, tiled_warpgroup_smem);
   const uint32_t raw = ra_smem_address(tiled_warpgroup_smem);
-  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t pad = ra_smem_pad_1024(raw);
   const uint32_t sk = raw + pad;
   const uint32_t sv = sk + kp * D * 2;
   const uint32_t q_off = pad + 2 * kp * D * 2 + wg * 2 * (ROWS * D * 2);

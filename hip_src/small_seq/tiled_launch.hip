@@ -20,13 +20,6 @@ inline int tiled_grid_factor() {
   return tuned >= 0 ? tuned : kTiledFwdResidencyFactor;
 }
 
-// `blocks` blocks of work capped at factor x the `resident` blocks resident at once (factor
-// 0: no cap), at least one.
-inline dim3 tiled_capped_grid(int64_t blocks, int64_t resident, int factor) {
-  if (factor > 0 && blocks > resident * factor) blocks = resident * factor;
-  return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
-}
-
 // Blocks for `items` work items of `items_per_block` each (no dynamic shared memory).
 template <typename Kernel>
 dim3 tiled_grid(Kernel kernel, int64_t items, int items_per_block, int threads,

@@ -1,6 +1,6 @@
 // Host helpers of the tiled launchers (tiled_launch.hip, tiled_bwd_launch.hip) for kernels with
-// dynamic shared memory: the residency of a kernel at a shared-memory size, and the opt-in to
-// more than 48 KiB.
+// dynamic shared memory: the residency of a kernel at a shared-memory size, the grid capped at
+// a multiple of it, and the opt-in to more than 48 KiB.
 #pragma once
 
 #include "../common/compat.h"
@@ -33,6 +33,13 @@ int tiled_blocks_per_mp(Kernel kernel, int threads, int64_t smem, TiledOccupancy
     cache.blocks[device] = n;
   }
   return n;
+}
+
+// `blocks` blocks of work capped at factor x the `resident` blocks resident at once (factor
+// 0: no cap), at least one.
+inline dim3 tiled_capped_grid(int64_t blocks, int64_t resident, int factor) {
+  if (factor > 0 && blocks > resident * factor) blocks = resident * factor;
+  return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
 }
 
 // Above 48 KiB a kernel's dynamic shared memory must be allowed first (NVIDIA): once per device
