@@ -207,3 +207,107 @@ def test_tile_boundaries(lib, h_q, h_kv):
     q_lens = [16 // group, 16 // group + 1, 16 // group, 16 // group + 1, 1]
     case = C.thd_case(21 + h_q, q_lens, [16, 16, 17, 17, 33], h_q, h_kv, 64, torch.bfloat16)
     check(lib, case, seed=21, dlse=True)
+
+
+# The streaming kernel (tiled_bwd_stream_kernel.h): at most 4 rows per (segment, kv head).
+STREAM = "small_seq_tiled_bwd_stream_kernel"
+
+
+def ran_stream(lib):
+    return STREAM in "\n".join(lib.kernels_run(since_mark=True))
+
+
+def check_stream(lib, case, seed, passes, dlse=False):
+    lib.mark_kernels()
+    with emu.tuning(**G.STREAM_PASSES[passes]):
+        result = check(lib, case, seed=seed, dlse=dlse)
+    assert ran_stream(lib)
+    return result
+
+
+@pytest.mark.parametrize("passes", list(G.STREAM_PASSES))
+@pytest.mark.parametrize("h_q,h_kv,max_q", [(2, 2, 1), (4, 2, 1), (8, 2, 1), (2, 2, 4),
+                                            (4, 2, 2), (2, 1, 2)],
+                         ids=["g1q1", "g2q1", "g4q1", "g1q4", "g2q2", "g2q2_mqa"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_stream_rows_and_histories(lib, d, h_q, h_kv, max_q, passes):
+    """Every row count 1..4 the kernel holds (queries x GQA group), histories of 0, 1, 5, 17,
+    64 and 300 keys (partial block steps and several unrolled steps), segments without
+    queries, with and without an LSE gradient."""
+    q_lens = [max_q, 1, max_q, 0, max_q, 1, max_q]
+    kv_lens = [300, 64, 17, 5, 1, 0, 33]
+    offsets = torch.int64 if d == 64 else torch.int32
+    case = C.thd_case(30 + d + h_q + max_q, q_lens, kv_lens, h_q, h_kv, d, torch.bfloat16,
+                      offsets=offsets, max_q=max_q, max_kv=320)
+    check_stream(lib, case, 30 + h_q, passes, dlse=max_q == 1)
+
+
+@pytest.mark.parametrize("passes", list(G.STREAM_PASSES))
+def test_stream_d256_fp16(lib, passes):
+    case = C.thd_case(40, [1, 1, 0, 1], [70, 1, 9, 0], 4, 1, 256, torch.float16, max_kv=80)
+    check_stream(lib, case, 40, passes, dlse=True)
+
+
+@pytest.mark.parametrize("passes", list(G.STREAM_PASSES))
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+def test_stream_strided_padding_bshd(lib, offsets, passes):
+    """Strided views with q padding rows and unread k/v rows around the segments (dq 0,
+    dk = dv = 0), then BSHD with a length past s_kv (a bad segment: NaN dq, zero dk / dv)."""
+    case = C.thd_case(41, [1, 1, 0, 1, 1], [17, 64, 3, 0, 200], 4, 1, 64, torch.bfloat16,
+                      offsets=offsets, strided=True, pad_before=3, pad_after=5, kv_pad=4)
+    _, _, _, _, (dq, dk, dv) = check_stream(lib, case, 41, passes)
+    assert (dq[:3] == 0).all() and (dq[-5:] == 0).all()
+    assert (dk[:4] == 0).all() and (dv[-4:] == 0).all()
+    case = C.bshd_case(42, 1, [5, 41, 0, 40], 40, 4, 1, 128, torch.bfloat16, offsets=offsets,
+                       max_kv=64)
+    case.seqlens[1] = 41  # <= max_seqlen_kv but > s_kv
+    _, _, _, _, (dq, dk, dv) = check_stream(lib, case, 42, passes)
+    assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
+
+
+@pytest.mark.parametrize("passes", list(G.STREAM_PASSES))
+def test_stream_bad_segments(lib, passes):
+    """Bad offsets (more queries than max_seqlen_q, a negative key count, keys past the end of
+    k/v, an int32 difference that wraps into range): flagged rows NaN, keys zero, nothing read
+    out of bounds, the other segments exact."""
+    q_lens, kv_lens = [1, 2, 1, 1, 1, 1, 1], [5, 17, 64, 3, 10, 4, 9]
+    case = C.thd_case(43, q_lens, kv_lens, 2, 2, 64, torch.bfloat16, offsets=torch.int64,
+                      max_q=1, max_kv=64, pad_before=2, pad_after=2)
+    case.cu_kv[4] = case.cu_kv[3] - 1  # segment 3: -1 keys (4 then overlaps 2's keys)
+    case.cu_kv[7] = 2**40  # segment 6: keys past the end of k/v
+    _, _, _, _, (dq, dk, dv) = check_stream(lib, case, 43, passes)
+    k6 = int(case.cu_kv[6])
+    assert (dk[k6:] == 0).all() and (dv[k6:] == 0).all()
+    case = C.thd_case(44, [1, 1, 1, 1], [4, 6, 9, 2], 4, 1, 128, torch.bfloat16, max_kv=16)
+    case.cu_kv[1] = 2147483640
+    case.cu_kv[2] = -2147483640
+    check_stream(lib, case, 44, passes)
+
+
+@pytest.mark.parametrize("passes", list(G.STREAM_PASSES))
+def test_stream_deterministic(lib, monkeypatch, passes):
+    """Twice, then with blocks, waves and lanes in reverse order: bitwise the same gradients
+    (a block-wide item sums dq over its waves through shared memory in wave order)."""
+    case = C.thd_case(45, [1, 1, 1, 1], [300, 64, 17, 5], 8, 2, 64, torch.bfloat16)
+    with emu.tuning(**G.STREAM_PASSES[passes]):
+        dout, out, lse, dl, first = check(lib, case, seed=45, dlse=True)
+        second = run(lib, case, dout, out, lse, dl)
+        monkeypatch.setenv("RA_EMU_REVERSE", "1")
+        third = run(lib, case, dout, out, lse, dl)
+        monkeypatch.delenv("RA_EMU_REVERSE")
+    for other in (second, third):
+        for name, a, b in zip(("dq", "dk", "dv"), first, other):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+
+
+def test_stream_off_keeps_matrix_passes(lib):
+    """Rows past the bound (5 per kv head) and tuning 0 leave the streaming kernel out."""
+    case = C.thd_case(46, [5, 1, 3], [40, 17, 2], 2, 2, 64, torch.bfloat16)
+    lib.mark_kernels()
+    with emu.tuning(**G.STREAM_PASSES["stream_wave"]):
+        check(lib, case, seed=46)
+    assert not ran_stream(lib)
+    case = C.thd_case(47, [1, 1], [40, 17], 2, 2, 64, torch.bfloat16)
+    with emu.tuning(**G.BWD_PASSES["wave"]):
+        check(lib, case, seed=47)
+    assert not ran_stream(lib)

@@ -374,3 +374,98 @@ def _deterministic_and_default(dev, max_kv):
     default = op(case, *inputs)
     for name, a, b in zip(("dq", "dk", "dv"), first, default):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+
+
+# The streaming kernel (tiled_bwd_stream_kernel.h): at most 4 rows (queries x GQA group) per
+# (segment, kv head), any history up to the tiled limit. (h_q, h_kv, max queries per segment).
+STREAM_ROWS = [pytest.param(8, 8, 1, id="g1q1"), pytest.param(8, 4, 1, id="g2q1"),
+               pytest.param(8, 2, 1, id="g4q1"), pytest.param(4, 1, 1, id="g4q1mqa"),
+               pytest.param(4, 4, 4, id="g1q4"), pytest.param(4, 2, 2, id="g2q2")]
+
+
+@pytest.mark.parametrize("passes", list(G.STREAM_PASSES))
+@pytest.mark.parametrize("h_q,h_kv,max_q", STREAM_ROWS)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("max_kv", [17, 256, 4096])
+def test_stream_rows_and_histories(dev, max_kv, d, h_q, h_kv, max_q, passes):
+    """Ragged queries (0..max_q) and histories (0..max_kv, the longest included) per segment,
+    one (segment, kv head) per wave and per block, against the float64 oracle (fp16 at d 64,
+    bf16 otherwise)."""
+    dtype = torch.float16 if d == 64 else torch.bfloat16
+    gen = torch.Generator().manual_seed(max_kv + d + h_q + max_q)
+    b = 24 if max_kv == 4096 else 300
+    kv_lens = lens(gen, b, 0, max_kv)
+    kv_lens[1] = max_kv
+    case = C.thd_case(max_kv + d + max_q, lens(gen, b, 0, max_q), kv_lens, h_q, h_kv, d, dtype,
+                      max_q=max_q, max_kv=max_kv, device=dev)
+    with rocm_attn.tuning.override(**G.STREAM_PASSES[passes]):
+        check(case, seed=d + max_kv, dlse=max_q == 1)
+
+
+@pytest.mark.parametrize("passes", list(G.STREAM_PASSES))
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+def test_stream_strided_padding_bshd(dev, offsets, passes):
+    """Strided views, padding q rows (dq 0) and unread NaN k/v rows around the segments
+    (dk = dv = 0); BSHD with a length past s_kv (a bad segment: NaN dq, zero dk / dv)."""
+    gen = torch.Generator().manual_seed(50)
+    case = C.thd_case(50, [1] * 200, lens(gen, 200, 0, 1000), 8, 2, 128, torch.bfloat16,
+                      offsets=offsets, strided=True, pad_before=7, pad_after=9, kv_pad=5,
+                      max_kv=1000, device=dev)
+    with rocm_attn.tuning.override(**G.STREAM_PASSES[passes]):
+        _, (dq, dk, dv) = check(case, seed=50)
+    assert (dq[:7] == 0).all() and (dq[-9:] == 0).all()
+    assert (dk[:5] == 0).all() and (dv[-5:] == 0).all()
+    case = C.bshd_case(51, 1, [5, 41, 0, 300, 64], 300, 8, 2, 128, torch.bfloat16,
+                       offsets=offsets, device=dev)
+    case.seqlens[1] = 301  # <= max_seqlen_kv but > s_kv
+    case.max_kv = 400
+    with rocm_attn.tuning.override(**G.STREAM_PASSES[passes]):
+        _, (dq, dk, dv) = check(case, seed=51)
+    assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
+
+
+@pytest.mark.parametrize("passes", list(G.STREAM_PASSES))
+def test_stream_garbage_offsets_no_oob(dev, passes):
+    """Garbage int64 offsets (keys past the end of k/v, a negative key count, queries before
+    the start of q, more queries than max_seqlen_q) and an int32 difference that wraps into
+    range: NaN dq on the bad segments' rows, zero dk / dv on their keys, no out-of-bounds
+    access (run under compute-sanitizer by tools/gpu_check.sh), the other segments exact."""
+    q_lens, kv_lens = [1, 1, 2, 1, 1, 1, 1, 1, 1], [5, 17, 64, 300, 10, 1, 0, 7, 900]
+    case = C.thd_case(52, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, offsets=torch.int64,
+                      max_q=1, max_kv=1000, pad_before=2, pad_after=2, kv_pad=3, device=dev)
+    case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
+    case.cu_kv[8] = 2**40  # segment 7: keys past the end of k/v
+    case.cu_q[4] = -(2**40)  # segments 3 and 4: queries before the start of q
+    with rocm_attn.tuning.override(**G.STREAM_PASSES[passes]):
+        check(case, seed=52)
+    case = C.thd_case(53, [1] * 5, [4, 6, 9, 2, 5], 8, 8, 64, torch.bfloat16, max_kv=16,
+                      device=dev)
+    case.cu_kv[2] = 2147483640
+    case.cu_kv[3] = -2147483640
+    with rocm_attn.tuning.override(**G.STREAM_PASSES[passes]):
+        check(case, seed=53)
+
+
+@pytest.mark.parametrize("b", [500, 6000])
+def test_stream_deterministic_and_default(dev, b):
+    """Bitwise the same gradients run to run (a block-wide item sums dq over its waves in
+    order), the default tuning takes the streaming kernel (its bits: one item per block for
+    500 segments, per wave for 6000), and they are not the matrix-unit passes' bits (those
+    round P and dS to bf16 as product operands)."""
+    passes = "stream_block" if b == 500 else "stream_wave"
+    gen = torch.Generator().manual_seed(54)
+    case = C.thd_case(54, [1] * b, lens(gen, b, 0, 1000 if b == 500 else 40), 8, 2, 128,
+                      torch.bfloat16, max_kv=1000, device=dev)
+    with rocm_attn.tuning.override(**G.STREAM_PASSES[passes]):
+        inputs, first = check(case, seed=54, dlse=True)
+        for _ in range(3):
+            torch.randn(1 << 20, device=dev).sum()
+            again = op(case, *inputs)
+            for name, a, b in zip(("dq", "dk", "dv"), first, again):
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    default = op(case, *inputs)
+    for name, a, b in zip(("dq", "dk", "dv"), first, default):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    with rocm_attn.tuning.override(**G.BWD_PASSES["wave"]):
+        wave = op(case, *inputs)
+    assert not torch.equal(first[1].view(torch.uint8), wave[1].view(torch.uint8))

@@ -58,6 +58,11 @@ struct RaTuning {
   // (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never; 2 = every call it can serve, fewer
   // rows included (tests, A/B runs).
   int small_seq_tiled_bwd_warpgroup = 1;
+  // tiled small-seq backward: 1 = calls of at most 4 rows per (segment, kv head) (one query
+  // with a GQA group of at most 4) take the streaming kernel (tiled_bwd_stream_kernel.h) in
+  // place of the dK / dV and dQ passes, one (segment, kv head) per wave or per block by the
+  // launcher's rule; 0 = never; 2 / 3 = the kernel with one per wave / per block (tests, A/B).
+  int small_seq_tiled_bwd_stream = 1;
   // small-seq, THD calls on a CUDA build of torch: the flash route (torch's flash varlen
   // kernels with the contract kernels around them, rocm_attn/small_seq_flash.py). 1 = the
   // measured rule (small_seq_flash.route_wins: 128+ rows per (segment, kv head) over 64+ keys
@@ -103,6 +108,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
     {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},
     {"small_seq_tiled_bwd_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WARPGROUP", &RaTuning::small_seq_tiled_bwd_warpgroup},
+    {"small_seq_tiled_bwd_stream", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_STREAM", &RaTuning::small_seq_tiled_bwd_stream},
     {"small_seq_flash_route", "ROCM_ATTN_SMALL_SEQ_FLASH_ROUTE", &RaTuning::small_seq_flash_route},
     {"small_seq_mma", "ROCM_ATTN_SMALL_SEQ_MMA", &RaTuning::small_seq_mma},
     {"small_seq_pipe", "ROCM_ATTN_SMALL_SEQ_PIPE", &RaTuning::small_seq_pipe},

@@ -267,6 +267,54 @@ RA_DEVICE bool tiled_bwd_edges(const SmallSeqTiledParams& p, const int seg, cons
   return false;
 }
 
+// Lane layout and 16-byte row helpers of the lane-group kernels (the passes without matrix
+// units and the streaming backward, tiled_bwd_stream_kernel.h): a row of D values is D / 8
+// vectors, kLpr lanes per row, kVpl vectors per lane, kRpp rows per wave at once.
+template <int D>
+struct TiledBwdScalarShape {
+  static constexpr int kVecs = D / 8;
+  static constexpr int kLpr = kVecs < RA_WAVE_SIZE ? kVecs : RA_WAVE_SIZE;
+  static constexpr int kVpl = kVecs / kLpr;
+  static constexpr int kRpp = RA_WAVE_SIZE / kLpr;
+  static constexpr int kSlots = (kTiledBwdKeys + kRpp - 1) / kRpp;  // keys per lane group
+};
+
+template <typename T, int VPL>
+RA_DEVICE void tiled_bwd_load_vecs(float (&x)[VPL][8], const uint16_t* row, int col_lane,
+                                   int lpr, bool ok) {
+#pragma unroll
+  for (int vi = 0; vi < VPL; ++vi) {
+    if (ok) {
+      ra_unpack8<T>(ra_load16(row + 8 * (col_lane + vi * lpr)), x[vi]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[vi][e] = 0.f;
+    }
+  }
+}
+
+template <typename T, int VPL>
+RA_DEVICE void tiled_bwd_store_vecs(uint16_t* row, const float (&x)[VPL][8], float scale,
+                                    int col_lane, int lpr) {
+#pragma unroll
+  for (int vi = 0; vi < VPL; ++vi) {
+    float y[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) y[e] = x[vi][e] * scale;
+    ra_store16(row + 8 * (col_lane + vi * lpr), ra_pack8<T>(y));
+  }
+}
+
+template <int VPL>
+RA_DEVICE float tiled_bwd_dot(const float (&a)[VPL][8], const float (&b)[VPL][8]) {
+  float d = 0.f;
+#pragma unroll
+  for (int vi = 0; vi < VPL; ++vi)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) d = fmaf(a[vi][e], b[vi][e], d);
+  return d;
+}
+
 #if RA_HAS_MMA
 
 // Operand panels of 16 rows over the whole head dim in W-wide chunks.
@@ -697,51 +745,6 @@ RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, cons
 // Targets without matrix units (and the 32-lane CPU emulation): one row of D values spans LPR
 // lanes; the wave holds RPP keys at once. Slice 0 does the whole head dim (items of the other
 // slices return).
-template <int D>
-struct TiledBwdScalarShape {
-  static constexpr int kVecs = D / 8;
-  static constexpr int kLpr = kVecs < RA_WAVE_SIZE ? kVecs : RA_WAVE_SIZE;
-  static constexpr int kVpl = kVecs / kLpr;
-  static constexpr int kRpp = RA_WAVE_SIZE / kLpr;
-  static constexpr int kSlots = (kTiledBwdKeys + kRpp - 1) / kRpp;  // keys per lane group
-};
-
-template <typename T, int VPL>
-RA_DEVICE void tiled_bwd_load_vecs(float (&x)[VPL][8], const uint16_t* row, int col_lane,
-                                   int lpr, bool ok) {
-#pragma unroll
-  for (int vi = 0; vi < VPL; ++vi) {
-    if (ok) {
-      ra_unpack8<T>(ra_load16(row + 8 * (col_lane + vi * lpr)), x[vi]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) x[vi][e] = 0.f;
-    }
-  }
-}
-
-template <typename T, int VPL>
-RA_DEVICE void tiled_bwd_store_vecs(uint16_t* row, const float (&x)[VPL][8], float scale,
-                                    int col_lane, int lpr) {
-#pragma unroll
-  for (int vi = 0; vi < VPL; ++vi) {
-    float y[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) y[e] = x[vi][e] * scale;
-    ra_store16(row + 8 * (col_lane + vi * lpr), ra_pack8<T>(y));
-  }
-}
-
-template <int VPL>
-RA_DEVICE float tiled_bwd_dot(const float (&a)[VPL][8], const float (&b)[VPL][8]) {
-  float d = 0.f;
-#pragma unroll
-  for (int vi = 0; vi < VPL; ++vi)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) d = fmaf(a[vi][e], b[vi][e], d);
-  return d;
-}
-
 template <typename T, int D>
 RA_DEVICE void tiled_bwd_dkv_scalar(const SmallSeqTiledParams& p, const int hk, const int kt,
                                     const int slice, const TiledSegment& s, const int lane) {

@@ -1,11 +1,13 @@
 // Launch of the tiled small-seq backward (tiled_bwd_kernel.h): Delta pass, dK/dV pass and, when
 // max_seqlen_kv exceeds one key tile, the dQ pass, in stream order; on Hopper (sm_90a builds)
 // the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h) replace passes 2 and 3 where they
-// serve. Dispatch over dtype x head dim (one translation unit: no kv bucket, no generated
+// serve, and for calls of at most a few rows per (segment, kv head) the streaming kernel
+// (tiled_bwd_stream_kernel.h) does, on every target. Dispatch over dtype x head dim (one translation unit: no kv bucket, no generated
 // files).
 #include "../common/launch.h"
 #include "../common/tuning.h"
 #include "tiled_bwd_block_kernel.h"
+#include "tiled_bwd_stream_kernel.h"
 #include "tiled_bwd_warpgroup_kernel.h"
 #include "tiled_launch_util.h"
 
@@ -55,6 +57,16 @@ bool tiled_bwd_use_warpgroup(const SmallSeqTiledParams& p) {
   return mode >= 2 || tiled_max_rows(p) >= kTiledWarpgroupRows;
 }
 
+// The streaming kernel in place of passes 2 and 3 where a (segment, kv head) has at most
+// kTiledBwdStreamMaxRows rows (host bound max_seqlen_q x group): the backward is then a stream
+// over the keys, which the 16-row tiles of the matrix-unit passes leave mostly empty and
+// latency-bound (docs/kernels.md#streaming-backward). Tuning small_seq_tiled_bwd_stream 0
+// turns it off.
+inline bool tiled_bwd_use_stream(const SmallSeqTiledParams& p) {
+  return ra_tuning().small_seq_tiled_bwd_stream > 0 &&
+         tiled_max_rows(p) <= kTiledBwdStreamMaxRows;
+}
+
 // Launches KERNEL with `threads` threads and `smem` bytes of dynamic shared memory over `items`
 // work items: one block per item up to kTiledBwdResidencyFactor x the blocks resident at once.
 template <auto KERNEL>
@@ -94,6 +106,42 @@ hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, hipStream_t str
       tiled_bwd_warpgroup_dq_smem_bytes<D>(p.max_seqlen_kv), stream);
 }
 
+// Work items (segment, kv head) one per wave where there are at least
+// kTiledBwdStreamWaveItems x the waves resident at once (short histories are then latency
+// chains, and more of them run at once with no barrier), else one per block, its waves splitting
+// the keys (few long histories keep the device busy). Tuning small_seq_tiled_bwd_stream 2 / 3
+// forces one item per wave / per block.
+constexpr int kTiledBwdStreamWaveItems = 2;
+
+template <auto KERNEL>
+hipError_t run_tiled_bwd_stream_kernel(const SmallSeqTiledParams& p, hipStream_t stream) {
+  static TiledOccupancyCache occupancy;
+  const int threads = kTiledBwdStreamThreads;
+  const int waves = threads / ra_device_wave_size();
+  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  const int64_t resident =
+      static_cast<int64_t>(tiled_blocks_per_mp(KERNEL, threads, 0, occupancy)) *
+      ra_device_multiprocessors();
+  const int mode = ra_tuning().small_seq_tiled_bwd_stream;
+  const bool per_wave =
+      mode == 2 || (mode != 3 && items >= kTiledBwdStreamWaveItems * resident * waves);
+  const int item_waves = per_wave ? 1 : waves;
+  const int64_t blocks = (items + waves / item_waves - 1) / (waves / item_waves);
+  hipLaunchKernelGGL(KERNEL, tiled_capped_grid(blocks, resident, kTiledBwdResidencyFactor),
+                     dim3(threads), 0, stream, p, item_waves);
+  return hipGetLastError();
+}
+
+// The kernel instance of the fewest rows that holds the host bound.
+template <typename T, int D>
+hipError_t run_tiled_bwd_stream(const SmallSeqTiledParams& p, hipStream_t stream) {
+  const int64_t rows = tiled_max_rows(p);
+  if (rows <= 1) return run_tiled_bwd_stream_kernel<small_seq_tiled_bwd_stream_kernel<T, D, 1>>(p, stream);
+  if (rows <= 2) return run_tiled_bwd_stream_kernel<small_seq_tiled_bwd_stream_kernel<T, D, 2>>(p, stream);
+  return run_tiled_bwd_stream_kernel<
+      small_seq_tiled_bwd_stream_kernel<T, D, kTiledBwdStreamMaxRows>>(p, stream);
+}
+
 template <typename T, int D>
 hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   if (p.batch == 0 || p.num_heads_kv == 0) return hipSuccess;
@@ -120,6 +168,7 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   if constexpr (D <= 128) {
     if (tiled_bwd_use_warpgroup<D>(p)) return run_tiled_bwd_warpgroup<T, D>(p, stream);
   }
+  if (tiled_bwd_use_stream(p)) return run_tiled_bwd_stream<T, D>(p, stream);
   const bool use_block = tiled_bwd_use_block(p);
   if (use_block) {
     constexpr auto kernel = small_seq_tiled_bwd_dkv_block_kernel<T, D>;

@@ -1,0 +1,204 @@
+// Tiled small-seq backward, streaming variant: the dK / dV and dQ passes of tiled_bwd_kernel.h
+// in one kernel for calls whose (segment, kv head) has at most kTiledBwdStreamMaxRows rows
+// (one query per segment with a GQA group of at most 4, or a few queries without GQA), over
+// any history the tiled kernels serve (docs/kernels.md#streaming-backward).
+//
+// Why: with so few rows the backward is a stream over the segment's keys. Each key's gradient
+// rows depend only on that key and the segment's few (q, dO) rows, so K and V can be read once
+// and dK and dV written once, at copy speed, if enough keys are in flight. The matrix-unit
+// passes put these rows into 16-row tiles (at most a quarter used) and walk the key tiles one
+// dependent chain per wave, nothing loaded ahead.
+//
+// Work item = (segment, kv head), taken by one wave, or by all waves of a block splitting its
+// keys (item_waves; the launcher picks one per wave when there are many more items than
+// resident waves: short histories are latency chains, and more of them then run at once):
+//   1. Every lane holds its share (kVpl 16-byte vectors per row, unpacked to fp32) of the
+//      segment's q and dO rows, and each row's LSE (log2 domain) and Delta (pass 1).
+//   2. The item's waves walk the keys kTiledBwdStreamUnroll steps at a time; a step gives each
+//      lane group (kLpr lanes over one key row) of each wave its own key. The step's K / V loads are
+//      all issued before any of them is used. Per key and row r:
+//        s = scale log2e q_r . k, dp = dO_r . v       (lane-group sums)
+//        p = exp2(s - lse2_r), ds = p (dp - Delta_r)
+//        dv = sum_r p dO_r, dk = scale sum_r ds q_r    (stored: complete, every row is here)
+//        dq_r += ds k                                   (per lane, fp32)
+//   3. dq is summed over the lane groups of a wave (fixed shuffles), then over a block-wide
+//      item's waves through shared memory in wave order, scaled and stored once per row.
+//
+// Numerics: s, p, dp, ds and every sum are fp32 (no operand rounds to the input dtype, unlike
+// the matrix-unit passes); each gradient element is rounded once. Every gradient element has
+// one writer summing in a fixed order: deterministic, whatever the schedule. Bad segments,
+// K/V rows no segment covers (tiled_bwd_edges, by wave 0) and padding rows of q (pass 1) are
+// handled as in the other passes; keys past the history are never read (their p is exactly 0).
+// A segment without keys gets dq 0 exactly.
+#pragma once
+
+#include "tiled_bwd_kernel.h"
+
+namespace small_seq {
+
+// Rows per (segment, kv head) the streaming kernel serves: each row costs every lane two
+// fp32 vectors held over the key loop (q, dO) plus one accumulated (dq), and two lane-group
+// sums per key.
+constexpr int kTiledBwdStreamMaxRows = 4;
+constexpr int kTiledBwdStreamThreads = 128;
+// Key steps whose loads are issued together (keys in flight per wave: unroll x keys per step).
+constexpr int kTiledBwdStreamUnroll = 4;
+
+template <typename T, int D, int ROWS>
+__global__ void __launch_bounds__(kTiledBwdStreamThreads)
+    small_seq_tiled_bwd_stream_kernel(const SmallSeqTiledParams p, const int item_waves) {
+  using Sh = TiledBwdScalarShape<D>;
+  constexpr int WAVE = RA_WAVE_SIZE;
+  constexpr int VPL = Sh::kVpl;
+  constexpr int LPR = Sh::kLpr;
+  constexpr int RPP = Sh::kRpp;  // keys per wave step
+  constexpr int WAVES = kTiledBwdStreamThreads / WAVE;
+  constexpr int U = kTiledBwdStreamUnroll;
+  // dq partials of every wave of a block-wide item, summed in wave order.
+  __shared__ float dq_parts[WAVES][ROWS][D];
+  const int wave = threadIdx.x / WAVE;
+  const int lane = threadIdx.x % WAVE;
+  const int sub = lane / LPR;
+  const int col_lane = lane % LPR;
+  // item_waves is 1 (every wave its own item: no barrier) or WAVES (one item per block: the
+  // loop below runs the same iterations in every wave, so its barriers are block-uniform).
+  const int items_per_block = WAVES / item_waves;
+  const int part = wave % item_waves;  // this wave's share of the item's keys
+  const int key_step = item_waves * RPP * U;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const float qscale = p.softmax_scale * kTiledBwdLog2e;
+  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * items_per_block + wave / item_waves;
+       item < items; item += static_cast<int64_t>(gridDim.x) * items_per_block) {
+    const int seg = static_cast<int>(item / p.num_heads_kv);
+    const int hk = static_cast<int>(item - static_cast<int64_t>(seg) * p.num_heads_kv);
+    const TiledBounds b = tiled_fetch_bounds(p, seg);
+    const TiledSegment s = tiled_resolve_segment(p, seg, b);
+    if (part == 0) tiled_bwd_edges<T, D>(p, seg, hk, b, s, lane);
+    if (!s.valid) continue;  // the same for every wave of the item
+    const int hq0 = hk * group;
+    const int nrows = s.nq * group;  // <= ROWS (the launcher checks the host bound)
+    const TiledBwdRows rw = tiled_bwd_rows(p, hk, s);
+
+    float qf[ROWS][VPL][8], gf[ROWS][VPL][8], dq[ROWS][VPL][8];
+    TiledBwdRowTerms terms[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const bool live = r < nrows;
+      const int j = live ? r / group : 0;
+      const int h = live ? r - j * group : 0;
+      tiled_bwd_load_vecs<T, VPL>(
+          qf[r], rw.q + (s.q_token0 + j) * p.q_token_stride + (hq0 + h) * p.q_head_stride,
+          col_lane, LPR, live);
+      tiled_bwd_load_vecs<T, VPL>(
+          gf[r], rw.dout + (s.q_token0 + j) * p.do_token_stride + (hq0 + h) * p.do_head_stride,
+          col_lane, LPR, live);
+      terms[r] = live ? tiled_bwd_row_terms(p, s, hq0, group, r) : TiledBwdRowTerms{0.f, 0.f};
+#pragma unroll
+      for (int vi = 0; vi < VPL; ++vi)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dq[r][vi][e] = 0.f;
+    }
+
+    // The loop bound is the same for the whole wave (its lanes shuffle together); keys past
+    // the history are masked per lane group.
+    for (int k0 = part * RPP; k0 < s.nk; k0 += key_step) {
+      ra_vec8 kraw[U][VPL], vraw[U][VPL];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int key = k0 + u * item_waves * RPP + sub;
+        const bool ok = key < s.nk;
+        const int64_t at = ok ? key : 0;
+#pragma unroll
+        for (int vi = 0; vi < VPL; ++vi) {
+          const int c = 8 * (col_lane + vi * LPR);
+          kraw[u][vi] = ok ? ra_load16(rw.k + at * p.k_token_stride + c) : ra_vec8{{0u, 0u, 0u, 0u}};
+          vraw[u][vi] = ok ? ra_load16(rw.v + at * p.v_token_stride + c) : ra_vec8{{0u, 0u, 0u, 0u}};
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int key = k0 + u * item_waves * RPP + sub;
+        const bool ok = key < s.nk;
+        float kf[VPL][8], vf[VPL][8];
+#pragma unroll
+        for (int vi = 0; vi < VPL; ++vi) {
+          ra_unpack8<T>(kraw[u][vi], kf[vi]);
+          ra_unpack8<T>(vraw[u][vi], vf[vi]);
+        }
+        float pr[ROWS], ds[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const float sc = ra_group_sum<LPR>(tiled_bwd_dot<VPL>(qf[r], kf)) * qscale;
+          const float dpv = ra_group_sum<LPR>(tiled_bwd_dot<VPL>(gf[r], vf));
+          pr[r] = ok && r < nrows ? exp2f(sc - terms[r].lse2) : 0.f;
+          ds[r] = pr[r] * (dpv - terms[r].delta);
+        }
+        float dk[VPL][8], dv[VPL][8];
+#pragma unroll
+        for (int vi = 0; vi < VPL; ++vi)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            float a = 0.f, g = 0.f;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+              g = fmaf(pr[r], gf[r][vi][e], g);
+              a = fmaf(ds[r], qf[r][vi][e], a);
+              dq[r][vi][e] = fmaf(ds[r], kf[vi][e], dq[r][vi][e]);
+            }
+            dv[vi][e] = g;
+            dk[vi][e] = a;
+          }
+        if (ok) {
+          tiled_bwd_store_vecs<T, VPL>(rw.dk + static_cast<int64_t>(key) * p.dk_token_stride, dk,
+                                       p.softmax_scale, col_lane, LPR);
+          tiled_bwd_store_vecs<T, VPL>(rw.dv + static_cast<int64_t>(key) * p.dv_token_stride, dv,
+                                       1.f, col_lane, LPR);
+        }
+      }
+    }
+
+    // dq: the lane groups of a wave by shuffles; a block-wide item's waves then in wave order
+    // through shared memory.
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int vi = 0; vi < VPL; ++vi)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dq[r][vi][e] = ra_strided_sum<LPR, WAVE>(dq[r][vi][e]);
+    auto dq_row = [&](int r) {
+      const int j = r / group;
+      return rw.dq + (s.q_token0 + j) * p.dq_token_stride + (hq0 + r - j * group) * p.dq_head_stride;
+    };
+    if (item_waves == 1) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+        if (sub == 0 && r < nrows)
+          tiled_bwd_store_vecs<T, VPL>(dq_row(r), dq[r], p.softmax_scale, col_lane, LPR);
+      continue;
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int vi = 0; vi < VPL; ++vi)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (sub == 0 && r < nrows) dq_parts[wave][r][8 * (col_lane + vi * LPR) + e] = dq[r][vi][e];
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < nrows * (D / 8); idx += kTiledBwdStreamThreads) {
+      const int r = idx / (D / 8);
+      const int c = 8 * (idx - r * (D / 8));
+      float sum[1][8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum[0][e] = dq_parts[0][r][c + e];
+#pragma unroll
+      for (int w = 1; w < WAVES; ++w)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum[0][e] += dq_parts[w][r][c + e];
+      tiled_bwd_store_vecs<T, 1>(dq_row(r) + c, sum, p.softmax_scale, 0, 1);
+    }
+    __syncthreads();  // the next item's partials overwrite these
+  }
+}
+
+}  // namespace small_seq
