@@ -76,8 +76,7 @@ def test_block_pass_matches_wave_pass_bitwise(lib, h_q, h_kv):
     run_names = "\n".join(lib.kernels_run())
     assert "small_seq_tiled_bwd_dkv_block_kernel" in run_names
     assert "small_seq_tiled_bwd_dq_block_kernel" in run_names
-    for name, a, b in zip(("dq", "dk", "dv"), grads["wave"], grads["block"]):
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    G.assert_same_bits(grads["wave"], grads["block"])
 
 
 def test_one_key_tile_fp16_dlse(lib):
@@ -154,15 +153,21 @@ def test_deterministic(lib, monkeypatch, passes):
     same gradients (a result that depended on the schedule, e.g. a missing barrier of the block
     pass's staging, would be a race)."""
     case = C.thd_case(18, [17, 2, 1, 17], [300, 64, 17, 5], 8, 2, 64, torch.bfloat16)
-    with emu.tuning(**G.BWD_PASSES[passes]):
-        dout, out, lse, dl, first = check(lib, case, seed=18, dlse=True)
+    assert_schedule_free(lib, case, G.BWD_PASSES[passes], 18, monkeypatch)
+
+
+def assert_schedule_free(lib, case, knobs, seed, monkeypatch):
+    """The gradients of `case` under tuning `knobs`, checked against the oracle, then computed
+    again and with blocks, waves and lanes in reverse order (RA_EMU_REVERSE=1): bitwise the
+    same each time."""
+    with emu.tuning(**knobs):
+        dout, out, lse, dl, first = check(lib, case, seed=seed, dlse=True)
         second = run(lib, case, dout, out, lse, dl)
         monkeypatch.setenv("RA_EMU_REVERSE", "1")
         third = run(lib, case, dout, out, lse, dl)
         monkeypatch.delenv("RA_EMU_REVERSE")
-    for other in (second, third):
-        for name, a, b in zip(("dq", "dk", "dv"), first, other):
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    G.assert_same_bits(first, second)
+    G.assert_same_bits(first, third)
 
 
 def test_oracle_matches_autograd_of_reference():
@@ -289,15 +294,7 @@ def test_stream_deterministic(lib, monkeypatch, passes):
     """Twice, then with blocks, waves and lanes in reverse order: bitwise the same gradients
     (a block-wide item sums dq over its waves through shared memory in wave order)."""
     case = C.thd_case(45, [1, 1, 1, 1], [300, 64, 17, 5], 8, 2, 64, torch.bfloat16)
-    with emu.tuning(**G.STREAM_PASSES[passes]):
-        dout, out, lse, dl, first = check(lib, case, seed=45, dlse=True)
-        second = run(lib, case, dout, out, lse, dl)
-        monkeypatch.setenv("RA_EMU_REVERSE", "1")
-        third = run(lib, case, dout, out, lse, dl)
-        monkeypatch.delenv("RA_EMU_REVERSE")
-    for other in (second, third):
-        for name, a, b in zip(("dq", "dk", "dv"), first, other):
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    assert_schedule_free(lib, case, G.STREAM_PASSES[passes], 45, monkeypatch)
 
 
 def test_stream_off_keeps_matrix_passes(lib):

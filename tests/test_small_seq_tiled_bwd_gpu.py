@@ -98,8 +98,7 @@ def test_block_pass_matches_wave_pass_bitwise(dev, d, h_q, h_kv):
         with rocm_attn.tuning.override(**knobs):
             grads[name] = op(case, *inputs)
     G.check_grads(case, inputs[0], inputs[3], *grads["block"])
-    for name, a, b in zip(("dq", "dk", "dv"), grads["wave"], grads["block"]):
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    G.assert_same_bits(grads["wave"], grads["block"])
 
 
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
@@ -218,12 +217,18 @@ def test_deterministic(dev):
     fixed order, no atomics), with other work on the device in between."""
     case = C.thd_case(12, [512, 17, 1, 512], [1000, 64, 17, 16], 8, 2, 128, torch.bfloat16,
                       device=dev)
-    inputs, first = check(case, seed=12, dlse=True)
-    for _ in range(3):
-        torch.randn(1 << 20, device=dev).sum()
-        again = op(case, *inputs)
-        for name, a, b in zip(("dq", "dk", "dv"), first, again):
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    repeated_bits(case, {}, 12)
+
+
+def repeated_bits(case, knobs, seed):
+    """Gradients under tuning `knobs` against the oracle, then three more times with other work
+    on the device in between: bitwise the same. Returns the inputs and the first gradients."""
+    with rocm_attn.tuning.override(**knobs):
+        inputs, first = check(case, seed=seed, dlse=True)
+        for _ in range(3):
+            torch.randn(1 << 20, device=case.q.device).sum()
+            G.assert_same_bits(first, op(case, *inputs))
+    return inputs, first
 
 
 def test_host_checks_name_the_argument(dev):
@@ -364,16 +369,8 @@ def _deterministic_and_default(dev, max_kv):
     kv_lens = [max_kv, 64, 17, 16, 33]
     case = C.thd_case(42, [512, 17, 1, 512, 64], kv_lens, 8, 2, 128, torch.bfloat16,
                       max_kv=max_kv, device=dev)
-    with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
-        inputs, first = check(case, seed=42, dlse=True)
-        for _ in range(3):
-            torch.randn(1 << 20, device=dev).sum()
-            again = op(case, *inputs)
-            for name, a, b in zip(("dq", "dk", "dv"), first, again):
-                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
-    default = op(case, *inputs)
-    for name, a, b in zip(("dq", "dk", "dv"), first, default):
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    inputs, first = repeated_bits(case, G.WARPGROUP_PASS, 42)
+    G.assert_same_bits(first, op(case, *inputs))
 
 
 # The streaming kernel (tiled_bwd_stream_kernel.h): at most 4 rows (queries x GQA group) per
@@ -456,16 +453,8 @@ def test_stream_deterministic_and_default(dev, b):
     gen = torch.Generator().manual_seed(54)
     case = C.thd_case(54, [1] * b, lens(gen, b, 0, 1000 if b == 500 else 40), 8, 2, 128,
                       torch.bfloat16, max_kv=1000, device=dev)
-    with rocm_attn.tuning.override(**G.STREAM_PASSES[passes]):
-        inputs, first = check(case, seed=54, dlse=True)
-        for _ in range(3):
-            torch.randn(1 << 20, device=dev).sum()
-            again = op(case, *inputs)
-            for name, a, b in zip(("dq", "dk", "dv"), first, again):
-                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
-    default = op(case, *inputs)
-    for name, a, b in zip(("dq", "dk", "dv"), first, default):
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    inputs, first = repeated_bits(case, G.STREAM_PASSES[passes], 54)
+    G.assert_same_bits(first, op(case, *inputs))
     with rocm_attn.tuning.override(**G.BWD_PASSES["wave"]):
         wave = op(case, *inputs)
     assert not torch.equal(first[1].view(torch.uint8), wave[1].view(torch.uint8))

@@ -46,6 +46,12 @@ WARPGROUP_PASS = {"small_seq_tiled_bwd_warpgroup": 2}
 TOL_GRAD = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 
 
+def assert_same_bits(grads, others) -> None:
+    """(dq, dk, dv) and another (dq, dk, dv): bitwise equal, NaN payloads included."""
+    for name, a, b in zip(("dq", "dk", "dv"), grads, others):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+
+
 def inputs(case: C.TiledCase, seed: int, with_dlse: bool):
     """(dout in the input dtype with q's shape, out in the input dtype and lse float32 from the
     float64 forward oracle, dlse float32 [h_q, total_q] or None)."""
