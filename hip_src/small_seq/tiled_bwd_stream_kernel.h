@@ -17,8 +17,10 @@
 //   2. The item's waves walk the keys kTiledBwdStreamUnroll steps at a time; a step gives each
 //      lane group (kLpr lanes over one key row) of each wave its own key. The step's K / V loads are
 //      all issued before any of them is used. Per key and row r:
-//        s = scale log2e q_r . k, dp = dO_r . v       (lane-group sums)
-//        p = exp2(s - lse2_r), ds = p (dp - Delta_r)
+//        s = scale log2e q_r . k, dp = dO_r . v       (lane-group sums of all 2 x rows values
+//                                                        at once, tiled_bwd_scatter_sum)
+//        p = exp2(s - lse2_r), ds = p (dp - Delta_r)   (once per row, by the lane holding s_r;
+//                                                        then broadcast to the lane group)
 //        dv = sum_r p dO_r, dk = scale sum_r ds q_r    (stored: complete, every row is here)
 //        dq_r += ds k                                   (per lane, fp32)
 //   3. dq is summed over the lane groups of a wave (fixed shuffles), then over a block-wide
@@ -41,11 +43,44 @@ namespace small_seq {
 // sums per key.
 constexpr int kTiledBwdStreamMaxRows = 4;
 constexpr int kTiledBwdStreamThreads = 128;
-// Key steps whose loads are issued together (keys in flight per wave: unroll x keys per step).
+// Key steps whose loads are issued together (keys in flight per wave: unroll x keys per step);
+// four-row items take half as many, so that three blocks fit a multiprocessor.
 constexpr int kTiledBwdStreamUnroll = 4;
+// Blocks per multiprocessor the register cap is set for: 168 registers on sm_90. Four rows
+// then spill a few bytes (36 at d = 128) but run 8-20% faster than at two blocks (210
+// registers, no spill); one and two rows fit without a cap (docs/kernels.md#streaming-backward).
+constexpr int kTiledBwdStreamMinBlocks = 3;
+
+// Lane-group sums of N values at once (N a power of two, at most LPR): each halving step sends
+// the half of the values a lane does not keep to its partner (masks LPR / 2 .. LPR / N), then the
+// lanes that hold the same value finish with a butterfly. Lane c of the group ends with the
+// whole sum of value c / (LPR / N): N - 1 + log2(LPR / N) shuffles instead of N log2(LPR).
+template <int LPR, int N>
+RA_DEVICE float tiled_bwd_scatter_sum(const float (&v)[N], const int col_lane) {
+  static_assert((N & (N - 1)) == 0 && N <= LPR, "N must be a power of two <= LPR");
+  float x[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = v[i];
+#pragma unroll
+  for (int step = 0; (N >> step) > 1; ++step) {
+    const int half = (N >> step) / 2;
+    const int mask = LPR >> (step + 1);
+    const bool upper = (col_lane & mask) != 0;
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const float keep = upper ? x[i + half] : x[i];
+      const float send = upper ? x[i] : x[i + half];
+      x[i] = keep + ra_shfl_xor(send, mask);
+    }
+  }
+  float sum = x[0];
+#pragma unroll
+  for (int mask = LPR / (2 * N); mask >= 1; mask >>= 1) sum += ra_shfl_xor(sum, mask);
+  return sum;
+}
 
 template <typename T, int D, int ROWS>
-__global__ void __launch_bounds__(kTiledBwdStreamThreads)
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdStreamThreads, kTiledBwdStreamMinBlocks)
     small_seq_tiled_bwd_stream_kernel(const SmallSeqTiledParams p, const int item_waves) {
   using Sh = TiledBwdScalarShape<D>;
   constexpr int WAVE = RA_WAVE_SIZE;
@@ -53,7 +88,7 @@ __global__ void __launch_bounds__(kTiledBwdStreamThreads)
   constexpr int LPR = Sh::kLpr;
   constexpr int RPP = Sh::kRpp;  // keys per wave step
   constexpr int WAVES = kTiledBwdStreamThreads / WAVE;
-  constexpr int U = kTiledBwdStreamUnroll;
+  constexpr int U = ROWS >= 4 ? 2 : kTiledBwdStreamUnroll;
   // dq partials of every wave of a block-wide item, summed in wave order.
   __shared__ float dq_parts[WAVES][ROWS][D];
   const int wave = threadIdx.x / WAVE;
@@ -99,6 +134,15 @@ __global__ void __launch_bounds__(kTiledBwdStreamThreads)
 #pragma unroll
         for (int e = 0; e < 8; ++e) dq[r][vi][e] = 0.f;
     }
+    // The score (even value) or dp (odd) of row `mine` / 2 that this lane's sums end with, and
+    // that row's LSE and Delta.
+    const int mine = col_lane / (LPR / (2 * ROWS));
+    const int my_row = mine / 2;
+    TiledBwdRowTerms my_terms = terms[0];
+#pragma unroll
+    for (int r = 1; r < ROWS; ++r)
+      if (my_row == r) my_terms = terms[r];
+    const bool my_row_live = my_row < nrows;
 
     // The loop bound is the same for the whole wave (its lanes shuffle together); keys past
     // the history are masked per lane group.
@@ -126,13 +170,27 @@ __global__ void __launch_bounds__(kTiledBwdStreamThreads)
           ra_unpack8<T>(kraw[u][vi], kf[vi]);
           ra_unpack8<T>(vraw[u][vi], vf[vi]);
         }
+        // Each lane ends with one of the 2 ROWS sums; its partner (mask LPR / (2 ROWS)) holds
+        // the other of the same row. p and ds are formed once per row, then broadcast from the
+        // group's lane that holds the row's score.
+        float sums[2 * ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          sums[2 * r] = tiled_bwd_dot<VPL>(qf[r], kf);
+          sums[2 * r + 1] = tiled_bwd_dot<VPL>(gf[r], vf);
+        }
+        const float held = tiled_bwd_scatter_sum<LPR, 2 * ROWS>(sums, col_lane);
+        const float other = ra_shfl_xor(held, LPR / (2 * ROWS));
+        const bool holds_dp = (mine & 1) != 0;
+        const float sc = (holds_dp ? other : held) * qscale;
+        const float my_p = ok && my_row_live ? exp2f(sc - my_terms.lse2) : 0.f;
+        const float my_ds = my_p * ((holds_dp ? held : other) - my_terms.delta);
         float pr[ROWS], ds[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-          const float sc = ra_group_sum<LPR>(tiled_bwd_dot<VPL>(qf[r], kf)) * qscale;
-          const float dpv = ra_group_sum<LPR>(tiled_bwd_dot<VPL>(gf[r], vf));
-          pr[r] = ok && r < nrows ? exp2f(sc - terms[r].lse2) : 0.f;
-          ds[r] = pr[r] * (dpv - terms[r].delta);
+          const int src = sub * LPR + 2 * r * (LPR / (2 * ROWS));
+          pr[r] = ra_shfl(my_p, src);
+          ds[r] = ra_shfl(my_ds, src);
         }
         float dk[VPL][8], dv[VPL][8];
 #pragma unroll
