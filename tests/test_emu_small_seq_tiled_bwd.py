@@ -231,9 +231,9 @@ def check_stream(lib, case, seed, passes, dlse=False):
 
 
 @pytest.mark.parametrize("passes", list(G.STREAM_PASSES))
-@pytest.mark.parametrize("h_q,h_kv,max_q", [(2, 2, 1), (4, 2, 1), (8, 2, 1), (2, 2, 4),
-                                            (4, 2, 2), (2, 1, 2)],
-                         ids=["g1q1", "g2q1", "g4q1", "g1q4", "g2q2", "g2q2_mqa"])
+@pytest.mark.parametrize("h_q,h_kv,max_q", [(2, 2, 1), (4, 2, 1), (6, 2, 1), (8, 2, 1),
+                                            (2, 2, 4), (4, 2, 2), (2, 1, 2)],
+                         ids=["g1q1", "g2q1", "g3q1", "g4q1", "g1q4", "g2q2", "g2q2_mqa"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_stream_rows_and_histories(lib, d, h_q, h_kv, max_q, passes):
     """Every row count 1..4 the kernel holds (queries x GQA group), histories of 0, 1, 5, 17,
@@ -248,8 +248,9 @@ def test_stream_rows_and_histories(lib, d, h_q, h_kv, max_q, passes):
 
 
 @pytest.mark.parametrize("passes", list(G.STREAM_PASSES))
-def test_stream_d256_fp16(lib, passes):
-    case = C.thd_case(40, [1, 1, 0, 1], [70, 1, 9, 0], 4, 1, 256, torch.float16, max_kv=80)
+@pytest.mark.parametrize("h_q", [1, 2, 4])
+def test_stream_d256_fp16(lib, h_q, passes):
+    case = C.thd_case(40, [1, 1, 0, 1], [70, 1, 9, 0], h_q, 1, 256, torch.float16, max_kv=80)
     check_stream(lib, case, 40, passes, dlse=True)
 
 
@@ -263,11 +264,12 @@ def test_stream_strided_padding_bshd(lib, offsets, passes):
     _, _, _, _, (dq, dk, dv) = check_stream(lib, case, 41, passes)
     assert (dq[:3] == 0).all() and (dq[-5:] == 0).all()
     assert (dk[:4] == 0).all() and (dv[-4:] == 0).all()
-    case = C.bshd_case(42, 1, [5, 41, 0, 40], 40, 4, 1, 128, torch.bfloat16, offsets=offsets,
-                       max_kv=64)
-    case.seqlens[1] = 41  # <= max_seqlen_kv but > s_kv
-    _, _, _, _, (dq, dk, dv) = check_stream(lib, case, 42, passes)
-    assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
+    for s_q, h_q in ((1, 4), (2, 2), (4, 1)):
+        case = C.bshd_case(42, s_q, [5, 41, 0, 40], 40, h_q, 1, 128, torch.bfloat16,
+                           offsets=offsets, max_kv=64)
+        case.seqlens[1] = 41  # <= max_seqlen_kv but > s_kv
+        _, _, _, _, (dq, dk, dv) = check_stream(lib, case, 42, passes)
+        assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
 
 
 @pytest.mark.parametrize("passes", list(G.STREAM_PASSES))
@@ -295,6 +297,34 @@ def test_stream_deterministic(lib, monkeypatch, passes):
     (a block-wide item sums dq over its waves through shared memory in wave order)."""
     case = C.thd_case(45, [1, 1, 1, 1], [300, 64, 17, 5], 8, 2, 64, torch.bfloat16)
     assert_schedule_free(lib, case, G.STREAM_PASSES[passes], 45, monkeypatch)
+
+
+@pytest.mark.parametrize("passes", list(G.STREAM_PASSES))
+def test_stream_items_reuse_blocks(lib, passes, monkeypatch):
+    """Many more (segment, kv head) items than the emulated grid's blocks, bad segments among
+    them: every block and wave takes several items in turn (a block-wide item's shared-memory
+    partials are overwritten by the next one only after the barrier), in both schedule
+    orders."""
+    gen = torch.Generator().manual_seed(48)
+    b = 60
+    kv_lens = torch.randint(0, 70, (b,), generator=gen).tolist()
+    q_lens = torch.randint(0, 2, (b,), generator=gen).tolist()
+    case = C.thd_case(48, q_lens, kv_lens, 4, 2, 64, torch.bfloat16, offsets=torch.int64,
+                      max_q=1, max_kv=80)
+    case.cu_kv[11] = case.cu_kv[10] - 1  # segment 10: -1 keys
+    case.cu_q[31] = case.cu_q[30] + 3  # segment 30: more queries than max_seqlen_q
+    check_stream(lib, case, 48, passes, dlse=True)
+    monkeypatch.setenv("RA_EMU_REVERSE", "1")
+    check_stream(lib, case, 48, passes, dlse=True)
+
+
+def test_stream_non_finite_v_of_a_segment_without_queries(lib):
+    """inf in the V rows of a segment with no queries: its keys' dk and dv are 0 (no query
+    attends to them), and the other segments are exact."""
+    case = C.thd_case(49, [1, 0, 1], [9, 7, 5], 8, 2, 64, torch.bfloat16)
+    case.v[9:16] = float("inf")
+    _, _, _, _, (dq, dk, dv) = check_stream(lib, case, 49, "stream_wave")
+    assert (dk[9:16] == 0).all() and (dv[9:16] == 0).all()
 
 
 def test_stream_off_keeps_matrix_passes(lib):

@@ -426,7 +426,8 @@ def test_stream_garbage_offsets_no_oob(dev, passes):
     """Garbage int64 offsets (keys past the end of k/v, a negative key count, queries before
     the start of q, more queries than max_seqlen_q) and an int32 difference that wraps into
     range: NaN dq on the bad segments' rows, zero dk / dv on their keys, no out-of-bounds
-    access (run under compute-sanitizer by tools/gpu_check.sh), the other segments exact."""
+    access (run under compute-sanitizer by `tools/gpu_check.sh --memcheck`), the other
+    segments exact."""
     q_lens, kv_lens = [1, 1, 2, 1, 1, 1, 1, 1, 1], [5, 17, 64, 300, 10, 1, 0, 7, 900]
     case = C.thd_case(52, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, offsets=torch.int64,
                       max_q=1, max_kv=1000, pad_before=2, pad_after=2, kv_pad=3, device=dev)
@@ -445,16 +446,19 @@ def test_stream_garbage_offsets_no_oob(dev, passes):
 
 @pytest.mark.parametrize("b", [500, 6000])
 def test_stream_deterministic_and_default(dev, b):
-    """Bitwise the same gradients run to run (a block-wide item sums dq over its waves in
-    order), the default tuning takes the streaming kernel (its bits: one item per block for
-    500 segments, per wave for 6000), and they are not the matrix-unit passes' bits (those
-    round P and dS to bf16 as product operands)."""
-    passes = "stream_block" if b == 500 else "stream_wave"
+    """Bitwise the same gradients run to run in both item layouts (a block-wide item sums dq over
+    its waves in order); the default tuning takes one of them (its bits: which one depends on
+    the number of (segment, kv head) items against the device's residency), and they are not
+    the matrix-unit passes' bits (those round P and dS to bf16 as product operands)."""
     gen = torch.Generator().manual_seed(54)
     case = C.thd_case(54, [1] * b, lens(gen, b, 0, 1000 if b == 500 else 40), 8, 2, 128,
                       torch.bfloat16, max_kv=1000, device=dev)
-    inputs, first = repeated_bits(case, G.STREAM_PASSES[passes], 54)
-    G.assert_same_bits(first, op(case, *inputs))
+    layouts = {name: repeated_bits(case, G.STREAM_PASSES[name], 54)
+               for name in G.STREAM_PASSES}
+    inputs, _ = layouts["stream_wave"]
+    default = op(case, *inputs)
+    assert any(all(torch.equal(a.view(torch.uint8), d.view(torch.uint8))
+                   for a, d in zip(grads, default)) for _, grads in layouts.values())
     with rocm_attn.tuning.override(**G.BWD_PASSES["wave"]):
         wave = op(case, *inputs)
-    assert not torch.equal(first[1].view(torch.uint8), wave[1].view(torch.uint8))
+    assert not torch.equal(default[1].view(torch.uint8), wave[1].view(torch.uint8))

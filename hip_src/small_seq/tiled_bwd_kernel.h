@@ -25,6 +25,9 @@
 //      walks the key tiles (the tile's Q and dO held in registers on 64-lane waves,
 //      re-read per key tile from L1 on 32-lane warps), accumulating the slice of dQ in fp32,
 //      stored once.
+// Passes 2 and 3 give way to the streaming kernel (tiled_bwd_stream_kernel.h) where a (segment,
+// kv head) has at most 4 rows, and on Hopper to the warpgroup kernels
+// (tiled_bwd_warpgroup_kernel.h) where it fills 64-row tiles over at most 256 keys.
 // Every gradient element is written by exactly one work item, which sums its terms in a fixed
 // order: deterministic (bitwise, run to run), no atomics. Head-dim slices are separate items:
 // they bound the fp32 accumulators (two 16 x slice tiles in pass 2) to 64 registers per lane

@@ -125,10 +125,10 @@ hipError_t run_tiled_bwd_stream_kernel(const SmallSeqTiledParams& p, hipStream_t
   const int mode = ra_tuning().small_seq_tiled_bwd_stream;
   const bool per_wave =
       mode == 2 || (mode != 3 && items >= kTiledBwdStreamWaveItems * resident * waves);
-  const int item_waves = per_wave ? 1 : waves;
-  const int64_t blocks = (items + waves / item_waves - 1) / (waves / item_waves);
+  const int64_t items_per_block = per_wave ? waves : 1;
+  const int64_t blocks = (items + items_per_block - 1) / items_per_block;
   hipLaunchKernelGGL(KERNEL, tiled_capped_grid(blocks, resident, kTiledBwdResidencyFactor),
-                     dim3(threads), 0, stream, p, item_waves);
+                     dim3(threads), 0, stream, p, !per_wave);
   return hipGetLastError();
 }
 

@@ -10,12 +10,13 @@
 // dependent chain per wave, nothing loaded ahead.
 //
 // Work item = (segment, kv head), taken by one wave, or by all waves of a block splitting its
-// keys (item_waves; the launcher picks one per wave when there are many more items than
+// keys (per_block; the launcher picks one per wave when there are many more items than
 // resident waves: short histories are latency chains, and more of them then run at once):
 //   1. Every lane holds its share (kVpl 16-byte vectors per row, unpacked to fp32) of the
 //      segment's q and dO rows, and each row's LSE (log2 domain) and Delta (pass 1).
-//   2. The item's waves walk the keys kTiledBwdStreamUnroll steps at a time; a step gives each
-//      lane group (kLpr lanes over one key row) of each wave its own key. The step's K / V loads are
+//   2. The item's waves walk the keys a few steps at a time (kTiledBwdStreamUnroll, half as many
+//      for four rows); a step gives each lane group (kLpr lanes over one key row) of each wave
+//      its own key. The step's K / V loads are
 //      all issued before any of them is used. Per key and row r:
 //        s = scale log2e q_r . k, dp = dO_r . v       (lane-group sums of all 2 x rows values
 //                                                        at once, tiled_bwd_scatter_sum)
@@ -28,8 +29,11 @@
 //
 // Numerics: s, p, dp, ds and every sum are fp32 (no operand rounds to the input dtype, unlike
 // the matrix-unit passes); each gradient element is rounded once. Every gradient element has
-// one writer summing in a fixed order: deterministic, whatever the schedule. Bad segments,
-// K/V rows no segment covers (tiled_bwd_edges, by wave 0) and padding rows of q (pass 1) are
+// one writer summing in a fixed order: deterministic, whatever the schedule, for a given call
+// shape and device (the per-wave and per-block splits sum dq's terms in different orders, and
+// the launcher picks by the number of items and the device's residency). Bad segments,
+// K/V rows no segment covers (tiled_bwd_edges, by the item's first wave) and padding rows of q
+// (pass 1) are
 // handled as in the other passes; keys past the history are never read (their p is exactly 0).
 // A segment without keys gets dq 0 exactly.
 #pragma once
@@ -47,8 +51,8 @@ constexpr int kTiledBwdStreamThreads = 128;
 // four-row items take half as many, so that three blocks fit a multiprocessor.
 constexpr int kTiledBwdStreamUnroll = 4;
 // Blocks per multiprocessor the register cap is set for: 168 registers on sm_90. Four rows
-// then spill a few bytes (36 at d = 128) but run 8-20% faster than at two blocks (210
-// registers, no spill); one and two rows fit without a cap (docs/kernels.md#streaming-backward).
+// then run 8-20% faster than at two blocks (210 registers; 20 bytes spill at d = 256); one and
+// two rows fit under it (docs/kernels.md#streaming-backward).
 constexpr int kTiledBwdStreamMinBlocks = 3;
 
 // Lane-group sums of N values at once (N a power of two, at most LPR): each halving step sends
@@ -81,7 +85,7 @@ RA_DEVICE float tiled_bwd_scatter_sum(const float (&v)[N], const int col_lane) {
 
 template <typename T, int D, int ROWS>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdStreamThreads, kTiledBwdStreamMinBlocks)
-    small_seq_tiled_bwd_stream_kernel(const SmallSeqTiledParams p, const int item_waves) {
+    small_seq_tiled_bwd_stream_kernel(const SmallSeqTiledParams p, const bool per_block) {
   using Sh = TiledBwdScalarShape<D>;
   constexpr int WAVE = RA_WAVE_SIZE;
   constexpr int VPL = Sh::kVpl;
@@ -95,8 +99,9 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdStreamThreads, kTiledBwdStr
   const int lane = threadIdx.x % WAVE;
   const int sub = lane / LPR;
   const int col_lane = lane % LPR;
-  // item_waves is 1 (every wave its own item: no barrier) or WAVES (one item per block: the
-  // loop below runs the same iterations in every wave, so its barriers are block-uniform).
+  // Every wave its own item (no barrier), or one item per block: then the loop below runs the
+  // same iterations in every wave, so its barriers are block-uniform.
+  const int item_waves = per_block ? WAVES : 1;
   const int items_per_block = WAVES / item_waves;
   const int part = wave % item_waves;  // this wave's share of the item's keys
   const int key_step = item_waves * RPP * U;
@@ -184,7 +189,9 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdStreamThreads, kTiledBwdStr
         const bool holds_dp = (mine & 1) != 0;
         const float sc = (holds_dp ? other : held) * qscale;
         const float my_p = ok && my_row_live ? exp2f(sc - my_terms.lse2) : 0.f;
-        const float my_ds = my_p * ((holds_dp ? held : other) - my_terms.delta);
+        // (exactly 0 where p is: a non-finite dp of a masked row or key must not reach dk)
+        const float my_ds =
+            ok && my_row_live ? my_p * ((holds_dp ? held : other) - my_terms.delta) : 0.f;
         float pr[ROWS], ds[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
@@ -228,7 +235,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdStreamThreads, kTiledBwdStr
       const int j = r / group;
       return rw.dq + (s.q_token0 + j) * p.dq_token_stride + (hq0 + r - j * group) * p.dq_head_stride;
     };
-    if (item_waves == 1) {
+    if (!per_block) {
 #pragma unroll
       for (int r = 0; r < ROWS; ++r)
         if (sub == 0 && r < nrows)
