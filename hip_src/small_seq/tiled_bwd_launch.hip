@@ -2,8 +2,8 @@
 // max_seqlen_kv exceeds one key tile, the dQ pass, in stream order; on Hopper (sm_90a builds)
 // the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h) replace passes 2 and 3 where they
 // serve, and for calls of at most a few rows per (segment, kv head) the streaming kernel
-// (tiled_bwd_stream_kernel.h) does, on every target. Dispatch over dtype x head dim (one translation unit: no kv bucket, no generated
-// files).
+// (tiled_bwd_stream_kernel.h) does, on every target. Dispatch over dtype x head dim (one
+// translation unit: no kv bucket, no generated files).
 #include "../common/launch.h"
 #include "../common/tuning.h"
 #include "tiled_bwd_block_kernel.h"
@@ -136,8 +136,10 @@ hipError_t run_tiled_bwd_stream_kernel(const SmallSeqTiledParams& p, hipStream_t
 template <typename T, int D>
 hipError_t run_tiled_bwd_stream(const SmallSeqTiledParams& p, hipStream_t stream) {
   const int64_t rows = tiled_max_rows(p);
-  if (rows <= 1) return run_tiled_bwd_stream_kernel<small_seq_tiled_bwd_stream_kernel<T, D, 1>>(p, stream);
-  if (rows <= 2) return run_tiled_bwd_stream_kernel<small_seq_tiled_bwd_stream_kernel<T, D, 2>>(p, stream);
+  if (rows <= 1)
+    return run_tiled_bwd_stream_kernel<small_seq_tiled_bwd_stream_kernel<T, D, 1>>(p, stream);
+  if (rows <= 2)
+    return run_tiled_bwd_stream_kernel<small_seq_tiled_bwd_stream_kernel<T, D, 2>>(p, stream);
   return run_tiled_bwd_stream_kernel<
       small_seq_tiled_bwd_stream_kernel<T, D, kTiledBwdStreamMaxRows>>(p, stream);
 }

@@ -16,8 +16,8 @@
 //      segment's q and dO rows, and each row's LSE (log2 domain) and Delta (pass 1).
 //   2. The item's waves walk the keys a few steps at a time (kTiledBwdStreamUnroll, half as many
 //      for four rows); a step gives each lane group (kLpr lanes over one key row) of each wave
-//      its own key. The step's K / V loads are
-//      all issued before any of them is used. Per key and row r:
+//      its own key. The step's K / V loads are all issued before any of them is used. Per key
+//      and row r:
 //        s = scale log2e q_r . k, dp = dO_r . v       (lane-group sums of all 2 x rows values
 //                                                        at once, tiled_bwd_scatter_sum)
 //        p = exp2(s - lse2_r), ds = p (dp - Delta_r)   (once per row, by the lane holding s_r;
@@ -31,11 +31,10 @@
 // the matrix-unit passes); each gradient element is rounded once. Every gradient element has
 // one writer summing in a fixed order: deterministic, whatever the schedule, for a given call
 // shape and device (the per-wave and per-block splits sum dq's terms in different orders, and
-// the launcher picks by the number of items and the device's residency). Bad segments,
-// K/V rows no segment covers (tiled_bwd_edges, by the item's first wave) and padding rows of q
-// (pass 1) are
-// handled as in the other passes; keys past the history are never read (their p is exactly 0).
-// A segment without keys gets dq 0 exactly.
+// the launcher picks by the number of items and the device's residency). Bad segments, K/V
+// rows no segment covers (tiled_bwd_edges, by the item's first wave) and padding rows of q
+// (pass 1) are handled as in the other passes; keys past the history are never read (their p
+// is exactly 0). A segment without keys gets dq 0 exactly.
 #pragma once
 
 #include "tiled_bwd_kernel.h"
@@ -119,20 +118,22 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdStreamThreads, kTiledBwdStr
     const int hq0 = hk * group;
     const int nrows = s.nq * group;  // <= ROWS (the launcher checks the host bound)
     const TiledBwdRows rw = tiled_bwd_rows(p, hk, s);
+    // Element offset of row r (query r / group, q head hq0 + r % group) in a q-shaped tensor.
+    auto row_at = [&](int r, int64_t token_stride, int64_t head_stride) {
+      const int j = r / group;
+      return (s.q_token0 + j) * token_stride + (hq0 + r - j * group) * head_stride;
+    };
 
     float qf[ROWS][VPL][8], gf[ROWS][VPL][8], dq[ROWS][VPL][8];
     TiledBwdRowTerms terms[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const bool live = r < nrows;
-      const int j = live ? r / group : 0;
-      const int h = live ? r - j * group : 0;
-      tiled_bwd_load_vecs<T, VPL>(
-          qf[r], rw.q + (s.q_token0 + j) * p.q_token_stride + (hq0 + h) * p.q_head_stride,
-          col_lane, LPR, live);
-      tiled_bwd_load_vecs<T, VPL>(
-          gf[r], rw.dout + (s.q_token0 + j) * p.do_token_stride + (hq0 + h) * p.do_head_stride,
-          col_lane, LPR, live);
+      const int rr = live ? r : 0;
+      tiled_bwd_load_vecs<T, VPL>(qf[r], rw.q + row_at(rr, p.q_token_stride, p.q_head_stride),
+                                  col_lane, LPR, live);
+      tiled_bwd_load_vecs<T, VPL>(gf[r], rw.dout + row_at(rr, p.do_token_stride, p.do_head_stride),
+                                  col_lane, LPR, live);
       terms[r] = live ? tiled_bwd_row_terms(p, s, hq0, group, r) : TiledBwdRowTerms{0.f, 0.f};
 #pragma unroll
       for (int vi = 0; vi < VPL; ++vi)
@@ -161,8 +162,9 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdStreamThreads, kTiledBwdStr
 #pragma unroll
         for (int vi = 0; vi < VPL; ++vi) {
           const int c = 8 * (col_lane + vi * LPR);
-          kraw[u][vi] = ok ? ra_load16(rw.k + at * p.k_token_stride + c) : ra_vec8{{0u, 0u, 0u, 0u}};
-          vraw[u][vi] = ok ? ra_load16(rw.v + at * p.v_token_stride + c) : ra_vec8{{0u, 0u, 0u, 0u}};
+          const ra_vec8 zero{{0u, 0u, 0u, 0u}};
+          kraw[u][vi] = ok ? ra_load16(rw.k + at * p.k_token_stride + c) : zero;
+          vraw[u][vi] = ok ? ra_load16(rw.v + at * p.v_token_stride + c) : zero;
         }
       }
 #pragma unroll
@@ -231,10 +233,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdStreamThreads, kTiledBwdStr
       for (int vi = 0; vi < VPL; ++vi)
 #pragma unroll
         for (int e = 0; e < 8; ++e) dq[r][vi][e] = ra_strided_sum<LPR, WAVE>(dq[r][vi][e]);
-    auto dq_row = [&](int r) {
-      const int j = r / group;
-      return rw.dq + (s.q_token0 + j) * p.dq_token_stride + (hq0 + r - j * group) * p.dq_head_stride;
-    };
+    auto dq_row = [&](int r) { return rw.dq + row_at(r, p.dq_token_stride, p.dq_head_stride); };
     if (!per_block) {
 #pragma unroll
       for (int r = 0; r < ROWS; ++r)
@@ -248,7 +247,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdStreamThreads, kTiledBwdStr
       for (int vi = 0; vi < VPL; ++vi)
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          if (sub == 0 && r < nrows) dq_parts[wave][r][8 * (col_lane + vi * LPR) + e] = dq[r][vi][e];
+          if (sub == 0 && r < nrows)
+            dq_parts[wave][r][8 * (col_lane + vi * LPR) + e] = dq[r][vi][e];
     __syncthreads();
     for (int idx = threadIdx.x; idx < nrows * (D / 8); idx += kTiledBwdStreamThreads) {
       const int r = idx / (D / 8);
