@@ -338,3 +338,56 @@ def test_stream_off_keeps_matrix_passes(lib):
     with emu.tuning(**G.BWD_PASSES["wave"]):
         check(lib, case, seed=47)
     assert not ran_stream(lib)
+
+
+# The one-row-tile kernel (tiled_bwd_row_tile_kernel.h): 5..16 rows per (segment, kv head).
+ROW_TILE = "small_seq_tiled_bwd_row_tile_kernel"
+
+
+def check_row_tile(lib, case, seed, dlse=False):
+    """The kernel against the oracle, and bitwise pass 2's one-row-tile items (same sums, same
+    order). Returns the gradients."""
+    lib.mark_kernels()
+    with emu.tuning(**G.ROW_TILE_PASS):
+        dout, out, lse, dl, grads = check(lib, case, seed=seed, dlse=dlse)
+    assert ROW_TILE in "\n".join(lib.kernels_run(since_mark=True))
+    lib.mark_kernels()
+    with emu.tuning(**G.BWD_PASSES["wave"]):
+        G.assert_same_bits(grads, run(lib, case, dout, out, lse, dl))
+    assert ROW_TILE not in "\n".join(lib.kernels_run(since_mark=True))
+    return grads
+
+
+@pytest.mark.parametrize("h_q,h_kv,max_q", [(2, 2, 16), (2, 2, 5), (8, 1, 2), (6, 2, 5)],
+                         ids=["g1q16", "g1q5", "g8q2", "g3q5"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_row_tile_rows_and_histories(lib, d, h_q, h_kv, max_q):
+    """Row counts 5..16, histories of 0, 1, 5, 16, 17, 64 and 300 keys (one and several key
+    tiles, loads of the next tile ahead), segments without queries, int32 and int64 offsets."""
+    if d == 256 and lib.wave == 32:
+        pytest.skip("d 256 runs at 64 lanes (the 32-lane scalar path is d-generic)")
+    q_lens = [max_q, 1, max_q, 0, max_q, 3, max_q, max_q]
+    kv_lens = [300, 64, 17, 5, 1, 0, 16, 33]
+    offsets = torch.int64 if d == 64 else torch.int32
+    case = C.thd_case(70 + d + h_q + max_q, q_lens, kv_lens, h_q, h_kv, d, torch.bfloat16,
+                      offsets=offsets, max_q=max_q, max_kv=320)
+    check_row_tile(lib, case, 70 + h_q, dlse=max_q == 2)
+
+
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+def test_row_tile_bad_segments_strided_bshd(lib, offsets, monkeypatch):
+    """Strided views with padding rows, bad segments (more queries than max_seqlen_q, a negative
+    key count, keys past the end), BSHD; in both schedule orders."""
+    case = C.thd_case(75, [3, 16, 2, 20, 1, 16, 4], [5, 17, 64, 40, 10, 1, 7], 2, 2, 64,
+                      torch.bfloat16, offsets=offsets, strided=True, pad_before=3, pad_after=2,
+                      kv_pad=3, max_q=16, max_kv=80)
+    case.cu_kv[5] = case.cu_kv[4] - 1  # segment 4: -1 keys
+    case.cu_kv[7] = 2**31 - 8 if offsets == torch.int32 else 2**40  # segment 6: past the end
+    check_row_tile(lib, case, 75)
+    monkeypatch.setenv("RA_EMU_REVERSE", "1")
+    check_row_tile(lib, case, 75)
+    case = C.bshd_case(76, 8, [5, 41, 0, 30], 30, 2, 2, 64, torch.bfloat16, offsets=offsets)
+    case.seqlens[1] = 31  # <= max_seqlen_kv but > s_kv
+    case.max_kv = 40
+    _, dk, dv = check_row_tile(lib, case, 76)
+    assert (dk[1] == 0).all() and (dv[1] == 0).all()

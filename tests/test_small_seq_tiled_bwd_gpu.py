@@ -462,3 +462,75 @@ def test_stream_deterministic_and_default(dev, b):
     with rocm_attn.tuning.override(**G.BWD_PASSES["wave"]):
         wave = op(case, *inputs)
     assert not torch.equal(default[1].view(torch.uint8), wave[1].view(torch.uint8))
+
+
+# The one-row-tile kernel (tiled_bwd_row_tile_kernel.h): 5..16 rows (queries x GQA group) per
+# (segment, kv head). (h_q, h_kv, max queries per segment).
+ROW_TILE_ROWS = [pytest.param(8, 8, 16, id="g1q16"), pytest.param(8, 8, 5, id="g1q5"),
+                 pytest.param(8, 1, 2, id="g8q2"), pytest.param(16, 1, 1, id="g16q1"),
+                 pytest.param(6, 2, 4, id="g3q4")]
+
+
+@pytest.mark.parametrize("h_q,h_kv,max_q", ROW_TILE_ROWS)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("max_kv", [16, 17, 300, 4096])
+def test_row_tile_rows_and_histories(dev, max_kv, d, h_q, h_kv, max_q):
+    """Ragged queries (0..max_q) and histories (0..max_kv, the longest included) against the
+    float64 oracle, and bitwise the gradients of pass 2's one-row-tile items (the same sums in
+    the same order: only where the loads are issued differs)."""
+    dtype = torch.float16 if d == 64 else torch.bfloat16
+    gen = torch.Generator().manual_seed(max_kv + d + h_q + max_q)
+    b = 24 if max_kv == 4096 else 300
+    kv_lens = lens(gen, b, 0, max_kv)
+    kv_lens[1] = max_kv
+    q_lens = lens(gen, b, 0, max_q)
+    q_lens[2] = max_q
+    case = C.thd_case(max_kv + d + max_q, q_lens, kv_lens, h_q, h_kv, d, dtype, max_q=max_q,
+                      max_kv=max_kv, device=dev)
+    with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
+        inputs, grads = check(case, seed=d + max_kv, dlse=max_q == 1)
+    with rocm_attn.tuning.override(**G.BWD_PASSES["wave"]):
+        G.assert_same_bits(grads, op(case, *inputs))
+
+
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
+def test_row_tile_strided_garbage_bshd(dev, offsets):
+    """Strided views with padding q rows (dq 0) and unread NaN k/v rows around the segments
+    (dk = dv = 0); garbage offsets (keys past the end of k/v, a negative key count, queries
+    before the start of q): NaN dq on the bad segments' rows, zero dk / dv on their keys, no
+    out-of-bounds access (compute-sanitizer); BSHD with a length past s_kv."""
+    gen = torch.Generator().manual_seed(60)
+    case = C.thd_case(60, lens(gen, 200, 0, 16), lens(gen, 200, 0, 1000), 8, 8, 128,
+                      torch.bfloat16, offsets=offsets, strided=True, pad_before=7, pad_after=9,
+                      kv_pad=5, max_q=16, max_kv=1000, device=dev)
+    with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
+        _, (dq, dk, dv) = check(case, seed=60)
+    assert (dq[:7] == 0).all() and (dq[-9:] == 0).all()
+    assert (dk[:5] == 0).all() and (dv[-5:] == 0).all()
+    q_lens, kv_lens = [3, 16, 2, 9, 1, 16, 4, 5, 16], [5, 17, 64, 300, 10, 1, 0, 7, 900]
+    case = C.thd_case(61, q_lens, kv_lens, 8, 8, 128, torch.bfloat16, offsets=offsets,
+                      max_q=16, max_kv=1000, pad_before=2, pad_after=2, kv_pad=3, device=dev)
+    case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
+    case.cu_kv[8] = 2**31 - 8 if offsets == torch.int32 else 2**40  # segment 7: past the end
+    case.cu_q[4] = -(2**31) + 8 if offsets == torch.int32 else -(2**40)  # 3, 4: before q
+    with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
+        check(case, seed=61)
+    case = C.bshd_case(62, 16, [5, 41, 0, 300, 64], 300, 8, 8, 128, torch.bfloat16,
+                       offsets=offsets, device=dev)
+    case.seqlens[1] = 301  # <= max_seqlen_kv but > s_kv
+    case.max_kv = 400
+    with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
+        _, (dq, dk, dv) = check(case, seed=62)
+    assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
+
+
+def test_row_tile_default_and_deterministic(dev):
+    """The default tuning takes the one-row-tile kernel for 16 candidates without GQA (its bits
+    are pass 2's), bitwise the same run to run."""
+    gen = torch.Generator().manual_seed(63)
+    case = C.thd_case(63, [16] * 2000, lens(gen, 2000, 0, 256), 8, 8, 128, torch.bfloat16,
+                      max_q=16, max_kv=256, device=dev)
+    inputs, grads = repeated_bits(case, G.ROW_TILE_PASS, 63)
+    G.assert_same_bits(grads, op(case, *inputs))
+    with rocm_attn.tuning.override(**G.BWD_PASSES["wave"]):
+        G.assert_same_bits(grads, op(case, *inputs))

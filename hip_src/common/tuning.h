@@ -63,6 +63,10 @@ struct RaTuning {
   // place of the dK / dV and dQ passes, one (segment, kv head) per wave or per block by the
   // launcher's rule; 0 = never; 2 / 3 = the kernel with one per wave / per block (tests, A/B).
   int small_seq_tiled_bwd_stream = 1;
+  // tiled small-seq backward: 1 = calls whose every (segment, kv head) fits one 16-row tile
+  // (and is not the streaming kernel's) take the one-row-tile kernel
+  // (tiled_bwd_row_tile_kernel.h) in place of the dK / dV pass; 0 = never.
+  int small_seq_tiled_bwd_row_tile = 1;
   // small-seq, THD calls on a CUDA build of torch: the flash route (torch's flash varlen
   // kernels with the contract kernels around them, rocm_attn/small_seq_flash.py). 1 = the
   // measured rule (small_seq_flash.route_wins: 128+ rows per (segment, kv head) over 64+ keys
@@ -109,6 +113,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},
     {"small_seq_tiled_bwd_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WARPGROUP", &RaTuning::small_seq_tiled_bwd_warpgroup},
     {"small_seq_tiled_bwd_stream", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_STREAM", &RaTuning::small_seq_tiled_bwd_stream},
+    {"small_seq_tiled_bwd_row_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_ROW_TILE", &RaTuning::small_seq_tiled_bwd_row_tile},
     {"small_seq_flash_route", "ROCM_ATTN_SMALL_SEQ_FLASH_ROUTE", &RaTuning::small_seq_flash_route},
     {"small_seq_mma", "ROCM_ATTN_SMALL_SEQ_MMA", &RaTuning::small_seq_mma},
     {"small_seq_pipe", "ROCM_ATTN_SMALL_SEQ_PIPE", &RaTuning::small_seq_pipe},

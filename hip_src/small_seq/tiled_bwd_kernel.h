@@ -26,8 +26,10 @@
 //      re-read per key tile from L1 on 32-lane warps), accumulating the slice of dQ in fp32,
 //      stored once.
 // Passes 2 and 3 give way to the streaming kernel (tiled_bwd_stream_kernel.h) where a (segment,
-// kv head) has at most 4 rows, and on Hopper to the warpgroup kernels
-// (tiled_bwd_warpgroup_kernel.h) where it fills 64-row tiles over at most 256 keys.
+// kv head) has at most 4 rows, to the one-row-tile kernel (tiled_bwd_row_tile_kernel.h, pass 2's
+// one-row-tile item under its own register cap) where it has at most 16, and on Hopper to the
+// warpgroup kernels (tiled_bwd_warpgroup_kernel.h) where it fills 64-row tiles over at most 256
+// keys.
 // Every gradient element is written by exactly one work item, which sums its terms in a fixed
 // order: deterministic (bitwise, run to run), no atomics. Head-dim slices are separate items:
 // they bound the fp32 accumulators (two 16 x slice tiles in pass 2) to 64 registers per lane
@@ -897,6 +899,22 @@ RA_DEVICE void tiled_bwd_dq_scalar(const SmallSeqTiledParams& p, const int hk, c
 
 #endif  // RA_HAS_MMA
 
+// One (segment, kv head, slice) of a valid segment whose rows fit one row tile: dK / dV of all
+// its keys and the slice of dQ of its rows (tiled_bwd_row_tile_mma; without matrix units every
+// key tile's dK / dV, then dQ over all keys as pass 3 computes it).
+template <typename T, int D>
+RA_DEVICE void tiled_bwd_row_tile_item(const SmallSeqTiledParams& p, const int hk,
+                                       const int slice, const TiledSegment& s, const int lane) {
+#if RA_HAS_MMA
+  tiled_bwd_row_tile_mma<T, D>(p, hk, slice, s, lane);
+#else
+  for (int t = 0; t * kTiledBwdKeys < s.nk; ++t)
+    tiled_bwd_dkv_scalar<T, D>(p, hk, t, slice, s, lane);
+  if (s.nk > kTiledBwdKeys) tiled_bwd_dq_scalar<T, D>(p, hk, 0, slice, s, lane);
+  if (s.nk == 0) tiled_bwd_dkv_scalar<T, D>(p, hk, 0, slice, s, lane);  // dq = 0
+#endif
+}
+
 // Pass 2: grid-stride over (segment, kv head, key tile, slice) items, segment-major so the key
 // tiles of one segment run at once on neighbouring waves (their shared Q / dO rows come from L2).
 template <typename T, int D>
@@ -930,23 +948,15 @@ __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
     // where the segment has keys and more than one row tile.
     const bool one_row_tile = tiled_bwd_one_row_tile(p, s);
     if (kt > 0 && (one_row_tile || static_cast<int64_t>(kt) * kTiledBwdKeys >= s.nk)) continue;
+    if (one_row_tile) {
+      tiled_bwd_row_tile_item<T, D>(p, hk, slice, s, lane);
+    } else {
 #if RA_HAS_MMA
-    if (one_row_tile) {
-      tiled_bwd_row_tile_mma<T, D>(p, hk, slice, s, lane);
-    } else {
       tiled_bwd_dkv_mma<T, D>(p, hk, kt, slice, s, lane);
-    }
 #else
-    if (one_row_tile) {
-      // Every key tile's dK / dV here, then dQ over all keys as pass 3 computes it.
-      for (int t = 0; t * kTiledBwdKeys < s.nk; ++t)
-        tiled_bwd_dkv_scalar<T, D>(p, hk, t, slice, s, lane);
-      if (s.nk > kTiledBwdKeys) tiled_bwd_dq_scalar<T, D>(p, hk, 0, slice, s, lane);
-      if (s.nk == 0) tiled_bwd_dkv_scalar<T, D>(p, hk, 0, slice, s, lane);  // dq = 0
-    } else {
       tiled_bwd_dkv_scalar<T, D>(p, hk, kt, slice, s, lane);
-    }
 #endif
+    }
   }
 }
 

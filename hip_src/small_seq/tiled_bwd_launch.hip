@@ -1,12 +1,14 @@
 // Launch of the tiled small-seq backward (tiled_bwd_kernel.h): Delta pass, dK/dV pass and, when
 // max_seqlen_kv exceeds one key tile, the dQ pass, in stream order; on Hopper (sm_90a builds)
 // the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h) replace passes 2 and 3 where they
-// serve, and for calls of at most a few rows per (segment, kv head) the streaming kernel
-// (tiled_bwd_stream_kernel.h) does, on every target. Dispatch over dtype x head dim (one
+// serve, for calls of at most a few rows per (segment, kv head) the streaming kernel
+// (tiled_bwd_stream_kernel.h) does, on every target, and for calls of at most one row tile the
+// one-row-tile kernel (tiled_bwd_row_tile_kernel.h). Dispatch over dtype x head dim (one
 // translation unit: no kv bucket, no generated files).
 #include "../common/launch.h"
 #include "../common/tuning.h"
 #include "tiled_bwd_block_kernel.h"
+#include "tiled_bwd_row_tile_kernel.h"
 #include "tiled_bwd_stream_kernel.h"
 #include "tiled_bwd_warpgroup_kernel.h"
 #include "tiled_launch_util.h"
@@ -65,6 +67,25 @@ bool tiled_bwd_use_warpgroup(const SmallSeqTiledParams& p) {
 inline bool tiled_bwd_use_stream(const SmallSeqTiledParams& p) {
   return ra_tuning().small_seq_tiled_bwd_stream > 0 &&
          tiled_max_rows(p) <= kTiledBwdStreamMaxRows;
+}
+
+// The one-row-tile kernel in place of pass 2 where every (segment, kv head) fits one 16-row
+// tile (host bound max_seqlen_q x group): pass 3 then has no work. Tuning
+// small_seq_tiled_bwd_row_tile 0 keeps pass 2's kernel.
+inline bool tiled_bwd_use_row_tile(const SmallSeqTiledParams& p) {
+  return ra_tuning().small_seq_tiled_bwd_row_tile > 0 && tiled_max_rows(p) <= kTiledBwdRows;
+}
+
+// One (segment, kv head, slice) per wave.
+template <typename T, int D>
+hipError_t run_tiled_bwd_row_tile(const SmallSeqTiledParams& p, int slices, hipStream_t stream) {
+  constexpr auto KERNEL = small_seq_tiled_bwd_row_tile_kernel<T, D>;
+  constexpr int kThreads = kTiledBwdRowTileThreads;
+  const int waves = kThreads / ra_device_wave_size();
+  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv * slices;
+  hipLaunchKernelGGL(KERNEL, (tiled_bwd_grid<KERNEL>(items, waves, kThreads)), dim3(kThreads), 0,
+                     stream, p);
+  return hipGetLastError();
 }
 
 // Launches KERNEL with `threads` threads and `smem` bytes of dynamic shared memory over `items`
@@ -171,6 +192,7 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
     if (tiled_bwd_use_warpgroup<D>(p)) return run_tiled_bwd_warpgroup<T, D>(p, stream);
   }
   if (tiled_bwd_use_stream(p)) return run_tiled_bwd_stream<T, D>(p, stream);
+  if (tiled_bwd_use_row_tile(p)) return run_tiled_bwd_row_tile<T, D>(p, slices, stream);
   const bool use_block = tiled_bwd_use_block(p);
   if (use_block) {
     constexpr auto kernel = small_seq_tiled_bwd_dkv_block_kernel<T, D>;

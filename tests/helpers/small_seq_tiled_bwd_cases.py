@@ -21,14 +21,20 @@ from . import small_seq_tiled_cases as C
 # The dK / dV and dQ passes by their wave kernels and by their block variants
 # (tiled_bwd_block_kernel.h: row / key tiles staged in shared memory), for every call: tuning
 # values for rocm_attn.tuning.override (GPU) and helpers.emu.tuning (CPU emulation). Both keep
-# the Hopper warpgroup kernel off (it would take the calls of at most 64 keys on an sm_90a GPU)
-# and the streaming kernel (it would take the calls of at most 4 rows per (segment, kv head)).
+# the Hopper warpgroup kernel off (it would take the calls of at most 64 keys on an sm_90a GPU),
+# the streaming kernel (it would take the calls of at most 4 rows per (segment, kv head)) and the
+# one-row-tile kernel (calls of at most 16).
 BWD_PASSES = {
     "wave": {"small_seq_tiled_bwd_block": 0, "small_seq_tiled_bwd_warpgroup": 0,
-             "small_seq_tiled_bwd_stream": 0},
+             "small_seq_tiled_bwd_stream": 0, "small_seq_tiled_bwd_row_tile": 0},
     "block": {"small_seq_tiled_bwd_block": 2, "small_seq_tiled_bwd_warpgroup": 0,
-              "small_seq_tiled_bwd_stream": 0},
+              "small_seq_tiled_bwd_stream": 0, "small_seq_tiled_bwd_row_tile": 0},
 }
+# The one-row-tile kernel (tiled_bwd_row_tile_kernel.h) for the calls it serves (at most 16
+# rows per (segment, kv head), more than the streaming kernel's 4); calls of more rows fall back
+# to the wave passes.
+ROW_TILE_PASS = {"small_seq_tiled_bwd_row_tile": 1, "small_seq_tiled_bwd_stream": 0,
+                 "small_seq_tiled_bwd_warpgroup": 0, "small_seq_tiled_bwd_block": 0}
 # The streaming kernel (tiled_bwd_stream_kernel.h) for the calls it serves (at most 4 rows per
 # (segment, kv head)), on every target, with one (segment, kv head) per wave and per block (the
 # launcher picks by the number of them); calls of more rows fall back to the passes above.
