@@ -168,6 +168,26 @@ class Vendor:
                 f.append([(x[0], x[1]), (x[2], x[3])])
         return f
 
+    # ra_mma_to_pfrag_transposed: each lane packs its elements pairwise, a shuffle reads a
+    # whole packed word from the source lane, the receiver keeps one half of it
+    def to_pfrag_transposed(self, s):
+        f = []
+        for lane in range(self.wave):
+            if self.name == "nv":
+                g, t = lane >> 2, lane & 3
+                src0, odd = 8 * t + (g >> 1), g & 1
+                f.append([[(s[src0][4 * nt + 2 * hi + odd], s[src0 + 4][4 * nt + 2 * hi + odd])
+                           for hi in range(2)] for nt in range(2)])
+            else:
+                r, q = lane & 15, lane >> 4
+                v = []
+                for e in range(4):
+                    src = 4 * q + e + 16 * (r >> 2)
+                    words = ((s[src][0], s[src][1]), (s[src][2], s[src][3]))
+                    v.append(words[(r >> 1) & 1][r & 1])
+                f.append([(v[0], v[1]), (v[2], v[3])])
+        return f
+
     # ra_mma_load_vrows: per lane w[slot][word] pairs
     def load_vrows(self, V, d, r, nrows):
         out = []
@@ -336,3 +356,19 @@ def test_mma_model_matches_matrix_products(vendor, d, kv, heads):
     rows = min(no, hb)
     assert (count[:rows] == 1).all() and (count[rows:] == 0).all()
     np.testing.assert_array_equal(O[:rows], O_ref[:rows])
+
+
+@pytest.mark.parametrize("vendor", ["nv", "cdna"])
+def test_transposed_pfrag_is_the_pfrag_of_the_transpose(vendor):
+    """ra_mma_to_pfrag_transposed of a 16 x 16 accumulator holding S gives, lane by lane and
+    register by register, what ra_mma_to_pfrag gives for an accumulator holding S^T."""
+    ven = Vendor(vendor)
+    S = np.random.default_rng(7).standard_normal((16, 16))
+    n_el = ven.acc_elems(16)
+
+    def acc_of(M):
+        return [[M[ven.acc_row(lane, i), ven.acc_col(lane, i)] for i in range(n_el)]
+                for lane in range(ven.wave)]
+
+    assert ven.to_pfrag_transposed(acc_of(S)) == ven.to_pfrag(acc_of(S.T), 16, 16)
+    assert ven.to_pfrag_transposed(acc_of(S)) != ven.to_pfrag(acc_of(S), 16, 16)

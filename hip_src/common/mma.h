@@ -347,6 +347,53 @@ RA_DEVICE ra_mma_pfrag<N> ra_mma_to_pfrag(const ra_mma_acc<NS>& s) {
   return f;
 }
 
+// P[n][k] = s[k][n] rounded to T: the P operand of the transposed 16 x 16 accumulator, built by
+// shuffles (each lane packs its elements pairwise first, so one 32-bit shuffle moves two
+// values; the receiving lane keeps the half it needs). For a product that needs both S and
+// S^T as P operands: one product and these shuffles instead of a second product.
+template <typename T>
+RA_DEVICE ra_mma_pfrag<16> ra_mma_to_pfrag_transposed(const ra_mma_acc<16>& s, int lane) {
+  ra_mma_pfrag<16> f;
+#if defined(RA_MMA_SM80)
+  // b[nt][hi] = P[8 nt + g][2t + 8 hi + a] for a = 0, 1, i.e. s[2t + 8 hi + a][8 nt + g]: held by
+  // lane 4 (2t + a) + g / 2 as element (g & 1) + 2 hi + 4 nt (ra_mma_acc_row / _col).
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int src0 = 8 * t + (g >> 1);  // a = 0; a = 1 is the next group of four lanes
+  const bool odd = (g & 1) != 0;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int w = static_cast<int>(ra_mma_pack2<T>(s.x[4 * nt + 2 * hi], s.x[4 * nt + 2 * hi + 1]));
+      const uint32_t w0 = static_cast<uint32_t>(ra_shfl(w, src0));
+      const uint32_t w1 = static_cast<uint32_t>(ra_shfl(w, src0 + 4));
+      f.b[nt][hi] = odd ? ra_mma_hi_hi(w0, w1) : ra_mma_lo_lo(w0, w1);
+    }
+#else
+  // b[e / 2] half e % 2 = P[r][4q + e] = s[4q + e][r]: held by lane 4q + e + 16 (r / 4) as
+  // element r % 4.
+  const int r = lane & 15;
+  const int q = lane >> 4;
+  const int w01 = static_cast<int>(ra_mma_pack2<T>(s.x[0], s.x[1]));
+  const int w23 = static_cast<int>(ra_mma_pack2<T>(s.x[2], s.x[3]));
+  const bool upper = (r & 2) != 0;  // element r % 4 in w23
+  const bool odd = (r & 1) != 0;    // in the word's high half
+  uint32_t v[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int src = 4 * q + e + 16 * (r >> 2);
+    const uint32_t a = static_cast<uint32_t>(ra_shfl(w01, src));
+    const uint32_t b = static_cast<uint32_t>(ra_shfl(w23, src));
+    const uint32_t word = upper ? b : a;
+    v[e] = odd ? word >> 16 : word & 0xffffu;
+  }
+  f.b[0] = v[0] | (v[1] << 16);
+  f.b[1] = v[2] | (v[3] << 16);
+#endif
+  return f;
+}
+
 // ---------------------------------------------------------------------------------------------
 // V panel: R (<= 16) rows of D 16-bit values, the right operand of ra_mma_pv (contracted over
 // its rows). Rows >= min(R, nrows) are exact zeros. Internally the product is O^T = V^T P^T, so

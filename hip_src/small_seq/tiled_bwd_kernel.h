@@ -508,12 +508,15 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
   const int nk = s.nk;
   const float qscale = p.softmax_scale * kTiledBwdLog2e;
   const TiledBwdRows rw = tiled_bwd_rows(p, hk, s);
+  // Row addresses are recomputed inside the key loop (holding them costs registers): the
+  // query index by a multiply, not a division (rows < 16).
+  const TiledSmallRowSplit split(group);
   auto q_row = [&](int i) {
-    const int j = i / group;
+    const int j = split.query(i);
     return rw.q + (s.q_token0 + j) * p.q_token_stride + (hq0 + (i - j * group)) * p.q_head_stride;
   };
   auto do_row = [&](int i) {
-    const int j = i / group;
+    const int j = split.query(i);
     return rw.dout + (s.q_token0 + j) * p.do_token_stride +
            (hq0 + (i - j * group)) * p.do_head_stride;
   };
@@ -525,18 +528,15 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
       ra_mma_load_rows_at(gp.c[c], [&](int i) { return do_row(i) + c * W; }, nrows, lane);
     }
   }
-  // The LSE (log2 domain) and Delta of the rows of this lane's accumulator elements, with keys
-  // as rows (columns are rows of the tile) and with rows as rows: the same for every key tile,
-  // so read once here rather than per key tile behind the previous tile's stores.
-  TiledBwdRowTerms col_terms[E], row_terms[E];
+  // The LSE (log2 domain) and Delta of the rows of this lane's accumulator elements (keys as
+  // rows, so its columns are rows of the tile): the same for every key tile, so read once here
+  // rather than per key tile behind the previous tile's stores.
+  TiledBwdRowTerms col_terms[E];
 #pragma unroll
   for (int i = 0; i < E; ++i) {
     const int col = ra_mma_acc_col(lane, i);
-    const int row = ra_mma_acc_row(lane, i);
     col_terms[i] =
         col < nrows ? tiled_bwd_row_terms(p, s, hq0, group, col) : TiledBwdRowTerms{0.f, 0.f};
-    row_terms[i] =
-        row < nrows ? tiled_bwd_row_terms(p, s, hq0, group, row) : TiledBwdRowTerms{0.f, 0.f};
   }
   ra_mma_out<DS, 16> dq;
   ra_mma_zero(dq);
@@ -544,17 +544,13 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
     const uint16_t* kb = rw.k + static_cast<int64_t>(k0) * p.k_token_stride;
     const uint16_t* vb = rw.v + static_cast<int64_t>(k0) * p.v_token_stride;
     const int nkt = nk - k0;
-    ra_mma_acc<16> st, dpt, sc, dp;
+    ra_mma_acc<16> st, dpt;
     ra_mma_zero(st);
     ra_mma_zero(dpt);
-    ra_mma_zero(sc);
-    ra_mma_zero(dp);
     auto chunk = [&](const ra_mma_rows<W, 16>& qc, const ra_mma_rows<W, 16>& gc,
                      const ra_mma_rows<W, 16>& kc, const ra_mma_rows<W, 16>& vc) {
       ra_mma_dot<T>(st, kc, qc);
       ra_mma_dot<T>(dpt, vc, gc);
-      ra_mma_dot<T>(sc, qc, kc);
-      ra_mma_dot<T>(dp, gc, vc);
     };
     if constexpr (kResident) {
 #pragma unroll
@@ -575,7 +571,8 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
         chunk(qc, gc, kc, vc);
       }
     }
-    // P^T, dS^T (keys as rows) and dS (rows as rows), with each row's LSE and Delta.
+    // P^T and dS^T (keys as rows), with each row's LSE and Delta; dS (rows as rows) for dQ is
+    // dS^T transposed across lanes (one product fewer for each of S and dP).
 #pragma unroll
     for (int i = 0; i < E; ++i) {
       const int key = ra_mma_acc_row(lane, i);
@@ -586,18 +583,9 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
       st.x[i] = pr;
       dpt.x[i] = pr * (dpt.x[i] - t.delta);
     }
-#pragma unroll
-    for (int i = 0; i < E; ++i) {
-      const int row = ra_mma_acc_row(lane, i);
-      const int key = ra_mma_acc_col(lane, i);
-      const bool live = key < nkt && row < nrows;
-      const TiledBwdRowTerms& t = row_terms[i];
-      const float pr = live ? exp2f(sc.x[i] * qscale - t.lse2) : 0.f;
-      sc.x[i] = pr * (dp.x[i] - t.delta);
-    }
     const ra_mma_pfrag<16> pt_f = ra_mma_to_pfrag<T, 16>(st);
     const ra_mma_pfrag<16> dst_f = ra_mma_to_pfrag<T, 16>(dpt);
-    const ra_mma_pfrag<16> ds_f = ra_mma_to_pfrag<T, 16>(sc);
+    const ra_mma_pfrag<16> ds_f = ra_mma_to_pfrag_transposed<T>(dpt, lane);
     {
       ra_mma_vrows<DS, 16> dov;
       ra_mma_load_vrows_at(dov, [&](int i) { return do_row(i) + slice * DS; }, nrows, lane);
@@ -633,7 +621,7 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
     for (int e = 0; e < static_cast<int>(sizeof(dq.x[0]) / sizeof(float)); ++e)
       dq.x[i][e] *= p.softmax_scale;
   auto dq_row = [&](int i) {
-    const int j = i / group;
+    const int j = split.query(i);
     return rw.dq + (s.q_token0 + j) * p.dq_token_stride +
            (hq0 + (i - j * group)) * p.dq_head_stride + slice * DS;
   };

@@ -6,16 +6,16 @@
 //
 // Work item = (segment, kv head, head-dim slice), one per wave, slices of one (segment, kv
 // head) on neighbouring waves of a block (they read the same Q, dO, K and V rows). The item is
-// pass 2's one-row-tile item (tiled_bwd_row_tile_mma): per key tile of 16 keys, the scores and
-// dP in both orientations over the whole head dim, then the slice of dV and dK of those keys
-// (complete: every row is in the tile, stored at once) and the slice of dQ accumulated in fp32
-// over the key tiles, stored at the end. K / V are read once for all three gradients.
+// pass 2's one-row-tile item (tiled_bwd_row_tile_mma): per key tile of 16 keys, S^T and dP^T
+// over the whole head dim (keys as rows), P^T and dS^T from them, dS by a transpose across
+// lanes; then the slice of dV and dK of those keys (complete: every row is in the tile, stored
+// at once) and the slice of dQ accumulated in fp32 over the key tiles, stored at the end. K / V
+// are read once for all three gradients.
 //
 // Why a kernel of its own: pass 2's kernel serves every segment shape and takes the registers
-// of its general item (254 on sm_90: two blocks of four warps per multiprocessor), while this
-// item is a dependent chain per key tile (loads, products, softmax, products, stores) that
-// needs warps in flight to hide it. Its own register cap (kTiledBwdRowTileMinBlocks) trades a
-// few hundred bytes of spills for a third block (docs/kernels.md#one-row-tile-backward).
+// of its general item; this one holds only what the one-row-tile item needs, and its items are
+// numbered per (segment, kv head, slice) alone (pass 2 numbers key tiles too, most of which
+// return at once for such calls).
 //
 // Determinism, contract and numerics are pass 2's (tiled_bwd_kernel.h): one writer per
 // gradient element in a fixed order; the item of slice 0 writes the edges (tiled_bwd_edges).
@@ -26,11 +26,12 @@
 namespace small_seq {
 
 constexpr int kTiledBwdRowTileThreads = 128;
-// Blocks per multiprocessor the register cap is set for: 168 registers on sm_90 (the item
-// needs 234 uncapped; 488 bytes spill at d = 128). Three blocks were 1.10-1.15x faster
-// forward+backward than two, four (128 registers, 1.3 KB spilled) 1.2-1.5x slower; loading the
-// next key tile's K / V ahead only paid at two blocks (it spills at three).
-constexpr int kTiledBwdRowTileMinBlocks = 3;
+// Blocks per multiprocessor the register cap is set for: two (222 registers on sm_90, no spill;
+// pass 2's kernel takes 246 for its general item). Measured forward+backward on 16 candidates
+// with 8 kv heads (H100): 1-5% faster than pass 2's kernel; a 168-register cap (three blocks,
+// 56 bytes spilled) 1-22% slower, 200 registers over blocks of one or two warps (10 warps per
+// multiprocessor, 8 bytes spilled) 10-17% slower (docs/kernels.md#one-row-tile-backward).
+constexpr int kTiledBwdRowTileMinBlocks = 2;
 
 template <typename T, int D>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdRowTileThreads, kTiledBwdRowTileMinBlocks)
