@@ -477,7 +477,7 @@ ROW_TILE_ROWS = [pytest.param(8, 8, 16, id="g1q16"), pytest.param(8, 8, 5, id="g
 def test_row_tile_rows_and_histories(dev, max_kv, d, h_q, h_kv, max_q):
     """Ragged queries (0..max_q) and histories (0..max_kv, the longest included) against the
     float64 oracle, and bitwise the gradients of pass 2's one-row-tile items (the same sums in
-    the same order: only where the loads are issued differs)."""
+    the same order: the same item in another kernel)."""
     dtype = torch.float16 if d == 64 else torch.bfloat16
     gen = torch.Generator().manual_seed(max_kv + d + h_q + max_q)
     b = 24 if max_kv == 4096 else 300

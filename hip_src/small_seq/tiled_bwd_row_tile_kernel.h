@@ -13,9 +13,7 @@
 // are read once for all three gradients.
 //
 // Why a kernel of its own: pass 2's kernel serves every segment shape and takes the registers
-// of its general item; this one holds only what the one-row-tile item needs, and its items are
-// numbered per (segment, kv head, slice) alone (pass 2 numbers key tiles too, most of which
-// return at once for such calls).
+// of its general item (246 on sm_90); this one holds only what the one-row-tile item needs.
 //
 // Determinism, contract and numerics are pass 2's (tiled_bwd_kernel.h): one writer per
 // gradient element in a fixed order; the item of slice 0 writes the edges (tiled_bwd_edges).
