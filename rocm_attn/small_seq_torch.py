@@ -55,6 +55,10 @@ CPU_CHUNK_BYTES = 2 * 2**20
 # ... but at least this many segments per chunk, so that Python's cost per chunk (a few ops)
 # stays small next to the chunk's work.
 CPU_CHUNK_MIN_SEGMENTS = 16
+# Bytes of one chunk's elementwise products in the one-query inference path (width x h_q x d
+# values per segment): measured on a 2-core EPYC VM, 2 MiB chunks ran as fast as 8 MiB ones and
+# 1.2x faster than 0.5 MiB ones (per-op cost).
+CPU_ONE_QUERY_CHUNK_BYTES = 2 * 2**20
 
 
 class Segments(NamedTuple):
@@ -329,6 +333,19 @@ def place_rows(seg: Segments, out, lse, probs, q, thd: bool, one_query: bool,
     return out, lse_rows, _probs_or_empty(probs_rows, q)
 
 
+def _one_query_chunk(q_c, kc, vc, out_c, scale: float) -> None:
+    """One query per segment, a chunk of n segments whose every key slot holds a key: q_c
+    [n, h_kv, group, d], kc / vc [n, width, h_kv, d] (views of THD rows); writes out_c
+    [n, h_kv, group, d].
+
+    Elementwise products summed over d, then over the keys: every K / V element is read once, in
+    its THD layout. SDPA on these shapes ([1, d] x [d, width] per head) reads K / V through
+    strided head views and took 1.7x as long (docs/performance.md#cpu-path)."""
+    scores = (kc.unsqueeze(3) * q_c.unsqueeze(1)).sum(-1)  # [n, width, h_kv, group]
+    probs = scores.mul_(scale).softmax(1)
+    torch.sum(vc.unsqueeze(3) * probs.unsqueeze(-1), 1, out=out_c)
+
+
 def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, width: int,
                    scale: float, compute, return_lse: bool):
     """(out, lse or empty, empty probs) of an inference call on CPU tensors, computed chunk by
@@ -381,6 +398,24 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
     else:
         out = q.new_empty(q.shape)
         lse = q.new_empty((b * mq, h_q), dtype=torch.float32) if return_lse else None
+    if one_query and packed_full and not return_lse and q.dtype == compute:
+        # one query per segment over full, packed histories: chunks of segments small enough
+        # that the products stay in the caches (CPU_ONE_QUERY_CHUNK_BYTES), K / V read as views
+        # of their THD rows. Ragged histories keep the gather and SDPA below: gathered, these
+        # products were 1.4x slower there (docs/performance.md#cpu-path).
+        group = h_q // h_kv
+        per_seg = width * h_q * d * elem
+        n_chunk = max(CPU_CHUNK_MIN_SEGMENTS, CPU_ONE_QUERY_CHUNK_BYTES // max(per_seg, 1))
+        qg = q.view(b, h_kv, group, d)
+        out_g = out.view(b, h_kv, group, d)
+        r0 = int(kv_start[0])
+        for s in range(0, b, n_chunk):
+            e = min(b, s + n_chunk)
+            n = e - s
+            kc = k_rows_of[r0 + s * width:r0 + e * width].view(n, width, h_kv, d)
+            vc = v_rows_of[r0 + s * width:r0 + e * width].view(n, width, h_kv, d)
+            _one_query_chunk(qg[s:e], kc, vc, out_g[s:e], scale)
+        return out, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
     if packed_full and not return_lse and not (thd and not one_query):
         # no gather: one SDPA call over every segment, k/v as views
         kc = k_rows_of[int(kv_start[0]):int(kv_start[0]) + b * width].view(b, width, h_kv, d)

@@ -416,6 +416,38 @@ def test_single_segment(layout, seed):
     check_against_reference(case, backend="torch")
 
 
+@pytest.mark.parametrize("seed", seeds(2))
+@pytest.mark.parametrize("h_q,h_kv", [(4, 4), (4, 2), (8, 1)], ids=["g1", "g2", "g8"])
+@pytest.mark.parametrize("histories", ["full", "ragged", "strided"])
+def test_cpu_one_query_inference(histories, h_q, h_kv, seed):
+    """The CPU inference path of one query per segment (products summed per chunk of segments on
+    K / V views where every history is full and packed; gathered and SDPA otherwise) against
+    the float64 reference: fp32 and fp64, chunks of several segments (400 segments), empty
+    segments, GQA, strided views; a non-finite V row changes only its own segment."""
+    rng = Rng(seed, f"cpu1q{histories}{h_q}{h_kv}")
+    b, max_kv = 400, 12
+    lens = torch.full((b,), max_kv) if histories == "full" else None
+    for dtype in (torch.float32, torch.float64):
+        case = thd_case(rng, b, h_q, h_kv, 64, max_kv, dtype, lens=lens,
+                        strided=histories == "strided")
+        with torch.no_grad():
+            out = call(case, *case.qkv(case.leaves), backend="torch", return_lse=False,
+                       return_softmax=False)
+        rout = run_ref(case, grads=False)[0]
+        assert_rel("out", out, rout, out_tol(dtype), str(case))
+    v = case.qkv(case.leaves)[2]
+    seg = int(torch.nonzero(case.lens > 0)[0])
+    row = int(case.cu_kv[seg])
+    with torch.no_grad():
+        v[row, 0, 0] = float("inf")
+        out = call(case, *case.qkv(case.leaves), backend="torch", return_lse=False,
+                   return_softmax=False)
+    others = torch.ones(b, dtype=torch.bool)
+    others[seg] = False
+    assert not torch.isfinite(out[seg]).all()
+    assert torch.isfinite(out[others]).all()
+
+
 @pytest.mark.parametrize("seed", seeds(1))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_50k_segments(dtype, seed):
