@@ -50,7 +50,7 @@ NAN = float("nan")
 # Bytes of padded q, k, v one chunk of the CPU inference path gathers: small enough to stay in
 # the caches, and far below glibc's mmap threshold (32 MiB), so the buffers are reused from the
 # heap: a fresh mmap of the whole padded batch costs a page fault per 4 KiB on every call, more
-# than the attention itself (docs/performance.md#cpu-path).
+# than the attention itself (docs/performance.md#fused_attn_small_seq-on-cpu).
 CPU_CHUNK_BYTES = 2 * 2**20
 # ... but at least this many segments per chunk, so that Python's cost per chunk (a few ops)
 # stays small next to the chunk's work.
@@ -340,7 +340,7 @@ def _one_query_chunk(q_c, kc, vc, out_c, scale: float) -> None:
 
     Elementwise products summed over d, then over the keys: every K / V element is read once, in
     its THD layout. SDPA on these shapes ([1, d] x [d, width] per head) reads K / V through
-    strided head views and took 1.7x as long (docs/performance.md#cpu-path)."""
+    strided head views and took 1.7x as long (docs/performance.md#fused_attn_small_seq-on-cpu)."""
     scores = (kc.unsqueeze(3) * q_c.unsqueeze(1)).sum(-1)  # [n, width, h_kv, group]
     probs = scores.mul_(scale).softmax(1)
     torch.sum(vc.unsqueeze(3) * probs.unsqueeze(-1), 1, out=out_c)
@@ -402,7 +402,7 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
         # one query per segment over full, packed histories: chunks of segments small enough
         # that the products stay in the caches (CPU_ONE_QUERY_CHUNK_BYTES), K / V read as views
         # of their THD rows. Ragged histories keep the gather and SDPA below: gathered, these
-        # products were 1.4x slower there (docs/performance.md#cpu-path).
+        # products were 1.4x slower there (docs/performance.md#fused_attn_small_seq-on-cpu).
         group = h_q // h_kv
         per_seg = width * h_q * d * elem
         n_chunk = max(CPU_CHUNK_MIN_SEGMENTS, CPU_ONE_QUERY_CHUNK_BYTES // max(per_seg, 1))
