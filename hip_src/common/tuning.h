@@ -64,8 +64,8 @@ struct RaTuning {
   // launcher's rule; 0 = never; 2 / 3 = the kernel with one per wave / per block (tests, A/B).
   int small_seq_tiled_bwd_stream = 1;
   // tiled small-seq backward: 1 = calls whose every (segment, kv head) fits one 16-row tile
-  // (and is not the streaming kernel's) take the one-row-tile kernel
-  // (tiled_bwd_row_tile_kernel.h) in place of the dK / dV pass; 0 = never.
+  // (and is not the streaming kernel's) take the dK / dV pass's one-row-tile instance (only
+  // that item compiled, tiled_bwd_kernel.h); 0 = never (the general instance).
   int small_seq_tiled_bwd_row_tile = 1;
   // small-seq, THD calls on a CUDA build of torch: the flash route (torch's flash varlen
   // kernels with the contract kernels around them, rocm_attn/small_seq_flash.py). 1 = the

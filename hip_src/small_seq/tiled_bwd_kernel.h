@@ -26,10 +26,9 @@
 //      re-read per key tile from L1 on 32-lane warps), accumulating the slice of dQ in fp32,
 //      stored once.
 // Passes 2 and 3 give way to the streaming kernel (tiled_bwd_stream_kernel.h) where a (segment,
-// kv head) has at most 4 rows, to the one-row-tile kernel (tiled_bwd_row_tile_kernel.h, pass 2's
-// one-row-tile item under its own register cap) where it has at most 16, and on Hopper to the
-// warpgroup kernels (tiled_bwd_warpgroup_kernel.h) where it fills 64-row tiles over at most 256
-// keys.
+// kv head) has at most 4 rows, to pass 2's one-row-tile instance (only the one-row-tile item
+// compiled; no pass 3) where it has at most 16, and on Hopper to the warpgroup kernels
+// (tiled_bwd_warpgroup_kernel.h) where it fills 64-row tiles over at most 256 keys.
 // Every gradient element is written by exactly one work item, which sums its terms in a fixed
 // order: deterministic (bitwise, run to run), no atomics. Head-dim slices are separate items:
 // they bound the fp32 accumulators (two 16 x slice tiles in pass 2) to 64 registers per lane
@@ -905,14 +904,18 @@ RA_DEVICE void tiled_bwd_row_tile_item(const SmallSeqTiledParams& p, const int h
 
 // Pass 2: grid-stride over (segment, kv head, key tile, slice) items, segment-major so the key
 // tiles of one segment run at once on neighbouring waves (their shared Q / dO rows come from L2).
-template <typename T, int D>
+// ROW_TILE_CALL: the host bound puts every segment's rows in one row tile (max_seqlen_q x group
+// <= kTiledBwdRows; the launcher's one-row-tile instance, docs/kernels.md#one-row-tile-backward):
+// only the one-row-tile item is compiled, so the kernel takes that item's registers (220 on
+// sm_90 at d = 128, against 246 with the general item beside it).
+template <typename T, int D, bool ROW_TILE_CALL = false>
 __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
     small_seq_tiled_bwd_dkv_kernel(const SmallSeqTiledParams p) {
   constexpr int WAVE = RA_WAVE_SIZE;
   constexpr int SLICES = tiled_bwd_slices(WAVE, D);
   const int lane = threadIdx.x % WAVE;
   const int waves = blockDim.x / WAVE;
-  const int64_t tiles = tiled_bwd_item_key_tiles(p);
+  const int64_t tiles = ROW_TILE_CALL ? 1 : tiled_bwd_item_key_tiles(p);
   const int64_t per_hk = tiles * SLICES;
   const int64_t per_seg = per_hk * p.num_heads_kv;
   const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
@@ -934,11 +937,11 @@ __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
     }
     // Tile 0 always runs (it writes dQ of a segment without keys: zeros); later tiles only
     // where the segment has keys and more than one row tile.
-    const bool one_row_tile = tiled_bwd_one_row_tile(p, s);
+    const bool one_row_tile = ROW_TILE_CALL || tiled_bwd_one_row_tile(p, s);
     if (kt > 0 && (one_row_tile || static_cast<int64_t>(kt) * kTiledBwdKeys >= s.nk)) continue;
     if (one_row_tile) {
       tiled_bwd_row_tile_item<T, D>(p, hk, slice, s, lane);
-    } else {
+    } else if constexpr (!ROW_TILE_CALL) {
 #if RA_HAS_MMA
       tiled_bwd_dkv_mma<T, D>(p, hk, kt, slice, s, lane);
 #else

@@ -2,13 +2,12 @@
 // max_seqlen_kv exceeds one key tile, the dQ pass, in stream order; on Hopper (sm_90a builds)
 // the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h) replace passes 2 and 3 where they
 // serve, for calls of at most a few rows per (segment, kv head) the streaming kernel
-// (tiled_bwd_stream_kernel.h) does, on every target, and for calls of at most one row tile the
-// one-row-tile kernel (tiled_bwd_row_tile_kernel.h). Dispatch over dtype x head dim (one
-// translation unit: no kv bucket, no generated files).
+// (tiled_bwd_stream_kernel.h) does, on every target, and for calls of at most one row tile pass
+// 2's one-row-tile instance alone. Dispatch over dtype x head dim (one translation unit: no kv
+// bucket, no generated files).
 #include "../common/launch.h"
 #include "../common/tuning.h"
 #include "tiled_bwd_block_kernel.h"
-#include "tiled_bwd_row_tile_kernel.h"
 #include "tiled_bwd_stream_kernel.h"
 #include "tiled_bwd_warpgroup_kernel.h"
 #include "tiled_launch_util.h"
@@ -69,24 +68,20 @@ inline bool tiled_bwd_use_stream(const SmallSeqTiledParams& p) {
          tiled_max_rows(p) <= kTiledBwdStreamMaxRows;
 }
 
-// The one-row-tile kernel in place of pass 2 where every (segment, kv head) fits one 16-row
-// tile (host bound max_seqlen_q x group): pass 3 then has no work. Tuning
-// small_seq_tiled_bwd_row_tile 0 keeps pass 2's kernel.
+// Pass 2's one-row-tile instance (small_seq_tiled_bwd_dkv_kernel<T, D, true>) where every
+// (segment, kv head) fits one 16-row tile (host bound max_seqlen_q x group): pass 3 then has no
+// work. Tuning small_seq_tiled_bwd_row_tile 0 keeps the general instance.
 inline bool tiled_bwd_use_row_tile(const SmallSeqTiledParams& p) {
   return ra_tuning().small_seq_tiled_bwd_row_tile > 0 && tiled_max_rows(p) <= kTiledBwdRows;
 }
 
-// One (segment, kv head, slice) per wave.
-template <typename T, int D>
-hipError_t run_tiled_bwd_row_tile(const SmallSeqTiledParams& p, int slices, hipStream_t stream) {
-  constexpr auto KERNEL = small_seq_tiled_bwd_row_tile_kernel<T, D>;
-  constexpr int kThreads = kTiledBwdRowTileThreads;
-  const int waves = kThreads / ra_device_wave_size();
-  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv * slices;
-  hipLaunchKernelGGL(KERNEL, (tiled_bwd_grid<KERNEL>(items, waves, kThreads)), dim3(kThreads), 0,
-                     stream, p);
-  return hipGetLastError();
-}
+// Blocks of the one-row-tile instance: four waves (the general instance takes
+// kTiledBwdWavesPerBlock). Measured forward+backward on 16 candidates with 8 kv heads (H100):
+// the instance in these blocks 1-5% faster than the general instance; a 168-register cap (three
+// blocks, 56 bytes spilled) 1-22% slower, 200 registers over blocks of one or two warps (10
+// warps per multiprocessor, 8 bytes spilled) 10-17% slower (docs/kernels.md#one-row-tile-backward).
+constexpr int kTiledBwdRowTileThreads = 128;
+static_assert(kTiledBwdRowTileThreads <= kTiledBwdMaxThreadsPerBlock, "pass 2's thread bound");
 
 // Launches KERNEL with `threads` threads and `smem` bytes of dynamic shared memory over `items`
 // work items: one block per item up to kTiledBwdResidencyFactor x the blocks resident at once.
@@ -192,9 +187,15 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
     if (tiled_bwd_use_warpgroup<D>(p)) return run_tiled_bwd_warpgroup<T, D>(p, stream);
   }
   if (tiled_bwd_use_stream(p)) return run_tiled_bwd_stream<T, D>(p, stream);
-  if (tiled_bwd_use_row_tile(p)) return run_tiled_bwd_row_tile<T, D>(p, slices, stream);
-  const bool use_block = tiled_bwd_use_block(p);
-  if (use_block) {
+  const bool row_tile = tiled_bwd_use_row_tile(p);
+  const bool use_block = !row_tile && tiled_bwd_use_block(p);
+  if (row_tile) {
+    constexpr auto kernel = small_seq_tiled_bwd_dkv_kernel<T, D, true>;
+    constexpr int kThreads = kTiledBwdRowTileThreads;
+    hipLaunchKernelGGL(kernel, (tiled_bwd_grid<kernel>(tiled_bwd_dkv_items(p, slices),
+                                                       kThreads / wave, kThreads)),
+                       dim3(kThreads), 0, stream, p);
+  } else if (use_block) {
     constexpr auto kernel = small_seq_tiled_bwd_dkv_block_kernel<T, D>;
     constexpr int kThreads = kTiledBwdBlockThreads;
     const int64_t items =

@@ -185,10 +185,8 @@ struct TiledRowMap {
 // 32-bit division (a ~20-instruction sequence on NVIDIA) per row address inside key loops.
 struct TiledSmallRowSplit {
   uint32_t magic;
-  int group;
-  RA_DEVICE explicit TiledSmallRowSplit(int group_)
-      : magic((65536u + static_cast<uint32_t>(group_) - 1u) / static_cast<uint32_t>(group_)),
-        group(group_) {}
+  RA_DEVICE explicit TiledSmallRowSplit(int group)
+      : magic((65536u + static_cast<uint32_t>(group) - 1u) / static_cast<uint32_t>(group)) {}
   RA_DEVICE int query(int r) const {
     return static_cast<int>((static_cast<uint32_t>(r) * magic) >> 16);
   }

@@ -23,16 +23,16 @@ from . import small_seq_tiled_cases as C
 # values for rocm_attn.tuning.override (GPU) and helpers.emu.tuning (CPU emulation). Both keep
 # the Hopper warpgroup kernel off (it would take the calls of at most 64 keys on an sm_90a GPU),
 # the streaming kernel (it would take the calls of at most 4 rows per (segment, kv head)) and the
-# one-row-tile kernel (calls of at most 16).
+# one-row-tile instance of the dK / dV pass (calls of at most 16).
 BWD_PASSES = {
     "wave": {"small_seq_tiled_bwd_block": 0, "small_seq_tiled_bwd_warpgroup": 0,
              "small_seq_tiled_bwd_stream": 0, "small_seq_tiled_bwd_row_tile": 0},
     "block": {"small_seq_tiled_bwd_block": 2, "small_seq_tiled_bwd_warpgroup": 0,
               "small_seq_tiled_bwd_stream": 0, "small_seq_tiled_bwd_row_tile": 0},
 }
-# The one-row-tile kernel (tiled_bwd_row_tile_kernel.h) for the calls it serves (at most 16
-# rows per (segment, kv head), more than the streaming kernel's 4); calls of more rows fall back
-# to the wave passes.
+# The dK / dV pass's one-row-tile instance (tiled_bwd_kernel.h) for the calls it serves (at most
+# 16 rows per (segment, kv head), more than the streaming kernel's 4); calls of more rows fall
+# back to the wave passes.
 ROW_TILE_PASS = {"small_seq_tiled_bwd_row_tile": 1, "small_seq_tiled_bwd_stream": 0,
                  "small_seq_tiled_bwd_warpgroup": 0, "small_seq_tiled_bwd_block": 0}
 # The streaming kernel (tiled_bwd_stream_kernel.h) for the calls it serves (at most 4 rows per
