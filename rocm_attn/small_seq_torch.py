@@ -372,19 +372,11 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
         k_rows_of = k.reshape((-1,) + tuple(k.shape[2:]))
         v_rows_of = v.reshape((-1,) + tuple(v.shape[2:]))
         kv_start = torch.arange(b) * s_kv
-    last = (seg.nkv - 1).clamp(min=0).unsqueeze(1)
-    slot = torch.arange(width).unsqueeze(0)
-    # padded slots repeat the segment's last key (never another segment's row)
-    k_rows = (kv_start.unsqueeze(1) + torch.minimum(slot, last)).clamp(0, k_rows_of.shape[0] - 1)
-    kbuf = k.new_empty((n_chunk * width,) + tuple(k.shape[-2:]))
-    vbuf = v.new_empty((n_chunk * width,) + tuple(v.shape[-2:]))
     maybe_empty = bool((seg.nkv == 0).any())
     # every segment full and right after the previous one (fixed-length histories): each
     # chunk's k/v are views of k/v, no gather
     packed_full = (not maybe_empty and bool((seg.nkv == width).all())
                    and torch.equal(kv_start, kv_start[0] + torch.arange(b) * width))
-    mask = (slot < seg.nkv.unsqueeze(1)).view(b, 1, 1, width)
-    empty = (seg.nkv == 0).view(b, 1, 1, 1)
     if thd and not one_query:
         total_q = q.shape[0]
         lead, tail = int(seg.pad_lead), int(seg.pad_tail)
@@ -405,12 +397,12 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
         # products were 1.4x slower there (docs/performance.md#fused_attn_small_seq-on-cpu).
         group = h_q // h_kv
         per_seg = width * h_q * d * elem
-        n_chunk = max(CPU_CHUNK_MIN_SEGMENTS, CPU_ONE_QUERY_CHUNK_BYTES // max(per_seg, 1))
+        segs = max(CPU_CHUNK_MIN_SEGMENTS, CPU_ONE_QUERY_CHUNK_BYTES // max(per_seg, 1))
         qg = q.view(b, h_kv, group, d)
         out_g = out.view(b, h_kv, group, d)
         r0 = int(kv_start[0])
-        for s in range(0, b, n_chunk):
-            e = min(b, s + n_chunk)
+        for s in range(0, b, segs):
+            e = min(b, s + segs)
             n = e - s
             kc = k_rows_of[r0 + s * width:r0 + e * width].view(n, width, h_kv, d)
             vc = v_rows_of[r0 + s * width:r0 + e * width].view(n, width, h_kv, d)
@@ -430,6 +422,15 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
         else:
             out.copy_(o)
         return out, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
+    # the paths below gather each chunk's keys (unless packed_full) and mask the padded slots
+    last = (seg.nkv - 1).clamp(min=0).unsqueeze(1)
+    slot = torch.arange(width).unsqueeze(0)
+    # padded slots repeat the segment's last key (never another segment's row)
+    k_rows = (kv_start.unsqueeze(1) + torch.minimum(slot, last)).clamp(0, k_rows_of.shape[0] - 1)
+    kbuf = k.new_empty((n_chunk * width,) + tuple(k.shape[-2:]))
+    vbuf = v.new_empty((n_chunk * width,) + tuple(v.shape[-2:]))
+    mask = (slot < seg.nkv.unsqueeze(1)).view(b, 1, 1, width)
+    empty = (seg.nkv == 0).view(b, 1, 1, 1)
     if not return_lse and not packed_full and (one_query or not thd) and q.dtype == compute:
         # the common inference call, with as few ops per chunk as it takes (Python's cost per
         # op is comparable to a small chunk's work): chunks cut up front by split()

@@ -187,6 +187,15 @@ def test_bshd(dev, s_q, offsets, passes):
     assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
 
 
+def corrupt_offsets(case, q_at: int, far: int = 2**40):
+    """Garbage offsets in a case of at least 8 segments: segment 5 gets -1 keys, segment 7's
+    keys run from past the end of k/v (cu_seqlens_kv[8] = far), and segments q_at - 1 and q_at
+    start their queries before the start of q (cu_seqlens_q[q_at] = -far)."""
+    case.cu_kv[6] = case.cu_kv[5] - 1
+    case.cu_kv[8] = far
+    case.cu_q[q_at] = -far
+
+
 @pytest.mark.parametrize("passes", [*G.BWD_PASSES, "warpgroup"])
 def test_garbage_offsets_no_oob(dev, passes):
     """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
@@ -196,9 +205,7 @@ def test_garbage_offsets_no_oob(dev, passes):
     q_lens, kv_lens = [3, 1, 17, 2, 40, 5, 1, 2, 4], [5, 17, 64, 3, 10, 1, 0, 7, 9]
     case = C.thd_case(10, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, offsets=torch.int64,
                       max_q=17, max_kv=64, pad_before=2, pad_after=2, kv_pad=3, device=dev)
-    case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
-    case.cu_kv[8] = 2**40  # segment 7: keys past the end of k/v
-    case.cu_q[2] = -(2**40)  # segments 1 and 2: queries before the start of q
+    corrupt_offsets(case, q_at=2)
     with rocm_attn.tuning.override(**_passes(passes)):
         check(case, seed=10)
 
@@ -431,9 +438,7 @@ def test_stream_garbage_offsets_no_oob(dev, passes):
     q_lens, kv_lens = [1, 1, 2, 1, 1, 1, 1, 1, 1], [5, 17, 64, 300, 10, 1, 0, 7, 900]
     case = C.thd_case(52, q_lens, kv_lens, 8, 2, 128, torch.bfloat16, offsets=torch.int64,
                       max_q=1, max_kv=1000, pad_before=2, pad_after=2, kv_pad=3, device=dev)
-    case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
-    case.cu_kv[8] = 2**40  # segment 7: keys past the end of k/v
-    case.cu_q[4] = -(2**40)  # segments 3 and 4: queries before the start of q
+    corrupt_offsets(case, q_at=4)
     with rocm_attn.tuning.override(**G.STREAM_PASSES[passes]):
         check(case, seed=52)
     case = C.thd_case(53, [1] * 5, [4, 6, 9, 2, 5], 8, 8, 64, torch.bfloat16, max_kv=16,
@@ -464,8 +469,8 @@ def test_stream_deterministic_and_default(dev, b):
     assert not torch.equal(default[1].view(torch.uint8), wave[1].view(torch.uint8))
 
 
-# The one-row-tile kernel (tiled_bwd_row_tile_kernel.h): 5..16 rows (queries x GQA group) per
-# (segment, kv head). (h_q, h_kv, max queries per segment).
+# The dK / dV pass's one-row-tile instance (tiled_bwd_kernel.h): 5..16 rows (queries x GQA
+# group) per (segment, kv head). (h_q, h_kv, max queries per segment).
 ROW_TILE_ROWS = [pytest.param(8, 8, 16, id="g1q16"), pytest.param(8, 8, 5, id="g1q5"),
                  pytest.param(8, 1, 2, id="g8q2"), pytest.param(16, 1, 1, id="g16q1"),
                  pytest.param(6, 2, 4, id="g3q4")]
@@ -510,9 +515,7 @@ def test_row_tile_strided_garbage_bshd(dev, offsets):
     q_lens, kv_lens = [3, 16, 2, 9, 1, 16, 4, 5, 16], [5, 17, 64, 300, 10, 1, 0, 7, 900]
     case = C.thd_case(61, q_lens, kv_lens, 8, 8, 128, torch.bfloat16, offsets=offsets,
                       max_q=16, max_kv=1000, pad_before=2, pad_after=2, kv_pad=3, device=dev)
-    case.cu_kv[6] = case.cu_kv[5] - 1  # segment 5: -1 keys
-    case.cu_kv[8] = 2**31 - 8 if offsets == torch.int32 else 2**40  # segment 7: past the end
-    case.cu_q[4] = -(2**31) + 8 if offsets == torch.int32 else -(2**40)  # 3, 4: before q
+    corrupt_offsets(case, q_at=4, far=2**31 - 8 if offsets == torch.int32 else 2**40)
     with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
         check(case, seed=61)
     case = C.bshd_case(62, 16, [5, 41, 0, 300, 64], 300, 8, 8, 128, torch.bfloat16,
@@ -525,7 +528,7 @@ def test_row_tile_strided_garbage_bshd(dev, offsets):
 
 
 def test_row_tile_default_and_deterministic(dev):
-    """The default tuning takes the one-row-tile kernel for 16 candidates without GQA (its bits
+    """The default tuning takes the one-row-tile instance for 16 candidates without GQA (its bits
     are pass 2's), bitwise the same run to run."""
     gen = torch.Generator().manual_seed(63)
     case = C.thd_case(63, [16] * 2000, lens(gen, 2000, 0, 256), 8, 8, 128, torch.bfloat16,
