@@ -50,8 +50,13 @@ def op(case: C.TiledCase, dout, out, lse, dlse, poison=True):
 
 
 def _passes(name):
-    """Tuning values of a pass name: G.BWD_PASSES' or the warpgroup kernel's."""
-    return G.WARPGROUP_PASS if name == "warpgroup" else G.BWD_PASSES[name]
+    """Tuning values of a pass name: G.BWD_PASSES' or the warpgroup kernel's (Delta fused by
+    default, from the Delta pass with "warpgroup_delta_pass")."""
+    if name == "warpgroup":
+        return G.WARPGROUP_PASS
+    if name == "warpgroup_delta_pass":
+        return G.WARPGROUP_DELTA_PASS
+    return G.BWD_PASSES[name]
 
 
 def warpgroup_device(dev) -> bool:
@@ -196,7 +201,7 @@ def corrupt_offsets(case, q_at: int, far: int = 2**40):
     case.cu_q[q_at] = -far
 
 
-@pytest.mark.parametrize("passes", [*G.BWD_PASSES, "warpgroup"])
+@pytest.mark.parametrize("passes", [*G.BWD_PASSES, "warpgroup", "warpgroup_delta_pass"])
 def test_garbage_offsets_no_oob(dev, passes):
     """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
     max_seqlen_kv): NaN dq on the bad segments' rows, zero dk / dv on their keys, no
@@ -344,11 +349,13 @@ def test_warpgroup_many_candidates(dev, max_kv, d, h_q, h_kv, dtype):
         check(case, seed=d + max_kv, dlse=d == 128)
 
 
+@pytest.mark.parametrize("passes", ["warpgroup", "warpgroup_delta_pass"])
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
 @pytest.mark.parametrize("max_kv", list(WARPGROUP_KV_LENS))
-def test_warpgroup_ragged_strided(dev, max_kv, offsets):
+def test_warpgroup_ragged_strided(dev, max_kv, offsets, passes):
     """Many ragged segments (empty ones included), strided q / k / v views, padding q rows (dq
-    0) and unread NaN k/v rows around the segments (dk = dv = 0), by the warpgroup kernel."""
+    0, written by the dK / dV kernel where Delta is fused) and unread NaN k/v rows around the
+    segments (dk = dv = 0), by the warpgroup kernel."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     gen = torch.Generator().manual_seed(40 + max_kv)
@@ -356,10 +363,48 @@ def test_warpgroup_ragged_strided(dev, max_kv, offsets):
     case = C.thd_case(40 + max_kv, lens(gen, b, 0, 80), lens(gen, b, 0, max_kv), 8, 2, 128,
                       torch.bfloat16, offsets=offsets, max_q=80, max_kv=max_kv, strided=True,
                       pad_before=7, pad_after=9, kv_pad=5, device=dev)
-    with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
-        _, (dq, dk, dv) = check(case, seed=41)
+    with rocm_attn.tuning.override(**_passes(passes)):
+        _, (dq, dk, dv) = check(case, seed=41, dlse=offsets == torch.int64)
     assert (dq[:7] == 0).all() and (dq[-9:] == 0).all()
     assert (dk[:5] == 0).all() and (dv[-5:] == 0).all()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("max_kv", [16, 64])
+def test_warpgroup_fused_delta(dev, max_kv, d):
+    """Delta computed by the dK / dV kernel as rowsum(P dP) - dlse (no Delta pass) against the
+    oracle and against Delta from the Delta pass: dlse, GQA, segments without keys or queries,
+    a non-finite dO row (NaN on its own segment only, as with the Delta pass)."""
+    if not warpgroup_device(dev):
+        pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
+    q_lens = [16, 1, 0, 70, 5, 64, 3]
+    kv_lens = [max_kv, 0, 3, max_kv - 1, 1, 9, max_kv]
+    case = C.thd_case(50 + max_kv + d, q_lens, kv_lens, 8, 2, d, torch.bfloat16,
+                      max_kv=max_kv, pad_before=3, pad_after=2, device=dev)
+    with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
+        inputs, fused = check(case, seed=50 + d, dlse=True)
+    with rocm_attn.tuning.override(**G.WARPGROUP_DELTA_PASS):
+        two_pass = op(case, *inputs)
+    for a, b in zip(fused, two_pass):  # both within the oracle's bound of each other
+        assert not torch.isnan(b).any()
+        assert float((a.double() - b.double()).norm() / b.double().norm()) < G.TOL_GRAD[b.dtype]
+    # a NaN in one dO row of segment 3 (rows 3 + 1 + 0 .. of THD, after the 3 padding rows)
+    dout = inputs[0].clone()
+    row = 3 + 16 + 1 + 0 + 10
+    dout[row, 0, 5] = float("nan")
+    with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
+        dq, dk, dv = op(case, dout, *inputs[1:])
+    torch.cuda.synchronize()
+    seg_q = slice(3 + 17, 3 + 17 + 70)
+    assert torch.isnan(dq[seg_q]).any()
+    others = torch.ones(dq.shape[0], dtype=torch.bool, device=dq.device)
+    others[seg_q] = False
+    assert not torch.isnan(dq[others]).any(), "a NaN dO row leaked into another segment's dq"
+    k0 = int(case.cu_kv[3])
+    kn = int(case.cu_kv[4])
+    kmask = torch.ones(dk.shape[0], dtype=torch.bool, device=dk.device)
+    kmask[k0:kn] = False
+    assert not torch.isnan(dk[kmask]).any() and not torch.isnan(dv[kmask]).any()
 
 
 def test_warpgroup_deterministic_and_default(dev):

@@ -58,6 +58,11 @@ struct RaTuning {
   // (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never; 2 = every call it can serve, fewer
   // rows included (tests, A/B runs).
   int small_seq_tiled_bwd_warpgroup = 1;
+  // tiled small-seq backward, warpgroup dK / dV kernel with dQ (histories of at most one 64-key
+  // block): Delta = rowsum(P dP) - dlse from the kernel's own products, no Delta pass (one read
+  // of dO and out less). 1 = histories of at most 16 keys (one chunk of products), 2 = up to
+  // 64 keys too (a second sweep of the score products), 0 = the Delta pass always.
+  int small_seq_tiled_bwd_fused_delta = 2;
   // tiled small-seq backward: 1 = calls of at most 4 rows per (segment, kv head) (one query
   // with a GQA group of at most 4) take the streaming kernel (tiled_bwd_stream_kernel.h) in
   // place of the dK / dV and dQ passes, one (segment, kv head) per wave or per block by the
@@ -112,6 +117,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
     {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},
     {"small_seq_tiled_bwd_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WARPGROUP", &RaTuning::small_seq_tiled_bwd_warpgroup},
+    {"small_seq_tiled_bwd_fused_delta", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_FUSED_DELTA", &RaTuning::small_seq_tiled_bwd_fused_delta},
     {"small_seq_tiled_bwd_stream", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_STREAM", &RaTuning::small_seq_tiled_bwd_stream},
     {"small_seq_tiled_bwd_row_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_ROW_TILE", &RaTuning::small_seq_tiled_bwd_row_tile},
     {"small_seq_flash_route", "ROCM_ATTN_SMALL_SEQ_FLASH_ROUTE", &RaTuning::small_seq_flash_route},

@@ -157,6 +157,28 @@ RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms(const SmallSeqTiledParams& p,
   return TiledBwdRowTerms{p.lse[at] * kTiledBwdLog2e, p.workspace[at]};
 }
 
+// dq = 0 on the q padding rows of a THD call (rows before the first segment and after the last:
+// tiled_padding_rows), for kernels that run without pass 1; `thread` of `threads` threads
+// striding over the rows' 16-byte pieces. A BSHD call has no padding rows.
+template <int D>
+RA_DEVICE void tiled_bwd_zero_padding_dq(const SmallSeqTiledParams& p, const int64_t thread,
+                                         const int64_t threads) {
+  constexpr int kVecs = D / 8;
+  const TiledPadding pad = tiled_padding_rows(p);
+  const int64_t tail = p.total_q - pad.tail_begin;
+  const int64_t per_row = static_cast<int64_t>(p.num_heads_q) * kVecs;
+  const int64_t pieces = (pad.lead_end + tail) * per_row;
+  for (int64_t i = thread; i < pieces; i += threads) {
+    const int64_t k = i / per_row;
+    const int64_t rest = i - k * per_row;
+    const int64_t row = k < pad.lead_end ? k : pad.tail_begin + (k - pad.lead_end);
+    const int64_t hq = rest / kVecs;
+    uint16_t* dq = static_cast<uint16_t*>(p.dq) + row * p.dq_token_stride +
+                   hq * p.dq_head_stride + 8 * (rest - hq * kVecs);
+    ra_store16(dq, ra_vec8{{0u, 0u, 0u, 0u}});
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pass 1: Delta = rowsum(dO * O) - dlse per (query row, q head), and dq = 0 on padding rows.
 // ---------------------------------------------------------------------------------------------

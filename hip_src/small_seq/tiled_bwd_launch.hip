@@ -1,7 +1,7 @@
 // Launch of the tiled small-seq backward (tiled_bwd_kernel.h): Delta pass, dK/dV pass and, when
 // max_seqlen_kv exceeds one key tile, the dQ pass, in stream order; on Hopper (sm_90a builds)
 // the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h) replace passes 2 and 3 where they
-// serve, for calls of at most a few rows per (segment, kv head) the streaming kernel
+// serve (and pass 1 too where they hold every key of a history), for calls of at most a few rows per (segment, kv head) the streaming kernel
 // (tiled_bwd_stream_kernel.h) does, on every target, and for calls of at most one row tile pass
 // 2's one-row-tile instance alone. Dispatch over dtype x head dim (one translation unit: no kv
 // bucket, no generated files).
@@ -99,21 +99,40 @@ hipError_t run_tiled_bwd_staged(const SmallSeqTiledParams& p, int64_t items, int
   return hipGetLastError();
 }
 
+// Whether the warpgroup dK / dV kernel computes Delta itself (rowsum(P dP) from its own
+// products, pass 1 not launched): only where its block holds every key of a history (with dQ,
+// max_seqlen_kv <= one key block). Tuning small_seq_tiled_bwd_fused_delta: 1 = histories of
+// one 16-key chunk, 2 = also up to one key block (a second sweep of the score products), 0 =
+// never. Pass 1 reads dO and out once more than the floor counts (docs/kernels.md#warpgroup-backward).
+inline bool tiled_bwd_warpgroup_fuses_delta(const SmallSeqTiledParams& p) {
+  const int mode = ra_tuning().small_seq_tiled_bwd_fused_delta;
+  return (mode >= 1 && p.max_seqlen_kv <= kTiledBwdWarpgroupChunk) ||
+         (mode >= 2 && p.max_seqlen_kv <= kTiledBwdWarpgroupBlockKeys);
+}
+
 // Histories of one key block: the dK / dV kernel with dQ (16-key products where every history
-// fits them). Longer ones: the dK / dV kernel over (segment, kv head, key block) items, then
-// the dQ kernel over (segment, kv head) items.
+// fits them), Delta fused or from pass 1. Longer ones: the dK / dV kernel over (segment, kv
+// head, key block) items, then the dQ kernel over (segment, kv head) items.
+template <typename T, int D, int KEYS, bool FUSED_DELTA>
+hipError_t run_tiled_bwd_warpgroup_with_dq(const SmallSeqTiledParams& p, hipStream_t stream) {
+  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS, true, FUSED_DELTA>>(
+      p, static_cast<int64_t>(p.batch) * p.num_heads_kv, 128,
+      tiled_bwd_warpgroup_smem_bytes<D>(KEYS), stream);
+}
+
 template <typename T, int D>
-hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, hipStream_t stream) {
+hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, const bool fused_delta,
+                                   hipStream_t stream) {
   constexpr int kBlockKeys = kTiledBwdWarpgroupBlockKeys;
   const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   if (p.max_seqlen_kv <= 16)
-    return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_kernel<T, D, 16, true>>(
-        p, pairs, 128, tiled_bwd_warpgroup_smem_bytes<D>(16), stream);
+    return fused_delta ? run_tiled_bwd_warpgroup_with_dq<T, D, 16, true>(p, stream)
+                       : run_tiled_bwd_warpgroup_with_dq<T, D, 16, false>(p, stream);
   if (p.max_seqlen_kv <= kBlockKeys)
-    return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_kernel<T, D, kBlockKeys, true>>(
-        p, pairs, 128, tiled_bwd_warpgroup_smem_bytes<D>(kBlockKeys), stream);
+    return fused_delta ? run_tiled_bwd_warpgroup_with_dq<T, D, kBlockKeys, true>(p, stream)
+                       : run_tiled_bwd_warpgroup_with_dq<T, D, kBlockKeys, false>(p, stream);
   const hipError_t err =
-      run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_kernel<T, D, kBlockKeys, false>>(
+      run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_kernel<T, D, kBlockKeys, false, false>>(
           p, pairs * tiled_bwd_warpgroup_blocks(p.max_seqlen_kv), 128,
           tiled_bwd_warpgroup_smem_bytes<D>(kBlockKeys), stream);
   if (err != hipSuccess) return err;
@@ -171,7 +190,10 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   const dim3 block(threads);
   const int waves = threads / wave;  // one item per wave in the wave kernels
   const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
-  {
+  bool warpgroup = false;
+  if constexpr (D <= 128) warpgroup = tiled_bwd_use_warpgroup<D>(p);
+  const bool fused_delta = warpgroup && tiled_bwd_warpgroup_fuses_delta(p);
+  if (!fused_delta) {
     const int per_wave = wave / (D / 8 < wave ? D / 8 : wave);  // (row, head) pairs per wave
     const int64_t items = (tiled_bwd_delta_pairs(p) + per_wave - 1) / per_wave;
     if (items > 0) {
@@ -184,7 +206,7 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
     }
   }
   if constexpr (D <= 128) {
-    if (tiled_bwd_use_warpgroup<D>(p)) return run_tiled_bwd_warpgroup<T, D>(p, stream);
+    if (warpgroup) return run_tiled_bwd_warpgroup<T, D>(p, fused_delta, stream);
   }
   if (tiled_bwd_use_stream(p)) return run_tiled_bwd_stream<T, D>(p, stream);
   const bool row_tile = tiled_bwd_use_row_tile(p);

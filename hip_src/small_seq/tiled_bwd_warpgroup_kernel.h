@@ -34,7 +34,9 @@
 // product operands; every gradient accumulates in fp32 and is rounded once. Each gradient
 // element has one writer summing in a fixed order (row tiles, key blocks in order):
 // deterministic. Bad segments, padding rows and K/V rows no segment covers are handled as in
-// pass 2 (tiled_bwd_edges); Delta and the dq of q padding rows come from pass 1.
+// pass 2 (tiled_bwd_edges); Delta and the dq of q padding rows come from pass 1, except where
+// the block holds every key of the history (WITH_DQ) and the launcher fuses Delta
+// (FUSED_DELTA): Delta = rowsum(P dP) - dlse from the block's own products.
 //
 // Shared memory (dynamic): tiled_bwd_warpgroup_smem_bytes, tiled_bwd_warpgroup_dq_smem_bytes.
 // Where the arch-specific features are missing (RA_HAS_WGMMA 0) the kernel bodies are empty and
@@ -119,7 +121,10 @@ RA_DEVICE void tiled_bwd_warpgroup_load_tile(const SmallSeqTiledParams& p,
 }
 
 // LSE (log2 domain) and Delta of this thread's rows 16 warp + g and + 8 of the tile at r0; a
-// row past the segment gets lse +inf (P = 0) and Delta 0 (its Q and dO are zeros).
+// row past the segment gets lse +inf (P = 0) and Delta 0 (its Q and dO are zeros). With
+// FUSED_DELTA, pass 1 did not run: `delta` gets -dlse (0 without dlse), to which
+// tiled_bwd_warpgroup_scores adds rowsum(P dP).
+template <bool FUSED_DELTA>
 RA_DEVICE void tiled_bwd_warpgroup_row_terms(const SmallSeqTiledParams& p,
                                              const TiledSegment& s, const int hq0,
                                              const TiledRowMap& map, const int64_t r0,
@@ -128,66 +133,119 @@ RA_DEVICE void tiled_bwd_warpgroup_row_terms(const SmallSeqTiledParams& p,
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = 16 * (wtid / 32) + (wtid % 32) / 4 + 8 * r;
-    if (r0 + i < seg_rows) {
+    if (r0 + i >= seg_rows) {
+      lse2[r] = INFINITY;
+      delta[r] = 0.f;
+    } else if constexpr (FUSED_DELTA) {
+      int64_t j;
+      int h;
+      map.at(i, j, h);
+      const int64_t hq = hq0 + h;
+      const int64_t row = s.q_row0 + j;
+      lse2[r] = p.lse[hq * p.lse_head_stride + row] * kTiledBwdLog2e;
+      delta[r] = p.dlse != nullptr ? -p.dlse[hq * p.dlse_head_stride + row] : 0.f;
+    } else {
       const TiledBwdRowTerms terms = tiled_bwd_row_terms_at(p, s, hq0, map, i);
       lse2[r] = terms.lse2;
       delta[r] = terms.delta;
-    } else {
-      lse2[r] = INFINITY;
-      delta[r] = 0.f;
     }
   }
+}
+
+// S = Q K^T and dP = dO V^T of one chunk of kChunk keys (from key k0 + c kChunk of the K / V
+// buffers, kp rows each) of a 64-row tile (Q at sq, dO at sdo), from shared memory; S becomes
+// P = exp2(S scale log2e - lse log2e), 0 past the `live` keys of the history. Element 4j + e
+// of a thread: row 16 warp + g + 8 (e / 2), key c kChunk + 8j + 2t + e % 2.
+template <typename T, int D, int kChunk>
+RA_DEVICE void tiled_bwd_warpgroup_chunk(const uint32_t sq, const uint32_t sdo,
+                                         const uint32_t sk, const uint32_t sv, const int kp,
+                                         const int k0, const int c, const int live,
+                                         const float scale2, const float (&lse2)[2],
+                                         float (&sc)[kChunk / 2], float (&dp)[kChunk / 2],
+                                         const int wtid) {
+  constexpr int kSteps = D / 16;  // k steps of the score products
+  const int t = wtid % 4;
+  ra_wgmma_fence();
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st)
+    ra_wgmma_ss<T, kChunk>(
+        sc, ra_wgmma_desc(ra_wgmma_step_address(sq, st, kTiledWarpgroupRows, 0)),
+        ra_wgmma_desc(ra_wgmma_step_address(sk, st, kp, k0 + c * kChunk)), st > 0);
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st)
+    ra_wgmma_ss<T, kChunk>(
+        dp, ra_wgmma_desc(ra_wgmma_step_address(sdo, st, kTiledWarpgroupRows, 0)),
+        ra_wgmma_desc(ra_wgmma_step_address(sv, st, kp, k0 + c * kChunk)), st > 0);
+  ra_wgmma_commit();
+  ra_wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < kChunk / 2; ++i) {
+    ra_wgmma_pin(sc[i]);
+    ra_wgmma_pin(dp[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kChunk / 2; ++i) {
+    const bool past = c * kChunk + 8 * (i / 4) + 2 * t + (i % 2) >= live;
+    sc[i] = past ? 0.f : exp2f(fmaf(sc[i], scale2, -lse2[(i / 2) % 2]));
+  }
+}
+
+// delta[r] += rowsum(P dP) over one chunk of this thread's row r (0: 16 warp + g, 1: + 8),
+// summed across the four threads (t) that hold the row's keys.
+template <int kChunk>
+RA_DEVICE void tiled_bwd_warpgroup_add_rowsum(const float (&sc)[kChunk / 2],
+                                              const float (&dp)[kChunk / 2],
+                                              float (&delta)[2]) {
+  float part[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < kChunk / 2; ++i) part[(i / 2) % 2] = fmaf(sc[i], dp[i], part[(i / 2) % 2]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) delta[r] += ra_group_sum<4>(part[r]);
 }
 
 // P and dS of one 64-row tile (Q at sq, dO at sdo) against KEYS keys of the K / V buffers
 // (kp rows each) from key k0, of which `live` are in the history (P = 0 past them). Keys go in
 // chunks of kTiledBwdWarpgroupChunk, so that a chunk's fp32 scores and dP (16 registers) sit
-// beside the dK / dV accumulators without spilling: per chunk S = Q K^T and
-// dP = dO V^T from shared memory, then P = exp2(S scale log2e - lse log2e) and
-// dS = P (dP - Delta) in fp32. With STORE, P and dS are rounded into their [rows][keys]
-// buffers (64 x 64 operands, columns from 0) for the dV / dK / dQ products; else dS is packed
-// into `dsa`, the register operand of dQ's product. One warpgroup (wtid: thread within it).
-template <typename T, int D, int KEYS, bool STORE>
+// beside the dK / dV accumulators without spilling: per chunk S and dP
+// (tiled_bwd_warpgroup_chunk), then dS = P (dP - Delta) in fp32. With STORE, P and dS are
+// rounded into their [rows][keys] buffers (64 x 64 operands, columns from 0) for the dV / dK /
+// dQ products; else dS is packed into `dsa`, the register operand of dQ's product. One
+// warpgroup (wtid: thread within it).
+//
+// FUSED_DELTA (the block holds the row's whole history): Delta = rowsum(dO O) - dlse is
+// computed here as rowsum(P dP) - dlse (the same sum: O = P V, so dO . O = sum_k P_k dO . V_k),
+// with `delta` holding -dlse on entry. One chunk: from the chunk's own P and dP. More chunks: a
+// first sweep of the score products sums rowsum(P dP) and the second computes dS (two more
+// products per chunk instead of holding every chunk's fp32 P and dP, which would spill).
+template <typename T, int D, int KEYS, bool STORE, bool FUSED_DELTA>
 RA_DEVICE void tiled_bwd_warpgroup_scores(const uint32_t sq, const uint32_t sdo,
                                           const uint32_t sk, const uint32_t sv, const int kp,
                                           const int k0, const int live, const float scale2,
-                                          const float (&lse2)[2], const float (&delta)[2],
+                                          const float (&lse2)[2], float (&delta)[2],
                                           uint8_t* sp_ptr, uint8_t* sds_ptr,
                                           uint32_t (&dsa)[KEYS / 16][4], const int wtid) {
-  constexpr int kSteps = D / 16;  // k steps of the score products
   constexpr int kChunk = KEYS < kTiledBwdWarpgroupChunk ? KEYS : kTiledBwdWarpgroupChunk;
+  constexpr int kChunks = KEYS / kChunk;
   const int warp = wtid / 32;
   const int g = (wtid % 32) / 4;
   const int t = wtid % 4;
+  if constexpr (FUSED_DELTA && kChunks > 1) {
+#pragma unroll 1
+    for (int c = 0; c < kChunks; ++c) {
+      float sc[kChunk / 2], dp[kChunk / 2];
+      tiled_bwd_warpgroup_chunk<T, D, kChunk>(sq, sdo, sk, sv, kp, k0, c, live, scale2, lse2,
+                                              sc, dp, wtid);
+      tiled_bwd_warpgroup_add_rowsum<kChunk>(sc, dp, delta);
+    }
+  }
 #pragma unroll
-  for (int c = 0; c < KEYS / kChunk; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     float sc[kChunk / 2], dp[kChunk / 2];
-    ra_wgmma_fence();
+    tiled_bwd_warpgroup_chunk<T, D, kChunk>(sq, sdo, sk, sv, kp, k0, c, live, scale2, lse2, sc,
+                                            dp, wtid);
+    if constexpr (FUSED_DELTA && kChunks == 1) tiled_bwd_warpgroup_add_rowsum<kChunk>(sc, dp, delta);
 #pragma unroll
-    for (int st = 0; st < kSteps; ++st)
-      ra_wgmma_ss<T, kChunk>(
-          sc, ra_wgmma_desc(ra_wgmma_step_address(sq, st, kTiledWarpgroupRows, 0)),
-          ra_wgmma_desc(ra_wgmma_step_address(sk, st, kp, k0 + c * kChunk)), st > 0);
-#pragma unroll
-    for (int st = 0; st < kSteps; ++st)
-      ra_wgmma_ss<T, kChunk>(
-          dp, ra_wgmma_desc(ra_wgmma_step_address(sdo, st, kTiledWarpgroupRows, 0)),
-          ra_wgmma_desc(ra_wgmma_step_address(sv, st, kp, k0 + c * kChunk)), st > 0);
-    ra_wgmma_commit();
-    ra_wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < kChunk / 2; ++i) {
-      ra_wgmma_pin(sc[i]);
-      ra_wgmma_pin(dp[i]);
-    }
-    // Element 4j + e: row 16 warp + g + 8 (e / 2), key c kChunk + 8j + 2t + e % 2.
-#pragma unroll
-    for (int i = 0; i < kChunk / 2; ++i) {
-      const int r = (i / 2) % 2;
-      const bool past = c * kChunk + 8 * (i / 4) + 2 * t + (i % 2) >= live;
-      sc[i] = past ? 0.f : exp2f(fmaf(sc[i], scale2, -lse2[r]));
-      dp[i] = sc[i] * (dp[i] - delta[r]);
-    }
+    for (int i = 0; i < kChunk / 2; ++i) dp[i] = sc[i] * (dp[i] - delta[(i / 2) % 2]);
     if constexpr (STORE) {
       // Rows 16 warp + g + 8r, 16-byte chunk (c kChunk / 8 + j) ^ g: both rows are g mod 8.
 #pragma unroll
@@ -228,9 +286,10 @@ RA_DEVICE void tiled_bwd_warpgroup_issue_dq(float* dq, const uint32_t (&dsa)[KEY
 
 // The dK / dV of one key block (keys kb0 .. kb0 + KEYS - 1 of a valid segment, kv head hk) over
 // all of the segment's rows, and, where the block holds the whole history (WITH_DQ), the dQ of
-// every row (the whole block: one warpgroup). `smem` / `smem_ptr`: the 1024-byte aligned start
-// of the block's buffers.
-template <typename T, int D, int KEYS, bool WITH_DQ>
+// every row (the whole block: one warpgroup); FUSED_DELTA (WITH_DQ only): each row's Delta
+// from its P and dP, pass 1 not run. `smem` / `smem_ptr`: the 1024-byte aligned start of the
+// block's buffers.
+template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA>
 RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
                                              const TiledSegment& s, const int hk,
                                              const int group, const int kb0, uint8_t* smem_ptr,
@@ -282,11 +341,10 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
     const int64_t r0 = tile * ROWS;
     const TiledRowMap map(r0, group);
     float lse2[2], delta[2];
-    tiled_bwd_warpgroup_row_terms(p, s, hq0, map, r0, seg_rows, lse2, delta, tid);
+    tiled_bwd_warpgroup_row_terms<FUSED_DELTA>(p, s, hq0, map, r0, seg_rows, lse2, delta, tid);
     uint32_t dsa[KEYS / 16][4];
-    tiled_bwd_warpgroup_scores<T, D, KEYS, true>(sq, sdo, sk, sv, KEYS, 0, live,
-                                                 scale2, lse2, delta, sp_ptr, sds_ptr, dsa,
-                                                 tid);
+    tiled_bwd_warpgroup_scores<T, D, KEYS, true, FUSED_DELTA>(
+        sq, sdo, sk, sv, KEYS, 0, live, scale2, lse2, delta, sp_ptr, sds_ptr, dsa, tid);
     ra_fence_proxy_async();
     __syncthreads();  // every warp's P and dS rows are in shared memory
     ra_wgmma_fence();
@@ -388,15 +446,15 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const T
     }
     const TiledRowMap map(r0, group);
     float lse2[2], delta[2];
-    tiled_bwd_warpgroup_row_terms(p, s, hq0, map, r0, seg_rows, lse2, delta, wtid);
+    tiled_bwd_warpgroup_row_terms<false>(p, s, hq0, map, r0, seg_rows, lse2, delta, wtid);
     float dq[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
     for (int kb0 = 0; kb0 < s.nk; kb0 += KEYS) {
       uint32_t dsa[KEYS / 16][4];
-      tiled_bwd_warpgroup_scores<T, D, KEYS, false>(sq, sdo, sk, sv, kp, kb0, s.nk - kb0,
-                                                    scale2, lse2, delta, nullptr, nullptr, dsa,
-                                                    wtid);
+      tiled_bwd_warpgroup_scores<T, D, KEYS, false, false>(sq, sdo, sk, sv, kp, kb0,
+                                                           s.nk - kb0, scale2, lse2, delta,
+                                                           nullptr, nullptr, dsa, wtid);
       tiled_bwd_warpgroup_issue_dq<T, D, KEYS>(dq, dsa, sk, kp, kb0);
       ra_wgmma_wait<0>();  // dsa is rewritten by the next block
     }
@@ -420,10 +478,13 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const T
 // WITH_DQ (launched where every history fits one key block): each item also writes its rows'
 // dQ; else small_seq_tiled_bwd_warpgroup_dq_kernel does. Item (block 0) also writes what pass 2
 // writes besides a valid segment's gradients (tiled_bwd_edges, warp 0). KEYS: keys of the
-// products, 16 where every history fits them, else 64.
-template <typename T, int D, int KEYS, bool WITH_DQ>
+// products, 16 where every history fits them, else 64. FUSED_DELTA (WITH_DQ only): launched
+// without pass 1, the kernel computes each row's Delta from its P and dP and zeroes the dq of
+// q padding rows itself.
+template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
     small_seq_tiled_bwd_warpgroup_kernel(const SmallSeqTiledParams p) {
+  static_assert(WITH_DQ || !FUSED_DELTA, "Delta from P dP needs the row's whole history");
 #if RA_HAS_WGMMA
   const int tid = threadIdx.x;
   const int group = p.num_heads_q / p.num_heads_kv;
@@ -446,10 +507,13 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
     // Block 0 always runs with dQ (it writes the dQ of a segment without keys: zeros); without,
     // only blocks that hold keys.
     if (!s.valid || ((kb > 0 || !WITH_DQ) && kb0 >= s.nk)) continue;
-    tiled_bwd_warpgroup_key_block<T, D, KEYS, WITH_DQ>(p, s, hk, group, kb0, smem_ptr,
-                                                       raw + pad, tid);
+    tiled_bwd_warpgroup_key_block<T, D, KEYS, WITH_DQ, FUSED_DELTA>(p, s, hk, group, kb0,
+                                                                    smem_ptr, raw + pad, tid);
     __syncthreads();  // every warp is done with this item's K / V
   }
+  if constexpr (FUSED_DELTA)
+    tiled_bwd_zero_padding_dq<D>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + tid,
+                                 static_cast<int64_t>(gridDim.x) * blockDim.x);
 #endif
 }
 

@@ -46,6 +46,9 @@ STREAM_PASSES = {
 # at most 64 keys, d 64 / 128, on an sm_90a build on Hopper; elsewhere the calls fall back to
 # the passes above): GPU tests only.
 WARPGROUP_PASS = {"small_seq_tiled_bwd_warpgroup": 2}
+# The same with Delta from the Delta pass: by default the dK / dV kernel computes it from its own
+# P and dP where its block holds every key (histories of at most 64 keys).
+WARPGROUP_DELTA_PASS = {"small_seq_tiled_bwd_warpgroup": 2, "small_seq_tiled_bwd_fused_delta": 0}
 
 # Relative (norm) error of a 16-bit gradient: the rounding of the output and of P / dS as
 # product operands (as flash-attention does).
