@@ -346,6 +346,57 @@ def _one_query_chunk(q_c, kc, vc, out_c, scale: float) -> None:
     torch.sum(vc.unsqueeze(3) * probs.unsqueeze(-1), 1, out=out_c)
 
 
+def _one_query_packed(qg, kr, vr, nkv, out_g, scale: float, width: int) -> None:
+    """One query per segment over packed histories: qg [b, h_kv, group, d], kr / vr
+    [R, h_kv, d] the key rows of every segment back to back (segment i's keys are rows
+    ``sum(nkv[:i]) ..`` of kr, nkv[i] <= width of them, no gaps); writes out_g
+    [b, h_kv, group, d], 0 for a segment without keys.
+
+    Per chunk of segments (about CPU_ONE_QUERY_CHUNK_BYTES of products), no K / V gather: each
+    key row gets its segment's q rows (one index_select of q), scores are q times the key summed
+    over d ([rows, h_q]); the softmax over a segment's keys runs on the scores put into a small
+    [n, h_q, width] buffer of -inf (softmax over its last, contiguous dim) and taken back per
+    row; out is the sum over each segment's rows of p times the value (index_add_). Every value
+    a segment reads is its own (the -inf slots never come back, the sum names only its rows), so
+    a non-finite key or value stays in its segment
+    (docs/performance.md#fused_attn_small_seq-on-cpu)."""
+    b, h_kv, group, d = qg.shape
+    h_q = h_kv * group
+    total = kr.shape[0]
+    rows_per_chunk = max(CPU_CHUNK_MIN_SEGMENTS * width,
+                         CPU_ONE_QUERY_CHUNK_BYTES // (h_q * d * qg.element_size()))
+    ends = torch.cumsum(nkv, 0)
+    # chunks cut where the rows pass each multiple of rows_per_chunk, and at least every
+    # rows_per_chunk segments (bounds the score buffer when many histories are empty)
+    marks = torch.tensor(range(rows_per_chunk, total, rows_per_chunk), dtype=ends.dtype)
+    cuts = torch.searchsorted(ends, marks, right=True)
+    bounds = sorted(set(cuts.tolist()).union(range(0, b, rows_per_chunk))) + [b]
+    row_bounds = torch.cat([ends.new_zeros(1), ends])[bounds].tolist()
+    seg_of_row = torch.repeat_interleave(torch.arange(b), nkv, output_size=total)
+    slot = torch.arange(total) - torch.repeat_interleave(ends - nkv, nkv, output_size=total)
+    # (row, q head) -> its score's place in a [b, h_q, width] layout; each chunk's buffer holds
+    # its own segments' part
+    stride = h_q * width
+    place = torch.add(slot, seg_of_row, alpha=stride)
+    head = torch.arange(h_q) * width
+    prod_buf = qg.new_empty((max(r1 - r0 for r0, r1 in zip(row_bounds, row_bounds[1:])),
+                             h_kv, group, d))
+    score_buf = qg.new_empty(max(e - s for s, e in zip(bounds, bounds[1:])) * h_q * width)
+    for s, e, r0, r1 in zip(bounds, bounds[1:], row_bounds, row_bounds[1:]):
+        out_g[s:e].zero_()
+        if r1 == r0:
+            continue
+        rows = seg_of_row[r0:r1]
+        pos_c = (place[r0:r1] - s * stride).unsqueeze(1) + head  # [rows, h_q]
+        prod = torch.index_select(qg, 0, rows, out=prod_buf[:r1 - r0])
+        scores = prod.mul_(kr[r0:r1].unsqueeze(2)).sum(-1).mul_(scale)  # [rows, h_kv, group]
+        padded = score_buf[:(e - s) * h_q * width].fill_(NEG_INF)
+        padded.put_(pos_c, scores)
+        p = padded.view(e - s, h_q, width).softmax(-1).take(pos_c)  # [rows, h_q]
+        torch.mul(vr[r0:r1].unsqueeze(2), p.view(r1 - r0, h_kv, group, 1), out=prod)
+        out_g.index_add_(0, rows, prod)
+
+
 def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, width: int,
                    scale: float, compute, return_lse: bool):
     """(out, lse or empty, empty probs) of an inference call on CPU tensors, computed chunk by
@@ -390,11 +441,25 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
     else:
         out = q.new_empty(q.shape)
         lse = q.new_empty((b * mq, h_q), dtype=torch.float32) if return_lse else None
+    if (one_query and not packed_full and not return_lse and q.dtype == compute
+            and torch.equal(kv_start[1:], kv_start[:-1] + seg.nkv[:-1])):
+        # one query per segment over ragged histories packed back to back (each starts where
+        # the previous one ends: always in THD, in BSHD only when every batch row but the last
+        # is full): products on the key rows, no K / V gather (_one_query_packed); histories
+        # with gaps (BSHD) gather below
+        group = h_q // h_kv
+        r0 = int(kv_start[0])
+        total = int(seg.nkv.sum())
+        _one_query_packed(q.view(b, h_kv, group, d), k_rows_of[r0:r0 + total],
+                          v_rows_of[r0:r0 + total], seg.nkv, out.view(b, h_kv, group, d), scale,
+                          width)
+        return out, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
     if one_query and packed_full and not return_lse and q.dtype == compute:
         # one query per segment over full, packed histories: chunks of segments small enough
         # that the products stay in the caches (CPU_ONE_QUERY_CHUNK_BYTES), K / V read as views
-        # of their THD rows. Ragged histories keep the gather and SDPA below: gathered, these
-        # products were 1.4x slower there (docs/performance.md#fused_attn_small_seq-on-cpu).
+        # of their THD rows (docs/performance.md#fused_attn_small_seq-on-cpu); the row-wise
+        # formulation of ragged histories above took 1.2x as long here (a q gather and a
+        # segment sum more)
         group = h_q // h_kv
         per_seg = width * h_q * d * elem
         segs = max(CPU_CHUNK_MIN_SEGMENTS, CPU_ONE_QUERY_CHUNK_BYTES // max(per_seg, 1))

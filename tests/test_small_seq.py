@@ -23,6 +23,7 @@ import torch
 
 import rocm_attn
 from rocm_attn import SmallSeqContractError, check_errors, fused_attn_small_seq
+from rocm_attn import small_seq_torch
 from rocm_attn.errors import read_errors
 from rocm_attn.reference import reference_small_seq
 
@@ -418,34 +419,71 @@ def test_single_segment(layout, seed):
 
 @pytest.mark.parametrize("seed", seeds(2))
 @pytest.mark.parametrize("h_q,h_kv", [(4, 4), (4, 2), (8, 1)], ids=["g1", "g2", "g8"])
-@pytest.mark.parametrize("histories", ["full", "ragged", "strided"])
-def test_cpu_one_query_inference(histories, h_q, h_kv, seed):
-    """The CPU inference path of one query per segment (products summed per chunk of segments on
-    K / V views where every history is full and packed; gathered and SDPA otherwise) against
-    the float64 reference: fp32 and fp64, chunks of several segments (400 segments), empty
-    segments, GQA, strided views; a non-finite V row changes only its own segment."""
+@pytest.mark.parametrize("histories", ["full", "ragged", "strided", "pad", "bshd_gaps"])
+def test_cpu_one_query_inference(histories, h_q, h_kv, seed, monkeypatch):
+    """The CPU inference path of one query per segment against the float64 reference: fp32 and
+    fp64, chunks of several segments (400 segments; 8 rows per chunk here, so chunks are cut
+    inside runs of short and empty histories too), GQA, strided views. Full packed histories
+    take the products on K / V views (_one_query_chunk), ragged packed ones (THD, with empty
+    segments, with rows before / after the segments' keys) the row-wise products
+    (_one_query_packed), BSHD histories with gaps the gather + SDPA. A non-finite V row and a
+    NaN K row change only their own segments; empty segments give exactly 0."""
+    packed_calls = []
+    real_packed = small_seq_torch._one_query_packed
+
+    def counting(*args):
+        packed_calls.append(1)
+        return real_packed(*args)
+
+    monkeypatch.setattr(small_seq_torch, "_one_query_packed", counting)
+    # small chunks: many of them over 400 segments, some holding only empty histories
+    monkeypatch.setattr(small_seq_torch, "CPU_ONE_QUERY_CHUNK_BYTES", 8 * h_q * 64 * 8)
+    monkeypatch.setattr(small_seq_torch, "CPU_CHUNK_MIN_SEGMENTS", 1)
     rng = Rng(seed, f"cpu1q{histories}{h_q}{h_kv}")
     b, max_kv = 400, 12
-    lens = torch.full((b,), max_kv) if histories == "full" else None
+    lens = torch.full((b,), max_kv) if histories == "full" else random_lens(rng, b, max_kv)
+    if histories != "full":
+        lens[rng.randint(0, b, (40,))] = 0  # runs of empty histories
     for dtype in (torch.float32, torch.float64):
-        case = thd_case(rng, b, h_q, h_kv, 64, max_kv, dtype, lens=lens,
-                        strided=histories == "strided")
+        if histories == "bshd_gaps":
+            case = bshd_case(rng, b, h_q, h_kv, 64, max_kv, dtype, lens=lens)
+        else:
+            case = thd_case(rng, b, h_q, h_kv, 64, max_kv, dtype, lens=lens,
+                            strided=histories == "strided",
+                            pad_before=3 if histories == "pad" else 0,
+                            pad_after=5 if histories == "pad" else 0)
         with torch.no_grad():
             out = call(case, *case.qkv(case.leaves), backend="torch", return_lse=False,
                        return_softmax=False)
         rout = run_ref(case, grads=False)[0]
         assert_rel("out", out, rout, out_tol(dtype), str(case))
-    v = case.qkv(case.leaves)[2]
-    seg = int(torch.nonzero(case.lens > 0)[0])
-    row = int(case.cu_kv[seg])
+    expect_packed = histories in ("ragged", "strided", "pad")
+    assert bool(packed_calls) == expect_packed, (histories, len(packed_calls))
+    empty = case.lens == 0
+    assert (out[empty] == 0).all()
+    _, k, v = case.qkv(case.leaves)
+    nonempty = torch.nonzero(case.lens > 0).flatten()
+    seg_v, seg_k = int(nonempty[0]), int(nonempty[-1])
     with torch.no_grad():
-        v[row, 0, 0] = float("inf")
+        if histories == "bshd_gaps":
+            v[seg_v, 0, 0, 0] = float("inf")
+            k[seg_k, int(case.lens[seg_k]) - 1, 0, 0] = float("nan")
+            # rows past a history's length belong to no segment: NaN there reaches nothing
+            k[empty, 0] = float("nan")
+            v[empty, 0] = float("nan")
+        else:
+            v[int(case.cu_kv[seg_v]), 0, 0] = float("inf")
+            k[int(case.cu_kv[seg_k + 1]) - 1, 0, 0] = float("nan")
+            if histories == "pad":  # rows outside every segment
+                k[0], v[0], k[-1], v[-1] = (float("nan"),) * 4
         out = call(case, *case.qkv(case.leaves), backend="torch", return_lse=False,
                    return_softmax=False)
     others = torch.ones(b, dtype=torch.bool)
-    others[seg] = False
-    assert not torch.isfinite(out[seg]).all()
+    others[[seg_v, seg_k]] = False
+    assert not torch.isfinite(out[seg_v]).all()
+    assert torch.isnan(out[seg_k]).any()
     assert torch.isfinite(out[others]).all()
+    assert (out[empty] == 0).all()
 
 
 @pytest.mark.parametrize("seed", seeds(1))
