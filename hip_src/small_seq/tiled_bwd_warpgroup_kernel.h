@@ -13,7 +13,8 @@
 //      tiled_warpgroup_stage: KEYS rows, zeros past the history).
 //   2. The segment's rows (r = j * group + h, as in every tiled kernel) in tiles of 64; each
 //      tile's Q and dO are copied one tile ahead (two buffers), rows past the segment as zeros.
-//      Per tile, with the forward's LSE and pass 1's Delta of the thread's two rows:
+//      Per tile, with the forward's LSE and Delta (pass 1's, or rowsum(P dP) - dlse with FUSED_DELTA)
+//      of the thread's two rows:
 //        S = Q K^T, dP = dO V^T           (m64nKEYS in chunks of 16 keys, from shared memory)
 //        P = exp2(S * scale log2e - lse log2e), dS = P (dP - Delta)   (fp32, in registers)
 //        dV += P^T dO, dK += dS^T Q       (m64nD, P / dS / dO / Q read transposed from shared
