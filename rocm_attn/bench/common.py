@@ -14,17 +14,45 @@ from __future__ import annotations
 import gc
 import statistics
 import sys
+import time
 
 import torch
 
 GRAPH_CALLS = 20  # calls per captured graph: amortises the replay's own launch
+# Untimed running of the timed work before its first timed call, in milliseconds (and at most
+# SETTLE_MAX_RUNS runs). NOTE: after the host has kept the GPU idle (building the next row's
+# inputs, freeing the last one's), memory-bound work ran up to 18% slower for its first 30-100
+# ms on H100 and H200, with the SM clock at 1980 MHz and no throttle reason throughout; a few
+# warm-up calls did not cover it, so a row's first timing read slower than the same work timed
+# right after it (docs/performance.md#method).
+SETTLE_MS = 100.0
+SETTLE_MAX_RUNS = 2000
 
 
-def eager_ms(fn, reps: int = 30, warmup: int = 5, before_each=None) -> float:
-    """Median of `reps` event-timed single calls of fn, after `warmup` untimed ones;
-    `before_each` (untimed) runs ahead of every timed call, e.g. a barrier across ranks."""
+def _settle(run) -> None:
+    """Runs `run` (one call or one graph replay) until SETTLE_MS have passed, then syncs; in
+    batches of doubling size, so that short work is queued back to back, not one sync each."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    runs, batch = 0, 1
+    while runs < SETTLE_MAX_RUNS:
+        for _ in range(batch):
+            run()
+        runs += batch
+        batch = min(2 * batch, 64)
+        torch.cuda.synchronize()
+        if (time.perf_counter() - t0) * 1e3 >= SETTLE_MS:
+            break
+
+
+def eager_ms(fn, reps: int = 30, warmup: int = 5, before_each=None, settle: bool = True) -> float:
+    """Median of `reps` event-timed single calls of fn, after `warmup` untimed ones and (with
+    `settle`) SETTLE_MS of untimed calls; `before_each` (untimed) runs ahead of every timed
+    call, e.g. a barrier across ranks."""
     for _ in range(warmup):
         fn()
+    if settle:
+        _settle(fn)
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
@@ -40,7 +68,8 @@ def eager_ms(fn, reps: int = 30, warmup: int = 5, before_each=None) -> float:
 
 
 def graph_ms(fn, reps: int = 10, warmup: int = 3, calls: int = GRAPH_CALLS) -> float:
-    """Per-call device time: median over `reps` replays of a graph of `calls` calls of fn."""
+    """Per-call device time: median over `reps` replays of a graph of `calls` calls of fn, after
+    SETTLE_MS of untimed replays."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up on a side stream, as capture requires
@@ -52,8 +81,7 @@ def graph_ms(fn, reps: int = 10, warmup: int = 3, calls: int = GRAPH_CALLS) -> f
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    graph.replay()
-    torch.cuda.synchronize()
+    _settle(graph.replay)
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -73,7 +73,9 @@ def seq_lengths(tokens: int, n: int, multiple: int, seed: int) -> list[int]:
 
 def timed(fn, reps: int, warmup: int = 3) -> float:
     """Median ms of fn over reps, each rep fenced by a barrier; the slowest rank's value."""
-    t = torch.tensor([eager_ms(fn, reps, warmup, before_each=dist.barrier)], device="cuda")
+    # no time-based settling: every rank must make the same number of collective calls
+    t = torch.tensor([eager_ms(fn, reps, warmup, before_each=dist.barrier, settle=False)],
+                     device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
 
