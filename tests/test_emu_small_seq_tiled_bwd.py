@@ -343,25 +343,47 @@ def test_stream_off_keeps_matrix_passes(lib):
 
 
 # The dK / dV pass's one-row-tile instance (tiled_bwd_kernel.h, ROW_TILE_CALL): 5..16 rows per
-# (segment, kv head).
-ROW_TILE = re.compile(r"small_seq_tiled_bwd_dkv_kernel<[^>]*, true>")
+# (segment, kv head); its last template argument FUSED_DELTA (Delta computed by the items, no
+# Delta pass) by default.
+ROW_TILE = re.compile(r"small_seq_tiled_bwd_dkv_kernel<[^>]*, true, (true|false)>")
+DELTA_PASS = "small_seq_tiled_bwd_delta_kernel"
 
 
 def ran_row_tile(lib):
-    return any(ROW_TILE.search(k) for k in lib.kernels_run(since_mark=True))
+    """"fused" / "delta_pass" (the one-row-tile instance ran, with Delta computed by its items /
+    from the Delta pass, which ran before it), or None (the instance did not run)."""
+    names = lib.kernels_run(since_mark=True)
+    found = [m.group(1) for m in (ROW_TILE.search(k) for k in names) if m]
+    if not found:
+        return None
+    assert len(set(found)) == 1, names
+    delta_pass = any(DELTA_PASS in k for k in names)
+    assert delta_pass == (found[0] == "false"), names
+    return "fused" if found[0] == "true" else "delta_pass"
 
 
-def check_row_tile(lib, case, seed, dlse=False):
-    """The instance against the oracle, and bitwise the general instance's one-row-tile items
-    (the same item). Returns the gradients."""
+def check_row_tile(lib, case, seed, dlse=False, knobs=None):
+    """The instance with Delta fused (the default, or `knobs`) against the oracle and close to the
+    instance with Delta from the Delta pass, which is bitwise the general instance's one-row-tile
+    items (the same item, the same Delta). At 32 lanes (the scalar item: Delta = rowsum(dO O) in
+    pass 1's lane layout and order) fused and Delta-pass gradients are bitwise equal too. The
+    comparisons leave out the rows the contract leaves open (k/v rows two garbage segments
+    claim hold either writer's value, by schedule). Returns the fused gradients."""
     lib.mark_kernels()
-    with emu.tuning(**G.ROW_TILE_PASS):
+    with emu.tuning(**(knobs or G.ROW_TILE_PASS)):
         dout, out, lse, dl, grads = check(lib, case, seed=seed, dlse=dlse)
-    assert ran_row_tile(lib)
+    assert ran_row_tile(lib) == "fused"
+    lib.mark_kernels()
+    with emu.tuning(**G.ROW_TILE_DELTA_PASS):
+        two_pass = run(lib, case, dout, out, lse, dl)
+    assert ran_row_tile(lib) == "delta_pass"
+    G.assert_close_grads(grads, two_pass, case)
+    if lib.wave == 32:
+        G.assert_same_bits(grads, two_pass, case)
     lib.mark_kernels()
     with emu.tuning(**G.BWD_PASSES["wave"]):
-        G.assert_same_bits(grads, run(lib, case, dout, out, lse, dl))
-    assert not ran_row_tile(lib)
+        G.assert_same_bits(two_pass, run(lib, case, dout, out, lse, dl), case)
+    assert ran_row_tile(lib) is None
     return grads
 
 
@@ -370,7 +392,8 @@ def check_row_tile(lib, case, seed, dlse=False):
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_row_tile_rows_and_histories(lib, d, h_q, h_kv, max_q):
     """Row counts 5..16, histories of 0, 1, 5, 16, 17, 64 and 300 keys (one and several key
-    tiles, loads of the next tile ahead), segments without queries, int32 and int64 offsets."""
+    tiles: Delta from the only tile's products, or from a first sweep over the key tiles),
+    segments without queries, int32 and int64 offsets."""
     if d == 256 and lib.wave == 32:
         pytest.skip("d 256 runs at 64 lanes (the 32-lane scalar path is d-generic)")
     q_lens = [max_q, 1, max_q, 0, max_q, 3, max_q, max_q]
@@ -383,18 +406,70 @@ def test_row_tile_rows_and_histories(lib, d, h_q, h_kv, max_q):
 
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
 def test_row_tile_bad_segments_strided_bshd(lib, offsets, monkeypatch):
-    """Strided views with padding rows, bad segments (more queries than max_seqlen_q, a negative
-    key count, keys past the end), BSHD; in both schedule orders."""
+    """Strided views with padding rows (dq 0: written by the fused instance, the Delta pass
+    does not run), bad segments (more queries than max_seqlen_q, a negative key count, keys
+    past the end), BSHD; in both schedule orders."""
     case = C.thd_case(75, [3, 16, 2, 20, 1, 16, 4], [5, 17, 64, 40, 10, 1, 7], 2, 2, 64,
                       torch.bfloat16, offsets=offsets, strided=True, pad_before=3, pad_after=2,
                       kv_pad=3, max_q=16, max_kv=80)
     case.cu_kv[5] = case.cu_kv[4] - 1  # segment 4: -1 keys
     case.cu_kv[7] = 2**31 - 8 if offsets == torch.int32 else 2**40  # segment 6: past the end
-    check_row_tile(lib, case, 75)
+    dq, _, _ = check_row_tile(lib, case, 75, dlse=offsets == torch.int64)
+    assert (dq[:3] == 0).all() and (dq[-2:] == 0).all()
     monkeypatch.setenv("RA_EMU_REVERSE", "1")
     check_row_tile(lib, case, 75)
     case = C.bshd_case(76, 8, [5, 41, 0, 30], 30, 2, 2, 64, torch.bfloat16, offsets=offsets)
     case.seqlens[1] = 31  # <= max_seqlen_kv but > s_kv
     case.max_kv = 40
-    _, dk, dv = check_row_tile(lib, case, 76)
+    _, dk, dv = check_row_tile(lib, case, 76, dlse=True)
     assert (dk[1] == 0).all() and (dv[1] == 0).all()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_row_tile_fused_delta_one_key_tile(lib, d):
+    """Tuning small_seq_tiled_bwd_fused_delta 1: Delta fused where every history fits one key
+    tile (from that tile's products: dlse, empty segments, THD padding rows whose dq the
+    instance zeroes), the Delta pass past 16 keys."""
+    case = C.thd_case(77 + d, [16, 5, 0, 3, 16, 8], [16, 1, 4, 0, 9, 16], 4, 4, d,
+                      torch.float16, max_q=16, max_kv=16, pad_before=4, pad_after=3)
+    dq, _, _ = check_row_tile(lib, case, 77, dlse=True, knobs=G.ROW_TILE_FUSED_ONE_KEY_TILE)
+    assert (dq[:4] == 0).all() and (dq[-3:] == 0).all()
+    case = C.thd_case(78 + d, [16, 5], [17, 1], 4, 4, d, torch.float16, max_q=16, max_kv=17)
+    lib.mark_kernels()
+    with emu.tuning(**G.ROW_TILE_FUSED_ONE_KEY_TILE):
+        check(lib, case, seed=78)
+    assert ran_row_tile(lib) == "delta_pass"
+
+
+def test_row_tile_non_finite_dout_row(lib):
+    """A NaN in one dO row of a segment of one key tile and one of a segment of several: with
+    Delta fused, NaN gradients stay on the rows and keys of those segments (each item sums only
+    its own segment's products), the other segments exact as with the Delta pass."""
+    q_lens, kv_lens = [4, 6, 2, 5, 3], [40, 9, 33, 12, 70]
+    case = C.thd_case(79, q_lens, kv_lens, 4, 2, 64, torch.bfloat16, max_q=8, max_kv=80,
+                      pad_before=2, pad_after=1)
+    dout, out, lse, dl = G.inputs(case, 79, True)
+    q0 = [2 + sum(q_lens[:i]) for i in range(len(q_lens) + 1)]
+    k0 = [int(x) for x in case.cu_kv.tolist()]
+    poisoned = (1, 2)  # segment 1: 9 keys, segment 2: 33 keys
+    for seg in poisoned:
+        dout[q0[seg] + 1, 3, 7] = float("nan")
+    grads = {}
+    for name, knobs in (("fused", G.ROW_TILE_PASS), ("delta_pass", G.ROW_TILE_DELTA_PASS)):
+        lib.mark_kernels()
+        with emu.tuning(**knobs):
+            grads[name] = run(lib, case, dout, out, lse, dl)
+        assert ran_row_tile(lib) == name
+    dq, dk, dv = grads["fused"]
+    for seg in poisoned:
+        assert torch.isnan(dq[q0[seg] + 1]).any() and torch.isnan(dk[k0[seg]:k0[seg + 1]]).any()
+    q_ok = torch.ones(dq.shape[0], dtype=torch.bool)
+    kv_ok = torch.ones(dk.shape[0], dtype=torch.bool)
+    for seg in poisoned:
+        q_ok[q0[seg]:q0[seg + 1]] = False
+        kv_ok[k0[seg]:k0[seg + 1]] = False
+    assert not torch.isnan(dq[q_ok]).any(), "a NaN dO row leaked into another segment's dq"
+    assert not torch.isnan(dk[kv_ok]).any() and not torch.isnan(dv[kv_ok]).any()
+    two = grads["delta_pass"]
+    G.assert_close_grads((dq[q_ok], dk[kv_ok], dv[kv_ok]),
+                         (two[0][q_ok], two[1][kv_ok], two[2][kv_ok]))

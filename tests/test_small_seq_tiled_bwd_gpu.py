@@ -519,15 +519,31 @@ def test_stream_deterministic_and_default(dev, b):
 ROW_TILE_ROWS = [pytest.param(8, 8, 16, id="g1q16"), pytest.param(8, 8, 5, id="g1q5"),
                  pytest.param(8, 1, 2, id="g8q2"), pytest.param(16, 1, 1, id="g16q1"),
                  pytest.param(6, 2, 4, id="g3q4")]
+# The instance with Delta computed by its items (the default: no Delta pass) and with Delta
+# from the Delta pass (tuning small_seq_tiled_bwd_fused_delta 0).
+ROW_TILE_DELTA = {"fused": G.ROW_TILE_PASS, "delta_pass": G.ROW_TILE_DELTA_PASS}
 
 
+def assert_row_tile_matches_wave(case, inputs, grads, delta):
+    """The one-row-tile gradients against pass 2's general instance (its one-row-tile items):
+    bitwise with Delta from the Delta pass (the same item, the same Delta), within the oracle's
+    bound with Delta fused (other fp32 sums)."""
+    with rocm_attn.tuning.override(**G.BWD_PASSES["wave"]):
+        wave = op(case, *inputs)
+    if delta == "delta_pass":
+        G.assert_same_bits(grads, wave)
+    else:
+        G.assert_close_grads(grads, wave)
+
+
+@pytest.mark.parametrize("delta", list(ROW_TILE_DELTA))
 @pytest.mark.parametrize("h_q,h_kv,max_q", ROW_TILE_ROWS)
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("max_kv", [16, 17, 300, 4096])
-def test_row_tile_rows_and_histories(dev, max_kv, d, h_q, h_kv, max_q):
-    """Ragged queries (0..max_q) and histories (0..max_kv, the longest included) against the
-    float64 oracle, and bitwise the gradients of pass 2's one-row-tile items (the same sums in
-    the same order: the same item in another kernel)."""
+def test_row_tile_rows_and_histories(dev, max_kv, d, h_q, h_kv, max_q, delta):
+    """Ragged queries (0..max_q) and histories (0..max_kv, the longest included: one key tile,
+    Delta fused from its products, and several, Delta fused by a first sweep) against the
+    float64 oracle and against pass 2's one-row-tile items."""
     dtype = torch.float16 if d == 64 else torch.bfloat16
     gen = torch.Generator().manual_seed(max_kv + d + h_q + max_q)
     b = 24 if max_kv == 4096 else 300
@@ -537,48 +553,93 @@ def test_row_tile_rows_and_histories(dev, max_kv, d, h_q, h_kv, max_q):
     q_lens[2] = max_q
     case = C.thd_case(max_kv + d + max_q, q_lens, kv_lens, h_q, h_kv, d, dtype, max_q=max_q,
                       max_kv=max_kv, device=dev)
-    with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
-        inputs, grads = check(case, seed=d + max_kv, dlse=max_q == 1)
-    with rocm_attn.tuning.override(**G.BWD_PASSES["wave"]):
-        G.assert_same_bits(grads, op(case, *inputs))
+    with rocm_attn.tuning.override(**ROW_TILE_DELTA[delta]):
+        inputs, grads = check(case, seed=d + max_kv, dlse=max_q == 1 or d == 128)
+    assert_row_tile_matches_wave(case, inputs, grads, delta)
 
 
+@pytest.mark.parametrize("delta", list(ROW_TILE_DELTA))
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
-def test_row_tile_strided_garbage_bshd(dev, offsets):
-    """Strided views with padding q rows (dq 0) and unread NaN k/v rows around the segments
-    (dk = dv = 0); garbage offsets (keys past the end of k/v, a negative key count, queries
-    before the start of q): NaN dq on the bad segments' rows, zero dk / dv on their keys, no
-    out-of-bounds access (compute-sanitizer); BSHD with a length past s_kv."""
+def test_row_tile_strided_garbage_bshd(dev, offsets, delta):
+    """Strided views with padding q rows (dq 0: with Delta fused the instance writes them, no
+    Delta pass runs) and unread NaN k/v rows around the segments (dk = dv = 0); garbage offsets
+    (keys past the end of k/v, a negative key count, queries before the start of q): NaN dq on
+    the bad segments' rows, zero dk / dv on their keys, no out-of-bounds access
+    (compute-sanitizer); BSHD with a length past s_kv."""
+    knobs = ROW_TILE_DELTA[delta]
     gen = torch.Generator().manual_seed(60)
     case = C.thd_case(60, lens(gen, 200, 0, 16), lens(gen, 200, 0, 1000), 8, 8, 128,
                       torch.bfloat16, offsets=offsets, strided=True, pad_before=7, pad_after=9,
                       kv_pad=5, max_q=16, max_kv=1000, device=dev)
-    with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
-        _, (dq, dk, dv) = check(case, seed=60)
+    with rocm_attn.tuning.override(**knobs):
+        _, (dq, dk, dv) = check(case, seed=60, dlse=offsets == torch.int64)
     assert (dq[:7] == 0).all() and (dq[-9:] == 0).all()
     assert (dk[:5] == 0).all() and (dv[-5:] == 0).all()
     q_lens, kv_lens = [3, 16, 2, 9, 1, 16, 4, 5, 16], [5, 17, 64, 300, 10, 1, 0, 7, 900]
     case = C.thd_case(61, q_lens, kv_lens, 8, 8, 128, torch.bfloat16, offsets=offsets,
                       max_q=16, max_kv=1000, pad_before=2, pad_after=2, kv_pad=3, device=dev)
     corrupt_offsets(case, q_at=4, far=2**31 - 8 if offsets == torch.int32 else 2**40)
-    with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
+    with rocm_attn.tuning.override(**knobs):
         check(case, seed=61)
     case = C.bshd_case(62, 16, [5, 41, 0, 300, 64], 300, 8, 8, 128, torch.bfloat16,
                        offsets=offsets, device=dev)
     case.seqlens[1] = 301  # <= max_seqlen_kv but > s_kv
     case.max_kv = 400
-    with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
-        _, (dq, dk, dv) = check(case, seed=62)
+    with rocm_attn.tuning.override(**knobs):
+        _, (dq, dk, dv) = check(case, seed=62, dlse=True)
     assert torch.isnan(dq[1]).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("max_kv", [16, 300])
+def test_row_tile_fused_delta(dev, max_kv, d):
+    """Delta computed by the one-row-tile items as rowsum(P dP) - dlse (no Delta pass) against
+    the oracle and against Delta from the Delta pass: dlse, GQA, segments without keys or
+    queries, padding rows; tuning small_seq_tiled_bwd_fused_delta 1 (fused only for histories
+    of one key tile); a non-finite dO row (NaN on its own segment only, as with the Delta
+    pass)."""
+    q_lens = [4, 1, 0, 3, 4, 2, 4]
+    kv_lens = [max_kv, 0, 3, max_kv - 1, 1, 9, max_kv]
+    case = C.thd_case(80 + max_kv + d, q_lens, kv_lens, 8, 2, d, torch.bfloat16, max_q=4,
+                      max_kv=max_kv, pad_before=3, pad_after=2, device=dev)
+    with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
+        inputs, fused = check(case, seed=80 + d, dlse=True)
+    assert (fused[0][:3] == 0).all() and (fused[0][-2:] == 0).all()
+    with rocm_attn.tuning.override(**G.ROW_TILE_DELTA_PASS):
+        two_pass = op(case, *inputs)
+    G.assert_close_grads(fused, two_pass)
+    with rocm_attn.tuning.override(**G.ROW_TILE_FUSED_ONE_KEY_TILE):
+        one = op(case, *inputs)
+    # 1: fused where every history fits one key tile, else the Delta pass (the same bits)
+    G.assert_same_bits(one, fused if max_kv <= 16 else two_pass)
+    # a NaN in one dO row of segment 3 (THD rows 3 + 4 + 1 + 0 .., after the 3 padding rows)
+    dout = inputs[0].clone()
+    q0 = 3 + 4 + 1 + 0
+    dout[q0 + 1, 5, 7] = float("nan")
+    with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
+        dq, dk, dv = op(case, dout, *inputs[1:])
+    torch.cuda.synchronize()
+    seg_q = slice(q0, q0 + 3)
+    assert torch.isnan(dq[seg_q]).any()
+    others = torch.ones(dq.shape[0], dtype=torch.bool, device=dq.device)
+    others[seg_q] = False
+    assert not torch.isnan(dq[others]).any(), "a NaN dO row leaked into another segment's dq"
+    k0, kn = int(case.cu_kv[3]), int(case.cu_kv[4])
+    kmask = torch.ones(dk.shape[0], dtype=torch.bool, device=dk.device)
+    kmask[k0:kn] = False
+    assert torch.isnan(dk[k0:kn]).any()
+    assert not torch.isnan(dk[kmask]).any() and not torch.isnan(dv[kmask]).any()
+
+
 def test_row_tile_default_and_deterministic(dev):
-    """The default tuning takes the one-row-tile instance for 16 candidates without GQA (its bits
-    are pass 2's), bitwise the same run to run."""
+    """The default tuning takes the one-row-tile instance with Delta fused for 16 candidates
+    without GQA (its bits), bitwise the same run to run, within the oracle's bound of pass 2's
+    one-row-tile items; with the Delta pass, bitwise those items."""
     gen = torch.Generator().manual_seed(63)
     case = C.thd_case(63, [16] * 2000, lens(gen, 2000, 0, 256), 8, 8, 128, torch.bfloat16,
                       max_q=16, max_kv=256, device=dev)
     inputs, grads = repeated_bits(case, G.ROW_TILE_PASS, 63)
     G.assert_same_bits(grads, op(case, *inputs))
-    with rocm_attn.tuning.override(**G.BWD_PASSES["wave"]):
-        G.assert_same_bits(grads, op(case, *inputs))
+    assert_row_tile_matches_wave(case, inputs, grads, "fused")
+    inputs, grads = repeated_bits(case, G.ROW_TILE_DELTA_PASS, 63)
+    assert_row_tile_matches_wave(case, inputs, grads, "delta_pass")

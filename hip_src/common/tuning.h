@@ -58,10 +58,13 @@ struct RaTuning {
   // (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never; 2 = every call it can serve, fewer
   // rows included (tests, A/B runs).
   int small_seq_tiled_bwd_warpgroup = 1;
-  // tiled small-seq backward, warpgroup dK / dV kernel with dQ (histories of at most one 64-key
-  // block): Delta = rowsum(P dP) - dlse from the kernel's own products, no Delta pass (one read
-  // of dO and out less). 1 = histories of at most 16 keys (one chunk of products), 2 = up to
-  // 64 keys too (a second sweep of the score products), 0 = the Delta pass always.
+  // tiled small-seq backward, kernels whose items hold every key of their rows: Delta =
+  // rowsum(P dP) - dlse from the kernel's own products, no Delta pass (one launch and one read
+  // of dO and out less). The warpgroup dK / dV kernel with dQ (histories of at most one 64-key
+  // block): 1 = histories of at most 16 keys (one chunk of products), 2 = up to 64 keys too (a
+  // second sweep of the score products). The dK / dV pass's one-row-tile instance: 1 =
+  // histories of one 16-key tile (that tile's products), 2 = any (a first sweep of the score
+  // products over the key tiles). 0 = the Delta pass always.
   int small_seq_tiled_bwd_fused_delta = 2;
   // tiled small-seq backward: 1 = calls of at most 4 rows per (segment, kv head) (one query
   // with a GQA group of at most 4) take the streaming kernel (tiled_bwd_stream_kernel.h) in

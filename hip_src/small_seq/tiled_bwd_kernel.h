@@ -28,7 +28,9 @@
 // Passes 2 and 3 give way to the streaming kernel (tiled_bwd_stream_kernel.h) where a (segment,
 // kv head) has at most 4 rows, to pass 2's one-row-tile instance (only the one-row-tile item
 // compiled; no pass 3) where it has at most 16, and on Hopper to the warpgroup kernels
-// (tiled_bwd_warpgroup_kernel.h) where it fills 64-row tiles over at most 256 keys.
+// (tiled_bwd_warpgroup_kernel.h) where it fills 64-row tiles over at most 256 keys. The
+// one-row-tile instance and the warpgroup kernel with dQ can compute Delta themselves (their
+// items hold every key of a row: Delta = rowsum(P dP) - dlse), and pass 1 is then not run.
 // Every gradient element is written by exactly one work item, which sums its terms in a fixed
 // order: deterministic (bitwise, run to run), no atomics. Head-dim slices are separate items:
 // they bound the fp32 accumulators (two 16 x slice tiles in pass 2) to 64 registers per lane
@@ -155,6 +157,19 @@ RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms(const SmallSeqTiledParams& p,
   const int64_t hq = hq0 + (r - j * group);
   const int64_t at = hq * p.lse_head_stride + s.q_row0 + j;
   return TiledBwdRowTerms{p.lse[at] * kTiledBwdLog2e, p.workspace[at]};
+}
+
+// The same for a kernel launched without pass 1 (FUSED_DELTA: the workspace holds no Delta):
+// the LSE and -dlse (0 without dlse), to which the caller adds the row's rowsum(dO O), which is
+// rowsum(P dP) (O = P V, so dO . O = sum_k P_k dO . V_k). -dlse + x is x - dlse exactly.
+RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_fused(const SmallSeqTiledParams& p,
+                                                     const TiledSegment& s, const int hq0,
+                                                     const int group, const int64_t r) {
+  const int64_t j = r / group;
+  const int64_t hq = hq0 + (r - j * group);
+  const int64_t row = s.q_row0 + j;
+  return TiledBwdRowTerms{p.lse[hq * p.lse_head_stride + row] * kTiledBwdLog2e,
+                          p.dlse != nullptr ? -p.dlse[hq * p.dlse_head_stride + row] : 0.f};
 }
 
 // dq = 0 on the q padding rows of a THD call (rows before the first segment and after the last:
@@ -515,7 +530,15 @@ RA_DEVICE void tiled_bwd_dkv_mma(const SmallSeqTiledParams& p, const int hk, con
 // slice) walks all key tiles with the tile's Q and dO. Per key tile, dV and dK of its keys are
 // complete (every row is in this tile) and stored at once; dQ accumulates over the key tiles in
 // fp32 and is stored at the end. K/V are read once for all three gradients (no pass 3).
-template <typename T, int D>
+//
+// FUSED_DELTA (launched without pass 1): each row's Delta = rowsum(P dP) - dlse from the item's
+// own products; the item holds every key of its rows. A history of one key tile: from that
+// tile's P^T and dP^T (column sums of the accumulators). More key tiles: a first sweep over the
+// key tiles computes S^T and dP^T only to sum P^T dP^T per column, then the loop below (two
+// more products per key tile instead of holding every tile's fp32 P and dP, or a Delta written
+// and read back). Every slice item of a (segment, kv head) computes the same sums: no
+// communication between waves.
+template <typename T, int D, bool FUSED_DELTA = false>
 RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk,
                                       const int slice, const TiledSegment& s, const int lane) {
   constexpr int DS = tiled_bwd_slice(RA_WAVE_SIZE, D);
@@ -551,35 +574,35 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
   }
   // The LSE (log2 domain) and Delta of the rows of this lane's accumulator elements (keys as
   // rows, so its columns are rows of the tile): the same for every key tile, so read once here
-  // rather than per key tile behind the previous tile's stores.
+  // rather than per key tile behind the previous tile's stores. With FUSED_DELTA, -dlse, to
+  // which the column sums of P^T dP^T are added below.
   TiledBwdRowTerms col_terms[E];
 #pragma unroll
   for (int i = 0; i < E; ++i) {
     const int col = ra_mma_acc_col(lane, i);
-    col_terms[i] =
-        col < nrows ? tiled_bwd_row_terms(p, s, hq0, group, col) : TiledBwdRowTerms{0.f, 0.f};
+    if (col >= nrows)
+      col_terms[i] = TiledBwdRowTerms{0.f, 0.f};
+    else if constexpr (FUSED_DELTA)
+      col_terms[i] = tiled_bwd_row_terms_fused(p, s, hq0, group, col);
+    else
+      col_terms[i] = tiled_bwd_row_terms(p, s, hq0, group, col);
   }
-  ra_mma_out<DS, 16> dq;
-  ra_mma_zero(dq);
-  for (int k0 = 0; k0 < nk; k0 += KT) {
+  // S^T = K Q^T and dP^T = V dO^T of the key tile at k0 (nkt keys from it) over the whole head
+  // dim.
+  auto scores = [&](const int k0, ra_mma_acc<16>& st, ra_mma_acc<16>& dpt) {
     const uint16_t* kb = rw.k + static_cast<int64_t>(k0) * p.k_token_stride;
     const uint16_t* vb = rw.v + static_cast<int64_t>(k0) * p.v_token_stride;
     const int nkt = nk - k0;
-    ra_mma_acc<16> st, dpt;
     ra_mma_zero(st);
     ra_mma_zero(dpt);
-    auto chunk = [&](const ra_mma_rows<W, 16>& qc, const ra_mma_rows<W, 16>& gc,
-                     const ra_mma_rows<W, 16>& kc, const ra_mma_rows<W, 16>& vc) {
-      ra_mma_dot<T>(st, kc, qc);
-      ra_mma_dot<T>(dpt, vc, gc);
-    };
     if constexpr (kResident) {
 #pragma unroll
       for (int c = 0; c < D / W; ++c) {
         ra_mma_rows<W, 16> kc, vc;
         ra_mma_load_rows(kc, kb + c * W, p.k_token_stride, nkt, lane);
         ra_mma_load_rows(vc, vb + c * W, p.v_token_stride, nkt, lane);
-        chunk(qp.c[c], gp.c[c], kc, vc);
+        ra_mma_dot<T>(st, kc, qp.c[c]);
+        ra_mma_dot<T>(dpt, vc, gp.c[c]);
       }
     } else {
 #pragma unroll 1
@@ -589,21 +612,69 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
         ra_mma_load_rows_at(gc, [&](int i) { return do_row(i) + c * W; }, nrows, lane);
         ra_mma_load_rows(kc, kb + c * W, p.k_token_stride, nkt, lane);
         ra_mma_load_rows(vc, vb + c * W, p.v_token_stride, nkt, lane);
-        chunk(qc, gc, kc, vc);
+        ra_mma_dot<T>(st, kc, qc);
+        ra_mma_dot<T>(dpt, vc, gc);
       }
     }
-    // P^T and dS^T (keys as rows), with each row's LSE and Delta; dS (rows as rows) for dQ is
-    // dS^T transposed across lanes (one product fewer for each of S and dP).
+  };
+  // P^T in place of S^T: exp2(S scale log2e - lse log2e), exactly 0 past the tile's keys and
+  // the segment's rows.
+  auto probs = [&](const int nkt, ra_mma_acc<16>& st) {
 #pragma unroll
     for (int i = 0; i < E; ++i) {
-      const int key = ra_mma_acc_row(lane, i);
-      const int col = ra_mma_acc_col(lane, i);
-      const bool live = key < nkt && col < nrows;
-      const TiledBwdRowTerms& t = col_terms[i];
-      const float pr = live ? exp2f(st.x[i] * qscale - t.lse2) : 0.f;
-      st.x[i] = pr;
-      dpt.x[i] = pr * (dpt.x[i] - t.delta);
+      const bool live = ra_mma_acc_row(lane, i) < nkt && ra_mma_acc_col(lane, i) < nrows;
+      st.x[i] = live ? exp2f(st.x[i] * qscale - col_terms[i].lse2) : 0.f;
     }
+  };
+  // sum += P^T dP^T per element, 0 where P is 0 (selected, not multiplied: the dP of a key
+  // past the tile or a row past the segment never enters a sum, even when dO is non-finite).
+  auto add_products = [&](ra_mma_acc<16>& sum, const ra_mma_acc<16>& pt,
+                          const ra_mma_acc<16>& dpt) {
+#pragma unroll
+    for (int i = 0; i < E; ++i) sum.x[i] += pt.x[i] != 0.f ? pt.x[i] * dpt.x[i] : 0.f;
+  };
+  // Delta += the column sums of `sum` across the lanes that hold a column's keys
+  // (ra_mma_col_sum): element i gets its column's total. A column past the segment's rows sums
+  // zeros and keeps Delta 0.
+  auto add_delta = [&](const ra_mma_acc<16>& sum) {
+    const ra_mma_acc<16> tot = ra_mma_col_sum(sum);
+#pragma unroll
+    for (int i = 0; i < E; ++i) col_terms[i].delta += tot.x[i];
+  };
+  if constexpr (FUSED_DELTA) {
+    if (nk > KT) {
+      ra_mma_acc<16> sum;
+      ra_mma_zero(sum);
+#pragma unroll 1
+      for (int k0 = 0; k0 < nk; k0 += KT) {
+        ra_mma_acc<16> st, dpt;
+        scores(k0, st, dpt);
+        probs(nk - k0, st);
+        add_products(sum, st, dpt);
+      }
+      add_delta(sum);
+    }
+  }
+  ra_mma_out<DS, 16> dq;
+  ra_mma_zero(dq);
+  for (int k0 = 0; k0 < nk; k0 += KT) {
+    const uint16_t* kb = rw.k + static_cast<int64_t>(k0) * p.k_token_stride;
+    const int nkt = nk - k0;
+    ra_mma_acc<16> st, dpt;
+    scores(k0, st, dpt);
+    // P^T and dS^T (keys as rows), with each row's LSE and Delta; dS (rows as rows) for dQ is
+    // dS^T transposed across lanes (one product fewer for each of S and dP).
+    probs(nkt, st);
+    if constexpr (FUSED_DELTA) {
+      if (nk <= KT) {  // the only key tile: Delta from its own products
+        ra_mma_acc<16> sum;
+        ra_mma_zero(sum);
+        add_products(sum, st, dpt);
+        add_delta(sum);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < E; ++i) dpt.x[i] = st.x[i] * (dpt.x[i] - col_terms[i].delta);
     const ra_mma_pfrag<16> pt_f = ra_mma_to_pfrag<T, 16>(st);
     const ra_mma_pfrag<16> dst_f = ra_mma_to_pfrag<T, 16>(dpt);
     const ra_mma_pfrag<16> ds_f = ra_mma_to_pfrag_transposed<T>(dpt, lane);
@@ -756,10 +827,38 @@ RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, cons
 
 #else  // !RA_HAS_MMA
 
+// LSE (log2 domain) and Delta of row r = j group + (hq - hq0) of a segment, for the scalar
+// passes below, whose lane group holds the row's dO (gf). FUSED_DELTA (launched without pass
+// 1): Delta = rowsum(dO O) - dlse from the row's out, the dot pass 1 computes in the same lane
+// layout and order (so the same bits): a sum of P dP here would need a sweep over every key of
+// the history per row and key tile.
+template <typename T, int D, bool FUSED_DELTA, int VPL = TiledBwdScalarShape<D>::kVpl>
+RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_scalar(const SmallSeqTiledParams& p,
+                                                      const TiledSegment& s, const int hq0,
+                                                      const int group, const int64_t r,
+                                                      const int64_t j, const int64_t hq,
+                                                      const float (&gf)[VPL][8],
+                                                      const int col_lane) {
+  if constexpr (FUSED_DELTA) {
+    using Sh = TiledBwdScalarShape<D>;
+    static_assert(VPL == Sh::kVpl, "dO as the scalar passes hold it");
+    float of[Sh::kVpl][8];
+    tiled_bwd_load_vecs<T, Sh::kVpl>(
+        of, static_cast<const uint16_t*>(p.out) + s.q_batch * p.out_batch_stride +
+                (s.q_token0 + j) * p.out_token_stride + hq * p.out_head_stride,
+        col_lane, Sh::kLpr, true);
+    TiledBwdRowTerms t = tiled_bwd_row_terms_fused(p, s, hq0, group, r);
+    t.delta += ra_group_sum<Sh::kLpr>(tiled_bwd_dot<Sh::kVpl>(gf, of));
+    return t;
+  } else {
+    return tiled_bwd_row_terms(p, s, hq0, group, r);
+  }
+}
+
 // Targets without matrix units (and the 32-lane CPU emulation): one row of D values spans LPR
 // lanes; the wave holds RPP keys at once. Slice 0 does the whole head dim (items of the other
 // slices return).
-template <typename T, int D>
+template <typename T, int D, bool FUSED_DELTA = false>
 RA_DEVICE void tiled_bwd_dkv_scalar(const SmallSeqTiledParams& p, const int hk, const int kt,
                                     const int slice, const TiledSegment& s, const int lane) {
   using Sh = TiledBwdScalarShape<D>;
@@ -803,7 +902,8 @@ RA_DEVICE void tiled_bwd_dkv_scalar(const SmallSeqTiledParams& p, const int hk, 
     tiled_bwd_load_vecs<T, VPL>(gf, rw.dout + (s.q_token0 + j) * p.do_token_stride +
                                         hq * p.do_head_stride,
                                 col_lane, LPR, true);
-    const TiledBwdRowTerms t = tiled_bwd_row_terms(p, s, hq0, group, r);
+    const TiledBwdRowTerms t =
+        tiled_bwd_row_terms_scalar<T, D, FUSED_DELTA>(p, s, hq0, group, r, j, hq, gf, col_lane);
 #pragma unroll
     for (int vi = 0; vi < VPL; ++vi)
 #pragma unroll
@@ -846,7 +946,7 @@ RA_DEVICE void tiled_bwd_dkv_scalar(const SmallSeqTiledParams& p, const int hk, 
   }
 }
 
-template <typename T, int D>
+template <typename T, int D, bool FUSED_DELTA = false>
 RA_DEVICE void tiled_bwd_dq_scalar(const SmallSeqTiledParams& p, const int hk, const int64_t rt,
                                    const int slice, const TiledSegment& s, const int lane) {
   using Sh = TiledBwdScalarShape<D>;
@@ -874,7 +974,8 @@ RA_DEVICE void tiled_bwd_dq_scalar(const SmallSeqTiledParams& p, const int hk, c
     tiled_bwd_load_vecs<T, VPL>(gf, rw.dout + (s.q_token0 + j) * p.do_token_stride +
                                         hq * p.do_head_stride,
                                 col_lane, LPR, true);
-    const TiledBwdRowTerms t = tiled_bwd_row_terms(p, s, hq0, group, r);
+    const TiledBwdRowTerms t =
+        tiled_bwd_row_terms_scalar<T, D, FUSED_DELTA>(p, s, hq0, group, r, j, hq, gf, col_lane);
 #pragma unroll
     for (int vi = 0; vi < VPL; ++vi)
 #pragma unroll
@@ -910,17 +1011,19 @@ RA_DEVICE void tiled_bwd_dq_scalar(const SmallSeqTiledParams& p, const int hk, c
 
 // One (segment, kv head, slice) of a valid segment whose rows fit one row tile: dK / dV of all
 // its keys and the slice of dQ of its rows (tiled_bwd_row_tile_mma; without matrix units every
-// key tile's dK / dV, then dQ over all keys as pass 3 computes it).
-template <typename T, int D>
+// key tile's dK / dV, then dQ over all keys as pass 3 computes it). FUSED_DELTA: launched
+// without pass 1, each row's Delta computed by the item (tiled_bwd_row_tile_mma; the scalar
+// path: tiled_bwd_row_terms_scalar).
+template <typename T, int D, bool FUSED_DELTA>
 RA_DEVICE void tiled_bwd_row_tile_item(const SmallSeqTiledParams& p, const int hk,
                                        const int slice, const TiledSegment& s, const int lane) {
 #if RA_HAS_MMA
-  tiled_bwd_row_tile_mma<T, D>(p, hk, slice, s, lane);
+  tiled_bwd_row_tile_mma<T, D, FUSED_DELTA>(p, hk, slice, s, lane);
 #else
   for (int t = 0; t * kTiledBwdKeys < s.nk; ++t)
-    tiled_bwd_dkv_scalar<T, D>(p, hk, t, slice, s, lane);
-  if (s.nk > kTiledBwdKeys) tiled_bwd_dq_scalar<T, D>(p, hk, 0, slice, s, lane);
-  if (s.nk == 0) tiled_bwd_dkv_scalar<T, D>(p, hk, 0, slice, s, lane);  // dq = 0
+    tiled_bwd_dkv_scalar<T, D, FUSED_DELTA>(p, hk, t, slice, s, lane);
+  if (s.nk > kTiledBwdKeys) tiled_bwd_dq_scalar<T, D, FUSED_DELTA>(p, hk, 0, slice, s, lane);
+  if (s.nk == 0) tiled_bwd_dkv_scalar<T, D, FUSED_DELTA>(p, hk, 0, slice, s, lane);  // dq = 0
 #endif
 }
 
@@ -929,10 +1032,15 @@ RA_DEVICE void tiled_bwd_row_tile_item(const SmallSeqTiledParams& p, const int h
 // ROW_TILE_CALL: the host bound puts every segment's rows in one row tile (max_seqlen_q x group
 // <= kTiledBwdRows; the launcher's one-row-tile instance, docs/kernels.md#one-row-tile-backward):
 // only the one-row-tile item is compiled, so the kernel takes that item's registers (220 on
-// sm_90 at d = 128, against 246 with the general item beside it).
-template <typename T, int D, bool ROW_TILE_CALL = false>
+// sm_90 at d = 128, against 246 with the general item beside it). FUSED_DELTA (ROW_TILE_CALL
+// only; the launcher's choice, tuning small_seq_tiled_bwd_fused_delta): launched without pass
+// 1, the items compute each row's Delta themselves and the kernel zeroes the dq of q padding
+// rows, grid-strided after its items.
+template <typename T, int D, bool ROW_TILE_CALL = false, bool FUSED_DELTA = false>
 __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
     small_seq_tiled_bwd_dkv_kernel(const SmallSeqTiledParams p) {
+  static_assert(ROW_TILE_CALL || !FUSED_DELTA,
+                "Delta in the item needs every key of its rows: the one-row-tile item");
   constexpr int WAVE = RA_WAVE_SIZE;
   constexpr int SLICES = tiled_bwd_slices(WAVE, D);
   const int lane = threadIdx.x % WAVE;
@@ -962,7 +1070,7 @@ __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
     const bool one_row_tile = ROW_TILE_CALL || tiled_bwd_one_row_tile(p, s);
     if (kt > 0 && (one_row_tile || static_cast<int64_t>(kt) * kTiledBwdKeys >= s.nk)) continue;
     if (one_row_tile) {
-      tiled_bwd_row_tile_item<T, D>(p, hk, slice, s, lane);
+      tiled_bwd_row_tile_item<T, D, FUSED_DELTA>(p, hk, slice, s, lane);
     } else if constexpr (!ROW_TILE_CALL) {
 #if RA_HAS_MMA
       tiled_bwd_dkv_mma<T, D>(p, hk, kt, slice, s, lane);
@@ -971,6 +1079,9 @@ __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
 #endif
     }
   }
+  if constexpr (FUSED_DELTA)
+    tiled_bwd_zero_padding_dq<D>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                                 static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
 // Pass 3: grid-stride over (segment, kv head, row tile, slice) items of segments with more than

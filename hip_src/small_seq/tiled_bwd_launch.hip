@@ -1,10 +1,11 @@
 // Launch of the tiled small-seq backward (tiled_bwd_kernel.h): Delta pass, dK/dV pass and, when
 // max_seqlen_kv exceeds one key tile, the dQ pass, in stream order; on Hopper (sm_90a builds)
 // the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h) replace passes 2 and 3 where they
-// serve (and pass 1 too where they hold every key of a history), for calls of at most a few rows per (segment, kv head) the streaming kernel
-// (tiled_bwd_stream_kernel.h) does, on every target, and for calls of at most one row tile pass
-// 2's one-row-tile instance alone. Dispatch over dtype x head dim (one translation unit: no kv
-// bucket, no generated files).
+// serve (and pass 1 too where they hold every key of a history), for calls of at most a few
+// rows per (segment, kv head) the streaming kernel (tiled_bwd_stream_kernel.h) does, on every
+// target, and for calls of at most one row tile pass 2's one-row-tile instance alone (by
+// default without pass 1: it computes Delta itself). Dispatch over dtype x head dim (one
+// translation unit: no kv bucket, no generated files).
 #include "../common/launch.h"
 #include "../common/tuning.h"
 #include "tiled_bwd_block_kernel.h"
@@ -73,6 +74,17 @@ inline bool tiled_bwd_use_stream(const SmallSeqTiledParams& p) {
 // work. Tuning small_seq_tiled_bwd_row_tile 0 keeps the general instance.
 inline bool tiled_bwd_use_row_tile(const SmallSeqTiledParams& p) {
   return ra_tuning().small_seq_tiled_bwd_row_tile > 0 && tiled_max_rows(p) <= kTiledBwdRows;
+}
+
+// Whether the one-row-tile instance computes Delta itself (FUSED_DELTA: rowsum(P dP) - dlse in
+// each item, which holds every key of its rows; pass 1 not launched, the kernel zeroes the dq
+// of q padding rows). Tuning small_seq_tiled_bwd_fused_delta: 1 = histories of one key tile
+// (from the tile's own products), 2 = any (longer ones add a first sweep of the score products
+// over the key tiles), 0 = never. Pass 1 reads dO and out once more and is one launch more
+// (docs/kernels.md#one-row-tile-backward).
+inline bool tiled_bwd_row_tile_fuses_delta(const SmallSeqTiledParams& p) {
+  const int mode = ra_tuning().small_seq_tiled_bwd_fused_delta;
+  return mode >= 2 || (mode >= 1 && p.max_seqlen_kv <= kTiledBwdKeys);
 }
 
 // Blocks of the one-row-tile instance: four waves (the general instance takes
@@ -179,6 +191,19 @@ hipError_t run_tiled_bwd_stream(const SmallSeqTiledParams& p, hipStream_t stream
       small_seq_tiled_bwd_stream_kernel<T, D, kTiledBwdStreamMaxRows>>(p, stream);
 }
 
+// Pass 2's one-row-tile instance (pass 3 has no work), Delta fused or from pass 1.
+template <typename T, int D, bool FUSED_DELTA>
+hipError_t run_tiled_bwd_row_tile(const SmallSeqTiledParams& p, const int slices,
+                                  hipStream_t stream) {
+  constexpr auto kernel = small_seq_tiled_bwd_dkv_kernel<T, D, true, FUSED_DELTA>;
+  constexpr int kThreads = kTiledBwdRowTileThreads;
+  const int wave = ra_device_wave_size();
+  hipLaunchKernelGGL(kernel, (tiled_bwd_grid<kernel>(tiled_bwd_dkv_items(p, slices),
+                                                     kThreads / wave, kThreads)),
+                     dim3(kThreads), 0, stream, p);
+  return hipGetLastError();
+}
+
 template <typename T, int D>
 hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   if (p.batch == 0 || p.num_heads_kv == 0) return hipSuccess;
@@ -192,7 +217,10 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   bool warpgroup = false;
   if constexpr (D <= 128) warpgroup = tiled_bwd_use_warpgroup<D>(p);
-  const bool fused_delta = warpgroup && tiled_bwd_warpgroup_fuses_delta(p);
+  const bool use_stream = !warpgroup && tiled_bwd_use_stream(p);
+  const bool row_tile = !warpgroup && !use_stream && tiled_bwd_use_row_tile(p);
+  const bool fused_delta = (warpgroup && tiled_bwd_warpgroup_fuses_delta(p)) ||
+                           (row_tile && tiled_bwd_row_tile_fuses_delta(p));
   if (!fused_delta) {
     const int per_wave = wave / (D / 8 < wave ? D / 8 : wave);  // (row, head) pairs per wave
     const int64_t items = (tiled_bwd_delta_pairs(p) + per_wave - 1) / per_wave;
@@ -208,16 +236,12 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   if constexpr (D <= 128) {
     if (warpgroup) return run_tiled_bwd_warpgroup<T, D>(p, fused_delta, stream);
   }
-  if (tiled_bwd_use_stream(p)) return run_tiled_bwd_stream<T, D>(p, stream);
-  const bool row_tile = tiled_bwd_use_row_tile(p);
-  const bool use_block = !row_tile && tiled_bwd_use_block(p);
-  if (row_tile) {
-    constexpr auto kernel = small_seq_tiled_bwd_dkv_kernel<T, D, true>;
-    constexpr int kThreads = kTiledBwdRowTileThreads;
-    hipLaunchKernelGGL(kernel, (tiled_bwd_grid<kernel>(tiled_bwd_dkv_items(p, slices),
-                                                       kThreads / wave, kThreads)),
-                       dim3(kThreads), 0, stream, p);
-  } else if (use_block) {
+  if (use_stream) return run_tiled_bwd_stream<T, D>(p, stream);
+  if (row_tile)
+    return fused_delta ? run_tiled_bwd_row_tile<T, D, true>(p, slices, stream)
+                       : run_tiled_bwd_row_tile<T, D, false>(p, slices, stream);
+  const bool use_block = tiled_bwd_use_block(p);
+  if (use_block) {
     constexpr auto kernel = small_seq_tiled_bwd_dkv_block_kernel<T, D>;
     constexpr int kThreads = kTiledBwdBlockThreads;
     const int64_t items =

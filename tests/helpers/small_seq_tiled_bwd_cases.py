@@ -35,6 +35,12 @@ BWD_PASSES = {
 # back to the wave passes.
 ROW_TILE_PASS = {"small_seq_tiled_bwd_row_tile": 1, "small_seq_tiled_bwd_stream": 0,
                  "small_seq_tiled_bwd_warpgroup": 0, "small_seq_tiled_bwd_block": 0}
+# The same with Delta from the Delta pass: by default the instance computes each row's Delta
+# itself (rowsum(P dP) - dlse, its items hold every key of their rows) and the Delta pass is not
+# launched.
+ROW_TILE_DELTA_PASS = {**ROW_TILE_PASS, "small_seq_tiled_bwd_fused_delta": 0}
+# Delta fused only where every history fits one key tile (16 keys).
+ROW_TILE_FUSED_ONE_KEY_TILE = {**ROW_TILE_PASS, "small_seq_tiled_bwd_fused_delta": 1}
 # The streaming kernel (tiled_bwd_stream_kernel.h) for the calls it serves (at most 4 rows per
 # (segment, kv head)), on every target, with one (segment, kv head) per wave and per block (the
 # launcher picks by the number of them); calls of more rows fall back to the passes above.
@@ -55,10 +61,44 @@ WARPGROUP_DELTA_PASS = {"small_seq_tiled_bwd_warpgroup": 2, "small_seq_tiled_bwd
 TOL_GRAD = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 
 
-def assert_same_bits(grads, others) -> None:
-    """(dq, dk, dv) and another (dq, dk, dv): bitwise equal, NaN payloads included."""
+def contract_rows(case: C.TiledCase, grads):
+    """(dq, dk, dv) restricted to the rows whose gradients the contract fixes: all but a bad
+    segment's queries past max_seqlen_q and k/v rows that two segments claim (only garbage
+    offsets produce them), which hold either writer's value, by schedule."""
+    dq, dk, dv = grads
+    _, _, _, _, _, unspecified = C.oracle(case)
+    q_rows = (~unspecified).to(dq.device)
+    if case.cu_kv is not None:
+        _, claims = _kv_claims(case)
+        kv_rows = (claims <= 1).to(dk.device)
+    else:
+        kv_rows = torch.ones(dk.shape[:2], dtype=torch.bool, device=dk.device)
+    return dq.reshape(case.total_q, -1)[q_rows], dk[kv_rows], dv[kv_rows]
+
+
+def assert_same_bits(grads, others, case: Optional[C.TiledCase] = None) -> None:
+    """(dq, dk, dv) and another (dq, dk, dv): bitwise equal, NaN payloads included; with `case`,
+    on the rows the contract fixes (contract_rows)."""
+    if case is not None:
+        grads, others = contract_rows(case, grads), contract_rows(case, others)
     for name, a, b in zip(("dq", "dk", "dv"), grads, others):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+
+
+def assert_close_grads(grads, others, case: Optional[C.TiledCase] = None, tol=None) -> None:
+    """(dq, dk, dv) and another (dq, dk, dv) of the same call by other kernels: NaN at the same
+    elements, the finite ones within the oracle's bound of each other (relative norm); with
+    `case`, on the rows the contract fixes (contract_rows)."""
+    dtype = grads[0].dtype
+    if case is not None:
+        grads, others = contract_rows(case, grads), contract_rows(case, others)
+    for name, a, b in zip(("dq", "dk", "dv"), grads, others):
+        a, b = a.detach().cpu().double(), b.detach().cpu().double()
+        assert torch.equal(torch.isnan(a), torch.isnan(b)), f"{name}: NaN elements differ"
+        keep = ~torch.isnan(a)
+        err = C.rel_err(a[keep], b[keep])
+        assert err < (tol if tol is not None else TOL_GRAD[dtype]), \
+            f"{name}: rel. difference {err:.3e}"
 
 
 def inputs(case: C.TiledCase, seed: int, with_dlse: bool):
