@@ -632,14 +632,19 @@ def test_row_tile_fused_delta(dev, max_kv, d):
 
 
 def test_row_tile_default_and_deterministic(dev):
-    """The default tuning takes the one-row-tile instance with Delta fused for 16 candidates
-    without GQA (its bits), bitwise the same run to run, within the oracle's bound of pass 2's
-    one-row-tile items; with the Delta pass, bitwise those items."""
+    """16 candidates without GQA: Delta fused (over 256 keys by a first sweep) bitwise the same
+    run to run and within the oracle's bound of pass 2's one-row-tile items; with the Delta pass
+    bitwise those items, which is what the default takes over 256 keys; over 16 keys the
+    default fuses Delta (the fused bits)."""
     gen = torch.Generator().manual_seed(63)
     case = C.thd_case(63, [16] * 2000, lens(gen, 2000, 0, 256), 8, 8, 128, torch.bfloat16,
                       max_q=16, max_kv=256, device=dev)
     inputs, grads = repeated_bits(case, G.ROW_TILE_PASS, 63)
-    G.assert_same_bits(grads, op(case, *inputs))
     assert_row_tile_matches_wave(case, inputs, grads, "fused")
     inputs, grads = repeated_bits(case, G.ROW_TILE_DELTA_PASS, 63)
+    G.assert_same_bits(grads, op(case, *inputs))
     assert_row_tile_matches_wave(case, inputs, grads, "delta_pass")
+    short = C.thd_case(64, [16] * 2000, lens(gen, 2000, 0, 16), 8, 8, 128, torch.bfloat16,
+                       max_q=16, max_kv=16, device=dev)
+    inputs, grads = repeated_bits(short, G.ROW_TILE_PASS, 64)
+    G.assert_same_bits(grads, op(short, *inputs))

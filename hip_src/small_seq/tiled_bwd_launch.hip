@@ -78,13 +78,14 @@ inline bool tiled_bwd_use_row_tile(const SmallSeqTiledParams& p) {
 
 // Whether the one-row-tile instance computes Delta itself (FUSED_DELTA: rowsum(P dP) - dlse in
 // each item, which holds every key of its rows; pass 1 not launched, the kernel zeroes the dq
-// of q padding rows). Tuning small_seq_tiled_bwd_fused_delta: 1 = histories of one key tile
-// (from the tile's own products), 2 = any (longer ones add a first sweep of the score products
-// over the key tiles), 0 = never. Pass 1 reads dO and out once more and is one launch more
-// (docs/kernels.md#one-row-tile-backward).
+// of q padding rows). Tuning small_seq_tiled_bwd_fused_delta 1 and 2 (default): histories of
+// one key tile (from the tile's own products); 3: any (longer ones add a first sweep of the
+// score products over the key tiles: measured 1.15-1.38x slower forward+backward than pass 1 on
+// 16 candidates over 64-256 keys, the item being bound by its instruction stream); 0: never.
+// Pass 1 reads dO and out once more and is one launch more (docs/kernels.md#one-row-tile-backward).
 inline bool tiled_bwd_row_tile_fuses_delta(const SmallSeqTiledParams& p) {
   const int mode = ra_tuning().small_seq_tiled_bwd_fused_delta;
-  return mode >= 2 || (mode >= 1 && p.max_seqlen_kv <= kTiledBwdKeys);
+  return mode >= 3 || (mode >= 1 && p.max_seqlen_kv <= kTiledBwdKeys);
 }
 
 // Blocks of the one-row-tile instance: four waves (the general instance takes
