@@ -159,17 +159,33 @@ RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms(const SmallSeqTiledParams& p,
   return TiledBwdRowTerms{p.lse[at] * kTiledBwdLog2e, p.workspace[at]};
 }
 
-// The same for a kernel launched without pass 1 (FUSED_DELTA: the workspace holds no Delta):
-// the LSE and -dlse (0 without dlse), to which the caller adds the row's rowsum(dO O), which is
-// rowsum(P dP) (O = P V, so dO . O = sum_k P_k dO . V_k). -dlse + x is x - dlse exactly.
+// The same for a kernel launched without pass 1 (FUSED_DELTA: the workspace holds no Delta), of
+// query j, q head hq: the LSE and -dlse (0 without dlse), to which the caller adds the row's
+// rowsum(dO O), which is rowsum(P dP) (O = P V, so dO . O = sum_k P_k dO . V_k). -dlse + x is
+// x - dlse exactly.
+RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_fused_of(const SmallSeqTiledParams& p,
+                                                        const TiledSegment& s, const int64_t j,
+                                                        const int64_t hq) {
+  const int64_t row = s.q_row0 + j;
+  return TiledBwdRowTerms{p.lse[hq * p.lse_head_stride + row] * kTiledBwdLog2e,
+                          p.dlse != nullptr ? -p.dlse[hq * p.dlse_head_stride + row] : 0.f};
+}
+
 RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_fused(const SmallSeqTiledParams& p,
                                                      const TiledSegment& s, const int hq0,
                                                      const int group, const int64_t r) {
   const int64_t j = r / group;
-  const int64_t hq = hq0 + (r - j * group);
-  const int64_t row = s.q_row0 + j;
-  return TiledBwdRowTerms{p.lse[hq * p.lse_head_stride + row] * kTiledBwdLog2e,
-                          p.dlse != nullptr ? -p.dlse[hq * p.dlse_head_stride + row] : 0.f};
+  return tiled_bwd_row_terms_fused_of(p, s, j, hq0 + (r - j * group));
+}
+
+// The same for row i of a tile (rows.at: no 64-bit division per row).
+RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_fused_at(const SmallSeqTiledParams& p,
+                                                        const TiledSegment& s, const int hq0,
+                                                        const TiledRowMap& rows, const int i) {
+  int64_t j;
+  int h;
+  rows.at(i, j, h);
+  return tiled_bwd_row_terms_fused_of(p, s, j, hq0 + h);
 }
 
 // dq = 0 on the q padding rows of a THD call (rows before the first segment and after the last:

@@ -137,16 +137,10 @@ RA_DEVICE void tiled_bwd_warpgroup_row_terms(const SmallSeqTiledParams& p,
     if (r0 + i >= seg_rows) {
       lse2[r] = INFINITY;
       delta[r] = 0.f;
-    } else if constexpr (FUSED_DELTA) {
-      int64_t j;
-      int h;
-      map.at(i, j, h);
-      const int64_t hq = hq0 + h;
-      const int64_t row = s.q_row0 + j;
-      lse2[r] = p.lse[hq * p.lse_head_stride + row] * kTiledBwdLog2e;
-      delta[r] = p.dlse != nullptr ? -p.dlse[hq * p.dlse_head_stride + row] : 0.f;
     } else {
-      const TiledBwdRowTerms terms = tiled_bwd_row_terms_at(p, s, hq0, map, i);
+      const TiledBwdRowTerms terms = FUSED_DELTA
+                                         ? tiled_bwd_row_terms_fused_at(p, s, hq0, map, i)
+                                         : tiled_bwd_row_terms_at(p, s, hq0, map, i);
       lse2[r] = terms.lse2;
       delta[r] = terms.delta;
     }
