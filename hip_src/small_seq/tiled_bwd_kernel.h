@@ -139,53 +139,41 @@ struct TiledBwdRowTerms {
   float delta;
 };
 
+// The terms of query j, q head hq of a segment: its LSE and pass 1's Delta from the workspace.
+// FUSED_DELTA (a kernel launched without pass 1: the workspace holds no Delta): -dlse (0
+// without dlse) in place of Delta, to which the caller adds the row's rowsum(dO O), which is
+// rowsum(P dP) (O = P V, so dO . O = sum_k P_k dO . V_k). -dlse + x is x - dlse exactly.
+template <bool FUSED_DELTA = false>
+RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_of(const SmallSeqTiledParams& p,
+                                                  const TiledSegment& s, const int64_t j,
+                                                  const int64_t hq) {
+  const int64_t row = s.q_row0 + j;
+  const int64_t at = hq * p.lse_head_stride + row;
+  if constexpr (FUSED_DELTA)
+    return TiledBwdRowTerms{p.lse[at] * kTiledBwdLog2e,
+                            p.dlse != nullptr ? -p.dlse[hq * p.dlse_head_stride + row] : 0.f};
+  else
+    return TiledBwdRowTerms{p.lse[at] * kTiledBwdLog2e, p.workspace[at]};
+}
+
 // The same for row i of a tile (rows.at: no 64-bit division per row).
+template <bool FUSED_DELTA = false>
 RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_at(const SmallSeqTiledParams& p,
                                                   const TiledSegment& s, const int hq0,
                                                   const TiledRowMap& rows, const int i) {
   int64_t j;
   int h;
   rows.at(i, j, h);
-  const int64_t at = static_cast<int64_t>(hq0 + h) * p.lse_head_stride + s.q_row0 + j;
-  return TiledBwdRowTerms{p.lse[at] * kTiledBwdLog2e, p.workspace[at]};
+  return tiled_bwd_row_terms_of<FUSED_DELTA>(p, s, j, hq0 + h);
 }
 
+// The same for row r = j * group + h of a segment.
+template <bool FUSED_DELTA = false>
 RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms(const SmallSeqTiledParams& p,
                                                const TiledSegment& s, const int hq0,
                                                const int group, const int64_t r) {
   const int64_t j = r / group;
-  const int64_t hq = hq0 + (r - j * group);
-  const int64_t at = hq * p.lse_head_stride + s.q_row0 + j;
-  return TiledBwdRowTerms{p.lse[at] * kTiledBwdLog2e, p.workspace[at]};
-}
-
-// The same for a kernel launched without pass 1 (FUSED_DELTA: the workspace holds no Delta), of
-// query j, q head hq: the LSE and -dlse (0 without dlse), to which the caller adds the row's
-// rowsum(dO O), which is rowsum(P dP) (O = P V, so dO . O = sum_k P_k dO . V_k). -dlse + x is
-// x - dlse exactly.
-RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_fused_of(const SmallSeqTiledParams& p,
-                                                        const TiledSegment& s, const int64_t j,
-                                                        const int64_t hq) {
-  const int64_t row = s.q_row0 + j;
-  return TiledBwdRowTerms{p.lse[hq * p.lse_head_stride + row] * kTiledBwdLog2e,
-                          p.dlse != nullptr ? -p.dlse[hq * p.dlse_head_stride + row] : 0.f};
-}
-
-RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_fused(const SmallSeqTiledParams& p,
-                                                     const TiledSegment& s, const int hq0,
-                                                     const int group, const int64_t r) {
-  const int64_t j = r / group;
-  return tiled_bwd_row_terms_fused_of(p, s, j, hq0 + (r - j * group));
-}
-
-// The same for row i of a tile (rows.at: no 64-bit division per row).
-RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_fused_at(const SmallSeqTiledParams& p,
-                                                        const TiledSegment& s, const int hq0,
-                                                        const TiledRowMap& rows, const int i) {
-  int64_t j;
-  int h;
-  rows.at(i, j, h);
-  return tiled_bwd_row_terms_fused_of(p, s, j, hq0 + h);
+  return tiled_bwd_row_terms_of<FUSED_DELTA>(p, s, j, hq0 + (r - j * group));
 }
 
 // dq = 0 on the q padding rows of a THD call (rows before the first segment and after the last:
@@ -598,10 +586,8 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
     const int col = ra_mma_acc_col(lane, i);
     if (col >= nrows)
       col_terms[i] = TiledBwdRowTerms{0.f, 0.f};
-    else if constexpr (FUSED_DELTA)
-      col_terms[i] = tiled_bwd_row_terms_fused(p, s, hq0, group, col);
     else
-      col_terms[i] = tiled_bwd_row_terms(p, s, hq0, group, col);
+      col_terms[i] = tiled_bwd_row_terms<FUSED_DELTA>(p, s, hq0, group, col);
   }
   // S^T = K Q^T and dP^T = V dO^T of the key tile at k0 (nkt keys from it) over the whole head
   // dim.
@@ -863,7 +849,7 @@ RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_scalar(const SmallSeqTiledParams&
         of, static_cast<const uint16_t*>(p.out) + s.q_batch * p.out_batch_stride +
                 (s.q_token0 + j) * p.out_token_stride + hq * p.out_head_stride,
         col_lane, Sh::kLpr, true);
-    TiledBwdRowTerms t = tiled_bwd_row_terms_fused(p, s, hq0, group, r);
+    TiledBwdRowTerms t = tiled_bwd_row_terms<true>(p, s, hq0, group, r);
     t.delta += ra_group_sum<Sh::kLpr>(tiled_bwd_dot<Sh::kVpl>(gf, of));
     return t;
   } else {

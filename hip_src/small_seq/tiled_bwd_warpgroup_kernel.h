@@ -138,9 +138,7 @@ RA_DEVICE void tiled_bwd_warpgroup_row_terms(const SmallSeqTiledParams& p,
       lse2[r] = INFINITY;
       delta[r] = 0.f;
     } else {
-      const TiledBwdRowTerms terms = FUSED_DELTA
-                                         ? tiled_bwd_row_terms_fused_at(p, s, hq0, map, i)
-                                         : tiled_bwd_row_terms_at(p, s, hq0, map, i);
+      const TiledBwdRowTerms terms = tiled_bwd_row_terms_at<FUSED_DELTA>(p, s, hq0, map, i);
       lse2[r] = terms.lse2;
       delta[r] = terms.delta;
     }
