@@ -441,38 +441,35 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
     else:
         out = q.new_empty(q.shape)
         lse = q.new_empty((b * mq, h_q), dtype=torch.float32) if return_lse else None
-    if (one_query and not packed_full and not return_lse and q.dtype == compute
-            and torch.equal(kv_start[1:], kv_start[:-1] + seg.nkv[:-1])):
-        # one query per segment over ragged histories packed back to back (each starts where
-        # the previous one ends: always in THD, in BSHD only when every batch row but the last
-        # is full): products on the key rows, no K / V gather (_one_query_packed); histories
-        # with gaps (BSHD) gather below
+    none = q.new_empty((0,), dtype=torch.float32)  # the lse / probs this call does not return
+    if one_query and not return_lse and q.dtype == compute:
+        # one query per segment, inference: products on K / V read in their THD rows, no gather
+        # (docs/performance.md#fused_attn_small_seq-on-cpu)
         group = h_q // h_kv
-        r0 = int(kv_start[0])
-        total = int(seg.nkv.sum())
-        _one_query_packed(q.view(b, h_kv, group, d), k_rows_of[r0:r0 + total],
-                          v_rows_of[r0:r0 + total], seg.nkv, out.view(b, h_kv, group, d), scale,
-                          width)
-        return out, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
-    if one_query and packed_full and not return_lse and q.dtype == compute:
-        # one query per segment over full, packed histories: chunks of segments small enough
-        # that the products stay in the caches (CPU_ONE_QUERY_CHUNK_BYTES), K / V read as views
-        # of their THD rows (docs/performance.md#fused_attn_small_seq-on-cpu); the row-wise
-        # formulation of ragged histories above took 1.2x as long here (a q gather and a
-        # segment sum more)
-        group = h_q // h_kv
-        per_seg = width * h_q * d * elem
-        segs = max(CPU_CHUNK_MIN_SEGMENTS, CPU_ONE_QUERY_CHUNK_BYTES // max(per_seg, 1))
         qg = q.view(b, h_kv, group, d)
         out_g = out.view(b, h_kv, group, d)
         r0 = int(kv_start[0])
-        for s in range(0, b, segs):
-            e = min(b, s + segs)
-            n = e - s
-            kc = k_rows_of[r0 + s * width:r0 + e * width].view(n, width, h_kv, d)
-            vc = v_rows_of[r0 + s * width:r0 + e * width].view(n, width, h_kv, d)
-            _one_query_chunk(qg[s:e], kc, vc, out_g[s:e], scale)
-        return out, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
+        if packed_full:
+            # full histories: chunks of segments small enough that the products stay in the
+            # caches (CPU_ONE_QUERY_CHUNK_BYTES), K / V as views; the row-wise form below took
+            # 1.2x as long here (a q gather and a segment sum more)
+            per_seg = width * h_q * d * elem
+            segs = max(CPU_CHUNK_MIN_SEGMENTS, CPU_ONE_QUERY_CHUNK_BYTES // max(per_seg, 1))
+            for s in range(0, b, segs):
+                e = min(b, s + segs)
+                n = e - s
+                kc = k_rows_of[r0 + s * width:r0 + e * width].view(n, width, h_kv, d)
+                vc = v_rows_of[r0 + s * width:r0 + e * width].view(n, width, h_kv, d)
+                _one_query_chunk(qg[s:e], kc, vc, out_g[s:e], scale)
+            return out, none, none
+        if torch.equal(kv_start[1:], kv_start[:-1] + seg.nkv[:-1]):
+            # ragged histories packed back to back (each starts where the previous one ends:
+            # always in THD, in BSHD only when every batch row but the last is full): products
+            # on the key rows (_one_query_packed); histories with gaps (BSHD) gather below
+            total = int(seg.nkv.sum())
+            _one_query_packed(qg, k_rows_of[r0:r0 + total], v_rows_of[r0:r0 + total], seg.nkv,
+                              out_g, scale, width)
+            return out, none, none
     if packed_full and not return_lse and not (thd and not one_query):
         # no gather: one SDPA call over every segment, k/v as views
         kc = k_rows_of[int(kv_start[0]):int(kv_start[0]) + b * width].view(b, width, h_kv, d)
@@ -486,7 +483,7 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
             out = o  # one query per segment: SDPA's output is already out's layout, no copy
         else:
             out.copy_(o)
-        return out, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
+        return out, none, none
     # the paths below gather each chunk's keys (unless packed_full) and mask the padded slots
     last = (seg.nkv - 1).clamp(min=0).unsqueeze(1)
     slot = torch.arange(width).unsqueeze(0)
@@ -513,7 +510,7 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
             if maybe_empty:
                 o = torch.where(empty_c, o.new_zeros(()), o)
             out_c.copy_(_unfold_heads(o, mq, h_q))
-        return out, q.new_empty((0,), dtype=torch.float32), q.new_empty((0,), dtype=torch.float32)
+        return out, none, none
     for s in range(0, b, n_chunk):
         e = min(b, s + n_chunk)
         n = e - s
@@ -557,8 +554,7 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
             out[s:e] = o.view(out[s:e].shape)
             if lse is not None:
                 lse[s * mq:e * mq] = lc.reshape(n * mq, h_q)
-    lse = lse.t() if lse is not None else q.new_empty((0,), dtype=torch.float32)
-    return out, lse, q.new_empty((0,), dtype=torch.float32)
+    return out, lse.t() if lse is not None else none, none
 
 
 def _probs_or_empty(probs, q):
