@@ -54,13 +54,23 @@ from . import _ext, errors, tuning
 # serves too few row tiles and flash leads by up to 1.2x. There, too, a call to be
 # differentiated over at most WARPGROUP_BACKWARD_MAX_SEQLEN_KV keys at head dim <= 128 stays
 # tiled: the tiled backward's warpgroup-MMA kernels take 0.4-0.6x the route's forward+backward
-# time there; over 256 keys they tie flash's backward (0.93-1.07x), which keeps those calls
-# (docs/kernels.md#warpgroup-backward).
+# time there; over 256 keys they tie flash's backward (0.93-1.07x) with one q head per kv head,
+# which keeps those calls (docs/kernels.md#warpgroup-backward). With a GQA group of at least
+# WARPGROUP_BACKWARD_MIN_GROUP q heads per kv head, a call to be differentiated stays tiled up
+# to the warpgroup backward's last key (WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV): its items fold the
+# group into their rows (one staging of K / V serves every q head of the group), while flash's
+# backward runs each q head alone and writes dK / dV per q head before summing the group. Same
+# run, H100, 2 kv heads, forward+backward tiled / route: 1.07-1.42x (4096 x 128 x 256 10476 /
+# 14709 us, 4096 x 512 x 256 37318 / 41118, 256 x 128 x 256 763 / 1010, 4096 x 128 x 128 6816 /
+# 9659); with one q head per kv head flash keeps its lead (4096 x 128 x 256: 14571 / 12579).
 ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128
 WARPGROUP_MIN_ROWS = 512
 WARPGROUP_BACKWARD_MAX_SEQLEN_KV = 64
+WARPGROUP_BACKWARD_MIN_GROUP = 4
+# kTiledBwdWarpgroupMaxKeys (hip_src/small_seq/tiled_bwd_warpgroup_kernel.h)
+WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV = 256
 
 
 def _route_mode() -> int:
@@ -86,6 +96,9 @@ def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: b
     per kv head."""
     if warpgroup and head_dim <= 128:
         if backward and max_seqlen_kv <= WARPGROUP_BACKWARD_MAX_SEQLEN_KV:
+            return False
+        if (backward and group >= WARPGROUP_BACKWARD_MIN_GROUP
+                and max_seqlen_kv <= WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV):
             return False
         if not backward and max_seqlen_q * group >= WARPGROUP_MIN_ROWS:
             return False

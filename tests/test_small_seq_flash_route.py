@@ -190,6 +190,16 @@ def test_takes_route_rules(monkeypatch):
     assert small_seq_flash.route_wins(128, 512, wg_bwd_kv + 1, True, warpgroup=True)
     assert small_seq_flash.route_wins(256, 512, wg_bwd_kv, True, warpgroup=True), "wide heads"
     assert small_seq_flash.route_wins(256, 512, bwd_kv, False, warpgroup=True), "wide heads"
+    # ... and, with a GQA group of WARPGROUP_BACKWARD_MIN_GROUP or more, a call to be
+    # differentiated up to the warpgroup backward's last key
+    group = small_seq_flash.WARPGROUP_BACKWARD_MIN_GROUP
+    last_kv = small_seq_flash.WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV
+    assert not small_seq_flash.route_wins(128, 512, last_kv, True, warpgroup=True, group=group)
+    assert small_seq_flash.route_wins(128, 512, last_kv + 1, True, warpgroup=True, group=group)
+    assert small_seq_flash.route_wins(128, 512, last_kv, True, warpgroup=True, group=group // 2)
+    assert small_seq_flash.route_wins(128, 512, last_kv, True, group=group), "no warpgroup"
+    assert small_seq_flash.route_wins(256, 512, last_kv, True, warpgroup=True, group=group), \
+        "wide heads"
 
     class FakeCuda:  # a tensor stand-in on a CUDA device
         is_cuda = True
