@@ -90,6 +90,41 @@ def test_exported_torch_path_still_writes_nan_for_a_bad_history():
     assert torch.isnan(pairs[2]) and torch.isfinite(pairs[[0, 1, 3, 4]]).all()
 
 
+def _has_aoti_packaging():
+    try:
+        import torch._inductor as inductor
+    except ImportError:
+        return False
+    return hasattr(inductor, "aoti_compile_and_package")
+
+
+@pytest.mark.skipif(not _has_aoti_packaging(), reason="this torch has no AOTInductor packaging")
+def test_aoti_package_on_cpu_runs_the_torch_path(tmp_path):
+    """A CPU server's deployment: the exported model, packaged by AOTInductor (a C++ build of
+    the torch path), loads and gives the eager results, and still writes NaN for a history
+    past max_seqlen_kv."""
+    model = Ranker(bound=24).eval()
+    inputs = _inputs()
+    with torch.no_grad():
+        want = model(*inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the no-kernels warning: tested above
+        program = _export(model, inputs)
+    path = torch._inductor.aoti_compile_and_package(program,
+                                                    package_path=str(tmp_path / "r.pt2"))
+    run = torch._inductor.aoti_load_package(path)
+    with torch.no_grad():
+        got = run(*inputs)
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    bad = list(inputs)
+    bad[2] = torch.tensor([3, 0, 25, 1, 17], dtype=torch.int32)  # 25 > bound and > s
+    with torch.no_grad():
+        pairs, _ = run(*bad)
+    assert torch.isnan(pairs[2]) and torch.isfinite(pairs[[0, 1, 3, 4]]).all()
+
+
 def _onnx_missing():
     missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
     return f"needs {' and '.join(missing)} (pip install onnx onnxscript)" if missing else None
