@@ -1,18 +1,33 @@
 #!/usr/bin/env python3
-"""Markdown table of a ranking-grid run, as docs/performance.md keeps it.
+"""Markdown table of a ranking-grid run, as docs/performance.md keeps it, and where the rows
+stand against the ranking issue's targets.
 
     python3 tools/bench_small_seq.py --ranking --json ranking.json   # on the GPU machine
     python3 tools/ranking_table.py ranking.json                      # anywhere
+    python3 tools/ranking_table.py part1.json part2.json --summary   # a grid run in parts
 
 One line per row: the path that served ours (forward / forward+backward where they differ),
 the floor, our device time, % of the floor, the best anchor (eager) and our speed-up over it,
-for the forward and for forward+backward.
+for the forward and for forward+backward. Several files join in order, a later file's row
+replacing an earlier one of the same case (a grid run in several --cases calls, or rows
+re-measured later). --summary prints the targets' accounting instead: rows under the forward
+and forward+backward floor targets, rows slower than the best anchor, rows under 3x an anchor
+that reaches less than 30% of the floor, and the ranges per kind of row.
 """
 import argparse
 import json
+from collections import OrderedDict
 
 # Path names the bench records, as the docs' table spells them.
 _PATHS = {"one-query kernels": "one-query", "tiled kernels": "tiled", "flash route": "flash route"}
+
+# The ranking issue's targets: % of the floor on rows whose floor exceeds FLOOR_MIN_US, and 3x
+# the best anchor where that anchor reaches less than WEAK_ANCHOR_PCT of the floor.
+FLOOR_MIN_US = 50.0
+TARGET_PCT = {"fwd": 85.0, "fwdbwd": 70.0}
+WEAK_ANCHOR_PCT = 30.0
+WEAK_ANCHOR_SPEEDUP = 3.0
+MODES = (("fwd", "forward"), ("fwdbwd", "forward+backward"))
 
 
 def _path(name: str) -> str:
@@ -33,20 +48,104 @@ def _cells(m: dict) -> list:
             best_cell, ratio]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("json", help="the --json file of a --ranking run")
-    data = json.load(open(ap.parse_args().json))
-    print(f"{data['device']}, torch {data['torch']}, copy bandwidth "
-          f"{data['copy_bandwidth_GBps']:.0f} GB/s\n")
-    print("| case | path (fwd / fwd+bwd) | floor us | fwd us | % floor | best anchor us (which) "
-          "| x best | fwd+bwd floor | fwd+bwd us | % floor | best anchor us (which) | x best |")
-    print("|" + "---|" * 12)
-    for row in data["rows"]:
+def load(paths) -> tuple:
+    """(the files' headers, their rows joined: a later file's row replaces an earlier one of the
+    same case, in the place of the first)."""
+    headers, rows = [], OrderedDict()
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        headers.append(data)
+        for row in data["rows"]:
+            rows[row["case"]] = row
+    return headers, list(rows.values())
+
+
+def kind(row: dict) -> str:
+    """The kind of a row, as the performance page's bullets group them."""
+    if row["d"] != 128:
+        return f"d {row['d']}"
+    if row["cands"] == 1:
+        return "1 query, <= 16 keys" if row["hist"] <= 16 else "1 query, 64+ keys"
+    if row["cands"] == 16:
+        return f"16 candidates, {row['h_kv']} kv heads"
+    return f"128-512 candidates, {row['hist']} keys"
+
+
+def _measured(row: dict, mode: str):
+    m = row.get(mode) or {}
+    return m if "ms" in m else None
+
+
+def _range(values, fmt: str) -> str:
+    return f"{fmt.format(min(values))}-{fmt.format(max(values))}" if values else "-"
+
+
+def summary(rows) -> list:
+    """Lines of the targets' accounting (see the module's docstring)."""
+    lines = []
+    for mode, name in MODES:
+        big = [(r, m) for r in rows if (m := _measured(r, mode)) and
+               m["floor_ms"] * 1e3 > FLOOR_MIN_US]
+        under = [(r, m) for r, m in big if m["pct_floor"] < TARGET_PCT[mode]]
+        lines.append(f"{name}: {len(big) - len(under)} of {len(big)} rows whose floor exceeds "
+                     f"{FLOOR_MIN_US:.0f} us reach {TARGET_PCT[mode]:.0f}% of it; under it: " +
+                     (", ".join(f"{r['case']} {m['pct_floor']:.0f}%" for r, m in under) or "none"))
+    for mode, name in MODES:
+        slow = [(r, m) for r in rows if (m := _measured(r, mode)) and
+                m.get("speedup_vs_best") is not None and m["speedup_vs_best"] < 1.0]
+        lines.append(f"{name} slower than the best anchor: " +
+                     (", ".join(f"{r['case']} {m['speedup_vs_best']:.2f}x" for r, m in slow)
+                      or "none"))
+    for mode, name in MODES:
+        weak = [(r, m) for r in rows if (m := _measured(r, mode)) and m.get("best_anchor_ms")
+                and 100 * m["floor_ms"] / m["best_anchor_ms"] < WEAK_ANCHOR_PCT
+                and m["speedup_vs_best"] < WEAK_ANCHOR_SPEEDUP]
+        lines.append(f"{name} under {WEAK_ANCHOR_SPEEDUP:.0f}x a best anchor below "
+                     f"{WEAK_ANCHOR_PCT:.0f}% of the floor: " +
+                     (", ".join(f"{r['case']} {m['speedup_vs_best']:.2f}x" for r, m in weak)
+                      or "none"))
+    kinds = OrderedDict()
+    for r in rows:
+        kinds.setdefault(kind(r), []).append(r)
+    for k, group in kinds.items():
+        cells = []
+        for mode, name in MODES:
+            ms = [m for r in group if (m := _measured(r, mode))]
+            big = [m["pct_floor"] for m in ms if m["floor_ms"] * 1e3 > FLOOR_MIN_US]
+            x = [m["speedup_vs_best"] for m in ms if m.get("speedup_vs_best") is not None]
+            pct = (f"{_range(big, '{:.0f}')}% of the floor (floor over {FLOOR_MIN_US:.0f} us)"
+                   if big else f"no floor over {FLOOR_MIN_US:.0f} us")
+            cells.append(f"{name} {pct}, {_range(x, '{:.2f}')}x the best anchor")
+        lines.append(f"{k} ({len(group)} rows): " + "; ".join(cells))
+    return lines
+
+
+def table(headers, rows) -> list:
+    """Lines of the markdown table, under a line naming the device and each file's bandwidth."""
+    first = headers[0]
+    bandwidths = ", ".join(f"{h['copy_bandwidth_GBps']:.0f}" for h in headers)
+    lines = [f"{first['device']}, torch {first['torch']}, copy bandwidth {bandwidths} GB/s", "",
+             "| case | path (fwd / fwd+bwd) | floor us | fwd us | % floor | best anchor us "
+             "(which) | x best | fwd+bwd floor | fwd+bwd us | % floor | best anchor us (which) "
+             "| x best |",
+             "|" + "---|" * 12]
+    for row in rows:
         fwd, both = row.get("fwd") or {}, row.get("fwdbwd") or {}
         paths = [_path(m["path"]) for m in (fwd, both) if m]
         path = paths[0] if len(set(paths)) == 1 else " / ".join(paths)
-        print("| " + " | ".join([row["case"], path] + _cells(fwd) + _cells(both)) + " |")
+        lines.append("| " + " | ".join([row["case"], path] + _cells(fwd) + _cells(both)) + " |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("json", nargs="+", help="--json files of --ranking runs, joined in order")
+    ap.add_argument("--summary", action="store_true",
+                    help="the targets' accounting instead of the table")
+    args = ap.parse_args()
+    headers, rows = load(args.json)
+    print("\n".join(summary(rows) if args.summary else table(headers, rows)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+"""tools/ranking_table.py: the ranking grid's table and target accounting from bench JSON files,
+a grid run in parts joined (CPU only, synthetic rows)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import ranking_table  # noqa: E402
+
+
+def _mode(floor_us, us, anchor_us, path="tiled kernels"):
+    return {"floor_ms": floor_us / 1e3, "ms": us / 1e3, "pct_floor": 100 * floor_us / us,
+            "path": path, "best_anchor_ms": anchor_us / 1e3, "speedup_vs_best": anchor_us / us,
+            "anchors": {"sdpa_fixed": {"ms": anchor_us / 1e3}, "varlen": {"error": "x"}}}
+
+
+def _row(users, cands, hist, h_kv, fwd, both):
+    case = f"u{users}_c{cands}_kv{hist}f_hkv{h_kv}_d128"
+    return {"case": case, "users": users, "cands": cands, "hist": hist, "ragged": False,
+            "h_kv": h_kv, "d": 128, "fwd": _mode(*fwd), "fwdbwd": _mode(*both)}
+
+
+def _write(path, rows, bw):
+    path.write_text(json.dumps({"device": "GPU X", "torch": "2.x", "copy_bandwidth_GBps": bw,
+                                "rows": rows}))
+    return str(path)
+
+
+def test_parts_join_later_rows_replace_earlier(tmp_path):
+    a = _row(4096, 512, 256, 8, (4000, 7000, 5000), (12000, 39000, 32000))
+    b = _row(4096, 1, 16, 8, (95, 100, 360), (280, 310, 1500))
+    again = _row(4096, 512, 256, 8, (4000, 6000, 5000), (12000, 30000, 32000))
+    first = _write(tmp_path / "1.json", [a, b], 3000.4)
+    second = _write(tmp_path / "2.json", [again], 2960.0)
+    headers, rows = ranking_table.load([first, second])
+    assert [r["case"] for r in rows] == [a["case"], b["case"]]  # first place kept
+    assert rows[0] is not a and rows[0]["fwd"]["ms"] == 6000 / 1e3
+    lines = ranking_table.table(headers, rows)
+    assert lines[0] == "GPU X, torch 2.x, copy bandwidth 3000, 2960 GB/s"
+    body = [line for line in lines if line.startswith("| u")]
+    assert len(body) == 2
+    assert body[0].split(" | ")[1:7] == ["tiled", "4000.0", "6000.0", "67%",
+                                          "5000.0 (sdpa_fixed)", "0.83"]
+
+
+def test_summary_counts_the_targets():
+    rows = [
+        # forward 57% (under 85%), slower than the anchor; forward+backward 40%, 0.83x
+        _row(4096, 512, 256, 8, (4000, 7000, 5000), (12000, 30000, 25000)),
+        # floors at 50 us or less count for no % target
+        _row(256, 1, 16, 2, (2, 4, 60), (5, 10, 400)),
+        # forward 90%, 3.6x; forward+backward 75%; its anchor at 19% of the floor: under 3x?
+        _row(4096, 16, 16, 2, (108, 120, 430), (336, 448, 1500)),
+    ]
+    lines = ranking_table.summary(rows)
+    assert lines[0].startswith("forward: 1 of 2 rows whose floor exceeds 50 us reach 85%")
+    assert "u4096_c512_kv256f_hkv8_d128 57%" in lines[0]
+    assert lines[1].startswith("forward+backward: 1 of 2 rows")
+    assert "u4096_c512_kv256f_hkv8_d128 40%" in lines[1]
+    assert lines[2] == "forward slower than the best anchor: u4096_c512_kv256f_hkv8_d128 0.71x"
+    assert lines[3] == ("forward+backward slower than the best anchor: "
+                        "u4096_c512_kv256f_hkv8_d128 0.83x")
+    # the weak-anchor rule: anchor under 30% of the floor and ours under 3x
+    assert lines[4].endswith(": none")  # 3.58x forward
+    assert "u4096_c16_kv16f_hkv2_d128 3.35x" not in lines[5] and lines[5].endswith(": none")
+    kinds = {line.split(" (")[0]: line for line in lines[6:]}
+    assert set(kinds) == {"128-512 candidates, 256 keys", "1 query, <= 16 keys",
+                          "16 candidates, 2 kv heads"}
+    assert "forward no floor over 50 us, 15.00-15.00x" in kinds["1 query, <= 16 keys"]
+    assert "forward 90-90% of the floor" in kinds["16 candidates, 2 kv heads"]
+
+
+def test_command_line_prints_table_or_summary(tmp_path, capsys, monkeypatch):
+    path = _write(tmp_path / "r.json", [_row(4096, 16, 16, 2, (108, 120, 430),
+                                              (336, 448, 1500))], 3000)
+    monkeypatch.setattr(sys, "argv", ["ranking_table.py", path])
+    ranking_table.main()
+    assert "| u4096_c16_kv16f_hkv2_d128 | tiled | 108.0 | 120.0 | 90% |" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["ranking_table.py", path, "--summary"])
+    ranking_table.main()
+    assert capsys.readouterr().out.startswith("forward: 1 of 1 rows")
