@@ -159,6 +159,23 @@ def test_route_bad_segments_nan_and_counted(route_on_cpu):
     assert (grads[1][k0:k0 + n] == 0).all() and (grads[2][k0:k0 + n] == 0).all()
 
 
+def test_rule_bounds_mirror_the_kernels():
+    """The rule's copies of kernel bounds: the warpgroup backward's last key
+    (kTiledBwdWarpgroupMaxKeys = 4 blocks of kTiledWarpgroupKeys) and its 64-key block."""
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "hip_src/small_seq"
+    fwd = (src / "tiled_fwd_warpgroup_kernel.h").read_text()
+    bwd = (src / "tiled_bwd_warpgroup_kernel.h").read_text()
+    keys = int(re.search(r"constexpr int kTiledWarpgroupKeys = (\d+);", fwd).group(1))
+    assert "constexpr int kTiledBwdWarpgroupBlockKeys = kTiledWarpgroupKeys;" in bwd
+    blocks = int(re.search(r"constexpr int kTiledBwdWarpgroupMaxKeys = (\d+) \* "
+                           r"kTiledBwdWarpgroupBlockKeys;", bwd).group(1))
+    assert small_seq_flash.WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV == blocks * keys
+    assert small_seq_flash.WARPGROUP_BACKWARD_MAX_SEQLEN_KV == keys
+
+
 def test_takes_route_rules(monkeypatch):
     """Which calls the route takes: THD only, no return_softmax, CUDA builds of torch, not while
     exporting, the tuning mode (0 never, 1 the measured rule or a history beyond the tiled kernels, 2 always);
