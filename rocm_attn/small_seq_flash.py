@@ -59,10 +59,9 @@ from . import _ext, errors, tuning
 # WARPGROUP_BACKWARD_MIN_GROUP q heads per kv head, a call to be differentiated stays tiled up
 # to the warpgroup backward's last key (WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV): its items fold the
 # group into their rows (one staging of K / V serves every q head of the group), while flash's
-# backward runs each q head alone and writes dK / dV per q head before summing the group. Same
-# run, H100, 2 kv heads, forward+backward tiled / route: 1.07-1.42x (4096 x 128 x 256 10476 /
-# 14709 us, 4096 x 512 x 256 37318 / 41118, 256 x 128 x 256 763 / 1010, 4096 x 128 x 128 6816 /
-# 9659); with one q head per kv head flash keeps its lead (4096 x 128 x 256: 14571 / 12579).
+# backward runs each q head alone and writes dK / dV per q head before summing the group: the
+# tiled kernels' forward+backward took 0.71-0.93x the route's time with 2 kv heads over 128-256
+# keys, while with one q head per kv head flash keeps its lead (docs/kernels.md#flash-route).
 ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128
