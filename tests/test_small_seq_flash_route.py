@@ -243,6 +243,23 @@ def test_takes_route_rules(monkeypatch):
         got = small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), thd, max_q, max_kv,
                                           softmax, long_history=long)
         assert got == want, (mode, thd, softmax, max_q, max_kv, long)
+    # the GQA group comes from the tensors' head counts: q 8 heads over k 2 (group 4) keeps a
+    # differentiated call over 256 keys on the tiled kernels where the warpgroup kernels run,
+    # over 8 kv heads (group 1) the route takes it
+    monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: 1)
+    monkeypatch.setattr(small_seq_flash, "warpgroup_kernels", lambda: True)
+
+    class FakeCudaLeaf(FakeCuda):
+        requires_grad = True
+
+    class FakeK8(FakeK):
+        shape = (4, 8, 128)
+
+    assert not small_seq_flash.takes_route(FakeCudaLeaf(), FakeK(), FakeK(), True, 512, 256,
+                                           False)
+    assert small_seq_flash.takes_route(FakeCudaLeaf(), FakeK8(), FakeK8(), True, 512, 256,
+                                       False)
+    assert small_seq_flash.takes_route(FakeCudaLeaf(), FakeK(), FakeK(), True, 512, 257, False)
     monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: 2)
     monkeypatch.setattr(small_seq_flash.errors, "exporting", lambda: True)
     assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 512, 64, False), \
