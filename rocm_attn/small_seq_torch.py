@@ -424,10 +424,12 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
         v_rows_of = v.reshape((-1,) + tuple(v.shape[2:]))
         kv_start = torch.arange(b) * s_kv
     maybe_empty = bool((seg.nkv == 0).any())
-    # every segment full and right after the previous one (fixed-length histories): each
-    # chunk's k/v are views of k/v, no gather
-    packed_full = (not maybe_empty and bool((seg.nkv == width).all())
-                   and torch.equal(kv_start, kv_start[0] + torch.arange(b) * width))
+    # each history starts where the previous one ends (always in THD; in BSHD only when every
+    # batch row but the last is full)
+    back_to_back = torch.equal(kv_start[1:], kv_start[:-1] + seg.nkv[:-1])
+    # every segment full and back to back (fixed-length histories): each chunk's k/v are views
+    # of k/v, no gather
+    packed_full = not maybe_empty and bool((seg.nkv == width).all()) and back_to_back
     if thd and not one_query:
         total_q = q.shape[0]
         lead, tail = int(seg.pad_lead), int(seg.pad_tail)
@@ -462,10 +464,9 @@ def _cpu_inference(q, k, v, seg: Segments, thd: bool, one_query: bool, mq: int, 
                 vc = v_rows_of[r0 + s * width:r0 + e * width].view(n, width, h_kv, d)
                 _one_query_chunk(qg[s:e], kc, vc, out_g[s:e], scale)
             return out, none, none
-        if torch.equal(kv_start[1:], kv_start[:-1] + seg.nkv[:-1]):
-            # ragged histories packed back to back (each starts where the previous one ends:
-            # always in THD, in BSHD only when every batch row but the last is full): products
-            # on the key rows (_one_query_packed); histories with gaps (BSHD) gather below
+        if back_to_back:
+            # ragged histories packed back to back: products on the key rows
+            # (_one_query_packed); histories with gaps (BSHD) gather below
             total = int(seg.nkv.sum())
             _one_query_packed(qg, k_rows_of[r0:r0 + total], v_rows_of[r0:r0 + total], seg.nkv,
                               out_g, scale, width)
