@@ -84,3 +84,24 @@ def test_command_line_prints_table_or_summary(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["ranking_table.py", path, "--summary"])
     ranking_table.main()
     assert capsys.readouterr().out.startswith("forward: 1 of 1 rows")
+
+
+def test_compare_two_builds(tmp_path, capsys, monkeypatch):
+    """--base: the base build's repeats against the new build's, per row and mode; a mode that
+    one build did not time (forward-only runs) is left out."""
+    slow = _row(4096, 128, 256, 2, (1000, 2000, 5000), (3000, 8000, 9000))
+    fast = _row(4096, 128, 256, 2, (1000, 1600, 5000), (3000, 8000, 9000))
+    fast_fwd_only = dict(_row(4096, 128, 256, 2, (1000, 1500, 5000), (3000, 1, 9000)))
+    del fast_fwd_only["fwdbwd"]
+    base = [_write(tmp_path / f"b{i}.json", [slow], 3000) for i in (1, 2)]
+    new = [_write(tmp_path / "n1.json", [fast], 3000),
+           _write(tmp_path / "n2.json", [fast_fwd_only], 3000)]
+    monkeypatch.setattr(sys, "argv", ["ranking_table.py", "--base", *base, "--", *new])
+    ranking_table.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("case")
+    fwd = [line for line in lines if " fwd " in line]
+    both = [line for line in lines if " fwdbwd " in line]
+    assert len(fwd) == 1 and len(both) == 1
+    assert fwd[0].split()[2:] == ["1000", "2000", "2000", "/", "1600", "1500", "1.290"]
+    assert both[0].split()[2:] == ["3000", "8000", "8000", "/", "8000", "1.000"]

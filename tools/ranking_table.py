@@ -12,7 +12,12 @@ for the forward and for forward+backward. Several files join in order, a later f
 replacing an earlier one of the same case (a grid run in several --cases calls, or rows
 re-measured later). --summary prints the targets' accounting instead: rows under the forward
 and forward+backward floor targets, rows slower than the best anchor, rows under 3x an anchor
-that reaches less than 30% of the floor, and the ranges per kind of row.
+that reaches less than 30% of the floor, and the ranges per kind of row. --base compares two
+builds timed in one run (tools/ab_builds.sh): the files given with --base are the base build's
+repeats, the others the new build's; one line per row and mode with every repeat's time and
+the base / new ratio of their sums (above 1: the new build is faster).
+
+    python3 tools/ranking_table.py --base base1.json base2.json -- new1.json new2.json
 """
 import argparse
 import json
@@ -138,12 +143,37 @@ def table(headers, rows) -> list:
     return lines
 
 
+def compare(base_runs, new_runs) -> list:
+    """Lines comparing our times per row and mode: each argument a list of runs (dicts of case ->
+    row), every repeat of one build timed in the same run as the other's."""
+    lines = [f"{'case':34s} {'mode':6s} {'floor':>8s}  base us / new us (each repeat)  base/new"]
+    for case in base_runs[0]:
+        for mode, _ in MODES:
+            base = [m for m in (_measured(r.get(case, {}), mode) for r in base_runs) if m]
+            new = [m for m in (_measured(r.get(case, {}), mode) for r in new_runs) if m]
+            if not base or not new:
+                continue
+            times = " ".join(f"{m['ms'] * 1e3:.0f}" for m in base) + " / " + " ".join(
+                f"{m['ms'] * 1e3:.0f}" for m in new)
+            ratio = sum(m["ms"] for m in base) / len(base) / (sum(m["ms"] for m in new) / len(new))
+            lines.append(f"{case:34s} {mode:6s} {base[0]['floor_ms'] * 1e3:8.0f}  "
+                         f"{times}  {ratio:.3f}")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json", nargs="+", help="--json files of --ranking runs, joined in order")
     ap.add_argument("--summary", action="store_true",
                     help="the targets' accounting instead of the table")
+    ap.add_argument("--base", nargs="+", metavar="JSON",
+                    help="the base build's repeats: compare them with the files given last")
     args = ap.parse_args()
+    if args.base:
+        runs = [[{row["case"]: row for row in load([path])[1]} for path in paths]
+                for paths in (args.base, args.json)]
+        print("\n".join(compare(*runs)))
+        return
     headers, rows = load(args.json)
     print("\n".join(summary(rows) if args.summary else table(headers, rows)))
 
