@@ -15,7 +15,7 @@ and forward+backward floor targets, rows slower than the best anchor, rows under
 that reaches less than 30% of the floor, and the ranges per kind of row. --base compares two
 builds timed in one run (tools/ab_builds.sh): the files given with --base are the base build's
 repeats, the others the new build's; one line per row and mode with every repeat's time and
-the base / new ratio of their sums (above 1: the new build is faster).
+the base / new ratio of their means (above 1: the new build is faster).
 
     python3 tools/ranking_table.py --base base1.json base2.json -- new1.json new2.json
 """

@@ -1,12 +1,13 @@
 """Three calls of fused_attn_small_seq on one ranking row, for a profiler to pick one launch of.
 
-Usage: python3 tools/diag/ranking_row_call.py USERS CANDIDATES HISTORY KV_HEADS [r] [bwd]
-(d 128, 8 q heads, bf16; ``r``: ragged histories of 1..HISTORY keys; ``bwd``: each call also
-runs the backward). For example, the warpgroup forward on 4096 users x 128 candidates x 256
-keys with 2 kv heads:
+Usage: python3 tools/diag/ranking_row_call.py ROW [bwd]
+ROW is a row name of the ranking bench (``u4096_c128_kv256f_hkv2_d128``: users, candidates,
+history with ``f`` fixed or ``r`` ragged 1..history keys, kv heads, head dim; 8 q heads, bf16),
+its inputs drawn as the bench draws them; ``bwd``: each call also runs the backward. For
+example, the warpgroup forward on 4096 users x 128 candidates x 256 keys with 2 kv heads:
 
     ncu --set full -k regex:warpgroup --launch-skip 2 --launch-count 1 -o wg \\
-        python3 tools/diag/ranking_row_call.py 4096 128 256 2
+        python3 tools/diag/ranking_row_call.py u4096_c128_kv256f_hkv2_d128
 
 Needs a GPU build of the extension.
 """
@@ -15,27 +16,19 @@ import sys
 import torch
 
 import rocm_attn
+from rocm_attn.bench.small_seq_ranking import make_rank_inputs, parse_row_name
 
 
 def main(argv):
-    users, cands, hist, h_kv = (int(x) for x in argv[:4])
-    ragged = "r" in argv[4:]
-    backward = "bwd" in argv[4:]
-    d, h_q, dev = 128, 8, "cuda"
-    gen = torch.Generator(device=dev).manual_seed(0)
-    lens = (torch.randint(1, hist + 1, (users,), device=dev, generator=gen) if ragged
-            else torch.full((users,), hist, device=dev))
-    cu_kv = torch.zeros(users + 1, dtype=torch.int32, device=dev)
-    cu_kv[1:] = torch.cumsum(lens, 0)
-    cu_q = torch.arange(0, users * cands + 1, cands, dtype=torch.int32, device=dev)
-    total_kv = int(cu_kv[-1])
-    q = torch.randn(users * cands, h_q, d, device=dev, dtype=torch.bfloat16,
-                    requires_grad=backward)
-    k = torch.randn(total_kv, h_kv, d, device=dev, dtype=torch.bfloat16, requires_grad=backward)
-    v = torch.randn(total_kv, h_kv, d, device=dev, dtype=torch.bfloat16, requires_grad=backward)
+    row = parse_row_name(argv[0])
+    if row is None:
+        sys.exit(f"not a ranking row name: {argv[0]!r} (e.g. u4096_c128_kv256f_hkv2_d128)")
+    backward = "bwd" in argv[1:]
+    x = make_rank_inputs(row, torch.bfloat16, "cuda", torch.Generator().manual_seed(0))
+    q, k, v = (x[n].requires_grad_(backward) for n in ("q", "k", "v"))
     for _ in range(3):
-        out = rocm_attn.fused_attn_small_seq(q, k, v, cu_q, cu_kv, max_seqlen_q=cands,
-                                             max_seqlen_kv=hist)
+        out = rocm_attn.fused_attn_small_seq(q, k, v, x["cu_q"], x["cu_kv"],
+                                             max_seqlen_q=x["cands"], max_seqlen_kv=x["hist"])
         if backward:
             out.backward(torch.randn_like(out))
     torch.cuda.synchronize()
