@@ -320,10 +320,13 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
 #endif  // RA_HAS_WGMMA
 
 // NOTE (registers): blocks of one warpgroup are capped for three per multiprocessor (168
-// registers), so that other blocks' products and loads fill one block's softmax and staging;
-// blocks of two keep the registers they need (one per multiprocessor).
-template <typename T, int D, int WARPGROUPS, int KEYS>
-__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128, WARPGROUPS == 1 ? 3 : 1)
+// registers; CAPPED) where three fit the shared memory, so that other blocks' products and
+// loads fill one block's softmax and staging; where only two fit, the cap would buy nothing but
+// spill code (d = 128, 64-key steps: 180 bytes), so those keep the registers they need, as do
+// blocks of two warpgroups (one per multiprocessor).
+template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
+                                            WARPGROUPS > 1 ? 1 : (CAPPED ? 3 : 2))
     small_seq_tiled_fwd_warpgroup_kernel(const SmallSeqTiledParams p, const int splits) {
 #if RA_HAS_WGMMA
   constexpr int THREADS = WARPGROUPS * 128;

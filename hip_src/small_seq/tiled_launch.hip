@@ -205,10 +205,10 @@ int tiled_warpgroups(const SmallSeqTiledParams& p) {
   return 2 * one <= ra_device_shared_per_multiprocessor() ? 1 : 2;
 }
 
-template <typename T, int D, int WARPGROUPS, int KEYS>
+template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED = true>
 hipError_t run_tiled_fwd_warpgroup(const SmallSeqTiledParams& p, hipStream_t stream) {
-  return run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_kernel<T, D, WARPGROUPS, KEYS>,
-                              WARPGROUPS * 128>(
+  return run_tiled_fwd_staged<
+      small_seq_tiled_fwd_warpgroup_kernel<T, D, WARPGROUPS, KEYS, CAPPED>, WARPGROUPS * 128>(
       p, tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS), kTiledWarpgroupRows,
       WARPGROUPS, stream);
 }
@@ -238,8 +238,14 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
       if (tiled_warpgroup_step_keys(p.max_seqlen_kv) == 16)
         return one ? run_tiled_fwd_warpgroup<T, D, 1, 16>(p, stream)
                    : run_tiled_fwd_warpgroup<T, D, 2, 16>(p, stream);
-      return one ? run_tiled_fwd_warpgroup<T, D, 1, 64>(p, stream)
-                 : run_tiled_fwd_warpgroup<T, D, 2, 64>(p, stream);
+      if (!one) return run_tiled_fwd_warpgroup<T, D, 2, 64>(p, stream);
+      // One-warpgroup blocks of 64-key steps: the register cap for three blocks only where
+      // three fit the shared memory (the kernel's NOTE).
+      const int64_t block_smem =
+          tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) + kTiledSharedReserve;
+      return 3 * block_smem <= ra_device_shared_per_multiprocessor()
+                 ? run_tiled_fwd_warpgroup<T, D, 1, 64, true>(p, stream)
+                 : run_tiled_fwd_warpgroup<T, D, 1, 64, false>(p, stream);
     }
     int64_t kv_smem = 0;
     if (tiled_use_resident<D>(p, &kv_smem))
