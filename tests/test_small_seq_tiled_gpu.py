@@ -106,10 +106,16 @@ def test_wave_and_block_kernels(dev, d, h_q, h_kv, kernel):
 
 # The warpgroup-MMA kernel (Hopper, sm_90a builds: tiled_fwd_warpgroup_kernel.h) serves calls
 # without probabilities; tuning 2 sends every such call of d 64 / 128 whose K/V fit there, in
-# blocks of two or of one warpgroup. Devices without it take the other kernels, and the checks
-# still hold.
+# blocks of two or of one warpgroup. Over 64-key steps CUDA builds stage it by tensor tile
+# copies (tiled_fwd_warpgroup_tma_kernel.h) unless small_seq_tiled_warpgroup_tma is 0 (the
+# cp.async staging). Devices without it take the other kernels, and the checks still hold.
 WARPGROUP = {"warpgroup2": {"small_seq_tiled_warpgroup": 2},
-             "warpgroup1": {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroups": 1}}
+             "warpgroup1": {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroups": 1},
+             "warpgroup2_cp_async": {"small_seq_tiled_warpgroup": 2,
+                                     "small_seq_tiled_warpgroup_tma": 0},
+             "warpgroup1_cp_async": {"small_seq_tiled_warpgroup": 2,
+                                     "small_seq_tiled_warpgroups": 1,
+                                     "small_seq_tiled_warpgroup_tma": 0}}
 
 
 @pytest.mark.parametrize("kernel", list(WARPGROUP))
@@ -137,6 +143,25 @@ def test_warpgroup_kernel(dev, d, h_q, h_kv, dtype, kernel):
         # histories of at most 16 keys: the 16-key-step variant
         case = C.thd_case(d + 3, [64, 1, 130, 0, 512, 65], [16, 3, 0, 9, 16, 1], h_q, h_kv, d,
                           dtype, offsets=torch.int64, pad_before=1, pad_after=2, device=dev)
+        check_valid(case, return_softmax=False)
+
+
+@pytest.mark.parametrize("kernel", ["warpgroup2", "warpgroup1"])
+@pytest.mark.parametrize("h_q,h_kv", [(6, 2), (16, 2), (16, 1), (2, 2)])
+def test_warpgroup_staging_groups(dev, h_q, h_kv, kernel):
+    """GQA groups of 3 (no whole tokens in a 64-row tile: the cp.async staging), 8 and 16 (Q
+    tile copies of 8 and 4 tokens) and 1, over histories ending inside and at the end of a
+    64-key step, between NaN rows no segment owns (a tile copy brings the neighbours' rows into
+    shared memory: K's are masked, V's zeroed, Q's never stored), THD int64 offsets and BSHD."""
+    q_lens = [1, 64, 3, 130, 0, 17, 512, 5]
+    kv_lens = [300, 64, 17, 128, 40, 0, 191, 65]
+    with rocm_attn.tuning.override(**WARPGROUP[kernel]):
+        case = C.thd_case(70 + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, 128, torch.bfloat16,
+                          offsets=torch.int64, pad_before=2, pad_after=3, kv_pad=4, device=dev)
+        check_valid(case, return_softmax=False)
+        gen = torch.Generator().manual_seed(h_q * h_kv)
+        case = C.bshd_case(71 + h_q, 70, lens(gen, 9, 0, 200) + [0, 200], 200, h_q, h_kv, 64,
+                           torch.float16, device=dev)
         check_valid(case, return_softmax=False)
 
 

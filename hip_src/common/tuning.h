@@ -49,6 +49,11 @@ struct RaTuning {
   // tiled small-seq forward: warpgroups per block of the warpgroup-MMA kernel, 1 or 2; 0 = the
   // launcher's choice (small_seq/tiled_launch.hip).
   int small_seq_tiled_warpgroups = 0;
+  // tiled small-seq forward on Hopper, CUDA sm_90a builds: 1 = the warpgroup-MMA kernel over
+  // 64-key steps stages K, V, Q and out by tensor tile copies where the call allows
+  // (tiled_fwd_warpgroup_tma_kernel.h: GQA group dividing 64, tile-copy layouts); 0 = its
+  // cp.async staging always.
+  int small_seq_tiled_warpgroup_tma = 1;
   // tiled small-seq backward: 1 = segments with many query rows over more than one key tile
   // take the block variants of the dK / dV and dQ passes (tiled_bwd_block_kernel.h); 0 = never;
   // 2 = every call (tests).
@@ -117,6 +122,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_resident", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT", &RaTuning::small_seq_tiled_resident},
     {"small_seq_tiled_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP", &RaTuning::small_seq_tiled_warpgroup},
     {"small_seq_tiled_warpgroups", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUPS", &RaTuning::small_seq_tiled_warpgroups},
+    {"small_seq_tiled_warpgroup_tma", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_TMA", &RaTuning::small_seq_tiled_warpgroup_tma},
     {"small_seq_tiled_resident_threads", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_THREADS", &RaTuning::small_seq_tiled_resident_threads},
     {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
     {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},

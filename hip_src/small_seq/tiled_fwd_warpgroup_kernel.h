@@ -166,16 +166,35 @@ RA_DEVICE void tiled_warpgroup_acc_row_to_buffer(uint8_t* buf, const float* acc,
         ra_mma_pack2<T>(acc[4 * c + 2 * r] * factor, acc[4 * c + 2 * r + 1] * factor);
 }
 
+// Stores a finished tile's live rows from its Q buffer with 16-byte stores (every thread of the
+// warpgroup, after the barrier that publishes the buffer): the cp.async kernel's out epilogue,
+// and the TMA kernel's for a tile that a segment's end cuts.
+template <int D>
+RA_DEVICE void tiled_warpgroup_store_out(const SmallSeqTiledParams& p, const TiledSegment& s,
+                                         const int hk, const int group,
+                                         const TiledRowMap& map, const int64_t r0,
+                                         const int64_t seg_rows, const uint8_t* sq_ptr,
+                                         const int wtid) {
+  uint16_t* out = static_cast<uint16_t*>(p.o) + s.q_batch * p.o_batch_stride +
+                  s.q_token0 * p.o_token_stride + hk * group * p.o_head_stride;
+  tiled_warpgroup_store_rows<D>(out, p.o_token_stride, p.o_head_stride, map, r0, seg_rows,
+                                sq_ptr, wtid);
+}
+
 // One 64-row tile of a valid segment against the staged K / V (one warpgroup): scores,
 // online softmax, P . V, then out and the LSE of its live rows (out through the tile's Q
 // buffer `sq`, which holds Q on entry and is free again once every warp of the warpgroup
-// passed its last score product).
-template <typename T, int D, int KEYS>
+// passed its last score product). The staging decides two things through its hooks:
+// before_step(k0) returns once the step's K and V may be read (the cp.async kernel stages all
+// keys before its first tile: nothing to wait for), and store_out(map) publishes the buffer
+// holding O / l to the warpgroup and writes the tile's live rows out.
+template <typename T, int D, int KEYS, typename BeforeStep, typename StoreOut>
 RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                     const int hk, const int group, const int64_t r0,
                                     const int64_t seg_rows, uint8_t* sq_ptr, const uint32_t sq,
                                     const uint32_t sk, const uint32_t sv, const int kp,
-                                    const int wg, const int wtid) {
+                                    const int wg, const int wtid, const BeforeStep& before_step,
+                                    const StoreOut& store_out) {
   constexpr int kSteps = D / 16;  // k steps of the score product
   const int warp = wtid / 32;
   const int lane = wtid % 32;
@@ -280,6 +299,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   };
   for (int k0 = 0; k0 < nk; k0 += KEYS) {
     float sc[KEYS / 2], alpha[2];
+    before_step(k0);
     issue_scores(sc, k0);
     ra_wgmma_wait<0>();
 #pragma unroll
@@ -309,12 +329,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
           sum > 0.f ? (m[r] + log2f(sum)) * kTiledLn2 : -INFINITY;
     }
   }
-  ra_warpgroup_sync(wg);
-  // The tile's live rows to global memory.
-  uint16_t* out = static_cast<uint16_t*>(p.o) + s.q_batch * p.o_batch_stride +
-                  s.q_token0 * p.o_token_stride + hk * group * p.o_head_stride;
-  tiled_warpgroup_store_rows<D>(out, p.o_token_stride, p.o_head_stride, map, r0, seg_rows,
-                                sq_ptr, wtid);
+  store_out(map);
 }
 
 #endif  // RA_HAS_WGMMA
@@ -371,8 +386,15 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
       ra_cp_async_wait<1>();  // this tile's copies have landed (the next one's may not)
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
-      tiled_warpgroup_tile<T, D, KEYS>(p, s, hk, group, tile * ROWS, seg_rows, sq0_ptr + off,
-                                       sq0 + off, sk, sv, kp, wg, wtid);
+      const int64_t r0 = tile * ROWS;
+      tiled_warpgroup_tile<T, D, KEYS>(
+          p, s, hk, group, r0, seg_rows, sq0_ptr + off, sq0 + off, sk, sv, kp, wg, wtid,
+          [](int) {},
+          [&](const TiledRowMap& map) {
+            ra_warpgroup_sync(wg);
+            tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, sq0_ptr + off,
+                                         wtid);
+          });
       ra_warpgroup_sync(wg);  // every warp is done with this buffer before it is refilled
     }
     ra_cp_async_wait<0>();

@@ -8,6 +8,7 @@
 // needs no generated instantiation files.
 #include "../common/tuning.h"
 #include "tiled_fwd_warpgroup_kernel.h"
+#include "tiled_fwd_warpgroup_tma_kernel.h"
 #include "tiled_launch_util.h"
 
 namespace small_seq {
@@ -117,12 +118,12 @@ inline int64_t tiled_splits(const SmallSeqTiledParams& p, int64_t tiles, int wor
 }
 
 // Launches a kernel that stages a (segment, kv head)'s K/V per work item (resident, warpgroup)
-// with `smem` bytes of shared memory: as many blocks as stay resident (capped by
+// with `smem` bytes of shared memory (arguments p, splits, then `extra`): as many blocks as stay resident (capped by
 // tiled_capped_grid), each (segment, kv head) split over tiled_splits items of row tiles of
 // `tile_rows` among the block's `workers` (waves or warpgroups).
-template <auto KERNEL, int THREADS>
+template <auto KERNEL, int THREADS, typename... Extra>
 hipError_t run_tiled_fwd_staged(const SmallSeqTiledParams& p, int64_t smem, int tile_rows,
-                                int workers, hipStream_t stream) {
+                                int workers, hipStream_t stream, const Extra&... extra) {
   const hipError_t err = tiled_allow_shared<KERNEL>(smem);
   if (err != hipSuccess) return err;
   static TiledOccupancyCache occupancy;
@@ -133,7 +134,7 @@ hipError_t run_tiled_fwd_staged(const SmallSeqTiledParams& p, int64_t smem, int 
   const int64_t splits = tiled_splits(p, tiled_row_tiles(p, tile_rows), workers, resident);
   const dim3 grid = tiled_capped_grid(pairs * splits, resident, tiled_grid_factor());
   hipLaunchKernelGGL(KERNEL, grid, dim3(THREADS), static_cast<size_t>(smem), stream, p,
-                     static_cast<int>(splits));
+                     static_cast<int>(splits), extra...);
   return hipGetLastError();
 }
 
@@ -213,6 +214,62 @@ hipError_t run_tiled_fwd_warpgroup(const SmallSeqTiledParams& p, hipStream_t str
       WARPGROUPS, stream);
 }
 
+#if RA_TMA_BUILD
+// The warpgroup kernel staged by tile copies (tiled_fwd_warpgroup_tma_kernel.h), where tuning
+// allows, the GQA group divides a 64-row tile (a Q box holds whole tokens) and q, k, v and out
+// have tensor maps (16-byte aligned addresses and strides); false (nothing launched) where not.
+template <typename T, int D, int WARPGROUPS, bool CAPPED>
+bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t stream,
+                                 hipError_t* err) {
+  const int group = p.num_heads_q / p.num_heads_kv;
+  if (ra_tuning().small_seq_tiled_warpgroup_tma <= 0 || kTiledWarpgroupRows % group != 0)
+    return false;
+  // THD tensors are one batch of all rows; BSHD ones [b, s, h, d].
+  const bool thd_q = p.cu_seqlens_q != nullptr;
+  const bool thd_kv = p.cu_seqlens_kv != nullptr;
+  const int64_t q_batch = thd_q ? 1 : p.batch;
+  const int64_t q_tokens = thd_q ? p.total_q : p.s_q;
+  const int64_t kv_batch = thd_kv ? 1 : p.batch;
+  const int64_t kv_tokens = p.total_kv;
+  const auto batch_stride = [](bool thd, int64_t stride, int64_t tokens, int64_t token_stride) {
+    return thd ? tokens * token_stride : stride;
+  };
+  TiledTmaMaps maps;
+  const int box_tokens = kTiledWarpgroupRows / group;
+  const bool ok =
+      ra_tma_map_16bit(&maps.q, p.q, q_batch, q_tokens, p.num_heads_q, D,
+                       batch_stride(thd_q, p.q_batch_stride, q_tokens, p.q_token_stride),
+                       p.q_token_stride, p.q_head_stride, group, box_tokens) &&
+      ra_tma_map_16bit(&maps.o, p.o, q_batch, q_tokens, p.num_heads_q, D,
+                       batch_stride(thd_q, p.o_batch_stride, q_tokens, p.o_token_stride),
+                       p.o_token_stride, p.o_head_stride, group, box_tokens) &&
+      ra_tma_map_16bit(&maps.k, p.k, kv_batch, kv_tokens, p.num_heads_kv, D,
+                       batch_stride(thd_kv, p.k_batch_stride, kv_tokens, p.k_token_stride),
+                       p.k_token_stride, p.k_head_stride, 1, kTiledWarpgroupKeys) &&
+      ra_tma_map_16bit(&maps.v, p.v, kv_batch, kv_tokens, p.num_heads_kv, D,
+                       batch_stride(thd_kv, p.v_batch_stride, kv_tokens, p.v_token_stride),
+                       p.v_token_stride, p.v_head_stride, 1, kTiledWarpgroupKeys);
+  if (!ok || tiled_warpgroup_keys(p.max_seqlen_kv) / kTiledWarpgroupKeys > kTiledTmaMaxSteps)
+    return false;
+  *err = run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, CAPPED>,
+                              WARPGROUPS * 128>(
+      p, tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS), kTiledWarpgroupRows,
+      WARPGROUPS, stream, maps);
+  return true;
+}
+#endif
+
+// The warpgroup kernel over 64-key steps: staged by tile copies where it can be (CUDA sm_90a
+// builds), else by cp.async.
+template <typename T, int D, int WARPGROUPS, bool CAPPED = true>
+hipError_t run_tiled_fwd_warpgroup64(const SmallSeqTiledParams& p, hipStream_t stream) {
+#if RA_TMA_BUILD
+  hipError_t err = hipSuccess;
+  if (run_tiled_fwd_warpgroup_tma<T, D, WARPGROUPS, CAPPED>(p, stream, &err)) return err;
+#endif
+  return run_tiled_fwd_warpgroup<T, D, WARPGROUPS, 64, CAPPED>(p, stream);
+}
+
 template <typename T, int D, int THREADS>
 hipError_t run_tiled_fwd_block(const SmallSeqTiledParams& p, int wave, hipStream_t stream) {
   static TiledOccupancyCache occupancy;
@@ -238,14 +295,14 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
       if (tiled_warpgroup_step_keys(p.max_seqlen_kv) == 16)
         return one ? run_tiled_fwd_warpgroup<T, D, 1, 16>(p, stream)
                    : run_tiled_fwd_warpgroup<T, D, 2, 16>(p, stream);
-      if (!one) return run_tiled_fwd_warpgroup<T, D, 2, 64>(p, stream);
+      if (!one) return run_tiled_fwd_warpgroup64<T, D, 2>(p, stream);
       // One-warpgroup blocks of 64-key steps: the register cap for three blocks only where
       // three fit the shared memory (the kernel's NOTE).
       const int64_t block_smem =
           tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) + kTiledSharedReserve;
       return 3 * block_smem <= ra_device_shared_per_multiprocessor()
-                 ? run_tiled_fwd_warpgroup<T, D, 1, 64, true>(p, stream)
-                 : run_tiled_fwd_warpgroup<T, D, 1, 64, false>(p, stream);
+                 ? run_tiled_fwd_warpgroup64<T, D, 1, true>(p, stream)
+                 : run_tiled_fwd_warpgroup64<T, D, 1, false>(p, stream);
     }
     int64_t kv_smem = 0;
     if (tiled_use_resident<D>(p, &kv_smem))

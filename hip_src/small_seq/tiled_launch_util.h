@@ -50,9 +50,14 @@ hipError_t tiled_allow_shared(int64_t smem) {
   const int device = ra_device_index();
   const bool cached = device >= 0 && device < 64;
   if (smem <= 48 * 1024 || (cached && raised[device])) return hipSuccess;
-  const hipError_t err = hipFuncSetAttribute(reinterpret_cast<const void*>(KERNEL),
-                                             hipFuncAttributeMaxDynamicSharedMemorySize,
-                                             ra_device_max_shared_per_block());
+  // The limit counts the kernel's static shared memory too (barriers of the TMA kernel).
+  hipFuncAttributes attr;
+  hipError_t err = hipFuncGetAttributes(&attr, reinterpret_cast<const void*>(KERNEL));
+  if (err != hipSuccess) return err;
+  err = hipFuncSetAttribute(reinterpret_cast<const void*>(KERNEL),
+                            hipFuncAttributeMaxDynamicSharedMemorySize,
+                            ra_device_max_shared_per_block() -
+                                static_cast<int>(attr.sharedSizeBytes));
   if (err == hipSuccess && cached) raised[device] = 1;
   return err;
 }

@@ -358,6 +358,17 @@ inline hipError_t hipFuncSetAttribute(F, hipFuncAttribute, int value) {
   return value >= 0 && value <= ra_emu::kSharedBytesPerBlock ? hipSuccess : hipErrorInvalidValue;
 }
 
+// A kernel's attributes: only its static shared memory is read (the limit above counts it); the
+// emulation's kernels keep theirs outside the block's budget, so 0.
+struct hipFuncAttributes {
+  size_t sharedSizeBytes = 0;
+};
+template <typename F>
+inline hipError_t hipFuncGetAttributes(hipFuncAttributes* attr, F) {
+  *attr = hipFuncAttributes{};
+  return hipSuccess;
+}
+
 template <typename F>
 inline hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int* n, F, int, size_t) {
   *n = ra_emu::kResidentBlocksPerMultiprocessor;

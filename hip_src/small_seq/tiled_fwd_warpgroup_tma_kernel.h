@@ -1,0 +1,203 @@
+// Tiled small-seq forward, warpgroup variant staged by the tensor memory accelerator (Hopper,
+// CUDA sm_90a builds): the work and the softmax of tiled_fwd_warpgroup_kernel.h (64-key steps),
+// with K, V, Q and out moved by tile copies (common/tma.h) instead of per-thread cp.async and
+// 16-byte stores (docs/kernels.md#warpgroup-kernel, "TMA staging").
+//
+// Why: the profile of the cp.async kernel on 256-key histories spends about 40% of its issue
+// slots outside the softmax steps, on address arithmetic and copies (about 12 instructions per
+// 16-byte K / V copy, 270 per warp and tile for the next tile's GQA-mapped Q rows, 510 for the
+// out epilogue), with two warps per scheduler to hide it. One thread issues a tile copy of a
+// 64-row panel in one instruction.
+//
+// Per work item (segment, kv head, split):
+//   1. Thread 0 issues the tile copies of K and V, one barrier per 64-key step (kv_bar), so a
+//      warpgroup starts its first tile once step 0 has landed, not the whole history. Rows past
+//      the segment inside the tensor are the next segment's keys: the softmax masks K's (the
+//      tail step), but V's would reach this segment through P = 0 (0 x inf is NaN), so the
+//      last step's V, where the history ends inside it, is copied by every thread with cp.async
+//      (live keys, zeros after) and completes on its own barrier (tail_bar).
+//   2. Each warpgroup's thread 0 issues its tiles' Q copies (a GQA-folded box: 64 / group
+//      tokens x the group's q heads, rows r = token * group + head as the other tiled kernels),
+//      one tile ahead (two buffers, a barrier each). Rows past the segment are the next
+//      segment's queries or zeros: each row of a tile is computed alone and only live rows are
+//      stored, so they cost nothing but their products.
+//   3. The tile as tiled_warpgroup_tile computes it; out goes through the tile's Q buffer, and a
+//      tile of 64 live rows leaves by one tile store (its thread 0), a tile cut by the segment's
+//      end by the 16-byte stores of the cp.async kernel (a tile store would write the next
+//      segment's rows). The store is waited for (its reads of the buffer) before that buffer
+//      takes another Q copy.
+// Barrier phases: every thread keeps the parity of each barrier's next phase; a barrier is armed
+// once per item (K / V) or per use of its buffer (Q) and each use flips it, whether or not the
+// thread waited on it. Items of bad segments stage nothing (tiled_staged_item writes their NaN
+// rows), so they arm nothing.
+//
+// Selected by the launcher for d 64 / 128 over more than 16 keys where the GQA group divides 64
+// and the tensors have tile-copy layouts (tensor maps of q, k, v, out made per call); tuning
+// small_seq_tiled_warpgroup_tma 0 keeps the cp.async kernel.
+#pragma once
+
+#include "../common/tma.h"
+#include "tiled_fwd_warpgroup_kernel.h"
+
+#if RA_TMA_BUILD
+
+namespace small_seq {
+
+// Tensor maps of one call: q / out with boxes of 64 columns x group heads x 64 / group tokens,
+// k / v with boxes of 64 columns x 1 head x 64 keys.
+struct TiledTmaMaps {
+  CUtensorMap q, k, v, o;
+};
+
+// Barriers for the K / V steps of the longest history a block's shared memory can hold (d 64,
+// 64-key steps, within 227 KiB beside two warpgroups' Q buffers: 12).
+constexpr int kTiledTmaMaxSteps = 16;
+
+// NOTE (registers): as small_seq_tiled_fwd_warpgroup_kernel (CAPPED: three one-warpgroup blocks
+// per multiprocessor where they fit).
+template <typename T, int D, int WARPGROUPS, bool CAPPED>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
+                                            WARPGROUPS > 1 ? 1 : (CAPPED ? 3 : 2))
+    small_seq_tiled_fwd_warpgroup_tma_kernel(const SmallSeqTiledParams p, const int splits,
+                                             const __grid_constant__ TiledTmaMaps maps) {
+#if RA_HAS_WGMMA
+  constexpr int THREADS = WARPGROUPS * 128;
+  constexpr int ROWS = kTiledWarpgroupRows;
+  constexpr int KEYS = kTiledWarpgroupKeys;
+  constexpr int PANELS = D / 64;
+  constexpr uint32_t kPanelBytes = 64 * 128;  // one 64-row, 64-column box
+  constexpr uint32_t kTileBytes = ROWS * D * 2;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int wtid = tid % 128;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int group_tokens = ROWS / group;
+  const int kp = static_cast<int>(tiled_warpgroup_keys(p.max_seqlen_kv));
+  RA_DYNAMIC_SHARED(ra_vec8, tiled_warpgroup_smem);
+  const uint32_t raw = ra_smem_address(tiled_warpgroup_smem);
+  const uint32_t pad = ra_smem_pad_1024(raw);
+  const uint32_t sk = raw + pad;
+  const uint32_t sv = sk + kp * D * 2;
+  const uint32_t q_off = pad + 2 * kp * D * 2 + wg * 2 * kTileBytes;
+  const uint32_t sq0 = raw + q_off;
+  uint8_t* sq0_ptr = reinterpret_cast<uint8_t*>(tiled_warpgroup_smem) + q_off;
+  // Barriers: one per K / V step, the tail step's cp.async V, two Q buffers per warpgroup.
+  __shared__ alignas(8) uint64_t bars[kTiledTmaMaxSteps + 1 + 2 * WARPGROUPS];
+  const uint32_t bar0 = ra_smem_address(bars);
+  const auto kv_bar = [&](int step) { return bar0 + 8 * step; };
+  const uint32_t tail_bar = bar0 + 8 * kTiledTmaMaxSteps;
+  const auto q_bar = [&](int b) { return bar0 + 8 * (kTiledTmaMaxSteps + 1 + 2 * wg + b); };
+  if (tid == 0) {
+    for (int i = 0; i < kTiledTmaMaxSteps; ++i) ra_mbar_init(kv_bar(i), 1);
+    ra_mbar_init(tail_bar, THREADS);
+    for (int i = 0; i < 2 * WARPGROUPS; ++i) ra_mbar_init(bar0 + 8 * (kTiledTmaMaxSteps + 1 + i), 1);
+    ra_mbar_init_fence();
+  }
+  __syncthreads();
+  uint32_t kv_parity = 0;    // bit i: kv_bar(i)
+  uint32_t tail_parity = 0;
+  uint32_t q_parity = 0;     // bit b: this warpgroup's q_bar(b)
+  const int64_t items = static_cast<int64_t>(p.batch) * splits * p.num_heads_kv;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    TiledStagedItem it;
+    if (!tiled_staged_item<T, D, ROWS, THREADS>(p, item, splits, tid, &it)) continue;
+    const TiledSegment& s = it.s;
+    const int hk = it.hk;
+    const int64_t seg_rows = it.seg_rows;
+    const int64_t tile1 = it.tile1;
+    const int nk = s.nk;
+    const int steps = (nk + KEYS - 1) / KEYS;
+    const bool tail = nk % KEYS != 0;
+    const int kv_token0 = static_cast<int>(s.kv_token0);
+    const int kv_batch = static_cast<int>(s.kv_batch);
+    if (tid == 0) {
+      for (int st = 0; st < steps; ++st) {
+        const bool v_copy = !(tail && st == steps - 1);
+        ra_mbar_arrive_expect_tx(kv_bar(st), (v_copy ? 2 : 1) * PANELS * kPanelBytes);
+#pragma unroll
+        for (int c = 0; c < PANELS; ++c) {
+          const uint32_t off = c * kp * 128 + st * KEYS * 128;
+          ra_tma_load(sk + off, &maps.k, kv_bar(st), 64 * c, hk, kv_token0 + st * KEYS, kv_batch);
+          if (v_copy)
+            ra_tma_load(sv + off, &maps.v, kv_bar(st), 64 * c, hk, kv_token0 + st * KEYS,
+                        kv_batch);
+        }
+      }
+    }
+    if (tail) {  // the last step's V: live keys, then zeros (every thread arrives once)
+      constexpr int kVecs = D / 8;
+      const int k0 = (steps - 1) * KEYS;
+      for (int idx = tid; idx < KEYS * kVecs; idx += THREADS) {
+        const int row = k0 + idx / kVecs;
+        const int vec = idx % kVecs;
+        const bool live = row < nk;
+        ra_cp_async16(sv + ra_wgmma_offset(row, 8 * vec, kp),
+                      live ? it.vbase + row * p.v_token_stride + 8 * vec : p.v, live ? 16 : 0);
+      }
+      ra_mbar_arrive_cp_async(tail_bar);
+    }
+    const int q_token0 = static_cast<int>(s.q_token0);
+    const int q_batch = static_cast<int>(s.q_batch);
+    // Q of tile t into buffer b (this warpgroup's thread 0), once the buffer's last out store
+    // has read it.
+    const auto load_q = [&](int64_t t, int b) {
+      ra_tma_store_wait_read();
+      ra_mbar_arrive_expect_tx(q_bar(b), PANELS * kPanelBytes);
+#pragma unroll
+      for (int c = 0; c < PANELS; ++c)
+        ra_tma_load(sq0 + b * kTileBytes + c * ROWS * 128, &maps.q, q_bar(b), 64 * c,
+                    hk * group, q_token0 + static_cast<int>(t) * group_tokens, q_batch);
+    };
+    int64_t tile = it.tile0 + wg;
+    if (tile < tile1 && wtid == 0) load_q(tile, 0);
+    bool first = true;
+    for (int buf = 0; tile < tile1; tile += WARPGROUPS, buf ^= 1) {
+      if (tile + WARPGROUPS < tile1 && wtid == 0) load_q(tile + WARPGROUPS, buf ^ 1);
+      ra_mbar_wait(q_bar(buf), (q_parity >> buf) & 1u);
+      q_parity ^= 1u << buf;
+      const uint32_t off = buf * kTileBytes;
+      const int64_t r0 = tile * ROWS;
+      tiled_warpgroup_tile<T, D, KEYS>(
+          p, s, hk, group, r0, seg_rows, sq0_ptr + off, sq0 + off, sk, sv, kp, wg, wtid,
+          [&](int k0) {  // a warpgroup's first tile of the item waits for each step's keys
+            if (!first) return;
+            const int st = k0 / KEYS;
+            ra_mbar_wait(kv_bar(st), (kv_parity >> st) & 1u);
+            if (tail && st == steps - 1) {
+              ra_mbar_wait(tail_bar, tail_parity);
+              ra_fence_proxy_async();  // cp.async wrote V's tail: publish it to the products
+            }
+          },
+          [&](const TiledRowMap& map) {
+            if (r0 + ROWS <= seg_rows) {
+              ra_fence_proxy_async();  // O / l in the buffer, for the tile store
+              ra_warpgroup_sync(wg);
+              if (wtid == 0) {
+#pragma unroll
+                for (int c = 0; c < PANELS; ++c)
+                  ra_tma_store(&maps.o, sq0 + off + c * ROWS * 128, 64 * c, hk * group,
+                               q_token0 + static_cast<int>(tile) * group_tokens, q_batch);
+                ra_tma_store_commit();
+              }
+            } else {
+              ra_warpgroup_sync(wg);
+              tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, sq0_ptr + off,
+                                           wtid);
+            }
+          });
+      first = false;
+      // This thread's reads and writes of the buffer come before the tile copy that refills it.
+      ra_fence_proxy_async();
+      ra_warpgroup_sync(wg);
+    }
+    kv_parity ^= (1u << steps) - 1u;
+    if (tail) tail_parity ^= 1u;
+    __syncthreads();  // every warpgroup is done with this segment's K / V
+  }
+  if (wtid == 0) ra_tma_store_wait();
+#endif
+}
+
+}  // namespace small_seq
+
+#endif  // RA_TMA_BUILD
