@@ -184,17 +184,22 @@ RA_DEVICE void tiled_warpgroup_store_out(const SmallSeqTiledParams& p, const Til
 // One 64-row tile of a valid segment against the staged K / V (one warpgroup): scores,
 // online softmax, P . V, then out and the LSE of its live rows (out through the tile's Q
 // buffer `sq`, which holds Q on entry and is free again once every warp of the warpgroup
-// passed its last score product). The staging decides two things through its hooks:
+// passed its last score product). The steps cover keys [k_begin, k_end) (whole steps; k_end may
+// be the history's length). The caller decides three things through hooks:
 // before_step(k0) returns once the step's K and V may be read (the cp.async kernel stages all
-// keys before its first tile: nothing to wait for), and store_out(map) publishes the buffer
-// holding O / l to the warpgroup and writes the tile's live rows out.
-template <typename T, int D, int KEYS, typename BeforeStep, typename StoreOut>
+// keys before its first tile: nothing to wait for); combine(o, m, l) may merge another
+// warpgroup's partial result over other keys of the same tile into this one's (O, the row
+// maxima m and this thread's partial row sums l, all relative to m) and returns whether this
+// warpgroup writes the tile; store_out(map) publishes the buffer holding O / l to the
+// warpgroup and writes the tile's live rows out.
+template <typename T, int D, int KEYS, typename BeforeStep, typename Combine, typename StoreOut>
 RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                     const int hk, const int group, const int64_t r0,
                                     const int64_t seg_rows, uint8_t* sq_ptr, const uint32_t sq,
                                     const uint32_t sk, const uint32_t sv, const int kp,
-                                    const int wg, const int wtid, const BeforeStep& before_step,
-                                    const StoreOut& store_out) {
+                                    const int wg, const int wtid, const int k_begin,
+                                    const int k_end, const BeforeStep& before_step,
+                                    const Combine& combine, const StoreOut& store_out) {
   constexpr int kSteps = D / 16;  // k steps of the score product
   const int warp = wtid / 32;
   const int lane = wtid % 32;
@@ -297,7 +302,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       ra_wgmma_rs<T, D>(o, pa[kk], ra_wgmma_desc_n_major(sv + (k0 + 16 * kk) * 128, kp * 128), 1);
     ra_wgmma_commit();
   };
-  for (int k0 = 0; k0 < nk; k0 += KEYS) {
+  for (int k0 = k_begin; k0 < k_end; k0 += KEYS) {
     float sc[KEYS / 2], alpha[2];
     before_step(k0);
     issue_scores(sc, k0);
@@ -311,6 +316,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(o[i]);
   }
+  if (!combine(o, m, l)) return;
   // O / l of this thread's two rows into the Q buffer, and their LSE.
   const TiledRowMap map(r0, group);
   ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free
@@ -388,8 +394,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
       ra_warpgroup_sync(wg);
       const int64_t r0 = tile * ROWS;
       tiled_warpgroup_tile<T, D, KEYS>(
-          p, s, hk, group, r0, seg_rows, sq0_ptr + off, sq0 + off, sk, sv, kp, wg, wtid,
-          [](int) {},
+          p, s, hk, group, r0, seg_rows, sq0_ptr + off, sq0 + off, sk, sv, kp, wg, wtid, 0,
+          s.nk, [](int) {}, [](float*, float*, float*) { return true; },
           [&](const TiledRowMap& map) {
             ra_warpgroup_sync(wg);
             tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, sq0_ptr + off,

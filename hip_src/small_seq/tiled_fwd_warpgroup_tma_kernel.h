@@ -26,6 +26,12 @@
 //      end by the 16-byte stores of the cp.async kernel (a tile store would write the next
 //      segment's rows). The store is waited for (its reads of the buffer) before that buffer
 //      takes another Q copy.
+// One tile, two warpgroups: where an item has a single row tile (16 candidates with a GQA group
+// of 4) the second warpgroup of a block would idle, so the two split the history's steps (the
+// first half of the steps and the rest) and merge: the second writes its O, row maxima and
+// partial row sums (fp32) into its own Q buffers and a small static array, the first rescales
+// both to the larger maximum (the lazy reference max is just a reference, so any two merge) and
+// writes the tile.
 // Barrier phases: every thread keeps the parity of each barrier's next phase; a barrier is armed
 // once per item (K / V) or per use of its buffer (Q) and each use flips it, whether or not the
 // thread waited on it. Items of bad segments stage nothing (tiled_staged_item writes their NaN
@@ -52,6 +58,15 @@ struct TiledTmaMaps {
 // Barriers for the K / V steps of the longest history a block's shared memory can hold (d 64,
 // 64-key steps, within 227 KiB beside two warpgroups' Q buffers: 12).
 constexpr int kTiledTmaMaxSteps = 16;
+// Static shared memory of a block: the barriers (one per step, the tail's, two per warpgroup
+// for two warpgroups) and the row maxima and partial sums a split tile's second warpgroup hands
+// over. The launcher counts it beside the dynamic part.
+constexpr int kTiledTmaBarriers = kTiledTmaMaxSteps + 1 + 2 * 2;
+constexpr int64_t kTiledTmaStaticBytes = kTiledTmaBarriers * 8 + 4 * 128 * 4;
+
+// Barrier of both warpgroups of a block without the rest of its threads (named barrier 3; 0 is
+// __syncthreads, 1 and 2 the warpgroups' own).
+RA_DEVICE void tiled_tma_pair_sync() { asm volatile("bar.sync 3, 256;\n" ::: "memory"); }
 
 // NOTE (registers): as small_seq_tiled_fwd_warpgroup_kernel (CAPPED: three one-warpgroup blocks
 // per multiprocessor where they fit).
@@ -82,7 +97,12 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
   const uint32_t sq0 = raw + q_off;
   uint8_t* sq0_ptr = reinterpret_cast<uint8_t*>(tiled_warpgroup_smem) + q_off;
   // Barriers: one per K / V step, the tail step's cp.async V, two Q buffers per warpgroup.
-  __shared__ alignas(8) uint64_t bars[kTiledTmaMaxSteps + 1 + 2 * WARPGROUPS];
+  __shared__ alignas(8) uint64_t bars[kTiledTmaBarriers];
+  // split tile: the second warpgroup's m[0..1], l[0..1] (one row where there is no second)
+  __shared__ float handover[WARPGROUPS == 2 ? 4 : 1][128];
+  // A split tile's second warpgroup hands its O over in its own two Q buffers (32 KiB at D 128).
+  float* const handover_o = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(
+      tiled_warpgroup_smem) + pad + 2 * kp * D * 2 + 2 * kTileBytes);
   const uint32_t bar0 = ra_smem_address(bars);
   const auto kv_bar = [&](int step) { return bar0 + 8 * step; };
   const uint32_t tail_bar = bar0 + 8 * kTiledTmaMaxSteps;
@@ -148,7 +168,11 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
         ra_tma_load(sq0 + b * kTileBytes + c * ROWS * 128, &maps.q, q_bar(b), 64 * c,
                     hk * group, q_token0 + static_cast<int>(t) * group_tokens, q_batch);
     };
-    int64_t tile = it.tile0 + wg;
+    const bool split = WARPGROUPS == 2 && tile1 - it.tile0 == 1 && steps >= 2;
+    const int k_split = (steps + 1) / 2 * KEYS;
+    const int k_begin = split && wg == 1 ? k_split : 0;
+    const int k_end = split && wg == 0 ? k_split : nk;
+    int64_t tile = split ? it.tile0 : it.tile0 + wg;
     if (tile < tile1 && wtid == 0) load_q(tile, 0);
     bool first = true;
     for (int buf = 0; tile < tile1; tile += WARPGROUPS, buf ^= 1) {
@@ -158,7 +182,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
       const uint32_t off = buf * kTileBytes;
       const int64_t r0 = tile * ROWS;
       tiled_warpgroup_tile<T, D, KEYS>(
-          p, s, hk, group, r0, seg_rows, sq0_ptr + off, sq0 + off, sk, sv, kp, wg, wtid,
+          p, s, hk, group, r0, seg_rows, sq0_ptr + off, sq0 + off, sk, sv, kp, wg, wtid, k_begin,
+          k_end,
           [&](int k0) {  // a warpgroup's first tile of the item waits for each step's keys
             if (!first) return;
             const int st = k0 / KEYS;
@@ -167,6 +192,36 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
               ra_mbar_wait(tail_bar, tail_parity);
               ra_fence_proxy_async();  // cp.async wrote V's tail: publish it to the products
             }
+          },
+          [&](float* o, float* m, float* l) {
+            if (!split) return true;
+            if (wg == 1) {  // hand over, once every warp is past its products on the buffers
+              if (wtid == 0) ra_tma_store_wait_read();
+              ra_warpgroup_sync(wg);
+#pragma unroll
+              for (int i = 0; i < D / 2; ++i) handover_o[i * 128 + wtid] = o[i];
+              handover[0][wtid] = m[0];
+              handover[1][wtid] = m[1];
+              handover[2][wtid] = l[0];
+              handover[3][wtid] = l[1];
+              tiled_tma_pair_sync();
+              return false;
+            }
+            tiled_tma_pair_sync();
+            float a[2], b[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const float m1 = handover[r][wtid];
+              const float mx = fmaxf(m[r], m1);
+              a[r] = m[r] == -INFINITY ? 0.f : exp2f(m[r] - mx);
+              b[r] = m1 == -INFINITY ? 0.f : exp2f(m1 - mx);
+              m[r] = mx;
+              l[r] = l[r] * a[r] + handover[2 + r][wtid] * b[r];
+            }
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i)
+              o[i] = o[i] * a[(i / 2) % 2] + handover_o[i * 128 + wtid] * b[(i / 2) % 2];
+            return true;
           },
           [&](const TiledRowMap& map) {
             if (r0 + ROWS <= seg_rows) {

@@ -249,12 +249,12 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t strea
       ra_tma_map_16bit(&maps.v, p.v, kv_batch, kv_tokens, p.num_heads_kv, D,
                        batch_stride(thd_kv, p.v_batch_stride, kv_tokens, p.v_token_stride),
                        p.v_token_stride, p.v_head_stride, 1, kTiledWarpgroupKeys);
-  if (!ok || tiled_warpgroup_keys(p.max_seqlen_kv) / kTiledWarpgroupKeys > kTiledTmaMaxSteps)
+  const int64_t smem = tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS);
+  if (!ok || tiled_warpgroup_keys(p.max_seqlen_kv) / kTiledWarpgroupKeys > kTiledTmaMaxSteps ||
+      smem + kTiledTmaStaticBytes > ra_device_max_shared_per_block())
     return false;
   *err = run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, CAPPED>,
-                              WARPGROUPS * 128>(
-      p, tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS), kTiledWarpgroupRows,
-      WARPGROUPS, stream, maps);
+                              WARPGROUPS * 128>(p, smem, kTiledWarpgroupRows, WARPGROUPS, stream, maps);
   return true;
 }
 #endif
