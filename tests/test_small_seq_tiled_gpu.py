@@ -151,7 +151,7 @@ def test_warpgroup_kernel(dev, d, h_q, h_kv, dtype, kernel):
 def test_warpgroup_staging_groups(dev, h_q, h_kv, kernel):
     """GQA groups of 3 (no whole tokens in a 64-row tile: the cp.async staging), 8 and 16 (Q
     tile copies of 8 and 4 tokens) and 1, over histories ending inside and at the end of a
-    64-key step, between NaN rows no segment owns (a tile copy brings the neighbours' rows into
+    64-key step and of a 16-key one, between NaN rows no segment owns (a tile copy brings the neighbours' rows into
     shared memory: K's are masked, V's zeroed, Q's never stored), THD int64 offsets and BSHD."""
     q_lens = [1, 64, 3, 130, 0, 17, 512, 5]
     kv_lens = [300, 64, 17, 128, 40, 0, 191, 65]
@@ -162,6 +162,19 @@ def test_warpgroup_staging_groups(dev, h_q, h_kv, kernel):
         gen = torch.Generator().manual_seed(h_q * h_kv)
         case = C.bshd_case(71 + h_q, 70, lens(gen, 9, 0, 200) + [0, 200], 200, h_q, h_kv, 64,
                            torch.float16, device=dev)
+        check_valid(case, return_softmax=False)
+        # tensors shorter than a box (27 k/v rows against boxes of 64 keys; BSHD q of 3 tokens
+        # per batch against boxes of up to 64)
+        case = C.thd_case(73 + h_q, [64, 5], [20, 7], h_q, h_kv, 128, torch.bfloat16,
+                          device=dev)
+        check_valid(case, return_softmax=False)
+        case = C.bshd_case(74 + h_q, 3, [30, 5, 0], 30, h_q, h_kv, 128, torch.bfloat16,
+                           device=dev)
+        check_valid(case, return_softmax=False)
+        # histories of at most 16 keys (16-key steps, boxes of 16 keys), the last one short
+        case = C.thd_case(72 + h_q, [64, 1, 130, 0, 512, 9], [16, 3, 0, 9, 16, 5], h_q, h_kv,
+                          128, torch.bfloat16, offsets=torch.int64, pad_before=1, pad_after=2,
+                          kv_pad=3, device=dev)
         check_valid(case, return_softmax=False)
 
 

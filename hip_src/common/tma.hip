@@ -1,10 +1,10 @@
 // Host side of common/tma.h: tensor maps through the driver's cuTensorMapEncodeTiled, found
-// once through the runtime's driver entry point (so the extension needs no -lcuda).
+// once in libcuda (the extension links none).
 #include "tma.h"
 
 #if RA_TMA_BUILD
 
-#include <cuda_runtime.h>
+#include <dlfcn.h>
 
 namespace {
 
@@ -13,20 +13,16 @@ using RaEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t
                                    const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
                                    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
+// The driver's cuTensorMapEncodeTiled (driver 12.0+), straight from libcuda: the runtime's
+// entry-point queries differ between CUDA releases (cudaGetDriverEntryPointByVersion exists
+// only from 12.5, and the runtime torch loads may be older than the headers of the build), and
+// the extension links no libcuda. nullptr where there is no driver: the callers keep their
+// cp.async kernels.
 RaEncodeTiled ra_encode_tiled() {
   static const RaEncodeTiled encode = []() -> RaEncodeTiled {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                         cudaEnableDefault, &found) != cudaSuccess)
-      return nullptr;
-#else
-    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found) !=
-        cudaSuccess)
-      return nullptr;
-#endif
-    return found == cudaDriverEntryPointSuccess ? reinterpret_cast<RaEncodeTiled>(fn) : nullptr;
+    void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (lib == nullptr) return nullptr;
+    return reinterpret_cast<RaEncodeTiled>(dlsym(lib, "cuTensorMapEncodeTiled"));
   }();
   return encode;
 }
@@ -40,7 +36,10 @@ bool ra_tma_map_16bit(CUtensorMap* map, const void* base, int64_t batch, int64_t
   if (encode == nullptr || base == nullptr || batch < 1 || tokens < 1 || heads < 1 || d < 64)
     return false;
   if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
-  const int64_t strides_bytes[3] = {2 * head_stride, 2 * token_stride, 2 * batch_stride};
+  // A dimension of one entry is never stepped over: its stride only has to be legal.
+  const int64_t strides_bytes[3] = {heads == 1 ? 2 * d : 2 * head_stride,
+                                    tokens == 1 ? 2 * d * heads : 2 * token_stride,
+                                    batch == 1 ? 2 * d * heads * tokens : 2 * batch_stride};
   for (const int64_t s : strides_bytes)
     if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40)) return false;
   if (tokens >= (int64_t{1} << 31) || batch >= (int64_t{1} << 31)) return false;

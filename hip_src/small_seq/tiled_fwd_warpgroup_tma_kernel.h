@@ -1,7 +1,8 @@
 // Tiled small-seq forward, warpgroup variant staged by the tensor memory accelerator (Hopper,
-// CUDA sm_90a builds): the work and the softmax of tiled_fwd_warpgroup_kernel.h (64-key steps),
-// with K, V, Q and out moved by tile copies (common/tma.h) instead of per-thread cp.async and
-// 16-byte stores (docs/kernels.md#warpgroup-kernel, "TMA staging").
+// CUDA sm_90a builds): the work and the softmax of tiled_fwd_warpgroup_kernel.h (steps of KEYS
+// keys: 64, or 16 for histories of at most 16), with K, V, Q and out moved by tile copies
+// (common/tma.h) instead of per-thread cp.async and 16-byte stores
+// (docs/kernels.md#warpgroup-kernel, "Tile-copy staging").
 //
 // Why: the profile of the cp.async kernel on 256-key histories spends about 40% of its issue
 // slots outside the softmax steps, on address arithmetic and copies (about 12 instructions per
@@ -10,7 +11,7 @@
 // 64-row panel in one instruction.
 //
 // Per work item (segment, kv head, split):
-//   1. Thread 0 issues the tile copies of K and V, one barrier per 64-key step (kv_bar), so a
+//   1. Thread 0 issues the tile copies of K and V, one barrier per step (kv_bar), so a
 //      warpgroup starts its first tile once step 0 has landed, not the whole history. Rows past
 //      the segment inside the tensor are the next segment's keys: the softmax masks K's (the
 //      tail step), but V's would reach this segment through P = 0 (0 x inf is NaN), so the
@@ -37,8 +38,8 @@
 // thread waited on it. Items of bad segments stage nothing (tiled_staged_item writes their NaN
 // rows), so they arm nothing.
 //
-// Selected by the launcher for d 64 / 128 over more than 16 keys where the GQA group divides 64
-// and the tensors have tile-copy layouts (tensor maps of q, k, v, out made per call); tuning
+// Selected by the launcher for d 64 / 128 where the GQA group divides 64 and the tensors have
+// tile-copy layouts (tensor maps of q, k, v, out made per call); tuning
 // small_seq_tiled_warpgroup_tma 0 keeps the cp.async kernel.
 #pragma once
 
@@ -56,13 +57,16 @@ struct TiledTmaMaps {
 };
 
 // Barriers for the K / V steps of the longest history a block's shared memory can hold (d 64,
-// 64-key steps, within 227 KiB beside two warpgroups' Q buffers: 12).
+// 64-key steps, within 227 KiB beside one warpgroup's Q buffers: 13).
 constexpr int kTiledTmaMaxSteps = 16;
 // Static shared memory of a block: the barriers (one per step, the tail's, two per warpgroup
-// for two warpgroups) and the row maxima and partial sums a split tile's second warpgroup hands
-// over. The launcher counts it beside the dynamic part.
+// for two warpgroups) and, in blocks of two warpgroups, the row maxima and partial sums a split
+// tile's second warpgroup hands over. The launcher counts it beside the dynamic part (with room
+// for the compiler's alignment).
 constexpr int kTiledTmaBarriers = kTiledTmaMaxSteps + 1 + 2 * 2;
-constexpr int64_t kTiledTmaStaticBytes = kTiledTmaBarriers * 8 + 4 * 128 * 4;
+RA_HOST_DEVICE constexpr int64_t tiled_tma_static_bytes(int warpgroups) {
+  return kTiledTmaBarriers * 8 + (warpgroups == 2 ? 4 * 128 * 4 : 4) + 64;
+}
 
 // Barrier of both warpgroups of a block without the rest of its threads (named barrier 3; 0 is
 // __syncthreads, 1 and 2 the warpgroups' own).
@@ -70,7 +74,7 @@ RA_DEVICE void tiled_tma_pair_sync() { asm volatile("bar.sync 3, 256;\n" ::: "me
 
 // NOTE (registers): as small_seq_tiled_fwd_warpgroup_kernel (CAPPED: three one-warpgroup blocks
 // per multiprocessor where they fit).
-template <typename T, int D, int WARPGROUPS, bool CAPPED>
+template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
                                             WARPGROUPS > 1 ? 1 : (CAPPED ? 3 : 2))
     small_seq_tiled_fwd_warpgroup_tma_kernel(const SmallSeqTiledParams p, const int splits,
@@ -78,9 +82,9 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
 #if RA_HAS_WGMMA
   constexpr int THREADS = WARPGROUPS * 128;
   constexpr int ROWS = kTiledWarpgroupRows;
-  constexpr int KEYS = kTiledWarpgroupKeys;
   constexpr int PANELS = D / 64;
-  constexpr uint32_t kPanelBytes = 64 * 128;  // one 64-row, 64-column box
+  constexpr uint32_t kQPanelBytes = ROWS * 128;  // a Q / out box: 64 rows x 64 columns
+  constexpr uint32_t kKvPanelBytes = KEYS * 128;  // a K / V box: one step's keys x 64 columns
   constexpr uint32_t kTileBytes = ROWS * D * 2;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -99,7 +103,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
   // Barriers: one per K / V step, the tail step's cp.async V, two Q buffers per warpgroup.
   __shared__ alignas(8) uint64_t bars[kTiledTmaBarriers];
   // split tile: the second warpgroup's m[0..1], l[0..1] (one row where there is no second)
-  __shared__ float handover[WARPGROUPS == 2 ? 4 : 1][128];
+  __shared__ float handover[WARPGROUPS == 2 ? 4 : 1][WARPGROUPS == 2 ? 128 : 1];
   // A split tile's second warpgroup hands its O over in its own two Q buffers (32 KiB at D 128).
   float* const handover_o = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(
       tiled_warpgroup_smem) + pad + 2 * kp * D * 2 + 2 * kTileBytes);
@@ -133,7 +137,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
     if (tid == 0) {
       for (int st = 0; st < steps; ++st) {
         const bool v_copy = !(tail && st == steps - 1);
-        ra_mbar_arrive_expect_tx(kv_bar(st), (v_copy ? 2 : 1) * PANELS * kPanelBytes);
+        ra_mbar_arrive_expect_tx(kv_bar(st), (v_copy ? 2 : 1) * PANELS * kKvPanelBytes);
 #pragma unroll
         for (int c = 0; c < PANELS; ++c) {
           const uint32_t off = c * kp * 128 + st * KEYS * 128;
@@ -162,13 +166,15 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
     // has read it.
     const auto load_q = [&](int64_t t, int b) {
       ra_tma_store_wait_read();
-      ra_mbar_arrive_expect_tx(q_bar(b), PANELS * kPanelBytes);
+      ra_mbar_arrive_expect_tx(q_bar(b), PANELS * kQPanelBytes);
 #pragma unroll
       for (int c = 0; c < PANELS; ++c)
         ra_tma_load(sq0 + b * kTileBytes + c * ROWS * 128, &maps.q, q_bar(b), 64 * c,
                     hk * group, q_token0 + static_cast<int>(t) * group_tokens, q_batch);
     };
-    const bool split = WARPGROUPS == 2 && tile1 - it.tile0 == 1 && steps >= 2;
+    // (16-key steps serve histories of one step: never split)
+    const bool split =
+        WARPGROUPS == 2 && KEYS == kTiledWarpgroupKeys && tile1 - it.tile0 == 1 && steps >= 2;
     const int k_split = (steps + 1) / 2 * KEYS;
     const int k_begin = split && wg == 1 ? k_split : 0;
     const int k_end = split && wg == 0 ? k_split : nk;

@@ -218,7 +218,7 @@ hipError_t run_tiled_fwd_warpgroup(const SmallSeqTiledParams& p, hipStream_t str
 // The warpgroup kernel staged by tile copies (tiled_fwd_warpgroup_tma_kernel.h), where tuning
 // allows, the GQA group divides a 64-row tile (a Q box holds whole tokens) and q, k, v and out
 // have tensor maps (16-byte aligned addresses and strides); false (nothing launched) where not.
-template <typename T, int D, int WARPGROUPS, bool CAPPED>
+template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED>
 bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t stream,
                                  hipError_t* err) {
   const int group = p.num_heads_q / p.num_heads_kv;
@@ -245,29 +245,34 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t strea
                        p.o_token_stride, p.o_head_stride, group, box_tokens) &&
       ra_tma_map_16bit(&maps.k, p.k, kv_batch, kv_tokens, p.num_heads_kv, D,
                        batch_stride(thd_kv, p.k_batch_stride, kv_tokens, p.k_token_stride),
-                       p.k_token_stride, p.k_head_stride, 1, kTiledWarpgroupKeys) &&
+                       p.k_token_stride, p.k_head_stride, 1, KEYS) &&
       ra_tma_map_16bit(&maps.v, p.v, kv_batch, kv_tokens, p.num_heads_kv, D,
                        batch_stride(thd_kv, p.v_batch_stride, kv_tokens, p.v_token_stride),
-                       p.v_token_stride, p.v_head_stride, 1, kTiledWarpgroupKeys);
+                       p.v_token_stride, p.v_head_stride, 1, KEYS);
   const int64_t smem = tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS);
-  if (!ok || tiled_warpgroup_keys(p.max_seqlen_kv) / kTiledWarpgroupKeys > kTiledTmaMaxSteps ||
-      smem + kTiledTmaStaticBytes > ra_device_max_shared_per_block())
+  if (!ok || tiled_warpgroup_keys(p.max_seqlen_kv) / KEYS > kTiledTmaMaxSteps ||
+      smem + tiled_tma_static_bytes(WARPGROUPS) > ra_device_max_shared_per_block())
     return false;
-  *err = run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, CAPPED>,
+  *err = run_tiled_fwd_staged<
+      small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, KEYS, CAPPED>,
                               WARPGROUPS * 128>(p, smem, kTiledWarpgroupRows, WARPGROUPS, stream, maps);
   return true;
 }
 #endif
 
-// The warpgroup kernel over 64-key steps: staged by tile copies where it can be (CUDA sm_90a
-// builds), else by cp.async.
-template <typename T, int D, int WARPGROUPS, bool CAPPED = true>
-hipError_t run_tiled_fwd_warpgroup64(const SmallSeqTiledParams& p, hipStream_t stream) {
+// The warpgroup kernel: staged by tile copies where it can be (CUDA sm_90a builds), else by
+// cp.async. 16-key steps take tile copies only where a (segment, kv head) has one row tile:
+// there they are 1.05-1.07x faster (an item is then one short chain of copy, step and store),
+// over more tiles 0.98-0.99x (H100, docs/kernels.md#warpgroup-kernel).
+template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED = true>
+hipError_t run_tiled_fwd_warpgroup_any(const SmallSeqTiledParams& p, hipStream_t stream) {
 #if RA_TMA_BUILD
   hipError_t err = hipSuccess;
-  if (run_tiled_fwd_warpgroup_tma<T, D, WARPGROUPS, CAPPED>(p, stream, &err)) return err;
+  if ((KEYS == kTiledWarpgroupKeys || tiled_max_rows(p) <= kTiledWarpgroupRows) &&
+      run_tiled_fwd_warpgroup_tma<T, D, WARPGROUPS, KEYS, CAPPED>(p, stream, &err))
+    return err;
 #endif
-  return run_tiled_fwd_warpgroup<T, D, WARPGROUPS, 64, CAPPED>(p, stream);
+  return run_tiled_fwd_warpgroup<T, D, WARPGROUPS, KEYS, CAPPED>(p, stream);
 }
 
 template <typename T, int D, int THREADS>
@@ -293,16 +298,16 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
     if (tiled_use_warpgroup<D>(p)) {
       const bool one = tiled_warpgroups<D>(p) == 1;
       if (tiled_warpgroup_step_keys(p.max_seqlen_kv) == 16)
-        return one ? run_tiled_fwd_warpgroup<T, D, 1, 16>(p, stream)
-                   : run_tiled_fwd_warpgroup<T, D, 2, 16>(p, stream);
-      if (!one) return run_tiled_fwd_warpgroup64<T, D, 2>(p, stream);
+        return one ? run_tiled_fwd_warpgroup_any<T, D, 1, 16>(p, stream)
+                   : run_tiled_fwd_warpgroup_any<T, D, 2, 16>(p, stream);
+      if (!one) return run_tiled_fwd_warpgroup_any<T, D, 2, 64>(p, stream);
       // One-warpgroup blocks of 64-key steps: the register cap for three blocks only where
       // three fit the shared memory (the kernel's NOTE).
       const int64_t block_smem =
           tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) + kTiledSharedReserve;
       return 3 * block_smem <= ra_device_shared_per_multiprocessor()
-                 ? run_tiled_fwd_warpgroup64<T, D, 1, true>(p, stream)
-                 : run_tiled_fwd_warpgroup64<T, D, 1, false>(p, stream);
+                 ? run_tiled_fwd_warpgroup_any<T, D, 1, 64, true>(p, stream)
+                 : run_tiled_fwd_warpgroup_any<T, D, 1, 64, false>(p, stream);
     }
     int64_t kv_smem = 0;
     if (tiled_use_resident<D>(p, &kv_smem))

@@ -42,15 +42,18 @@ inline dim3 tiled_capped_grid(int64_t blocks, int64_t resident, int factor) {
   return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
 }
 
-// Above 48 KiB a kernel's dynamic shared memory must be allowed first (NVIDIA): once per device
-// and kernel, to the device's limit.
+// Static shared memory of the tiled kernels is at most this (the tile-copy kernels' barriers
+// and hand-over arrays; the others have none).
+constexpr int64_t kTiledMaxStaticShared = 4096;
+
+// Above 48 KiB of shared memory (static and dynamic together) a kernel's dynamic part must be
+// allowed first (NVIDIA): once per device and kernel, to the device's limit less its static part.
 template <auto KERNEL>
 hipError_t tiled_allow_shared(int64_t smem) {
   static int raised[64] = {};
   const int device = ra_device_index();
   const bool cached = device >= 0 && device < 64;
-  if (smem <= 48 * 1024 || (cached && raised[device])) return hipSuccess;
-  // The limit counts the kernel's static shared memory too (barriers of the TMA kernel).
+  if (smem + kTiledMaxStaticShared <= 48 * 1024 || (cached && raised[device])) return hipSuccess;
   hipFuncAttributes attr;
   hipError_t err = hipFuncGetAttributes(&attr, reinterpret_cast<const void*>(KERNEL));
   if (err != hipSuccess) return err;
