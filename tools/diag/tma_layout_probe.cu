@@ -160,6 +160,10 @@ int main() {
   const CUtensorMap kv_map = make_map(encode, kv, 1, kBoxRows);
   ok &= check_box("kv box, first panel, inside the tensor", kv_map, kv, 1, 0, 1, 0);
   ok &= check_box("kv box, second panel, past the tensor's end", kv_map, kv, 1, 64, 2, 40);
+  // A tensor shorter than the box (30 tokens against 64 rows): the rows past it read as zeros.
+  const Tensor short_kv(30, 2);
+  const CUtensorMap short_map = make_map(encode, short_kv, 1, kBoxRows);
+  ok &= check_box("kv box, tensor shorter than the box", short_map, short_kv, 1, 0, 1, 0);
   // Q: 50 tokens, 8 q heads; a GQA group of 4 (kv head 1: q heads 4..7), 16 tokens a box.
   const Tensor q(50, 8);
   const CUtensorMap q_map = make_map(encode, q, 4, kBoxRows / 4);
