@@ -36,10 +36,12 @@ bool ra_tma_map_16bit(CUtensorMap* map, const void* base, int64_t batch, int64_t
   if (encode == nullptr || base == nullptr || batch < 1 || tokens < 1 || heads < 1 || d < 64)
     return false;
   if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
-  // A dimension of one entry is never stepped over: its stride only has to be legal.
-  const int64_t strides_bytes[3] = {heads == 1 ? 2 * d : 2 * head_stride,
-                                    tokens == 1 ? 2 * d * heads : 2 * token_stride,
-                                    batch == 1 ? 2 * d * heads * tokens : 2 * batch_stride};
+  // A dimension of one entry is never stepped over: its stride only has to be legal, so it
+  // gets the extent of the dimensions inside it (the tensor's own stride may be anything).
+  const int64_t head_bytes = heads == 1 ? 2 * d : 2 * head_stride;
+  const int64_t token_bytes = tokens == 1 ? heads * head_bytes : 2 * token_stride;
+  const int64_t batch_bytes = batch == 1 ? tokens * token_bytes : 2 * batch_stride;
+  const int64_t strides_bytes[3] = {head_bytes, token_bytes, batch_bytes};
   for (const int64_t s : strides_bytes)
     if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40)) return false;
   if (tokens >= (int64_t{1} << 31) || batch >= (int64_t{1} << 31)) return false;
