@@ -51,7 +51,7 @@
 namespace small_seq {
 
 // Tensor maps of one call: q / out with boxes of 64 columns x group heads x 64 / group tokens,
-// k / v with boxes of 64 columns x 1 head x 64 keys.
+// k / v with boxes of 64 columns x 1 head x one step's keys (KEYS).
 struct TiledTmaMaps {
   CUtensorMap q, k, v, o;
 };

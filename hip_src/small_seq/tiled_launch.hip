@@ -118,9 +118,9 @@ inline int64_t tiled_splits(const SmallSeqTiledParams& p, int64_t tiles, int wor
 }
 
 // Launches a kernel that stages a (segment, kv head)'s K/V per work item (resident, warpgroup)
-// with `smem` bytes of shared memory (arguments p, splits, then `extra`): as many blocks as stay resident (capped by
-// tiled_capped_grid), each (segment, kv head) split over tiled_splits items of row tiles of
-// `tile_rows` among the block's `workers` (waves or warpgroups).
+// with `smem` bytes of shared memory (arguments p, splits, then `extra`): as many blocks as stay
+// resident (capped by tiled_capped_grid), each (segment, kv head) split over tiled_splits items
+// of row tiles of `tile_rows` among the block's `workers` (waves or warpgroups).
 template <auto KERNEL, int THREADS, typename... Extra>
 hipError_t run_tiled_fwd_staged(const SmallSeqTiledParams& p, int64_t smem, int tile_rows,
                                 int workers, hipStream_t stream, const Extra&... extra) {
@@ -231,31 +231,25 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t strea
   const int64_t q_tokens = thd_q ? p.total_q : p.s_q;
   const int64_t kv_batch = thd_kv ? 1 : p.batch;
   const int64_t kv_tokens = p.total_kv;
-  const auto batch_stride = [](bool thd, int64_t stride, int64_t tokens, int64_t token_stride) {
-    return thd ? tokens * token_stride : stride;
-  };
+  // (a THD tensor's batch stride is never used: ra_tma_map_16bit gives a size-1 dimension one)
   TiledTmaMaps maps;
   const int box_tokens = kTiledWarpgroupRows / group;
   const bool ok =
       ra_tma_map_16bit(&maps.q, p.q, q_batch, q_tokens, p.num_heads_q, D,
-                       batch_stride(thd_q, p.q_batch_stride, q_tokens, p.q_token_stride),
-                       p.q_token_stride, p.q_head_stride, group, box_tokens) &&
+                       p.q_batch_stride, p.q_token_stride, p.q_head_stride, group, box_tokens) &&
       ra_tma_map_16bit(&maps.o, p.o, q_batch, q_tokens, p.num_heads_q, D,
-                       batch_stride(thd_q, p.o_batch_stride, q_tokens, p.o_token_stride),
-                       p.o_token_stride, p.o_head_stride, group, box_tokens) &&
+                       p.o_batch_stride, p.o_token_stride, p.o_head_stride, group, box_tokens) &&
       ra_tma_map_16bit(&maps.k, p.k, kv_batch, kv_tokens, p.num_heads_kv, D,
-                       batch_stride(thd_kv, p.k_batch_stride, kv_tokens, p.k_token_stride),
-                       p.k_token_stride, p.k_head_stride, 1, KEYS) &&
+                       p.k_batch_stride, p.k_token_stride, p.k_head_stride, 1, KEYS) &&
       ra_tma_map_16bit(&maps.v, p.v, kv_batch, kv_tokens, p.num_heads_kv, D,
-                       batch_stride(thd_kv, p.v_batch_stride, kv_tokens, p.v_token_stride),
-                       p.v_token_stride, p.v_head_stride, 1, KEYS);
+                       p.v_batch_stride, p.v_token_stride, p.v_head_stride, 1, KEYS);
   const int64_t smem = tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS);
   if (!ok || tiled_warpgroup_keys(p.max_seqlen_kv) / KEYS > kTiledTmaMaxSteps ||
       smem + tiled_tma_static_bytes(WARPGROUPS) > ra_device_max_shared_per_block())
     return false;
   *err = run_tiled_fwd_staged<
-      small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, KEYS, CAPPED>,
-                              WARPGROUPS * 128>(p, smem, kTiledWarpgroupRows, WARPGROUPS, stream, maps);
+      small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, KEYS, CAPPED>, WARPGROUPS * 128>(
+      p, smem, kTiledWarpgroupRows, WARPGROUPS, stream, maps);
   return true;
 }
 #endif
