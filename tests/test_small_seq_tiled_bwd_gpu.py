@@ -349,6 +349,25 @@ def test_warpgroup_many_candidates(dev, max_kv, d, h_q, h_kv, dtype):
         check(case, seed=d + max_kv, dlse=d == 128)
 
 
+@pytest.mark.parametrize("h_q,h_kv,tma", [(8, 2, 0), (6, 2, 1), (16, 2, 1), (16, 1, 1)],
+                         ids=["g4-cp-async", "g3", "g8", "g16"])
+@pytest.mark.parametrize("max_kv", list(WARPGROUP_KV_LENS))
+def test_warpgroup_tile_copies(dev, max_kv, h_q, h_kv, tma):
+    """The dK / dV kernel's row tiles by tile copies (CUDA sm_90a builds: GQA groups of 8 and 16,
+    Q / dO boxes of 8 and 4 tokens; whole tiles copied, tiles cut by a segment's end by
+    cp.async) and by cp.async only (tuning small_seq_tiled_warpgroup_tma 0; a group of 3, whose
+    tiles hold no whole tokens): int64 offsets, padding q rows and NaN k/v rows around."""
+    if not warpgroup_device(dev):
+        pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
+    q_lens = [1, 2, 17, 512, 0, 64, 65, 17, 2, 512, 3]
+    case = C.thd_case(90 + max_kv + h_q + h_kv, q_lens, WARPGROUP_KV_LENS[max_kv], h_q, h_kv,
+                      128, torch.bfloat16, offsets=torch.int64, max_kv=max_kv, pad_before=3,
+                      pad_after=4, kv_pad=2, device=dev)
+    with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma):
+        _, (dq, _, _) = check(case, seed=91 + max_kv, dlse=True)
+    assert (dq[:3] == 0).all() and (dq[-4:] == 0).all()
+
+
 @pytest.mark.parametrize("passes", ["warpgroup", "warpgroup_delta_pass"])
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
 @pytest.mark.parametrize("max_kv", list(WARPGROUP_KV_LENS))

@@ -49,9 +49,11 @@ struct RaTuning {
   // tiled small-seq forward: warpgroups per block of the warpgroup-MMA kernel, 1 or 2; 0 = the
   // launcher's choice (small_seq/tiled_launch.hip).
   int small_seq_tiled_warpgroups = 0;
-  // tiled small-seq forward on Hopper, CUDA sm_90a builds: 1 = the warpgroup-MMA kernel stages
-  // K, V, Q and out by tensor tile copies where the call allows (tiled_fwd_warpgroup_tma_kernel.h:
-  // GQA group dividing 64, tile-copy layouts; 16-key steps only for single-tile items); 0 = its
+  // tiled small-seq on Hopper, CUDA sm_90a builds: 1 = the warpgroup-MMA forward stages K, V, Q
+  // and out, and the warpgroup dK / dV kernel moves whole row tiles of Q, dO and dQ, by tensor
+  // tile copies where the call allows (tiled_fwd_warpgroup_tma_kernel.h,
+  // tiled_bwd_warpgroup_tma_kernel.h: GQA group dividing 64, tile-copy layouts; forward 16-key
+  // steps only for single-tile items); 0 = their
   // cp.async staging always.
   int small_seq_tiled_warpgroup_tma = 1;
   // tiled small-seq backward: 1 = segments with many query rows over more than one key tile

@@ -11,6 +11,7 @@
 #include "tiled_bwd_block_kernel.h"
 #include "tiled_bwd_stream_kernel.h"
 #include "tiled_bwd_warpgroup_kernel.h"
+#include "tiled_bwd_warpgroup_tma_kernel.h"
 #include "tiled_launch_util.h"
 
 namespace small_seq {
@@ -98,9 +99,9 @@ static_assert(kTiledBwdRowTileThreads <= kTiledBwdMaxThreadsPerBlock, "pass 2's 
 
 // Launches KERNEL with `threads` threads and `smem` bytes of dynamic shared memory over `items`
 // work items: one block per item up to kTiledBwdResidencyFactor x the blocks resident at once.
-template <auto KERNEL>
+template <auto KERNEL, typename... Extra>
 hipError_t run_tiled_bwd_staged(const SmallSeqTiledParams& p, int64_t items, int threads,
-                                int64_t smem, hipStream_t stream) {
+                                int64_t smem, hipStream_t stream, const Extra&... extra) {
   const hipError_t err = tiled_allow_shared<KERNEL>(smem);
   if (err != hipSuccess) return err;
   static TiledOccupancyCache occupancy;
@@ -108,7 +109,7 @@ hipError_t run_tiled_bwd_staged(const SmallSeqTiledParams& p, int64_t items, int
       static_cast<int64_t>(tiled_blocks_per_mp(KERNEL, threads, smem, occupancy)) *
       ra_device_multiprocessors();
   hipLaunchKernelGGL(KERNEL, tiled_capped_grid(items, resident, kTiledBwdResidencyFactor),
-                     dim3(threads), static_cast<size_t>(smem), stream, p);
+                     dim3(threads), static_cast<size_t>(smem), stream, p, extra...);
   return hipGetLastError();
 }
 
@@ -123,14 +124,51 @@ inline bool tiled_bwd_warpgroup_fuses_delta(const SmallSeqTiledParams& p) {
          (mode >= 2 && p.max_seqlen_kv <= kTiledBwdWarpgroupBlockKeys);
 }
 
+// The warpgroup dK / dV kernel over `items` items: its whole row tiles moved by tile copies
+// (tiled_bwd_warpgroup_tma_kernel.h) where tuning allows (small_seq_tiled_warpgroup_tma, as
+// the forward's), the GQA group divides a 64-row tile and q, dout and dq have tensor maps; else
+// by cp.async.
+template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA>
+hipError_t run_tiled_bwd_warpgroup_dkdv(const SmallSeqTiledParams& p, int64_t items,
+                                        hipStream_t stream) {
+  const int64_t smem = tiled_bwd_warpgroup_smem_bytes<D>(KEYS);
+#if RA_TMA_BUILD
+  const int group = p.num_heads_q / p.num_heads_kv;
+  if (ra_tuning().small_seq_tiled_warpgroup_tma > 0 && kTiledWarpgroupRows % group == 0) {
+    const bool thd = p.cu_seqlens_q != nullptr;
+    const int64_t batch = thd ? 1 : p.batch;
+    const int64_t tokens = thd ? p.total_q : p.s_q;
+    // (a THD tensor's batch stride is never used: ra_tma_map_16bit gives a size-1 dimension one)
+    const auto map = [&](CUtensorMap* m, const void* base, int64_t batch_stride,
+                         int64_t token_stride, int64_t head_stride) {
+      return ra_tma_map_16bit(m, base, batch, tokens, p.num_heads_q, D, batch_stride,
+                              token_stride, head_stride, group, kTiledWarpgroupRows / group);
+    };
+    TiledBwdTmaMaps maps;
+    const bool ok =
+        map(&maps.q, p.q, p.q_batch_stride, p.q_token_stride, p.q_head_stride) &&
+        map(&maps.dout, p.dout, p.do_batch_stride, p.do_token_stride, p.do_head_stride) &&
+        (!WITH_DQ ||
+         map(&maps.dq, p.dq, p.dq_batch_stride, p.dq_token_stride, p.dq_head_stride));
+    if (!WITH_DQ) maps.dq = maps.q;  // never stored through
+    if (ok)
+      return run_tiled_bwd_staged<
+          small_seq_tiled_bwd_warpgroup_tma_kernel<T, D, KEYS, WITH_DQ, FUSED_DELTA>>(
+          p, items, 128, smem, stream, maps);
+  }
+#endif
+  return run_tiled_bwd_staged<
+      small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS, WITH_DQ, FUSED_DELTA>>(p, items, 128,
+                                                                              smem, stream);
+}
+
 // Histories of one key block: the dK / dV kernel with dQ (16-key products where every history
 // fits them), Delta fused or from pass 1. Longer ones: the dK / dV kernel over (segment, kv
 // head, key block) items, then the dQ kernel over (segment, kv head) items.
 template <typename T, int D, int KEYS, bool FUSED_DELTA>
 hipError_t run_tiled_bwd_warpgroup_with_dq(const SmallSeqTiledParams& p, hipStream_t stream) {
-  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS, true, FUSED_DELTA>>(
-      p, static_cast<int64_t>(p.batch) * p.num_heads_kv, 128,
-      tiled_bwd_warpgroup_smem_bytes<D>(KEYS), stream);
+  return run_tiled_bwd_warpgroup_dkdv<T, D, KEYS, true, FUSED_DELTA>(
+      p, static_cast<int64_t>(p.batch) * p.num_heads_kv, stream);
 }
 
 template <typename T, int D>
@@ -144,10 +182,8 @@ hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, const bool fuse
   if (p.max_seqlen_kv <= kBlockKeys)
     return fused_delta ? run_tiled_bwd_warpgroup_with_dq<T, D, kBlockKeys, true>(p, stream)
                        : run_tiled_bwd_warpgroup_with_dq<T, D, kBlockKeys, false>(p, stream);
-  const hipError_t err =
-      run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_kernel<T, D, kBlockKeys, false, false>>(
-          p, pairs * tiled_bwd_warpgroup_blocks(p.max_seqlen_kv), 128,
-          tiled_bwd_warpgroup_smem_bytes<D>(kBlockKeys), stream);
+  const hipError_t err = run_tiled_bwd_warpgroup_dkdv<T, D, kBlockKeys, false, false>(
+      p, pairs * tiled_bwd_warpgroup_blocks(p.max_seqlen_kv), stream);
   if (err != hipSuccess) return err;
   return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_kernel<T, D>>(
       p, pairs, kTiledBwdWarpgroupDqWarpgroups * 128,

@@ -121,6 +121,32 @@ RA_DEVICE void tiled_bwd_warpgroup_load_tile(const SmallSeqTiledParams& p,
                                seg_rows, sq + kTiledWarpgroupRows * D * 2, wtid);
 }
 
+// How the dK / dV kernel moves a tile's Q / dO in and its dQ out (one warpgroup, every thread
+// calls each member): here per-thread cp.async copies and 16-byte stores, the tile's copies
+// committed by the caller as one cp.async group;
+// tiled_bwd_warpgroup_tma_kernel.h has the tile-copy version. load(...) issues tile `tile`'s
+// copies into the buffer at `dst`, wait(...) returns once they may be read (beside the caller's
+// cp.async wait, fence and barrier), store_dq(...) writes the tile's dQ rows from its Q buffer
+// once every thread has written them there.
+struct TiledBwdCpAsyncCopies {
+  template <int D>
+  RA_DEVICE void load(const SmallSeqTiledParams& p, const TiledBwdWarpgroupRows& at,
+                      const TiledSegment&, const int, const int group, const int64_t r0,
+                      const int64_t seg_rows, const uint32_t dst, const int, const int tid) {
+    tiled_bwd_warpgroup_load_tile<D>(p, at, group, r0, seg_rows, dst, tid);
+  }
+  RA_DEVICE void wait(const int64_t, const int64_t, const int) {}
+  template <int D>
+  RA_DEVICE void store_dq(const SmallSeqTiledParams& p, const TiledBwdWarpgroupRows& at,
+                          const TiledSegment&, const int, const int, const TiledRowMap& map,
+                          const int64_t r0, const int64_t seg_rows, const uint8_t* sq_ptr,
+                          const uint32_t, const int tid) {
+    __syncthreads();
+    tiled_warpgroup_store_rows<D>(at.dq, p.dq_token_stride, p.dq_head_stride, map, r0,
+                                  seg_rows, sq_ptr, tid);
+  }
+};
+
 // LSE (log2 domain) and Delta of this thread's rows 16 warp + g and + 8 of the tile at r0; a
 // row past the segment gets lse +inf (P = 0) and Delta 0 (its Q and dO are zeros). With
 // FUSED_DELTA, pass 1 did not run: `delta` gets -dlse (0 without dlse), to which
@@ -281,12 +307,13 @@ RA_DEVICE void tiled_bwd_warpgroup_issue_dq(float* dq, const uint32_t (&dsa)[KEY
 // all of the segment's rows, and, where the block holds the whole history (WITH_DQ), the dQ of
 // every row (the whole block: one warpgroup); FUSED_DELTA (WITH_DQ only): each row's Delta
 // from its P and dP, pass 1 not run. `smem` / `smem_ptr`: the 1024-byte aligned start of the
-// block's buffers.
-template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA>
+// block's buffers. `copies` moves the tiles' Q / dO in and dQ out (TiledBwdCpAsyncCopies).
+template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, typename Copies>
 RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
                                              const TiledSegment& s, const int hk,
                                              const int group, const int kb0, uint8_t* smem_ptr,
-                                             const uint32_t smem, const int tid) {
+                                             const uint32_t smem, const int tid,
+                                             Copies& copies) {
   constexpr int ROWS = kTiledWarpgroupRows;
   constexpr int kTileBytes = ROWS * D * 2;
   // K, V, then buffer b's Q at 2 b kTileBytes and dO after it, then P and dS.
@@ -309,8 +336,8 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
   const int hq0 = hk * group;
   const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, rows, hq0);
   const auto load_tile = [&](int64_t tile, int buf) {
-    tiled_bwd_warpgroup_load_tile<D>(p, at, group, tile * ROWS, seg_rows,
-                                     tiles_at + 2 * buf * kTileBytes, tid);
+    copies.template load<D>(p, at, s, hq0, group, tile * ROWS, seg_rows,
+                            tiles_at + 2 * buf * kTileBytes, buf, tid);
   };
   if (tiles > 0) {
     tiled_warpgroup_stage<D, KEYS, 128>(sk, sv, p, rows.k + kb0 * p.k_token_stride,
@@ -326,6 +353,7 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
     if (tile + 1 < tiles) load_tile(tile + 1, buf ^ 1);
     ra_cp_async_commit();
     ra_cp_async_wait<1>();  // this tile's copies have landed (the next one's may not)
+    copies.wait(tile * ROWS, seg_rows, buf);
     ra_fence_proxy_async();
     __syncthreads();
     const uint32_t sq = tiles_at + 2 * buf * kTileBytes;
@@ -377,9 +405,7 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
           tiled_warpgroup_acc_row_to_buffer<T, 64>(sq_ptr + (col0 / 64) * ROWS * 128, dq, r,
                                                    p.softmax_scale, tid);
       }
-      __syncthreads();
-      tiled_warpgroup_store_rows<D>(at.dq, p.dq_token_stride, p.dq_head_stride, map, r0,
-                                    seg_rows, sq_ptr, tid);
+      copies.template store_dq<D>(p, at, s, hq0, group, map, r0, seg_rows, sq_ptr, sq, tid);
     } else {
       ra_wgmma_wait<0>();
     }
@@ -464,21 +490,18 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const T
   }
 }
 
-#endif  // RA_HAS_WGMMA
-
-// dK / dV kernel: grid-stride over (segment, kv head, key block) items, numbered segment-major
-// so that the key blocks of one segment run at once and share its Q / dO rows through L2.
-// WITH_DQ (launched where every history fits one key block): each item also writes its rows'
-// dQ; else small_seq_tiled_bwd_warpgroup_dq_kernel does. Item (block 0) also writes what pass 2
-// writes besides a valid segment's gradients (tiled_bwd_edges, warp 0). KEYS: keys of the
-// products, 16 where every history fits them, else 64. FUSED_DELTA (WITH_DQ only): launched
-// without pass 1, the kernel computes each row's Delta from its P and dP and zeroes the dq of
-// q padding rows itself.
-template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA>
-__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
-    small_seq_tiled_bwd_warpgroup_kernel(const SmallSeqTiledParams p) {
+// The dK / dV kernel's items: grid-stride over (segment, kv head, key block), numbered
+// segment-major so that the key blocks of one segment run at once and share its Q / dO rows
+// through L2. WITH_DQ (launched where every history fits one key block): each item also writes
+// its rows' dQ; else small_seq_tiled_bwd_warpgroup_dq_kernel does. Item (block 0) also writes
+// what pass 2 writes besides a valid segment's gradients (tiled_bwd_edges, warp 0). KEYS: keys
+// of the products, 16 where every history fits them, else 64. FUSED_DELTA (WITH_DQ only):
+// launched without pass 1, the kernel computes each row's Delta from its P and dP and zeroes
+// the dq of q padding rows itself. `copies` moves the row tiles (TiledBwdCpAsyncCopies or the
+// tile-copy kernel's).
+template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, typename Copies>
+RA_DEVICE void tiled_bwd_warpgroup_items(const SmallSeqTiledParams& p, Copies& copies) {
   static_assert(WITH_DQ || !FUSED_DELTA, "Delta from P dP needs the row's whole history");
-#if RA_HAS_WGMMA
   const int tid = threadIdx.x;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int blocks = tiled_bwd_warpgroup_blocks(p.max_seqlen_kv);
@@ -501,12 +524,24 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
     // only blocks that hold keys.
     if (!s.valid || ((kb > 0 || !WITH_DQ) && kb0 >= s.nk)) continue;
     tiled_bwd_warpgroup_key_block<T, D, KEYS, WITH_DQ, FUSED_DELTA>(p, s, hk, group, kb0,
-                                                                    smem_ptr, raw + pad, tid);
+                                                                    smem_ptr, raw + pad, tid,
+                                                                    copies);
     __syncthreads();  // every warp is done with this item's K / V
   }
   if constexpr (FUSED_DELTA)
     tiled_bwd_zero_padding_dq<D>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + tid,
                                  static_cast<int64_t>(gridDim.x) * blockDim.x);
+}
+
+#endif  // RA_HAS_WGMMA
+
+// dK / dV kernel (tiled_bwd_warpgroup_items), the tiles moved by cp.async.
+template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
+    small_seq_tiled_bwd_warpgroup_kernel(const SmallSeqTiledParams p) {
+#if RA_HAS_WGMMA
+  TiledBwdCpAsyncCopies copies;
+  tiled_bwd_warpgroup_items<T, D, KEYS, WITH_DQ, FUSED_DELTA>(p, copies);
 #endif
 }
 

@@ -1,0 +1,140 @@
+// Tiled small-seq backward, warpgroup dK / dV kernel with its row tiles moved by tensor tile
+// copies (Hopper, CUDA sm_90a builds): tiled_bwd_warpgroup_kernel.h's items and products, with
+// each whole 64-row tile's Q and dO copied in, and its dQ (where the kernel computes it) copied
+// out, by one thread (common/tma.h), instead of per-thread cp.async and 16-byte stores
+// (docs/kernels.md#warpgroup-backward, "Tile copies").
+//
+// Why: as in the forward (tiled_fwd_warpgroup_tma_kernel.h), each tile's GQA-mapped Q and dO
+// rows cost every thread address arithmetic and copies per 16 bytes, a large part of the
+// instruction stream of a kernel bound by its issue rate.
+//
+// Only whole tiles take tile copies: the products sum over all 64 rows of a tile (dV += P^T dO,
+// dK += dS^T Q), so rows past the segment must be zeros, which a copy of the next segment's rows
+// is not. A tile that the segment's end cuts is copied by cp.async as before (zeros past the
+// end), and its dQ leaves by the 16-byte stores (a tile store would write the next segment's
+// rows). K / V stay cp.async too: once per item, and a history's last block must read zeros
+// past its end.
+//
+// Synchronization: each Q / dO buffer has an mbarrier that a whole tile's copies complete on
+// (every thread tracks its phase parity); before thread 0 copies into a buffer, or the block
+// writes it with cp.async, the tile store that last read it must have finished reading
+// (cp.async.bulk.wait_group.read, by thread 0, which issued it).
+#pragma once
+
+#include "../common/tma.h"
+#include "tiled_bwd_warpgroup_kernel.h"
+
+#if RA_TMA_BUILD
+
+namespace small_seq {
+
+// Tensor maps of one call: q, dout and dq with boxes of 64 columns x group heads x 64 / group
+// tokens (the forward's Q box).
+struct TiledBwdTmaMaps {
+  CUtensorMap q, dout, dq;
+};
+
+#if RA_HAS_WGMMA
+
+// TiledBwdCpAsyncCopies' members for a block of one warpgroup, whole tiles by tile copies.
+struct TiledBwdTmaCopies {
+  const TiledBwdTmaMaps* maps;
+  uint32_t bar0;        // buffer b's barrier at bar0 + 8 b
+  uint32_t parity = 0;  // bit b: parity of buffer b's next phase
+
+  RA_DEVICE static bool whole(const int64_t r0, const int64_t seg_rows) {
+    return r0 + kTiledWarpgroupRows <= seg_rows;
+  }
+  RA_DEVICE static int first_token(const TiledSegment& s, const int group, const int64_t r0) {
+    return static_cast<int>(s.q_token0 + r0 / group);
+  }
+
+  template <int D>
+  RA_DEVICE void load(const SmallSeqTiledParams& p, const TiledBwdWarpgroupRows& at,
+                      const TiledSegment& s, const int hq0, const int group, const int64_t r0,
+                      const int64_t seg_rows, const uint32_t dst, const int buf,
+                      const int tid) {
+    constexpr uint32_t kTileBytes = kTiledWarpgroupRows * D * 2;
+    if (whole(r0, seg_rows)) {
+      if (tid == 0) {
+        const uint32_t bar = bar0 + 8 * buf;
+        const int token = first_token(s, group, r0);
+        const int batch = static_cast<int>(s.q_batch);
+        ra_tma_store_wait_read();
+        ra_mbar_arrive_expect_tx(bar, 2 * kTileBytes);
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c) {
+          ra_tma_load(dst + c * kTiledWarpgroupRows * 128, &maps->q, bar, 64 * c, hq0, token,
+                      batch);
+          ra_tma_load(dst + kTileBytes + c * kTiledWarpgroupRows * 128, &maps->dout, bar,
+                      64 * c, hq0, token, batch);
+        }
+      }
+    } else {
+      if (tid == 0) ra_tma_store_wait_read();
+      __syncthreads();  // no tile store still reads the buffer the copies below write
+      tiled_bwd_warpgroup_load_tile<D>(p, at, group, r0, seg_rows, dst, tid);
+    }
+  }
+
+  RA_DEVICE void wait(const int64_t r0, const int64_t seg_rows, const int buf) {
+    if (!whole(r0, seg_rows)) return;
+    ra_mbar_wait(bar0 + 8 * buf, (parity >> buf) & 1u);
+    parity ^= 1u << buf;
+  }
+
+  template <int D>
+  RA_DEVICE void store_dq(const SmallSeqTiledParams& p, const TiledBwdWarpgroupRows& at,
+                          const TiledSegment& s, const int hq0, const int group,
+                          const TiledRowMap& map, const int64_t r0, const int64_t seg_rows,
+                          const uint8_t* sq_ptr, const uint32_t sq, const int tid) {
+    if (whole(r0, seg_rows)) {
+      ra_fence_proxy_async();  // this thread's dQ in the buffer, for the tile store
+      __syncthreads();
+      if (tid == 0) {
+        const int token = first_token(s, group, r0);
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c)
+          ra_tma_store(&maps->dq, sq + c * kTiledWarpgroupRows * 128, 64 * c, hq0, token,
+                       static_cast<int>(s.q_batch));
+        ra_tma_store_commit();
+      }
+    } else {
+      __syncthreads();
+      tiled_warpgroup_store_rows<D>(at.dq, p.dq_token_stride, p.dq_head_stride, map, r0,
+                                    seg_rows, sq_ptr, tid);
+    }
+  }
+};
+
+#endif  // RA_HAS_WGMMA
+
+// dK / dV kernel (tiled_bwd_warpgroup_items), whole tiles moved by tile copies.
+template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
+    small_seq_tiled_bwd_warpgroup_tma_kernel(const SmallSeqTiledParams p,
+                                             const __grid_constant__ TiledBwdTmaMaps maps) {
+#if RA_HAS_WGMMA
+  // The two barriers take no static shared memory: two 64-key blocks fill a multiprocessor's
+  // shared memory exactly (2 x (115712 + 1024 reserved) = 228 KiB at d = 128), so 16 static bytes
+  // would leave one block per multiprocessor. They sit in the dynamic part's alignment slack,
+  // past the buffers: of its 1024 bytes at most 1008 go to aligning the start.
+  RA_DYNAMIC_SHARED(ra_vec8, tiled_bwd_warpgroup_smem);
+  const uint32_t raw = ra_smem_address(tiled_bwd_warpgroup_smem);
+  const uint32_t bar0 = raw + ra_smem_pad_1024(raw) +
+                        static_cast<uint32_t>(tiled_bwd_warpgroup_smem_bytes<D>(KEYS) - 1024);
+  if (threadIdx.x == 0) {
+    ra_mbar_init(bar0, 1);
+    ra_mbar_init(bar0 + 8, 1);
+    ra_mbar_init_fence();
+  }
+  __syncthreads();
+  TiledBwdTmaCopies copies{&maps, bar0};
+  tiled_bwd_warpgroup_items<T, D, KEYS, WITH_DQ, FUSED_DELTA>(p, copies);
+  if (threadIdx.x == 0) ra_tma_store_wait();
+#endif
+}
+
+}  // namespace small_seq
+
+#endif  // RA_TMA_BUILD
