@@ -28,9 +28,9 @@
 // kernel, with the same helpers.
 //
 // Shared memory (dynamic, sized by the launch for max_seqlen_kv): K, V, then two Q buffers per
-// warpgroup; see tiled_warpgroup_smem_bytes. Where the arch-specific features are missing
-// (RA_HAS_WGMMA 0: AMD, sm_90 without "a", the CPU emulation) the kernel body is empty and the
-// launcher never selects it.
+// warpgroup; see tiled_warpgroup_smem_bytes and TiledWarpgroupSmem. Where the arch-specific
+// features are missing (RA_HAS_WGMMA 0: AMD, sm_90 without "a", the CPU emulation) the kernel
+// body is empty and the launcher never selects it.
 #pragma once
 
 #include "../common/wgmma.h"
@@ -65,6 +65,34 @@ RA_HOST_DEVICE constexpr int64_t tiled_warpgroup_smem_bytes(int max_seqlen_kv, i
 }
 
 #if RA_HAS_WGMMA
+
+// Where a block's buffers sit in its dynamic shared memory (`base`, sized by
+// tiled_warpgroup_smem_bytes): from its first 1024-byte aligned byte, K and V of `kp` staged keys
+// (kp x D each), then two Q buffers of a 64-row tile per warpgroup. Addresses are shared-space
+// (for copies and product descriptors), pointers generic (for plain loads and stores). Both
+// warpgroup forward kernels take their buffers from here.
+template <int D>
+struct TiledWarpgroupSmem {
+  static constexpr uint32_t kQBytes = kTiledWarpgroupRows * D * 2;  // one Q buffer
+  uint8_t* base;
+  uint32_t raw;  // shared address of base
+  uint32_t pad;  // bytes from base to the first 1024-byte aligned address
+  uint32_t kp;
+
+  RA_DEVICE TiledWarpgroupSmem(void* dynamic_smem, int staged_keys)
+      : base(static_cast<uint8_t*>(dynamic_smem)),
+        raw(ra_smem_address(dynamic_smem)),
+        pad(ra_smem_pad_1024(raw)),
+        kp(static_cast<uint32_t>(staged_keys)) {}
+  RA_DEVICE uint32_t k() const { return raw + pad; }
+  RA_DEVICE uint32_t v() const { return raw + pad + kp * D * 2; }
+  // Offset from base of warpgroup wg's Q buffer `buf` (0 or 1).
+  RA_DEVICE uint32_t q_offset(int wg, int buf) const {
+    return pad + 2 * kp * D * 2 + static_cast<uint32_t>(2 * wg + buf) * kQBytes;
+  }
+  RA_DEVICE uint32_t q(int wg, int buf) const { return raw + q_offset(wg, buf); }
+  RA_DEVICE uint8_t* q_ptr(int wg, int buf) const { return base + q_offset(wg, buf); }
+};
 
 // Issues the cp.async copies of keys [0, nk) of one kv head into the K and V buffers (both
 // (keys x D), `kp` rows each: K is the score product's K-major B operand, V the P . V product's
@@ -358,13 +386,13 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
   const int group = p.num_heads_q / p.num_heads_kv;
   const int kp = static_cast<int>(tiled_warpgroup_keys(p.max_seqlen_kv));
   RA_DYNAMIC_SHARED(ra_vec8, tiled_warpgroup_smem);
-  const uint32_t raw = ra_smem_address(tiled_warpgroup_smem);
-  const uint32_t pad = ra_smem_pad_1024(raw);
-  const uint32_t sk = raw + pad;
-  const uint32_t sv = sk + kp * D * 2;
-  const uint32_t q_off = pad + 2 * kp * D * 2 + wg * 2 * (ROWS * D * 2);
-  const uint32_t sq0 = raw + q_off;
-  uint8_t* sq0_ptr = reinterpret_cast<uint8_t*>(tiled_warpgroup_smem) + q_off;
+  const TiledWarpgroupSmem<D> smem(tiled_warpgroup_smem, kp);
+  const uint32_t sk = smem.k();
+  const uint32_t sv = smem.v();
+  // This warpgroup's Q buffer 0; buffer 1 follows it (kQBytes on).
+  const uint32_t sq0 = smem.q(wg, 0);
+  uint8_t* const sq0_ptr = smem.q_ptr(wg, 0);
+  constexpr uint32_t kQBytes = TiledWarpgroupSmem<D>::kQBytes;
   const int64_t items = static_cast<int64_t>(p.batch) * splits * p.num_heads_kv;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     TiledStagedItem it;
@@ -384,10 +412,10 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
     ra_fence_proxy_async();
     __syncthreads();
     for (int buf = 0; tile < tile1; tile += WARPGROUPS, buf ^= 1) {
-      const uint32_t off = buf * (ROWS * D * 2);
+      const uint32_t off = buf * kQBytes;
       if (tile + WARPGROUPS < tile1)
         tiled_warpgroup_load_q<D>(p, s, hk, group, (tile + WARPGROUPS) * ROWS, seg_rows,
-                                  sq0 + (buf ^ 1) * (ROWS * D * 2), wtid);
+                                  sq0 + (buf ^ 1) * kQBytes, wtid);
       ra_cp_async_commit();
       ra_cp_async_wait<1>();  // this tile's copies have landed (the next one's may not)
       ra_fence_proxy_async();

@@ -85,7 +85,6 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
   constexpr int PANELS = D / 64;
   constexpr uint32_t kQPanelBytes = ROWS * 128;  // a Q / out box: 64 rows x 64 columns
   constexpr uint32_t kKvPanelBytes = KEYS * 128;  // a K / V box: one step's keys x 64 columns
-  constexpr uint32_t kTileBytes = ROWS * D * 2;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   const int wtid = tid % 128;
@@ -93,20 +92,19 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
   const int group_tokens = ROWS / group;
   const int kp = static_cast<int>(tiled_warpgroup_keys(p.max_seqlen_kv));
   RA_DYNAMIC_SHARED(ra_vec8, tiled_warpgroup_smem);
-  const uint32_t raw = ra_smem_address(tiled_warpgroup_smem);
-  const uint32_t pad = ra_smem_pad_1024(raw);
-  const uint32_t sk = raw + pad;
-  const uint32_t sv = sk + kp * D * 2;
-  const uint32_t q_off = pad + 2 * kp * D * 2 + wg * 2 * kTileBytes;
-  const uint32_t sq0 = raw + q_off;
-  uint8_t* sq0_ptr = reinterpret_cast<uint8_t*>(tiled_warpgroup_smem) + q_off;
+  const TiledWarpgroupSmem<D> smem(tiled_warpgroup_smem, kp);
+  const uint32_t sk = smem.k();
+  const uint32_t sv = smem.v();
+  // This warpgroup's Q buffer 0; buffer 1 follows it (kQBytes on).
+  const uint32_t sq0 = smem.q(wg, 0);
+  uint8_t* const sq0_ptr = smem.q_ptr(wg, 0);
+  constexpr uint32_t kQBytes = TiledWarpgroupSmem<D>::kQBytes;
   // Barriers: one per K / V step, the tail step's cp.async V, two Q buffers per warpgroup.
   __shared__ alignas(8) uint64_t bars[kTiledTmaBarriers];
   // split tile: the second warpgroup's m[0..1], l[0..1] (one row where there is no second)
   __shared__ float handover[WARPGROUPS == 2 ? 4 : 1][WARPGROUPS == 2 ? 128 : 1];
   // A split tile's second warpgroup hands its O over in its own two Q buffers (32 KiB at D 128).
-  float* const handover_o = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(
-      tiled_warpgroup_smem) + pad + 2 * kp * D * 2 + 2 * kTileBytes);
+  float* const handover_o = reinterpret_cast<float*>(smem.q_ptr(1, 0));
   const uint32_t bar0 = ra_smem_address(bars);
   const auto kv_bar = [&](int step) { return bar0 + 8 * step; };
   const uint32_t tail_bar = bar0 + 8 * kTiledTmaMaxSteps;
@@ -114,7 +112,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
   if (tid == 0) {
     for (int i = 0; i < kTiledTmaMaxSteps; ++i) ra_mbar_init(kv_bar(i), 1);
     ra_mbar_init(tail_bar, THREADS);
-    for (int i = 0; i < 2 * WARPGROUPS; ++i) ra_mbar_init(bar0 + 8 * (kTiledTmaMaxSteps + 1 + i), 1);
+    for (int i = 0; i < 2 * WARPGROUPS; ++i)
+      ra_mbar_init(bar0 + 8 * (kTiledTmaMaxSteps + 1 + i), 1);
     ra_mbar_init_fence();
   }
   __syncthreads();
@@ -169,7 +168,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
       ra_mbar_arrive_expect_tx(q_bar(b), PANELS * kQPanelBytes);
 #pragma unroll
       for (int c = 0; c < PANELS; ++c)
-        ra_tma_load(sq0 + b * kTileBytes + c * ROWS * 128, &maps.q, q_bar(b), 64 * c,
+        ra_tma_load(sq0 + b * kQBytes + c * ROWS * 128, &maps.q, q_bar(b), 64 * c,
                     hk * group, q_token0 + static_cast<int>(t) * group_tokens, q_batch);
     };
     // (16-key steps serve histories of one step: never split)
@@ -185,7 +184,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
       if (tile + WARPGROUPS < tile1 && wtid == 0) load_q(tile + WARPGROUPS, buf ^ 1);
       ra_mbar_wait(q_bar(buf), (q_parity >> buf) & 1u);
       q_parity ^= 1u << buf;
-      const uint32_t off = buf * kTileBytes;
+      const uint32_t off = buf * kQBytes;
       const int64_t r0 = tile * ROWS;
       tiled_warpgroup_tile<T, D, KEYS>(
           p, s, hk, group, r0, seg_rows, sq0_ptr + off, sq0 + off, sk, sv, kp, wg, wtid, k_begin,
