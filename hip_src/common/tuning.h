@@ -53,8 +53,7 @@ struct RaTuning {
   // and out, and the warpgroup dK / dV kernel moves whole row tiles of Q, dO and dQ, by tensor
   // tile copies where the call allows (tiled_fwd_warpgroup_tma_kernel.h,
   // tiled_bwd_warpgroup_tma_kernel.h: GQA group dividing 64, tile-copy layouts; forward 16-key
-  // steps only for single-tile items); 0 = their
-  // cp.async staging always.
+  // steps only for single-tile items); 0 = their cp.async staging always.
   int small_seq_tiled_warpgroup_tma = 1;
   // tiled small-seq backward: 1 = segments with many query rows over more than one key tile
   // take the block variants of the dK / dV and dQ passes (tiled_bwd_block_kernel.h); 0 = never;

@@ -135,21 +135,14 @@ hipError_t run_tiled_bwd_warpgroup_dkdv(const SmallSeqTiledParams& p, int64_t it
 #if RA_TMA_BUILD
   const int group = p.num_heads_q / p.num_heads_kv;
   if (ra_tuning().small_seq_tiled_warpgroup_tma > 0 && kTiledWarpgroupRows % group == 0) {
-    const bool thd = p.cu_seqlens_q != nullptr;
-    const int64_t batch = thd ? 1 : p.batch;
-    const int64_t tokens = thd ? p.total_q : p.s_q;
-    // (a THD tensor's batch stride is never used: ra_tma_map_16bit gives a size-1 dimension one)
-    const auto map = [&](CUtensorMap* m, const void* base, int64_t batch_stride,
-                         int64_t token_stride, int64_t head_stride) {
-      return ra_tma_map_16bit(m, base, batch, tokens, p.num_heads_q, D, batch_stride,
-                              token_stride, head_stride, group, kTiledWarpgroupRows / group);
-    };
     TiledBwdTmaMaps maps;
     const bool ok =
-        map(&maps.q, p.q, p.q_batch_stride, p.q_token_stride, p.q_head_stride) &&
-        map(&maps.dout, p.dout, p.do_batch_stride, p.do_token_stride, p.do_head_stride) &&
-        (!WITH_DQ ||
-         map(&maps.dq, p.dq, p.dq_batch_stride, p.dq_token_stride, p.dq_head_stride));
+        tiled_tma_q_map(&maps.q, p, p.q, D, p.q_batch_stride, p.q_token_stride,
+                        p.q_head_stride) &&
+        tiled_tma_q_map(&maps.dout, p, p.dout, D, p.do_batch_stride, p.do_token_stride,
+                        p.do_head_stride) &&
+        (!WITH_DQ || tiled_tma_q_map(&maps.dq, p, p.dq, D, p.dq_batch_stride,
+                                     p.dq_token_stride, p.dq_head_stride));
     if (!WITH_DQ) maps.dq = maps.q;  // never stored through
     if (ok)
       return run_tiled_bwd_staged<

@@ -23,13 +23,13 @@
 
 #include "../common/tma.h"
 #include "tiled_bwd_warpgroup_kernel.h"
+#include "tiled_fwd_warpgroup_tma_kernel.h"  // tiled_tma_q_map
 
 #if RA_TMA_BUILD
 
 namespace small_seq {
 
-// Tensor maps of one call: q, dout and dq with boxes of 64 columns x group heads x 64 / group
-// tokens (the forward's Q box).
+// Tensor maps of one call: q, dout and dq with the warpgroup kernels' Q box (tiled_tma_q_map).
 struct TiledBwdTmaMaps {
   CUtensorMap q, dout, dq;
 };

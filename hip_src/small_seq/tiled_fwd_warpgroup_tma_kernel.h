@@ -56,6 +56,21 @@ struct TiledTmaMaps {
   CUtensorMap q, k, v, o;
 };
 
+// Tensor map of a tensor shaped like q (q, out, dout, dq: BSHD [b, s_q, h_q, d], THD rows as one
+// batch) with the warpgroup kernels' Q box: 64 columns x the GQA group's q heads x 64 / group
+// tokens (a 64-row tile, rows token-major). False where TMA cannot describe it (ra_tma_map_16bit;
+// the GQA group must divide 64, which the callers check).
+inline bool tiled_tma_q_map(CUtensorMap* map, const SmallSeqTiledParams& p, const void* base,
+                            int d, int64_t batch_stride, int64_t token_stride,
+                            int64_t head_stride) {
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const bool thd = p.cu_seqlens_q != nullptr;
+  // (a THD tensor's batch stride is never used: ra_tma_map_16bit gives a size-1 dimension one)
+  return ra_tma_map_16bit(map, base, thd ? 1 : p.batch, thd ? p.total_q : p.s_q, p.num_heads_q,
+                          d, batch_stride, token_stride, head_stride, group,
+                          kTiledWarpgroupRows / group);
+}
+
 // Barriers for the K / V steps of the longest history a block's shared memory can hold (d 64,
 // 64-key steps, within 227 KiB beside one warpgroup's Q buffers: 13).
 constexpr int kTiledTmaMaxSteps = 16;

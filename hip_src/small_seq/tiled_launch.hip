@@ -224,29 +224,22 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t strea
   const int group = p.num_heads_q / p.num_heads_kv;
   if (ra_tuning().small_seq_tiled_warpgroup_tma <= 0 || kTiledWarpgroupRows % group != 0)
     return false;
-  // THD tensors are one batch of all rows; BSHD ones [b, s, h, d].
-  const bool thd_q = p.cu_seqlens_q != nullptr;
-  const bool thd_kv = p.cu_seqlens_kv != nullptr;
-  const int64_t q_batch = thd_q ? 1 : p.batch;
-  const int64_t q_tokens = thd_q ? p.total_q : p.s_q;
-  const int64_t kv_batch = thd_kv ? 1 : p.batch;
-  const int64_t kv_tokens = p.total_kv;
-  // (a THD tensor's batch stride is never used: ra_tma_map_16bit gives a size-1 dimension one)
-  TiledTmaMaps maps;
-  const int box_tokens = kTiledWarpgroupRows / group;
-  const bool ok =
-      ra_tma_map_16bit(&maps.q, p.q, q_batch, q_tokens, p.num_heads_q, D,
-                       p.q_batch_stride, p.q_token_stride, p.q_head_stride, group, box_tokens) &&
-      ra_tma_map_16bit(&maps.o, p.o, q_batch, q_tokens, p.num_heads_q, D,
-                       p.o_batch_stride, p.o_token_stride, p.o_head_stride, group, box_tokens) &&
-      ra_tma_map_16bit(&maps.k, p.k, kv_batch, kv_tokens, p.num_heads_kv, D,
-                       p.k_batch_stride, p.k_token_stride, p.k_head_stride, 1, KEYS) &&
-      ra_tma_map_16bit(&maps.v, p.v, kv_batch, kv_tokens, p.num_heads_kv, D,
-                       p.v_batch_stride, p.v_token_stride, p.v_head_stride, 1, KEYS);
   const int64_t smem = tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS);
-  if (!ok || tiled_warpgroup_keys(p.max_seqlen_kv) / KEYS > kTiledTmaMaxSteps ||
+  if (tiled_warpgroup_keys(p.max_seqlen_kv) / KEYS > kTiledTmaMaxSteps ||
       smem + tiled_tma_static_bytes(WARPGROUPS) > ra_device_max_shared_per_block())
     return false;
+  // THD k / v are one batch of all rows, BSHD ones [b, s_kv, h_kv, d] (q / out: tiled_tma_q_map).
+  const bool thd_kv = p.cu_seqlens_kv != nullptr;
+  const int64_t kv_batch = thd_kv ? 1 : p.batch;
+  TiledTmaMaps maps;
+  const bool ok =
+      tiled_tma_q_map(&maps.q, p, p.q, D, p.q_batch_stride, p.q_token_stride, p.q_head_stride) &&
+      tiled_tma_q_map(&maps.o, p, p.o, D, p.o_batch_stride, p.o_token_stride, p.o_head_stride) &&
+      ra_tma_map_16bit(&maps.k, p.k, kv_batch, p.total_kv, p.num_heads_kv, D, p.k_batch_stride,
+                       p.k_token_stride, p.k_head_stride, 1, KEYS) &&
+      ra_tma_map_16bit(&maps.v, p.v, kv_batch, p.total_kv, p.num_heads_kv, D, p.v_batch_stride,
+                       p.v_token_stride, p.v_head_stride, 1, KEYS);
+  if (!ok) return false;
   *err = run_tiled_fwd_staged<
       small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, KEYS, CAPPED>, WARPGROUPS * 128>(
       p, smem, kTiledWarpgroupRows, WARPGROUPS, stream, maps);
