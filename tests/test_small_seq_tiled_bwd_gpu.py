@@ -368,6 +368,26 @@ def test_warpgroup_tile_copies(dev, max_kv, h_q, h_kv, tma):
     assert (dq[:3] == 0).all() and (dq[-4:] == 0).all()
 
 
+@pytest.mark.parametrize("h_kv", [2, 8], ids=["g4", "g1"])
+def test_warpgroup_dq_tile_copies_bshd(dev, h_kv):
+    """The dQ kernel (histories past one 64-key block) copying whole row tiles by tile copies:
+    BSHD q of 100 queries, so that the last tile of each (user, kv head) runs past s_q (rows
+    the copies fill with zeros), histories of 0..256 keys with NaN k/v past each length; against
+    the float64 oracle, and bit-identical to the cp.async kernels (tuning
+    small_seq_tiled_warpgroup_tma 0), which compute each row alone in the same order."""
+    if not warpgroup_device(dev):
+        pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
+    case = C.bshd_case(93 + h_kv, 100, [256, 65, 0, 200, 129, 1], 256, 8, h_kv, 128,
+                       torch.bfloat16, device=dev)
+    grads = {}
+    for tma in (1, 0):
+        with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma):
+            _, grads[tma] = check(case, seed=94, dlse=True)
+    for name, x, y in zip(("dq", "dk", "dv"), grads[1], grads[0]):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
+                                   msg=f"{name}: tile copies != cp.async")
+
+
 @pytest.mark.parametrize("passes", ["warpgroup", "warpgroup_delta_pass"])
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
 @pytest.mark.parametrize("max_kv", list(WARPGROUP_KV_LENS))

@@ -124,35 +124,62 @@ inline bool tiled_bwd_warpgroup_fuses_delta(const SmallSeqTiledParams& p) {
          (mode >= 2 && p.max_seqlen_kv <= kTiledBwdWarpgroupBlockKeys);
 }
 
+#if RA_TMA_BUILD
+// Tensor maps of q, dout and (with_dq) dq with the warpgroup kernels' Q box (tiled_tma_q_map),
+// where tuning allows tile copies (small_seq_tiled_warpgroup_tma, as the forward's) and the GQA
+// group divides a 64-row tile; false where a map cannot be made (a pointer or stride not a
+// multiple of 16 bytes): the cp.async kernels serve.
+template <int D>
+bool tiled_bwd_tma_maps(const SmallSeqTiledParams& p, const bool with_dq, TiledBwdTmaMaps* maps) {
+  const int group = p.num_heads_q / p.num_heads_kv;
+  if (ra_tuning().small_seq_tiled_warpgroup_tma <= 0 || kTiledWarpgroupRows % group != 0)
+    return false;
+  const bool ok =
+      tiled_tma_q_map(&maps->q, p, p.q, D, p.q_batch_stride, p.q_token_stride,
+                      p.q_head_stride) &&
+      tiled_tma_q_map(&maps->dout, p, p.dout, D, p.do_batch_stride, p.do_token_stride,
+                      p.do_head_stride) &&
+      (!with_dq || tiled_tma_q_map(&maps->dq, p, p.dq, D, p.dq_batch_stride, p.dq_token_stride,
+                                   p.dq_head_stride));
+  if (!with_dq) maps->dq = maps->q;  // never stored through
+  return ok;
+}
+#endif
+
 // The warpgroup dK / dV kernel over `items` items: its whole row tiles moved by tile copies
-// (tiled_bwd_warpgroup_tma_kernel.h) where tuning allows (small_seq_tiled_warpgroup_tma, as
-// the forward's), the GQA group divides a 64-row tile and q, dout and dq have tensor maps; else
-// by cp.async.
+// (tiled_bwd_warpgroup_tma_kernel.h) where tiled_bwd_tma_maps makes maps, else by cp.async.
 template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA>
 hipError_t run_tiled_bwd_warpgroup_dkdv(const SmallSeqTiledParams& p, int64_t items,
                                         hipStream_t stream) {
   const int64_t smem = tiled_bwd_warpgroup_smem_bytes<D>(KEYS);
 #if RA_TMA_BUILD
-  const int group = p.num_heads_q / p.num_heads_kv;
-  if (ra_tuning().small_seq_tiled_warpgroup_tma > 0 && kTiledWarpgroupRows % group == 0) {
-    TiledBwdTmaMaps maps;
-    const bool ok =
-        tiled_tma_q_map(&maps.q, p, p.q, D, p.q_batch_stride, p.q_token_stride,
-                        p.q_head_stride) &&
-        tiled_tma_q_map(&maps.dout, p, p.dout, D, p.do_batch_stride, p.do_token_stride,
-                        p.do_head_stride) &&
-        (!WITH_DQ || tiled_tma_q_map(&maps.dq, p, p.dq, D, p.dq_batch_stride,
-                                     p.dq_token_stride, p.dq_head_stride));
-    if (!WITH_DQ) maps.dq = maps.q;  // never stored through
-    if (ok)
-      return run_tiled_bwd_staged<
-          small_seq_tiled_bwd_warpgroup_tma_kernel<T, D, KEYS, WITH_DQ, FUSED_DELTA>>(
-          p, items, 128, smem, stream, maps);
-  }
+  TiledBwdTmaMaps maps;
+  if (tiled_bwd_tma_maps<D>(p, WITH_DQ, &maps))
+    return run_tiled_bwd_staged<
+        small_seq_tiled_bwd_warpgroup_tma_kernel<T, D, KEYS, WITH_DQ, FUSED_DELTA>>(
+        p, items, 128, smem, stream, maps);
 #endif
   return run_tiled_bwd_staged<
       small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS, WITH_DQ, FUSED_DELTA>>(p, items, 128,
                                                                               smem, stream);
+}
+
+// The warpgroup dQ kernel over (segment, kv head) items: tiles by tile copies where
+// tiled_bwd_tma_maps makes maps and its three buffers fit a block's shared memory, else by
+// cp.async.
+template <typename T, int D>
+hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, int64_t items,
+                                      hipStream_t stream) {
+  constexpr int kThreads = kTiledBwdWarpgroupDqWarpgroups * 128;
+#if RA_TMA_BUILD
+  const int64_t tma_smem = tiled_bwd_warpgroup_dq_tma_smem_bytes<D>(p.max_seqlen_kv);
+  TiledBwdTmaMaps maps;
+  if (tma_smem <= ra_device_max_shared_per_block() && tiled_bwd_tma_maps<D>(p, false, &maps))
+    return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D>>(
+        p, items, kThreads, tma_smem, stream, maps);
+#endif
+  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_kernel<T, D>>(
+      p, items, kThreads, tiled_bwd_warpgroup_dq_smem_bytes<D>(p.max_seqlen_kv), stream);
 }
 
 // Histories of one key block: the dK / dV kernel with dQ (16-key products where every history
@@ -178,9 +205,7 @@ hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, const bool fuse
   const hipError_t err = run_tiled_bwd_warpgroup_dkdv<T, D, kBlockKeys, false, false>(
       p, pairs * tiled_bwd_warpgroup_blocks(p.max_seqlen_kv), stream);
   if (err != hipSuccess) return err;
-  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_kernel<T, D>>(
-      p, pairs, kTiledBwdWarpgroupDqWarpgroups * 128,
-      tiled_bwd_warpgroup_dq_smem_bytes<D>(p.max_seqlen_kv), stream);
+  return run_tiled_bwd_warpgroup_dq<T, D>(p, pairs, stream);
 }
 
 // Work items (segment, kv head) one per wave where there are at least

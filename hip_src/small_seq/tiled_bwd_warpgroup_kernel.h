@@ -434,10 +434,55 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
   }
 }
 
+// dQ of the row tile at r0 of one valid segment (kv head hk, q heads from hq0), all of its keys
+// staged in `sk` / `sv` (kp rows each) and the tile's Q and dO (Q at `tile_at`, dO right after
+// it) landed: per key block dQ += dS K in fp32 registers, written once through the Q buffer
+// (`tile_ptr`, the same bytes) and stored row by row, rows past seg_rows not stored. Each row's
+// dQ depends on that row's Q and dO only, so a Q / dO row past the segment may hold anything.
+// Returns after this thread's last read of the buffer; the caller syncs the warpgroup before the
+// buffer takes other rows.
+template <typename T, int D>
+RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
+                                           const TiledBwdWarpgroupRows& at, const int hq0,
+                                           const int group, const int64_t r0,
+                                           const int64_t seg_rows, const uint32_t sk,
+                                           const uint32_t sv, const int kp, uint8_t* tile_ptr,
+                                           const uint32_t tile_at, const int wg,
+                                           const int wtid) {
+  constexpr int KEYS = kTiledBwdWarpgroupBlockKeys;
+  constexpr int kTileBytes = kTiledWarpgroupRows * D * 2;
+  const float scale2 = p.softmax_scale * kTiledBwdLog2e;
+  const uint32_t sq = tile_at;
+  const uint32_t sdo = tile_at + kTileBytes;
+  const TiledRowMap map(r0, group);
+  float lse2[2], delta[2];
+  tiled_bwd_warpgroup_row_terms<false>(p, s, hq0, map, r0, seg_rows, lse2, delta, wtid);
+  float dq[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
+  for (int kb0 = 0; kb0 < s.nk; kb0 += KEYS) {
+    uint32_t dsa[KEYS / 16][4];
+    tiled_bwd_warpgroup_scores<T, D, KEYS, false, false>(sq, sdo, sk, sv, kp, kb0, s.nk - kb0,
+                                                         scale2, lse2, delta, nullptr, nullptr,
+                                                         dsa, wtid);
+    tiled_bwd_warpgroup_issue_dq<T, D, KEYS>(dq, dsa, sk, kp, kb0);
+    ra_wgmma_wait<0>();  // dsa is rewritten by the next block
+  }
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(dq[i]);
+  ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    tiled_warpgroup_acc_row_to_buffer<T, D>(tile_ptr, dq, r, p.softmax_scale, wtid);
+  ra_warpgroup_sync(wg);
+  tiled_warpgroup_store_rows<D>(at.dq, p.dq_token_stride, p.dq_head_stride, map, r0, seg_rows,
+                                tile_ptr, wtid);
+}
+
 // The dQ of one valid segment (kv head hk), all of its keys staged in `sk` / `sv` (kp rows
 // each) and the warpgroup's first tile (tile wg) in its buffer at `tile_at` by the caller: each
-// warpgroup takes row tiles round robin, and per tile walks the key blocks, accumulating
-// dQ = scale sum_blocks dS K in fp32 registers, stored once through the Q buffer.
+// warpgroup takes row tiles round robin, copying each one's Q and dO by cp.async (rows past the
+// segment as zeros) into its one buffer.
 template <typename T, int D>
 RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const TiledSegment& s,
                                            const int hk, const int group, const uint32_t sk,
@@ -445,47 +490,21 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const T
                                            uint8_t* tile_ptr, const uint32_t tile_at,
                                            const int wg, const int wtid) {
   constexpr int ROWS = kTiledWarpgroupRows;
-  constexpr int KEYS = kTiledBwdWarpgroupBlockKeys;
-  constexpr int kTileBytes = ROWS * D * 2;
-  const float scale2 = p.softmax_scale * kTiledBwdLog2e;
   const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
   const int64_t tiles = (seg_rows + ROWS - 1) / ROWS;
   const int hq0 = hk * group;
   const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, tiled_bwd_rows(p, hk, s), hq0);
-  const uint32_t sq = tile_at;
-  const uint32_t sdo = tile_at + kTileBytes;
   for (int64_t tile = wg; tile < tiles; tile += kTiledBwdWarpgroupDqWarpgroups) {
     const int64_t r0 = tile * ROWS;
     if (tile != wg) {  // the first tile came with K / V
-      tiled_bwd_warpgroup_load_tile<D>(p, at, group, r0, seg_rows, sq, wtid);
+      tiled_bwd_warpgroup_load_tile<D>(p, at, group, r0, seg_rows, tile_at, wtid);
       ra_cp_async_commit();
       ra_cp_async_wait<0>();
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
     }
-    const TiledRowMap map(r0, group);
-    float lse2[2], delta[2];
-    tiled_bwd_warpgroup_row_terms<false>(p, s, hq0, map, r0, seg_rows, lse2, delta, wtid);
-    float dq[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
-    for (int kb0 = 0; kb0 < s.nk; kb0 += KEYS) {
-      uint32_t dsa[KEYS / 16][4];
-      tiled_bwd_warpgroup_scores<T, D, KEYS, false, false>(sq, sdo, sk, sv, kp, kb0,
-                                                           s.nk - kb0, scale2, lse2, delta,
-                                                           nullptr, nullptr, dsa, wtid);
-      tiled_bwd_warpgroup_issue_dq<T, D, KEYS>(dq, dsa, sk, kp, kb0);
-      ra_wgmma_wait<0>();  // dsa is rewritten by the next block
-    }
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(dq[i]);
-    ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      tiled_warpgroup_acc_row_to_buffer<T, D>(tile_ptr, dq, r, p.softmax_scale, wtid);
-    ra_warpgroup_sync(wg);
-    tiled_warpgroup_store_rows<D>(at.dq, p.dq_token_stride, p.dq_head_stride, map, r0,
-                                  seg_rows, tile_ptr, wtid);
+    tiled_bwd_warpgroup_dq_tile<T, D>(p, s, at, hq0, group, r0, seg_rows, sk, sv, kp, tile_ptr,
+                                      tile_at, wg, wtid);
     ra_warpgroup_sync(wg);  // the buffer is refilled by the next tile's copies
   }
 }

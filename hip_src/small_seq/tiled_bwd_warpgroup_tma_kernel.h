@@ -15,6 +15,12 @@
 // rows). K / V stay cp.async too: once per item, and a history's last block must read zeros
 // past its end.
 //
+// The dQ kernel (small_seq_tiled_bwd_warpgroup_dq_tma_kernel, histories past one key block)
+// copies every tile whole, cut ones too: a row's dQ depends on that row's Q and dO only, and
+// rows past the segment are not stored. Its two warpgroups share three Q / dO buffers in turn
+// (tile t in buffer t % 3): the warpgroup done with tile t copies tile t + 3 into that buffer,
+// for the other warpgroup, so each tile's copies run under the two tiles before it.
+//
 // Synchronization: each Q / dO buffer has an mbarrier that a whole tile's copies complete on
 // (every thread tracks its phase parity); before thread 0 copies into a buffer, or the block
 // writes it with cp.async, the tile store that last read it must have finished reading
@@ -132,6 +138,111 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
   TiledBwdTmaCopies copies{&maps, bar0};
   tiled_bwd_warpgroup_items<T, D, KEYS, WITH_DQ, FUSED_DELTA>(p, copies);
   if (threadIdx.x == 0) ra_tma_store_wait();
+#endif
+}
+
+// Q / dO buffers of the tile-copy dQ kernel, shared by its warpgroups in turn.
+constexpr int kTiledBwdDqTmaBuffers = 3;
+
+// Dynamic shared memory of a tile-copy dQ block: K and V of max_seqlen_kv keys (whole key
+// blocks), kTiledBwdDqTmaBuffers buffers of a tile's Q and dO, alignment, and 32 bytes for the
+// buffers' barriers (past the buffers, whatever the alignment took).
+template <int D>
+RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_dq_tma_smem_bytes(int max_seqlen_kv) {
+  return 2 * static_cast<int64_t>(tiled_bwd_warpgroup_blocks(max_seqlen_kv)) *
+             kTiledBwdWarpgroupBlockKeys * D * 2 +
+         static_cast<int64_t>(kTiledBwdDqTmaBuffers) * 2 * kTiledWarpgroupRows * D * 2 + 1024 +
+         32;
+}
+
+// dQ kernel with tile copies (the cp.async kernel's items: (segment, kv head), K / V staged
+// once by cp.async, each tile's dQ by tiled_bwd_warpgroup_dq_tile), the tiles' Q and dO copied
+// whole by one thread into kTiledBwdDqTmaBuffers buffers that the warpgroups take in turn.
+// Every thread computes the phase parity of a buffer's barrier from the tile's index and the
+// copies the buffer took in earlier items (`base_parity`), so no warpgroup tracks the other's
+// copies.
+template <typename T, int D>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
+    small_seq_tiled_bwd_warpgroup_dq_tma_kernel(const SmallSeqTiledParams p,
+                                                const __grid_constant__ TiledBwdTmaMaps maps) {
+#if RA_HAS_WGMMA
+  constexpr int WARPGROUPS = kTiledBwdWarpgroupDqWarpgroups;
+  constexpr int THREADS = WARPGROUPS * 128;
+  constexpr int ROWS = kTiledWarpgroupRows;
+  constexpr int BUFS = kTiledBwdDqTmaBuffers;
+  constexpr uint32_t kTileBytes = ROWS * D * 2;
+  constexpr uint32_t kBufBytes = 2 * kTileBytes;  // Q, then dO
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int wtid = tid % 128;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int group_tokens = ROWS / group;
+  const int kp = tiled_bwd_warpgroup_blocks(p.max_seqlen_kv) * kTiledBwdWarpgroupBlockKeys;
+  RA_DYNAMIC_SHARED(ra_vec8, tiled_bwd_warpgroup_dq_smem);
+  const uint32_t raw = ra_smem_address(tiled_bwd_warpgroup_dq_smem);
+  const uint32_t pad = ra_smem_pad_1024(raw);
+  const uint32_t sk = raw + pad;
+  const uint32_t sv = sk + kp * D * 2;
+  const uint32_t buf_off = pad + 2 * kp * D * 2;  // buffer b at buf_off + b * kBufBytes
+  uint8_t* const smem_ptr = reinterpret_cast<uint8_t*>(tiled_bwd_warpgroup_dq_smem);
+  const uint32_t bar0 = raw + buf_off + BUFS * kBufBytes;  // buffer b's barrier at bar0 + 8 b
+  if (tid == 0) {
+    for (int b = 0; b < BUFS; ++b) ra_mbar_init(bar0 + 8 * b, 1);
+    ra_mbar_init_fence();
+  }
+  __syncthreads();
+  uint32_t base_parity = 0;  // bit b: parity of buffer b's first copy in this item
+  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int seg = static_cast<int>(item / p.num_heads_kv);
+    const int hk = static_cast<int>(item - static_cast<int64_t>(seg) * p.num_heads_kv);
+    const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
+    if (!s.valid) continue;  // the dK / dV kernel wrote its dq (NaN)
+    const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
+    const int64_t tiles = (seg_rows + ROWS - 1) / ROWS;
+    const int hq0 = hk * group;
+    const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
+    const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, rows, hq0);
+    const auto copy_tile = [&](int64_t t) {  // one thread
+      const int b = static_cast<int>(t % BUFS);
+      const uint32_t dst = raw + buf_off + b * kBufBytes;
+      const uint32_t bar = bar0 + 8 * b;
+      const int token = static_cast<int>(s.q_token0 + t * group_tokens);
+      const int batch = static_cast<int>(s.q_batch);
+      ra_mbar_arrive_expect_tx(bar, kBufBytes);
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        ra_tma_load(dst + c * ROWS * 128, &maps.q, bar, 64 * c, hq0, token, batch);
+        ra_tma_load(dst + kTileBytes + c * ROWS * 128, &maps.dout, bar, 64 * c, hq0, token,
+                    batch);
+      }
+    };
+    // K / V by cp.async (zeros past the history), the first tiles by tile copies beside them.
+    tiled_warpgroup_stage<D, kTiledBwdWarpgroupBlockKeys, THREADS>(sk, sv, p, rows.k, rows.v,
+                                                                   s.nk, kp, tid);
+    if (tid == 0)
+      for (int64_t t = 0; t < tiles && t < BUFS; ++t) copy_tile(t);
+    ra_cp_async_commit();
+    ra_cp_async_wait<0>();
+    ra_fence_proxy_async();
+    __syncthreads();
+    for (int64_t t = wg; t < tiles; t += WARPGROUPS) {
+      const int b = static_cast<int>(t % BUFS);
+      ra_mbar_wait(bar0 + 8 * b, ((base_parity >> b) ^ static_cast<uint32_t>(t / BUFS)) & 1u);
+      tiled_bwd_warpgroup_dq_tile<T, D>(p, s, at, hq0, group, t * ROWS, seg_rows, sk, sv, kp,
+                                        smem_ptr + buf_off + b * kBufBytes,
+                                        raw + buf_off + b * kBufBytes, wg, wtid);
+      // This thread's reads and writes of the buffer come before the tile copy that refills it.
+      ra_fence_proxy_async();
+      ra_warpgroup_sync(wg);
+      if (wtid == 0 && t + BUFS < tiles) copy_tile(t + BUFS);
+    }
+    // Buffer b took a copy for each tile t < tiles with t % BUFS == b.
+#pragma unroll
+    for (int b = 0; b < BUFS; ++b)
+      if (tiles > b) base_parity ^= static_cast<uint32_t>(((tiles - 1 - b) / BUFS + 1) & 1) << b;
+    __syncthreads();  // every warpgroup is done with this segment's K / V and the buffers
+  }
 #endif
 }
 
