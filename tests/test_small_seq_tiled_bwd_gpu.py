@@ -388,6 +388,27 @@ def test_warpgroup_dq_tile_copies_bshd(dev, h_kv):
                                    msg=f"{name}: tile copies != cp.async")
 
 
+def test_warpgroup_dq_tile_copies_many_items(dev):
+    """The tile-copy dQ kernel over more (segment, kv head) items than its grid has blocks, so
+    that each block runs several items of 0..7 row tiles and its buffers' barriers carry their
+    phases from item to item: against the float64 oracle, and bit-identical to the cp.async
+    kernels (tuning small_seq_tiled_warpgroup_tma 0)."""
+    if not warpgroup_device(dev):
+        pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
+    gen = torch.Generator().manual_seed(95)
+    b = 700  # x 2 kv heads: 1400 items, over the 4 x 132 blocks of an H100 / H200 grid
+    case = C.thd_case(95, lens(gen, b, 0, 112), lens(gen, b, 65, 256), 8, 2, 128,
+                      torch.bfloat16, max_q=112, max_kv=256, pad_before=2, pad_after=3,
+                      device=dev)
+    grads = {}
+    for tma in (1, 0):
+        with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma):
+            _, grads[tma] = check(case, seed=96)
+    for name, x, y in zip(("dq", "dk", "dv"), grads[1], grads[0]):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
+                                   msg=f"{name}: tile copies != cp.async")
+
+
 @pytest.mark.parametrize("passes", ["warpgroup", "warpgroup_delta_pass"])
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
 @pytest.mark.parametrize("max_kv", list(WARPGROUP_KV_LENS))

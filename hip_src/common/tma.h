@@ -37,6 +37,11 @@ RA_DEVICE void ra_mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
+// One plain arrival (a barrier of count 1: completes the phase).
+RA_DEVICE void ra_mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
 // One arrival that also announces `bytes` of tile copies completing on this phase.
 RA_DEVICE void ra_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)

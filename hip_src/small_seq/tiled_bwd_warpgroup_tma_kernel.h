@@ -21,10 +21,12 @@
 // (tile t in buffer t % 3): the warpgroup done with tile t copies tile t + 3 into that buffer,
 // for the other warpgroup, so each tile's copies run under the two tiles before it.
 //
-// Synchronization: each Q / dO buffer has an mbarrier that a whole tile's copies complete on
-// (every thread tracks its phase parity); before thread 0 copies into a buffer, or the block
-// writes it with cp.async, the tile store that last read it must have finished reading
-// (cp.async.bulk.wait_group.read, by thread 0, which issued it).
+// Synchronization in the dK / dV kernel: each Q / dO buffer has an mbarrier that a whole tile's
+// copies complete on (every thread tracks its phase parity); before thread 0 copies into a
+// buffer, or the block writes it with cp.async, the tile store that last read it must have
+// finished reading (cp.async.bulk.wait_group.read, by thread 0, which issued it). The dQ
+// kernel's buffers change hands between warpgroups and take a second barrier each (at the
+// kernel).
 #pragma once
 
 #include "../common/tma.h"
@@ -145,22 +147,29 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
 constexpr int kTiledBwdDqTmaBuffers = 3;
 
 // Dynamic shared memory of a tile-copy dQ block: K and V of max_seqlen_kv keys (whole key
-// blocks), kTiledBwdDqTmaBuffers buffers of a tile's Q and dO, alignment, and 32 bytes for the
-// buffers' barriers (past the buffers, whatever the alignment took).
+// blocks), kTiledBwdDqTmaBuffers buffers of a tile's Q and dO, alignment, and 64 bytes for the
+// buffers' two barriers each (past the buffers, whatever the alignment took).
 template <int D>
 RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_dq_tma_smem_bytes(int max_seqlen_kv) {
   return 2 * static_cast<int64_t>(tiled_bwd_warpgroup_blocks(max_seqlen_kv)) *
              kTiledBwdWarpgroupBlockKeys * D * 2 +
          static_cast<int64_t>(kTiledBwdDqTmaBuffers) * 2 * kTiledWarpgroupRows * D * 2 + 1024 +
-         32;
+         64;
 }
 
 // dQ kernel with tile copies (the cp.async kernel's items: (segment, kv head), K / V staged
 // once by cp.async, each tile's dQ by tiled_bwd_warpgroup_dq_tile), the tiles' Q and dO copied
 // whole by one thread into kTiledBwdDqTmaBuffers buffers that the warpgroups take in turn.
-// Every thread computes the phase parity of a buffer's barrier from the tile's index and the
-// copies the buffer took in earlier items (`base_parity`), so no warpgroup tracks the other's
-// copies.
+//
+// Each buffer has two barriers: `full` completes when a tile's copies have landed, `released`
+// when the warpgroup that computed the buffer's previous tile is done with it. A phase-parity
+// wait cannot tell the phase it waits for from the one two phases earlier, so a waiter must
+// know the barrier is at most one phase behind it. The warpgroup that waits for tile t's copies
+// (t >= 3) did not wait for tile t - 3's (the other warpgroup did), which may still be in flight:
+// it first waits for tile t - 3's release, which comes after those copies landed and before
+// tile t's are issued; the release before that (tile t - 6's) was its own. Every thread derives
+// both parities from the tile's index and the tiles the buffer took in earlier items
+// (`base_parity`: one copy and one release each).
 template <typename T, int D>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
     small_seq_tiled_bwd_warpgroup_dq_tma_kernel(const SmallSeqTiledParams p,
@@ -185,13 +194,16 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
   const uint32_t sv = sk + kp * D * 2;
   const uint32_t buf_off = pad + 2 * kp * D * 2;  // buffer b at buf_off + b * kBufBytes
   uint8_t* const smem_ptr = reinterpret_cast<uint8_t*>(tiled_bwd_warpgroup_dq_smem);
-  const uint32_t bar0 = raw + buf_off + BUFS * kBufBytes;  // buffer b's barrier at bar0 + 8 b
+  // buffer b's barriers: full at bar0 + 8 b, released at bar0 + 8 (BUFS + b)
+  const uint32_t bar0 = raw + buf_off + BUFS * kBufBytes;
+  const auto full = [&](int b) { return bar0 + 8 * b; };
+  const auto released = [&](int b) { return bar0 + 8 * (BUFS + b); };
   if (tid == 0) {
-    for (int b = 0; b < BUFS; ++b) ra_mbar_init(bar0 + 8 * b, 1);
+    for (int b = 0; b < 2 * BUFS; ++b) ra_mbar_init(bar0 + 8 * b, 1);
     ra_mbar_init_fence();
   }
   __syncthreads();
-  uint32_t base_parity = 0;  // bit b: parity of buffer b's first copy in this item
+  uint32_t base_parity = 0;  // bit b: parity of buffer b's first copy (and release) this item
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int seg = static_cast<int>(item / p.num_heads_kv);
@@ -206,7 +218,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
     const auto copy_tile = [&](int64_t t) {  // one thread
       const int b = static_cast<int>(t % BUFS);
       const uint32_t dst = raw + buf_off + b * kBufBytes;
-      const uint32_t bar = bar0 + 8 * b;
+      const uint32_t bar = full(b);
       const int token = static_cast<int>(s.q_token0 + t * group_tokens);
       const int batch = static_cast<int>(s.q_batch);
       ra_mbar_arrive_expect_tx(bar, kBufBytes);
@@ -228,16 +240,21 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
     __syncthreads();
     for (int64_t t = wg; t < tiles; t += WARPGROUPS) {
       const int b = static_cast<int>(t % BUFS);
-      ra_mbar_wait(bar0 + 8 * b, ((base_parity >> b) ^ static_cast<uint32_t>(t / BUFS)) & 1u);
+      const uint32_t n = (base_parity >> b) ^ static_cast<uint32_t>(t / BUFS);  // this copy
+      if (t >= BUFS) ra_mbar_wait(released(b), (n ^ 1u) & 1u);  // tile t - BUFS's release
+      ra_mbar_wait(full(b), n & 1u);
       tiled_bwd_warpgroup_dq_tile<T, D>(p, s, at, hq0, group, t * ROWS, seg_rows, sk, sv, kp,
                                         smem_ptr + buf_off + b * kBufBytes,
                                         raw + buf_off + b * kBufBytes, wg, wtid);
       // This thread's reads and writes of the buffer come before the tile copy that refills it.
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
-      if (wtid == 0 && t + BUFS < tiles) copy_tile(t + BUFS);
+      if (wtid == 0) {
+        ra_mbar_arrive(released(b));
+        if (t + BUFS < tiles) copy_tile(t + BUFS);
+      }
     }
-    // Buffer b took a copy for each tile t < tiles with t % BUFS == b.
+    // Buffer b took a copy and a release for each tile t < tiles with t % BUFS == b.
 #pragma unroll
     for (int b = 0; b < BUFS; ++b)
       if (tiles > b) base_parity ^= static_cast<uint32_t>(((tiles - 1 - b) / BUFS + 1) & 1) << b;
