@@ -169,7 +169,8 @@ RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_dq_tma_smem_bytes(int max_s
 // it first waits for tile t - 3's release, which comes after those copies landed and before
 // tile t's are issued; the release before that (tile t - 6's) was its own. Every thread derives
 // both parities from the tile's index and the tiles the buffer took in earlier items
-// (`base_parity`: one copy and one release each).
+// (`base_parity`: one copy and one release each). tools/diag/dq_buffer_protocol.py model-checks
+// this protocol.
 template <typename T, int D>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
     small_seq_tiled_bwd_warpgroup_dq_tma_kernel(const SmallSeqTiledParams p,
