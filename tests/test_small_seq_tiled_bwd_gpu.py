@@ -414,8 +414,9 @@ def test_warpgroup_dq_tile_copies_many_items(dev):
 @pytest.mark.parametrize("max_kv", list(WARPGROUP_KV_LENS))
 def test_warpgroup_ragged_strided(dev, max_kv, offsets, passes):
     """Many ragged segments (empty ones included), strided q / k / v views, padding q rows (dq
-    0, written by the dK / dV kernel where Delta is fused) and unread NaN k/v rows around the
-    segments (dk = dv = 0), by the warpgroup kernel."""
+    0, written by the kernel that computes Delta where pass 1 does not run: the dK / dV kernel up
+    to 64 keys, the dQ kernel past that) and unread NaN k/v rows around the segments (dk = dv =
+    0), by the warpgroup kernel."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     gen = torch.Generator().manual_seed(40 + max_kv)
@@ -430,11 +431,13 @@ def test_warpgroup_ragged_strided(dev, max_kv, offsets, passes):
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("max_kv", [16, 64])
+@pytest.mark.parametrize("max_kv", [16, 64, 256])
 def test_warpgroup_fused_delta(dev, max_kv, d):
-    """Delta computed by the dK / dV kernel as rowsum(P dP) - dlse (no Delta pass) against the
-    oracle and against Delta from the Delta pass: dlse, GQA, segments without keys or queries,
-    a non-finite dO row (NaN on its own segment only, as with the Delta pass)."""
+    """Delta computed by the kernels (no Delta pass: up to 64 keys the dK / dV kernel as
+    rowsum(P dP) - dlse, past that the dQ kernel as rowsum(dO O) - dlse, whose tile copies also
+    bring other segments' rows into a tile) against the oracle and against Delta from the Delta
+    pass: dlse, GQA, segments without keys or queries, a non-finite dO row (NaN on its own
+    segment only, as with the Delta pass)."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     q_lens = [16, 1, 0, 70, 5, 64, 3]

@@ -64,14 +64,14 @@ struct RaTuning {
   // (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never; 2 = every call it can serve, fewer
   // rows included (tests, A/B runs).
   int small_seq_tiled_bwd_warpgroup = 1;
-  // tiled small-seq backward, kernels whose items hold every key of their rows: Delta =
-  // rowsum(P dP) - dlse from the kernel's own products, no Delta pass (one launch and one read
-  // of dO and out less). The warpgroup dK / dV kernel with dQ (histories of at most one 64-key
-  // block): 1 = histories of at most 16 keys (one chunk of products), 2 and 3 = up to 64 keys
-  // too (a second sweep of the score products). The dK / dV pass's one-row-tile instance: 1
-  // and 2 = histories of one 16-key tile (that tile's products), 3 = any (a first sweep of the
-  // score products over the key tiles: slower than the Delta pass there; tests). 0 = the Delta
-  // pass always.
+  // tiled small-seq backward without the Delta pass (one launch and one read of dO and out
+  // less): Delta = rowsum(dO O) - dlse computed by the kernels themselves. The warpgroup kernels:
+  // 1 = histories of at most 16 keys (the dK / dV kernel with dQ, as rowsum(P dP) from one chunk
+  // of products), 2 and 3 = any (up to 64 keys the same with a second sweep of the score
+  // products; longer ones the dQ kernel, run first, from each tile's dO and O). The dK / dV
+  // pass's one-row-tile instance: 1 and 2 = histories of one 16-key tile (that tile's products),
+  // 3 = any (a first sweep of the score products over the key tiles: slower than the Delta pass
+  // there; tests). 0 = the Delta pass always.
   int small_seq_tiled_bwd_fused_delta = 2;
   // tiled small-seq backward: 1 = calls of at most 4 rows per (segment, kv head) (one query
   // with a GQA group of at most 4) take the streaming kernel (tiled_bwd_stream_kernel.h) in

@@ -29,8 +29,9 @@
 // kv head) has at most 4 rows, to pass 2's one-row-tile instance (only the one-row-tile item
 // compiled; no pass 3) where it has at most 16, and on Hopper to the warpgroup kernels
 // (tiled_bwd_warpgroup_kernel.h) where it fills 64-row tiles over at most 256 keys. The
-// one-row-tile instance and the warpgroup kernel with dQ can compute Delta themselves (their
-// items hold every key of a row: Delta = rowsum(P dP) - dlse), and pass 1 is then not run.
+// one-row-tile instance and the warpgroup kernels can compute Delta themselves (items holding
+// every key of a row as rowsum(P dP) - dlse; past one key block the warpgroup dQ kernel, run
+// first, as rowsum(dO O) - dlse), and pass 1 is then not run.
 // Every gradient element is written by exactly one work item, which sums its terms in a fixed
 // order: deterministic (bitwise, run to run), no atomics. Head-dim slices are separate items:
 // they bound the fp32 accumulators (two 16 x slice tiles in pass 2) to 64 registers per lane

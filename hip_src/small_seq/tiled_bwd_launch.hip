@@ -1,7 +1,7 @@
 // Launch of the tiled small-seq backward (tiled_bwd_kernel.h): Delta pass, dK/dV pass and, when
 // max_seqlen_kv exceeds one key tile, the dQ pass, in stream order; on Hopper (sm_90a builds)
 // the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h) replace passes 2 and 3 where they
-// serve (and pass 1 too where they hold every key of a history), for calls of at most a few
+// serve (and pass 1 too, by default: tiled_bwd_warpgroup_fuses_delta), for calls of at most a few
 // rows per (segment, kv head) the streaming kernel (tiled_bwd_stream_kernel.h) does, on every
 // target, and for calls of at most one row tile pass 2's one-row-tile instance alone (by
 // default without pass 1: it computes Delta itself). Dispatch over dtype x head dim (one
@@ -113,15 +113,16 @@ hipError_t run_tiled_bwd_staged(const SmallSeqTiledParams& p, int64_t items, int
   return hipGetLastError();
 }
 
-// Whether the warpgroup dK / dV kernel computes Delta itself (rowsum(P dP) from its own
-// products, pass 1 not launched): only where its block holds every key of a history (with dQ,
-// max_seqlen_kv <= one key block). Tuning small_seq_tiled_bwd_fused_delta: 1 = histories of
-// one 16-key chunk, 2 = also up to one key block (a second sweep of the score products), 0 =
-// never. Pass 1 reads dO and out once more than the floor counts (docs/kernels.md#warpgroup-backward).
+// Whether the warpgroup kernels compute Delta themselves, pass 1 not launched: where a dK / dV
+// block holds every key of a history (with dQ, max_seqlen_kv <= one key block) from its own
+// products (rowsum(P dP)); past one key block, the dQ kernel, run first, from each tile's dO
+// (already in shared memory) and O, for the dK / dV kernel after it. Tuning
+// small_seq_tiled_bwd_fused_delta: 1 = histories of one 16-key chunk, 2 = any (a second sweep of
+// the score products up to one key block), 0 = never. Pass 1 reads dO and out once more than the
+// floor counts (docs/kernels.md#warpgroup-backward).
 inline bool tiled_bwd_warpgroup_fuses_delta(const SmallSeqTiledParams& p) {
   const int mode = ra_tuning().small_seq_tiled_bwd_fused_delta;
-  return (mode >= 1 && p.max_seqlen_kv <= kTiledBwdWarpgroupChunk) ||
-         (mode >= 2 && p.max_seqlen_kv <= kTiledBwdWarpgroupBlockKeys);
+  return (mode >= 1 && p.max_seqlen_kv <= kTiledBwdWarpgroupChunk) || mode >= 2;
 }
 
 #if RA_TMA_BUILD
@@ -166,8 +167,8 @@ hipError_t run_tiled_bwd_warpgroup_dkdv(const SmallSeqTiledParams& p, int64_t it
 
 // The warpgroup dQ kernel over (segment, kv head) items: tiles by tile copies where
 // tiled_bwd_tma_maps makes maps and its three buffers fit a block's shared memory, else by
-// cp.async.
-template <typename T, int D>
+// cp.async. DELTA: it computes Delta (run ahead of the dK / dV kernel, pass 1 not launched).
+template <typename T, int D, bool DELTA>
 hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, int64_t items,
                                       hipStream_t stream) {
   constexpr int kThreads = kTiledBwdWarpgroupDqWarpgroups * 128;
@@ -175,16 +176,17 @@ hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, int64_t item
   const int64_t tma_smem = tiled_bwd_warpgroup_dq_tma_smem_bytes<D>(p.max_seqlen_kv);
   TiledBwdTmaMaps maps;
   if (tma_smem <= ra_device_max_shared_per_block() && tiled_bwd_tma_maps<D>(p, false, &maps))
-    return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D>>(
+    return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D, DELTA>>(
         p, items, kThreads, tma_smem, stream, maps);
 #endif
-  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_kernel<T, D>>(
+  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA>>(
       p, items, kThreads, tiled_bwd_warpgroup_dq_smem_bytes<D>(p.max_seqlen_kv), stream);
 }
 
 // Histories of one key block: the dK / dV kernel with dQ (16-key products where every history
 // fits them), Delta fused or from pass 1. Longer ones: the dK / dV kernel over (segment, kv
-// head, key block) items, then the dQ kernel over (segment, kv head) items.
+// head, key block) items and the dQ kernel over (segment, kv head) items; with Delta fused the
+// dQ kernel runs first and computes it, else the dK / dV kernel first (Delta from pass 1).
 template <typename T, int D, int KEYS, bool FUSED_DELTA>
 hipError_t run_tiled_bwd_warpgroup_with_dq(const SmallSeqTiledParams& p, hipStream_t stream) {
   return run_tiled_bwd_warpgroup_dkdv<T, D, KEYS, true, FUSED_DELTA>(
@@ -202,10 +204,16 @@ hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, const bool fuse
   if (p.max_seqlen_kv <= kBlockKeys)
     return fused_delta ? run_tiled_bwd_warpgroup_with_dq<T, D, kBlockKeys, true>(p, stream)
                        : run_tiled_bwd_warpgroup_with_dq<T, D, kBlockKeys, false>(p, stream);
-  const hipError_t err = run_tiled_bwd_warpgroup_dkdv<T, D, kBlockKeys, false, false>(
-      p, pairs * tiled_bwd_warpgroup_blocks(p.max_seqlen_kv), stream);
+  const int64_t dkdv_items = pairs * tiled_bwd_warpgroup_blocks(p.max_seqlen_kv);
+  if (fused_delta) {
+    const hipError_t err = run_tiled_bwd_warpgroup_dq<T, D, true>(p, pairs, stream);
+    if (err != hipSuccess) return err;
+    return run_tiled_bwd_warpgroup_dkdv<T, D, kBlockKeys, false, false>(p, dkdv_items, stream);
+  }
+  const hipError_t err =
+      run_tiled_bwd_warpgroup_dkdv<T, D, kBlockKeys, false, false>(p, dkdv_items, stream);
   if (err != hipSuccess) return err;
-  return run_tiled_bwd_warpgroup_dq<T, D>(p, pairs, stream);
+  return run_tiled_bwd_warpgroup_dq<T, D, false>(p, pairs, stream);
 }
 
 // Work items (segment, kv head) one per wave where there are at least

@@ -36,8 +36,9 @@
 // element has one writer summing in a fixed order (row tiles, key blocks in order):
 // deterministic. Bad segments, padding rows and K/V rows no segment covers are handled as in
 // pass 2 (tiled_bwd_edges); Delta and the dq of q padding rows come from pass 1, except where
-// the block holds every key of the history (WITH_DQ) and the launcher fuses Delta
-// (FUSED_DELTA): Delta = rowsum(P dP) - dlse from the block's own products.
+// the launcher fuses Delta: where the dK / dV block holds every key of the history (WITH_DQ,
+// FUSED_DELTA) as rowsum(P dP) - dlse from its own products, past one key block from the dQ
+// kernel (DELTA), launched first, as rowsum(dO O) - dlse.
 //
 // Shared memory (dynamic): tiled_bwd_warpgroup_smem_bytes, tiled_bwd_warpgroup_dq_smem_bytes.
 // Where the arch-specific features are missing (RA_HAS_WGMMA 0) the kernel bodies are empty and
@@ -96,6 +97,7 @@ struct TiledBwdWarpgroupRows {
   const uint16_t* q;
   const uint16_t* dout;
   uint16_t* dq;
+  const uint16_t* out;  // the q batch's rows only: + (q_token0 + j) * token + (hq0 + h) * head
 };
 
 RA_DEVICE TiledBwdWarpgroupRows tiled_bwd_warpgroup_rows(const SmallSeqTiledParams& p,
@@ -105,7 +107,8 @@ RA_DEVICE TiledBwdWarpgroupRows tiled_bwd_warpgroup_rows(const SmallSeqTiledPara
   return TiledBwdWarpgroupRows{
       rows.q + s.q_token0 * p.q_token_stride + hq0 * p.q_head_stride,
       rows.dout + s.q_token0 * p.do_token_stride + hq0 * p.do_head_stride,
-      rows.dq + s.q_token0 * p.dq_token_stride + hq0 * p.dq_head_stride};
+      rows.dq + s.q_token0 * p.dq_token_stride + hq0 * p.dq_head_stride,
+      static_cast<const uint16_t*>(p.out) + s.q_batch * p.out_batch_stride};
 }
 
 // Issues the cp.async copies of one tile's Q (into `sq`) and dO (right after it), tile rows
@@ -434,14 +437,64 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
   }
 }
 
+// LSE (log2 domain) and Delta = rowsum(dO * O) - dlse of this thread's rows 16 warp + g and
+// + 8 of the tile at r0, for the dQ kernel run ahead of the dK / dV kernel in place of pass 1:
+// dO from the tile's buffer (`sdo_ptr`, generic), O from global memory (`out`: the q batch's
+// rows, each tensor's own strides), each row's four threads summing 16 of every 64 columns. The
+// first of them writes the row's Delta to the workspace, where the dK / dV kernel reads it. A
+// row past the segment gets lse +inf and Delta 0 and reads nothing.
+template <typename T, int D>
+RA_DEVICE void tiled_bwd_warpgroup_dq_delta(const SmallSeqTiledParams& p, const TiledSegment& s,
+                                            const int hq0, const TiledRowMap& map,
+                                            const int64_t r0, const int64_t seg_rows,
+                                            const uint16_t* out, const uint8_t* sdo_ptr,
+                                            float (&lse2)[2], float (&delta)[2],
+                                            const int wtid) {
+  const int t = wtid % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = 16 * (wtid / 32) + (wtid % 32) / 4 + 8 * r;
+    const bool live = r0 + i < seg_rows;  // the same for a row's four threads
+    int64_t j;
+    int h;
+    map.at(i, j, h);
+    float part = 0.f;
+    if (live) {
+      const uint16_t* o =
+          out + (s.q_token0 + j) * p.out_token_stride + (hq0 + h) * p.out_head_stride;
+#pragma unroll
+      for (int c = 0; c < D / 8; c += 4) {
+        float of[8], gf[8];
+        ra_unpack8<T>(ra_load16(o + 8 * (c + t)), of);
+        ra_unpack8<T>(*reinterpret_cast<const ra_vec8*>(
+                          sdo_ptr + ra_wgmma_offset(i, 8 * (c + t), kTiledWarpgroupRows)),
+                      gf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) part = fmaf(gf[e], of[e], part);
+      }
+    }
+    const float dot = ra_group_sum<4>(part);  // every lane of the warp takes part
+    if (!live) {
+      lse2[r] = INFINITY;
+      delta[r] = 0.f;
+      continue;
+    }
+    const TiledBwdRowTerms terms = tiled_bwd_row_terms_of<true>(p, s, j, hq0 + h);  // -dlse
+    lse2[r] = terms.lse2;
+    delta[r] = dot + terms.delta;
+    if (t == 0) p.workspace[(hq0 + h) * p.lse_head_stride + s.q_row0 + j] = delta[r];
+  }
+}
+
 // dQ of the row tile at r0 of one valid segment (kv head hk, q heads from hq0), all of its keys
 // staged in `sk` / `sv` (kp rows each) and the tile's Q and dO (Q at `tile_at`, dO right after
 // it) landed: per key block dQ += dS K in fp32 registers, written once through the Q buffer
 // (`tile_ptr`, the same bytes) and stored row by row, rows past seg_rows not stored. Each row's
 // dQ depends on that row's Q and dO only, so a Q / dO row past the segment may hold anything.
-// Returns after this thread's last read of the buffer; the caller syncs the warpgroup before the
-// buffer takes other rows.
-template <typename T, int D>
+// DELTA: the tile's Delta from its dO and O (tiled_bwd_warpgroup_dq_delta, pass 1 not run), else
+// from the workspace. Returns after this thread's last read of the buffer; the caller syncs the
+// warpgroup before the buffer takes other rows.
+template <typename T, int D, bool DELTA>
 RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                            const TiledBwdWarpgroupRows& at, const int hq0,
                                            const int group, const int64_t r0,
@@ -456,7 +509,11 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const T
   const uint32_t sdo = tile_at + kTileBytes;
   const TiledRowMap map(r0, group);
   float lse2[2], delta[2];
-  tiled_bwd_warpgroup_row_terms<false>(p, s, hq0, map, r0, seg_rows, lse2, delta, wtid);
+  if constexpr (DELTA)
+    tiled_bwd_warpgroup_dq_delta<T, D>(p, s, hq0, map, r0, seg_rows, at.out,
+                                       tile_ptr + kTileBytes, lse2, delta, wtid);
+  else
+    tiled_bwd_warpgroup_row_terms<false>(p, s, hq0, map, r0, seg_rows, lse2, delta, wtid);
   float dq[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
@@ -483,7 +540,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const T
 // each) and the warpgroup's first tile (tile wg) in its buffer at `tile_at` by the caller: each
 // warpgroup takes row tiles round robin, copying each one's Q and dO by cp.async (rows past the
 // segment as zeros) into its one buffer.
-template <typename T, int D>
+template <typename T, int D, bool DELTA>
 RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const TiledSegment& s,
                                            const int hk, const int group, const uint32_t sk,
                                            const uint32_t sv, const int kp,
@@ -503,8 +560,8 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const T
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
     }
-    tiled_bwd_warpgroup_dq_tile<T, D>(p, s, at, hq0, group, r0, seg_rows, sk, sv, kp, tile_ptr,
-                                      tile_at, wg, wtid);
+    tiled_bwd_warpgroup_dq_tile<T, D, DELTA>(p, s, at, hq0, group, r0, seg_rows, sk, sv, kp,
+                                             tile_ptr, tile_at, wg, wtid);
     ra_warpgroup_sync(wg);  // the buffer is refilled by the next tile's copies
   }
 }
@@ -566,8 +623,10 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
 
 // dQ kernel (launched where max_seqlen_kv exceeds one key block): grid-stride over (segment,
 // kv head) items of valid segments; all threads stage the segment's K / V once, then each of
-// the block's warpgroups walks its row tiles (a segment without keys gets dQ 0).
-template <typename T, int D>
+// the block's warpgroups walks its row tiles (a segment without keys gets dQ 0). DELTA: launched
+// ahead of the dK / dV kernel without pass 1, it computes each row's Delta, writes it to the
+// workspace for the dK / dV kernel, and zeroes the dq of q padding rows (pass 1's other part).
+template <typename T, int D, bool DELTA>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
     small_seq_tiled_bwd_warpgroup_dq_kernel(const SmallSeqTiledParams p) {
 #if RA_HAS_WGMMA
@@ -590,7 +649,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
     const int seg = static_cast<int>(item / p.num_heads_kv);
     const int hk = static_cast<int>(item - static_cast<int64_t>(seg) * p.num_heads_kv);
     const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
-    if (!s.valid) continue;  // the dK / dV kernel wrote its dq (NaN)
+    if (!s.valid) continue;  // the dK / dV kernel writes its dq (NaN)
     const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
     const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
     // K, V and each warpgroup's first tile of Q and dO in one batch of copies.
@@ -603,10 +662,13 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
     ra_cp_async_wait<0>();
     ra_fence_proxy_async();
     __syncthreads();
-    tiled_bwd_warpgroup_dq_rows<T, D>(p, s, hk, group, sk, sv, kp, tile_ptr, raw + tile_off,
-                                      wg, wtid);
+    tiled_bwd_warpgroup_dq_rows<T, D, DELTA>(p, s, hk, group, sk, sv, kp, tile_ptr,
+                                             raw + tile_off, wg, wtid);
     __syncthreads();  // every warpgroup is done with this segment's K / V
   }
+  if constexpr (DELTA)
+    tiled_bwd_zero_padding_dq<D>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + tid,
+                                 static_cast<int64_t>(gridDim.x) * blockDim.x);
 #endif
 }
 

@@ -170,8 +170,8 @@ RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_dq_tma_smem_bytes(int max_s
 // tile t's are issued; the release before that (tile t - 6's) was its own. Every thread derives
 // both parities from the tile's index and the tiles the buffer took in earlier items
 // (`base_parity`: one copy and one release each). tools/diag/dq_buffer_protocol.py model-checks
-// this protocol.
-template <typename T, int D>
+// this protocol. DELTA as the cp.async kernel's.
+template <typename T, int D, bool DELTA>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
     small_seq_tiled_bwd_warpgroup_dq_tma_kernel(const SmallSeqTiledParams p,
                                                 const __grid_constant__ TiledBwdTmaMaps maps) {
@@ -210,7 +210,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
     const int seg = static_cast<int>(item / p.num_heads_kv);
     const int hk = static_cast<int>(item - static_cast<int64_t>(seg) * p.num_heads_kv);
     const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
-    if (!s.valid) continue;  // the dK / dV kernel wrote its dq (NaN)
+    if (!s.valid) continue;  // the dK / dV kernel writes its dq (NaN)
     const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
     const int64_t tiles = (seg_rows + ROWS - 1) / ROWS;
     const int hq0 = hk * group;
@@ -244,9 +244,9 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
       const uint32_t n = (base_parity >> b) ^ static_cast<uint32_t>(t / BUFS);  // this copy
       if (t >= BUFS) ra_mbar_wait(released(b), (n ^ 1u) & 1u);  // tile t - BUFS's release
       ra_mbar_wait(full(b), n & 1u);
-      tiled_bwd_warpgroup_dq_tile<T, D>(p, s, at, hq0, group, t * ROWS, seg_rows, sk, sv, kp,
-                                        smem_ptr + buf_off + b * kBufBytes,
-                                        raw + buf_off + b * kBufBytes, wg, wtid);
+      tiled_bwd_warpgroup_dq_tile<T, D, DELTA>(p, s, at, hq0, group, t * ROWS, seg_rows, sk, sv,
+                                               kp, smem_ptr + buf_off + b * kBufBytes,
+                                               raw + buf_off + b * kBufBytes, wg, wtid);
       // This thread's reads and writes of the buffer come before the tile copy that refills it.
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
@@ -261,6 +261,9 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
       if (tiles > b) base_parity ^= static_cast<uint32_t>(((tiles - 1 - b) / BUFS + 1) & 1) << b;
     __syncthreads();  // every warpgroup is done with this segment's K / V and the buffers
   }
+  if constexpr (DELTA)
+    tiled_bwd_zero_padding_dq<D>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + tid,
+                                 static_cast<int64_t>(gridDim.x) * blockDim.x);
 #endif
 }
 

@@ -55,8 +55,8 @@ STREAM_PASSES = {
 # at most 64 keys, d 64 / 128, on an sm_90a build on Hopper; elsewhere the calls fall back to
 # the passes above): GPU tests only.
 WARPGROUP_PASS = {"small_seq_tiled_bwd_warpgroup": 2}
-# The same with Delta from the Delta pass: by default the dK / dV kernel computes it from its own
-# P and dP where its block holds every key (histories of at most 64 keys).
+# The same with Delta from the Delta pass: by default the kernels compute it themselves (the dK /
+# dV kernel from its own P and dP up to 64 keys, past that the dQ kernel from dO and out).
 WARPGROUP_DELTA_PASS = {"small_seq_tiled_bwd_warpgroup": 2, "small_seq_tiled_bwd_fused_delta": 0}
 
 # Relative (norm) error of a 16-bit gradient: the rounding of the output and of P / dS as
