@@ -66,32 +66,33 @@ RA_HOST_DEVICE constexpr int64_t tiled_warpgroup_smem_bytes(int max_seqlen_kv, i
 
 #if RA_HAS_WGMMA
 
-// Where a block's buffers sit in its dynamic shared memory (`base`, sized by
-// tiled_warpgroup_smem_bytes): from its first 1024-byte aligned byte, K and V of `kp` staged keys
-// (kp x D each), then two Q buffers of a 64-row tile per warpgroup. Addresses are shared-space
-// (for copies and product descriptors), pointers generic (for plain loads and stores). Both
-// warpgroup forward kernels take their buffers from here.
+// Where a block's buffers sit in its dynamic shared memory (`dynamic_smem`, sized by
+// tiled_warpgroup_smem_bytes), as seen by warpgroup `wg`: from the first 1024-byte aligned byte,
+// K and V of `staged_keys` keys (keys x D each), then two Q buffers of a 64-row tile per
+// warpgroup. Addresses are shared-space (copies, product descriptors), pointers generic (plain
+// loads and stores). Both warpgroup forward kernels take their buffers from here.
 template <int D>
 struct TiledWarpgroupSmem {
   static constexpr uint32_t kQBytes = kTiledWarpgroupRows * D * 2;  // one Q buffer
-  uint8_t* base;
-  uint32_t raw;  // shared address of base
-  uint32_t pad;  // bytes from base to the first 1024-byte aligned address
-  uint32_t kp;
+  uint32_t k, v;    // K and V
+  uint32_t q;       // this warpgroup's Q buffer 0; buffer 1 is kQBytes on
+  uint8_t* q_ptr;   // the same, generic
+  int wg;
 
-  RA_DEVICE TiledWarpgroupSmem(void* dynamic_smem, int staged_keys)
-      : base(static_cast<uint8_t*>(dynamic_smem)),
-        raw(ra_smem_address(dynamic_smem)),
-        pad(ra_smem_pad_1024(raw)),
-        kp(static_cast<uint32_t>(staged_keys)) {}
-  RA_DEVICE uint32_t k() const { return raw + pad; }
-  RA_DEVICE uint32_t v() const { return raw + pad + kp * D * 2; }
-  // Offset from base of warpgroup wg's Q buffer `buf` (0 or 1).
-  RA_DEVICE uint32_t q_offset(int wg, int buf) const {
-    return pad + 2 * kp * D * 2 + static_cast<uint32_t>(2 * wg + buf) * kQBytes;
+  RA_DEVICE TiledWarpgroupSmem(void* dynamic_smem, int staged_keys, int warpgroup) : wg(warpgroup) {
+    const uint32_t raw = ra_smem_address(dynamic_smem);
+    const uint32_t pad = ra_smem_pad_1024(raw);
+    const uint32_t kv_bytes = static_cast<uint32_t>(staged_keys) * D * 2;
+    const uint32_t q_off = pad + 2 * kv_bytes + static_cast<uint32_t>(wg) * 2 * kQBytes;
+    k = raw + pad;
+    v = k + kv_bytes;
+    q = raw + q_off;
+    q_ptr = static_cast<uint8_t*>(dynamic_smem) + q_off;
   }
-  RA_DEVICE uint32_t q(int wg, int buf) const { return raw + q_offset(wg, buf); }
-  RA_DEVICE uint8_t* q_ptr(int wg, int buf) const { return base + q_offset(wg, buf); }
+  // Warpgroup `other`'s Q buffer 0, generic.
+  RA_DEVICE uint8_t* q_ptr_of(int other) const {
+    return q_ptr + static_cast<ptrdiff_t>(other - wg) * 2 * kQBytes;
+  }
 };
 
 // Issues the cp.async copies of keys [0, nk) of one kv head into the K and V buffers (both
@@ -386,12 +387,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
   const int group = p.num_heads_q / p.num_heads_kv;
   const int kp = static_cast<int>(tiled_warpgroup_keys(p.max_seqlen_kv));
   RA_DYNAMIC_SHARED(ra_vec8, tiled_warpgroup_smem);
-  const TiledWarpgroupSmem<D> smem(tiled_warpgroup_smem, kp);
-  const uint32_t sk = smem.k();
-  const uint32_t sv = smem.v();
-  // This warpgroup's Q buffer 0; buffer 1 follows it (kQBytes on).
-  const uint32_t sq0 = smem.q(wg, 0);
-  uint8_t* const sq0_ptr = smem.q_ptr(wg, 0);
+  const TiledWarpgroupSmem<D> smem(tiled_warpgroup_smem, kp, wg);
   constexpr uint32_t kQBytes = TiledWarpgroupSmem<D>::kQBytes;
   const int64_t items = static_cast<int64_t>(p.batch) * splits * p.num_heads_kv;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -403,10 +399,10 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
     const int64_t tile1 = it.tile1;
     // K, V and this warpgroup's first tile of Q in one batch of copies; then the warpgroup's
     // tiles, the next one's Q in flight while the current one computes.
-    tiled_warpgroup_stage<D, KEYS, THREADS>(sk, sv, p, it.kbase, it.vbase, s.nk, kp, tid);
+    tiled_warpgroup_stage<D, KEYS, THREADS>(smem.k, smem.v, p, it.kbase, it.vbase, s.nk, kp, tid);
     int64_t tile = it.tile0 + wg;
     if (tile < tile1)
-      tiled_warpgroup_load_q<D>(p, s, hk, group, tile * ROWS, seg_rows, sq0, wtid);
+      tiled_warpgroup_load_q<D>(p, s, hk, group, tile * ROWS, seg_rows, smem.q, wtid);
     ra_cp_async_commit();
     ra_cp_async_wait<0>();
     ra_fence_proxy_async();
@@ -415,18 +411,18 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
       const uint32_t off = buf * kQBytes;
       if (tile + WARPGROUPS < tile1)
         tiled_warpgroup_load_q<D>(p, s, hk, group, (tile + WARPGROUPS) * ROWS, seg_rows,
-                                  sq0 + (buf ^ 1) * kQBytes, wtid);
+                                  smem.q + (buf ^ 1) * kQBytes, wtid);
       ra_cp_async_commit();
       ra_cp_async_wait<1>();  // this tile's copies have landed (the next one's may not)
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
       const int64_t r0 = tile * ROWS;
       tiled_warpgroup_tile<T, D, KEYS>(
-          p, s, hk, group, r0, seg_rows, sq0_ptr + off, sq0 + off, sk, sv, kp, wg, wtid, 0,
-          s.nk, [](int) {}, [](float*, float*, float*) { return true; },
+          p, s, hk, group, r0, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v, kp, wg,
+          wtid, 0, s.nk, [](int) {}, [](float*, float*, float*) { return true; },
           [&](const TiledRowMap& map) {
             ra_warpgroup_sync(wg);
-            tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, sq0_ptr + off,
+            tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, smem.q_ptr + off,
                                          wtid);
           });
       ra_warpgroup_sync(wg);  // every warp is done with this buffer before it is refilled

@@ -107,19 +107,14 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
   const int group_tokens = ROWS / group;
   const int kp = static_cast<int>(tiled_warpgroup_keys(p.max_seqlen_kv));
   RA_DYNAMIC_SHARED(ra_vec8, tiled_warpgroup_smem);
-  const TiledWarpgroupSmem<D> smem(tiled_warpgroup_smem, kp);
-  const uint32_t sk = smem.k();
-  const uint32_t sv = smem.v();
-  // This warpgroup's Q buffer 0; buffer 1 follows it (kQBytes on).
-  const uint32_t sq0 = smem.q(wg, 0);
-  uint8_t* const sq0_ptr = smem.q_ptr(wg, 0);
+  const TiledWarpgroupSmem<D> smem(tiled_warpgroup_smem, kp, wg);
   constexpr uint32_t kQBytes = TiledWarpgroupSmem<D>::kQBytes;
   // Barriers: one per K / V step, the tail step's cp.async V, two Q buffers per warpgroup.
   __shared__ alignas(8) uint64_t bars[kTiledTmaBarriers];
   // split tile: the second warpgroup's m[0..1], l[0..1] (one row where there is no second)
   __shared__ float handover[WARPGROUPS == 2 ? 4 : 1][WARPGROUPS == 2 ? 128 : 1];
   // A split tile's second warpgroup hands its O over in its own two Q buffers (32 KiB at D 128).
-  float* const handover_o = reinterpret_cast<float*>(smem.q_ptr(1, 0));
+  float* const handover_o = reinterpret_cast<float*>(smem.q_ptr_of(1));
   const uint32_t bar0 = ra_smem_address(bars);
   const auto kv_bar = [&](int step) { return bar0 + 8 * step; };
   const uint32_t tail_bar = bar0 + 8 * kTiledTmaMaxSteps;
@@ -155,9 +150,10 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
 #pragma unroll
         for (int c = 0; c < PANELS; ++c) {
           const uint32_t off = c * kp * 128 + st * KEYS * 128;
-          ra_tma_load(sk + off, &maps.k, kv_bar(st), 64 * c, hk, kv_token0 + st * KEYS, kv_batch);
+          ra_tma_load(smem.k + off, &maps.k, kv_bar(st), 64 * c, hk, kv_token0 + st * KEYS,
+                      kv_batch);
           if (v_copy)
-            ra_tma_load(sv + off, &maps.v, kv_bar(st), 64 * c, hk, kv_token0 + st * KEYS,
+            ra_tma_load(smem.v + off, &maps.v, kv_bar(st), 64 * c, hk, kv_token0 + st * KEYS,
                         kv_batch);
         }
       }
@@ -169,7 +165,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
         const int row = k0 + idx / kVecs;
         const int vec = idx % kVecs;
         const bool live = row < nk;
-        ra_cp_async16(sv + ra_wgmma_offset(row, 8 * vec, kp),
+        ra_cp_async16(smem.v + ra_wgmma_offset(row, 8 * vec, kp),
                       live ? it.vbase + row * p.v_token_stride + 8 * vec : p.v, live ? 16 : 0);
       }
       ra_mbar_arrive_cp_async(tail_bar);
@@ -183,7 +179,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
       ra_mbar_arrive_expect_tx(q_bar(b), PANELS * kQPanelBytes);
 #pragma unroll
       for (int c = 0; c < PANELS; ++c)
-        ra_tma_load(sq0 + b * kQBytes + c * ROWS * 128, &maps.q, q_bar(b), 64 * c,
+        ra_tma_load(smem.q + b * kQBytes + c * ROWS * 128, &maps.q, q_bar(b), 64 * c,
                     hk * group, q_token0 + static_cast<int>(t) * group_tokens, q_batch);
     };
     // (16-key steps serve histories of one step: never split)
@@ -202,8 +198,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
       const uint32_t off = buf * kQBytes;
       const int64_t r0 = tile * ROWS;
       tiled_warpgroup_tile<T, D, KEYS>(
-          p, s, hk, group, r0, seg_rows, sq0_ptr + off, sq0 + off, sk, sv, kp, wg, wtid, k_begin,
-          k_end,
+          p, s, hk, group, r0, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v, kp, wg,
+          wtid, k_begin, k_end,
           [&](int k0) {  // a warpgroup's first tile of the item waits for each step's keys
             if (!first) return;
             const int st = k0 / KEYS;
@@ -250,13 +246,13 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
               if (wtid == 0) {
 #pragma unroll
                 for (int c = 0; c < PANELS; ++c)
-                  ra_tma_store(&maps.o, sq0 + off + c * ROWS * 128, 64 * c, hk * group,
+                  ra_tma_store(&maps.o, smem.q + off + c * ROWS * 128, 64 * c, hk * group,
                                q_token0 + static_cast<int>(tile) * group_tokens, q_batch);
                 ra_tma_store_commit();
               }
             } else {
               ra_warpgroup_sync(wg);
-              tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, sq0_ptr + off,
+              tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, smem.q_ptr + off,
                                            wtid);
             }
           });
