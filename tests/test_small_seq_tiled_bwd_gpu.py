@@ -374,18 +374,20 @@ def test_warpgroup_dq_tile_copies_bshd(dev, h_kv):
     BSHD q of 100 queries, so that the last tile of each (user, kv head) runs past s_q (rows
     the copies fill with zeros), histories of 0..256 keys with NaN k/v past each length; against
     the float64 oracle, and bit-identical to the cp.async kernels (tuning
-    small_seq_tiled_warpgroup_tma 0), which compute each row alone in the same order."""
+    small_seq_tiled_warpgroup_tma 0, and 2: the dQ kernel alone by cp.async), which compute
+    each row alone in the same order."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     case = C.bshd_case(93 + h_kv, 100, [256, 65, 0, 200, 129, 1], 256, 8, h_kv, 128,
                        torch.bfloat16, device=dev)
     grads = {}
-    for tma in (1, 0):
+    for tma in (1, 2, 0):
         with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma):
             _, grads[tma] = check(case, seed=94, dlse=True)
-    for name, x, y in zip(("dq", "dk", "dv"), grads[1], grads[0]):
-        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
-                                   msg=f"{name}: tile copies != cp.async")
+    for tma in (1, 2):
+        for name, x, y in zip(("dq", "dk", "dv"), grads[tma], grads[0]):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
+                                       msg=f"{name}: tile copies ({tma}) != cp.async")
 
 
 def test_warpgroup_dq_tile_copies_many_items(dev):

@@ -50,10 +50,11 @@ struct RaTuning {
   // launcher's choice (small_seq/tiled_launch.hip).
   int small_seq_tiled_warpgroups = 0;
   // tiled small-seq on Hopper, CUDA sm_90a builds: 1 = the warpgroup-MMA forward stages K, V, Q
-  // and out, and the warpgroup dK / dV kernel moves whole row tiles of Q, dO and dQ, by tensor
-  // tile copies where the call allows (tiled_fwd_warpgroup_tma_kernel.h,
-  // tiled_bwd_warpgroup_tma_kernel.h: GQA group dividing 64, tile-copy layouts; forward 16-key
-  // steps only for single-tile items); 0 = their cp.async staging always.
+  // and out, the warpgroup dK / dV kernel moves whole row tiles of Q, dO and dQ, and the
+  // warpgroup dQ kernel those of Q and dO, by tensor tile copies where the call allows
+  // (tiled_fwd_warpgroup_tma_kernel.h, tiled_bwd_warpgroup_tma_kernel.h: GQA group dividing 64,
+  // tile-copy layouts; forward 16-key steps only for single-tile items); 2 = the same but the
+  // dQ kernel by cp.async (A/B of its copies in one build); 0 = cp.async staging always.
   int small_seq_tiled_warpgroup_tma = 1;
   // tiled small-seq backward: 1 = segments with many query rows over more than one key tile
   // take the block variants of the dK / dV and dQ passes (tiled_bwd_block_kernel.h); 0 = never;

@@ -166,8 +166,8 @@ hipError_t run_tiled_bwd_warpgroup_dkdv(const SmallSeqTiledParams& p, int64_t it
 }
 
 // The warpgroup dQ kernel over (segment, kv head) items: tiles by tile copies where
-// tiled_bwd_tma_maps makes maps and its three buffers fit a block's shared memory, else by
-// cp.async. DELTA: it computes Delta (run ahead of the dK / dV kernel, pass 1 not launched).
+// tiled_bwd_tma_maps makes maps and its three buffers fit a block's shared memory (and tuning
+// small_seq_tiled_warpgroup_tma is not 2), else by cp.async. DELTA: it computes Delta (run ahead of the dK / dV kernel, pass 1 not launched).
 template <typename T, int D, bool DELTA>
 hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, int64_t items,
                                       hipStream_t stream) {
@@ -175,7 +175,8 @@ hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, int64_t item
 #if RA_TMA_BUILD
   const int64_t tma_smem = tiled_bwd_warpgroup_dq_tma_smem_bytes<D>(p.max_seqlen_kv);
   TiledBwdTmaMaps maps;
-  if (tma_smem <= ra_device_max_shared_per_block() && tiled_bwd_tma_maps<D>(p, false, &maps))
+  if (ra_tuning().small_seq_tiled_warpgroup_tma != 2 &&
+      tma_smem <= ra_device_max_shared_per_block() && tiled_bwd_tma_maps<D>(p, false, &maps))
     return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D, DELTA>>(
         p, items, kThreads, tma_smem, stream, maps);
 #endif
