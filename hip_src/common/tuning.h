@@ -68,8 +68,9 @@ struct RaTuning {
   // tiled small-seq backward without the Delta pass (one launch and one read of dO and out
   // less): Delta = rowsum(dO O) - dlse computed by the kernels themselves. The warpgroup kernels:
   // 1 = histories of at most 16 keys (the dK / dV kernel with dQ, as rowsum(P dP) from one chunk
-  // of products), 2 and 3 = any (up to 64 keys the same with a second sweep of the score
-  // products; longer ones the dQ kernel, run first, from each tile's dO and O). The dK / dV
+  // of products), 2 = up to 64 keys (the same with a second sweep of the score products) and
+  // longer ones where a (segment, kv head) may hold more than one 64-row tile (the dQ kernel,
+  // run first, from each tile's dO and O), 3 = any (tiled_bwd_launch.hip). The dK / dV
   // pass's one-row-tile instance: 1 and 2 = histories of one 16-key tile (that tile's products),
   // 3 = any (a first sweep of the score products over the key tiles: slower than the Delta pass
   // there; tests). 0 = the Delta pass always.

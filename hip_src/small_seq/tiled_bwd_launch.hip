@@ -117,12 +117,17 @@ hipError_t run_tiled_bwd_staged(const SmallSeqTiledParams& p, int64_t items, int
 // block holds every key of a history (with dQ, max_seqlen_kv <= one key block) from its own
 // products (rowsum(P dP)); past one key block, the dQ kernel, run first, from each tile's dO
 // (already in shared memory) and O, for the dK / dV kernel after it. Tuning
-// small_seq_tiled_bwd_fused_delta: 1 = histories of one 16-key chunk, 2 = any (a second sweep of
-// the score products up to one key block), 0 = never. Pass 1 reads dO and out once more than the
-// floor counts (docs/kernels.md#warpgroup-backward).
+// small_seq_tiled_bwd_fused_delta: 1 = histories of one 16-key chunk; 2 = up to one key block
+// any, past it where an item may hold more than one row tile (host bound max_seqlen_q x group):
+// an item of one tile leaves the dQ kernel's second warpgroup idle, and computing Delta in it
+// measured up to 6% slower forward+backward than pass 1 (4096 users x 16 candidates x 256 keys,
+// 2 kv heads, H100), 2.5-4% faster with 512 candidates; 3 = any; 0 = never. Pass 1 reads dO and
+// out once more than the floor counts (docs/kernels.md#warpgroup-backward).
 inline bool tiled_bwd_warpgroup_fuses_delta(const SmallSeqTiledParams& p) {
   const int mode = ra_tuning().small_seq_tiled_bwd_fused_delta;
-  return (mode >= 1 && p.max_seqlen_kv <= kTiledBwdWarpgroupChunk) || mode >= 2;
+  if (p.max_seqlen_kv <= kTiledBwdWarpgroupChunk) return mode >= 1;
+  if (p.max_seqlen_kv <= kTiledBwdWarpgroupBlockKeys) return mode >= 2;
+  return mode >= 3 || (mode >= 2 && tiled_max_rows(p) > kTiledWarpgroupRows);
 }
 
 #if RA_TMA_BUILD
