@@ -2,21 +2,29 @@
 # On a GPU machine: clean build of the extension, GPU tests, benchmarks -- in one call.
 # Prints a short table last; writes logs and JSON under $OUT when set (else build/gpu_check).
 # Usage: bash tools/gpu_check.sh [--no-bench] [--no-thd-bench] [--no-small-seq-bench] [--no-tests] [--no-build]
-#          [--bench-cases a,b] [--tests "pytest args"] [--memcheck "pytest args"] [--cp "bench_cp args"]...
+#          [--keep-build] [--bench-cases a,b] [--tests "pytest args"] [--memcheck "pytest args"]
+#          [--cp "bench_cp args"]...
 # --no-bench skips the single-GPU benchmarks (small-seq, THD), --no-thd-bench / --no-small-seq-bench one of
 # them; the THD one is followed by tools/diag/launch_ceiling.cu (what a kernel that maps nothing reaches at
 # the THD launch sizes, same run; NVIDIA only) where nvcc is there; each --cp adds one
 # tools/bench_cp.py run with those arguments (after the tests); --memcheck runs those GPU tests
 # again under compute-sanitizer's memcheck (after the tests, before the benchmarks) with torch's
 # caching allocator off, so that every tensor is its own allocation and a read past a tensor is
-# a read past an allocation; --no-build reuses the extension a previous call on the same (still
-# warm) machine built.
+# a read past an allocation (the tiled tests' float64 oracle then runs on the CPU,
+# ROCM_ATTN_TEST_ORACLE_DEVICE, so the sanitizer instruments only what it checks); --no-build
+# reuses the extension already in rocm_attn/ (a previous call's on a still warm machine, or one
+# carried in); --keep-build writes the built extension, stripped of debug information, as parts
+# of at most 15 MiB under $OUT (ext_part_*: what comes back from a device call is at most 16 MiB
+# a file), so that later calls of the same source need not build again: here,
+#   cat <files_at>/ext_part_* > rocm_attn/_C.cpython-312-x86_64-linux-gnu.so
+# then name that path in the call's carry and pass --no-build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu_check}
 mkdir -p "$OUT"
 export MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
-BENCH=1; THD_BENCH=1; SMALL_BENCH=1; TESTS=1; BUILD=1; CASES=""; TEST_ARGS="tests"; CP_RUNS=()
+BENCH=1; THD_BENCH=1; SMALL_BENCH=1; TESTS=1; BUILD=1; KEEP_BUILD=0; CASES=""; TEST_ARGS="tests"
+CP_RUNS=()
 MEMCHECK_ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,6 +33,7 @@ while [ $# -gt 0 ]; do
     --no-thd-bench) THD_BENCH=0 ;;
     --no-small-seq-bench) SMALL_BENCH=0 ;;
     --no-build) BUILD=0 ;;
+    --keep-build) KEEP_BUILD=1 ;;
     --cp) CP_RUNS+=("$2"); shift ;;
     --tests) TEST_ARGS="$2"; shift ;;
     --memcheck) MEMCHECK_ARGS="$2"; shift ;;
@@ -46,6 +55,11 @@ t1=$(date +%s)
 echo "build rc=$build_rc in $((t1 - t0)) s"
 if [ $build_rc -ne 0 ]; then grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; fi
 grep -E "spill stores|Used [0-9]+ registers" "$OUT/build.log" 2>/dev/null | sort | uniq -c | sort -rn | head -5
+if [ $KEEP_BUILD -eq 1 ]; then
+  ext=$(ls rocm_attn/_C*.so)
+  strip --strip-debug -o build/ext_stripped.so "$ext" && split -b 15M build/ext_stripped.so "$OUT/ext_part_"
+  echo "kept $ext as $(ls "$OUT"/ext_part_* | wc -l) parts of $(stat -c %s build/ext_stripped.so) bytes"
+fi
 
 python3 -m rocm_attn selftest 2>&1 | tee "$OUT/selftest.log"
 test_rc=0
@@ -57,7 +71,8 @@ if [ $TESTS -eq 1 ]; then
 fi
 
 if [ -n "$MEMCHECK_ARGS" ]; then
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 86 \
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 ROCM_ATTN_TEST_ORACLE_DEVICE=cpu \
+    compute-sanitizer --tool memcheck --error-exitcode 86 \
     python3 -m pytest -m gpu -q -p no:cacheprovider $MEMCHECK_ARGS > "$OUT/memcheck.log" 2>&1
   memcheck_rc=$?
   echo "memcheck rc=$memcheck_rc (86: sanitizer errors)"

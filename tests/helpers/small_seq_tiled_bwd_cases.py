@@ -1,11 +1,11 @@
 """The float64 gradient oracle of the tiled small-seq backward (helper of
 tests/test_emu_small_seq_tiled_bwd.py and tests/test_small_seq_tiled_bwd_gpu.py; no tests here).
 
-By the contract of docs/kernels.md#tiled-small-seq-backward, segment by segment in float64:
-every query of a valid segment attends to all of its keys; dq of a bad segment's rows
-max(q0, 0) .. min(q1, q0 + max_q, total_q) - 1 is NaN; q rows outside every segment (padding)
-get dq 0; k/v rows that no segment covers, and a bad segment's keys, get dk = dv = 0. Rows the
-contract leaves open (a bad segment's queries past max_seqlen_q; k/v rows claimed by two
+By the contract of docs/kernels.md#tiled-small-seq-backward in float64 (the math batched over
+segments, tests/helpers/segment_attention.py): every query of a valid segment attends to all
+of its keys; dq of a bad segment's rows max(q0, 0) .. min(q1, q0 + max_q, total_q) - 1 is NaN;
+q rows outside every segment (padding) get dq 0; k/v rows that no segment covers, and a bad
+segment's keys, get dk = dv = 0. Rows the contract leaves open (a bad segment's queries past max_seqlen_q; k/v rows claimed by two
 segments, which only garbage offsets produce) are excluded from the comparison.
 """
 
@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from . import segment_attention as SA
 from . import small_seq_tiled_cases as C
 
 # The dK / dV and dQ passes by their wave kernels and by their block variants
@@ -69,10 +70,9 @@ def contract_rows(case: C.TiledCase, grads):
     segment's queries past max_seqlen_q and k/v rows that two segments claim (only garbage
     offsets produce them), which hold either writer's value, by schedule."""
     dq, dk, dv = grads
-    _, _, _, _, _, unspecified = C.oracle(case)
-    q_rows = (~unspecified).to(dq.device)
+    q_rows = (~C.contract_segments(case).unspecified).to(dq.device)
     if case.cu_kv is not None:
-        _, claims = _kv_claims(case)
+        claims = _kv_claims(case)
         kv_rows = (claims <= 1).to(dk.device)
     else:
         kv_rows = torch.ones(dk.shape[:2], dtype=torch.bool, device=dk.device)
@@ -119,14 +119,13 @@ def inputs(case: C.TiledCase, seed: int, with_dlse: bool):
     return dout, out, lse, dlse
 
 
-def _kv_claims(case: C.TiledCase):
-    """Per segment: (valid, kv range) and per k/v row (THD) the number of writers claiming it:
-    a valid segment its keys, a bad one its clamped ordered range (the kernel zeroes it), and
-    the ranges before cu_seqlens_kv[0] and from cu_seqlens_kv[b] on (zeroed too)."""
+def _kv_claims(case: C.TiledCase) -> torch.Tensor:
+    """Per k/v row (THD) the number of writers claiming it: a valid segment its keys, a bad one
+    its clamped ordered range (the kernel zeroes it), and the ranges before cu_seqlens_kv[0] and
+    from cu_seqlens_kv[b] on (zeroed too)."""
     total_q = case.total_q
     rows = case.k.shape[0]
     claims = torch.zeros(rows, dtype=torch.int64)
-    segs = []
     cu_q = case.cu_q.tolist() if case.cu_q is not None else None
     cu_kv = case.cu_kv.tolist()
     for i in range(case.batch):
@@ -137,77 +136,36 @@ def _kv_claims(case: C.TiledCase):
         a, b = (k0, k1) if ok else (min(max(k0, 0), rows), min(max(k1, 0), rows))
         if a < b:
             claims[a:b] += 1
-        segs.append((ok, a, b))
     # the rows before the first segment and from the end of the last (zeroed by the kernel)
     claims[:min(max(cu_kv[0], 0), rows)] += 1
     claims[min(max(cu_kv[-1], 0), rows):] += 1
-    return segs, claims
+    return claims
 
 
 def oracle_grads(case: C.TiledCase, dout, dlse: Optional[torch.Tensor]):
     """(dq, dk, dv float64 with the inputs' shapes, dq_mask bool [q rows], dkv_mask bool over
     k/v rows ([total_kv] THD, [b, s_kv] BSHD), dq_live, dkv_live): the masks mark the rows the
     contract fixes, the live ones those with a computed gradient (the others are exact zeros
-    or NaN by the contract)."""
-    rows, h_q, d = case.total_q, case.q.shape[-2], case.q.shape[-1]
-    h_kv = case.k.shape[-2]
-    group = h_q // h_kv
-    _, _, _, bad, nan_rows, unspecified = C.oracle(case)
-    qf = case.q.detach().double().cpu().reshape(rows, h_q, d)
-    gf = dout.detach().double().cpu().reshape(rows, h_q, d)
-    kf = case.k.detach().double().cpu()
-    vf = case.v.detach().double().cpu()
-    lf = dlse.detach().double().cpu() if dlse is not None else None
-    dq = torch.zeros(rows, h_q, d, dtype=torch.float64)
-    dk = torch.zeros(kf.shape, dtype=torch.float64)
-    dv = torch.zeros(kf.shape, dtype=torch.float64)
-    dq[nan_rows] = math.nan
-    dq_mask = ~unspecified
+    or NaN by the contract). The math: segment_attention.attend over the valid segments."""
+    rows = case.total_q
+    segs = C.contract_segments(case)
+    res = SA.attend(*C.flat_heads(case), segs.valid, case.scale, dout=dout, dlse=dlse)
+    dq, dk, dv = res["dq"], res["dk"], res["dv"]
     dq_live = torch.zeros(rows, dtype=torch.bool)
-    dkv_live = torch.zeros(kf.shape[:-2], dtype=torch.bool)
+    dkv_live = torch.zeros(dk.shape[0], dtype=torch.bool)
+    for seg in segs.valid:
+        dq_live[seg.q0:seg.q0 + seg.nq] = True
+        dkv_live[seg.k0:seg.k0 + seg.nk] = True
+    # a bad segment's NaN rows, but those a valid segment also writes (garbage offsets only:
+    # the rows of the valid segment's gradient stand, as the backward kernels leave them)
+    dq[segs.nan_rows & ~dq_live] = math.nan
+    kv_shape = case.k.shape
     if case.cu_kv is not None:
-        segs, claims = _kv_claims(case)
-        dkv_mask = claims <= 1
+        dkv_mask = _kv_claims(case) <= 1
     else:
-        dkv_mask = torch.ones(kf.shape[:2], dtype=torch.bool)
-        lens = case.seqlens.tolist()
-        segs = []
-        for i in range(case.batch):
-            ok = i not in bad
-            segs.append((ok, 0, lens[i]))
-    cu_q = case.cu_q.tolist() if case.cu_q is not None else None
-    for i, (ok, a, b) in enumerate(segs):
-        if not ok:
-            continue
-        q0, q1 = (cu_q[i], cu_q[i + 1]) if cu_q is not None else (i * case.q.shape[1],
-                                                                     (i + 1) * case.q.shape[1])
-        if q1 == q0 or b == a:
-            continue
-        if case.cu_kv is not None:
-            ks, vs = kf[a:b], vf[a:b]
-        else:
-            ks, vs = kf[i, a:b], vf[i, a:b]
-        qs = qf[q0:q1].clone().requires_grad_(True)
-        ks = ks.clone().requires_grad_(True)
-        vs = vs.clone().requires_grad_(True)
-        kh = ks.repeat_interleave(group, dim=1)
-        vh = vs.repeat_interleave(group, dim=1)
-        s = torch.einsum("qhd,khd->hqk", qs, kh) * case.scale
-        ls = torch.logsumexp(s, dim=-1)  # [h, nq]
-        o = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vh)
-        loss = (o * gf[q0:q1]).sum()
-        if lf is not None:
-            loss = loss + (ls * lf[:, q0:q1]).sum()
-        gq, gk, gv = torch.autograd.grad(loss, (qs, ks, vs))
-        dq[q0:q1] = gq
-        dq_live[q0:q1] = True
-        if case.cu_kv is not None:
-            dk[a:b], dv[a:b] = gk, gv
-            dkv_live[a:b] = True
-        else:
-            dk[i, a:b], dv[i, a:b] = gk, gv
-            dkv_live[i, a:b] = True
-    return dq.reshape(case.q.shape), dk, dv, dq_mask, dkv_mask, dq_live, dkv_live
+        dkv_mask = torch.ones(kv_shape[:2], dtype=torch.bool)
+    return (dq.reshape(case.q.shape), dk.reshape(kv_shape), dv.reshape(kv_shape),
+            ~segs.unspecified, dkv_mask, dq_live, dkv_live.reshape(kv_shape[:-2]))
 
 
 def check_grads(case: C.TiledCase, dout, dlse, dq, dk, dv, ctx: str = ""):

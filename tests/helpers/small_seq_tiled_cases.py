@@ -1,10 +1,12 @@
 """Inputs and the float64 oracle of the tiled small-seq kernels (helpers of
 tests/test_emu_small_seq_tiled.py and tests/test_small_seq_tiled_gpu.py; no tests here).
 
-The oracle follows the contract of docs/kernels.md#tiled-small-seq-kernels, segment by segment
-in float64: every query of a segment attends to all of the segment's keys; empty segments give
-out 0, lse -inf, probs 0; a bad segment gives NaN on its rows max(q0, 0) .. min(q1, q0 + max_q,
-total_q) - 1; rows of a THD q outside every segment are padding (out 0, lse -inf, probs 0).
+The oracle follows the contract of docs/kernels.md#tiled-small-seq-kernels in float64 (the
+offsets read per segment on the host, the attention batched over segments on the inputs'
+device: tests/helpers/segment_attention.py): every query of a segment attends to all of the
+segment's keys; empty segments give out 0, lse -inf, probs 0; a bad segment gives NaN on its
+rows max(q0, 0) .. min(q1, q0 + max_q, total_q) - 1; rows of a THD q outside every segment are
+padding (out 0, lse -inf, probs 0).
 Rows that no segment may read (k/v before cu_seqlens_kv[0] or after cu_seqlens_kv[b], BSHD rows
 past a length, q padding rows) are NaN in the inputs: reading one shows in the outputs.
 """
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import torch
+
+from . import segment_attention as SA
 
 TOL_OUT = {torch.bfloat16: 1e-2, torch.float16: 5e-3}  # rounding of a 16-bit output
 TOL_F32 = 1e-4  # lse / probs (fp32 from 16-bit inputs)
@@ -107,22 +111,24 @@ def bshd_case(seed: int, s_q: int, kv_lens: Sequence[int], s_kv: int, h_q: int, 
     return TiledCase(q, k, v, None, None, seqlens, s_q, max_kv or s_kv, d ** -0.5, "bshd")
 
 
-def oracle(case: TiledCase):
-    """(out [q rows, h_q, d] float64, lse [h_q, rows] float64, probs [rows, h_q, max_kv] float64,
-    bad segment indices, nan_rows bool [rows], unspecified bool [rows]) by the contract, segment
-    by segment. Unspecified rows: those of a bad segment past its NaN range (q1 - q0 >
-    max_seqlen_q), which the contract leaves alone."""
-    rows, h_q, d = case.total_q, case.q.shape[-2], case.q.shape[-1]
-    h_kv = case.k.shape[-2]
-    group = h_q // h_kv
-    qf = case.q.detach().double().cpu().reshape(rows, h_q, d)
-    kf = case.k.detach().double().cpu()
-    vf = case.v.detach().double().cpu()
-    out = torch.zeros(rows, h_q, d, dtype=torch.float64)
-    lse = torch.full((h_q, rows), -math.inf, dtype=torch.float64)
-    probs = torch.zeros(rows, h_q, case.max_kv, dtype=torch.float64)
+@dataclass
+class ContractSegments:
+    """What the contract makes of a case's offsets: the valid segments with queries and keys
+    (segment_attention.Segment over q as [rows, h_q, d] and k / v as [kv rows, h_kv, d]), the
+    bad segment indices, nan_rows bool [rows] (a bad segment's rows max(q0, 0) .. min(q1, q0 +
+    max_q, rows) - 1) and unspecified bool [rows] (a bad segment's rows past that range)."""
+    valid: List[SA.Segment]
+    bad: List[int]
+    nan_rows: torch.Tensor
+    unspecified: torch.Tensor
+
+
+def contract_segments(case: TiledCase) -> ContractSegments:
+    """The case's segments by the contract (offsets read on the host; no attention math)."""
+    rows = case.total_q
     nan_rows = torch.zeros(rows, dtype=torch.bool)
     unspecified = torch.zeros(rows, dtype=torch.bool)
+    valid: List[SA.Segment] = []
     bad: List[int] = []
     cu_q = case.cu_q.tolist() if case.cu_q is not None else None
     cu_kv = case.cu_kv.tolist() if case.cu_kv is not None else None
@@ -140,33 +146,39 @@ def oracle(case: TiledCase):
         if cu_kv is not None:
             k0, k1 = cu_kv[i], cu_kv[i + 1]
             ok = ok and 0 <= k0 <= k1 <= total_kv and k1 - k0 <= case.max_kv
-            keys, vals = (kf[k0:k1], vf[k0:k1]) if ok else (None, None)
         else:
-            n = seqlens[i]
-            ok = ok and 0 <= n <= min(total_kv, case.max_kv)
-            keys, vals = (kf[i, :n], vf[i, :n]) if ok else (None, None)
+            k0, k1 = i * total_kv, i * total_kv + seqlens[i]  # rows of k as [b * s_kv, ...]
+            ok = ok and 0 <= seqlens[i] <= min(total_kv, case.max_kv)
         if not ok:
             bad.append(i)
             if hi > lo:
                 nan_rows[lo:hi] = True
             if min(q1, rows) > max(hi, 0):
                 unspecified[max(hi, 0):min(q1, rows)] = True
-            continue
-        nk = keys.shape[0]
-        if q1 == q0 or nk == 0:
-            continue
-        kh = keys.repeat_interleave(group, dim=1)  # [nk, h_q, d]
-        vh = vals.repeat_interleave(group, dim=1)
-        s = torch.einsum("qhd,khd->hqk", qf[q0:q1], kh) * case.scale
-        ls = torch.logsumexp(s, dim=-1)  # [h, nq]
-        pr = torch.exp(s - ls.unsqueeze(-1))
-        out[q0:q1] = torch.einsum("hqk,khd->qhd", pr, vh)
-        lse[:, q0:q1] = ls
-        probs[q0:q1, :, :nk] = pr.permute(1, 0, 2)
-    out[nan_rows] = math.nan
-    lse[:, nan_rows] = math.nan
-    probs[nan_rows] = math.nan
-    return out, lse, probs, bad, nan_rows, unspecified & ~nan_rows
+        elif q1 > q0 and k1 > k0:
+            valid.append(SA.Segment(i, q0, q1 - q0, k0, k1 - k0))
+    return ContractSegments(valid, bad, nan_rows, unspecified & ~nan_rows)
+
+
+def flat_heads(case: TiledCase):
+    """q as [rows, h_q, d] and k / v as [kv rows, h_kv, d] (BSHD: [b * s, ...]): views."""
+    h_q, d = case.q.shape[-2], case.q.shape[-1]
+    h_kv = case.k.shape[-2]
+    return (case.q.reshape(case.total_q, h_q, d), case.k.reshape(-1, h_kv, d),
+            case.v.reshape(-1, h_kv, d))
+
+
+def oracle(case: TiledCase):
+    """(out [q rows, h_q, d] float64, lse [h_q, rows] float64, probs [rows, h_q, max_kv] float64,
+    bad segment indices, nan_rows bool [rows], unspecified bool [rows]) by the contract
+    (contract_segments; the attention math batched over segments, segment_attention.attend)."""
+    segs = contract_segments(case)
+    res = SA.attend(*flat_heads(case), segs.valid, case.scale, max_kv=case.max_kv)
+    out, lse, probs = res["out"], res["lse"], res["probs"]
+    out[segs.nan_rows] = math.nan
+    lse[:, segs.nan_rows] = math.nan
+    probs[segs.nan_rows] = math.nan
+    return out, lse, probs, segs.bad, segs.nan_rows, segs.unspecified
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
