@@ -172,7 +172,8 @@ hipError_t run_tiled_bwd_warpgroup_dkdv(const SmallSeqTiledParams& p, int64_t it
 
 // The warpgroup dQ kernel over (segment, kv head) items: tiles by tile copies where
 // tiled_bwd_tma_maps makes maps and its three buffers fit a block's shared memory (and tuning
-// small_seq_tiled_warpgroup_tma is not 2), else by cp.async. DELTA: it computes Delta (run ahead of the dK / dV kernel, pass 1 not launched).
+// small_seq_tiled_warpgroup_tma is not 2), else by cp.async. DELTA: it computes Delta (run
+// ahead of the dK / dV kernel, pass 1 not launched).
 template <typename T, int D, bool DELTA>
 hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, int64_t items,
                                       hipStream_t stream) {

@@ -106,7 +106,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: List[Seg
         dk = torch.zeros(kv_rows, h_kv, d, dtype=torch.float64, device=dev)
         dv = torch.zeros(kv_rows, h_kv, d, dtype=torch.float64, device=dev)
     q_owner = _owners(rows, [(s.index, s.q0, s.nq) for s in segments]).to(dev)
-    k_owner = _owners(kv_rows, [(s.index, s.k0, s.nk) for s in segments]).to(dev)
+    if backward:
+        k_owner = _owners(kv_rows, [(s.index, s.k0, s.nk) for s in segments]).to(dev)
     budget = BUDGET.get(dev.type, BUDGET["cpu"])
     for batch in _batches(segments, h_q, budget):
         def col(name):

@@ -5,8 +5,9 @@ By the contract of docs/kernels.md#tiled-small-seq-backward in float64 (the math
 segments, tests/helpers/segment_attention.py): every query of a valid segment attends to all
 of its keys; dq of a bad segment's rows max(q0, 0) .. min(q1, q0 + max_q, total_q) - 1 is NaN;
 q rows outside every segment (padding) get dq 0; k/v rows that no segment covers, and a bad
-segment's keys, get dk = dv = 0. Rows the contract leaves open (a bad segment's queries past max_seqlen_q; k/v rows claimed by two
-segments, which only garbage offsets produce) are excluded from the comparison.
+segment's keys, get dk = dv = 0. Rows the contract leaves open (a bad segment's queries past
+max_seqlen_q; k/v rows claimed by two segments, which only garbage offsets produce) are excluded
+from the comparison.
 """
 
 from __future__ import annotations
@@ -70,10 +71,10 @@ def contract_rows(case: C.TiledCase, grads):
     segment's queries past max_seqlen_q and k/v rows that two segments claim (only garbage
     offsets produce them), which hold either writer's value, by schedule."""
     dq, dk, dv = grads
-    q_rows = (~C.contract_segments(case).unspecified).to(dq.device)
+    segs = C.contract_segments(case)
+    q_rows = (~segs.unspecified).to(dq.device)
     if case.cu_kv is not None:
-        claims = _kv_claims(case)
-        kv_rows = (claims <= 1).to(dk.device)
+        kv_rows = (_kv_claims(case, segs) <= 1).to(dk.device)
     else:
         kv_rows = torch.ones(dk.shape[:2], dtype=torch.bool, device=dk.device)
     return dq.reshape(case.total_q, -1)[q_rows], dk[kv_rows], dv[kv_rows]
@@ -119,21 +120,17 @@ def inputs(case: C.TiledCase, seed: int, with_dlse: bool):
     return dout, out, lse, dlse
 
 
-def _kv_claims(case: C.TiledCase) -> torch.Tensor:
+def _kv_claims(case: C.TiledCase, segs: C.ContractSegments) -> torch.Tensor:
     """Per k/v row (THD) the number of writers claiming it: a valid segment its keys, a bad one
-    its clamped ordered range (the kernel zeroes it), and the ranges before cu_seqlens_kv[0] and
-    from cu_seqlens_kv[b] on (zeroed too)."""
-    total_q = case.total_q
+    (segs.bad) its clamped ordered range (the kernel zeroes it), and the ranges before
+    cu_seqlens_kv[0] and from cu_seqlens_kv[b] on (zeroed too)."""
     rows = case.k.shape[0]
     claims = torch.zeros(rows, dtype=torch.int64)
-    cu_q = case.cu_q.tolist() if case.cu_q is not None else None
+    bad = set(segs.bad)
     cu_kv = case.cu_kv.tolist()
     for i in range(case.batch):
-        q0, q1 = (cu_q[i], cu_q[i + 1]) if cu_q is not None else (0, 0)
         k0, k1 = cu_kv[i], cu_kv[i + 1]
-        ok = (cu_q is None or (0 <= q0 <= q1 <= total_q and q1 - q0 <= case.max_q)) and \
-            0 <= k0 <= k1 <= rows and k1 - k0 <= case.max_kv
-        a, b = (k0, k1) if ok else (min(max(k0, 0), rows), min(max(k1, 0), rows))
+        a, b = (min(max(k0, 0), rows), min(max(k1, 0), rows)) if i in bad else (k0, k1)
         if a < b:
             claims[a:b] += 1
     # the rows before the first segment and from the end of the last (zeroed by the kernel)
@@ -161,7 +158,7 @@ def oracle_grads(case: C.TiledCase, dout, dlse: Optional[torch.Tensor]):
     dq[segs.nan_rows & ~dq_live] = math.nan
     kv_shape = case.k.shape
     if case.cu_kv is not None:
-        dkv_mask = _kv_claims(case) <= 1
+        dkv_mask = _kv_claims(case, segs) <= 1
     else:
         dkv_mask = torch.ones(kv_shape[:2], dtype=torch.bool)
     return (dq.reshape(case.q.shape), dk.reshape(kv_shape), dv.reshape(kv_shape),
