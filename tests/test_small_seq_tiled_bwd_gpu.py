@@ -17,6 +17,7 @@ Bounds: gradients within 1e-2 (bf16) / 5e-3 (fp16) relative error of the oracle.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -366,6 +367,51 @@ def test_warpgroup_tile_copies(dev, max_kv, h_q, h_kv, tma):
     with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma):
         _, (dq, _, _) = check(case, seed=91 + max_kv, dlse=True)
     assert (dq[:3] == 0).all() and (dq[-4:] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("h_q,h_kv,tma", [(8, 8, 1), (8, 2, 1), (16, 2, 1), (6, 2, 1), (8, 2, 0)],
+                         ids=["g1", "g4", "g8", "g3-cp-async", "g4-cp-async"])
+def test_warpgroup_wide_scores(dev, h_q, h_kv, tma, d, dtype):
+    """The backward of histories past one key block with its score products over whole 64-key
+    blocks (tuning small_seq_tiled_bwd_wide_scores 1, the default: the dK / dV kernel's
+    transposed, S^T = K Q^T with P^T and dS^T as register operands; the dQ kernel's m64n64)
+    against the float64 oracle and against the 16-key chunks (0): histories of 65..256 keys
+    (one key past a block, whole blocks, 0 keys), row tiles cut by a segment's end and whole
+    ones, int64 offsets, dlse, padding q rows, NaN k/v rows around the segments; tile copies and
+    cp.async (tuning small_seq_tiled_warpgroup_tma; a GQA group of 3 does not divide a 64-row
+    tile and always takes cp.async). The CUDA profiler's kernel names show which instances ran:
+    the last template argument of both kernels (TRANSPOSED, WIDE) is the setting."""
+    if not warpgroup_device(dev):
+        pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
+    q_lens = [64, 1, 17, 130, 0, 33, 512, 2, 16, 5]
+    kv_lens = [256, 65, 129, 192, 77, 0, 200, 255, 128, 66]
+    case = C.thd_case(97 + h_q + h_kv + d, q_lens, kv_lens, h_q, h_kv, d, dtype,
+                      offsets=torch.int64, max_kv=256, pad_before=3, pad_after=5, kv_pad=4,
+                      device=dev)
+    grads, kernels = {}, {}
+    for wide in (1, 0):
+        with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma,
+                                       small_seq_tiled_bwd_wide_scores=wide):
+            with torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                inputs, grads[wide] = check(case, seed=98 + d, dlse=True)
+        kernels[wide] = [e.name for e in prof.events()
+                         if "small_seq_tiled_bwd_warpgroup" in e.name]
+
+    def last_flag(name):  # the last template argument, demangled or mangled
+        found = re.search(r"(true|false)>\s*\(", name)
+        return found.group(1) == "true" if found else re.findall(r"Lb([01])E", name)[-1] == "1"
+
+    for wide in (1, 0):
+        names = kernels[wide]
+        assert any("_dq_" in n for n in names) and any("_dq_" not in n for n in names), names
+        assert all(last_flag(n) == bool(wide) for n in names), names
+    G.assert_close_grads(grads[1], grads[0], case)
+    dq, dk, dv = grads[1]
+    assert (dq[:3] == 0).all() and (dq[-5:] == 0).all()
+    assert (dk[:4] == 0).all() and (dv[-4:] == 0).all()
 
 
 @pytest.mark.parametrize("h_kv", [2, 8], ids=["g4", "g1"])

@@ -75,6 +75,12 @@ struct RaTuning {
   // 3 = any (a first sweep of the score products over the key tiles: slower than the Delta pass
   // there; tests). 0 = the Delta pass always.
   int small_seq_tiled_bwd_fused_delta = 2;
+  // tiled small-seq backward on Hopper, histories past one 64-key block: 1 = both warpgroup
+  // kernels take their score products over whole 64-key blocks: the dK / dV kernel transposed
+  // (S^T = K Q^T, keys as M; P^T and dS^T stay in registers as the A operands of dV += P^T dO
+  // and dK += dS^T Q: tiled_bwd_warpgroup_key_block_transposed), the dQ kernel as m64n64
+  // products; 0 = scores in 16-key chunks (the dK / dV kernel's P and dS through shared memory).
+  int small_seq_tiled_bwd_wide_scores = 1;
   // tiled small-seq backward: 1 = calls of at most 4 rows per (segment, kv head) (one query
   // with a GQA group of at most 4) take the streaming kernel (tiled_bwd_stream_kernel.h) in
   // place of the dK / dV and dQ passes, one (segment, kv head) per wave or per block by the
@@ -131,6 +137,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},
     {"small_seq_tiled_bwd_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WARPGROUP", &RaTuning::small_seq_tiled_bwd_warpgroup},
     {"small_seq_tiled_bwd_fused_delta", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_FUSED_DELTA", &RaTuning::small_seq_tiled_bwd_fused_delta},
+    {"small_seq_tiled_bwd_wide_scores", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WIDE_SCORES", &RaTuning::small_seq_tiled_bwd_wide_scores},
     {"small_seq_tiled_bwd_stream", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_STREAM", &RaTuning::small_seq_tiled_bwd_stream},
     {"small_seq_tiled_bwd_row_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_ROW_TILE", &RaTuning::small_seq_tiled_bwd_row_tile},
     {"small_seq_flash_route", "ROCM_ATTN_SMALL_SEQ_FLASH_ROUTE", &RaTuning::small_seq_flash_route},

@@ -154,7 +154,7 @@ bool tiled_bwd_tma_maps(const SmallSeqTiledParams& p, const bool with_dq, TiledB
 
 // The warpgroup dK / dV kernel over `items` items: its whole row tiles moved by tile copies
 // (tiled_bwd_warpgroup_tma_kernel.h) where tiled_bwd_tma_maps makes maps, else by cp.async.
-template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA>
+template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, bool TRANSPOSED = false>
 hipError_t run_tiled_bwd_warpgroup_dkdv(const SmallSeqTiledParams& p, int64_t items,
                                         hipStream_t stream) {
   const int64_t smem = tiled_bwd_warpgroup_smem_bytes<D>(KEYS);
@@ -162,32 +162,59 @@ hipError_t run_tiled_bwd_warpgroup_dkdv(const SmallSeqTiledParams& p, int64_t it
   TiledBwdTmaMaps maps;
   if (tiled_bwd_tma_maps<D>(p, WITH_DQ, &maps))
     return run_tiled_bwd_staged<
-        small_seq_tiled_bwd_warpgroup_tma_kernel<T, D, KEYS, WITH_DQ, FUSED_DELTA>>(
+        small_seq_tiled_bwd_warpgroup_tma_kernel<T, D, KEYS, WITH_DQ, FUSED_DELTA, TRANSPOSED>>(
         p, items, 128, smem, stream, maps);
 #endif
   return run_tiled_bwd_staged<
-      small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS, WITH_DQ, FUSED_DELTA>>(p, items, 128,
-                                                                              smem, stream);
+      small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS, WITH_DQ, FUSED_DELTA, TRANSPOSED>>(
+      p, items, 128, smem, stream);
+}
+
+// Whether the warpgroup kernels of histories past one key block take their score products
+// over whole 64-key blocks (the dK / dV kernel transposed, the dQ kernel m64n64) rather than
+// in 16-key chunks: tuning small_seq_tiled_bwd_wide_scores.
+inline bool tiled_bwd_warpgroup_wide_scores() {
+  return ra_tuning().small_seq_tiled_bwd_wide_scores > 0;
+}
+
+// The dK / dV kernel of histories past one key block (no dQ, Delta from the workspace): the
+// transposed score products where tiled_bwd_warpgroup_wide_scores.
+template <typename T, int D>
+hipError_t run_tiled_bwd_warpgroup_key_blocks(const SmallSeqTiledParams& p, int64_t items,
+                                              hipStream_t stream) {
+  constexpr int kBlockKeys = kTiledBwdWarpgroupBlockKeys;
+  if (tiled_bwd_warpgroup_wide_scores())
+    return run_tiled_bwd_warpgroup_dkdv<T, D, kBlockKeys, false, false, true>(p, items, stream);
+  return run_tiled_bwd_warpgroup_dkdv<T, D, kBlockKeys, false, false>(p, items, stream);
 }
 
 // The warpgroup dQ kernel over (segment, kv head) items: tiles by tile copies where
 // tiled_bwd_tma_maps makes maps and its three buffers fit a block's shared memory (and tuning
 // small_seq_tiled_warpgroup_tma is not 2), else by cp.async. DELTA: it computes Delta (run
-// ahead of the dK / dV kernel, pass 1 not launched).
-template <typename T, int D, bool DELTA>
-hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, int64_t items,
-                                      hipStream_t stream) {
+// ahead of the dK / dV kernel, pass 1 not launched). WIDE: m64n64 score products per key block
+// (tiled_bwd_warpgroup_wide_scores), else 16-key chunks.
+template <typename T, int D, bool DELTA, bool WIDE>
+hipError_t run_tiled_bwd_warpgroup_dq_kernel(const SmallSeqTiledParams& p, int64_t items,
+                                             hipStream_t stream) {
   constexpr int kThreads = kTiledBwdWarpgroupDqWarpgroups * 128;
 #if RA_TMA_BUILD
   const int64_t tma_smem = tiled_bwd_warpgroup_dq_tma_smem_bytes<D>(p.max_seqlen_kv);
   TiledBwdTmaMaps maps;
   if (ra_tuning().small_seq_tiled_warpgroup_tma != 2 &&
       tma_smem <= ra_device_max_shared_per_block() && tiled_bwd_tma_maps<D>(p, false, &maps))
-    return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D, DELTA>>(
+    return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D, DELTA, WIDE>>(
         p, items, kThreads, tma_smem, stream, maps);
 #endif
-  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA>>(
+  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA, WIDE>>(
       p, items, kThreads, tiled_bwd_warpgroup_dq_smem_bytes<D>(p.max_seqlen_kv), stream);
+}
+
+template <typename T, int D, bool DELTA>
+hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, int64_t items,
+                                      hipStream_t stream) {
+  return tiled_bwd_warpgroup_wide_scores()
+             ? run_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA, true>(p, items, stream)
+             : run_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA, false>(p, items, stream);
 }
 
 // Histories of one key block: the dK / dV kernel with dQ (16-key products where every history
@@ -215,10 +242,9 @@ hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, const bool fuse
   if (fused_delta) {
     const hipError_t err = run_tiled_bwd_warpgroup_dq<T, D, true>(p, pairs, stream);
     if (err != hipSuccess) return err;
-    return run_tiled_bwd_warpgroup_dkdv<T, D, kBlockKeys, false, false>(p, dkdv_items, stream);
+    return run_tiled_bwd_warpgroup_key_blocks<T, D>(p, dkdv_items, stream);
   }
-  const hipError_t err =
-      run_tiled_bwd_warpgroup_dkdv<T, D, kBlockKeys, false, false>(p, dkdv_items, stream);
+  const hipError_t err = run_tiled_bwd_warpgroup_key_blocks<T, D>(p, dkdv_items, stream);
   if (err != hipSuccess) return err;
   return run_tiled_bwd_warpgroup_dq<T, D, false>(p, pairs, stream);
 }

@@ -23,6 +23,9 @@
 //      K from shared memory; complete, since the block holds every key), out through the
 //      tile's Q buffer in 16-byte pieces.
 //   3. dK (times the scale) and dV of the block's keys from the fp32 accumulators, once.
+// Past one key block (no dQ here) tiled_bwd_warpgroup_key_block_transposed serves instead,
+// tuning allowing: S^T = K Q^T and dP^T = V dO^T as m64n64 products whose accumulators, rows
+// being keys, are the register operands of dV += P^T dO and dK += dS^T Q.
 // The dV / dK products have M = 64 keys: a 16-key history leaves rows 16..63 of those
 // accumulators unused, which costs matrix-unit time the bytes hide. Those rows come from
 // columns 16..63 of the P / dS buffers, which 16-key products never write (stale shared
@@ -239,14 +242,15 @@ RA_DEVICE void tiled_bwd_warpgroup_add_rowsum(const float (&sc)[kChunk / 2],
 // with `delta` holding -dlse on entry. One chunk: from the chunk's own P and dP. More chunks: a
 // first sweep of the score products sums rowsum(P dP) and the second computes dS (two more
 // products per chunk instead of holding every chunk's fp32 P and dP, which would spill).
-template <typename T, int D, int KEYS, bool STORE, bool FUSED_DELTA>
+template <typename T, int D, int KEYS, bool STORE, bool FUSED_DELTA,
+          int CHUNK = kTiledBwdWarpgroupChunk>
 RA_DEVICE void tiled_bwd_warpgroup_scores(const uint32_t sq, const uint32_t sdo,
                                           const uint32_t sk, const uint32_t sv, const int kp,
                                           const int k0, const int live, const float scale2,
                                           const float (&lse2)[2], float (&delta)[2],
                                           uint8_t* sp_ptr, uint8_t* sds_ptr,
                                           uint32_t (&dsa)[KEYS / 16][4], const int wtid) {
-  constexpr int kChunk = KEYS < kTiledBwdWarpgroupChunk ? KEYS : kTiledBwdWarpgroupChunk;
+  constexpr int kChunk = KEYS < CHUNK ? KEYS : CHUNK;
   constexpr int kChunks = KEYS / kChunk;
   const int warp = wtid / 32;
   const int g = (wtid % 32) / 4;
@@ -304,6 +308,30 @@ RA_DEVICE void tiled_bwd_warpgroup_issue_dq(float* dq, const uint32_t (&dsa)[KEY
     ra_wgmma_rs<T, D>(dq, dsa[kk], ra_wgmma_desc_n_major(sk + (k0 + 16 * kk) * 128, kp * 128),
                       1);
   ra_wgmma_commit();
+}
+
+// dK (times the scale) and dV of keys kb0 + 16 warp + g (+ 8), keys at or past `live` not
+// stored: the dK / dV accumulators' rows are keys, their columns the head dim.
+template <typename T, int D>
+RA_DEVICE void tiled_bwd_warpgroup_store_dkdv(const SmallSeqTiledParams& p,
+                                              const TiledBwdRows& rows, const int kb0,
+                                              const int live, const float (&dk)[D / 2],
+                                              const float (&dv)[D / 2], const int warp,
+                                              const int g, const int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = 16 * warp + g + 8 * r;
+    if (key >= live) continue;
+    uint16_t* dk_row = rows.dk + (kb0 + key) * p.dk_token_stride + 2 * t;
+    uint16_t* dv_row = rows.dv + (kb0 + key) * p.dv_token_stride + 2 * t;
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c) {
+      *reinterpret_cast<uint32_t*>(dk_row + 8 * c) = ra_mma_pack2<T>(
+          dk[4 * c + 2 * r] * p.softmax_scale, dk[4 * c + 2 * r + 1] * p.softmax_scale);
+      *reinterpret_cast<uint32_t*>(dv_row + 8 * c) =
+          ra_mma_pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
+    }
+  }
 }
 
 // The dK / dV of one key block (keys kb0 .. kb0 + KEYS - 1 of a valid segment, kv head hk) over
@@ -420,21 +448,162 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
     ra_wgmma_pin(dk[i]);
     ra_wgmma_pin(dv[i]);
   }
-  // dK and dV of keys kb0 + 16 warp + g (+ 8): accumulator rows are keys, columns the head dim.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = 16 * warp + g + 8 * r;
-    if (key >= live) continue;
-    uint16_t* dk_row = rows.dk + (kb0 + key) * p.dk_token_stride + 2 * t;
-    uint16_t* dv_row = rows.dv + (kb0 + key) * p.dv_token_stride + 2 * t;
-#pragma unroll
-    for (int c = 0; c < D / 8; ++c) {
-      *reinterpret_cast<uint32_t*>(dk_row + 8 * c) = ra_mma_pack2<T>(
-          dk[4 * c + 2 * r] * p.softmax_scale, dk[4 * c + 2 * r + 1] * p.softmax_scale);
-      *reinterpret_cast<uint32_t*>(dv_row + 8 * c) =
-          ra_mma_pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
+  tiled_bwd_warpgroup_store_dkdv<T, D>(p, rows, kb0, live, dk, dv, warp, g, t);
+}
+
+// The dK / dV of one key block of 64 keys (kb0 .. kb0 + 63 of a valid segment, kv head hk) over
+// all of the segment's rows, the dQ left to the dQ kernel (histories past one key block), with
+// the score products transposed: per 64-row tile
+//   S^T = K Q^T, dP^T = V dO^T         (m64n64: M = the block's keys, N = the tile's rows)
+//   P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - Delta)   (fp32, registers)
+//   dV += P^T dO, dK += dS^T Q         (m64nD, P^T and dS^T as the register A operands)
+// Accumulator rows are keys, so P^T and dS^T rounded in pairs are the A operands of the dV / dK
+// products as they stand (common/wgmma.h): no P / dS buffers, no barrier between the score
+// and gradient products, and two score products of N = 64 in place of four chunks of N = 16
+// each. A thread's columns are q rows, so each takes the lse and Delta of 16 rows, from arrays
+// the first 64 threads fill one tile ahead, under the gradient products of the tile before (two
+// halves in the P buffer's place, unused here), and P^T is computed while the dP^T products
+// still run. Keys past the
+// history are zeros in K / V: their P^T is not 0, but it reaches only their own dK / dV rows,
+// never stored (no dQ here, and Delta comes from pass 1 or the dQ kernel). Rows past the
+// segment are zero Q / dO rows with lse +inf: P^T = 0. Shared memory: the layout of
+// tiled_bwd_warpgroup_key_block (tiled_bwd_warpgroup_smem_bytes), so that both instances
+// launch alike. `copies` moves the tiles' Q / dO in (TiledBwdCpAsyncCopies or tile copies).
+template <typename T, int D, typename Copies>
+RA_DEVICE void tiled_bwd_warpgroup_key_block_transposed(const SmallSeqTiledParams& p,
+                                                        const TiledSegment& s, const int hk,
+                                                        const int group, const int kb0,
+                                                        uint8_t* smem_ptr, const uint32_t smem,
+                                                        const int tid, Copies& copies) {
+  constexpr int KEYS = kTiledBwdWarpgroupBlockKeys;
+  constexpr int ROWS = kTiledWarpgroupRows;
+  static_assert(KEYS == 64 && ROWS == 64, "m64n64 score products over one key block");
+  constexpr int kTileBytes = ROWS * D * 2;
+  const uint32_t sk = smem;
+  const uint32_t sv = sk + KEYS * D * 2;
+  const uint32_t tiles_at = sv + KEYS * D * 2;
+  // lse (log2 domain) and Delta of a tile's 64 rows, where key_block keeps P: two halves (tile
+  // t in half t % 2), so that tile t + 1's are fetched under tile t's score products
+  float* const row_terms = reinterpret_cast<float*>(smem_ptr + (tiles_at + 4 * kTileBytes - smem));
+  const int warp = tid / 32;
+  const int g = (tid % 32) / 4;
+  const int t = tid % 4;
+  const int live = s.nk - kb0 < KEYS ? s.nk - kb0 : KEYS;
+  const float scale2 = p.softmax_scale * kTiledBwdLog2e;
+  const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
+  const int64_t tiles = (seg_rows + ROWS - 1) / ROWS;
+  const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
+  const int hq0 = hk * group;
+  const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, rows, hq0);
+  const auto load_tile = [&](int64_t tile, int buf) {
+    copies.template load<D>(p, at, s, hq0, group, tile * ROWS, seg_rows,
+                            tiles_at + 2 * buf * kTileBytes, buf, tid);
+  };
+  // Tile `tile`'s row terms into half `half` (first 64 threads, no barrier inside), called in
+  // tile - 1 (or before tile 0): the half's last readers, tile - 2's, passed its closing barrier.
+  const auto stage_terms = [&](int64_t tile, int half) {
+    if (tid < ROWS) {
+      const int64_t r0 = tile * ROWS;
+      const TiledBwdRowTerms terms =
+          r0 + tid < seg_rows
+              ? tiled_bwd_row_terms_at<false>(p, s, hq0, TiledRowMap(r0, group), tid)
+              : TiledBwdRowTerms{INFINITY, 0.f};
+      row_terms[2 * ROWS * half + tid] = terms.lse2;
+      row_terms[2 * ROWS * half + ROWS + tid] = terms.delta;
     }
+  };
+  if (tiles > 0) {
+    tiled_warpgroup_stage<D, KEYS, 128>(sk, sv, p, rows.k + kb0 * p.k_token_stride,
+                                        rows.v + kb0 * p.v_token_stride, live, KEYS, tid);
+    load_tile(0, 0);
+    stage_terms(0, 0);
   }
+  ra_cp_async_commit();
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const int buf = static_cast<int>(tile & 1);
+    if (tile + 1 < tiles) load_tile(tile + 1, buf ^ 1);
+    ra_cp_async_commit();
+    const int64_t r0 = tile * ROWS;
+    ra_cp_async_wait<1>();  // this tile's copies have landed (the next one's may not)
+    copies.wait(r0, seg_rows, buf);
+    ra_fence_proxy_async();
+    __syncthreads();
+    const uint32_t sq = tiles_at + 2 * buf * kTileBytes;
+    const uint32_t sdo = sq + kTileBytes;
+    // K / V's descriptors from an address the compiler must re-read per tile: hoisted out of
+    // the loop, their 16 loop-invariant 64-bit values would take registers the accumulators need.
+    uint32_t sk_t = sk;
+    asm volatile("" : "+r"(sk_t));
+    const uint32_t sv_t = sk_t + KEYS * D * 2;
+    float st[32], dpt[32];  // element 4j + e: key 16 warp + g + 8 (e / 2), row 8j + 2t + e % 2
+    ra_wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k)
+      ra_wgmma_ss<T, 64>(st, ra_wgmma_desc(ra_wgmma_step_address(sk_t, k, KEYS, 0)),
+                         ra_wgmma_desc(ra_wgmma_step_address(sq, k, ROWS, 0)), k > 0);
+    ra_wgmma_commit();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k)
+      ra_wgmma_ss<T, 64>(dpt, ra_wgmma_desc(ra_wgmma_step_address(sv_t, k, KEYS, 0)),
+                         ra_wgmma_desc(ra_wgmma_step_address(sdo, k, ROWS, 0)), k > 0);
+    ra_wgmma_commit();
+    ra_wgmma_wait<1>();  // S^T done; P^T below runs under the dP^T products
+    const float* const row_lse2 = row_terms + 2 * ROWS * buf;
+    const float* const row_delta = row_lse2 + ROWS;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) ra_wgmma_pin(st[i]);
+    // P^T, then dS^T, each pass reading its own row terms: the wait's memory clobber between
+    // the passes keeps the compiler from loading all 32 terms at once beside the 192
+    // accumulator registers (which spilled 144 bytes at d = 128).
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 lse2 = *reinterpret_cast<const float2*>(row_lse2 + 8 * j + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        st[4 * j + e] = exp2f(fmaf(st[4 * j + e], scale2, -(e % 2 ? lse2.y : lse2.x)));
+    }
+    ra_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) ra_wgmma_pin(dpt[i]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 delta = *reinterpret_cast<const float2*>(row_delta + 8 * j + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - (e % 2 ? delta.y : delta.x));
+    }
+    asm volatile("" ::: "memory");
+    // The A operand of k step kk (rows 16 kk .. 16 kk + 15): elements 8 kk .. 8 kk + 7 in pairs.
+    uint32_t pa[ROWS / 16][4], dsa[ROWS / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < ROWS / 16; ++kk)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        pa[kk][x] = ra_mma_pack2<T>(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
+        dsa[kk][x] = ra_mma_pack2<T>(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
+      }
+    ra_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < ROWS / 16; ++kk)
+      ra_wgmma_rs<T, D>(dv, pa[kk], ra_wgmma_desc_n_major(sdo + 16 * kk * 128, ROWS * 128), 1);
+#pragma unroll
+    for (int kk = 0; kk < ROWS / 16; ++kk)
+      ra_wgmma_rs<T, D>(dk, dsa[kk], ra_wgmma_desc_n_major(sq + 16 * kk * 128, ROWS * 128), 1);
+    ra_wgmma_commit();
+    if (tile + 1 < tiles) stage_terms(tile + 1, buf ^ 1);  // under the dV / dK products
+    ra_wgmma_wait<0>();
+    __syncthreads();  // the buffers are refilled by the copies of the tile after next
+  }
+  ra_cp_async_wait<0>();
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) {
+    ra_wgmma_pin(dk[i]);
+    ra_wgmma_pin(dv[i]);
+  }
+  tiled_bwd_warpgroup_store_dkdv<T, D>(p, rows, kb0, live, dk, dv, warp, g, t);
 }
 
 // LSE (log2 domain) and Delta = rowsum(dO * O) - dlse of this thread's rows 16 warp + g and
@@ -494,7 +663,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_delta(const SmallSeqTiledParams& p, const 
 // DELTA: the tile's Delta from its dO and O (tiled_bwd_warpgroup_dq_delta, pass 1 not run), else
 // from the workspace. Returns after this thread's last read of the buffer; the caller syncs the
 // warpgroup before the buffer takes other rows.
-template <typename T, int D, bool DELTA>
+template <typename T, int D, bool DELTA, bool WIDE>
 RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                            const TiledBwdWarpgroupRows& at, const int hq0,
                                            const int group, const int64_t r0,
@@ -519,9 +688,9 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const T
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
   for (int kb0 = 0; kb0 < s.nk; kb0 += KEYS) {
     uint32_t dsa[KEYS / 16][4];
-    tiled_bwd_warpgroup_scores<T, D, KEYS, false, false>(sq, sdo, sk, sv, kp, kb0, s.nk - kb0,
-                                                         scale2, lse2, delta, nullptr, nullptr,
-                                                         dsa, wtid);
+    tiled_bwd_warpgroup_scores<T, D, KEYS, false, false,
+                               WIDE ? KEYS : kTiledBwdWarpgroupChunk>(
+        sq, sdo, sk, sv, kp, kb0, s.nk - kb0, scale2, lse2, delta, nullptr, nullptr, dsa, wtid);
     tiled_bwd_warpgroup_issue_dq<T, D, KEYS>(dq, dsa, sk, kp, kb0);
     ra_wgmma_wait<0>();  // dsa is rewritten by the next block
   }
@@ -540,7 +709,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const T
 // each) and the warpgroup's first tile (tile wg) in its buffer at `tile_at` by the caller: each
 // warpgroup takes row tiles round robin, copying each one's Q and dO by cp.async (rows past the
 // segment as zeros) into its one buffer.
-template <typename T, int D, bool DELTA>
+template <typename T, int D, bool DELTA, bool WIDE>
 RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const TiledSegment& s,
                                            const int hk, const int group, const uint32_t sk,
                                            const uint32_t sv, const int kp,
@@ -560,7 +729,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const T
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
     }
-    tiled_bwd_warpgroup_dq_tile<T, D, DELTA>(p, s, at, hq0, group, r0, seg_rows, sk, sv, kp,
+    tiled_bwd_warpgroup_dq_tile<T, D, DELTA, WIDE>(p, s, at, hq0, group, r0, seg_rows, sk, sv, kp,
                                              tile_ptr, tile_at, wg, wtid);
     ra_warpgroup_sync(wg);  // the buffer is refilled by the next tile's copies
   }
@@ -573,11 +742,15 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const T
 // what pass 2 writes besides a valid segment's gradients (tiled_bwd_edges, warp 0). KEYS: keys
 // of the products, 16 where every history fits them, else 64. FUSED_DELTA (WITH_DQ only):
 // launched without pass 1, the kernel computes each row's Delta from its P and dP and zeroes
-// the dq of q padding rows itself. `copies` moves the row tiles (TiledBwdCpAsyncCopies or the
-// tile-copy kernel's).
-template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, typename Copies>
+// the dq of q padding rows itself. TRANSPOSED (64-key blocks without dQ only): each item by
+// tiled_bwd_warpgroup_key_block_transposed. `copies` moves the row tiles
+// (TiledBwdCpAsyncCopies or the tile-copy kernel's).
+template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, bool TRANSPOSED,
+          typename Copies>
 RA_DEVICE void tiled_bwd_warpgroup_items(const SmallSeqTiledParams& p, Copies& copies) {
   static_assert(WITH_DQ || !FUSED_DELTA, "Delta from P dP needs the row's whole history");
+  static_assert(!TRANSPOSED || (!WITH_DQ && KEYS == kTiledBwdWarpgroupBlockKeys),
+                "the transposed products serve 64-key blocks without dQ");
   const int tid = threadIdx.x;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int blocks = tiled_bwd_warpgroup_blocks(p.max_seqlen_kv);
@@ -599,9 +772,13 @@ RA_DEVICE void tiled_bwd_warpgroup_items(const SmallSeqTiledParams& p, Copies& c
     // Block 0 always runs with dQ (it writes the dQ of a segment without keys: zeros); without,
     // only blocks that hold keys.
     if (!s.valid || ((kb > 0 || !WITH_DQ) && kb0 >= s.nk)) continue;
-    tiled_bwd_warpgroup_key_block<T, D, KEYS, WITH_DQ, FUSED_DELTA>(p, s, hk, group, kb0,
-                                                                    smem_ptr, raw + pad, tid,
-                                                                    copies);
+    if constexpr (TRANSPOSED)
+      tiled_bwd_warpgroup_key_block_transposed<T, D>(p, s, hk, group, kb0, smem_ptr, raw + pad,
+                                                     tid, copies);
+    else
+      tiled_bwd_warpgroup_key_block<T, D, KEYS, WITH_DQ, FUSED_DELTA>(p, s, hk, group, kb0,
+                                                                      smem_ptr, raw + pad, tid,
+                                                                      copies);
     __syncthreads();  // every warp is done with this item's K / V
   }
   if constexpr (FUSED_DELTA)
@@ -612,12 +789,12 @@ RA_DEVICE void tiled_bwd_warpgroup_items(const SmallSeqTiledParams& p, Copies& c
 #endif  // RA_HAS_WGMMA
 
 // dK / dV kernel (tiled_bwd_warpgroup_items), the tiles moved by cp.async.
-template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA>
+template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, bool TRANSPOSED = false>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
     small_seq_tiled_bwd_warpgroup_kernel(const SmallSeqTiledParams p) {
 #if RA_HAS_WGMMA
   TiledBwdCpAsyncCopies copies;
-  tiled_bwd_warpgroup_items<T, D, KEYS, WITH_DQ, FUSED_DELTA>(p, copies);
+  tiled_bwd_warpgroup_items<T, D, KEYS, WITH_DQ, FUSED_DELTA, TRANSPOSED>(p, copies);
 #endif
 }
 
@@ -626,7 +803,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
 // the block's warpgroups walks its row tiles (a segment without keys gets dQ 0). DELTA: launched
 // ahead of the dK / dV kernel without pass 1, it computes each row's Delta, writes it to the
 // workspace for the dK / dV kernel, and zeroes the dq of q padding rows (pass 1's other part).
-template <typename T, int D, bool DELTA>
+template <typename T, int D, bool DELTA, bool WIDE>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
     small_seq_tiled_bwd_warpgroup_dq_kernel(const SmallSeqTiledParams p) {
 #if RA_HAS_WGMMA
@@ -662,7 +839,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
     ra_cp_async_wait<0>();
     ra_fence_proxy_async();
     __syncthreads();
-    tiled_bwd_warpgroup_dq_rows<T, D, DELTA>(p, s, hk, group, sk, sv, kp, tile_ptr,
+    tiled_bwd_warpgroup_dq_rows<T, D, DELTA, WIDE>(p, s, hk, group, sk, sv, kp, tile_ptr,
                                              raw + tile_off, wg, wtid);
     __syncthreads();  // every warpgroup is done with this segment's K / V
   }

@@ -118,7 +118,7 @@ struct TiledBwdTmaCopies {
 #endif  // RA_HAS_WGMMA
 
 // dK / dV kernel (tiled_bwd_warpgroup_items), whole tiles moved by tile copies.
-template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA>
+template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, bool TRANSPOSED = false>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
     small_seq_tiled_bwd_warpgroup_tma_kernel(const SmallSeqTiledParams p,
                                              const __grid_constant__ TiledBwdTmaMaps maps) {
@@ -138,7 +138,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
   }
   __syncthreads();
   TiledBwdTmaCopies copies{&maps, bar0};
-  tiled_bwd_warpgroup_items<T, D, KEYS, WITH_DQ, FUSED_DELTA>(p, copies);
+  tiled_bwd_warpgroup_items<T, D, KEYS, WITH_DQ, FUSED_DELTA, TRANSPOSED>(p, copies);
   if (threadIdx.x == 0) ra_tma_store_wait();
 #endif
 }
@@ -171,7 +171,7 @@ RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_dq_tma_smem_bytes(int max_s
 // both parities from the tile's index and the tiles the buffer took in earlier items
 // (`base_parity`: one copy and one release each). tools/diag/dq_buffer_protocol.py model-checks
 // this protocol. DELTA as the cp.async kernel's.
-template <typename T, int D, bool DELTA>
+template <typename T, int D, bool DELTA, bool WIDE>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
     small_seq_tiled_bwd_warpgroup_dq_tma_kernel(const SmallSeqTiledParams p,
                                                 const __grid_constant__ TiledBwdTmaMaps maps) {
@@ -244,9 +244,10 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
       const uint32_t n = (base_parity >> b) ^ static_cast<uint32_t>(t / BUFS);  // this copy
       if (t >= BUFS) ra_mbar_wait(released(b), (n ^ 1u) & 1u);  // tile t - BUFS's release
       ra_mbar_wait(full(b), n & 1u);
-      tiled_bwd_warpgroup_dq_tile<T, D, DELTA>(p, s, at, hq0, group, t * ROWS, seg_rows, sk, sv,
-                                               kp, smem_ptr + buf_off + b * kBufBytes,
-                                               raw + buf_off + b * kBufBytes, wg, wtid);
+      tiled_bwd_warpgroup_dq_tile<T, D, DELTA, WIDE>(p, s, at, hq0, group, t * ROWS, seg_rows,
+                                                     sk, sv, kp,
+                                                     smem_ptr + buf_off + b * kBufBytes,
+                                                     raw + buf_off + b * kBufBytes, wg, wtid);
       // This thread's reads and writes of the buffer come before the tile copy that refills it.
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
