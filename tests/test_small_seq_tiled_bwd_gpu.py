@@ -398,20 +398,23 @@ def test_warpgroup_wide_scores(dev, h_q, h_kv, tma, d, dtype):
                     activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 inputs, grads[wide] = check(case, seed=98 + d, dlse=True)
         kernels[wide] = [e.name for e in prof.events()
-                         if "small_seq_tiled_bwd_warpgroup" in e.name]
+                         if e.device_type == torch.autograd.DeviceType.CUDA]
+    G.assert_close_grads(grads[1], grads[0], case)
+    dq, dk, dv = grads[1]
+    assert (dq[:3] == 0).all() and (dq[-5:] == 0).all()
+    assert (dk[:4] == 0).all() and (dv[-4:] == 0).all()
 
     def last_flag(name):  # the last template argument, demangled or mangled
         found = re.search(r"(true|false)>\s*\(", name)
         return found.group(1) == "true" if found else re.findall(r"Lb([01])E", name)[-1] == "1"
 
-    for wide in (1, 0):
-        names = kernels[wide]
-        assert any("_dq_" in n for n in names) and any("_dq_" not in n for n in names), names
-        assert all(last_flag(n) == bool(wide) for n in names), names
-    G.assert_close_grads(grads[1], grads[0], case)
-    dq, dk, dv = grads[1]
-    assert (dq[:3] == 0).all() and (dq[-5:] == 0).all()
-    assert (dk[:4] == 0).all() and (dv[-4:] == 0).all()
+    # A profile without any kernel means the profiler had no CUPTI (compute-sanitizer holds it):
+    # the numbers above are then the whole check.
+    if any(kernels.values()):
+        for wide in (1, 0):
+            names = [n for n in kernels[wide] if "small_seq_tiled_bwd_warpgroup" in n]
+            assert any("_dq_" in n for n in names) and any("_dq_" not in n for n in names), names
+            assert all(last_flag(n) == bool(wide) for n in names), names
 
 
 @pytest.mark.parametrize("h_kv", [2, 8], ids=["g4", "g1"])

@@ -18,11 +18,13 @@ Needs a GPU build of the extension.
 """
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
-import rocm_attn
-from rocm_attn.bench.small_seq_ranking import make_rank_inputs, parse_row_name
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this source tree's package
+import rocm_attn  # noqa: E402
+from rocm_attn.bench.small_seq_ranking import make_rank_inputs, parse_row_name  # noqa: E402
 
 
 def kernel_times(prof):
@@ -52,7 +54,7 @@ def main(argv):
                                              max_seqlen_q=x["cands"], max_seqlen_kv=x["hist"])
         if backward:
             dout = torch.randn_like(out) if dout is None else dout
-            out.backward(dout)
+            torch.autograd.grad(out, (q, k, v), dout)  # no .grad to accumulate into
 
     with rocm_attn.tuning.override(**{n: int(val) for n, val in tuning.items()}):
         for _ in range(2):
