@@ -52,22 +52,17 @@ from . import _ext, errors, tuning
 # (max_seqlen_q x the GQA group) stays tiled: there that kernel ties flash or wins by up to
 # 1.25x (4096 x 128 x 256 with 2 kv heads); with fewer rows its staging of a 256-key history
 # serves too few row tiles and flash leads by up to 1.2x. There, too, a call to be
-# differentiated over at most WARPGROUP_BACKWARD_MAX_SEQLEN_KV keys at head dim <= 128 stays
-# tiled: the tiled backward's warpgroup-MMA kernels take 0.4-0.6x the route's forward+backward
-# time there; over 256 keys they tie flash's backward (0.93-1.07x) with one q head per kv head,
-# which keeps those calls (docs/kernels.md#warpgroup-backward). With a GQA group of at least
-# WARPGROUP_BACKWARD_MIN_GROUP q heads per kv head, a call to be differentiated stays tiled up
-# to the warpgroup backward's last key (WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV): its items fold the
-# group into their rows (one staging of K / V serves every q head of the group), while flash's
-# backward runs each q head alone and writes dK / dV per q head before summing the group: the
-# tiled kernels' forward+backward took 0.71-0.93x the route's time with 2 kv heads over 128-256
-# keys, while with one q head per kv head flash keeps its lead (docs/kernels.md#flash-route).
+# differentiated at head dim <= 128 stays tiled up to the warpgroup backward's last key
+# (WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV), whatever its GQA group: over at most 64 keys the
+# warpgroup kernels take 0.4-0.6x the route's forward+backward time; over 65-256 keys, with
+# their score products over whole 64-key blocks (tuning small_seq_tiled_bwd_wide_scores),
+# 0.70-0.94x with one q head per kv head on 128-512 candidates (4096 x 128 x 256 a tie), and
+# less with a GQA group, which they fold into their rows while flash's backward runs each q
+# head alone (docs/kernels.md#flash-route).
 ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128
 WARPGROUP_MIN_ROWS = 512
-WARPGROUP_BACKWARD_MAX_SEQLEN_KV = 64
-WARPGROUP_BACKWARD_MIN_GROUP = 4
 # kTiledBwdWarpgroupMaxKeys (hip_src/small_seq/tiled_bwd_warpgroup_kernel.h)
 WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV = 256
 
@@ -94,10 +89,7 @@ def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: b
     the tiled kernels' warpgroup-MMA variants (:func:`warpgroup_kernels`); ``group``: q heads
     per kv head."""
     if warpgroup and head_dim <= 128:
-        if backward and max_seqlen_kv <= WARPGROUP_BACKWARD_MAX_SEQLEN_KV:
-            return False
-        if (backward and group >= WARPGROUP_BACKWARD_MIN_GROUP
-                and max_seqlen_kv <= WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV):
+        if backward and max_seqlen_kv <= WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV:
             return False
         if not backward and max_seqlen_q * group >= WARPGROUP_MIN_ROWS:
             return False

@@ -160,8 +160,8 @@ def test_route_bad_segments_nan_and_counted(route_on_cpu):
 
 
 def test_rule_bounds_mirror_the_kernels():
-    """The rule's copies of kernel bounds: the warpgroup backward's last key
-    (kTiledBwdWarpgroupMaxKeys = 4 blocks of kTiledWarpgroupKeys) and its 64-key block."""
+    """The rule's copy of a kernel bound: the warpgroup backward's last key
+    (kTiledBwdWarpgroupMaxKeys = 4 blocks of kTiledWarpgroupKeys)."""
     import re
     from pathlib import Path
 
@@ -173,13 +173,12 @@ def test_rule_bounds_mirror_the_kernels():
     blocks = int(re.search(r"constexpr int kTiledBwdWarpgroupMaxKeys = (\d+) \* "
                            r"kTiledBwdWarpgroupBlockKeys;", bwd).group(1))
     assert small_seq_flash.WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV == blocks * keys
-    assert small_seq_flash.WARPGROUP_BACKWARD_MAX_SEQLEN_KV == keys
 
 
 def test_takes_route_rules(monkeypatch):
     """Which calls the route takes: THD only, no return_softmax, CUDA builds of torch, not while
-    exporting, the tuning mode (0 never, 1 the measured rule or a history beyond the tiled kernels, 2 always);
-    the rule's history bound is lower when a backward follows."""
+    exporting, the tuning mode (0 never, 1 the measured rule or a history beyond the tiled
+    kernels, 2 always); the rule's history bound is lower when a backward follows."""
     q = torch.empty(4, 8, 128)
     k = torch.empty(4, 2, 128)
     assert not small_seq_flash.takes_route(q, k, k, True, 64, 64, False), "CPU tensors"
@@ -200,23 +199,18 @@ def test_takes_route_rules(monkeypatch):
                                           group=4)
     assert small_seq_flash.route_wins(128, wg_rows // 4, 4096, False, warpgroup=True)
     assert small_seq_flash.route_wins(128, wg_rows, 4096, False)
-    # ... and so does a call to be differentiated over at most 64 keys (the warpgroup backward)
-    wg_bwd_kv = small_seq_flash.WARPGROUP_BACKWARD_MAX_SEQLEN_KV
-    assert not small_seq_flash.route_wins(128, 512, wg_bwd_kv, True, warpgroup=True)
-    assert small_seq_flash.route_wins(128, 512, wg_bwd_kv, True)
-    assert small_seq_flash.route_wins(128, 512, wg_bwd_kv + 1, True, warpgroup=True)
-    assert small_seq_flash.route_wins(256, 512, wg_bwd_kv, True, warpgroup=True), "wide heads"
-    assert small_seq_flash.route_wins(256, 512, bwd_kv, False, warpgroup=True), "wide heads"
-    # ... and, with a GQA group of WARPGROUP_BACKWARD_MIN_GROUP or more, a call to be
-    # differentiated up to the warpgroup backward's last key
-    group = small_seq_flash.WARPGROUP_BACKWARD_MIN_GROUP
+    # ... and so does a call to be differentiated up to the warpgroup backward's last key,
+    # whatever its GQA group
     last_kv = small_seq_flash.WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV
-    assert not small_seq_flash.route_wins(128, 512, last_kv, True, warpgroup=True, group=group)
-    assert small_seq_flash.route_wins(128, 512, last_kv + 1, True, warpgroup=True, group=group)
-    assert small_seq_flash.route_wins(128, 512, last_kv, True, warpgroup=True, group=group // 2)
-    assert small_seq_flash.route_wins(128, 512, last_kv, True, group=group), "no warpgroup"
-    assert small_seq_flash.route_wins(256, 512, last_kv, True, warpgroup=True, group=group), \
-        "wide heads"
+    for group in (1, 4):
+        assert not small_seq_flash.route_wins(128, 512, last_kv, True, warpgroup=True,
+                                              group=group)
+        assert small_seq_flash.route_wins(128, 512, last_kv + 1, True, warpgroup=True,
+                                          group=group)
+        assert small_seq_flash.route_wins(128, 512, last_kv, True, group=group), "no warpgroup"
+        assert small_seq_flash.route_wins(256, 512, last_kv, True, warpgroup=True,
+                                          group=group), "wide heads"
+    assert small_seq_flash.route_wins(256, 512, bwd_kv, False, warpgroup=True), "wide heads"
 
     class FakeCuda:  # a tensor stand-in on a CUDA device
         is_cuda = True
@@ -243,9 +237,10 @@ def test_takes_route_rules(monkeypatch):
         got = small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), thd, max_q, max_kv,
                                           softmax, long_history=long)
         assert got == want, (mode, thd, softmax, max_q, max_kv, long)
-    # the GQA group comes from the tensors' head counts: q 8 heads over k 2 (group 4) keeps a
-    # differentiated call over 256 keys on the tiled kernels where the warpgroup kernels run,
-    # over 8 kv heads (group 1) the route takes it
+    # the GQA group comes from the tensors' head counts: where the warpgroup kernels run, a
+    # forward alone of 128 candidates over 256 keys stays tiled with q 8 heads over k 2 (512
+    # rows per kv head) and takes the route over 8 kv heads (128 rows); a differentiated call
+    # stays tiled up to 256 keys with either group
     monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: 1)
     monkeypatch.setattr(small_seq_flash, "warpgroup_kernels", lambda: True)
 
@@ -255,11 +250,11 @@ def test_takes_route_rules(monkeypatch):
     class FakeK8(FakeK):
         shape = (4, 8, 128)
 
-    assert not small_seq_flash.takes_route(FakeCudaLeaf(), FakeK(), FakeK(), True, 512, 256,
-                                           False)
-    assert small_seq_flash.takes_route(FakeCudaLeaf(), FakeK8(), FakeK8(), True, 512, 256,
-                                       False)
-    assert small_seq_flash.takes_route(FakeCudaLeaf(), FakeK(), FakeK(), True, 512, 257, False)
+    assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 128, 256, False)
+    assert small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 256, False)
+    for kv in (FakeK(), FakeK8()):
+        assert not small_seq_flash.takes_route(FakeCudaLeaf(), kv, kv, True, 512, 256, False)
+        assert small_seq_flash.takes_route(FakeCudaLeaf(), kv, kv, True, 512, 257, False)
     monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: 2)
     monkeypatch.setattr(small_seq_flash.errors, "exporting", lambda: True)
     assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 512, 64, False), \

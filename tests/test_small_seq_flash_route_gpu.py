@@ -169,10 +169,11 @@ def route_rule():
 
 
 def test_through_fused_attn_small_seq_compile_and_graph(dev, route_rule):
-    """The rule sends many candidates over 128 keys to the route (flash's forward and backward
-    run); eager, torch.compile and a captured CUDA graph give the same results."""
+    """The rule sends many candidates over more keys than the warpgroup backward takes to the
+    route (flash's forward and backward run); eager, torch.compile and a captured CUDA graph
+    give the same results."""
     gen = torch.Generator().manual_seed(7)
-    b, max_q, max_kv = 32, 160, 128
+    b, max_q, max_kv = 32, 160, small_seq_flash.WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV + 44
     case = C.thd_case(7, lens(gen, b, 100, max_q), lens(gen, b, 1, max_kv), 8, 8, 128,
                       torch.bfloat16, max_q=max_q, max_kv=max_kv, device=dev)
     leaves = [t.detach().clone().requires_grad_() for t in (case.q, case.k, case.v)]
