@@ -105,3 +105,27 @@ def test_compare_two_builds(tmp_path, capsys, monkeypatch):
     assert len(fwd) == 1 and len(both) == 1
     assert fwd[0].split()[2:] == ["1000", "2000", "2000", "/", "1600", "1500", "1.290"]
     assert both[0].split()[2:] == ["3000", "8000", "8000", "/", "8000", "1.000"]
+
+
+def test_page_table_reads_back_and_takes_remeasured_rows(tmp_path):
+    """A page's table (a .md file) reads back as rows: printed again it is the same table, its
+    accounting is the JSON rows' (the % of the floor from the times, not the rounded cell), and
+    a JSON file after it replaces its rows of the same case."""
+    a = _row(4096, 512, 256, 8, (4000, 7000, 5000), (12000, 39000, 32000))
+    b = _row(4096, 1, 16, 8, (94.94, 111.7, 360), (280, 310, 1500))  # 84.996% of the floor
+    b["fwdbwd"] = {}  # a mode without a measurement
+    a["fwdbwd"]["path"] = "flash route"
+    run = _write(tmp_path / "run.json", [a, b], 3000)
+    table = ranking_table.table(*ranking_table.load([run]))
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\ntext | with | bars\n\n" + "\n".join(table) + "\n\nmore\n")
+    headers, rows = ranking_table.load([str(page)])
+    assert ranking_table.table(headers, rows)[2:] == table[2:]
+    assert ranking_table.summary(rows)[:4] == ranking_table.summary([a, b])[:4]
+    assert "u4096_c1_kv16f_hkv8_d128 85%" in ranking_table.summary(rows)[0]  # under 85%
+    again = _row(4096, 512, 256, 8, (4000, 6000, 5000), (12000, 30000, 32000))
+    headers, rows = ranking_table.load([str(page), _write(tmp_path / "new.json", [again], 2960)])
+    lines = ranking_table.table(headers, rows)
+    assert lines[0] == f"GPU X, torch 2.x, copy bandwidth 2960 GB/s, joined into the rows of {page}"
+    assert [line.split(" | ")[0] for line in lines[4:]] == ["| " + a["case"], "| " + b["case"]]
+    assert lines[4].split(" | ")[1:4] == ["tiled", "4000.0", "6000.0"]

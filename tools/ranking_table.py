@@ -5,6 +5,7 @@ stand against the ranking issue's targets.
     python3 tools/bench_small_seq.py --ranking --json ranking.json   # on the GPU machine
     python3 tools/ranking_table.py ranking.json                      # anywhere
     python3 tools/ranking_table.py part1.json part2.json --summary   # a grid run in parts
+    python3 tools/ranking_table.py docs/performance.md rows.json     # rows re-measured
 
 One line per row: the path that served ours (forward / forward+backward where they differ),
 the floor, our device time, % of the floor, the best anchor (eager) and our speed-up over it,
@@ -21,7 +22,11 @@ the base / new ratio of their means (above 1: the new build is faster).
 """
 import argparse
 import json
+import re
 from collections import OrderedDict
+
+# A row's name (rocm_attn/bench/small_seq_ranking.py: row_name).
+_ROW_NAME = re.compile(r"u(\d+)_c(\d+)_kv(\d+)([fr])_hkv(\d+)_d(\d+)")
 
 # Path names the bench records, as the docs' table spells them.
 _PATHS = {"one-query kernels": "one-query", "tiled kernels": "tiled", "flash route": "flash route"}
@@ -49,19 +54,63 @@ def _cells(m: dict) -> list:
     best = min(timed.items(), key=lambda kv: kv[1]["ms"], default=None)
     best_cell = f"{best[1]['ms'] * 1e3:.1f} ({best[0]})" if best else "-"
     ratio = f"{m['speedup_vs_best']:.2f}" if m.get("speedup_vs_best") else "-"
-    return [f"{m['floor_ms'] * 1e3:.1f}", f"{m['ms'] * 1e3:.1f}", f"{m['pct_floor']:.0f}%",
+    return [f"{m['floor_ms'] * 1e3:.1f}", f"{m['ms'] * 1e3:.1f}",
+            m.get("pct_cell") or f"{m['pct_floor']:.0f}%",
             best_cell, ratio]
+
+
+def _markdown_mode(path: str, cells: list) -> dict:
+    """One mode's measurement from its five cells of a table line (see _cells)."""
+    if cells[1] == "-":
+        return {}
+    floor, ms = float(cells[0]) / 1e3, float(cells[1]) / 1e3
+    # % of the floor from the times for the accounting (the cell, kept for the table, is
+    # rounded to whole percents)
+    m = {"path": path, "floor_ms": floor, "ms": ms, "pct_floor": 100 * floor / ms,
+         "pct_cell": cells[2]}
+    best = re.fullmatch(r"([\d.]+) \((\w+)\)", cells[3])
+    if best:
+        m["best_anchor_ms"] = float(best.group(1)) / 1e3
+        m["anchors"] = {best.group(2): {"ms": m["best_anchor_ms"]}}
+        m["speedup_vs_best"] = float(cells[4])
+    return m
+
+
+def load_markdown(path: str) -> tuple:
+    """(header, rows) of the ranking table a page keeps (docs/performance.md): the lines that
+    table() writes, read back with the best anchor of each mode (the others are not kept)."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            found = _ROW_NAME.fullmatch(cells[0]) if len(cells) == 12 else None
+            if not found:
+                continue
+            users, cands, hist, ragged, h_kv, d = found.groups()
+            paths = cells[1].split(" / ") if " / " in cells[1] else [cells[1]] * 2
+            rows.append({"case": cells[0], "users": int(users), "cands": int(cands),
+                         "hist": int(hist), "ragged": ragged == "r", "h_kv": int(h_kv),
+                         "d": int(d), "fwd": _markdown_mode(paths[0], cells[2:7]),
+                         "fwdbwd": _markdown_mode(paths[1], cells[7:12])})
+    if not rows:
+        raise SystemExit(f"{path}: no ranking table line")
+    return {"source": path}, rows
 
 
 def load(paths) -> tuple:
     """(the files' headers, their rows joined: a later file's row replaces an earlier one of the
-    same case, in the place of the first)."""
+    same case, in the place of the first). A .md file is a page's table (load_markdown), so that
+    re-measured rows can be joined into the table the docs keep."""
     headers, rows = [], OrderedDict()
     for path in paths:
-        with open(path) as f:
-            data = json.load(f)
-        headers.append(data)
-        for row in data["rows"]:
+        if path.endswith(".md"):
+            header, file_rows = load_markdown(path)
+        else:
+            with open(path) as f:
+                header = json.load(f)
+            file_rows = header["rows"]
+        headers.append(header)
+        for row in file_rows:
             rows[row["case"]] = row
     return headers, list(rows.values())
 
@@ -128,9 +177,12 @@ def summary(rows) -> list:
 
 def table(headers, rows) -> list:
     """Lines of the markdown table, under a line naming the device and each file's bandwidth."""
-    first = headers[0]
-    bandwidths = ", ".join(f"{h['copy_bandwidth_GBps']:.0f}" for h in headers)
-    lines = [f"{first['device']}, torch {first['torch']}, copy bandwidth {bandwidths} GB/s", "",
+    runs = [h for h in headers if "device" in h]  # not the rows read back from a page
+    bandwidths = ", ".join(f"{h['copy_bandwidth_GBps']:.0f}" for h in runs)
+    pages = "".join(f", joined into the rows of {h['source']}" for h in headers if "source" in h)
+    first = runs[0] if runs else {"device": "rows", "torch": "-"}
+    lines = [f"{first['device']}, torch {first['torch']}, copy bandwidth {bandwidths} GB/s{pages}",
+             "",
              "| case | path (fwd / fwd+bwd) | floor us | fwd us | % floor | best anchor us "
              "(which) | x best | fwd+bwd floor | fwd+bwd us | % floor | best anchor us (which) "
              "| x best |",
@@ -163,7 +215,8 @@ def compare(base_runs, new_runs) -> list:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("json", nargs="+", help="--json files of --ranking runs, joined in order")
+    ap.add_argument("json", nargs="+", help="--json files of --ranking runs (or a page's table, "
+                    ".md), joined in order")
     ap.add_argument("--summary", action="store_true",
                     help="the targets' accounting instead of the table")
     ap.add_argument("--base", nargs="+", metavar="JSON",

@@ -92,9 +92,10 @@ struct RaTuning {
   int small_seq_tiled_bwd_row_tile = 1;
   // small-seq, THD calls on a CUDA build of torch: the flash route (torch's flash varlen
   // kernels with the contract kernels around them, rocm_attn/small_seq_flash.py). 1 = the
-  // measured rule (small_seq_flash.route_wins: 128+ rows per (segment, kv head) over 64+ keys
-  // with a backward, 128+ keys forward only) and histories beyond the tiled kernels; 2 = every
-  // call the route can serve (tests); 0 = never (tiled kernels, varlen attention past them).
+  // measured rule (small_seq_flash.route_wins: 64+ candidates over 64+ keys with a backward,
+  // 128+ keys forward only, less what the warpgroup kernels serve faster) and histories beyond
+  // the tiled kernels; 2 = every call the route can serve (tests); 0 = never (tiled kernels,
+  // varlen attention past them).
   // Read by the Python dispatch, not by a launcher; ROCm builds never take the route.
   int small_seq_flash_route = 1;
   // small-seq: passes whose GQA calls take the matrix-unit kernels, a bit mask (1 = forward,
