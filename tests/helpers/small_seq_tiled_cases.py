@@ -168,16 +168,19 @@ def flat_heads(case: TiledCase):
             case.v.reshape(-1, h_kv, d))
 
 
-def oracle(case: TiledCase):
-    """(out [q rows, h_q, d] float64, lse [h_q, rows] float64, probs [rows, h_q, max_kv] float64,
-    bad segment indices, nan_rows bool [rows], unspecified bool [rows]) by the contract
-    (contract_segments; the attention math batched over segments, segment_attention.attend)."""
+def oracle(case: TiledCase, with_probs: bool = True):
+    """(out [q rows, h_q, d] float64, lse [h_q, rows] float64, probs [rows, h_q, max_kv] float64
+    (None without with_probs), bad segment indices, nan_rows bool [rows], unspecified bool
+    [rows]) by the contract (contract_segments; the attention math batched over segments,
+    segment_attention.attend)."""
     segs = contract_segments(case)
-    res = SA.attend(*flat_heads(case), segs.valid, case.scale, max_kv=case.max_kv)
-    out, lse, probs = res["out"], res["lse"], res["probs"]
+    res = SA.attend(*flat_heads(case), segs.valid, case.scale,
+                    max_kv=case.max_kv if with_probs else None)
+    out, lse, probs = res["out"], res["lse"], res.get("probs")
     out[segs.nan_rows] = math.nan
     lse[:, segs.nan_rows] = math.nan
-    probs[segs.nan_rows] = math.nan
+    if probs is not None:
+        probs[segs.nan_rows] = math.nan
     return out, lse, probs, segs.bad, segs.nan_rows, segs.unspecified
 
 
