@@ -815,12 +815,9 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
   const int group = p.num_heads_q / p.num_heads_kv;
   const int kp = tiled_bwd_warpgroup_blocks(p.max_seqlen_kv) * kTiledBwdWarpgroupBlockKeys;
   RA_DYNAMIC_SHARED(ra_vec8, tiled_bwd_warpgroup_dq_smem);
-  const uint32_t raw = ra_smem_address(tiled_bwd_warpgroup_dq_smem);
-  const uint32_t pad = ra_smem_pad_1024(raw);
-  const uint32_t sk = raw + pad;
-  const uint32_t sv = sk + kp * D * 2;
-  const uint32_t tile_off = pad + 2 * kp * D * 2 + wg * (2 * ROWS * D * 2);
-  uint8_t* const tile_ptr = reinterpret_cast<uint8_t*>(tiled_bwd_warpgroup_dq_smem) + tile_off;
+  // The forward's layout (tiled_bwd_warpgroup_dq_smem_bytes): K and V, then per warpgroup its
+  // tile's Q in the forward's Q buffer 0 and dO in buffer 1.
+  const TiledWarpgroupSmem<D> sm(tiled_bwd_warpgroup_dq_smem, kp, wg);
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int seg = static_cast<int>(item / p.num_heads_kv);
@@ -830,17 +827,17 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
     const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
     const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
     // K, V and each warpgroup's first tile of Q and dO in one batch of copies.
-    tiled_warpgroup_stage<D, kTiledBwdWarpgroupBlockKeys, THREADS>(sk, sv, p, rows.k, rows.v,
-                                                                   s.nk, kp, tid);
+    tiled_warpgroup_stage<D, kTiledBwdWarpgroupBlockKeys, THREADS>(sm.k, sm.v, p, rows.k,
+                                                                   rows.v, s.nk, kp, tid);
     if (wg * ROWS < seg_rows)
       tiled_bwd_warpgroup_load_tile<D>(p, tiled_bwd_warpgroup_rows(p, s, rows, hk * group),
-                                       group, wg * ROWS, seg_rows, raw + tile_off, wtid);
+                                       group, wg * ROWS, seg_rows, sm.q, wtid);
     ra_cp_async_commit();
     ra_cp_async_wait<0>();
     ra_fence_proxy_async();
     __syncthreads();
-    tiled_bwd_warpgroup_dq_rows<T, D, DELTA, WIDE>(p, s, hk, group, sk, sv, kp, tile_ptr,
-                                             raw + tile_off, wg, wtid);
+    tiled_bwd_warpgroup_dq_rows<T, D, DELTA, WIDE>(p, s, hk, group, sm.k, sm.v, kp, sm.q_ptr,
+                                                   sm.q, wg, wtid);
     __syncthreads();  // every warpgroup is done with this segment's K / V
   }
   if constexpr (DELTA)

@@ -70,7 +70,8 @@ RA_HOST_DEVICE constexpr int64_t tiled_warpgroup_smem_bytes(int max_seqlen_kv, i
 // tiled_warpgroup_smem_bytes), as seen by warpgroup `wg`: from the first 1024-byte aligned byte,
 // K and V of `staged_keys` keys (keys x D each), then two Q buffers of a 64-row tile per
 // warpgroup. Addresses are shared-space (copies, product descriptors), pointers generic (plain
-// loads and stores). Both warpgroup forward kernels take their buffers from here.
+// loads and stores). Both warpgroup forward kernels take their buffers from here, and so does
+// the backward's cp.async dQ kernel (a warpgroup's Q buffer 1 holding its tile's dO).
 template <int D>
 struct TiledWarpgroupSmem {
   static constexpr uint32_t kQBytes = kTiledWarpgroupRows * D * 2;  // one Q buffer
