@@ -44,7 +44,7 @@ def generate(out_dir: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):  # an option is no directory to fill
         sys.exit(__doc__)
     files = generate(Path(sys.argv[1]))
     print(f"{len(files)} instantiation files in {sys.argv[1]}")
