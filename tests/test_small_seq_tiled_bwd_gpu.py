@@ -417,6 +417,51 @@ def test_warpgroup_wide_scores(dev, h_q, h_kv, tma, d, dtype):
             assert all(last_flag(n) == bool(wide) for n in names), names
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("layout", ["bshd-g4", "thd-g1", "thd-g3-cp-async"])
+def test_warpgroup_one_tile(dev, layout, d, dtype):
+    """Items of at most one 64-row tile over histories past one key block, by one kernel that
+    walks each item's key blocks, dK / dV per block and dQ summed in fp32 across them (tuning
+    small_seq_tiled_bwd_one_tile 1, the default, Delta from pass 1): BSHD q of 16 queries with a
+    GQA group of 4 (64 rows) and NaN k/v past each history; THD of 0..64 queries without GQA
+    and of 0..21 with a group of 3 (cp.async: 3 does not divide a tile), int64 offsets, padding
+    q rows and k/v rows around the segments; histories of 0, 1, 64, 65, 128, 129, 200 and 255 /
+    256 keys; dlse. Against the float64 oracle, bit-identical between tile copies and cp.async
+    (tuning small_seq_tiled_warpgroup_tma 1 and 0), within the oracle's bound of the dK / dV and
+    dQ kernels (0). The profiler's kernel names show that no dQ kernel ran."""
+    if not warpgroup_device(dev):
+        pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
+    seed = 131 + d + len(layout)
+    if layout == "bshd-g4":
+        case = C.bshd_case(seed, 16, [256, 65, 0, 200, 129, 1, 64, 128], 256, 8, 2, d, dtype,
+                           device=dev)
+    else:
+        h_q, h_kv, most = (8, 8, 64) if layout == "thd-g1" else (6, 2, 21)
+        q_lens = [most, 1, 0, 17, most, 5, 2, most - 1, 3]
+        kv_lens = [256, 65, 129, 0, 200, 255, 1, 64, 128]
+        case = C.thd_case(seed, q_lens, kv_lens, h_q, h_kv, d, dtype, offsets=torch.int64,
+                          max_kv=256, pad_before=3, pad_after=5, kv_pad=4, device=dev)
+    grads, kernels = {}, {}
+    for tma, one in ((1, 1), (0, 1), (1, 0)):
+        with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma,
+                                       small_seq_tiled_bwd_one_tile=one):
+            with torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                _, grads[tma, one] = check(case, seed=seed + 1, dlse=True)
+        kernels[tma, one] = [e.name for e in prof.events()
+                             if e.device_type == torch.autograd.DeviceType.CUDA]
+    for name, x, y in zip(("dq", "dk", "dv"), grads[1, 1], grads[0, 1]):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
+                                   msg=f"{name}: tile copies != cp.async")
+    G.assert_close_grads(grads[1, 1], grads[1, 0], case)
+    # A profile without any kernel means the profiler had no CUPTI (compute-sanitizer holds it).
+    if any(kernels.values()):
+        for key, names in kernels.items():
+            names = [n for n in names if "small_seq_tiled_bwd_warpgroup" in n]
+            assert names and any("_dq_" in n for n in names) == (key[1] == 0), (key, names)
+
+
 @pytest.mark.parametrize("h_kv", [2, 8], ids=["g4", "g1"])
 def test_warpgroup_dq_tile_copies_bshd(dev, h_kv):
     """The dQ kernel (histories past one 64-key block) copying whole row tiles by tile copies:

@@ -81,6 +81,12 @@ struct RaTuning {
   // and dK += dS^T Q: tiled_bwd_warpgroup_key_block_transposed), the dQ kernel as m64n64
   // products; 0 = scores in 16-key chunks (the dK / dV kernel's P and dS through shared memory).
   int small_seq_tiled_bwd_wide_scores = 1;
+  // tiled small-seq backward on Hopper, histories past one 64-key block where every (segment,
+  // kv head) holds at most one 64-row tile (max_seqlen_q x group <= 64) and Delta comes from
+  // pass 1: 1 = one kernel walks each item's key blocks, dK / dV per block and dQ summed in
+  // fp32 across them (tiled_bwd_warpgroup_one_tile: K / V, Q and dO read once, no dQ kernel);
+  // 0 = the dK / dV kernel per key block and the dQ kernel.
+  int small_seq_tiled_bwd_one_tile = 1;
   // tiled small-seq backward: 1 = calls of at most 4 rows per (segment, kv head) (one query
   // with a GQA group of at most 4) take the streaming kernel (tiled_bwd_stream_kernel.h) in
   // place of the dK / dV and dQ passes, one (segment, kv head) per wave or per block by the
@@ -139,6 +145,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_bwd_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WARPGROUP", &RaTuning::small_seq_tiled_bwd_warpgroup},
     {"small_seq_tiled_bwd_fused_delta", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_FUSED_DELTA", &RaTuning::small_seq_tiled_bwd_fused_delta},
     {"small_seq_tiled_bwd_wide_scores", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WIDE_SCORES", &RaTuning::small_seq_tiled_bwd_wide_scores},
+    {"small_seq_tiled_bwd_one_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_ONE_TILE", &RaTuning::small_seq_tiled_bwd_one_tile},
     {"small_seq_tiled_bwd_stream", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_STREAM", &RaTuning::small_seq_tiled_bwd_stream},
     {"small_seq_tiled_bwd_row_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_ROW_TILE", &RaTuning::small_seq_tiled_bwd_row_tile},
     {"small_seq_flash_route", "ROCM_ATTN_SMALL_SEQ_FLASH_ROUTE", &RaTuning::small_seq_flash_route},

@@ -218,9 +218,11 @@ hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, int64_t item
 }
 
 // Histories of one key block: the dK / dV kernel with dQ (16-key products where every history
-// fits them), Delta fused or from pass 1. Longer ones: the dK / dV kernel over (segment, kv
-// head, key block) items and the dQ kernel over (segment, kv head) items; with Delta fused the
-// dQ kernel runs first and computes it, else the dK / dV kernel first (Delta from pass 1).
+// fits them), Delta fused or from pass 1. Longer ones: where every item holds at most one row
+// tile and Delta comes from pass 1, the dK / dV kernel with dQ walking each item's key blocks
+// (tuning small_seq_tiled_bwd_one_tile); else the dK / dV kernel over (segment, kv head, key
+// block) items and the dQ kernel over (segment, kv head) items; with Delta fused the dQ kernel
+// runs first and computes it, else the dK / dV kernel first (Delta from pass 1).
 template <typename T, int D, int KEYS, bool FUSED_DELTA>
 hipError_t run_tiled_bwd_warpgroup_with_dq(const SmallSeqTiledParams& p, hipStream_t stream) {
   return run_tiled_bwd_warpgroup_dkdv<T, D, KEYS, true, FUSED_DELTA>(
@@ -238,6 +240,9 @@ hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, const bool fuse
   if (p.max_seqlen_kv <= kBlockKeys)
     return fused_delta ? run_tiled_bwd_warpgroup_with_dq<T, D, kBlockKeys, true>(p, stream)
                        : run_tiled_bwd_warpgroup_with_dq<T, D, kBlockKeys, false>(p, stream);
+  if (!fused_delta && ra_tuning().small_seq_tiled_bwd_one_tile >= 1 &&
+      tiled_max_rows(p) <= kTiledWarpgroupRows)
+    return run_tiled_bwd_warpgroup_dkdv<T, D, kBlockKeys, true, false, true>(p, pairs, stream);
   const int64_t dkdv_items = pairs * tiled_bwd_warpgroup_blocks(p.max_seqlen_kv);
   if (fused_delta) {
     const hipError_t err = run_tiled_bwd_warpgroup_dq<T, D, true>(p, pairs, stream);

@@ -606,6 +606,166 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block_transposed(const SmallSeqTiledParam
   tiled_bwd_warpgroup_store_dkdv<T, D>(p, rows, kb0, live, dk, dv, warp, g, t);
 }
 
+// The whole backward of one (segment, kv head) whose rows fit one 64-row tile (host bound
+// max_seqlen_q x group <= 64), over histories past one key block: the tile's Q and dO are
+// copied once, and the item walks its key blocks, per block
+//   S^T = K Q^T, dP^T = V dO^T, P^T and dS^T in registers   (as key_block_transposed)
+//   dV = P^T dO, dK = dS^T Q                                 (the block's own: stored at once)
+//   dQ += dS K                                               (dS^T through shared memory)
+// so that K / V, Q and dO are read once for all three gradients and no dQ kernel recomputes
+// the scores. dS^T goes into the dS buffer as [keys][rows] (the transposed A operand of the dQ
+// product, as P is of dV's in key_block); the fp32 dQ sum lives in the second Q / dO buffer,
+// which one tile leaves unused, each thread in its own slots (no barrier for the sum; blocks
+// added in order: deterministic), and the last block writes scale dQ through the Q buffer.
+// Keys past the history get P^T = 0 (their zero K rows would give dQ 0, but P^T may not be
+// finite there: exp2 of -lse); a segment without keys takes one block of zeros, so its dq is
+// dS = 0 (dP - Delta) times zero K rows. Delta comes from pass 1. Shared memory: the layout of
+// tiled_bwd_warpgroup_key_block (tiled_bwd_warpgroup_smem_bytes).
+template <typename T, int D, typename Copies>
+RA_DEVICE void tiled_bwd_warpgroup_one_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
+                                            const int hk, const int group, uint8_t* smem_ptr,
+                                            const uint32_t smem, const int tid,
+                                            Copies& copies) {
+  constexpr int KEYS = kTiledBwdWarpgroupBlockKeys;
+  constexpr int ROWS = kTiledWarpgroupRows;
+  static_assert(KEYS == 64 && ROWS == 64, "m64n64 score products over one key block");
+  constexpr int kTileBytes = ROWS * D * 2;
+  static_assert(2 * kTileBytes == 128 * (D / 2) * 4, "a thread's dQ sum fills its slots");
+  const uint32_t sk = smem;
+  const uint32_t sv = sk + KEYS * D * 2;
+  const uint32_t sq = sv + KEYS * D * 2;  // buffer 0: Q, then dO
+  const uint32_t sdo = sq + kTileBytes;
+  uint8_t* const sq_ptr = smem_ptr + (sq - smem);
+  // buffer 1: slot i of thread tid at dq_sum[128 i + tid]
+  float* const dq_sum = reinterpret_cast<float*>(sq_ptr + 2 * kTileBytes) + tid;
+  // where key_block keeps P and dS: the tile's lse and Delta, then dS^T [keys][rows]
+  const uint32_t sp = sq + 4 * kTileBytes;
+  float* const row_terms = reinterpret_cast<float*>(smem_ptr + (sp - smem));
+  const uint32_t sdst = sp + ROWS * KEYS * 2;
+  uint8_t* const sdst_ptr = smem_ptr + (sdst - smem);
+  const int warp = tid / 32;
+  const int g = (tid % 32) / 4;
+  const int t = tid % 4;
+  const float scale2 = p.softmax_scale * kTiledBwdLog2e;
+  const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
+  const int blocks = s.nk > 0 ? (s.nk + KEYS - 1) / KEYS : 1;
+  const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
+  const int hq0 = hk * group;
+  const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, rows, hq0);
+  copies.template load<D>(p, at, s, hq0, group, 0, seg_rows, sq, 0, tid);
+  if (tid < ROWS) {
+    const TiledBwdRowTerms terms = tid < seg_rows
+                                       ? tiled_bwd_row_terms_at<false>(p, s, hq0,
+                                                                       TiledRowMap(0, group), tid)
+                                       : TiledBwdRowTerms{INFINITY, 0.f};
+    row_terms[tid] = terms.lse2;
+    row_terms[ROWS + tid] = terms.delta;
+  }
+  for (int kb = 0; kb < blocks; ++kb) {
+    const int kb0 = kb * KEYS;
+    const int live = s.nk - kb0 < KEYS ? s.nk - kb0 : KEYS;
+    tiled_warpgroup_stage<D, KEYS, 128>(sk, sv, p, rows.k + kb0 * p.k_token_stride,
+                                        rows.v + kb0 * p.v_token_stride, live, KEYS, tid);
+    ra_cp_async_commit();
+    ra_cp_async_wait<0>();
+    if (kb == 0) copies.wait(0, seg_rows, 0);
+    ra_fence_proxy_async();
+    __syncthreads();  // K / V (and at block 0 Q, dO and the row terms) in place
+    float st[32], dpt[32];  // element 4j + e: key 16 warp + g + 8 (e / 2), row 8j + 2t + e % 2
+    ra_wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k)
+      ra_wgmma_ss<T, 64>(st, ra_wgmma_desc(ra_wgmma_step_address(sk, k, KEYS, 0)),
+                         ra_wgmma_desc(ra_wgmma_step_address(sq, k, ROWS, 0)), k > 0);
+    ra_wgmma_commit();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k)
+      ra_wgmma_ss<T, 64>(dpt, ra_wgmma_desc(ra_wgmma_step_address(sv, k, KEYS, 0)),
+                         ra_wgmma_desc(ra_wgmma_step_address(sdo, k, ROWS, 0)), k > 0);
+    ra_wgmma_commit();
+    ra_wgmma_wait<1>();  // S^T done; P^T below runs under the dP^T products
+#pragma unroll
+    for (int i = 0; i < 32; ++i) ra_wgmma_pin(st[i]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 lse2 = *reinterpret_cast<const float2*>(row_terms + 8 * j + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool past = 16 * warp + g + 8 * (e / 2) >= live;
+        st[4 * j + e] =
+            past ? 0.f : exp2f(fmaf(st[4 * j + e], scale2, -(e % 2 ? lse2.y : lse2.x)));
+      }
+    }
+    ra_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) ra_wgmma_pin(dpt[i]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 delta = *reinterpret_cast<const float2*>(row_terms + ROWS + 8 * j + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - (e % 2 ? delta.y : delta.x));
+    }
+    // A operands of k step kk (rows 16 kk .. 16 kk + 15) in pairs; dsa[kk][x] holds rows
+    // 8 j + 2t, + 1 (j = 2 kk + x / 2) of key 16 warp + g + 8 (x % 2), which is also its place
+    // in dS^T: key row, 16-byte chunk j ^ g (the key is g mod 8), bytes 4t.
+    uint32_t pa[ROWS / 16][4], dsa[ROWS / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < ROWS / 16; ++kk)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        pa[kk][x] = ra_mma_pack2<T>(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
+        dsa[kk][x] = ra_mma_pack2<T>(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
+        const int j = 2 * kk + x / 2;
+        *reinterpret_cast<uint32_t*>(sdst_ptr + (16 * warp + g + 8 * (x % 2)) * 128 +
+                                     ((j ^ g) << 4) + 4 * t) = dsa[kk][x];
+      }
+    float dk[D / 2], dv[D / 2];
+    ra_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < ROWS / 16; ++kk)
+      ra_wgmma_rs<T, D>(dv, pa[kk], ra_wgmma_desc_n_major(sdo + 16 * kk * 128, ROWS * 128),
+                        kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < ROWS / 16; ++kk)
+      ra_wgmma_rs<T, D>(dk, dsa[kk], ra_wgmma_desc_n_major(sq + 16 * kk * 128, ROWS * 128),
+                        kk > 0);
+    ra_wgmma_commit();
+    ra_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) {
+      ra_wgmma_pin(dk[i]);
+      ra_wgmma_pin(dv[i]);
+    }
+    tiled_bwd_warpgroup_store_dkdv<T, D>(p, rows, kb0, live, dk, dv, warp, g, t);
+    ra_fence_proxy_async();
+    __syncthreads();  // dS^T in place; every warp's dK product (Q) and dV product (dO) done
+    float dq[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dq[i] = kb > 0 ? dq_sum[128 * i] : 0.f;
+    ra_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KEYS / 16; ++kk)
+      ra_wgmma_ss_tt<T, D>(dq, ra_wgmma_desc_n_major(sdst + 16 * kk * 128, KEYS * 128),
+                           ra_wgmma_desc_n_major(sk + 16 * kk * 128, KEYS * 128), 1);
+    ra_wgmma_commit();
+    ra_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(dq[i]);
+    if (kb + 1 < blocks) {
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) dq_sum[128 * i] = dq[i];
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        tiled_warpgroup_acc_row_to_buffer<T, D>(sq_ptr, dq, r, p.softmax_scale, tid);
+      copies.template store_dq<D>(p, at, s, hq0, group, TiledRowMap(0, group), 0, seg_rows,
+                                  sq_ptr, sq, tid);
+    }
+    __syncthreads();  // every warp is done with this block's K / V and dS^T
+  }
+}
+
 // LSE (log2 domain) and Delta = rowsum(dO * O) - dlse of this thread's rows 16 warp + g and
 // + 8 of the tile at r0, for the dQ kernel run ahead of the dK / dV kernel in place of pass 1:
 // dO from the tile's buffer (`sdo_ptr`, generic), O from global memory (`out`: the q batch's
@@ -742,18 +902,22 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const T
 // what pass 2 writes besides a valid segment's gradients (tiled_bwd_edges, warp 0). KEYS: keys
 // of the products, 16 where every history fits them, else 64. FUSED_DELTA (WITH_DQ only):
 // launched without pass 1, the kernel computes each row's Delta from its P and dP and zeroes
-// the dq of q padding rows itself. TRANSPOSED (64-key blocks without dQ only): each item by
-// tiled_bwd_warpgroup_key_block_transposed. `copies` moves the row tiles
+// the dq of q padding rows itself. TRANSPOSED (64-key blocks, Delta from pass 1): without dQ,
+// each item by tiled_bwd_warpgroup_key_block_transposed; with dQ (launched where every item
+// holds at most one row tile, over histories past one block), one item per (segment, kv head)
+// walking all its key blocks (tiled_bwd_warpgroup_one_tile). `copies` moves the row tiles
 // (TiledBwdCpAsyncCopies or the tile-copy kernel's).
 template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, bool TRANSPOSED,
           typename Copies>
 RA_DEVICE void tiled_bwd_warpgroup_items(const SmallSeqTiledParams& p, Copies& copies) {
   static_assert(WITH_DQ || !FUSED_DELTA, "Delta from P dP needs the row's whole history");
-  static_assert(!TRANSPOSED || (!WITH_DQ && KEYS == kTiledBwdWarpgroupBlockKeys),
-                "the transposed products serve 64-key blocks without dQ");
+  static_assert(!TRANSPOSED || (!FUSED_DELTA && KEYS == kTiledBwdWarpgroupBlockKeys),
+                "the transposed products serve 64-key blocks, Delta from pass 1");
+  // one-tile items (TRANSPOSED with dQ): an item per (segment, kv head), walking its blocks
+  constexpr bool kWalk = WITH_DQ && TRANSPOSED;
   const int tid = threadIdx.x;
   const int group = p.num_heads_q / p.num_heads_kv;
-  const int blocks = tiled_bwd_warpgroup_blocks(p.max_seqlen_kv);
+  const int blocks = kWalk ? 1 : tiled_bwd_warpgroup_blocks(p.max_seqlen_kv);
   RA_DYNAMIC_SHARED(ra_vec8, tiled_bwd_warpgroup_smem);
   const uint32_t raw = ra_smem_address(tiled_bwd_warpgroup_smem);
   const uint32_t pad = ra_smem_pad_1024(raw);
@@ -772,7 +936,9 @@ RA_DEVICE void tiled_bwd_warpgroup_items(const SmallSeqTiledParams& p, Copies& c
     // Block 0 always runs with dQ (it writes the dQ of a segment without keys: zeros); without,
     // only blocks that hold keys.
     if (!s.valid || ((kb > 0 || !WITH_DQ) && kb0 >= s.nk)) continue;
-    if constexpr (TRANSPOSED)
+    if constexpr (kWalk)
+      tiled_bwd_warpgroup_one_tile<T, D>(p, s, hk, group, smem_ptr, raw + pad, tid, copies);
+    else if constexpr (TRANSPOSED)
       tiled_bwd_warpgroup_key_block_transposed<T, D>(p, s, hk, group, kb0, smem_ptr, raw + pad,
                                                      tid, copies);
     else
