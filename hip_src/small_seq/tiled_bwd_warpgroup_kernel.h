@@ -620,7 +620,10 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block_transposed(const SmallSeqTiledParam
 // Keys past the history get P^T = 0 (their zero K rows would give dQ 0, but P^T may not be
 // finite there: exp2 of -lse); a segment without keys takes one block of zeros, so its dq is
 // dS = 0 (dP - Delta) times zero K rows. Delta comes from pass 1. Shared memory: the layout of
-// tiled_bwd_warpgroup_key_block (tiled_bwd_warpgroup_smem_bytes).
+// tiled_bwd_warpgroup_key_block (tiled_bwd_warpgroup_smem_bytes). The score stage repeats
+// key_block_transposed's: one inlined helper for both gave the same PTX instructions but moved
+// ptxas' allocation of that kernel at d = 128 from 24 to 56 bytes of spill (64 to 88 under
+// cp.async), so the two stay apart until a same-build GPU A/B says the spill costs nothing.
 template <typename T, int D, typename Copies>
 RA_DEVICE void tiled_bwd_warpgroup_one_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                             const int hk, const int group, uint8_t* smem_ptr,
