@@ -451,6 +451,24 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
   tiled_bwd_warpgroup_store_dkdv<T, D>(p, rows, kb0, live, dk, dv, warp, g, t);
 }
 
+// The lse (log2 domain) and Delta of the 64-row tile at r0 into row_lse2[0..63] and
+// row_lse2[64..127], for the transposed kernels, whose threads each read 16 rows' terms (the
+// first 64 threads, one row each; rows past the segment get lse +inf and Delta 0: P^T = 0).
+RA_DEVICE void tiled_bwd_warpgroup_stage_row_terms(const SmallSeqTiledParams& p,
+                                                   const TiledSegment& s, const int hq0,
+                                                   const int group, const int64_t r0,
+                                                   const int64_t seg_rows, float* row_lse2,
+                                                   const int tid) {
+  if (tid < kTiledWarpgroupRows) {
+    const TiledBwdRowTerms terms =
+        r0 + tid < seg_rows
+            ? tiled_bwd_row_terms_at<false>(p, s, hq0, TiledRowMap(r0, group), tid)
+            : TiledBwdRowTerms{INFINITY, 0.f};
+    row_lse2[tid] = terms.lse2;
+    row_lse2[kTiledWarpgroupRows + tid] = terms.delta;
+  }
+}
+
 // The dK / dV of one key block of 64 keys (kb0 .. kb0 + 63 of a valid segment, kv head hk) over
 // all of the segment's rows, the dQ left to the dQ kernel (histories past one key block), with
 // the score products transposed: per 64-row tile
@@ -502,15 +520,8 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block_transposed(const SmallSeqTiledParam
   // Tile `tile`'s row terms into half `half` (first 64 threads, no barrier inside), called in
   // tile - 1 (or before tile 0): the half's last readers, tile - 2's, passed its closing barrier.
   const auto stage_terms = [&](int64_t tile, int half) {
-    if (tid < ROWS) {
-      const int64_t r0 = tile * ROWS;
-      const TiledBwdRowTerms terms =
-          r0 + tid < seg_rows
-              ? tiled_bwd_row_terms_at<false>(p, s, hq0, TiledRowMap(r0, group), tid)
-              : TiledBwdRowTerms{INFINITY, 0.f};
-      row_terms[2 * ROWS * half + tid] = terms.lse2;
-      row_terms[2 * ROWS * half + ROWS + tid] = terms.delta;
-    }
+    tiled_bwd_warpgroup_stage_row_terms(p, s, hq0, group, tile * ROWS, seg_rows,
+                                        row_terms + 2 * ROWS * half, tid);
   };
   if (tiles > 0) {
     tiled_warpgroup_stage<D, KEYS, 128>(sk, sv, p, rows.k + kb0 * p.k_token_stride,
@@ -656,14 +667,7 @@ RA_DEVICE void tiled_bwd_warpgroup_one_tile(const SmallSeqTiledParams& p, const 
   const int hq0 = hk * group;
   const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, rows, hq0);
   copies.template load<D>(p, at, s, hq0, group, 0, seg_rows, sq, 0, tid);
-  if (tid < ROWS) {
-    const TiledBwdRowTerms terms = tid < seg_rows
-                                       ? tiled_bwd_row_terms_at<false>(p, s, hq0,
-                                                                       TiledRowMap(0, group), tid)
-                                       : TiledBwdRowTerms{INFINITY, 0.f};
-    row_terms[tid] = terms.lse2;
-    row_terms[ROWS + tid] = terms.delta;
-  }
+  tiled_bwd_warpgroup_stage_row_terms(p, s, hq0, group, 0, seg_rows, row_terms, tid);
   for (int kb = 0; kb < blocks; ++kb) {
     const int kb0 = kb * KEYS;
     const int live = s.nk - kb0 < KEYS ? s.nk - kb0 : KEYS;
@@ -892,8 +896,8 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const T
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
     }
-    tiled_bwd_warpgroup_dq_tile<T, D, DELTA, WIDE>(p, s, at, hq0, group, r0, seg_rows, sk, sv, kp,
-                                             tile_ptr, tile_at, wg, wtid);
+    tiled_bwd_warpgroup_dq_tile<T, D, DELTA, WIDE>(p, s, at, hq0, group, r0, seg_rows, sk, sv,
+                                                   kp, tile_ptr, tile_at, wg, wtid);
     ra_warpgroup_sync(wg);  // the buffer is refilled by the next tile's copies
   }
 }
