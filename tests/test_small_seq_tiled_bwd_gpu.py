@@ -76,6 +76,17 @@ def check(case, seed=0, dlse=False):
     return (dout, out, lse, dl), grads
 
 
+def check_profiled(case, seed):
+    """check(case, seed, dlse=True) under the CUDA profiler: (the gradients, the names of the
+    warpgroup backward kernels it ran), the names None where the profile holds no kernel at all
+    (the profiler had no CUPTI: compute-sanitizer holds it), the gradients then the whole
+    check."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _, grads = check(case, seed=seed, dlse=True)
+    ran = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return grads, [n for n in ran if "small_seq_tiled_bwd_warpgroup" in n] if ran else None
+
+
 @pytest.mark.parametrize("passes", list(G.BWD_PASSES))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
@@ -394,11 +405,7 @@ def test_warpgroup_wide_scores(dev, h_q, h_kv, tma, d, dtype):
     for wide in (1, 0):
         with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma,
                                        small_seq_tiled_bwd_wide_scores=wide):
-            with torch.profiler.profile(
-                    activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                inputs, grads[wide] = check(case, seed=98 + d, dlse=True)
-        kernels[wide] = [e.name for e in prof.events()
-                         if e.device_type == torch.autograd.DeviceType.CUDA]
+            grads[wide], kernels[wide] = check_profiled(case, 98 + d)
     G.assert_close_grads(grads[1], grads[0], case)
     dq, dk, dv = grads[1]
     assert (dq[:3] == 0).all() and (dq[-5:] == 0).all()
@@ -408,11 +415,9 @@ def test_warpgroup_wide_scores(dev, h_q, h_kv, tma, d, dtype):
         found = re.search(r"(true|false)>\s*\(", name)
         return found.group(1) == "true" if found else re.findall(r"Lb([01])E", name)[-1] == "1"
 
-    # A profile without any kernel means the profiler had no CUPTI (compute-sanitizer holds it):
-    # the numbers above are then the whole check.
-    if any(kernels.values()):
+    if any(names is not None for names in kernels.values()):  # else no CUPTI (check_profiled)
         for wide in (1, 0):
-            names = [n for n in kernels[wide] if "small_seq_tiled_bwd_warpgroup" in n]
+            names = kernels[wide] or []
             assert any("_dq_" in n for n in names) and any("_dq_" not in n for n in names), names
             assert all(last_flag(n) == bool(wide) for n in names), names
 
@@ -446,19 +451,13 @@ def test_warpgroup_one_tile(dev, layout, d, dtype):
     for tma, one in ((1, 1), (0, 1), (1, 0)):
         with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma,
                                        small_seq_tiled_bwd_one_tile=one):
-            with torch.profiler.profile(
-                    activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                _, grads[tma, one] = check(case, seed=seed + 1, dlse=True)
-        kernels[tma, one] = [e.name for e in prof.events()
-                             if e.device_type == torch.autograd.DeviceType.CUDA]
+            grads[tma, one], kernels[tma, one] = check_profiled(case, seed + 1)
     for name, x, y in zip(("dq", "dk", "dv"), grads[1, 1], grads[0, 1]):
         torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
                                    msg=f"{name}: tile copies != cp.async")
     G.assert_close_grads(grads[1, 1], grads[1, 0], case)
-    # A profile without any kernel means the profiler had no CUPTI (compute-sanitizer holds it).
-    if any(kernels.values()):
+    if any(names is not None for names in kernels.values()):  # else no CUPTI (check_profiled)
         for key, names in kernels.items():
-            names = [n for n in names if "small_seq_tiled_bwd_warpgroup" in n]
             assert names and any("_dq_" in n for n in names) == (key[1] == 0), (key, names)
 
 
