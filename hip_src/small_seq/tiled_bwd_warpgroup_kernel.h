@@ -469,6 +469,71 @@ RA_DEVICE void tiled_bwd_warpgroup_stage_row_terms(const SmallSeqTiledParams& p,
   }
 }
 
+// The score stage of both transposed kernels, one 64-key block against one 64-row tile (one
+// warpgroup, all from shared memory): S^T = K Q^T and dP^T = V dO^T as m64n64 products (M = the
+// block's keys, N = the tile's rows), P^T = exp2(S^T scale2 - lse2) computed while the dP^T
+// products still run (keys at or past `live` get 0 where MASK_PAST), dS^T = P^T (dP^T - Delta),
+// both rounded in pairs into pa / dsa, the A operands of the dV and dK products (k step kk: tile
+// rows 16 kk .. 16 kk + 15; pa[kk][x], dsa[kk][x] hold rows 8 j + 2t, + 1 with j = 2 kk + x / 2
+// of key 16 warp + g + 8 (x % 2)). row_lse2 / row_delta: the tile's 64 lse (log2 domain) and
+// Delta values. Each pass reads its own row terms: the wait's memory clobber between them keeps
+// the compiler from loading all 32 terms at once beside the accumulators (which spilled 144
+// bytes at d = 128).
+template <typename T, int D, bool MASK_PAST>
+RA_DEVICE void tiled_bwd_warpgroup_transposed_scores(
+    const uint32_t sk, const uint32_t sv, const uint32_t sq, const uint32_t sdo,
+    const float* row_lse2, const float* row_delta, const float scale2, const int live,
+    const int tid, uint32_t (&pa)[kTiledWarpgroupRows / 16][4],
+    uint32_t (&dsa)[kTiledWarpgroupRows / 16][4]) {
+  constexpr int KEYS = kTiledBwdWarpgroupBlockKeys;
+  constexpr int ROWS = kTiledWarpgroupRows;
+  const int warp = tid / 32;
+  const int g = (tid % 32) / 4;
+  const int t = tid % 4;
+  float st[32], dpt[32];  // element 4j + e: key 16 warp + g + 8 (e / 2), row 8j + 2t + e % 2
+  ra_wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k)
+    ra_wgmma_ss<T, 64>(st, ra_wgmma_desc(ra_wgmma_step_address(sk, k, KEYS, 0)),
+                       ra_wgmma_desc(ra_wgmma_step_address(sq, k, ROWS, 0)), k > 0);
+  ra_wgmma_commit();
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k)
+    ra_wgmma_ss<T, 64>(dpt, ra_wgmma_desc(ra_wgmma_step_address(sv, k, KEYS, 0)),
+                       ra_wgmma_desc(ra_wgmma_step_address(sdo, k, ROWS, 0)), k > 0);
+  ra_wgmma_commit();
+  ra_wgmma_wait<1>();  // S^T done; P^T below runs under the dP^T products
+#pragma unroll
+  for (int i = 0; i < 32; ++i) ra_wgmma_pin(st[i]);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 lse2 = *reinterpret_cast<const float2*>(row_lse2 + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p_t = exp2f(fmaf(st[4 * j + e], scale2, -(e % 2 ? lse2.y : lse2.x)));
+      st[4 * j + e] = MASK_PAST && 16 * warp + g + 8 * (e / 2) >= live ? 0.f : p_t;
+    }
+  }
+  ra_wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 32; ++i) ra_wgmma_pin(dpt[i]);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 delta = *reinterpret_cast<const float2*>(row_delta + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - (e % 2 ? delta.y : delta.x));
+  }
+  asm volatile("" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < ROWS / 16; ++kk)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      pa[kk][x] = ra_mma_pack2<T>(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
+      dsa[kk][x] = ra_mma_pack2<T>(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
+    }
+}
+
 // The dK / dV of one key block of 64 keys (kb0 .. kb0 + 63 of a valid segment, kv head hk) over
 // all of the segment's rows, the dQ left to the dQ kernel (histories past one key block), with
 // the score products transposed: per 64-row tile
@@ -549,53 +614,11 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block_transposed(const SmallSeqTiledParam
     uint32_t sk_t = sk;
     asm volatile("" : "+r"(sk_t));
     const uint32_t sv_t = sk_t + KEYS * D * 2;
-    float st[32], dpt[32];  // element 4j + e: key 16 warp + g + 8 (e / 2), row 8j + 2t + e % 2
-    ra_wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k)
-      ra_wgmma_ss<T, 64>(st, ra_wgmma_desc(ra_wgmma_step_address(sk_t, k, KEYS, 0)),
-                         ra_wgmma_desc(ra_wgmma_step_address(sq, k, ROWS, 0)), k > 0);
-    ra_wgmma_commit();
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k)
-      ra_wgmma_ss<T, 64>(dpt, ra_wgmma_desc(ra_wgmma_step_address(sv_t, k, KEYS, 0)),
-                         ra_wgmma_desc(ra_wgmma_step_address(sdo, k, ROWS, 0)), k > 0);
-    ra_wgmma_commit();
-    ra_wgmma_wait<1>();  // S^T done; P^T below runs under the dP^T products
     const float* const row_lse2 = row_terms + 2 * ROWS * buf;
-    const float* const row_delta = row_lse2 + ROWS;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) ra_wgmma_pin(st[i]);
-    // P^T, then dS^T, each pass reading its own row terms: the wait's memory clobber between
-    // the passes keeps the compiler from loading all 32 terms at once beside the 192
-    // accumulator registers (which spilled 144 bytes at d = 128).
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 lse2 = *reinterpret_cast<const float2*>(row_lse2 + 8 * j + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        st[4 * j + e] = exp2f(fmaf(st[4 * j + e], scale2, -(e % 2 ? lse2.y : lse2.x)));
-    }
-    ra_wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 32; ++i) ra_wgmma_pin(dpt[i]);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 delta = *reinterpret_cast<const float2*>(row_delta + 8 * j + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - (e % 2 ? delta.y : delta.x));
-    }
-    asm volatile("" ::: "memory");
-    // The A operand of k step kk (rows 16 kk .. 16 kk + 15): elements 8 kk .. 8 kk + 7 in pairs.
     uint32_t pa[ROWS / 16][4], dsa[ROWS / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < ROWS / 16; ++kk)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        pa[kk][x] = ra_mma_pack2<T>(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
-        dsa[kk][x] = ra_mma_pack2<T>(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
-      }
+    tiled_bwd_warpgroup_transposed_scores<T, D, false>(sk_t, sv_t, sq, sdo, row_lse2,
+                                                       row_lse2 + ROWS, scale2, KEYS, tid, pa,
+                                                       dsa);
     ra_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < ROWS / 16; ++kk)
@@ -631,10 +654,9 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block_transposed(const SmallSeqTiledParam
 // Keys past the history get P^T = 0 (their zero K rows would give dQ 0, but P^T may not be
 // finite there: exp2 of -lse); a segment without keys takes one block of zeros, so its dq is
 // dS = 0 (dP - Delta) times zero K rows. Delta comes from pass 1. Shared memory: the layout of
-// tiled_bwd_warpgroup_key_block (tiled_bwd_warpgroup_smem_bytes). The score stage repeats
-// key_block_transposed's: one inlined helper for both gave the same PTX instructions but moved
-// ptxas' allocation of that kernel at d = 128 from 24 to 56 bytes of spill (64 to 88 under
-// cp.async), so the two stay apart until a same-build GPU A/B says the spill costs nothing.
+// tiled_bwd_warpgroup_key_block (tiled_bwd_warpgroup_smem_bytes). The score stage is
+// key_block_transposed's (tiled_bwd_warpgroup_transposed_scores), with keys past the history
+// masked.
 template <typename T, int D, typename Copies>
 RA_DEVICE void tiled_bwd_warpgroup_one_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                             const int hk, const int group, uint8_t* smem_ptr,
@@ -678,55 +700,18 @@ RA_DEVICE void tiled_bwd_warpgroup_one_tile(const SmallSeqTiledParams& p, const 
     if (kb == 0) copies.wait(0, seg_rows, 0);
     ra_fence_proxy_async();
     __syncthreads();  // K / V (and at block 0 Q, dO and the row terms) in place
-    float st[32], dpt[32];  // element 4j + e: key 16 warp + g + 8 (e / 2), row 8j + 2t + e % 2
-    ra_wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k)
-      ra_wgmma_ss<T, 64>(st, ra_wgmma_desc(ra_wgmma_step_address(sk, k, KEYS, 0)),
-                         ra_wgmma_desc(ra_wgmma_step_address(sq, k, ROWS, 0)), k > 0);
-    ra_wgmma_commit();
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k)
-      ra_wgmma_ss<T, 64>(dpt, ra_wgmma_desc(ra_wgmma_step_address(sv, k, KEYS, 0)),
-                         ra_wgmma_desc(ra_wgmma_step_address(sdo, k, ROWS, 0)), k > 0);
-    ra_wgmma_commit();
-    ra_wgmma_wait<1>();  // S^T done; P^T below runs under the dP^T products
-#pragma unroll
-    for (int i = 0; i < 32; ++i) ra_wgmma_pin(st[i]);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 lse2 = *reinterpret_cast<const float2*>(row_terms + 8 * j + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool past = 16 * warp + g + 8 * (e / 2) >= live;
-        st[4 * j + e] =
-            past ? 0.f : exp2f(fmaf(st[4 * j + e], scale2, -(e % 2 ? lse2.y : lse2.x)));
-      }
-    }
-    ra_wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 32; ++i) ra_wgmma_pin(dpt[i]);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 delta = *reinterpret_cast<const float2*>(row_terms + ROWS + 8 * j + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - (e % 2 ? delta.y : delta.x));
-    }
-    // A operands of k step kk (rows 16 kk .. 16 kk + 15) in pairs; dsa[kk][x] holds rows
-    // 8 j + 2t, + 1 (j = 2 kk + x / 2) of key 16 warp + g + 8 (x % 2), which is also its place
-    // in dS^T: key row, 16-byte chunk j ^ g (the key is g mod 8), bytes 4t.
     uint32_t pa[ROWS / 16][4], dsa[ROWS / 16][4];
+    tiled_bwd_warpgroup_transposed_scores<T, D, true>(sk, sv, sq, sdo, row_terms,
+                                                      row_terms + ROWS, scale2, live, tid, pa,
+                                                      dsa);
+    // dS^T into the dS buffer: dsa[kk][x]'s key row, 16-byte chunk j ^ g (the key is g mod 8),
+    // bytes 4t (j = 2 kk + x / 2)
 #pragma unroll
     for (int kk = 0; kk < ROWS / 16; ++kk)
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        pa[kk][x] = ra_mma_pack2<T>(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
-        dsa[kk][x] = ra_mma_pack2<T>(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
-        const int j = 2 * kk + x / 2;
+      for (int x = 0; x < 4; ++x)
         *reinterpret_cast<uint32_t*>(sdst_ptr + (16 * warp + g + 8 * (x % 2)) * 128 +
-                                     ((j ^ g) << 4) + 4 * t) = dsa[kk][x];
-      }
+                                     (((2 * kk + x / 2) ^ g) << 4) + 4 * t) = dsa[kk][x];
     float dk[D / 2], dv[D / 2];
     ra_wgmma_fence();
 #pragma unroll
