@@ -80,6 +80,15 @@ RA_DEVICE uint64_t ra_wgmma_desc_n_major(uint32_t addr, uint32_t panel_bytes) {
          (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
+// The descriptor `desc` moved `bytes` (a multiple of 16) further: one add on its low word, where
+// the start address field sits. Shared-memory addresses stay below 256 KiB, so the field
+// (address / 16, 14 bits) never carries into the leading offset above it. Lets a product's k
+// steps share one descriptor computed per operand instead of one per step.
+RA_DEVICE uint64_t ra_wgmma_desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xffffffff00000000ull) | lo;
+}
+
 // Address of k step s (16 columns) of an R-row operand whose panels start at `base`, from row
 // `row0` (a multiple of 8).
 RA_DEVICE uint32_t ra_wgmma_step_address(uint32_t base, int s, uint32_t rows, uint32_t row0) {

@@ -243,13 +243,19 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
   // The score product of the step at key k0 into acc (asynchronous: committed, not waited).
+  // Each operand's descriptor is made once per step and advanced to each k step by one add
+  // (ra_wgmma_desc_advance) rather than rebuilt from the k step's address. (Q's, the same every
+  // step, is still made per step: held across the steps it costs the capped one-warpgroup
+  // blocks more spill.)
   const auto issue_scores = [&](float* acc, int k0) {
+    const uint64_t q_desc = ra_wgmma_desc(sq);
+    const uint64_t k_desc = ra_wgmma_desc(sk + k0 * 128);
     ra_wgmma_fence();
 #pragma unroll
     for (int st = 0; st < kSteps; ++st)
       ra_wgmma_ss<T, KEYS>(
-          acc, ra_wgmma_desc(ra_wgmma_step_address(sq, st, kTiledWarpgroupRows, 0)),
-          ra_wgmma_desc(ra_wgmma_step_address(sk, st, kp, k0)), st > 0);
+          acc, ra_wgmma_desc_advance(q_desc, ra_wgmma_step_address(0, st, kTiledWarpgroupRows, 0)),
+          ra_wgmma_desc_advance(k_desc, ra_wgmma_step_address(0, st, kp, 0)), st > 0);
     ra_wgmma_commit();
   };
   // Online softmax of one step's scores in place (sc becomes P, unrounded), with the lazy
@@ -326,10 +332,11 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
 #pragma unroll
       for (int x = 0; x < 4; ++x)
         pa[kk][x] = ra_mma_pack2<T>(sc[8 * kk + 2 * x], sc[8 * kk + 2 * x + 1]);
+    const uint64_t v_desc = ra_wgmma_desc_n_major(sv + k0 * 128, kp * 128);
     ra_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KEYS / 16; ++kk)
-      ra_wgmma_rs<T, D>(o, pa[kk], ra_wgmma_desc_n_major(sv + (k0 + 16 * kk) * 128, kp * 128), 1);
+      ra_wgmma_rs<T, D>(o, pa[kk], ra_wgmma_desc_advance(v_desc, 16 * kk * 128), 1);
     ra_wgmma_commit();
   };
   for (int k0 = k_begin; k0 < k_end; k0 += KEYS) {
