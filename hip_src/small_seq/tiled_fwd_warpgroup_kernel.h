@@ -49,6 +49,16 @@ RA_HOST_DEVICE constexpr int tiled_warpgroup_step_keys(int max_seqlen_kv) {
   return max_seqlen_kv <= 16 ? 16 : kTiledWarpgroupKeys;
 }
 
+// Whether a kernel instance overlaps each step's softmax with the previous step's P . V
+// (tiled_warpgroup_tile's OVERLAP): blocks of two warpgroups over 64-key steps (histories past
+// 128 keys at d = 128), where it measured 1.03-1.05x on 128-512 candidates over 256 keys (ties
+// within 1.5% on the split one-tile items). The overlap holds the next step's scores beside P in
+// flight: one-warpgroup blocks over 64-key steps timed a tie uncapped (65-128 keys) and would
+// spill 336-756 bytes capped for three per multiprocessor; over 16-key steps most histories are
+// one step, with nothing to overlap.
+template <int WARPGROUPS, int KEYS>
+constexpr bool kTiledWarpgroupOverlap = WARPGROUPS > 1 && KEYS == kTiledWarpgroupKeys;
+
 // Keys the K and V buffers hold for max_seqlen_kv: whole softmax steps (a multiple of 8 rows,
 // the swizzle's period).
 RA_HOST_DEVICE constexpr int64_t tiled_warpgroup_keys(int max_seqlen_kv) {
@@ -222,7 +232,10 @@ RA_DEVICE void tiled_warpgroup_store_out(const SmallSeqTiledParams& p, const Til
 // maxima m and this thread's partial row sums l, all relative to m) and returns whether this
 // warpgroup writes the tile; store_out(map) publishes the buffer holding O / l to the
 // warpgroup and writes the tile's live rows out.
-template <typename T, int D, int KEYS, typename BeforeStep, typename Combine, typename StoreOut>
+// OVERLAP picks the step schedule (kTiledWarpgroupOverlap): serial, or each step's softmax
+// under the previous step's P . V.
+template <typename T, int D, int KEYS, bool OVERLAP, typename BeforeStep, typename Combine,
+          typename StoreOut>
 RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                     const int hk, const int group, const int64_t r0,
                                     const int64_t seg_rows, uint8_t* sq_ptr, const uint32_t sq,
@@ -319,19 +332,18 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     }
     return __any_sync(0xffffffffu, moved);
   };
-  // O = O * alpha + P . V for the step at k0 (issued and committed, not waited; O must not be
-  // in flight, and pa must stay untouched until the product is waited for).
+  // P of one step rounded into the register operand of its P . V product.
   uint32_t pa[KEYS / 16][4];
-  const auto issue_pv = [&](const float* sc, int k0, const float* alpha, bool rescale) {
-    if (rescale) {  // warp-uniform
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
-    }
+  const auto pack_p = [&](const float* sc) {
 #pragma unroll
     for (int kk = 0; kk < KEYS / 16; ++kk)
 #pragma unroll
       for (int x = 0; x < 4; ++x)
         pa[kk][x] = ra_mma_pack2<T>(sc[8 * kk + 2 * x], sc[8 * kk + 2 * x + 1]);
+  };
+  // O += P . V for the step at k0 (issued and committed, not waited; pa must stay untouched
+  // and O unread until the product is waited for).
+  const auto issue_pv = [&](int k0) {
     const uint64_t v_desc = ra_wgmma_desc_n_major(sv + k0 * 128, kp * 128);
     ra_wgmma_fence();
 #pragma unroll
@@ -339,16 +351,61 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       ra_wgmma_rs<T, D>(o, pa[kk], ra_wgmma_desc_advance(v_desc, 16 * kk * 128), 1);
     ra_wgmma_commit();
   };
-  for (int k0 = k_begin; k0 < k_end; k0 += KEYS) {
+  const auto rescale_o = [&](const float* alpha) {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+  };
+  const auto softmax_any = [&](float* sc, int k0, float* alpha) {
+    return k0 + KEYS <= nk ? softmax(sc, k0, alpha, TiledFlag<false>{})
+                           : softmax(sc, k0, alpha, TiledFlag<true>{});
+  };
+  if constexpr (!OVERLAP) {
+    // Serial: scores, softmax, P . V, each waited for before the next starts.
+    for (int k0 = k_begin; k0 < k_end; k0 += KEYS) {
+      float sc[KEYS / 2], alpha[2];
+      before_step(k0);
+      issue_scores(sc, k0);
+      ra_wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < KEYS / 2; ++i) ra_wgmma_pin(sc[i]);
+      if (softmax_any(sc, k0, alpha)) rescale_o(alpha);  // warp-uniform
+      pack_p(sc);
+      issue_pv(k0);
+      ra_wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(o[i]);
+    }
+  } else if (k_begin < k_end) {
+    // Overlapped (flash-attention 3's schedule within a warpgroup): step j's scores are
+    // issued, then step j - 1's P . V behind them; the softmax of step j runs once its scores
+    // are in (products complete in order) while the matrix unit still computes P . V, which is
+    // waited for only before O takes step j's factors and pa step j's P. The first step's
+    // softmax and the last step's P . V are peeled off: a product issued under a branch makes
+    // ptxas serialize every product of the kernel (warning C7514).
     float sc[KEYS / 2], alpha[2];
+    int k0 = k_begin;
     before_step(k0);
     issue_scores(sc, k0);
     ra_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < KEYS / 2; ++i) ra_wgmma_pin(sc[i]);
-    const bool rescale = k0 + KEYS <= nk ? softmax(sc, k0, alpha, TiledFlag<false>{})
-                                         : softmax(sc, k0, alpha, TiledFlag<true>{});
-    issue_pv(sc, k0, alpha, rescale);
+    softmax_any(sc, k0, alpha);  // the first step's factors meet O = 0
+    pack_p(sc);
+    for (k0 += KEYS; k0 < k_end; k0 += KEYS) {
+      before_step(k0);
+      issue_scores(sc, k0);
+      issue_pv(k0 - KEYS);
+      ra_wgmma_wait<1>();  // the scores are in; P . V may still run
+#pragma unroll
+      for (int i = 0; i < KEYS / 2; ++i) ra_wgmma_pin(sc[i]);
+      const bool rescale = softmax_any(sc, k0, alpha);
+      ra_wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(o[i]);
+      if (rescale) rescale_o(alpha);  // warp-uniform
+      pack_p(sc);
+    }
+    issue_pv(k0 - KEYS);
     ra_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(o[i]);
@@ -425,7 +482,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
       const int64_t r0 = tile * ROWS;
-      tiled_warpgroup_tile<T, D, KEYS>(
+      tiled_warpgroup_tile<T, D, KEYS, kTiledWarpgroupOverlap<WARPGROUPS, KEYS>>(
           p, s, hk, group, r0, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v, kp, wg,
           wtid, 0, s.nk, [](int) {}, [](float*, float*, float*) { return true; },
           [&](const TiledRowMap& map) {

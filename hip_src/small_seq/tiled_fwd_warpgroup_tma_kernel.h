@@ -197,7 +197,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
       q_parity ^= 1u << buf;
       const uint32_t off = buf * kQBytes;
       const int64_t r0 = tile * ROWS;
-      tiled_warpgroup_tile<T, D, KEYS>(
+      tiled_warpgroup_tile<T, D, KEYS, kTiledWarpgroupOverlap<WARPGROUPS, KEYS>>(
           p, s, hk, group, r0, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v, kp, wg,
           wtid, k_begin, k_end,
           [&](int k0) {  // a warpgroup's first tile of the item waits for each step's keys
