@@ -355,6 +355,15 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
   };
+  // After a wait: keeps the compiler from reading the scores / O before the products wrote them.
+  const auto pin_scores = [](float* sc) {
+#pragma unroll
+    for (int i = 0; i < KEYS / 2; ++i) ra_wgmma_pin(sc[i]);
+  };
+  const auto pin_o = [&] {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(o[i]);
+  };
   const auto softmax_any = [&](float* sc, int k0, float* alpha) {
     return k0 + KEYS <= nk ? softmax(sc, k0, alpha, TiledFlag<false>{})
                            : softmax(sc, k0, alpha, TiledFlag<true>{});
@@ -366,14 +375,12 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       before_step(k0);
       issue_scores(sc, k0);
       ra_wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < KEYS / 2; ++i) ra_wgmma_pin(sc[i]);
+      pin_scores(sc);
       if (softmax_any(sc, k0, alpha)) rescale_o(alpha);  // warp-uniform
       pack_p(sc);
       issue_pv(k0);
       ra_wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(o[i]);
+      pin_o();
     }
   } else if (k_begin < k_end) {
     // Overlapped (flash-attention 3's schedule within a warpgroup): step j's scores are
@@ -387,8 +394,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     before_step(k0);
     issue_scores(sc, k0);
     ra_wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < KEYS / 2; ++i) ra_wgmma_pin(sc[i]);
+    pin_scores(sc);
     softmax_any(sc, k0, alpha);  // the first step's factors meet O = 0
     pack_p(sc);
     for (k0 += KEYS; k0 < k_end; k0 += KEYS) {
@@ -396,19 +402,16 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       issue_scores(sc, k0);
       issue_pv(k0 - KEYS);
       ra_wgmma_wait<1>();  // the scores are in; P . V may still run
-#pragma unroll
-      for (int i = 0; i < KEYS / 2; ++i) ra_wgmma_pin(sc[i]);
+      pin_scores(sc);
       const bool rescale = softmax_any(sc, k0, alpha);
       ra_wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(o[i]);
+      pin_o();
       if (rescale) rescale_o(alpha);  // warp-uniform
       pack_p(sc);
     }
     issue_pv(k0 - KEYS);
     ra_wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) ra_wgmma_pin(o[i]);
+    pin_o();
   }
   if (!combine(o, m, l)) return;
   // O / l of this thread's two rows into the Q buffer, and their LSE.
