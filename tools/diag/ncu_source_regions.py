@@ -18,7 +18,6 @@ page names the reason of less than half of them). A CSV compressed with gzip is 
 import argparse
 import csv
 import gzip
-import io
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,9 +45,8 @@ def read_rows(path: str) -> list:
     """The page's rows as dicts keyed by its header (the line naming SAMPLES; ncu puts the
     kernel's name above it)."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        text = io.TextIOWrapper(f, encoding="utf-8").read()
-    lines = list(csv.reader(io.StringIO(text)))
+    with opener(path, "rt", encoding="utf-8", newline="") as f:
+        lines = list(csv.reader(f))
     for i, row in enumerate(lines):
         if SAMPLES in row and EXECUTED in row:
             header = row
