@@ -13,10 +13,13 @@ sys.path.insert(0, str(ROOT / "tools"))
 import ranking_table  # noqa: E402
 
 
-def _mode(floor_us, us, anchor_us, path="tiled kernels"):
-    return {"floor_ms": floor_us / 1e3, "ms": us / 1e3, "pct_floor": 100 * floor_us / us,
-            "path": path, "best_anchor_ms": anchor_us / 1e3, "speedup_vs_best": anchor_us / us,
-            "anchors": {"sdpa_fixed": {"ms": anchor_us / 1e3}, "varlen": {"error": "x"}}}
+def _mode(floor_us, us, anchor_us, matrix_us=None, path="tiled kernels"):
+    m = {"floor_ms": floor_us / 1e3, "ms": us / 1e3, "pct_floor": 100 * floor_us / us,
+         "path": path, "best_anchor_ms": anchor_us / 1e3, "speedup_vs_best": anchor_us / us,
+         "anchors": {"sdpa_fixed": {"ms": anchor_us / 1e3}, "varlen": {"error": "x"}}}
+    if matrix_us is not None:
+        m["matrix_floor_ms"] = matrix_us / 1e3
+    return m
 
 
 def _row(users, cands, hist, h_kv, fwd, both):
@@ -25,9 +28,11 @@ def _row(users, cands, hist, h_kv, fwd, both):
             "h_kv": h_kv, "d": 128, "fwd": _mode(*fwd), "fwdbwd": _mode(*both)}
 
 
-def _write(path, rows, bw):
-    path.write_text(json.dumps({"device": "GPU X", "torch": "2.x", "copy_bandwidth_GBps": bw,
-                                "rows": rows}))
+def _write(path, rows, bw, tflops=None):
+    header = {"device": "GPU X", "torch": "2.x", "copy_bandwidth_GBps": bw, "rows": rows}
+    if tflops is not None:
+        header["matmul_TFLOPs"] = tflops
+    path.write_text(json.dumps(header))
     return str(path)
 
 
@@ -44,7 +49,7 @@ def test_parts_join_later_rows_replace_earlier(tmp_path):
     assert lines[0] == "GPU X, torch 2.x, copy bandwidth 3000, 2960 GB/s"
     body = [line for line in lines if line.startswith("| u")]
     assert len(body) == 2
-    assert body[0].split(" | ")[1:7] == ["tiled", "4000.0", "6000.0", "67%",
+    assert body[0].split(" | ")[1:9] == ["tiled", "4000.0", "-", "6000.0", "67%", "-",
                                           "5000.0 (sdpa_fixed)", "0.83"]
 
 
@@ -80,7 +85,8 @@ def test_command_line_prints_table_or_summary(tmp_path, capsys, monkeypatch):
                                               (336, 448, 1500))], 3000)
     monkeypatch.setattr(sys, "argv", ["ranking_table.py", path])
     ranking_table.main()
-    assert "| u4096_c16_kv16f_hkv2_d128 | tiled | 108.0 | 120.0 | 90% |" in capsys.readouterr().out
+    assert ("| u4096_c16_kv16f_hkv2_d128 | tiled | 108.0 | - | 120.0 | 90% | - |"
+            in capsys.readouterr().out)
     monkeypatch.setattr(sys, "argv", ["ranking_table.py", path, "--summary"])
     ranking_table.main()
     assert capsys.readouterr().out.startswith("forward: 1 of 1 rows")
@@ -128,4 +134,52 @@ def test_page_table_reads_back_and_takes_remeasured_rows(tmp_path):
     lines = ranking_table.table(headers, rows)
     assert lines[0] == f"GPU X, torch 2.x, copy bandwidth 2960 GB/s, joined into the rows of {page}"
     assert [line.split(" | ")[0] for line in lines[4:]] == ["| " + a["case"], "| " + b["case"]]
-    assert lines[4].split(" | ")[1:4] == ["tiled", "4000.0", "6000.0"]
+    assert lines[4].split(" | ")[1:5] == ["tiled", "4000.0", "-", "6000.0"]
+
+
+def test_matrix_floor_and_roof(tmp_path):
+    """Rows measured with the matrix floor: its cell, % of the roof (the larger floor), the
+    summary's roof notes, the count of rows the matrix floor bounds, and a page read back."""
+    matrix = _row(4096, 512, 256, 2, (3200, 5400, 5000, 3100), (9800, 25000, 30000, 11000))
+    bytes_ = _row(4096, 16, 16, 2, (108, 120, 430, 1.5), (336, 448, 1500, 5.0))
+    run = _write(tmp_path / "m.json", [matrix, bytes_], 3000, tflops=700.0)
+    headers, rows = ranking_table.load([run])
+    lines = ranking_table.table(headers, rows)
+    assert lines[0] == "GPU X, torch 2.x, copy bandwidth 3000 GB/s, matrix products 700 TFLOP/s"
+    cells = lines[4].split(" | ")
+    # forward: byte floor larger (3200 > 3100): roof = floor; forward+backward: matrix (11000)
+    assert cells[1:9] == ["tiled", "3200.0", "3100.0", "5400.0", "59%", "59%",
+                          "5000.0 (sdpa_fixed)", "0.93"]
+    assert cells[9:14] == ["9800.0", "11000.0", "25000.0", "39%", "44%"]
+    summary = ranking_table.summary(rows)
+    assert "u4096_c512_kv256f_hkv2_d128 59% (roof 59%)" in summary[0]
+    assert "u4096_c512_kv256f_hkv2_d128 39% (roof 44%, matrix)" in summary[1]
+    assert "forward rows whose matrix floor exceeds the byte floor: 0" in summary
+    assert ("forward+backward rows whose matrix floor exceeds the byte floor: 1, at 44-44% of it"
+            in summary)
+    kinds = [line for line in summary if line.startswith("128-512 candidates")]
+    assert "59-59% of the roof" in kinds[0] and "44-44% of the roof" in kinds[0]
+    # read back from a page: the same table and accounting
+    page = tmp_path / "m.md"
+    page.write_text("\n".join(lines) + "\n")
+    headers, back = ranking_table.load([str(page)])
+    assert ranking_table.table(headers, back)[2:] == lines[2:]
+    assert ranking_table.summary(back)[:2] == summary[:2]
+
+
+def test_page_without_matrix_floor_reads_back(tmp_path):
+    """A page's table from before the matrix floor (12 cells a line) still reads: its rows get
+    no matrix floor, and the summary leaves the matrix lines out."""
+    old = ("| u4096_c512_kv256f_hkv8_d128 | tiled / flash route | 4000.0 | 7000.0 | 57% | "
+           "5000.0 (sdpa_fixed) | 0.71 | 12000.0 | 30000.0 | 40% | 25000.0 (sdpa_fixed) | 0.83 |")
+    page = tmp_path / "old.md"
+    page.write_text("| a | b |\n" + old + "\n")
+    _, rows = ranking_table.load([str(page)])
+    assert len(rows) == 1
+    fwd, both = rows[0]["fwd"], rows[0]["fwdbwd"]
+    assert (fwd["ms"], fwd["floor_ms"], fwd["speedup_vs_best"]) == (7.0, 4.0, 0.71)
+    assert both["path"] == "flash route" and both["best_anchor_ms"] == 25.0
+    assert "matrix_floor_ms" not in fwd
+    summary = ranking_table.summary(rows)
+    assert not any("matrix floor" in line for line in summary)
+    assert "u4096_c512_kv256f_hkv8_d128 57%" in summary[0] and "roof" not in summary[0]

@@ -8,12 +8,15 @@ stand against the ranking issue's targets.
     python3 tools/ranking_table.py docs/performance.md rows.json     # rows re-measured
 
 One line per row: the path that served ours (forward / forward+backward where they differ),
-the floor, our device time, % of the floor, the best anchor (eager) and our speed-up over it,
-for the forward and for forward+backward. Several files join in order, a later file's row
+then for the forward and for forward+backward: the byte floor, the matrix floor (the fewest
+matrix products' FLOP over the matrix-product throughput of the same run; "-" for runs that
+did not measure it), our device time, % of the byte floor, % of the roof (the larger floor),
+the best anchor (eager) and our speed-up over it. Several files join in order, a later file's row
 replacing an earlier one of the same case (a grid run in several --cases calls, or rows
 re-measured later). --summary prints the targets' accounting instead: rows under the forward
-and forward+backward floor targets, rows slower than the best anchor, rows under 3x an anchor
-that reaches less than 30% of the floor, and the ranges per kind of row. --base compares two
+and forward+backward floor targets (with % of the roof, and "matrix" where the matrix floor is
+the larger), rows slower than the best anchor, rows under 3x an anchor that reaches less than
+30% of the floor, and the ranges per kind of row. --base compares two
 builds timed in one run (tools/ab_builds.sh): the files given with --base are the base build's
 repeats, the others the new build's; one line per row and mode with every repeat's time and
 the base / new ratio of their means (above 1: the new build is faster).
@@ -47,32 +50,54 @@ def _path(name: str) -> str:
     return name
 
 
+# Cells per mode in a table line (_cells), and the line's cells in all.
+MODE_CELLS = 7
+LINE_CELLS = 2 + 2 * MODE_CELLS
+OLD_LINE_CELLS = 12  # tables written before the matrix floor: no matrix floor, no % roof
+
+
+def pct_roof(m: dict):
+    """% of the roof (the larger of the byte and matrix floors), or None without a matrix
+    floor."""
+    if m.get("matrix_floor_ms") is None:
+        return None
+    return 100 * max(m["floor_ms"], m["matrix_floor_ms"]) / m["ms"]
+
+
+def matrix_bound(m: dict) -> bool:
+    return m.get("matrix_floor_ms") is not None and m["matrix_floor_ms"] > m["floor_ms"]
+
+
 def _cells(m: dict) -> list:
     if not m:
-        return ["-"] * 5
+        return ["-"] * MODE_CELLS
     timed = {name: a for name, a in m.get("anchors", {}).items() if "ms" in a}  # not: failed
     best = min(timed.items(), key=lambda kv: kv[1]["ms"], default=None)
     best_cell = f"{best[1]['ms'] * 1e3:.1f} ({best[0]})" if best else "-"
     ratio = f"{m['speedup_vs_best']:.2f}" if m.get("speedup_vs_best") else "-"
-    return [f"{m['floor_ms'] * 1e3:.1f}", f"{m['ms'] * 1e3:.1f}",
-            m.get("pct_cell") or f"{m['pct_floor']:.0f}%",
-            best_cell, ratio]
+    matrix = m.get("matrix_floor_ms")
+    roof = pct_roof(m)
+    return [f"{m['floor_ms'] * 1e3:.1f}", f"{matrix * 1e3:.1f}" if matrix is not None else "-",
+            f"{m['ms'] * 1e3:.1f}", m.get("pct_cell") or f"{m['pct_floor']:.0f}%",
+            f"{roof:.0f}%" if roof is not None else "-", best_cell, ratio]
 
 
 def _markdown_mode(path: str, cells: list) -> dict:
-    """One mode's measurement from its five cells of a table line (see _cells)."""
-    if cells[1] == "-":
+    """One mode's measurement from its cells of a table line (see _cells)."""
+    if cells[2] == "-":
         return {}
-    floor, ms = float(cells[0]) / 1e3, float(cells[1]) / 1e3
+    floor, ms = float(cells[0]) / 1e3, float(cells[2]) / 1e3
     # % of the floor from the times for the accounting (the cell, kept for the table, is
     # rounded to whole percents)
     m = {"path": path, "floor_ms": floor, "ms": ms, "pct_floor": 100 * floor / ms,
-         "pct_cell": cells[2]}
-    best = re.fullmatch(r"([\d.]+) \((\w+)\)", cells[3])
+         "pct_cell": cells[3]}
+    if cells[1] != "-":
+        m["matrix_floor_ms"] = float(cells[1]) / 1e3
+    best = re.fullmatch(r"([\d.]+) \((\w+)\)", cells[5])
     if best:
         m["best_anchor_ms"] = float(best.group(1)) / 1e3
         m["anchors"] = {best.group(2): {"ms": m["best_anchor_ms"]}}
-        m["speedup_vs_best"] = float(cells[4])
+        m["speedup_vs_best"] = float(cells[6])
     return m
 
 
@@ -83,15 +108,20 @@ def load_markdown(path: str) -> tuple:
     with open(path) as f:
         for line in f:
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            found = _ROW_NAME.fullmatch(cells[0]) if len(cells) == 12 else None
+            if len(cells) == OLD_LINE_CELLS:  # a table from before the matrix floor
+                cells = cells[:2] + [c for i in (2, 7) for c in
+                                     cells[i:i + 1] + ["-"] + cells[i + 1:i + 3] + ["-"] +
+                                     cells[i + 3:i + 5]]
+            found = _ROW_NAME.fullmatch(cells[0]) if len(cells) == LINE_CELLS else None
             if not found:
                 continue
             users, cands, hist, ragged, h_kv, d = found.groups()
             paths = cells[1].split(" / ") if " / " in cells[1] else [cells[1]] * 2
             rows.append({"case": cells[0], "users": int(users), "cands": int(cands),
                          "hist": int(hist), "ragged": ragged == "r", "h_kv": int(h_kv),
-                         "d": int(d), "fwd": _markdown_mode(paths[0], cells[2:7]),
-                         "fwdbwd": _markdown_mode(paths[1], cells[7:12])})
+                         "d": int(d),
+                         "fwd": _markdown_mode(paths[0], cells[2:2 + MODE_CELLS]),
+                         "fwdbwd": _markdown_mode(paths[1], cells[2 + MODE_CELLS:])})
     if not rows:
         raise SystemExit(f"{path}: no ranking table line")
     return {"source": path}, rows
@@ -131,6 +161,13 @@ def _measured(row: dict, mode: str):
     return m if "ms" in m else None
 
 
+def _roof_note(m: dict) -> str:
+    roof = pct_roof(m)
+    if roof is None:
+        return ""
+    return f" (roof {roof:.0f}%{', matrix' if matrix_bound(m) else ''})"
+
+
 def _range(values, fmt: str) -> str:
     return f"{fmt.format(min(values))}-{fmt.format(max(values))}" if values else "-"
 
@@ -144,7 +181,8 @@ def summary(rows) -> list:
         under = [(r, m) for r, m in big if m["pct_floor"] < TARGET_PCT[mode]]
         lines.append(f"{name}: {len(big) - len(under)} of {len(big)} rows whose floor exceeds "
                      f"{FLOOR_MIN_US:.0f} us reach {TARGET_PCT[mode]:.0f}% of it; under it: " +
-                     (", ".join(f"{r['case']} {m['pct_floor']:.0f}%" for r, m in under) or "none"))
+                     (", ".join(f"{r['case']} {m['pct_floor']:.0f}%{_roof_note(m)}"
+                                for r, m in under) or "none"))
     for mode, name in MODES:
         slow = [(r, m) for r in rows if (m := _measured(r, mode)) and
                 m.get("speedup_vs_best") is not None and m["speedup_vs_best"] < 1.0]
@@ -159,6 +197,13 @@ def summary(rows) -> list:
                      f"{WEAK_ANCHOR_PCT:.0f}% of the floor: " +
                      (", ".join(f"{r['case']} {m['speedup_vs_best']:.2f}x" for r, m in weak)
                       or "none"))
+    for mode, name in MODES:
+        if not any((m := _measured(r, mode)) and "matrix_floor_ms" in m for r in rows):
+            continue  # a run or page without the matrix floor
+        bound = [(r, m) for r in rows if (m := _measured(r, mode)) and matrix_bound(m)]
+        lines.append(f"{name} rows whose matrix floor exceeds the byte floor: {len(bound)}" +
+                     (f", at {_range([pct_roof(m) for _, m in bound], '{:.0f}')}% of it"
+                      if bound else ""))
     kinds = OrderedDict()
     for r in rows:
         kinds.setdefault(kind(r), []).append(r)
@@ -170,6 +215,9 @@ def summary(rows) -> list:
             x = [m["speedup_vs_best"] for m in ms if m.get("speedup_vs_best") is not None]
             pct = (f"{_range(big, '{:.0f}')}% of the floor (floor over {FLOOR_MIN_US:.0f} us)"
                    if big else f"no floor over {FLOOR_MIN_US:.0f} us")
+            roofs = [v for m in ms if (v := pct_roof(m)) is not None]
+            if roofs:
+                pct += f", {_range(roofs, '{:.0f}')}% of the roof"
             cells.append(f"{name} {pct}, {_range(x, '{:.2f}')}x the best anchor")
         lines.append(f"{k} ({len(group)} rows): " + "; ".join(cells))
     return lines
@@ -179,14 +227,17 @@ def table(headers, rows) -> list:
     """Lines of the markdown table, under a line naming the device and each file's bandwidth."""
     runs = [h for h in headers if "device" in h]  # not the rows read back from a page
     bandwidths = ", ".join(f"{h['copy_bandwidth_GBps']:.0f}" for h in runs)
+    matmul = ", ".join(f"{h['matmul_TFLOPs']:.0f}" for h in runs if "matmul_TFLOPs" in h)
+    matmul = f", matrix products {matmul} TFLOP/s" if matmul else ""
     pages = "".join(f", joined into the rows of {h['source']}" for h in headers if "source" in h)
     first = runs[0] if runs else {"device": "rows", "torch": "-"}
-    lines = [f"{first['device']}, torch {first['torch']}, copy bandwidth {bandwidths} GB/s{pages}",
+    lines = [f"{first['device']}, torch {first['torch']}, copy bandwidth {bandwidths} GB/s"
+             f"{matmul}{pages}",
              "",
-             "| case | path (fwd / fwd+bwd) | floor us | fwd us | % floor | best anchor us "
-             "(which) | x best | fwd+bwd floor | fwd+bwd us | % floor | best anchor us (which) "
-             "| x best |",
-             "|" + "---|" * 12]
+             "| case | path (fwd / fwd+bwd) | floor us | matrix floor us | fwd us | % floor "
+             "| % roof | best anchor us (which) | x best | fwd+bwd floor | matrix floor | "
+             "fwd+bwd us | % floor | % roof | best anchor us (which) | x best |",
+             "|" + "---|" * LINE_CELLS]
     for row in rows:
         fwd, both = row.get("fwd") or {}, row.get("fwdbwd") or {}
         paths = [_path(m["path"]) for m in (fwd, both) if m]

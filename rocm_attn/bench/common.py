@@ -144,6 +144,31 @@ def copy_bandwidth(rounds: int = 3) -> float:
     return 2 * n / (ms * 1e-3)
 
 
+# Square side of the matrix product that measures the matrix unit's throughput: large enough
+# that cuBLAS runs at its best rate (the product's output, 128 MiB in bf16, is written once per
+# 1.1 TFLOP).
+MATMUL_SIDE = 8192
+
+
+def matmul_throughput(dtype=torch.bfloat16, rounds: int = 3) -> float:
+    """Dense matrix-product throughput in FLOP/s (one multiply-add = 2 FLOP): MATMUL_SIDE^3
+    products in `dtype` (torch.matmul, cuBLAS), graph-replayed; the best of `rounds` medians, as
+    copy_bandwidth, so that a slow moment cannot lower the ceiling.
+
+    It is the matrix unit's rate that this device reaches on one large product: what bounds an
+    attention call whose products, not its bytes, take the longer time (the matrix floor of the
+    ranking rows)."""
+    n = MATMUL_SIDE
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    c = torch.empty(n, n, device="cuda", dtype=dtype)
+    ms = min(graph_ms(lambda: torch.matmul(a, b, out=c), reps=5, calls=10)
+             for _ in range(rounds))
+    a = b = c = None
+    torch.cuda.empty_cache()
+    return 2.0 * n**3 / (ms * 1e-3)
+
+
 def rotating(fns):
     """Cycle through closures over different input sets (defeats L2 reuse between calls)."""
     state = {"i": 0}

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 import rocm_attn  # noqa: E402
-from .common import copy_bandwidth, eager_fallbacks, eager_ms, rotating, time_ms  # noqa: E402
+from .common import (copy_bandwidth, eager_fallbacks, eager_ms, matmul_throughput,  # noqa: E402
+                     rotating, time_ms)
 from .gpu import require_gpu
 from .plot import bar_chart, check_plot_arg
 from .progress import progress
@@ -328,9 +329,10 @@ def _main_cpu(args) -> int:
 def _main_ranking(args) -> int:
     dtype = getattr(torch, args.dtype)
     bw = copy_bandwidth()
+    mm = matmul_throughput(dtype)
     rows = []
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "copy_bandwidth_GBps": bw / 1e9, "rows": rows,
+              "copy_bandwidth_GBps": bw / 1e9, "matmul_TFLOPs": mm / 1e12, "rows": rows,
               "clock": "ours: device (graph replay); anchors: eager, host dispatch included"}
     grid = grid_rows()
     if args.cases != ",".join(CASES):  # --cases: ranking row names (row_name), any sizes
@@ -344,11 +346,11 @@ def _main_ranking(args) -> int:
     for r in progress(grid, "small-seq ranking", not args.no_progress):
         rows.append(bench_rank_row(r, bw, dtype, args.seed, anchors=not args.no_anchors,
                                    ab=args.ab, with_tuning=_with_tuning,
-                                   fwd_only=args.fwd_only))
+                                   fwd_only=args.fwd_only, matmul_flops=mm))
         report["eager_fallbacks"] = eager_fallbacks()
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))
-    print_rank_rows(rows, report["device"], bw)
+    print_rank_rows(rows, report["device"], bw, mm)
     return 0
 
 

@@ -5,6 +5,11 @@ Per row (users x candidates x history, fixed or ragged, h_q / h_kv, d), in one r
   floor       bytes the op must move (q + out + K/V once per user, only the valid keys of a
               ragged history; the backward adds dout, out, dq, dK, dV and another read of q,
               K, V) over the device-to-device copy bandwidth measured in this run
+  matrix floor  the FLOP of the op's fewest matrix products (each candidate's scores and
+              P . V over the user's valid keys; the backward adds dP, dV, dK, dQ and the scores
+              again, flash-attention's count: 7 products in all) over the dense matrix-product
+              throughput measured in this run (common.matmul_throughput)
+  roof        the larger of the two floors: no kernel can beat it (% roof = roof / ours)
   ours        fused_attn_small_seq (THD, cu_seqlens): forward, forward+backward (device time,
               graph replay; eager where capture fails, reported)
   anchors     SDPA fixed-length ([users, h, candidates, d] vs [users, h, history, d], no mask:
@@ -108,6 +113,21 @@ def make_rank_inputs(r: dict, dtype, device, gen) -> dict:
     cu_q = (torch.arange(users + 1, dtype=torch.int32) * cands).to(device)
     return dict(q=q, k=k, v=v, cu_q=cu_q, cu_kv=cu_kv.to(device), lens=lens.to(device),
                 users=users, cands=cands, hist=hist, total_kv=total_kv, h_kv=h_kv)
+
+
+# Matrix products of the fewest a call needs per (candidate, q head, valid key): the forward's
+# scores and P . V; forward+backward adds the backward's dP, dV, dK and dQ and its scores again
+# (recomputed from the saved LSE rather than stored: P would be rows x keys more bytes).
+FWD_PRODUCTS = 2
+FWD_BWD_PRODUCTS = 7
+
+
+def matrix_flops(x: dict, d: int):
+    """FLOP of one product over every (candidate, q head, valid key) pair of an input set (a
+    multiply-add = 2 FLOP over the head dim), times the forward's and forward+backward's product
+    counts: (forward, forward+backward)."""
+    per_product = 2.0 * x["cands"] * x["total_kv"] * H_Q * d
+    return FWD_PRODUCTS * per_product, FWD_BWD_PRODUCTS * per_product
 
 
 def floor_bytes(x: dict, elem: int = 2):
@@ -220,24 +240,31 @@ def _device_ms(fn, floor_ms: float, name: str) -> float:
 
 
 def bench_rank_row(r: dict, bw: float, dtype, seed: int, anchors: bool = True, ab=(),
-                   with_tuning=None, fwd_only: bool = False) -> dict:
+                   with_tuning=None, fwd_only: bool = False, matmul_flops: float = 0.0) -> dict:
+    """One row timed (see the module's docstring); `matmul_flops` (FLOP/s, this run's
+    common.matmul_throughput) adds the matrix floor and % roof, left out where it is 0."""
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     probe = make_rank_inputs(r, dtype, "cuda", gen)
     fwd_bytes, fb_bytes = floor_bytes(probe)
+    fwd_flops, fb_flops = matrix_flops(probe, r["d"])
     # input sets rotate so that the working set exceeds L2 (small rows only)
     n_sets = min(8, max(1, math.ceil(ROTATION_BYTES / max(fwd_bytes, 1))))
     sets = [probe] + [make_rank_inputs(r, dtype, "cuda", gen) for _ in range(n_sets - 1)]
     out = dict(r, case=row_name(r), total_kv=probe["total_kv"], input_sets=n_sets)
-    modes = (("fwd", False, fwd_bytes), ("fwdbwd", True, fb_bytes))
-    for mode, backward, nbytes in modes[:1] if fwd_only else modes:
+    modes = (("fwd", False, fwd_bytes, fwd_flops), ("fwdbwd", True, fb_bytes, fb_flops))
+    for mode, backward, nbytes, flops in modes[:1] if fwd_only else modes:
         floor = nbytes / bw * 1e3
         res: Dict[str, object] = {"floor_ms": floor, "anchors": {}, "path": _path_of(r, backward)}
+        if matmul_flops > 0:
+            res["matrix_floor_ms"] = flops / matmul_flops * 1e3
         t = None
         try:
             t = _device_ms(rotating([_ours(x, backward) for x in sets]), floor,
                            f"{out['case']}/{mode}")
             res.update(ms=t, pct_floor=100 * floor / t)
+            if matmul_flops > 0:
+                res["pct_roof"] = 100 * max(floor, res["matrix_floor_ms"]) / t
         except Exception as exc:  # e.g. a build without the tiled kernels
             res["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         for setting in ab:  # ours again on the same inputs with a launch tuning value set
@@ -276,14 +303,17 @@ def _path_code(m: dict) -> str:
     return _PATH_CODES.get(m.get("path", ""), "torch") if m.get("path") else "-"
 
 
-def print_rank_rows(rows, device: str, bw: float) -> None:
-    print(f"\n{device}  copy bandwidth {bw / 1e9:.0f} GB/s  bf16  h_q {H_Q}: ranking rows "
-          "(ours: device time; anchors: eager)")
+def print_rank_rows(rows, device: str, bw: float, matmul_flops: float = 0.0) -> None:
+    mm = f"  matrix products {matmul_flops / 1e12:.0f} TFLOP/s" if matmul_flops else ""
+    print(f"\n{device}  copy bandwidth {bw / 1e9:.0f} GB/s{mm}  bf16  h_q {H_Q}: ranking rows "
+          "(ours: device time; anchors: eager; %rf: % of the roof, the larger of the byte and "
+          "matrix floors)")
     paths = sorted({r[m]["path"] for r in rows for m in ("fwd", "fwdbwd") if m in r})
     print("ours served by (path: fwd/fwd+bwd): "
           + "; ".join(f"{_PATH_CODES.get(p, 'torch')} = {p}" for p in paths))
-    print(f"{'case':28s} {'path':>11s} {'floor us':>8s} {'fwd us':>8s} {'%fl':>4s} {'x best':>6s} "
-          f"{'fb us':>8s} {'%fl':>4s} {'x best':>6s}  anchors fwd us (% floor)")
+    print(f"{'case':28s} {'path':>11s} {'floor us':>8s} {'fwd us':>8s} {'%fl':>4s} {'%rf':>4s} "
+          f"{'x best':>6s} {'fb us':>8s} {'%fl':>4s} {'%rf':>4s} {'x best':>6s}  "
+          "anchors fwd us (% floor)")
     for r in rows:
         f, fb = r["fwd"], r.get("fwdbwd", {"anchors": {}})
         anchors = " ".join(
@@ -297,9 +327,10 @@ def print_rank_rows(rows, device: str, bw: float) -> None:
         path = f"{_path_code(f)}/{_path_code(fb)}"
         print(f"{r['case']:28s} {path:>11s} {f['floor_ms'] * 1e3:8.0f} "
               f"{cell(f, 'ms', '.0f', 1e3):>8s} "
-              f"{cell(f, 'pct_floor', '.0f'):>4s} {cell(f, 'speedup_vs_best', '.2f'):>6s} "
+              f"{cell(f, 'pct_floor', '.0f'):>4s} {cell(f, 'pct_roof', '.0f'):>4s} "
+              f"{cell(f, 'speedup_vs_best', '.2f'):>6s} "
               f"{cell(fb, 'ms', '.0f', 1e3):>8s} {cell(fb, 'pct_floor', '.0f'):>4s} "
-              f"{cell(fb, 'speedup_vs_best', '.2f'):>6s}"
+              f"{cell(fb, 'pct_roof', '.0f'):>4s} {cell(fb, 'speedup_vs_best', '.2f'):>6s}"
               f"  {anchors}")
         for setting, a in f.get("ab", {}).items():
             b = fb.get("ab", {}).get(setting)
