@@ -56,7 +56,8 @@ from . import _ext, errors, tuning
 # (WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV), whatever its GQA group: over at most 64 keys the
 # warpgroup kernels take 0.4-0.6x the route's forward+backward time; over 65-256 keys, with
 # their score products over whole 64-key blocks (tuning small_seq_tiled_bwd_wide_scores),
-# 0.70-0.94x with one q head per kv head on 128-512 candidates (4096 x 128 x 256 a tie), and
+# 0.70-0.94x with one q head per kv head on 128-512 candidates (4096 x 128 x 256 a tie before
+# the backward's two-tile walk, 0.8x since), and
 # less with a GQA group, which they fold into their rows while flash's backward runs each q
 # head alone (docs/kernels.md#flash-route).
 ROUTE_MIN_QUERIES = 64

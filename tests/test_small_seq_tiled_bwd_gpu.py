@@ -461,6 +461,42 @@ def test_warpgroup_one_tile(dev, layout, d, dtype):
             assert names and any("_dq_" in n for n in names) == (key[1] == 0), (key, names)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("layout", ["bshd-g4", "thd-g1", "thd-g3"])
+def test_warpgroup_two_tile(dev, layout, d, dtype):
+    """Items of at most two 64-row tiles (some more than one) over histories past one key block,
+    by one kernel of two warpgroups that walks each item's key blocks, dV and dK per block from
+    operands the warpgroups exchange, dQ summed across the blocks (tuning
+    small_seq_tiled_bwd_two_tile 1, the default, Delta from pass 1): BSHD q of 32 queries with a
+    GQA group of 4 (128 rows) and NaN k/v past each history; THD of 0..128 queries without GQA
+    and of 0..42 with a group of 3 (126 rows), int64 offsets, padding q rows and k/v rows around
+    the segments, segments of one tile or less beside two-tile ones; histories of 0, 1, 64, 65,
+    128, 129, 200 and 255 / 256 keys; dlse. Against the float64 oracle, and within the oracle's
+    bound of the dK / dV and dQ kernels (0). The profiler's kernel names show which ran."""
+    if not warpgroup_device(dev):
+        pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
+    seed = 171 + d + len(layout)
+    if layout == "bshd-g4":
+        case = C.bshd_case(seed, 32, [256, 65, 0, 200, 129, 1, 64, 128], 256, 8, 2, d, dtype,
+                           device=dev)
+    else:
+        h_q, h_kv, most = (8, 8, 128) if layout == "thd-g1" else (6, 2, 42)
+        q_lens = [most, 1, 0, 17, most, most // 2 + 1, most // 2, most - 1, 3]
+        kv_lens = [256, 65, 129, 0, 200, 255, 1, 64, 128]
+        case = C.thd_case(seed, q_lens, kv_lens, h_q, h_kv, d, dtype, offsets=torch.int64,
+                          max_kv=256, pad_before=3, pad_after=5, kv_pad=4, device=dev)
+    grads, kernels = {}, {}
+    for two in (1, 0):
+        with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_bwd_two_tile=two):
+            grads[two], kernels[two] = check_profiled(case, seed + 1)
+    G.assert_close_grads(grads[1], grads[0], case)
+    if any(names is not None for names in kernels.values()):  # else no CUPTI (check_profiled)
+        assert kernels[1] and all("two_tile" in n for n in kernels[1]), kernels[1]
+        assert kernels[0] and any("_dq_" in n for n in kernels[0]), kernels[0]
+        assert not any("two_tile" in n for n in kernels[0]), kernels[0]
+
+
 @pytest.mark.parametrize("h_kv", [2, 8], ids=["g4", "g1"])
 def test_warpgroup_dq_tile_copies_bshd(dev, h_kv):
     """The dQ kernel (histories past one 64-key block) copying whole row tiles by tile copies:

@@ -87,6 +87,13 @@ struct RaTuning {
   // fp32 across them (tiled_bwd_warpgroup_one_tile: K / V, Q and dO read once, no dQ kernel);
   // 0 = the dK / dV kernel per key block and the dQ kernel.
   int small_seq_tiled_bwd_one_tile = 1;
+  // tiled small-seq backward on Hopper, histories past one 64-key block where every (segment,
+  // kv head) holds at most two 64-row tiles but some more than one (64 < max_seqlen_q x group
+  // <= 128): 1 = one kernel of two warpgroups walks each item's key blocks, each warpgroup one
+  // tile, dV and dK per block from operands the two exchange, dQ summed across the blocks
+  // (tiled_bwd_warpgroup_two_tile_kernel.h; Delta from pass 1); 0 = the dK / dV kernel per key
+  // block and the dQ kernel.
+  int small_seq_tiled_bwd_two_tile = 1;
   // tiled small-seq backward: 1 = calls of at most 4 rows per (segment, kv head) (one query
   // with a GQA group of at most 4) take the streaming kernel (tiled_bwd_stream_kernel.h) in
   // place of the dK / dV and dQ passes, one (segment, kv head) per wave or per block by the
@@ -146,6 +153,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_bwd_fused_delta", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_FUSED_DELTA", &RaTuning::small_seq_tiled_bwd_fused_delta},
     {"small_seq_tiled_bwd_wide_scores", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WIDE_SCORES", &RaTuning::small_seq_tiled_bwd_wide_scores},
     {"small_seq_tiled_bwd_one_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_ONE_TILE", &RaTuning::small_seq_tiled_bwd_one_tile},
+    {"small_seq_tiled_bwd_two_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_TWO_TILE", &RaTuning::small_seq_tiled_bwd_two_tile},
     {"small_seq_tiled_bwd_stream", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_STREAM", &RaTuning::small_seq_tiled_bwd_stream},
     {"small_seq_tiled_bwd_row_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_ROW_TILE", &RaTuning::small_seq_tiled_bwd_row_tile},
     {"small_seq_flash_route", "ROCM_ATTN_SMALL_SEQ_FLASH_ROUTE", &RaTuning::small_seq_flash_route},

@@ -12,6 +12,7 @@
 #include "tiled_bwd_stream_kernel.h"
 #include "tiled_bwd_warpgroup_kernel.h"
 #include "tiled_bwd_warpgroup_tma_kernel.h"
+#include "tiled_bwd_warpgroup_two_tile_kernel.h"
 #include "tiled_launch_util.h"
 
 namespace small_seq {
@@ -118,8 +119,9 @@ hipError_t run_tiled_bwd_staged(const SmallSeqTiledParams& p, int64_t items, int
 // products (rowsum(P dP)); past one key block, the dQ kernel, run first, from each tile's dO
 // (already in shared memory) and O, for the dK / dV kernel after it. Tuning
 // small_seq_tiled_bwd_fused_delta: 1 = histories of one 16-key chunk; 2 = up to one key block
-// any, past it where an item may hold more than one row tile (host bound max_seqlen_q x group):
-// an item of one tile leaves the dQ kernel's second warpgroup idle, and computing Delta in it
+// any, past it where an item may hold more than two row tiles, or more than one with the
+// two-tile walk off (host bound max_seqlen_q x group; the one- and two-tile walks take Delta
+// from pass 1): an item of one tile leaves the dQ kernel's second warpgroup idle, and computing Delta in it
 // measured up to 6% slower forward+backward than pass 1 (4096 users x 16 candidates x 256 keys,
 // 2 kv heads, H100), 2.5-4% faster with 512 candidates; 3 = any; 0 = never. Pass 1 reads dO and
 // out once more than the floor counts (docs/kernels.md#warpgroup-backward).
@@ -127,7 +129,9 @@ inline bool tiled_bwd_warpgroup_fuses_delta(const SmallSeqTiledParams& p) {
   const int mode = ra_tuning().small_seq_tiled_bwd_fused_delta;
   if (p.max_seqlen_kv <= kTiledBwdWarpgroupChunk) return mode >= 1;
   if (p.max_seqlen_kv <= kTiledBwdWarpgroupBlockKeys) return mode >= 2;
-  return mode >= 3 || (mode >= 2 && tiled_max_rows(p) > kTiledWarpgroupRows);
+  return mode >= 3 || (mode >= 2 && tiled_max_rows(p) > kTiledBwdTwoTileRows) ||
+         (mode >= 2 && tiled_max_rows(p) > kTiledWarpgroupRows &&
+          ra_tuning().small_seq_tiled_bwd_two_tile <= 0);
 }
 
 #if RA_TMA_BUILD
@@ -220,7 +224,9 @@ hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, int64_t item
 // Histories of one key block: the dK / dV kernel with dQ (16-key products where every history
 // fits them), Delta fused or from pass 1. Longer ones: where every item holds at most one row
 // tile and Delta comes from pass 1, the dK / dV kernel with dQ walking each item's key blocks
-// (tuning small_seq_tiled_bwd_one_tile); else the dK / dV kernel over (segment, kv head, key
+// (tuning small_seq_tiled_bwd_one_tile); where every item holds at most two, the two-tile walk
+// (tuning small_seq_tiled_bwd_two_tile; Delta from pass 1, which tiled_bwd_warpgroup_fuses_delta
+// leaves to it); else the dK / dV kernel over (segment, kv head, key
 // block) items and the dQ kernel over (segment, kv head) items; with Delta fused the dQ kernel
 // runs first and computes it, else the dK / dV kernel first (Delta from pass 1).
 template <typename T, int D, int KEYS, bool FUSED_DELTA>
@@ -243,6 +249,10 @@ hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, const bool fuse
   if (!fused_delta && ra_tuning().small_seq_tiled_bwd_one_tile >= 1 &&
       tiled_max_rows(p) <= kTiledWarpgroupRows)
     return run_tiled_bwd_warpgroup_dkdv<T, D, kBlockKeys, true, false, true>(p, pairs, stream);
+  if (!fused_delta && ra_tuning().small_seq_tiled_bwd_two_tile >= 1 &&
+      tiled_max_rows(p) > kTiledWarpgroupRows && tiled_max_rows(p) <= kTiledBwdTwoTileRows)
+    return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_two_tile_kernel<T, D>>(
+        p, pairs, 2 * 128, tiled_bwd_two_tile_smem_bytes<D>(), stream);
   const int64_t dkdv_items = pairs * tiled_bwd_warpgroup_blocks(p.max_seqlen_kv);
   if (fused_delta) {
     const hipError_t err = run_tiled_bwd_warpgroup_dq<T, D, true>(p, pairs, stream);
