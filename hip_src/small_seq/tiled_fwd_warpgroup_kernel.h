@@ -59,6 +59,16 @@ RA_HOST_DEVICE constexpr int tiled_warpgroup_step_keys(int max_seqlen_kv) {
 template <int WARPGROUPS, int KEYS>
 constexpr bool kTiledWarpgroupOverlap = WARPGROUPS > 1 && KEYS == kTiledWarpgroupKeys;
 
+// Whether instances of these parameters have a variant that takes a warpgroup's tiles in pairs
+// (tile t and t + WARPGROUPS as one straight-line stream, tiled_warpgroup_tile's Link): the
+// second tile's first score product is issued right behind the first tile's last P . V and
+// runs under the first tile's epilogue (docs/kernels.md#warpgroup-kernel, "Tile pairs"). Only
+// the tile-copy kernel over the overlapped schedule, and only where a warpgroup may hold two
+// tiles of an item (the launcher's choice: the pair variant is 1.5 times the code, which cost
+// 1.5% where it takes no pair).
+template <int WARPGROUPS, int KEYS>
+constexpr bool kTiledWarpgroupPair = kTiledWarpgroupOverlap<WARPGROUPS, KEYS>;
+
 // Keys the K and V buffers hold for max_seqlen_kv: whole softmax steps (a multiple of 8 rows,
 // the swizzle's period).
 RA_HOST_DEVICE constexpr int64_t tiled_warpgroup_keys(int max_seqlen_kv) {
@@ -221,6 +231,37 @@ RA_DEVICE void tiled_warpgroup_store_out(const SmallSeqTiledParams& p, const Til
                                 sq_ptr, wtid);
 }
 
+// How a tile links to its neighbour in a pair (tiled_warpgroup_tile's Link; kTiledWarpgroupPair):
+// kPart 0: a tile alone. kPart 1: the first tile of a pair: once its steps are done (nothing in
+// flight) it calls wait_next() (the second tile's Q has landed), issues its last P . V and then
+// the second tile's first score product (keys [0, KEYS), Q from buffer sq_next) into `carry`,
+// waits for its own P . V only, and writes O / l into its Q buffer under that product; the product
+// is waited for before anything divergent (the LSE stores under their row conditions, store_out),
+// since ptxas serializes every product of the kernel where one is in flight across a divergent
+// branch (C7518) or is issued under one (C7514). kPart 2: the second tile: its first step's
+// scores are `carry` (issued and waited for by the first tile), so it starts at that step's
+// softmax. A pair's tiles run the whole history (no combine: split items have one tile) of at
+// least one key (the caller's condition), so their products sit outside the `k_begin < k_end`
+// branch.
+struct TiledTileAlone {
+  static constexpr int kPart = 0;
+  static constexpr float* carry = nullptr;
+  static constexpr uint32_t sq_next = 0;
+  RA_DEVICE void wait_next() const {}
+};
+template <int PART, typename WaitNext>
+struct TiledTilePairLink {
+  static constexpr int kPart = PART;
+  float* carry;
+  uint32_t sq_next;  // kPart 1: the second tile's Q buffer
+  const WaitNext& wait_next;
+};
+template <int PART, typename WaitNext>
+RA_DEVICE TiledTilePairLink<PART, WaitNext> tiled_tile_pair_link(float* carry, uint32_t sq_next,
+                                                                const WaitNext& wait_next) {
+  return {carry, sq_next, wait_next};
+}
+
 // One 64-row tile of a valid segment against the staged K / V (one warpgroup): scores,
 // online softmax, P . V, then out and the LSE of its live rows (out through the tile's Q
 // buffer `sq`, which holds Q on entry and is free again once every warp of the warpgroup
@@ -233,16 +274,20 @@ RA_DEVICE void tiled_warpgroup_store_out(const SmallSeqTiledParams& p, const Til
 // warpgroup writes the tile; store_out(map) publishes the buffer holding O / l to the
 // warpgroup and writes the tile's live rows out.
 // OVERLAP picks the step schedule (kTiledWarpgroupOverlap): serial, or each step's softmax
-// under the previous step's P . V.
+// under the previous step's P . V. `link` makes it one tile of a pair (TiledTilePairLink; the
+// overlapped schedule only).
 template <typename T, int D, int KEYS, bool OVERLAP, typename BeforeStep, typename Combine,
-          typename StoreOut>
+          typename StoreOut, typename Link = TiledTileAlone>
 RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                     const int hk, const int group, const int64_t r0,
                                     const int64_t seg_rows, uint8_t* sq_ptr, const uint32_t sq,
                                     const uint32_t sk, const uint32_t sv, const int kp,
                                     const int wg, const int wtid, const int k_begin,
                                     const int k_end, const BeforeStep& before_step,
-                                    const Combine& combine, const StoreOut& store_out) {
+                                    const Combine& combine, const StoreOut& store_out,
+                                    const Link& link = Link{}) {
+  constexpr int kPart = Link::kPart;
+  static_assert(kPart == 0 || OVERLAP, "tile pairs take the overlapped schedule");
   constexpr int kSteps = D / 16;  // k steps of the score product
   const int warp = wtid / 32;
   const int lane = wtid % 32;
@@ -382,7 +427,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       ra_wgmma_wait<0>();
       pin_o();
     }
-  } else if (k_begin < k_end) {
+  } else if (kPart != 0 || k_begin < k_end) {
     // Overlapped (flash-attention 3's schedule within a warpgroup): step j's scores are
     // issued, then step j - 1's P . V behind them; the softmax of step j runs once its scores
     // are in (products complete in order) while the matrix unit still computes P . V, which is
@@ -391,10 +436,15 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     // ptxas serialize every product of the kernel (warning C7514).
     float sc[KEYS / 2], alpha[2];
     int k0 = k_begin;
-    before_step(k0);
-    issue_scores(sc, k0);
-    ra_wgmma_wait<0>();
-    pin_scores(sc);
+    if constexpr (kPart == 2) {
+#pragma unroll
+      for (int i = 0; i < KEYS / 2; ++i) sc[i] = link.carry[i];  // issued and waited for
+    } else {
+      before_step(k0);
+      issue_scores(sc, k0);
+      ra_wgmma_wait<0>();
+      pin_scores(sc);
+    }
     softmax_any(sc, k0, alpha);  // the first step's factors meet O = 0
     pack_p(sc);
     for (k0 += KEYS; k0 < k_end; k0 += KEYS) {
@@ -409,11 +459,63 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       if (rescale) rescale_o(alpha);  // warp-uniform
       pack_p(sc);
     }
-    issue_pv(k0 - KEYS);
-    ra_wgmma_wait<0>();
+    if constexpr (kPart == 1) {
+      // Nothing in flight: the next tile's Q may be waited for (a spin loop) here. Its first
+      // scores (step 0's keys, resident since this tile's first step) go behind the last P . V.
+      link.wait_next();
+      issue_pv(k0 - KEYS);
+      {  // issue_scores(link.carry, 0) with the next tile's Q
+        const uint64_t q_desc = ra_wgmma_desc(link.sq_next);
+        const uint64_t k_desc = ra_wgmma_desc(sk);
+        ra_wgmma_fence();
+#pragma unroll
+        for (int st = 0; st < kSteps; ++st)
+          ra_wgmma_ss<T, KEYS>(
+              link.carry,
+              ra_wgmma_desc_advance(q_desc, ra_wgmma_step_address(0, st, kTiledWarpgroupRows, 0)),
+              ra_wgmma_desc_advance(k_desc, ra_wgmma_step_address(0, st, kp, 0)), st > 0);
+        ra_wgmma_commit();
+      }
+      ra_wgmma_wait<1>();  // this tile's P . V is done; the next tile's scores may still run
+    } else {
+      issue_pv(k0 - KEYS);
+      ra_wgmma_wait<0>();
+    }
     pin_o();
   }
-  if (!combine(o, m, l)) return;
+  if constexpr (kPart == 0) {
+    if (!combine(o, m, l)) return;
+  }
+  if constexpr (kPart == 1) {
+    // O / l of this thread's two rows into the Q buffer under the next tile's first scores:
+    // branch-free (a named barrier, shuffles, selects, shared stores); the LSE values are kept
+    // for the stores below, made once the product is waited for.
+    ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free
+    float lse[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      tiled_warpgroup_acc_row_to_buffer<T, D>(sq_ptr, o, r, sum > 0.f ? 1.f / sum : 0.f, wtid);
+      lse[r] = sum > 0.f ? (m[r] + log2f(sum)) * kTiledLn2 : -INFINITY;
+    }
+    ra_wgmma_wait<0>();
+    pin_scores(link.carry);
+    const TiledRowMap map(r0, group);  // (a 64-bit division: not under a product)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = 16 * warp + g + 8 * r;
+      if (t == 0 && r0 + i < seg_rows) {
+        int64_t j;
+        int h;
+        map.at(i, j, h);
+        p.lse[(hk * group + h) * p.lse_head_stride + s.q_row0 + j] = lse[r];
+      }
+    }
+    store_out(map);
+    return;
+  }
   // O / l of this thread's two rows into the Q buffer, and their LSE.
   const TiledRowMap map(r0, group);
   ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free

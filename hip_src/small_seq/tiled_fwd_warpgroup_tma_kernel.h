@@ -27,6 +27,10 @@
 //      end by the 16-byte stores of the cp.async kernel (a tile store would write the next
 //      segment's rows). The store is waited for (its reads of the buffer) before that buffer
 //      takes another Q copy.
+//      Blocks of two warpgroups over 64-key steps take a warpgroup's tiles in pairs
+//      (kTiledWarpgroupPair): the second tile's first score product runs under the first
+//      tile's epilogue; the first tile's buffer (0) takes the next pair's Q once its store has
+//      read it, the second's (1) at the next pair's start.
 // One tile, two warpgroups: where an item has a single row tile (16 candidates with a GQA group
 // of 4) the second warpgroup of a block would idle, so the two split the history's steps (the
 // first half of the steps and the rest) and merge: the second writes its O, row maxima and
@@ -88,8 +92,8 @@ RA_HOST_DEVICE constexpr int64_t tiled_tma_static_bytes(int warpgroups) {
 RA_DEVICE void tiled_tma_pair_sync() { asm volatile("bar.sync 3, 256;\n" ::: "memory"); }
 
 // NOTE (registers): as small_seq_tiled_fwd_warpgroup_kernel (CAPPED: three one-warpgroup blocks
-// per multiprocessor where they fit).
-template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED>
+// per multiprocessor where they fit). PAIRS: a warpgroup's tiles in pairs (kTiledWarpgroupPair).
+template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED, bool PAIRS = false>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
                                             WARPGROUPS > 1 ? 1 : (CAPPED ? 3 : 2))
     small_seq_tiled_fwd_warpgroup_tma_kernel(const SmallSeqTiledParams p, const int splits,
@@ -191,6 +195,77 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
     int64_t tile = split ? it.tile0 : it.tile0 + wg;
     if (tile < tile1 && wtid == 0) load_q(tile, 0);
     bool first = true;
+    static_assert(!PAIRS || kTiledWarpgroupPair<WARPGROUPS, KEYS>, "no pair variant here");
+    if constexpr (PAIRS) {
+      // The hooks of the loop below for the pair's two tiles (the loop keeps its own, so that
+      // the kernels without pairs compile exactly as before).
+      // before_step: a warpgroup's first tile of the item waits for each step's keys.
+      const auto before_step = [&](int k0) {
+        if (!first) return;
+        const int st = k0 / KEYS;
+        ra_mbar_wait(kv_bar(st), (kv_parity >> st) & 1u);
+        if (tail && st == steps - 1) {
+          ra_mbar_wait(tail_bar, tail_parity);
+          ra_fence_proxy_async();  // cp.async wrote V's tail: publish it to the products
+        }
+      };
+      const auto no_combine = [](float*, float*, float*) { return true; };
+      // store_out of the tile `t` in buffer offset `off`: a tile of 64 live rows leaves by tile
+      // stores from its thread 0, one that the segment's end cuts by 16-byte stores.
+      const auto store_out_of = [&](const int64_t t, const uint32_t off) {
+        return [&, t, off](const TiledRowMap& map) {
+          const int64_t r0 = t * ROWS;
+          if (r0 + ROWS <= seg_rows) {
+            ra_fence_proxy_async();  // O / l in the buffer, for the tile store
+            ra_warpgroup_sync(wg);
+            if (wtid == 0) {
+#pragma unroll
+              for (int c = 0; c < PANELS; ++c)
+                ra_tma_store(&maps.o, smem.q + off + c * ROWS * 128, 64 * c, hk * group,
+                             q_token0 + static_cast<int>(t) * group_tokens, q_batch);
+              ra_tma_store_commit();
+            }
+          } else {
+            ra_warpgroup_sync(wg);
+            tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, smem.q_ptr + off,
+                                         wtid);
+          }
+        };
+      };
+      // Tiles in pairs (kTiledWarpgroupPair): tile A (buffer 0) and B = A + WARPGROUPS (buffer 1)
+      // as one stream, B's first scores under A's epilogue (tiled_warpgroup_tile's Link). Not
+      // for split items (one tile) nor histories of no keys (no product to carry). Buffer 0
+      // holds a pair's A throughout (a warpgroup's even tiles), buffer 1 its B.
+      for (; nk > 0 && tile + WARPGROUPS < tile1; tile += 2 * WARPGROUPS) {
+        const int64_t tile_b = tile + WARPGROUPS;
+        // B's Q into buffer 1, once the previous pair's B store has read it
+        if (wtid == 0) load_q(tile_b, 1);
+        ra_mbar_wait(q_bar(0), q_parity & 1u);
+        q_parity ^= 1u;
+        float carry[KEYS / 2];  // B's first scores
+        const auto wait_q_b = [&] {
+          ra_mbar_wait(q_bar(1), (q_parity >> 1) & 1u);
+          q_parity ^= 2u;
+        };
+        tiled_warpgroup_tile<T, D, KEYS, true>(
+            p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr, smem.q, smem.k, smem.v, kp, wg,
+            wtid, 0, nk, before_step, no_combine, store_out_of(tile, 0),
+            tiled_tile_pair_link<1>(carry, smem.q + kQBytes, wait_q_b));
+        first = false;
+        // This thread's reads and writes of buffer 0 come before the tile copy that refills it.
+        ra_fence_proxy_async();
+        ra_warpgroup_sync(wg);
+        // the next pair's A (or a last odd tile) into buffer 0, once A's store has read it
+        if (tile + 2 * WARPGROUPS < tile1 && wtid == 0) load_q(tile + 2 * WARPGROUPS, 0);
+        tiled_warpgroup_tile<T, D, KEYS, true>(
+            p, s, hk, group, tile_b * ROWS, seg_rows, smem.q_ptr + kQBytes, smem.q + kQBytes,
+            smem.k, smem.v, kp, wg, wtid, 0, nk, before_step, no_combine,
+            store_out_of(tile_b, kQBytes), tiled_tile_pair_link<2>(carry, 0u, wait_q_b));
+        ra_fence_proxy_async();
+        ra_warpgroup_sync(wg);
+      }
+      // a last odd tile (or a split one, or a history of no keys) below, alone, in buffer 0
+    }
     for (int buf = 0; tile < tile1; tile += WARPGROUPS, buf ^= 1) {
       if (tile + WARPGROUPS < tile1 && wtid == 0) load_q(tile + WARPGROUPS, buf ^ 1);
       ra_mbar_wait(q_bar(buf), (q_parity >> buf) & 1u);

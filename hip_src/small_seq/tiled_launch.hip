@@ -240,6 +240,15 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t strea
       ra_tma_map_16bit(&maps.v, p.v, kv_batch, p.total_kv, p.num_heads_kv, D, p.v_batch_stride,
                        p.v_token_stride, p.v_head_stride, 1, KEYS);
   if (!ok) return false;
+  // tiles in pairs where a warpgroup may hold two tiles of an item (kTiledWarpgroupPair)
+  if constexpr (kTiledWarpgroupPair<WARPGROUPS, KEYS>) {
+    if (tiled_max_rows(p) > static_cast<int64_t>(WARPGROUPS) * kTiledWarpgroupRows) {
+      *err = run_tiled_fwd_staged<
+          small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, KEYS, CAPPED, true>,
+          WARPGROUPS * 128>(p, smem, kTiledWarpgroupRows, WARPGROUPS, stream, maps);
+      return true;
+    }
+  }
   *err = run_tiled_fwd_staged<
       small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, KEYS, CAPPED>, WARPGROUPS * 128>(
       p, smem, kTiledWarpgroupRows, WARPGROUPS, stream, maps);
