@@ -157,6 +157,11 @@ def test_matrix_floor_and_roof(tmp_path):
     assert "forward rows whose matrix floor exceeds the byte floor: 0" in summary
     assert ("forward+backward rows whose matrix floor exceeds the byte floor: 1, at 44-44% of it"
             in summary)
+    # the 3x target's note: a third of the anchor's time as a % of the roof (anchor at 25% of
+    # the floor, ours 2.15x it)
+    weak = _row(4096, 16, 16, 2, (108, 200, 430, 1.5), (336, 448, 1500, 5.0))
+    weak_lines = ranking_table.summary([weak])
+    assert "u4096_c16_kv16f_hkv2_d128 2.15x (3x needs 75% of the roof, ours 54%)" in weak_lines[4]
     kinds = [line for line in summary if line.startswith("128-512 candidates")]
     assert "59-59% of the roof" in kinds[0] and "44-44% of the roof" in kinds[0]
     # read back from a page: the same table and accounting

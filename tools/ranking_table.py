@@ -16,7 +16,7 @@ replacing an earlier one of the same case (a grid run in several --cases calls, 
 re-measured later). --summary prints the targets' accounting instead: rows under the forward
 and forward+backward floor targets (with % of the roof, and "matrix" where the matrix floor is
 the larger), rows slower than the best anchor, rows under 3x an anchor that reaches less than
-30% of the floor, and the ranges per kind of row. --base compares two
+30% of the floor (with the % of the roof that 3x would need), and the ranges per kind of row. --base compares two
 builds timed in one run (tools/ab_builds.sh): the files given with --base are the base build's
 repeats, the others the new build's; one line per row and mode with every repeat's time and
 the base / new ratio of their means (above 1: the new build is faster).
@@ -168,6 +168,16 @@ def _roof_note(m: dict) -> str:
     return f" (roof {roof:.0f}%{', matrix' if matrix_bound(m) else ''})"
 
 
+def _weak_note(m: dict) -> str:
+    """What the 3x target asks of a row: the % of the roof a kernel would need to run at a third
+    of the best anchor's time (and ours), where the row has a matrix floor."""
+    if pct_roof(m) is None:
+        return ""
+    roof = max(m["floor_ms"], m["matrix_floor_ms"])
+    need = 100 * roof * WEAK_ANCHOR_SPEEDUP / m["best_anchor_ms"]
+    return f" (3x needs {need:.0f}% of the roof, ours {pct_roof(m):.0f}%)"
+
+
 def _range(values, fmt: str) -> str:
     return f"{fmt.format(min(values))}-{fmt.format(max(values))}" if values else "-"
 
@@ -195,8 +205,8 @@ def summary(rows) -> list:
                 and m["speedup_vs_best"] < WEAK_ANCHOR_SPEEDUP]
         lines.append(f"{name} under {WEAK_ANCHOR_SPEEDUP:.0f}x a best anchor below "
                      f"{WEAK_ANCHOR_PCT:.0f}% of the floor: " +
-                     (", ".join(f"{r['case']} {m['speedup_vs_best']:.2f}x" for r, m in weak)
-                      or "none"))
+                     (", ".join(f"{r['case']} {m['speedup_vs_best']:.2f}x{_weak_note(m)}"
+                                for r, m in weak) or "none"))
     for mode, name in MODES:
         if not any((m := _measured(r, mode)) and "matrix_floor_ms" in m for r in rows):
             continue  # a run or page without the matrix floor
