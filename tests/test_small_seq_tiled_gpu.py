@@ -192,13 +192,13 @@ def test_zero_and_negative_scale(dev, kernel, scale):
             check_valid(dataclasses.replace(case, scale=scale), return_softmax=False)
 
 
-def garbage_case(dev, seed, q_lens, max_q):
+def garbage_case(dev, seed, q_lens, max_q, kv_lens=(5, 17, 64, 3, 10, 1, 0, 7, 9), max_kv=64):
     """Nine segments with garbage int64 offsets: segment 4 holds more queries than max_q
     (q_lens[4] > max_q), segment 5 -1 keys, segments 7 and 8 keys past the end of k/v (2^40 and
     -2^40). k/v are small and surrounded by unread NaN rows: a stray read would fault or show."""
-    case = C.thd_case(seed, q_lens, [5, 17, 64, 3, 10, 1, 0, 7, 9], 8, 2, 128, torch.bfloat16,
-                      offsets=torch.int64, max_q=max_q, max_kv=64, pad_before=2, pad_after=2,
-                      kv_pad=3, device=dev)
+    case = C.thd_case(seed, q_lens, list(kv_lens), 8, 2, 128, torch.bfloat16,
+                      offsets=torch.int64, max_q=max_q, max_kv=max_kv, pad_before=2,
+                      pad_after=2, kv_pad=3, device=dev)
     case.cu_kv[6] = case.cu_kv[5] - 1
     case.cu_kv[8] = 2**40
     case.cu_kv[9] = -(2**40)
@@ -220,6 +220,16 @@ def test_warpgroup_kernel_bad_segments(dev, kernel):
     flagged, NaN, no out-of-bounds access, every other segment exact."""
     case = garbage_case(dev, 19, [3, 100, 17, 2, 140, 65, 1, 70, 4], max_q=100)
     with rocm_attn.tuning.override(**WARPGROUP[kernel]):
+        check_garbage_flagged(case, return_softmax=False)
+
+
+def test_warpgroup_pairs_bad_segments(dev):
+    """Garbage int64 offsets where the tile-copy kernel takes a warpgroup's tiles in pairs
+    (two-warpgroup blocks over histories past 128 keys, up to 400 rows per (segment, kv head)):
+    flagged, NaN, no out-of-bounds access, every other segment exact."""
+    case = garbage_case(dev, 23, [3, 100, 17, 2, 140, 65, 1, 70, 4], max_q=100,
+                        kv_lens=(5, 17, 200, 3, 10, 1, 0, 7, 9), max_kv=256)
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup=2, small_seq_tiled_warpgroups=2):
         check_garbage_flagged(case, return_softmax=False)
 
 
