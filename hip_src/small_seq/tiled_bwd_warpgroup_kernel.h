@@ -640,6 +640,27 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block_transposed(const SmallSeqTiledParam
   tiled_bwd_warpgroup_store_dkdv<T, D>(p, rows, kb0, live, dk, dv, warp, g, t);
 }
 
+// Where this thread's pair dsa[kk][x] of tiled_bwd_warpgroup_transposed_scores goes in a dS^T
+// buffer ([keys][rows], 128-byte rows, 16-byte chunks XOR-swizzled by the key: the transposed A
+// operand of dQ's product): key 16 warp + g + 8 (x % 2)'s row, chunk j ^ g (the key is g mod 8,
+// j = 2 kk + x / 2), bytes 4t. A byte offset from the buffer's start.
+RA_DEVICE uint32_t tiled_bwd_warpgroup_dst_offset(const int warp, const int g, const int t,
+                                                  const int kk, const int x) {
+  return (16 * warp + g + 8 * (x % 2)) * 128 + (((2 * kk + x / 2) ^ g) << 4) + 4 * t;
+}
+
+// dQ += dS K over one 64-key block: dS from the dS^T buffer at `sdst` (transposed A), K of the
+// block N-major at `sk` (issued, neither fenced nor committed).
+template <typename T, int D>
+RA_DEVICE void tiled_bwd_warpgroup_issue_dq_from_buffer(float (&dq)[D / 2], const uint32_t sdst,
+                                                        const uint32_t sk) {
+  constexpr int KEYS = kTiledBwdWarpgroupBlockKeys;
+#pragma unroll
+  for (int kk = 0; kk < KEYS / 16; ++kk)
+    ra_wgmma_ss_tt<T, D>(dq, ra_wgmma_desc_n_major(sdst + 16 * kk * 128, KEYS * 128),
+                         ra_wgmma_desc_n_major(sk + 16 * kk * 128, KEYS * 128), 1);
+}
+
 // The whole backward of one (segment, kv head) whose rows fit one 64-row tile (host bound
 // max_seqlen_q x group <= 64), over histories past one key block: the tile's Q and dO are
 // copied once, and the item walks its key blocks, per block
@@ -704,14 +725,13 @@ RA_DEVICE void tiled_bwd_warpgroup_one_tile(const SmallSeqTiledParams& p, const 
     tiled_bwd_warpgroup_transposed_scores<T, D, true>(sk, sv, sq, sdo, row_terms,
                                                       row_terms + ROWS, scale2, live, tid, pa,
                                                       dsa);
-    // dS^T into the dS buffer: dsa[kk][x]'s key row, 16-byte chunk j ^ g (the key is g mod 8),
-    // bytes 4t (j = 2 kk + x / 2)
+    // dS^T into the dS buffer
 #pragma unroll
     for (int kk = 0; kk < ROWS / 16; ++kk)
 #pragma unroll
       for (int x = 0; x < 4; ++x)
-        *reinterpret_cast<uint32_t*>(sdst_ptr + (16 * warp + g + 8 * (x % 2)) * 128 +
-                                     (((2 * kk + x / 2) ^ g) << 4) + 4 * t) = dsa[kk][x];
+        *reinterpret_cast<uint32_t*>(sdst_ptr + tiled_bwd_warpgroup_dst_offset(warp, g, t, kk, x)) =
+            dsa[kk][x];
     float dk[D / 2], dv[D / 2];
     ra_wgmma_fence();
 #pragma unroll
@@ -736,10 +756,7 @@ RA_DEVICE void tiled_bwd_warpgroup_one_tile(const SmallSeqTiledParams& p, const 
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dq[i] = kb > 0 ? dq_sum[128 * i] : 0.f;
     ra_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KEYS / 16; ++kk)
-      ra_wgmma_ss_tt<T, D>(dq, ra_wgmma_desc_n_major(sdst + 16 * kk * 128, KEYS * 128),
-                           ra_wgmma_desc_n_major(sk + 16 * kk * 128, KEYS * 128), 1);
+    tiled_bwd_warpgroup_issue_dq_from_buffer<T, D>(dq, sdst, sk);
     ra_wgmma_commit();
     ra_wgmma_wait<0>();
 #pragma unroll

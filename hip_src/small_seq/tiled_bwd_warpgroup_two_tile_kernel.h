@@ -134,14 +134,13 @@ RA_DEVICE void tiled_bwd_warpgroup_two_tile(const SmallSeqTiledParams& p, const 
     tiled_bwd_warpgroup_transposed_scores<T, D, true>(sk, sv, sq, sdo, row_terms,
                                                       row_terms + ROWS, scale2, live, wtid, pa,
                                                       dsa);
-    // dS^T into the dS buffer: dsa[kk][x]'s key row, 16-byte chunk j ^ g (the key is g mod 8),
-    // bytes 4t (j = 2 kk + x / 2); the operand the other warpgroup needs into the exchange
+    // dS^T into the dS buffer; the operand the other warpgroup needs into the exchange
 #pragma unroll
     for (int kk = 0; kk < ROWS / 16; ++kk)
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
-        *reinterpret_cast<uint32_t*>(sdst_ptr + (16 * warp + g + 8 * (x % 2)) * 128 +
-                                     (((2 * kk + x / 2) ^ g) << 4) + 4 * t) = dsa[kk][x];
+        *reinterpret_cast<uint32_t*>(sdst_ptr + tiled_bwd_warpgroup_dst_offset(warp, g, t, kk, x)) =
+            dsa[kk][x];
         xchg_out[128 * (4 * kk + x)] = wg == 0 ? dsa[kk][x] : pa[kk][x];
       }
     ra_fence_proxy_async();
@@ -167,10 +166,7 @@ RA_DEVICE void tiled_bwd_warpgroup_two_tile(const SmallSeqTiledParams& p, const 
     for (int kk = 0; kk < ROWS / 16; ++kk)
       ra_wgmma_rs<T, D>(grad, a1[kk], ra_wgmma_desc_n_major(grad_b1 + 16 * kk * 128, ROWS * 128),
                         1);
-#pragma unroll
-    for (int kk = 0; kk < KEYS / 16; ++kk)
-      ra_wgmma_ss_tt<T, D>(dq, ra_wgmma_desc_n_major(sdst + 16 * kk * 128, KEYS * 128),
-                           ra_wgmma_desc_n_major(sk + 16 * kk * 128, KEYS * 128), 1);
+    tiled_bwd_warpgroup_issue_dq_from_buffer<T, D>(dq, sdst, sk);
     ra_wgmma_commit();
     ra_wgmma_wait<0>();
 #pragma unroll
