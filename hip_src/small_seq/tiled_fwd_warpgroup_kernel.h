@@ -300,13 +300,14 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
-  // The score product of the step at key k0 into acc (asynchronous: committed, not waited).
+  // The score product of the step at key k0 into acc, Q from the buffer q_buf (this tile's, or
+  // in a pair the next tile's), asynchronous: committed, not waited.
   // Each operand's descriptor is made once per step and advanced to each k step by one add
   // (ra_wgmma_desc_advance) rather than rebuilt from the k step's address. (Q's, the same every
   // step, is still made per step: held across the steps it costs the capped one-warpgroup
   // blocks more spill.)
-  const auto issue_scores = [&](float* acc, int k0) {
-    const uint64_t q_desc = ra_wgmma_desc(sq);
+  const auto issue_scores_from = [&](float* acc, uint32_t q_buf, int k0) {
+    const uint64_t q_desc = ra_wgmma_desc(q_buf);
     const uint64_t k_desc = ra_wgmma_desc(sk + k0 * 128);
     ra_wgmma_fence();
 #pragma unroll
@@ -316,6 +317,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
           ra_wgmma_desc_advance(k_desc, ra_wgmma_step_address(0, st, kp, 0)), st > 0);
     ra_wgmma_commit();
   };
+  const auto issue_scores = [&](float* acc, int k0) { issue_scores_from(acc, sq, k0); };
   // Online softmax of one step's scores in place (sc becomes P, unrounded), with the lazy
   // reference max of the other tiled kernels (docs/kernels.md#numerics): a row's reference m
   // moves only when a step's max exceeds it by more than kTiledLazyRescaleLog2, so most steps
@@ -464,18 +466,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       // scores (step 0's keys, resident since this tile's first step) go behind the last P . V.
       link.wait_next();
       issue_pv(k0 - KEYS);
-      {  // issue_scores(link.carry, 0) with the next tile's Q
-        const uint64_t q_desc = ra_wgmma_desc(link.sq_next);
-        const uint64_t k_desc = ra_wgmma_desc(sk);
-        ra_wgmma_fence();
-#pragma unroll
-        for (int st = 0; st < kSteps; ++st)
-          ra_wgmma_ss<T, KEYS>(
-              link.carry,
-              ra_wgmma_desc_advance(q_desc, ra_wgmma_step_address(0, st, kTiledWarpgroupRows, 0)),
-              ra_wgmma_desc_advance(k_desc, ra_wgmma_step_address(0, st, kp, 0)), st > 0);
-        ra_wgmma_commit();
-      }
+      issue_scores_from(link.carry, link.sq_next, 0);
       ra_wgmma_wait<1>();  // this tile's P . V is done; the next tile's scores may still run
     } else {
       issue_pv(k0 - KEYS);
