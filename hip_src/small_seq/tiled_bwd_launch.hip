@@ -119,19 +119,21 @@ hipError_t run_tiled_bwd_staged(const SmallSeqTiledParams& p, int64_t items, int
 // products (rowsum(P dP)); past one key block, the dQ kernel, run first, from each tile's dO
 // (already in shared memory) and O, for the dK / dV kernel after it. Tuning
 // small_seq_tiled_bwd_fused_delta: 1 = histories of one 16-key chunk; 2 = up to one key block
-// any, past it where an item may hold more than two row tiles, or more than one with the
-// two-tile walk off (host bound max_seqlen_q x group; the one- and two-tile walks take Delta
-// from pass 1): an item of one tile leaves the dQ kernel's second warpgroup idle, and computing Delta in it
-// measured up to 6% slower forward+backward than pass 1 (4096 users x 16 candidates x 256 keys,
-// 2 kv heads, H100), 2.5-4% faster with 512 candidates; 3 = any; 0 = never. Pass 1 reads dO and
-// out once more than the floor counts (docs/kernels.md#warpgroup-backward).
+// any, past it where an item may hold more rows than a key-block walk takes (host bound
+// max_seqlen_q x group; two tiles with the two-tile walk on, else one; the walks take Delta from
+// pass 1): an item of one tile leaves the dQ kernel's second warpgroup idle, and computing
+// Delta in it measured up to 6% slower forward+backward than pass 1 (4096 users x 16
+// candidates x 256 keys, 2 kv heads, H100), 2.5-4% faster with 512 candidates; 3 = any;
+// 0 = never. Pass 1 reads dO and out once more than the floor counts
+// (docs/kernels.md#warpgroup-backward).
 inline bool tiled_bwd_warpgroup_fuses_delta(const SmallSeqTiledParams& p) {
   const int mode = ra_tuning().small_seq_tiled_bwd_fused_delta;
   if (p.max_seqlen_kv <= kTiledBwdWarpgroupChunk) return mode >= 1;
   if (p.max_seqlen_kv <= kTiledBwdWarpgroupBlockKeys) return mode >= 2;
-  return mode >= 3 || (mode >= 2 && tiled_max_rows(p) > kTiledBwdTwoTileRows) ||
-         (mode >= 2 && tiled_max_rows(p) > kTiledWarpgroupRows &&
-          ra_tuning().small_seq_tiled_bwd_two_tile <= 0);
+  const int64_t walked_rows = ra_tuning().small_seq_tiled_bwd_two_tile >= 1
+                                  ? kTiledBwdTwoTileRows
+                                  : kTiledWarpgroupRows;
+  return mode >= 3 || (mode >= 2 && tiled_max_rows(p) > walked_rows);
 }
 
 #if RA_TMA_BUILD
