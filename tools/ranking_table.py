@@ -56,12 +56,18 @@ LINE_CELLS = 2 + 2 * MODE_CELLS
 OLD_LINE_CELLS = 12  # tables written before the matrix floor: no matrix floor, no % roof
 
 
-def pct_roof(m: dict):
-    """% of the roof (the larger of the byte and matrix floors), or None without a matrix
+def roof_ms(m: dict):
+    """The roof: the larger of the byte and matrix floors (ms), or None without a matrix
     floor."""
     if m.get("matrix_floor_ms") is None:
         return None
-    return 100 * max(m["floor_ms"], m["matrix_floor_ms"]) / m["ms"]
+    return max(m["floor_ms"], m["matrix_floor_ms"])
+
+
+def pct_roof(m: dict):
+    """% of the roof our time reaches, or None without a matrix floor."""
+    roof = roof_ms(m)
+    return None if roof is None else 100 * roof / m["ms"]
 
 
 def matrix_bound(m: dict) -> bool:
@@ -171,9 +177,9 @@ def _roof_note(m: dict) -> str:
 def _weak_note(m: dict) -> str:
     """What the 3x target asks of a row: the % of the roof a kernel would need to run at a third
     of the best anchor's time (and ours), where the row has a matrix floor."""
-    if pct_roof(m) is None:
+    roof = roof_ms(m)
+    if roof is None:
         return ""
-    roof = max(m["floor_ms"], m["matrix_floor_ms"])
     need = 100 * roof * WEAK_ANCHOR_SPEEDUP / m["best_anchor_ms"]
     return f" (3x needs {need:.0f}% of the roof, ours {pct_roof(m):.0f}%)"
 
