@@ -196,42 +196,41 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
     if (tile < tile1 && wtid == 0) load_q(tile, 0);
     bool first = true;
     static_assert(!PAIRS || kTiledWarpgroupPair<WARPGROUPS, KEYS>, "no pair variant here");
-    if constexpr (PAIRS) {
-      // The hooks of the loop below for the pair's two tiles (the loop keeps its own, so that
-      // the kernels without pairs compile exactly as before).
-      // before_step: a warpgroup's first tile of the item waits for each step's keys.
-      const auto before_step = [&](int k0) {
-        if (!first) return;
-        const int st = k0 / KEYS;
-        ra_mbar_wait(kv_bar(st), (kv_parity >> st) & 1u);
-        if (tail && st == steps - 1) {
-          ra_mbar_wait(tail_bar, tail_parity);
-          ra_fence_proxy_async();  // cp.async wrote V's tail: publish it to the products
+    // The tile's hooks, shared by the pair loop and the single-tile loop.
+    // before_step: a warpgroup's first tile of the item waits for each step's keys.
+    const auto before_step = [&](int k0) {
+      if (!first) return;
+      const int st = k0 / KEYS;
+      ra_mbar_wait(kv_bar(st), (kv_parity >> st) & 1u);
+      if (tail && st == steps - 1) {
+        ra_mbar_wait(tail_bar, tail_parity);
+        ra_fence_proxy_async();  // cp.async wrote V's tail: publish it to the products
+      }
+    };
+    // store_out of the tile `t` in buffer offset `off`: a tile of 64 live rows leaves by tile
+    // stores from its thread 0, one that the segment's end cuts by 16-byte stores.
+    const auto store_out_of = [&](const int64_t t, const uint32_t off) {
+      return [&, t, off](const TiledRowMap& map) {
+        const int64_t r0 = t * ROWS;
+        if (r0 + ROWS <= seg_rows) {
+          ra_fence_proxy_async();  // O / l in the buffer, for the tile store
+          ra_warpgroup_sync(wg);
+          if (wtid == 0) {
+#pragma unroll
+            for (int c = 0; c < PANELS; ++c)
+              ra_tma_store(&maps.o, smem.q + off + c * ROWS * 128, 64 * c, hk * group,
+                           q_token0 + static_cast<int>(t) * group_tokens, q_batch);
+            ra_tma_store_commit();
+          }
+        } else {
+          ra_warpgroup_sync(wg);
+          tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, smem.q_ptr + off,
+                                       wtid);
         }
       };
+    };
+    if constexpr (PAIRS) {
       const auto no_combine = [](float*, float*, float*) { return true; };
-      // store_out of the tile `t` in buffer offset `off`: a tile of 64 live rows leaves by tile
-      // stores from its thread 0, one that the segment's end cuts by 16-byte stores.
-      const auto store_out_of = [&](const int64_t t, const uint32_t off) {
-        return [&, t, off](const TiledRowMap& map) {
-          const int64_t r0 = t * ROWS;
-          if (r0 + ROWS <= seg_rows) {
-            ra_fence_proxy_async();  // O / l in the buffer, for the tile store
-            ra_warpgroup_sync(wg);
-            if (wtid == 0) {
-#pragma unroll
-              for (int c = 0; c < PANELS; ++c)
-                ra_tma_store(&maps.o, smem.q + off + c * ROWS * 128, 64 * c, hk * group,
-                             q_token0 + static_cast<int>(t) * group_tokens, q_batch);
-              ra_tma_store_commit();
-            }
-          } else {
-            ra_warpgroup_sync(wg);
-            tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, smem.q_ptr + off,
-                                         wtid);
-          }
-        };
-      };
       // Tiles in pairs (kTiledWarpgroupPair): tile A (buffer 0) and B = A + WARPGROUPS (buffer 1)
       // as one stream, B's first scores under A's epilogue (tiled_warpgroup_tile's Link). Not
       // for split items (one tile) nor histories of no keys (no product to carry). Buffer 0
@@ -274,16 +273,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
       const int64_t r0 = tile * ROWS;
       tiled_warpgroup_tile<T, D, KEYS, kTiledWarpgroupOverlap<WARPGROUPS, KEYS>>(
           p, s, hk, group, r0, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v, kp, wg,
-          wtid, k_begin, k_end,
-          [&](int k0) {  // a warpgroup's first tile of the item waits for each step's keys
-            if (!first) return;
-            const int st = k0 / KEYS;
-            ra_mbar_wait(kv_bar(st), (kv_parity >> st) & 1u);
-            if (tail && st == steps - 1) {
-              ra_mbar_wait(tail_bar, tail_parity);
-              ra_fence_proxy_async();  // cp.async wrote V's tail: publish it to the products
-            }
-          },
+          wtid, k_begin, k_end, before_step,
           [&](float* o, float* m, float* l) {
             if (!split) return true;
             if (wg == 1) {  // hand over, once every warp is past its products on the buffers
@@ -314,23 +304,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
               o[i] = o[i] * a[(i / 2) % 2] + handover_o[i * 128 + wtid] * b[(i / 2) % 2];
             return true;
           },
-          [&](const TiledRowMap& map) {
-            if (r0 + ROWS <= seg_rows) {
-              ra_fence_proxy_async();  // O / l in the buffer, for the tile store
-              ra_warpgroup_sync(wg);
-              if (wtid == 0) {
-#pragma unroll
-                for (int c = 0; c < PANELS; ++c)
-                  ra_tma_store(&maps.o, smem.q + off + c * ROWS * 128, 64 * c, hk * group,
-                               q_token0 + static_cast<int>(tile) * group_tokens, q_batch);
-                ra_tma_store_commit();
-              }
-            } else {
-              ra_warpgroup_sync(wg);
-              tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, smem.q_ptr + off,
-                                           wtid);
-            }
-          });
+          store_out_of(tile, off));
       first = false;
       // This thread's reads and writes of the buffer come before the tile copy that refills it.
       ra_fence_proxy_async();
