@@ -477,52 +477,32 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   if constexpr (kPart == 0) {
     if (!combine(o, m, l)) return;
   }
-  if constexpr (kPart == 1) {
-    // O / l of this thread's two rows into the Q buffer under the next tile's first scores:
-    // branch-free (a named barrier, shuffles, selects, shared stores); the LSE values are kept
-    // for the stores below, made once the product is waited for.
-    ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free
-    float lse[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = l[r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      tiled_warpgroup_acc_row_to_buffer<T, D>(sq_ptr, o, r, sum > 0.f ? 1.f / sum : 0.f, wtid);
-      lse[r] = sum > 0.f ? (m[r] + log2f(sum)) * kTiledLn2 : -INFINITY;
-    }
-    ra_wgmma_wait<0>();
-    pin_scores(link.carry);
-    const TiledRowMap map(r0, group);  // (a 64-bit division: not under a product)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = 16 * warp + g + 8 * r;
-      if (t == 0 && r0 + i < seg_rows) {
-        int64_t j;
-        int h;
-        map.at(i, j, h);
-        p.lse[(hk * group + h) * p.lse_head_stride + s.q_row0 + j] = lse[r];
-      }
-    }
-    store_out(map);
-    return;
-  }
-  // O / l of this thread's two rows into the Q buffer, and their LSE.
-  const TiledRowMap map(r0, group);
+  // O / l of this thread's two rows into the Q buffer, branch-free (a named barrier, shuffles,
+  // selects, shared stores), then their LSE under the rows' conditions. kPart 1: the first part
+  // runs under the next tile's first scores, which are waited for before the divergent part.
   ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free
+  float lse[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = l[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int i = 16 * warp + g + 8 * r;
     tiled_warpgroup_acc_row_to_buffer<T, D>(sq_ptr, o, r, sum > 0.f ? 1.f / sum : 0.f, wtid);
+    lse[r] = sum > 0.f ? (m[r] + log2f(sum)) * kTiledLn2 : -INFINITY;
+  }
+  if constexpr (kPart == 1) {
+    ra_wgmma_wait<0>();
+    pin_scores(link.carry);
+  }
+  const TiledRowMap map(r0, group);  // (a 64-bit division: not under a product)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = 16 * warp + g + 8 * r;
     if (t == 0 && r0 + i < seg_rows) {
       int64_t j;
       int h;
       map.at(i, j, h);
-      p.lse[(hk * group + h) * p.lse_head_stride + s.q_row0 + j] =
-          sum > 0.f ? (m[r] + log2f(sum)) * kTiledLn2 : -INFINITY;
+      p.lse[(hk * group + h) * p.lse_head_stride + s.q_row0 + j] = lse[r];
     }
   }
   store_out(map);
