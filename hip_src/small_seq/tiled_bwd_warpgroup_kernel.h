@@ -310,28 +310,38 @@ RA_DEVICE void tiled_bwd_warpgroup_issue_dq(float* dq, const uint32_t (&dsa)[KEY
   ra_wgmma_commit();
 }
 
+// One gradient of keys kb0 + 16 warp + g (+ 8) times `factor`, keys at or past `live` not
+// stored: `acc` is a dK or dV accumulator, its rows keys, its columns the head dim; `rows` the
+// tensor's first key of the segment and kv head, `stride` its token stride.
+template <typename T, int D>
+RA_DEVICE void tiled_bwd_warpgroup_store_key_rows(uint16_t* rows, const int64_t stride,
+                                                  const int kb0, const int live,
+                                                  const float (&acc)[D / 2], const float factor,
+                                                  const int warp, const int g, const int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = 16 * warp + g + 8 * r;
+    if (key >= live) continue;
+    uint16_t* row = rows + (kb0 + key) * stride + 2 * t;
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c)
+      *reinterpret_cast<uint32_t*>(row + 8 * c) =
+          ra_mma_pack2<T>(acc[4 * c + 2 * r] * factor, acc[4 * c + 2 * r + 1] * factor);
+  }
+}
+
 // dK (times the scale) and dV of keys kb0 + 16 warp + g (+ 8), keys at or past `live` not
-// stored: the dK / dV accumulators' rows are keys, their columns the head dim.
+// stored.
 template <typename T, int D>
 RA_DEVICE void tiled_bwd_warpgroup_store_dkdv(const SmallSeqTiledParams& p,
                                               const TiledBwdRows& rows, const int kb0,
                                               const int live, const float (&dk)[D / 2],
                                               const float (&dv)[D / 2], const int warp,
                                               const int g, const int t) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = 16 * warp + g + 8 * r;
-    if (key >= live) continue;
-    uint16_t* dk_row = rows.dk + (kb0 + key) * p.dk_token_stride + 2 * t;
-    uint16_t* dv_row = rows.dv + (kb0 + key) * p.dv_token_stride + 2 * t;
-#pragma unroll
-    for (int c = 0; c < D / 8; ++c) {
-      *reinterpret_cast<uint32_t*>(dk_row + 8 * c) = ra_mma_pack2<T>(
-          dk[4 * c + 2 * r] * p.softmax_scale, dk[4 * c + 2 * r + 1] * p.softmax_scale);
-      *reinterpret_cast<uint32_t*>(dv_row + 8 * c) =
-          ra_mma_pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
-    }
-  }
+  tiled_bwd_warpgroup_store_key_rows<T, D>(rows.dk, p.dk_token_stride, kb0, live, dk,
+                                           p.softmax_scale, warp, g, t);
+  tiled_bwd_warpgroup_store_key_rows<T, D>(rows.dv, p.dv_token_stride, kb0, live, dv, 1.f,
+                                           warp, g, t);
 }
 
 // The dK / dV of one key block (keys kb0 .. kb0 + KEYS - 1 of a valid segment, kv head hk) over

@@ -175,17 +175,8 @@ RA_DEVICE void tiled_bwd_warpgroup_two_tile(const SmallSeqTiledParams& p, const 
       ra_wgmma_pin(dq[i]);
     }
     // the block's dV (warpgroup 0) or dK times the scale (warpgroup 1), live keys only
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = 16 * warp + g + 8 * r;
-      if (key >= live) continue;
-      uint16_t* row = grad_rows + (kb0 + key) * grad_stride + 2 * t;
-#pragma unroll
-      for (int c = 0; c < D / 8; ++c)
-        *reinterpret_cast<uint32_t*>(row + 8 * c) =
-            ra_mma_pack2<T>(grad[4 * c + 2 * r] * grad_factor,
-                            grad[4 * c + 2 * r + 1] * grad_factor);
-    }
+    tiled_bwd_warpgroup_store_key_rows<T, D>(grad_rows, grad_stride, kb0, live, grad,
+                                             grad_factor, warp, g, t);
     __syncthreads();  // every product of this block done: K / V, dS^T and the exchange free
   }
   // scale dQ of this warpgroup's tile through its Q buffer (every product that read it is done)
