@@ -344,6 +344,81 @@ RA_DEVICE void tiled_bwd_warpgroup_store_dkdv(const SmallSeqTiledParams& p,
                                            warp, g, t);
 }
 
+// What both key-block kernels (tiled_bwd_warpgroup_key_block and _transposed) know of their
+// item: the block's live keys (kb0 .. kb0 + live - 1), the segment's rows and 64-row tiles, and
+// where its tensors' rows start.
+struct TiledBwdKeyBlockItem {
+  int live;
+  int64_t seg_rows;
+  int64_t tiles;
+  int hq0;
+  TiledBwdRows rows;
+  TiledBwdWarpgroupRows at;
+};
+
+template <int KEYS>
+RA_DEVICE TiledBwdKeyBlockItem tiled_bwd_key_block_item(const SmallSeqTiledParams& p,
+                                                        const TiledSegment& s, const int hk,
+                                                        const int group, const int kb0) {
+  TiledBwdKeyBlockItem it;
+  it.live = s.nk - kb0 < KEYS ? s.nk - kb0 : KEYS;
+  it.seg_rows = static_cast<int64_t>(s.nq) * group;
+  it.tiles = (it.seg_rows + kTiledWarpgroupRows - 1) / kTiledWarpgroupRows;
+  it.rows = tiled_bwd_rows(p, hk, s);
+  it.hq0 = hk * group;
+  it.at = tiled_bwd_warpgroup_rows(p, s, it.rows, it.hq0);
+  return it;
+}
+
+// The walk both key-block kernels make: the block's K / V staged at sk / sv (zeros past the
+// live keys), dK / dV zeroed, then the segment's row tiles, Q and dO copied one tile ahead into
+// two buffers of 2 kTileBytes from tiles_at. `first_tile()` runs once tile 0's copies are
+// issued, `tile_body(tile, r0, buf, sq)` once a tile's copies have landed and every thread has
+// passed the barrier after them; tile_body ends with a barrier before the buffer is refilled.
+// After the last tile every copy is waited for and the dK / dV products are pinned.
+template <int D, int KEYS, typename Copies, typename FirstTile, typename TileBody>
+RA_DEVICE void tiled_bwd_warpgroup_walk_tiles(const SmallSeqTiledParams& p,
+                                              const TiledSegment& s,
+                                              const TiledBwdKeyBlockItem& it, const int group,
+                                              const int kb0, const uint32_t sk,
+                                              const uint32_t sv, const uint32_t tiles_at,
+                                              const int tid, Copies& copies, float (&dk)[D / 2],
+                                              float (&dv)[D / 2], const FirstTile& first_tile,
+                                              const TileBody& tile_body) {
+  constexpr int ROWS = kTiledWarpgroupRows;
+  constexpr int kTileBytes = ROWS * D * 2;
+  const auto load_tile = [&](int64_t tile, int buf) {
+    copies.template load<D>(p, it.at, s, it.hq0, group, tile * ROWS, it.seg_rows,
+                            tiles_at + 2 * buf * kTileBytes, buf, tid);
+  };
+  if (it.tiles > 0) {
+    tiled_warpgroup_stage<D, KEYS, 128>(sk, sv, p, it.rows.k + kb0 * p.k_token_stride,
+                                        it.rows.v + kb0 * p.v_token_stride, it.live, KEYS, tid);
+    load_tile(0, 0);
+    first_tile();
+  }
+  ra_cp_async_commit();
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  for (int64_t tile = 0; tile < it.tiles; ++tile) {
+    const int buf = static_cast<int>(tile & 1);
+    if (tile + 1 < it.tiles) load_tile(tile + 1, buf ^ 1);
+    ra_cp_async_commit();
+    const int64_t r0 = tile * ROWS;
+    ra_cp_async_wait<1>();  // this tile's copies have landed (the next one's may not)
+    copies.wait(r0, it.seg_rows, buf);
+    ra_fence_proxy_async();
+    __syncthreads();
+    tile_body(tile, r0, buf, tiles_at + 2 * buf * kTileBytes);
+  }
+  ra_cp_async_wait<0>();
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) {
+    ra_wgmma_pin(dk[i]);
+    ra_wgmma_pin(dv[i]);
+  }
+}
+
 // The dK / dV of one key block (keys kb0 .. kb0 + KEYS - 1 of a valid segment, kv head hk) over
 // all of the segment's rows, and, where the block holds the whole history (WITH_DQ), the dQ of
 // every row (the whole block: one warpgroup); FUSED_DELTA (WITH_DQ only): each row's Delta
@@ -369,96 +444,70 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
   const int warp = tid / 32;
   const int g = (tid % 32) / 4;
   const int t = tid % 4;
-  const int live = s.nk - kb0 < KEYS ? s.nk - kb0 : KEYS;
   const float scale2 = p.softmax_scale * kTiledBwdLog2e;
-  const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
-  const int64_t tiles = (seg_rows + ROWS - 1) / ROWS;
-  const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
-  const int hq0 = hk * group;
-  const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, rows, hq0);
-  const auto load_tile = [&](int64_t tile, int buf) {
-    copies.template load<D>(p, at, s, hq0, group, tile * ROWS, seg_rows,
-                            tiles_at + 2 * buf * kTileBytes, buf, tid);
-  };
-  if (tiles > 0) {
-    tiled_warpgroup_stage<D, KEYS, 128>(sk, sv, p, rows.k + kb0 * p.k_token_stride,
-                                        rows.v + kb0 * p.v_token_stride, live, KEYS, tid);
-    load_tile(0, 0);
-  }
-  ra_cp_async_commit();
+  const TiledBwdKeyBlockItem it = tiled_bwd_key_block_item<KEYS>(p, s, hk, group, kb0);
+  const int live = it.live;
+  const int64_t seg_rows = it.seg_rows;
+  const int hq0 = it.hq0;
+  const TiledBwdWarpgroupRows& at = it.at;
   float dk[D / 2], dv[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
-  for (int64_t tile = 0; tile < tiles; ++tile) {
-    const int buf = static_cast<int>(tile & 1);
-    if (tile + 1 < tiles) load_tile(tile + 1, buf ^ 1);
-    ra_cp_async_commit();
-    ra_cp_async_wait<1>();  // this tile's copies have landed (the next one's may not)
-    copies.wait(tile * ROWS, seg_rows, buf);
-    ra_fence_proxy_async();
-    __syncthreads();
-    const uint32_t sq = tiles_at + 2 * buf * kTileBytes;
-    const uint32_t sdo = sq + kTileBytes;
-    uint8_t* const sq_ptr = smem_ptr + (sq - smem);
-    const int64_t r0 = tile * ROWS;
-    const TiledRowMap map(r0, group);
-    float lse2[2], delta[2];
-    tiled_bwd_warpgroup_row_terms<FUSED_DELTA>(p, s, hq0, map, r0, seg_rows, lse2, delta, tid);
-    uint32_t dsa[KEYS / 16][4];
-    tiled_bwd_warpgroup_scores<T, D, KEYS, true, FUSED_DELTA>(
-        sq, sdo, sk, sv, KEYS, 0, live, scale2, lse2, delta, sp_ptr, sds_ptr, dsa, tid);
-    ra_fence_proxy_async();
-    __syncthreads();  // every warp's P and dS rows are in shared memory
-    ra_wgmma_fence();
-#pragma unroll
-    for (int st = 0; st < ROWS / 16; ++st)
-      ra_wgmma_ss_tt<T, D>(dv, ra_wgmma_desc_n_major(sp + st * 16 * 128, ROWS * 128),
-                           ra_wgmma_desc_n_major(sdo + st * 16 * 128, ROWS * 128), 1);
-#pragma unroll
-    for (int st = 0; st < ROWS / 16; ++st)
-      ra_wgmma_ss_tt<T, D>(dk, ra_wgmma_desc_n_major(sds + st * 16 * 128, ROWS * 128),
-                           ra_wgmma_desc_n_major(sq + st * 16 * 128, ROWS * 128), 1);
-    ra_wgmma_commit();
-    if constexpr (WITH_DQ) {
-      // dQ = scale dS K in 64-column halves (32 accumulator registers at a time beside dK and
-      // dV), dS read from its buffer (K-major) and K N-major; each half goes into the Q
-      // buffer once every product before it is done (dK's reads Q).
-#pragma unroll
-      for (int col0 = 0; col0 < D; col0 += 64) {
-        float dq[32];
-#pragma unroll
-        for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+  tiled_bwd_warpgroup_walk_tiles<D, KEYS>(
+      p, s, it, group, kb0, sk, sv, tiles_at, tid, copies, dk, dv, [] {},
+      [&](const int64_t, const int64_t r0, const int, const uint32_t sq) {
+        const uint32_t sdo = sq + kTileBytes;
+        uint8_t* const sq_ptr = smem_ptr + (sq - smem);
+        const TiledRowMap map(r0, group);
+        float lse2[2], delta[2];
+        tiled_bwd_warpgroup_row_terms<FUSED_DELTA>(p, s, hq0, map, r0, seg_rows, lse2, delta, tid);
+        uint32_t dsa[KEYS / 16][4];
+        tiled_bwd_warpgroup_scores<T, D, KEYS, true, FUSED_DELTA>(
+            sq, sdo, sk, sv, KEYS, 0, live, scale2, lse2, delta, sp_ptr, sds_ptr, dsa, tid);
+        ra_fence_proxy_async();
+        __syncthreads();  // every warp's P and dS rows are in shared memory
         ra_wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < KEYS / 16; ++kk)
-          ra_wgmma_ss_bt<T, 64>(
-              dq, ra_wgmma_desc(ra_wgmma_step_address(sds, kk, ROWS, 0)),
-              ra_wgmma_desc_n_major(sk + (col0 / 64) * KEYS * 128 + 16 * kk * 128,
-                                    KEYS * 128),
-              1);
+        for (int st = 0; st < ROWS / 16; ++st)
+          ra_wgmma_ss_tt<T, D>(dv, ra_wgmma_desc_n_major(sp + st * 16 * 128, ROWS * 128),
+                               ra_wgmma_desc_n_major(sdo + st * 16 * 128, ROWS * 128), 1);
+#pragma unroll
+        for (int st = 0; st < ROWS / 16; ++st)
+          ra_wgmma_ss_tt<T, D>(dk, ra_wgmma_desc_n_major(sds + st * 16 * 128, ROWS * 128),
+                               ra_wgmma_desc_n_major(sq + st * 16 * 128, ROWS * 128), 1);
         ra_wgmma_commit();
-        ra_wgmma_wait<0>();
+        if constexpr (WITH_DQ) {
+          // dQ = scale dS K in 64-column halves (32 accumulator registers at a time beside dK and
+          // dV), dS read from its buffer (K-major) and K N-major; each half goes into the Q
+          // buffer once every product before it is done (dK's reads Q).
 #pragma unroll
-        for (int i = 0; i < 32; ++i) ra_wgmma_pin(dq[i]);
-        if (col0 == 0) __syncthreads();  // every warp's dK product is done: Q's buffer is free
+          for (int col0 = 0; col0 < D; col0 += 64) {
+            float dq[32];
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-          tiled_warpgroup_acc_row_to_buffer<T, 64>(sq_ptr + (col0 / 64) * ROWS * 128, dq, r,
-                                                   p.softmax_scale, tid);
-      }
-      copies.template store_dq<D>(p, at, s, hq0, group, map, r0, seg_rows, sq_ptr, sq, tid);
-    } else {
-      ra_wgmma_wait<0>();
-    }
-    __syncthreads();  // the buffers are refilled by the copies of the tile after next
-  }
-  ra_cp_async_wait<0>();
+            for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+            ra_wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) {
-    ra_wgmma_pin(dk[i]);
-    ra_wgmma_pin(dv[i]);
-  }
-  tiled_bwd_warpgroup_store_dkdv<T, D>(p, rows, kb0, live, dk, dv, warp, g, t);
+            for (int kk = 0; kk < KEYS / 16; ++kk)
+              ra_wgmma_ss_bt<T, 64>(
+                  dq, ra_wgmma_desc(ra_wgmma_step_address(sds, kk, ROWS, 0)),
+                  ra_wgmma_desc_n_major(sk + (col0 / 64) * KEYS * 128 + 16 * kk * 128,
+                                        KEYS * 128),
+                  1);
+            ra_wgmma_commit();
+            ra_wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < 32; ++i) ra_wgmma_pin(dq[i]);
+            if (col0 == 0) __syncthreads();  // every warp's dK product is done: Q's buffer is free
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              tiled_warpgroup_acc_row_to_buffer<T, 64>(sq_ptr + (col0 / 64) * ROWS * 128, dq, r,
+                                                       p.softmax_scale, tid);
+          }
+          copies.template store_dq<D>(p, at, s, hq0, group, map, r0, seg_rows, sq_ptr, sq, tid);
+        } else {
+          ra_wgmma_wait<0>();
+        }
+        __syncthreads();  // the buffers are refilled by the copies of the tile after next
+      });
+  tiled_bwd_warpgroup_store_dkdv<T, D>(p, it.rows, kb0, live, dk, dv, warp, g, t);
 }
 
 // The lse (log2 domain) and Delta of the 64-row tile at r0 into row_lse2[0..63] and
@@ -581,73 +630,43 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block_transposed(const SmallSeqTiledParam
   const int warp = tid / 32;
   const int g = (tid % 32) / 4;
   const int t = tid % 4;
-  const int live = s.nk - kb0 < KEYS ? s.nk - kb0 : KEYS;
   const float scale2 = p.softmax_scale * kTiledBwdLog2e;
-  const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
-  const int64_t tiles = (seg_rows + ROWS - 1) / ROWS;
-  const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
-  const int hq0 = hk * group;
-  const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, rows, hq0);
-  const auto load_tile = [&](int64_t tile, int buf) {
-    copies.template load<D>(p, at, s, hq0, group, tile * ROWS, seg_rows,
-                            tiles_at + 2 * buf * kTileBytes, buf, tid);
-  };
+  const TiledBwdKeyBlockItem it = tiled_bwd_key_block_item<KEYS>(p, s, hk, group, kb0);
   // Tile `tile`'s row terms into half `half` (first 64 threads, no barrier inside), called in
   // tile - 1 (or before tile 0): the half's last readers, tile - 2's, passed its closing barrier.
   const auto stage_terms = [&](int64_t tile, int half) {
-    tiled_bwd_warpgroup_stage_row_terms(p, s, hq0, group, tile * ROWS, seg_rows,
+    tiled_bwd_warpgroup_stage_row_terms(p, s, it.hq0, group, tile * ROWS, it.seg_rows,
                                         row_terms + 2 * ROWS * half, tid);
   };
-  if (tiles > 0) {
-    tiled_warpgroup_stage<D, KEYS, 128>(sk, sv, p, rows.k + kb0 * p.k_token_stride,
-                                        rows.v + kb0 * p.v_token_stride, live, KEYS, tid);
-    load_tile(0, 0);
-    stage_terms(0, 0);
-  }
-  ra_cp_async_commit();
   float dk[D / 2], dv[D / 2];
+  tiled_bwd_warpgroup_walk_tiles<D, KEYS>(
+      p, s, it, group, kb0, sk, sv, tiles_at, tid, copies, dk, dv, [&] { stage_terms(0, 0); },
+      [&](const int64_t tile, const int64_t, const int buf, const uint32_t sq) {
+        const uint32_t sdo = sq + kTileBytes;
+        // K / V's descriptors from an address the compiler must re-read per tile: hoisted out
+        // of the loop, their 16 loop-invariant 64-bit values would take registers the
+        // accumulators need.
+        uint32_t sk_t = sk;
+        asm volatile("" : "+r"(sk_t));
+        const uint32_t sv_t = sk_t + KEYS * D * 2;
+        const float* const row_lse2 = row_terms + 2 * ROWS * buf;
+        uint32_t pa[ROWS / 16][4], dsa[ROWS / 16][4];
+        tiled_bwd_warpgroup_transposed_scores<T, D, false>(sk_t, sv_t, sq, sdo, row_lse2,
+                                                           row_lse2 + ROWS, scale2, KEYS, tid, pa,
+                                                           dsa);
+        ra_wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
-  for (int64_t tile = 0; tile < tiles; ++tile) {
-    const int buf = static_cast<int>(tile & 1);
-    if (tile + 1 < tiles) load_tile(tile + 1, buf ^ 1);
-    ra_cp_async_commit();
-    const int64_t r0 = tile * ROWS;
-    ra_cp_async_wait<1>();  // this tile's copies have landed (the next one's may not)
-    copies.wait(r0, seg_rows, buf);
-    ra_fence_proxy_async();
-    __syncthreads();
-    const uint32_t sq = tiles_at + 2 * buf * kTileBytes;
-    const uint32_t sdo = sq + kTileBytes;
-    // K / V's descriptors from an address the compiler must re-read per tile: hoisted out of
-    // the loop, their 16 loop-invariant 64-bit values would take registers the accumulators need.
-    uint32_t sk_t = sk;
-    asm volatile("" : "+r"(sk_t));
-    const uint32_t sv_t = sk_t + KEYS * D * 2;
-    const float* const row_lse2 = row_terms + 2 * ROWS * buf;
-    uint32_t pa[ROWS / 16][4], dsa[ROWS / 16][4];
-    tiled_bwd_warpgroup_transposed_scores<T, D, false>(sk_t, sv_t, sq, sdo, row_lse2,
-                                                       row_lse2 + ROWS, scale2, KEYS, tid, pa,
-                                                       dsa);
-    ra_wgmma_fence();
+        for (int kk = 0; kk < ROWS / 16; ++kk)
+          ra_wgmma_rs<T, D>(dv, pa[kk], ra_wgmma_desc_n_major(sdo + 16 * kk * 128, ROWS * 128), 1);
 #pragma unroll
-    for (int kk = 0; kk < ROWS / 16; ++kk)
-      ra_wgmma_rs<T, D>(dv, pa[kk], ra_wgmma_desc_n_major(sdo + 16 * kk * 128, ROWS * 128), 1);
-#pragma unroll
-    for (int kk = 0; kk < ROWS / 16; ++kk)
-      ra_wgmma_rs<T, D>(dk, dsa[kk], ra_wgmma_desc_n_major(sq + 16 * kk * 128, ROWS * 128), 1);
-    ra_wgmma_commit();
-    if (tile + 1 < tiles) stage_terms(tile + 1, buf ^ 1);  // under the dV / dK products
-    ra_wgmma_wait<0>();
-    __syncthreads();  // the buffers are refilled by the copies of the tile after next
-  }
-  ra_cp_async_wait<0>();
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) {
-    ra_wgmma_pin(dk[i]);
-    ra_wgmma_pin(dv[i]);
-  }
-  tiled_bwd_warpgroup_store_dkdv<T, D>(p, rows, kb0, live, dk, dv, warp, g, t);
+        for (int kk = 0; kk < ROWS / 16; ++kk)
+          ra_wgmma_rs<T, D>(dk, dsa[kk], ra_wgmma_desc_n_major(sq + 16 * kk * 128, ROWS * 128), 1);
+        ra_wgmma_commit();
+        if (tile + 1 < it.tiles) stage_terms(tile + 1, buf ^ 1);  // under the dV / dK products
+        ra_wgmma_wait<0>();
+        __syncthreads();  // the buffers are refilled by the copies of the tile after next
+      });
+  tiled_bwd_warpgroup_store_dkdv<T, D>(p, it.rows, kb0, it.live, dk, dv, warp, g, t);
 }
 
 // Where this thread's pair dsa[kk][x] of tiled_bwd_warpgroup_transposed_scores goes in a dS^T
