@@ -66,7 +66,8 @@ def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype):
 
 
 # the launcher's choice, the wave kernel only, the block kernel (K/V staged per key tile; blocks
-# of 256, 128 and 64 threads) and the resident kernel (a segment's whole K/V in shared memory)
+# of 256, 128 and 64 threads; by cp.async in CUDA builds, "_regs" through registers) and the
+# resident kernel (a segment's whole K/V in shared memory)
 # for every d <= 128 call they take, with its softmax steps of one and of four key tiles
 # Tuning that sends a call to one kernel: every entry but "auto" turns the warpgroup kernel off
 # (on Hopper it takes 64+ rows per kv head before the others are asked).
@@ -78,6 +79,11 @@ KERNELS = {"auto": {},
                         "small_seq_tiled_block_threads": 128},
            "block64": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
                        "small_seq_tiled_block_threads": 64},
+           "block_regs": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
+                          "small_seq_tiled_block_cp_async": 0},
+           "block64_regs": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
+                            "small_seq_tiled_block_threads": 64,
+                            "small_seq_tiled_block_cp_async": 0},
            "resident": {**_NO_WG, "small_seq_tiled_resident": 2},
            "resident_step16": {**_NO_WG, "small_seq_tiled_resident": 2,
                                "small_seq_tiled_resident_key_step": 16},
@@ -231,6 +237,84 @@ def test_warpgroup_pairs_bad_segments(dev):
                         kv_lens=(5, 17, 200, 3, 10, 1, 0, 7, 9), max_kv=256)
     with rocm_attn.tuning.override(small_seq_tiled_warpgroup=2, small_seq_tiled_warpgroups=2):
         check_garbage_flagged(case, return_softmax=False)
+
+
+# The block kernel's two stagings of its key tiles (tiled_fwd_kernel.h): 1 = cp.async into a
+# ring of kTiledAsyncStages buffers (CUDA builds; HIP builds stage through registers either way),
+# 0 = through registers. Blocks: 64 threads (two NVIDIA warps, the launcher's choice for 16 rows
+# per (segment, kv head) past 64 keys) and the default 256.
+BLOCK_STAGING = [pytest.param(1, id="cp_async"), pytest.param(0, id="regs")]
+BLOCK_THREADS = [pytest.param(64, id="t64"), pytest.param(256, id="t256")]
+# Histories at and around the edges of 16-key tiles and of the ring (three and four tiles).
+EDGE_KV = [0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 80, 255, 256]
+
+
+def block_tuning(cp_async, threads):
+    return {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
+            "small_seq_tiled_block_threads": threads, "small_seq_tiled_block_cp_async": cp_async}
+
+
+@pytest.mark.parametrize("threads", BLOCK_THREADS)
+@pytest.mark.parametrize("cp_async", BLOCK_STAGING)
+@pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 8, id="g1"), pytest.param(16, 8, id="g2"),
+                                      pytest.param(8, 1, id="g8mqa")])
+def test_block_staging_16_rows(dev, h_q, h_kv, cp_async, threads):
+    """16 query rows per (segment, kv head) (16, 8 or 2 queries per segment by the GQA group)
+    under the block kernel, forced, with each staging: ragged histories of 0..256 keys and every
+    tile / ring edge, int64 offsets, strided q / k / v between unread NaN rows (the last
+    segment's keys end next to them: a read past a segment shows), and padding q rows; bf16
+    and fp16, with and without probabilities."""
+    max_q = 16 // (h_q // h_kv)
+    gen = torch.Generator().manual_seed(80 + h_q + h_kv + threads)
+    b = 120
+    kv_lens = EDGE_KV + lens(gen, b - len(EDGE_KV) - 1, 0, 256) + [49]
+    q_lens = lens(gen, b, 0, max_q)
+    q_lens[:len(EDGE_KV)] = [max_q] * len(EDGE_KV)
+    with rocm_attn.tuning.override(**block_tuning(cp_async, threads)):
+        case = C.thd_case(81 + h_q, q_lens, kv_lens, h_q, h_kv, 128, torch.bfloat16,
+                          offsets=torch.int64, strided=True, pad_before=2, pad_after=3,
+                          kv_pad=4, max_q=max_q, max_kv=256, device=dev)
+        check_valid(case)
+        check_valid(case, return_softmax=False)
+        case = C.thd_case(82 + h_q, q_lens, kv_lens, h_q, h_kv, 64, torch.float16,
+                          offsets=torch.int64, kv_pad=1, max_q=max_q, max_kv=256, device=dev)
+        check_valid(case, return_softmax=False)
+
+
+@pytest.mark.parametrize("cp_async", BLOCK_STAGING)
+@pytest.mark.parametrize("max_kv", [32, 64, 256])
+def test_block_routing_16_rows(dev, max_kv, cp_async):
+    """16 rows per (segment, kv head) under the launcher's own choice with
+    small_seq_tiled_small_block_keys = 16: histories of 17..64 keys take the block kernel's
+    two-warp blocks too (NVIDIA; by default the wave kernel serves them up to 64 keys)."""
+    gen = torch.Generator().manual_seed(90 + max_kv)
+    b = 300
+    case = C.thd_case(90 + max_kv, lens(gen, b, 0, 2), lens(gen, b, 0, max_kv), 8, 1, 128,
+                      torch.bfloat16, offsets=torch.int64, kv_pad=2, max_q=2, max_kv=max_kv,
+                      device=dev)
+    with rocm_attn.tuning.override(**_NO_WG, small_seq_tiled_small_block_keys=16,
+                                   small_seq_tiled_block_cp_async=cp_async):
+        check_valid(case, return_softmax=False)
+
+
+@pytest.mark.parametrize("threads", BLOCK_THREADS)
+@pytest.mark.parametrize("cp_async", BLOCK_STAGING)
+def test_block_staging_bad_segments(dev, cp_async, threads):
+    """Garbage int64 offsets under the block kernel with each staging (16 rows per segment and
+    kv head: 2 queries of 8 q heads per kv head; histories up to 256 keys whose last tile is
+    partial), as garbage_case: segment 4 holds more queries than max_q, segment 5 -1 keys,
+    segments 7 and 8 keys past the end of k/v: flagged, NaN, no out-of-bounds access, every
+    other segment exact."""
+    kv_lens = [256, 17, 200, 49, 10, 1, 0, 7, 9]  # segments 4, 5, 7 and 8 made bad below
+    q_lens = [2, 1, 2, 2, 5, 2, 1, 2, 2]
+    case = C.thd_case(95, q_lens, kv_lens, 16, 2, 128, torch.bfloat16,
+                      offsets=torch.int64, max_q=2, max_kv=256, pad_before=2, pad_after=2,
+                      kv_pad=3, device=dev)
+    case.cu_kv[6] = case.cu_kv[5] - 1
+    case.cu_kv[8] = 2**40
+    case.cu_kv[9] = -(2**40)
+    with rocm_attn.tuning.override(**block_tuning(cp_async, threads)):
+        check_garbage_flagged(case)
 
 
 @pytest.mark.parametrize("max_q", [2, 4])

@@ -30,6 +30,16 @@ struct RaTuning {
   // 256, 128 or 64 (64, 32 or 16 rows on NVIDIA); few rows over a long history get blocks of
   // just enough waves from the launcher (small_seq/tiled_launch.hip).
   int small_seq_tiled_block_threads = 256;
+  // tiled small-seq forward, CUDA builds: 1 = the block kernel copies its key tiles into
+  // shared memory by cp.async, a ring of several tiles in flight that hold no registers
+  // (tiled_fwd_kernel.h kTiledSharedAsync; sm_80+); 0 = through registers, one tile in flight
+  // (what HIP builds always do).
+  int small_seq_tiled_block_cp_async = 1;
+  // tiled small-seq forward: histories (max_seqlen_kv) longer than this take the block kernel
+  // for a (segment, kv head) of fewer rows than half a default block, in blocks of just enough
+  // waves; 0 = the compiled bound (small_seq/tiled_launch.hip kTiledSmallBlockMinKeys, 64);
+  // 16 sends every history past one key tile (A/B runs against the wave kernel).
+  int small_seq_tiled_small_block_keys = 0;
   // tiled small-seq forward: threads of a resident-kernel block, 128 or 256; 0 = the
   // launcher's choice (small_seq/tiled_launch.hip: four waves, eight NVIDIA warps where one
   // block fills a multiprocessor's shared memory).
@@ -142,6 +152,8 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_fwd_grid", "ROCM_ATTN_SMALL_SEQ_TILED_GRID", &RaTuning::small_seq_tiled_fwd_grid},
     {"small_seq_tiled_block", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK", &RaTuning::small_seq_tiled_block},
     {"small_seq_tiled_block_threads", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK_THREADS", &RaTuning::small_seq_tiled_block_threads},
+    {"small_seq_tiled_block_cp_async", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK_CP_ASYNC", &RaTuning::small_seq_tiled_block_cp_async},
+    {"small_seq_tiled_small_block_keys", "ROCM_ATTN_SMALL_SEQ_TILED_SMALL_BLOCK_KEYS", &RaTuning::small_seq_tiled_small_block_keys},
     {"small_seq_tiled_resident", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT", &RaTuning::small_seq_tiled_resident},
     {"small_seq_tiled_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP", &RaTuning::small_seq_tiled_warpgroup},
     {"small_seq_tiled_warpgroups", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUPS", &RaTuning::small_seq_tiled_warpgroups},

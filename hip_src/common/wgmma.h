@@ -41,6 +41,7 @@
 #pragma once
 
 #include "compat.h"
+#include "cp_async.h"  // ra_smem_address, ra_cp_async16 (sm_90a has them)
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RA_HAS_WGMMA 1
@@ -56,10 +57,6 @@ RA_HOST_DEVICE constexpr uint32_t ra_wgmma_offset(uint32_t row, uint32_t col, ui
 }
 
 #if RA_HAS_WGMMA
-
-RA_DEVICE uint32_t ra_smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Bytes from shared-memory address `addr` up to the next 1024-byte boundary, where operand
 // panels start (the swizzle is a function of address bits 4..9).
@@ -112,18 +109,6 @@ RA_DEVICE void ra_fence_proxy_async() {
 // __syncthreads).
 RA_DEVICE void ra_warpgroup_sync(int warpgroup) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warpgroup) : "memory");
-}
-
-// 16 bytes global -> shared, asynchronous; `bytes` 0 writes zeros and reads nothing.
-RA_DEVICE void ra_cp_async16(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(bytes)
-               : "memory");
-}
-RA_DEVICE void ra_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-RA_DEVICE void ra_cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // d[N / 2] (+)= A . B, A (64 x 16) and B (N x 16, K-major) from shared memory; accumulate 0

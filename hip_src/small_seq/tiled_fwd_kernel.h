@@ -189,10 +189,20 @@ struct TiledSlices {
 // kTiledResident: the segment's whole K and V sit in shared memory (the resident block kernel,
 // tiled_fwd_resident_kernel.h, staged them once for all of the block's row tiles), so key tiles
 // are read from there without barriers.
+// kTiledSharedAsync: as kTiledShared, but the block copies key tiles into a ring of
+// kTiledAsyncStages buffers by cp.async (RA_HAS_CP_ASYNC only), several tiles in flight and
+// none of them in registers.
 constexpr int kTiledStream = 0;
 constexpr int kTiledHeld = 1;
 constexpr int kTiledShared = 2;
 constexpr int kTiledResident = 3;
+constexpr int kTiledSharedAsync = 4;
+
+// The block kernel's shared stage for a mode: two buffers for the register staging, the
+// cp.async ring otherwise.
+template <int D, int MODE>
+using TiledFwdStage =
+    TiledStage<D, TiledSmemStride<D>::kV, MODE == kTiledSharedAsync ? kTiledAsyncStages : 2>;
 
 // A segment's K and V in shared memory for kTiledResident: key j at k + j * TiledSmemStride<D>::kK
 // and v + j * TiledSmemStride<D>::kV, keys from nk to the end of the last key tile zero.
@@ -218,7 +228,7 @@ template <typename T, int D, int ROWS, int MODE, int THREADS = kTiledBlockThread
 RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile,
                                   const TiledSegment& s, const int lane,
                                   const TiledHeldK<D>* held_k, const TiledHeldV<D>* held_v,
-                                  TiledStage<D>* stage = nullptr, const int tid = 0,
+                                  TiledFwdStage<D, MODE>* stage = nullptr, const int tid = 0,
                                   const TiledResidentKv* resident = nullptr) {
   constexpr bool HELD = MODE == kTiledHeld;
   constexpr int SLOTS = kRaMmaAccSlots;
@@ -382,6 +392,45 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
         tiled_stage_store(*stage, (t + 1) & 1, staged, tid);
       __syncthreads();
     }
+#if RA_HAS_CP_ASYNC
+  } else if constexpr (MODE == kTiledSharedAsync) {
+    // A ring of S buffers filled by cp.async, no register round trip: key tile t goes to buffer
+    // t % S, and tiles t + 1 .. t + S - 1 are in flight while the block computes tile t. Every
+    // thread commits one group per tile slot, empty ones past the last tile too, so that
+    // "tile t has landed" is always "at most S - 2 younger groups pending". Iteration t's
+    // barrier publishes tile t to every wave and closes everyone's reads of tile t - 1, whose
+    // buffer the copies of tile t + S - 1 then refill. Keys past nk are zero-filled, never read.
+    constexpr int S = kTiledAsyncStages;
+    constexpr int SK = TiledSmemStride<D>::kK;
+    constexpr int SV = TiledSmemStride<D>::kV;
+    static_assert(S >= 2, "a ring of at least two buffers");
+    auto issue = [&](const int t) {
+      if (t < ntiles)
+        tiled_stage_copy_async<D, SV, THREADS>(*stage, t % S, kbase, p.k_token_stride, vbase,
+                                               p.v_token_stride, p.k, t * KT, nk, tid);
+      ra_cp_async_commit();
+    };
+#pragma unroll
+    for (int t = 0; t < S - 1; ++t) issue(t);
+    for (int t = 0; t < ntiles; ++t) {
+      const int k0 = t * KT;
+      const int buf = t % S;
+      ra_cp_async_wait<S - 2>();
+      __syncthreads();
+      issue(t + S - 1);
+      ra_mma_load_rows(ka, stage->k[buf], SK, nk - k0, lane);
+      ra_mma_vrows<DS, KT> vr;
+      ra_mma_load_vrows(vr, stage->v[buf], SV, nk - k0, lane);
+      ra_mma_acc<KT> sc[1];
+      ra_mma_zero(sc[0]);
+      ra_mma_dot<T>(sc[0], qr[0], ka);
+      ra_mma_pfrag<ROWS> pf[1];
+      softmax_step(sc, k0, pf, TiledFlag<false>{});
+      ra_mma_pv<T>(o[0], pf[0], vr);
+    }
+    // Every wave is done reading the ring before the block's next item refills it.
+    __syncthreads();
+#endif  // RA_HAS_CP_ASYNC
   } else if constexpr (MODE == kTiledResident) {
     constexpr int SK = TiledSmemStride<D>::kK;
     constexpr int SV = TiledSmemStride<D>::kV;
@@ -740,17 +789,25 @@ __global__ void __launch_bounds__(kTiledMaxThreadsPerBlock)
 // row tile. Work item = (segment, kv head, group of one row tile per wave), grid-stride over
 // blocks. Segments of one key tile take the register-held path per wave; bad segments and
 // padding rows are handled as in the wave kernel.
+// CP_ASYNC: the key tiles are staged by cp.async into a ring (kTiledSharedAsync) where the
+// device pass has it (RA_HAS_CP_ASYNC), else through registers (kTiledShared); launchers
+// instantiate it only in CUDA builds (RA_CP_ASYNC_BUILD).
 // NOTE: the explicit minimum of one resident block lets nvcc use the registers it needs; with
 // the thread bound alone it capped d = 64 at 128 registers and spilled.
-template <typename T, int D, int THREADS>
+template <typename T, int D, int THREADS, bool CP_ASYNC = false>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, 1)
     small_seq_tiled_fwd_block_kernel(const SmallSeqTiledParams p) {
   static_assert(TiledSlices<D>::kCount == 1, "the block kernel serves head dims up to 128");
   constexpr int WAVE = RA_WAVE_SIZE;
   constexpr int ROWS = tiled_rows_for_wave(WAVE);
   constexpr int WAVES = THREADS / WAVE;
+#if RA_HAS_CP_ASYNC
+  constexpr int MODE = CP_ASYNC ? kTiledSharedAsync : kTiledShared;
+#else
+  constexpr int MODE = kTiledShared;
+#endif
 #if RA_HAS_MMA
-  __shared__ TiledStage<D> stage;
+  __shared__ TiledFwdStage<D, MODE> stage;
 #endif
   const int tid = threadIdx.x;
   const int lane = tid % WAVE;
@@ -784,8 +841,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, 1)
       continue;
     }
     // Every wave, those past the segment's rows too (they stage and wait, and write nothing).
-    tiled_fwd_tile_mma<T, D, ROWS, kTiledShared, THREADS>(p, hk, tile, s, lane, nullptr, nullptr,
-                                                          &stage, tid);
+    tiled_fwd_tile_mma<T, D, ROWS, MODE, THREADS>(p, hk, tile, s, lane, nullptr, nullptr, &stage,
+                                                  tid);
 #else
     // Targets without matrix units: each wave its own tile, scalar (no staging).
     if (tile * ROWS < seg_rows) tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);

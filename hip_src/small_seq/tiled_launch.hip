@@ -2,7 +2,7 @@
 // tiled_fwd_warpgroup_kernel.h): dispatch over dtype x head dim, the choice between the
 // warpgroup-MMA (Hopper), resident, block and wave kernels, grid sized from occupancy. Per
 // dtype: three wave kernels (d 64, 128, 256), block kernels of 64, 128 and 256 threads for d 64
-// and 128, resident kernels of 128 and 256 threads and key steps of 16 and 64 for d 64 and 128,
+// and 128 (twice in CUDA builds: staged through registers and by cp.async), resident kernels of 128 and 256 threads and key steps of 16 and 64 for d 64 and 128,
 // and warpgroup kernels of one and two warpgroups and key steps of 16 and 64 for d 64 and 128;
 // one translation unit: the kernels have no kv bucket, so the variant count stays small and
 // needs no generated instantiation files.
@@ -51,15 +51,22 @@ inline bool tiled_use_block(const SmallSeqTiledParams& p, int head_dim, int wave
 // wave kernel's row tiles of one item each stream the whole history, and past about 64 keys
 // (32 KiB of K/V per kv head at d = 128) the later tiles no longer find it in L2 with the whole
 // machine streaming (16 candidates of one q head per kv head over 256 keys: 1.35-1.6x, 83-84%
-// of the byte floor; docs/kernels.md#tiled-small-seq-kernels).
+// of the byte floor; docs/kernels.md#tiled-small-seq-kernels). Tuning
+// small_seq_tiled_small_block_keys moves the bound (A/B runs of the two kernels over shorter
+// histories).
 constexpr int kTiledSmallBlockMinKeys = 64;
+
+inline int tiled_small_block_min_keys() {
+  const int tuned = ra_tuning().small_seq_tiled_small_block_keys;
+  return tuned > 0 ? tuned : kTiledSmallBlockMinKeys;
+}
 
 // Threads of a block kernel block whose waves together hold the rows of a (segment, kv head)
 // (max_seqlen_q x group): the fewest waves, at least two, below 256 threads; 0 where the call
 // does not take such a block (few keys; rows that one wave's tile holds, which reads the
 // history once anyway; or rows for a default block).
 inline int tiled_small_block_threads(const SmallSeqTiledParams& p, int wave) {
-  if (ra_tuning().small_seq_tiled_block != 1 || p.max_seqlen_kv <= kTiledSmallBlockMinKeys)
+  if (ra_tuning().small_seq_tiled_block != 1 || p.max_seqlen_kv <= tiled_small_block_min_keys())
     return 0;
   const int64_t rows = tiled_max_rows(p);
   if (rows <= tiled_rows_for_wave(wave)) return 0;
@@ -271,18 +278,30 @@ hipError_t run_tiled_fwd_warpgroup_any(const SmallSeqTiledParams& p, hipStream_t
   return run_tiled_fwd_warpgroup<T, D, WARPGROUPS, KEYS, CAPPED>(p, stream);
 }
 
-template <typename T, int D, int THREADS>
+template <typename T, int D, int THREADS, bool CP_ASYNC>
 hipError_t run_tiled_fwd_block(const SmallSeqTiledParams& p, int wave, hipStream_t stream) {
   static TiledOccupancyCache occupancy;
   const int waves = THREADS / wave;
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv *
                         ((tiled_row_tiles(p, tiled_rows_for_wave(wave)) + waves - 1) / waves);
   const dim3 grid =
-      tiled_grid(small_seq_tiled_fwd_block_kernel<T, D, THREADS>, items, 1, THREADS,
+      tiled_grid(small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC>, items, 1, THREADS,
                  occupancy);
-  hipLaunchKernelGGL((small_seq_tiled_fwd_block_kernel<T, D, THREADS>), grid, dim3(THREADS), 0,
-                     stream, p);
+  hipLaunchKernelGGL((small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC>), grid,
+                     dim3(THREADS), 0, stream, p);
   return hipGetLastError();
+}
+
+// The block kernel with its key tiles staged by cp.async (a ring of several tiles in flight,
+// none in registers) in CUDA builds unless tuning small_seq_tiled_block_cp_async is 0; HIP
+// builds stage them through registers.
+template <typename T, int D, int THREADS>
+hipError_t run_tiled_fwd_block_any(const SmallSeqTiledParams& p, int wave, hipStream_t stream) {
+#if RA_CP_ASYNC_BUILD
+  if (ra_tuning().small_seq_tiled_block_cp_async > 0)
+    return run_tiled_fwd_block<T, D, THREADS, true>(p, wave, stream);
+#endif
+  return run_tiled_fwd_block<T, D, THREADS, false>(p, wave, stream);
 }
 
 template <typename T, int D>
@@ -309,9 +328,9 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
     if (tiled_use_resident<D>(p, &kv_smem))
       return run_tiled_fwd_resident_for<T, D>(p, wave, kv_smem, stream);
     switch (tiled_block_threads(p, D, wave)) {
-      case 64: return run_tiled_fwd_block<T, D, 64>(p, wave, stream);
-      case 128: return run_tiled_fwd_block<T, D, 128>(p, wave, stream);
-      case 256: return run_tiled_fwd_block<T, D, 256>(p, wave, stream);
+      case 64: return run_tiled_fwd_block_any<T, D, 64>(p, wave, stream);
+      case 128: return run_tiled_fwd_block_any<T, D, 128>(p, wave, stream);
+      case 256: return run_tiled_fwd_block_any<T, D, 256>(p, wave, stream);
       default: break;  // the wave kernel
     }
   }
