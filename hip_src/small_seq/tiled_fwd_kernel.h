@@ -801,12 +801,12 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, 1)
   constexpr int WAVE = RA_WAVE_SIZE;
   constexpr int ROWS = tiled_rows_for_wave(WAVE);
   constexpr int WAVES = THREADS / WAVE;
+#if RA_HAS_MMA
 #if RA_HAS_CP_ASYNC
   constexpr int MODE = CP_ASYNC ? kTiledSharedAsync : kTiledShared;
 #else
   constexpr int MODE = kTiledShared;
 #endif
-#if RA_HAS_MMA
   __shared__ TiledFwdStage<D, MODE> stage;
 #endif
   const int tid = threadIdx.x;
