@@ -285,8 +285,9 @@ def test_block_staging_16_rows(dev, h_q, h_kv, cp_async, threads):
 @pytest.mark.parametrize("max_kv", [32, 64, 256])
 def test_block_routing_16_rows(dev, max_kv, cp_async):
     """16 rows per (segment, kv head) under the launcher's own choice with
-    small_seq_tiled_small_block_keys = 16: histories of 17..64 keys take the block kernel's
-    two-warp blocks too (NVIDIA; by default the wave kernel serves them up to 64 keys)."""
+    small_seq_tiled_small_block_keys = 16 (the default bound of CUDA builds with the cp.async
+    staging): histories of 17..64 keys take the block kernel's two-warp blocks too, under both
+    stagings (NVIDIA; the default with the register staging leaves them to the wave kernel)."""
     gen = torch.Generator().manual_seed(90 + max_kv)
     b = 300
     case = C.thd_case(90 + max_kv, lens(gen, b, 0, 2), lens(gen, b, 0, max_kv), 8, 1, 128,

@@ -37,8 +37,8 @@ struct RaTuning {
   int small_seq_tiled_block_cp_async = 1;
   // tiled small-seq forward: histories (max_seqlen_kv) longer than this take the block kernel
   // for a (segment, kv head) of fewer rows than half a default block, in blocks of just enough
-  // waves; 0 = the compiled bound (small_seq/tiled_launch.hip kTiledSmallBlockMinKeys, 64);
-  // 16 sends every history past one key tile (A/B runs against the wave kernel).
+  // waves; 0 = the launcher's bound (small_seq/tiled_launch.hip tiled_small_block_min_keys:
+  // 16, one key tile, where the block kernel stages by cp.async, else 64).
   int small_seq_tiled_small_block_keys = 0;
   // tiled small-seq forward: threads of a resident-kernel block, 128 or 256; 0 = the
   // launcher's choice (small_seq/tiled_launch.hip: four waves, eight NVIDIA warps where one

@@ -51,14 +51,28 @@ inline bool tiled_use_block(const SmallSeqTiledParams& p, int head_dim, int wave
 // wave kernel's row tiles of one item each stream the whole history, and past about 64 keys
 // (32 KiB of K/V per kv head at d = 128) the later tiles no longer find it in L2 with the whole
 // machine streaming (16 candidates of one q head per kv head over 256 keys: 1.35-1.6x, 83-84%
-// of the byte floor; docs/kernels.md#tiled-small-seq-kernels). Tuning
-// small_seq_tiled_small_block_keys moves the bound (A/B runs of the two kernels over shorter
-// histories).
+// of the byte floor; docs/kernels.md#tiled-small-seq-kernels). Where the block kernel stages
+// by cp.async (tiled_block_stages_by_cp_async: three key tiles in flight, none in registers)
+// it wins from the second key tile on, so the bound is one key tile there: 16 rows over 64
+// keys (4096 users, 8 kv heads, H100) 567 -> 470 us fixed, 346 -> 331 ragged, where the
+// register staging lost on the ragged row (363). Tuning small_seq_tiled_small_block_keys sets
+// the bound (A/B runs of the two kernels).
 constexpr int kTiledSmallBlockMinKeys = 64;
+
+// Whether the block kernel copies its key tiles by cp.async (CUDA builds, tuning
+// small_seq_tiled_block_cp_async; HIP builds stage through registers).
+inline bool tiled_block_stages_by_cp_async() {
+#if RA_CP_ASYNC_BUILD
+  return ra_tuning().small_seq_tiled_block_cp_async > 0;
+#else
+  return false;
+#endif
+}
 
 inline int tiled_small_block_min_keys() {
   const int tuned = ra_tuning().small_seq_tiled_small_block_keys;
-  return tuned > 0 ? tuned : kTiledSmallBlockMinKeys;
+  if (tuned > 0) return tuned;
+  return tiled_block_stages_by_cp_async() ? kTiledKeys : kTiledSmallBlockMinKeys;
 }
 
 // Threads of a block kernel block whose waves together hold the rows of a (segment, kv head)
@@ -298,7 +312,7 @@ hipError_t run_tiled_fwd_block(const SmallSeqTiledParams& p, int wave, hipStream
 template <typename T, int D, int THREADS>
 hipError_t run_tiled_fwd_block_any(const SmallSeqTiledParams& p, int wave, hipStream_t stream) {
 #if RA_CP_ASYNC_BUILD
-  if (ra_tuning().small_seq_tiled_block_cp_async > 0)
+  if (tiled_block_stages_by_cp_async())
     return run_tiled_fwd_block<T, D, THREADS, true>(p, wave, stream);
 #endif
   return run_tiled_fwd_block<T, D, THREADS, false>(p, wave, stream);
