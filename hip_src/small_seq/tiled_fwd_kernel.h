@@ -360,13 +360,25 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
   };
 
   ra_mma_rows<DS, KT> ka, kb;
+  // One key tile from buffer `buf` of the block's shared stage (both staging modes).
+  const auto staged_tile = [&](const int buf, const int k0) {
+    constexpr int SK = TiledSmemStride<D>::kK;
+    constexpr int SV = TiledSmemStride<D>::kV;
+    ra_mma_load_rows(ka, stage->k[buf], SK, nk - k0, lane);
+    ra_mma_vrows<DS, KT> vr;
+    ra_mma_load_vrows(vr, stage->v[buf], SV, nk - k0, lane);
+    ra_mma_acc<KT> sc[1];
+    ra_mma_zero(sc[0]);
+    ra_mma_dot<T>(sc[0], qr[0], ka);
+    ra_mma_pfrag<ROWS> pf[1];
+    softmax_step(sc, k0, pf, TiledFlag<false>{});
+    ra_mma_pv<T>(o[0], pf[0], vr);
+  };
   if constexpr (MODE == kTiledShared) {
     // Block-wide double buffering: tile t + 1 is loaded into registers while every wave
     // computes tile t from shared memory, then stored into the other buffer (read last in
     // iteration t - 1, which every wave finished before the barrier that closed it).
     using Regs = TiledStageRegs<D, THREADS>;
-    constexpr int SK = TiledSmemStride<D>::kK;
-    constexpr int SV = TiledSmemStride<D>::kV;
     Regs staged;
     if (ntiles > 0) {
       tiled_stage_load<D, THREADS>(staged, kbase, p.k_token_stride, vbase,
@@ -379,15 +391,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       if (t + 1 < ntiles)
         tiled_stage_load<D, THREADS>(staged, kbase, p.k_token_stride, vbase,
                                                 p.v_token_stride, k0 + KT, nk, tid);
-      ra_mma_load_rows(ka, stage->k[t & 1], SK, nk - k0, lane);
-      ra_mma_vrows<DS, KT> vr;
-      ra_mma_load_vrows(vr, stage->v[t & 1], SV, nk - k0, lane);
-      ra_mma_acc<KT> sc[1];
-      ra_mma_zero(sc[0]);
-      ra_mma_dot<T>(sc[0], qr[0], ka);
-      ra_mma_pfrag<ROWS> pf[1];
-      softmax_step(sc, k0, pf, TiledFlag<false>{});
-      ra_mma_pv<T>(o[0], pf[0], vr);
+      staged_tile(t & 1, k0);
       if (t + 1 < ntiles)
         tiled_stage_store(*stage, (t + 1) & 1, staged, tid);
       __syncthreads();
@@ -401,7 +405,6 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     // barrier publishes tile t to every wave and closes everyone's reads of tile t - 1, whose
     // buffer the copies of tile t + S - 1 then refill. Keys past nk are zero-filled, never read.
     constexpr int S = kTiledAsyncStages;
-    constexpr int SK = TiledSmemStride<D>::kK;
     constexpr int SV = TiledSmemStride<D>::kV;
     static_assert(S >= 2, "a ring of at least two buffers");
     auto issue = [&](const int t) {
@@ -418,15 +421,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       ra_cp_async_wait<S - 2>();
       __syncthreads();
       issue(t + S - 1);
-      ra_mma_load_rows(ka, stage->k[buf], SK, nk - k0, lane);
-      ra_mma_vrows<DS, KT> vr;
-      ra_mma_load_vrows(vr, stage->v[buf], SV, nk - k0, lane);
-      ra_mma_acc<KT> sc[1];
-      ra_mma_zero(sc[0]);
-      ra_mma_dot<T>(sc[0], qr[0], ka);
-      ra_mma_pfrag<ROWS> pf[1];
-      softmax_step(sc, k0, pf, TiledFlag<false>{});
-      ra_mma_pv<T>(o[0], pf[0], vr);
+      staged_tile(buf, k0);
     }
     // Every wave is done reading the ring before the block's next item refills it.
     __syncthreads();
