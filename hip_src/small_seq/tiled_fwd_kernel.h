@@ -359,6 +359,17 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     for (int n = 0; n < NS; ++n) pf[n] = ra_mma_to_pfrag<T, ROWS>(sc[n]);
   };
 
+  // The products of one key tile whose K and V rows are in registers, over a head dim of one
+  // slice: S = Q K^T, the online softmax step, O += P . V.
+  const auto tile_products = [&](const auto& k, const auto& v, const int k0) {
+    ra_mma_acc<KT> sc[1];
+    ra_mma_zero(sc[0]);
+    ra_mma_dot<T>(sc[0], qr[0], k);
+    ra_mma_pfrag<ROWS> pf[1];
+    softmax_step(sc, k0, pf, TiledFlag<false>{});
+    ra_mma_pv<T>(o[0], pf[0], v);
+  };
+
   ra_mma_rows<DS, KT> ka, kb;
   // One key tile from buffer `buf` of the block's shared stage (both staging modes).
   const auto staged_tile = [&](const int buf, const int k0) {
@@ -367,12 +378,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     ra_mma_load_rows(ka, stage->k[buf], SK, nk - k0, lane);
     ra_mma_vrows<DS, KT> vr;
     ra_mma_load_vrows(vr, stage->v[buf], SV, nk - k0, lane);
-    ra_mma_acc<KT> sc[1];
-    ra_mma_zero(sc[0]);
-    ra_mma_dot<T>(sc[0], qr[0], ka);
-    ra_mma_pfrag<ROWS> pf[1];
-    softmax_step(sc, k0, pf, TiledFlag<false>{});
-    ra_mma_pv<T>(o[0], pf[0], vr);
+    tile_products(ka, vr, k0);
   };
   if constexpr (MODE == kTiledShared) {
     // Block-wide double buffering: tile t + 1 is loaded into registers while every wave
@@ -462,14 +468,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     for (; k0 < whole_end; k0 += KSTEP * KT) resident_step(k0, TiledFlag<true>{});
     if (k0 < nk) resident_step(k0, TiledFlag<false>{});
   } else if constexpr (HELD) {
-    if (ntiles > 0) {
-      ra_mma_acc<KT> sc[1];
-      ra_mma_zero(sc[0]);
-      ra_mma_dot<T>(sc[0], qr[0], *held_k);
-      ra_mma_pfrag<ROWS> pf[1];
-      softmax_step(sc, 0, pf, TiledFlag<false>{});
-      ra_mma_pv<T>(o[0], pf[0], *held_v);
-    }
+    if (ntiles > 0) tile_products(*held_k, *held_v, 0);
   } else if constexpr (NSL == 1) {
     // One key tile: V of this tile and K of the next are issued before this tile's products.
     auto step = [&](const ra_mma_rows<DS, KT>& kcur, ra_mma_rows<DS, KT>& knext, const int t) {
@@ -479,12 +478,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       if (t + 1 < ntiles)
         ra_mma_load_rows(knext, kbase + (k0 + KT) * p.k_token_stride, p.k_token_stride,
                          nk - k0 - KT, lane);
-      ra_mma_acc<KT> sc[1];
-      ra_mma_zero(sc[0]);
-      ra_mma_dot<T>(sc[0], qr[0], kcur);
-      ra_mma_pfrag<ROWS> pf[1];
-      softmax_step(sc, k0, pf, TiledFlag<false>{});
-      ra_mma_pv<T>(o[0], pf[0], vr);
+      tile_products(kcur, vr, k0);
     };
     // Two register sets of K, used in turn (a loop over a two-entry array indexed by t & 1
     // would put them in scratch memory).

@@ -2,10 +2,11 @@
 // tiled_fwd_warpgroup_kernel.h): dispatch over dtype x head dim, the choice between the
 // warpgroup-MMA (Hopper), resident, block and wave kernels, grid sized from occupancy. Per
 // dtype: three wave kernels (d 64, 128, 256), block kernels of 64, 128 and 256 threads for d 64
-// and 128 (twice in CUDA builds: staged through registers and by cp.async), resident kernels of 128 and 256 threads and key steps of 16 and 64 for d 64 and 128,
-// and warpgroup kernels of one and two warpgroups and key steps of 16 and 64 for d 64 and 128;
-// one translation unit: the kernels have no kv bucket, so the variant count stays small and
-// needs no generated instantiation files.
+// and 128 (twice in CUDA builds: staged through registers and by cp.async), resident kernels of
+// 128 and 256 threads and key steps of 16 and 64 for d 64 and 128, and warpgroup kernels of
+// one and two warpgroups and key steps of 16 and 64 for d 64 and 128; one translation unit: the
+// kernels have no kv bucket, so the variant count stays small and needs no generated
+// instantiation files.
 #include "../common/tuning.h"
 #include "tiled_fwd_warpgroup_kernel.h"
 #include "tiled_fwd_warpgroup_tma_kernel.h"

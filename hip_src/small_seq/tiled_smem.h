@@ -32,7 +32,6 @@ template <int D, int SV = TiledSmemStride<D>::kV, int BUFS = 2>
 struct TiledStage {
   static constexpr int kKElems = kTiledStageRows * TiledSmemStride<D>::kK;
   static constexpr int kVElems = kTiledStageRows * SV;
-  static constexpr int kBufs = BUFS;
   alignas(16) uint16_t k[BUFS][kKElems];
   alignas(16) uint16_t v[BUFS][kVElems];
 };
