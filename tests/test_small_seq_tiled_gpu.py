@@ -318,6 +318,45 @@ def test_block_staging_bad_segments(dev, cp_async, threads):
         check_garbage_flagged(case)
 
 
+# Histories of at most one key tile (max_seqlen_kv <= 16, d <= 128) take the wave kernel's
+# one-tile instance (tiled_fwd_kernel.h ONE_TILE: K/V held in registers, no streaming
+# path, registers capped for more resident waves) unless tuning small_seq_tiled_one_tile is 0
+# (the general wave kernel).
+ONE_TILE = [pytest.param(1, id="one_tile"), pytest.param(0, id="general")]
+
+
+@pytest.mark.parametrize("one_tile", ONE_TILE)
+@pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 8, id="g1"), pytest.param(16, 8, id="g2"),
+                                      pytest.param(8, 1, id="g8mqa")])
+@pytest.mark.parametrize("d", [64, 128])
+def test_wave_one_tile(dev, d, h_q, h_kv, one_tile):
+    """16 query rows per (segment, kv head) (the 16-candidate rows) and up to 40 over histories
+    of 0..16 keys (max_seqlen_kv 16 and 7), int64 offsets, strided inputs, padding q rows,
+    with and without probabilities, under the one-tile instance and the general kernel."""
+    gen = torch.Generator().manual_seed(130 + d + h_q + one_tile)
+    b = 700
+    with rocm_attn.tuning.override(**KERNELS["wave"], small_seq_tiled_one_tile=one_tile):
+        for max_q, max_kv in ((16 // (h_q // h_kv), 16), (40, 7)):
+            q_lens, kv_lens = lens(gen, b, 0, max_q), lens(gen, b, 0, max_kv)
+            q_lens[:3], kv_lens[:3] = [max_q] * 3, [max_kv, 0, 1]
+            case = C.thd_case(131 + max_kv, q_lens, kv_lens, h_q, h_kv, d, torch.bfloat16,
+                              offsets=torch.int64, strided=True, pad_before=2, pad_after=1,
+                              kv_pad=2, max_q=max_q, max_kv=max_kv, device=dev)
+            check_valid(case)
+            check_valid(case, return_softmax=False)
+
+
+@pytest.mark.parametrize("one_tile", ONE_TILE)
+def test_wave_one_tile_bad_segments(dev, one_tile):
+    """Garbage int64 offsets under the one-tile instance and the general wave kernel
+    (histories of at most 16 keys):
+    flagged, NaN, no out-of-bounds access, every other segment exact."""
+    case = garbage_case(dev, 27, [3, 16, 9, 2, 20, 5, 1, 2, 4], max_q=16,
+                        kv_lens=(5, 16, 9, 3, 10, 1, 0, 7, 9), max_kv=16)
+    with rocm_attn.tuning.override(**KERNELS["wave"], small_seq_tiled_one_tile=one_tile):
+        check_garbage_flagged(case)
+
+
 @pytest.mark.parametrize("max_q", [2, 4])
 def test_few_rows_over_long_histories(dev, max_q):
     """16 or 32 rows per (segment, kv head) (8 q heads per kv head) over histories of up to

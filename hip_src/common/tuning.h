@@ -40,6 +40,11 @@ struct RaTuning {
   // waves; 0 = the launcher's bound (small_seq/tiled_launch.hip tiled_small_block_min_keys:
   // 16, one key tile, where the block kernel stages by cp.async, else 64).
   int small_seq_tiled_small_block_keys = 0;
+  // tiled small-seq forward: 1 = calls whose histories fit one key tile (max_seqlen_kv <= 16,
+  // d <= 128) that take the wave kernel run its one-tile instance (K/V held in registers, no
+  // streaming path, fewer registers: small_seq/tiled_fwd_kernel.h kTiledOneTileMinBlocks);
+  // 0 = the general wave kernel.
+  int small_seq_tiled_one_tile = 1;
   // tiled small-seq forward: threads of a resident-kernel block, 128 or 256; 0 = the
   // launcher's choice (small_seq/tiled_launch.hip: four waves, eight NVIDIA warps where one
   // block fills a multiprocessor's shared memory).
@@ -153,6 +158,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_block", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK", &RaTuning::small_seq_tiled_block},
     {"small_seq_tiled_block_threads", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK_THREADS", &RaTuning::small_seq_tiled_block_threads},
     {"small_seq_tiled_block_cp_async", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK_CP_ASYNC", &RaTuning::small_seq_tiled_block_cp_async},
+    {"small_seq_tiled_one_tile", "ROCM_ATTN_SMALL_SEQ_TILED_ONE_TILE", &RaTuning::small_seq_tiled_one_tile},
     {"small_seq_tiled_small_block_keys", "ROCM_ATTN_SMALL_SEQ_TILED_SMALL_BLOCK_KEYS", &RaTuning::small_seq_tiled_small_block_keys},
     {"small_seq_tiled_resident", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT", &RaTuning::small_seq_tiled_resident},
     {"small_seq_tiled_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP", &RaTuning::small_seq_tiled_warpgroup},

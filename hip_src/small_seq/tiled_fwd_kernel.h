@@ -58,6 +58,15 @@ constexpr int kTiledMaxThreadsPerBlock = 128;
 // Grid = this many times the blocks resident at once (tuning small_seq_tiled_fwd_grid
 // overrides); the grid-stride loop then re-uses resident waves, as the q=1 forward does.
 constexpr int kTiledFwdResidencyFactor = 4;
+// The wave kernel's one-tile instance (histories of at most one key tile, d <= 128) declares
+// this many resident blocks of kTiledMaxThreadsPerBlock threads, so nvcc caps it at 168
+// registers (d = 128, sm_90a; a 40-byte spill): six of its two-warp blocks per multiprocessor
+// instead of four, and more K/V loads in flight, which is what those items wait on. Uncapped
+// it takes 204 registers (four blocks, as the general kernel's 238-240); a cap of 128 (four
+// such blocks of 128 threads) spills 400 bytes and is slower. H100, 16 candidates over 16 keys,
+// 8 kv heads, forward: 4096 users 228 -> 199 us fixed, 200 -> 168 ragged (the uncapped
+// instance 225 / 197, a cap of 128 246 / 202). At d = 64 the cap leaves 150 registers, no spill.
+constexpr int kTiledOneTileMinBlocks = 3;
 // Rows (query x q head pairs) of a tile: 16 on 64-lane waves (the 16 x 16 MFMA tile), 8 on
 // 32-lane warps (the m16n8 tile's 8 columns hold the rows of O^T = V^T P^T; 16 rows would need
 // 64 registers more for Q and O at d = 128, which spilled). The host sizes its grid with the
@@ -586,12 +595,13 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
 
 // Row tiles [tile0, tile1) of one valid (segment, kv head): a segment of one key tile (d <=
 // 128) loads K and V once and serves every row tile from registers; longer ones stream.
-template <typename T, int D, int ROWS>
+template <typename T, int D, int ROWS, bool ONE_TILE = false>
 RA_DEVICE void tiled_fwd_item_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile0,
                                   const int64_t tile1, const TiledSegment& s, const int lane) {
   constexpr int DS = TiledSlices<D>::kWidth;
+  static_assert(!ONE_TILE || TiledSlices<D>::kCount == 1, "one-tile items: d <= 128");
   if constexpr (TiledSlices<D>::kCount == 1) {
-    if (s.nk <= kTiledKeys) {
+    if (ONE_TILE || s.nk <= kTiledKeys) {
       ra_mma_rows<DS, kTiledKeys> kr;
       ra_mma_vrows<DS, kTiledKeys> vr;
       const int64_t k_off = s.kv_batch * p.k_batch_stride + s.kv_token0 * p.k_token_stride +
@@ -607,8 +617,10 @@ RA_DEVICE void tiled_fwd_item_mma(const SmallSeqTiledParams& p, const int hk, co
       return;
     }
   }
-  for (int64_t tile = tile0; tile < tile1; ++tile)
-    tiled_fwd_tile_mma<T, D, ROWS, kTiledStream>(p, hk, tile, s, lane, nullptr, nullptr);
+  if constexpr (!ONE_TILE) {
+    for (int64_t tile = tile0; tile < tile1; ++tile)
+      tiled_fwd_tile_mma<T, D, ROWS, kTiledStream>(p, hk, tile, s, lane, nullptr, nullptr);
+  }
 }
 
 #else  // !RA_HAS_MMA
@@ -733,8 +745,12 @@ RA_DEVICE void tiled_fwd_tile_scalar(const SmallSeqTiledParams& p, const int hk,
 #endif  // RA_HAS_MMA
 
 // Grid-stride loop over (segment, kv head, row-tile group) items.
-template <typename T, int D>
-__global__ void __launch_bounds__(kTiledMaxThreadsPerBlock)
+// ONE_TILE: the launch's histories fit one key tile (max_seqlen_kv <= kTiledKeys, d <= 128),
+// so every item holds its K/V in registers and the streaming path is not compiled; its
+// registers are capped for kTiledOneTileMinBlocks blocks (see there).
+template <typename T, int D, bool ONE_TILE = false>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledMaxThreadsPerBlock,
+                                            ONE_TILE ? kTiledOneTileMinBlocks : 1)
     small_seq_tiled_fwd_kernel(const SmallSeqTiledParams p) {
   constexpr int WAVE = RA_WAVE_SIZE;
   const int lane = threadIdx.x % WAVE;
@@ -764,7 +780,7 @@ __global__ void __launch_bounds__(kTiledMaxThreadsPerBlock)
     const int64_t tile1 =
         tile0 + kTiledRowTilesPerItem < seg_tiles ? tile0 + kTiledRowTilesPerItem : seg_tiles;
 #if RA_HAS_MMA
-    tiled_fwd_item_mma<T, D, ROWS>(p, hk, tile0, tile1, s, lane);
+    tiled_fwd_item_mma<T, D, ROWS, ONE_TILE>(p, hk, tile0, tile1, s, lane);
 #else
     for (int64_t tile = tile0; tile < tile1; ++tile)
       tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);

@@ -319,11 +319,23 @@ hipError_t run_tiled_fwd_block_any(const SmallSeqTiledParams& p, int wave, hipSt
   return run_tiled_fwd_block<T, D, THREADS, false>(p, wave, stream);
 }
 
+// The wave kernel; ONE_TILE: its instance for histories of one key tile (the caller checks
+// max_seqlen_kv <= kTiledKeys).
+template <typename T, int D, bool ONE_TILE>
+hipError_t run_tiled_fwd_wave(const SmallSeqTiledParams& p, int wave, hipStream_t stream) {
+  static TiledOccupancyCache occupancy;
+  const dim3 block(kTiledWavesPerBlock * wave);
+  const dim3 grid = tiled_grid(small_seq_tiled_fwd_kernel<T, D, ONE_TILE>,
+                               tiled_fwd_items(p, tiled_rows_for_wave(wave)), kTiledWavesPerBlock,
+                               static_cast<int>(block.x), occupancy);
+  hipLaunchKernelGGL((small_seq_tiled_fwd_kernel<T, D, ONE_TILE>), grid, block, 0, stream, p);
+  return hipGetLastError();
+}
+
 template <typename T, int D>
 hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
   if (p.batch == 0 || p.num_heads_kv == 0) return hipSuccess;
   const int wave = ra_device_wave_size();
-  const int rows = tiled_rows_for_wave(wave);
   if constexpr (D <= 128) {
     if (tiled_use_warpgroup<D>(p)) {
       const bool one = tiled_warpgroups<D>(p) == 1;
@@ -349,12 +361,11 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
       default: break;  // the wave kernel
     }
   }
-  static TiledOccupancyCache occupancy;
-  const dim3 block(kTiledWavesPerBlock * wave);
-  const dim3 grid = tiled_grid(small_seq_tiled_fwd_kernel<T, D>, tiled_fwd_items(p, rows),
-                               kTiledWavesPerBlock, static_cast<int>(block.x), occupancy);
-  hipLaunchKernelGGL((small_seq_tiled_fwd_kernel<T, D>), grid, block, 0, stream, p);
-  return hipGetLastError();
+  if constexpr (D <= 128) {
+    if (p.max_seqlen_kv <= kTiledKeys && ra_tuning().small_seq_tiled_one_tile != 0)
+      return run_tiled_fwd_wave<T, D, true>(p, wave, stream);
+  }
+  return run_tiled_fwd_wave<T, D, false>(p, wave, stream);
 }
 
 template <typename T>
