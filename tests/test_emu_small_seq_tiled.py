@@ -237,3 +237,37 @@ def test_oracle_matches_reference_attention():
     torch.testing.assert_close(lse, ref_lse.double(), rtol=1e-12, atol=1e-12)
     sums = probs.sum(-1)[torch.isfinite(lse.T)]
     assert torch.allclose(sums, torch.ones_like(sums))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_one_tile_instance(lib, d):
+    """Histories of at most one key tile (max_seqlen_kv <= 16, d <= 128) run the wave kernel's
+    one-tile instance (tiled_fwd_kernel.h ONE_TILE: no streaming path, registers capped),
+    bitwise equal to the general wave kernel (tuning small_seq_tiled_one_tile=0), on ragged
+    segments of 0..40 queries with a GQA group of 4, int64 offsets and padding rows; bad
+    segments are flagged the same way by both."""
+    gen = torch.Generator().manual_seed(60 + d)
+    q_lens = torch.randint(0, 41, (24,), generator=gen).tolist()
+    kv_lens = torch.randint(0, 17, (24,), generator=gen).tolist()
+    q_lens[:3], kv_lens[:3] = [40, 5, 1], [16, 0, 1]
+    case = C.thd_case(61 + d, q_lens, kv_lens, 8, 2, d, torch.bfloat16, offsets=torch.int64,
+                      max_q=40, max_kv=16, pad_before=2, pad_after=1)
+    wave = {"small_seq_tiled_block": 0, "small_seq_tiled_resident": 0}
+    results = {}
+    for one_tile in (1, 0):
+        with emu.tuning(**wave, small_seq_tiled_one_tile=one_tile):
+            lib.mark_kernels()
+            results[one_tile] = check_valid(lib, case)
+            ran = [k for k in lib.kernels_run(since_mark=True) if "small_seq_tiled_fwd" in k]
+        assert ran and all(k.endswith("true>" if one_tile else "false>") for k in ran), ran
+    for x, y in zip(results[1], results[0]):
+        assert torch.equal(x, y)
+    bad_case = C.thd_case(17, [1, 2, 17, 1, 3], [4, 6, 9, 2, 5], 2, 2, d, torch.bfloat16,
+                          max_kv=16)
+    bad_case.cu_kv[2] = 2147483640
+    bad_case.cu_kv[3] = -2147483640
+    for one_tile in (1, 0):
+        with emu.tuning(small_seq_tiled_one_tile=one_tile):
+            out, lse, probs = run(lib, bad_case)
+        C.check(bad_case, out, lse, probs, f"wave {lib.wave}", expect_bad=[1, 2, 3])
+        assert lib.errors() == (3, 0x7FFFFFFF - 1)
