@@ -62,10 +62,9 @@ constexpr int kTiledFwdResidencyFactor = 4;
 // this many resident blocks of kTiledMaxThreadsPerBlock threads, so nvcc caps it at 168
 // registers (d = 128, sm_90a; a 40-byte spill): six of its two-warp blocks per multiprocessor
 // instead of four, and more K/V loads in flight, which is what those items wait on. Uncapped
-// it takes 204 registers (four blocks, as the general kernel's 238-240); a cap of 128 (four
-// such blocks of 128 threads) spills 400 bytes and is slower. H100, 16 candidates over 16 keys,
-// 8 kv heads, forward: 4096 users 228 -> 199 us fixed, 200 -> 168 ragged (the uncapped
-// instance 225 / 197, a cap of 128 246 / 202). At d = 64 the cap leaves 150 registers, no spill.
+// it takes 204 registers (four blocks, as the general kernel's 238-240) and is barely faster
+// than the general kernel; a cap of 128 spills 400 bytes and is slower than either. At d = 64
+// the cap leaves 150 registers, no spill. Measurements: docs/kernels.md#kv-read-once-per-segment.
 constexpr int kTiledOneTileMinBlocks = 3;
 // Rows (query x q head pairs) of a tile: 16 on 64-lane waves (the 16 x 16 MFMA tile), 8 on
 // 32-lane warps (the m16n8 tile's 8 columns hold the rows of O^T = V^T P^T; 16 rows would need
@@ -595,6 +594,8 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
 
 // Row tiles [tile0, tile1) of one valid (segment, kv head): a segment of one key tile (d <=
 // 128) loads K and V once and serves every row tile from registers; longer ones stream.
+// ONE_TILE: the launch has max_seqlen_kv <= kTiledKeys, so every valid segment is one tile
+// (the contract bounds its keys by max_seqlen_kv) and the streaming path is not compiled.
 template <typename T, int D, int ROWS, bool ONE_TILE = false>
 RA_DEVICE void tiled_fwd_item_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile0,
                                   const int64_t tile1, const TiledSegment& s, const int lane) {
