@@ -267,7 +267,7 @@ def test_one_tile_instance(lib, d):
     bad_case.cu_kv[2] = 2147483640
     bad_case.cu_kv[3] = -2147483640
     for one_tile in (1, 0):
-        with emu.tuning(small_seq_tiled_one_tile=one_tile):
+        with emu.tuning(**wave, small_seq_tiled_one_tile=one_tile):
             out, lse, probs = run(lib, bad_case)
         C.check(bad_case, out, lse, probs, f"wave {lib.wave}", expect_bad=[1, 2, 3])
         assert lib.errors() == (3, 0x7FFFFFFF - 1)

@@ -349,8 +349,8 @@ def test_wave_one_tile(dev, d, h_q, h_kv, one_tile):
 @pytest.mark.parametrize("one_tile", ONE_TILE)
 def test_wave_one_tile_bad_segments(dev, one_tile):
     """Garbage int64 offsets under the one-tile instance and the general wave kernel
-    (histories of at most 16 keys):
-    flagged, NaN, no out-of-bounds access, every other segment exact."""
+    (histories of at most 16 keys): flagged, NaN, no out-of-bounds access, every other segment
+    exact."""
     case = garbage_case(dev, 27, [3, 16, 9, 2, 20, 5, 1, 2, 4], max_q=16,
                         kv_lens=(5, 16, 9, 3, 10, 1, 0, 7, 9), max_kv=16)
     with rocm_attn.tuning.override(**KERNELS["wave"], small_seq_tiled_one_tile=one_tile):

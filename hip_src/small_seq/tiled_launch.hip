@@ -360,8 +360,6 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
       case 256: return run_tiled_fwd_block_any<T, D, 256>(p, wave, stream);
       default: break;  // the wave kernel
     }
-  }
-  if constexpr (D <= 128) {
     if (p.max_seqlen_kv <= kTiledKeys && ra_tuning().small_seq_tiled_one_tile != 0)
       return run_tiled_fwd_wave<T, D, true>(p, wave, stream);
   }
