@@ -121,7 +121,9 @@ WARPGROUP = {"warpgroup2": {"small_seq_tiled_warpgroup": 2},
                                      "small_seq_tiled_warpgroup_tma": 0},
              "warpgroup1_cp_async": {"small_seq_tiled_warpgroup": 2,
                                      "small_seq_tiled_warpgroups": 1,
-                                     "small_seq_tiled_warpgroup_tma": 0}}
+                                     "small_seq_tiled_warpgroup_tma": 0},
+             "warpgroup_stream": {"small_seq_tiled_warpgroup": 2,
+                                  "small_seq_tiled_warpgroup_stream": 2}}
 
 
 @pytest.mark.parametrize("kernel", list(WARPGROUP))
@@ -236,6 +238,49 @@ def test_warpgroup_pairs_bad_segments(dev):
     case = garbage_case(dev, 23, [3, 100, 17, 2, 140, 65, 1, 70, 4], max_q=100,
                         kv_lens=(5, 17, 200, 3, 10, 1, 0, 7, 9), max_kv=256)
     with rocm_attn.tuning.override(small_seq_tiled_warpgroup=2, small_seq_tiled_warpgroups=2):
+        check_garbage_flagged(case, return_softmax=False)
+
+
+# The tile-copy kernel's streaming instance (d 128, 64-key steps: one row tile per work item, K
+# / V through a ring of two steps and a tail slot for V): by default for histories past 128
+# keys with one row tile per (segment, kv head); tuning 2 takes every call it can serve,
+# many-tile segments included; 0 keeps the kernel that stages whole histories.
+STREAM_EDGE_KV = [0, 1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256]
+
+
+@pytest.mark.parametrize("stream", [pytest.param(2, id="forced"), pytest.param(1, id="auto"),
+                                    pytest.param(0, id="off")])
+@pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 2, id="g4"), pytest.param(8, 8, id="g1"),
+                                      pytest.param(16, 1, id="g16")])
+def test_warpgroup_stream(dev, h_q, h_kv, stream):
+    """Histories at the ring's edges (one to four steps, the tail step partial or whole, none),
+    one row tile per (segment, kv head) and more (up to 130 queries), bf16 and fp16, int64
+    offsets, strided inputs, padding rows and NaN rows around k / v; BSHD."""
+    n = len(STREAM_EDGE_KV)
+    gen = torch.Generator().manual_seed(h_q * 31 + h_kv + stream)
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_stream=stream):
+        q_lens = [64 // (h_q // h_kv) - (i % 3) for i in range(n)]
+        case = C.thd_case(80 + h_q + h_kv, q_lens, STREAM_EDGE_KV, h_q, h_kv, 128,
+                          torch.bfloat16, offsets=torch.int64, strided=True, pad_before=3,
+                          pad_after=2, kv_pad=3, max_kv=256, device=dev)
+        check_valid(case, return_softmax=False)
+        q_lens = [130 if i % 4 == 0 else int(x) for i, x in enumerate(lens(gen, n, 0, 20))]
+        case = C.thd_case(81 + h_q + h_kv, q_lens, STREAM_EDGE_KV, h_q, h_kv, 128,
+                          torch.float16, max_kv=256, device=dev)
+        check_valid(case, return_softmax=False)
+        case = C.bshd_case(82 + h_q, 16, lens(gen, 10, 0, 256) + [0, 256], 256, h_q, h_kv, 128,
+                           torch.bfloat16, device=dev)
+        check_valid(case, return_softmax=False)
+
+
+@pytest.mark.parametrize("stream", [pytest.param(2, id="forced"), pytest.param(1, id="auto")])
+def test_warpgroup_stream_bad_segments(dev, stream):
+    """Garbage int64 offsets under the streaming instance (histories up to 256 keys, 2 kv heads
+    and a group of 4: up to 16 queries are one 64-row tile per (segment, kv head)): flagged, NaN,
+    no out-of-bounds access, every other segment exact."""
+    case = garbage_case(dev, 29, [3, 16, 12, 2, 40, 16, 1, 10, 4], max_q=16,
+                        kv_lens=(5, 130, 200, 3, 256, 1, 0, 255, 9), max_kv=256)
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_stream=stream):
         check_garbage_flagged(case, return_softmax=False)
 
 

@@ -37,7 +37,7 @@ RA_DEVICE void ra_mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
-// One plain arrival (a barrier of count 1: completes the phase).
+// One plain arrival (the phase completes with the barrier's count of them).
 RA_DEVICE void ra_mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }

@@ -71,6 +71,13 @@ struct RaTuning {
   // tile-copy layouts; forward 16-key steps only for single-tile items); 2 = the same but the
   // dQ kernel by cp.async (A/B of its copies in one build); 0 = cp.async staging always.
   int small_seq_tiled_warpgroup_tma = 1;
+  // tiled small-seq forward on Hopper, CUDA sm_90a builds, d 128, histories past 128 keys: 1 =
+  // calls of one 64-row tile per (segment, kv head) take the tile-copy warpgroup kernel's
+  // streaming instance (one warpgroup and one row tile per work item, K / V streamed through a
+  // two-step ring: two blocks per multiprocessor instead of one block holding the whole
+  // history; tiled_fwd_warpgroup_tma_kernel.h); 2 = every call of 64-key steps that the
+  // tile-copy kernel serves at d 128 (tests, A/B runs); 0 = never.
+  int small_seq_tiled_warpgroup_stream = 1;
   // tiled small-seq backward: 1 = segments with many query rows over more than one key tile
   // take the block variants of the dK / dV and dQ passes (tiled_bwd_block_kernel.h); 0 = never;
   // 2 = every call (tests).
@@ -164,6 +171,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP", &RaTuning::small_seq_tiled_warpgroup},
     {"small_seq_tiled_warpgroups", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUPS", &RaTuning::small_seq_tiled_warpgroups},
     {"small_seq_tiled_warpgroup_tma", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_TMA", &RaTuning::small_seq_tiled_warpgroup_tma},
+    {"small_seq_tiled_warpgroup_stream", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_STREAM", &RaTuning::small_seq_tiled_warpgroup_stream},
     {"small_seq_tiled_resident_threads", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_THREADS", &RaTuning::small_seq_tiled_resident_threads},
     {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
     {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},

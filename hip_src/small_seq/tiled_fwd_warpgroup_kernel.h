@@ -89,9 +89,10 @@ RA_HOST_DEVICE constexpr int64_t tiled_warpgroup_smem_bytes(int max_seqlen_kv, i
 // Where a block's buffers sit in its dynamic shared memory (`dynamic_smem`, sized by
 // tiled_warpgroup_smem_bytes), as seen by warpgroup `wg`: from the first 1024-byte aligned byte,
 // K and V of `staged_keys` keys (keys x D each), then two Q buffers of a 64-row tile per
-// warpgroup. Addresses are shared-space (copies, product descriptors), pointers generic (plain
-// loads and stores). Both warpgroup forward kernels take their buffers from here, and so does
-// the backward's cp.async dQ kernel (a warpgroup's Q buffer 1 holding its tile's dO).
+// warpgroup (the streaming instance: one Q buffer after a K and a V ring of their own sizes).
+// Addresses are shared-space (copies, product descriptors), pointers generic (plain loads and
+// stores). Both warpgroup forward kernels take their buffers from here, and so does the
+// backward's cp.async dQ kernel (a warpgroup's Q buffer 1 holding its tile's dO).
 template <int D>
 struct TiledWarpgroupSmem {
   static constexpr uint32_t kQBytes = kTiledWarpgroupRows * D * 2;  // one Q buffer
@@ -100,11 +101,17 @@ struct TiledWarpgroupSmem {
   uint8_t* q_ptr;   // the same, generic
   int wg;
 
-  RA_DEVICE TiledWarpgroupSmem(void* dynamic_smem, int staged_keys, int warpgroup) : wg(warpgroup) {
+  RA_DEVICE TiledWarpgroupSmem(void* dynamic_smem, int staged_keys, int warpgroup)
+      : TiledWarpgroupSmem(dynamic_smem, staged_keys, 0, warpgroup) {}
+  // K of k_keys rows, V of k_keys + v_extra (the streaming instance's ring: V holds one step
+  // more).
+  RA_DEVICE TiledWarpgroupSmem(void* dynamic_smem, int k_keys, int v_extra, int warpgroup)
+      : wg(warpgroup) {
     const uint32_t raw = ra_smem_address(dynamic_smem);
     const uint32_t pad = ra_smem_pad_1024(raw);
-    const uint32_t kv_bytes = static_cast<uint32_t>(staged_keys) * D * 2;
-    const uint32_t q_off = pad + 2 * kv_bytes + static_cast<uint32_t>(wg) * 2 * kQBytes;
+    const uint32_t kv_bytes = static_cast<uint32_t>(k_keys) * D * 2;
+    const uint32_t q_off = pad + 2 * kv_bytes + static_cast<uint32_t>(v_extra) * D * 2 +
+                           static_cast<uint32_t>(wg) * 2 * kQBytes;
     k = raw + pad;
     v = k + kv_bytes;
     q = raw + q_off;
@@ -276,8 +283,13 @@ RA_DEVICE TiledTilePairLink<PART, WaitNext> tiled_tile_pair_link(float* carry, u
 // OVERLAP picks the step schedule (kTiledWarpgroupOverlap): serial, or each step's softmax
 // under the previous step's P . V. `link` makes it one tile of a pair (TiledTilePairLink; the
 // overlapped schedule only).
-template <typename T, int D, int KEYS, bool OVERLAP, typename BeforeStep, typename Combine,
-          typename StoreOut, typename Link = TiledTileAlone>
+// Where the keys sit: RING 0, the whole history, key k at row k of K and V (kp rows per panel
+// of both). RING > 0 (a power of two: the streaming instance of the tile-copy kernel), a ring of
+// RING keys: key k at row k % RING of K (kp = RING rows per panel) and of V, whose panels hold
+// RING + KEYS rows: the last KEYS rows take the step where the history ends inside it (its V
+// copied apart, zeros past the history), so that step reads rows RING .. of V.
+template <typename T, int D, int KEYS, bool OVERLAP, int RING = 0, typename BeforeStep,
+          typename Combine, typename StoreOut, typename Link = TiledTileAlone>
 RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                     const int hk, const int group, const int64_t r0,
                                     const int64_t seg_rows, uint8_t* sq_ptr, const uint32_t sq,
@@ -288,6 +300,8 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
                                     const Link& link = Link{}) {
   constexpr int kPart = Link::kPart;
   static_assert(kPart == 0 || OVERLAP, "tile pairs take the overlapped schedule");
+  static_assert(RING == 0 || (RING % KEYS == 0 && (RING & (RING - 1)) == 0),
+                "a ring of whole steps, a power of two keys");
   constexpr int kSteps = D / 16;  // k steps of the score product
   const int warp = wtid / 32;
   const int lane = wtid % 32;
@@ -308,7 +322,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   // blocks more spill.)
   const auto issue_scores_from = [&](float* acc, uint32_t q_buf, int k0) {
     const uint64_t q_desc = ra_wgmma_desc(q_buf);
-    const uint64_t k_desc = ra_wgmma_desc(sk + k0 * 128);
+    const uint64_t k_desc = ra_wgmma_desc(sk + (RING > 0 ? k0 % RING : k0) * 128);
     ra_wgmma_fence();
 #pragma unroll
     for (int st = 0; st < kSteps; ++st)
@@ -391,7 +405,9 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   // O += P . V for the step at k0 (issued and committed, not waited; pa must stay untouched
   // and O unread until the product is waited for).
   const auto issue_pv = [&](int k0) {
-    const uint64_t v_desc = ra_wgmma_desc_n_major(sv + k0 * 128, kp * 128);
+    const int v_row = RING == 0 ? k0 : (k0 + KEYS > nk ? RING : k0 % RING);
+    const int v_panel_rows = RING > 0 ? RING + KEYS : kp;
+    const uint64_t v_desc = ra_wgmma_desc_n_major(sv + v_row * 128, v_panel_rows * 128);
     ra_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KEYS / 16; ++kk)

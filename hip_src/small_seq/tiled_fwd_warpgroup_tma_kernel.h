@@ -42,6 +42,18 @@
 // thread waited on it. Items of bad segments stage nothing (tiled_staged_item writes their NaN
 // rows), so they arm nothing.
 //
+// Streaming instance (STREAM): one warpgroup per block and one row tile per work item, K / V
+// streamed through a ring of two 64-key steps instead of staged whole, so that two blocks fit a
+// multiprocessor where one block holding a 256-key history (d 128) would fill it: the two
+// blocks' items then start and end independently, each one's staging and epilogue under the
+// other's products. For (segment, kv head)s of one or two row tiles, whose history staged whole
+// would serve only those tiles; the tiles of one segment are consecutive items, so their K / V
+// crosses DRAM once and L2 once per tile. Thread 0 copies steps 0 and 1 at the item's start and
+// step j + 1 into step j - 1's slot once every warp is past step j - 1's P . V (an mbarrier per
+// slot counting one arrival per warp). The step where a history ends inside it takes its V by
+// cp.async into a third V slot (live keys, zeros after), so that no V box brings another
+// segment's keys (tiled_warpgroup_tile's RING addressing).
+//
 // Selected by the launcher for d 64 / 128 where the GQA group divides 64 and the tensors have
 // tile-copy layouts (tensor maps of q, k, v, out made per call); tuning
 // small_seq_tiled_warpgroup_tma 0 keeps the cp.async kernel.
@@ -87,13 +99,24 @@ RA_HOST_DEVICE constexpr int64_t tiled_tma_static_bytes(int warpgroups) {
   return kTiledTmaBarriers * 8 + (warpgroups == 2 ? 4 * 128 * 4 : 4) + 64;
 }
 
+// The streaming instance's ring: two 64-key steps of K and of V (V has a third step's rows
+// for the tail step), one Q buffer; its dynamic shared memory.
+constexpr int kTiledStreamRingKeys = 2 * kTiledWarpgroupKeys;
+template <int D>
+RA_HOST_DEVICE constexpr int64_t tiled_stream_smem_bytes() {
+  return (2 * kTiledStreamRingKeys + kTiledWarpgroupKeys) * D * 2 + kTiledWarpgroupRows * D * 2 +
+         1024;
+}
+
 // Barrier of both warpgroups of a block without the rest of its threads (named barrier 3; 0 is
 // __syncthreads, 1 and 2 the warpgroups' own).
 RA_DEVICE void tiled_tma_pair_sync() { asm volatile("bar.sync 3, 256;\n" ::: "memory"); }
 
 // NOTE (registers): as small_seq_tiled_fwd_warpgroup_kernel (CAPPED: three one-warpgroup blocks
 // per multiprocessor where they fit). PAIRS: a warpgroup's tiles in pairs (kTiledWarpgroupPair).
-template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED, bool PAIRS = false>
+// STREAM: the streaming instance (one warpgroup, 64-key steps, uncapped: two blocks).
+template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED, bool PAIRS = false,
+          bool STREAM = false>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
                                             WARPGROUPS > 1 ? 1 : (CAPPED ? 3 : 2))
     small_seq_tiled_fwd_warpgroup_tma_kernel(const SmallSeqTiledParams p, const int splits,
@@ -104,14 +127,17 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
   constexpr int PANELS = D / 64;
   constexpr uint32_t kQPanelBytes = ROWS * 128;  // a Q / out box: 64 rows x 64 columns
   constexpr uint32_t kKvPanelBytes = KEYS * 128;  // a K / V box: one step's keys x 64 columns
+  static_assert(!STREAM || (WARPGROUPS == 1 && KEYS == kTiledWarpgroupKeys && !CAPPED && !PAIRS),
+                "the streaming instance: one uncapped warpgroup over 64-key steps");
+  constexpr int kRing = STREAM ? kTiledStreamRingKeys : 0;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   const int wtid = tid % 128;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int group_tokens = ROWS / group;
-  const int kp = static_cast<int>(tiled_warpgroup_keys(p.max_seqlen_kv));
+  const int kp = STREAM ? kRing : static_cast<int>(tiled_warpgroup_keys(p.max_seqlen_kv));
   RA_DYNAMIC_SHARED(ra_vec8, tiled_warpgroup_smem);
-  const TiledWarpgroupSmem<D> smem(tiled_warpgroup_smem, kp, wg);
+  const TiledWarpgroupSmem<D> smem(tiled_warpgroup_smem, kp, STREAM ? KEYS : 0, wg);
   constexpr uint32_t kQBytes = TiledWarpgroupSmem<D>::kQBytes;
   // Barriers: one per K / V step, the tail step's cp.async V, two Q buffers per warpgroup.
   __shared__ alignas(8) uint64_t bars[kTiledTmaBarriers];
@@ -123,8 +149,12 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
   const auto kv_bar = [&](int step) { return bar0 + 8 * step; };
   const uint32_t tail_bar = bar0 + 8 * kTiledTmaMaxSteps;
   const auto q_bar = [&](int b) { return bar0 + 8 * (kTiledTmaMaxSteps + 1 + 2 * wg + b); };
+  // The streaming instance: kv_bar(0..1) are the ring's slots, kv_bar(2..3) say that every
+  // warp is done with a slot (one arrival per warp).
+  const auto slot_free_bar = [&](int slot) { return kv_bar(2 + slot); };
   if (tid == 0) {
-    for (int i = 0; i < kTiledTmaMaxSteps; ++i) ra_mbar_init(kv_bar(i), 1);
+    for (int i = 0; i < kTiledTmaMaxSteps; ++i)
+      ra_mbar_init(kv_bar(i), STREAM && (i == 2 || i == 3) ? THREADS / 32 : 1);
     ra_mbar_init(tail_bar, THREADS);
     for (int i = 0; i < 2 * WARPGROUPS; ++i)
       ra_mbar_init(bar0 + 8 * (kTiledTmaMaxSteps + 1 + i), 1);
@@ -134,6 +164,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
   uint32_t kv_parity = 0;    // bit i: kv_bar(i)
   uint32_t tail_parity = 0;
   uint32_t q_parity = 0;     // bit b: this warpgroup's q_bar(b)
+  uint32_t free_parity = 0;  // streaming: bit s: slot_free_bar(s)
   const int64_t items = static_cast<int64_t>(p.batch) * splits * p.num_heads_kv;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     TiledStagedItem it;
@@ -147,7 +178,23 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
     const bool tail = nk % KEYS != 0;
     const int kv_token0 = static_cast<int>(s.kv_token0);
     const int kv_batch = static_cast<int>(s.kv_batch);
-    if (tid == 0) {
+    // The streaming instance's copy of step st into its ring slot (thread 0).
+    const auto copy_step = [&](int st) {
+      const int slot = st % 2;
+      const bool v_copy = !(tail && st == steps - 1);
+      ra_mbar_arrive_expect_tx(kv_bar(slot), (v_copy ? 2 : 1) * PANELS * kKvPanelBytes);
+#pragma unroll
+      for (int c = 0; c < PANELS; ++c) {
+        ra_tma_load(smem.k + (c * kRing + slot * KEYS) * 128, &maps.k, kv_bar(slot), 64 * c, hk,
+                    kv_token0 + st * KEYS, kv_batch);
+        if (v_copy)
+          ra_tma_load(smem.v + (c * (kRing + KEYS) + slot * KEYS) * 128, &maps.v, kv_bar(slot),
+                      64 * c, hk, kv_token0 + st * KEYS, kv_batch);
+      }
+    };
+    if (STREAM && tid == 0) {
+      for (int st = 0; st < steps && st < 2; ++st) copy_step(st);
+    } else if (!STREAM && tid == 0) {
       for (int st = 0; st < steps; ++st) {
         const bool v_copy = !(tail && st == steps - 1);
         ra_mbar_arrive_expect_tx(kv_bar(st), (v_copy ? 2 : 1) * PANELS * kKvPanelBytes);
@@ -169,8 +216,11 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
         const int row = k0 + idx / kVecs;
         const int vec = idx % kVecs;
         const bool live = row < nk;
-        ra_cp_async16(smem.v + ra_wgmma_offset(row, 8 * vec, kp),
-                      live ? it.vbase + row * p.v_token_stride + 8 * vec : p.v, live ? 16 : 0);
+        // (streaming: the ring's tail rows, kRing .. kRing + KEYS - 1)
+        const uint32_t off = STREAM ? ra_wgmma_offset(kRing + idx / kVecs, 8 * vec, kRing + KEYS)
+                                    : ra_wgmma_offset(row, 8 * vec, kp);
+        ra_cp_async16(smem.v + off, live ? it.vbase + row * p.v_token_stride + 8 * vec : p.v,
+                      live ? 16 : 0);
       }
       ra_mbar_arrive_cp_async(tail_bar);
     }
@@ -229,90 +279,126 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
         }
       };
     };
-    if constexpr (PAIRS) {
-      const auto no_combine = [](float*, float*, float*) { return true; };
-      // Tiles in pairs (kTiledWarpgroupPair): tile A (buffer 0) and B = A + WARPGROUPS (buffer 1)
-      // as one stream, B's first scores under A's epilogue (tiled_warpgroup_tile's Link). Not
-      // for split items (one tile) nor histories of no keys (no product to carry). Buffer 0
-      // holds a pair's A throughout (a warpgroup's even tiles), buffer 1 its B.
-      for (; nk > 0 && tile + WARPGROUPS < tile1; tile += 2 * WARPGROUPS) {
-        const int64_t tile_b = tile + WARPGROUPS;
-        // B's Q into buffer 1, once the previous pair's B store has read it
-        if (wtid == 0) load_q(tile_b, 1);
-        ra_mbar_wait(q_bar(0), q_parity & 1u);
-        q_parity ^= 1u;
-        float carry[KEYS / 2];  // B's first scores
-        const auto wait_q_b = [&] {
-          ra_mbar_wait(q_bar(1), (q_parity >> 1) & 1u);
-          q_parity ^= 2u;
-        };
-        tiled_warpgroup_tile<T, D, KEYS, true>(
-            p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr, smem.q, smem.k, smem.v, kp, wg,
-            wtid, 0, nk, before_step, no_combine, store_out_of(tile, 0),
-            tiled_tile_pair_link<1>(carry, smem.q + kQBytes, wait_q_b));
+    if constexpr (STREAM) {
+      // One row tile (the launcher's splits). Before step st (every warp past step st - 1's
+      // P . V): step st - 1's slot is released, and thread 0 refills it with step st + 1 once
+      // every warp has released it; then the step's slot (and the tail V) is waited for.
+      // (its Q copy issued above: tile = it.tile0)
+      ra_mbar_wait(q_bar(0), q_parity & 1u);
+      q_parity ^= 1u;
+      const auto stream_step = [&](int k0) {
+        const int st = k0 / KEYS;
+        if (st >= 1 && st + 1 < steps) {
+          const int slot = (st - 1) % 2;
+          if (wtid % 32 == 0) ra_mbar_arrive(slot_free_bar(slot));
+          if (tid == 0) {
+            ra_mbar_wait(slot_free_bar(slot), (free_parity >> slot) & 1u);
+            copy_step(st + 1);
+          }
+          free_parity ^= 1u << slot;
+        }
+        ra_mbar_wait(kv_bar(st % 2), (kv_parity >> (st % 2)) & 1u);
+        kv_parity ^= 1u << (st % 2);
+        if (tail && st == steps - 1) {
+          ra_mbar_wait(tail_bar, tail_parity);
+          ra_fence_proxy_async();  // cp.async wrote V's tail: publish it to the products
+        }
+      };
+      tiled_warpgroup_tile<T, D, KEYS, false, kRing>(
+          p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr, smem.q, smem.k, smem.v, kp, wg,
+          wtid, 0, nk, stream_step, [](float*, float*, float*) { return true; },
+          store_out_of(tile, 0));
+      if (tail) tail_parity ^= 1u;
+      // Every warp is done with the ring and this thread's reads and writes of the Q buffer
+      // come before the tile copy that refills it.
+      ra_fence_proxy_async();
+      __syncthreads();
+    } else {
+      if constexpr (PAIRS) {
+        const auto no_combine = [](float*, float*, float*) { return true; };
+        // Tiles in pairs (kTiledWarpgroupPair): tile A (buffer 0) and B = A + WARPGROUPS (buffer 1)
+        // as one stream, B's first scores under A's epilogue (tiled_warpgroup_tile's Link). Not
+        // for split items (one tile) nor histories of no keys (no product to carry). Buffer 0
+        // holds a pair's A throughout (a warpgroup's even tiles), buffer 1 its B.
+        for (; nk > 0 && tile + WARPGROUPS < tile1; tile += 2 * WARPGROUPS) {
+          const int64_t tile_b = tile + WARPGROUPS;
+          // B's Q into buffer 1, once the previous pair's B store has read it
+          if (wtid == 0) load_q(tile_b, 1);
+          ra_mbar_wait(q_bar(0), q_parity & 1u);
+          q_parity ^= 1u;
+          float carry[KEYS / 2];  // B's first scores
+          const auto wait_q_b = [&] {
+            ra_mbar_wait(q_bar(1), (q_parity >> 1) & 1u);
+            q_parity ^= 2u;
+          };
+          tiled_warpgroup_tile<T, D, KEYS, true>(
+              p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr, smem.q, smem.k, smem.v, kp, wg,
+              wtid, 0, nk, before_step, no_combine, store_out_of(tile, 0),
+              tiled_tile_pair_link<1>(carry, smem.q + kQBytes, wait_q_b));
+          first = false;
+          // This thread's reads and writes of buffer 0 come before the tile copy that refills it.
+          ra_fence_proxy_async();
+          ra_warpgroup_sync(wg);
+          // the next pair's A (or a last odd tile) into buffer 0, once A's store has read it
+          if (tile + 2 * WARPGROUPS < tile1 && wtid == 0) load_q(tile + 2 * WARPGROUPS, 0);
+          tiled_warpgroup_tile<T, D, KEYS, true>(
+              p, s, hk, group, tile_b * ROWS, seg_rows, smem.q_ptr + kQBytes, smem.q + kQBytes,
+              smem.k, smem.v, kp, wg, wtid, 0, nk, before_step, no_combine,
+              store_out_of(tile_b, kQBytes), tiled_tile_pair_link<2>(carry, 0u, wait_q_b));
+          ra_fence_proxy_async();
+          ra_warpgroup_sync(wg);
+        }
+        // a last odd tile (or a split one, or a history of no keys) below, alone, in buffer 0
+      }
+      for (int buf = 0; tile < tile1; tile += WARPGROUPS, buf ^= 1) {
+        if (tile + WARPGROUPS < tile1 && wtid == 0) load_q(tile + WARPGROUPS, buf ^ 1);
+        ra_mbar_wait(q_bar(buf), (q_parity >> buf) & 1u);
+        q_parity ^= 1u << buf;
+        const uint32_t off = buf * kQBytes;
+        const int64_t r0 = tile * ROWS;
+        tiled_warpgroup_tile<T, D, KEYS, kTiledWarpgroupOverlap<WARPGROUPS, KEYS>>(
+            p, s, hk, group, r0, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v, kp, wg,
+            wtid, k_begin, k_end, before_step,
+            [&](float* o, float* m, float* l) {
+              if (!split) return true;
+              if (wg == 1) {  // hand over, once every warp is past its products on the buffers
+                if (wtid == 0) ra_tma_store_wait_read();
+                ra_warpgroup_sync(wg);
+#pragma unroll
+                for (int i = 0; i < D / 2; ++i) handover_o[i * 128 + wtid] = o[i];
+                handover[0][wtid] = m[0];
+                handover[1][wtid] = m[1];
+                handover[2][wtid] = l[0];
+                handover[3][wtid] = l[1];
+                tiled_tma_pair_sync();
+                return false;
+              }
+              tiled_tma_pair_sync();
+              float a[2], b[2];
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const float m1 = handover[r][wtid];
+                const float mx = fmaxf(m[r], m1);
+                a[r] = m[r] == -INFINITY ? 0.f : exp2f(m[r] - mx);
+                b[r] = m1 == -INFINITY ? 0.f : exp2f(m1 - mx);
+                m[r] = mx;
+                l[r] = l[r] * a[r] + handover[2 + r][wtid] * b[r];
+              }
+#pragma unroll
+              for (int i = 0; i < D / 2; ++i)
+                o[i] = o[i] * a[(i / 2) % 2] + handover_o[i * 128 + wtid] * b[(i / 2) % 2];
+              return true;
+            },
+            store_out_of(tile, off));
         first = false;
-        // This thread's reads and writes of buffer 0 come before the tile copy that refills it.
-        ra_fence_proxy_async();
-        ra_warpgroup_sync(wg);
-        // the next pair's A (or a last odd tile) into buffer 0, once A's store has read it
-        if (tile + 2 * WARPGROUPS < tile1 && wtid == 0) load_q(tile + 2 * WARPGROUPS, 0);
-        tiled_warpgroup_tile<T, D, KEYS, true>(
-            p, s, hk, group, tile_b * ROWS, seg_rows, smem.q_ptr + kQBytes, smem.q + kQBytes,
-            smem.k, smem.v, kp, wg, wtid, 0, nk, before_step, no_combine,
-            store_out_of(tile_b, kQBytes), tiled_tile_pair_link<2>(carry, 0u, wait_q_b));
+        // This thread's reads and writes of the buffer come before the tile copy that refills it.
         ra_fence_proxy_async();
         ra_warpgroup_sync(wg);
       }
-      // a last odd tile (or a split one, or a history of no keys) below, alone, in buffer 0
+      kv_parity ^= (1u << steps) - 1u;
+      if (tail) tail_parity ^= 1u;
+      __syncthreads();  // every warpgroup is done with this segment's K / V
     }
-    for (int buf = 0; tile < tile1; tile += WARPGROUPS, buf ^= 1) {
-      if (tile + WARPGROUPS < tile1 && wtid == 0) load_q(tile + WARPGROUPS, buf ^ 1);
-      ra_mbar_wait(q_bar(buf), (q_parity >> buf) & 1u);
-      q_parity ^= 1u << buf;
-      const uint32_t off = buf * kQBytes;
-      const int64_t r0 = tile * ROWS;
-      tiled_warpgroup_tile<T, D, KEYS, kTiledWarpgroupOverlap<WARPGROUPS, KEYS>>(
-          p, s, hk, group, r0, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v, kp, wg,
-          wtid, k_begin, k_end, before_step,
-          [&](float* o, float* m, float* l) {
-            if (!split) return true;
-            if (wg == 1) {  // hand over, once every warp is past its products on the buffers
-              if (wtid == 0) ra_tma_store_wait_read();
-              ra_warpgroup_sync(wg);
-#pragma unroll
-              for (int i = 0; i < D / 2; ++i) handover_o[i * 128 + wtid] = o[i];
-              handover[0][wtid] = m[0];
-              handover[1][wtid] = m[1];
-              handover[2][wtid] = l[0];
-              handover[3][wtid] = l[1];
-              tiled_tma_pair_sync();
-              return false;
-            }
-            tiled_tma_pair_sync();
-            float a[2], b[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const float m1 = handover[r][wtid];
-              const float mx = fmaxf(m[r], m1);
-              a[r] = m[r] == -INFINITY ? 0.f : exp2f(m[r] - mx);
-              b[r] = m1 == -INFINITY ? 0.f : exp2f(m1 - mx);
-              m[r] = mx;
-              l[r] = l[r] * a[r] + handover[2 + r][wtid] * b[r];
-            }
-#pragma unroll
-            for (int i = 0; i < D / 2; ++i)
-              o[i] = o[i] * a[(i / 2) % 2] + handover_o[i * 128 + wtid] * b[(i / 2) % 2];
-            return true;
-          },
-          store_out_of(tile, off));
-      first = false;
-      // This thread's reads and writes of the buffer come before the tile copy that refills it.
-      ra_fence_proxy_async();
-      ra_warpgroup_sync(wg);
-    }
-    kv_parity ^= (1u << steps) - 1u;
-    if (tail) tail_parity ^= 1u;
-    __syncthreads();  // every warpgroup is done with this segment's K / V
   }
   if (wtid == 0) ra_tma_store_wait();
 #endif

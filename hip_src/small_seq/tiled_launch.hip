@@ -142,8 +142,9 @@ inline int64_t tiled_splits(const SmallSeqTiledParams& p, int64_t tiles, int wor
 // Launches a kernel that stages a (segment, kv head)'s K/V per work item (resident, warpgroup)
 // with `smem` bytes of shared memory (arguments p, splits, then `extra`): as many blocks as stay
 // resident (capped by tiled_capped_grid), each (segment, kv head) split over tiled_splits items
-// of row tiles of `tile_rows` among the block's `workers` (waves or warpgroups).
-template <auto KERNEL, int THREADS, typename... Extra>
+// of row tiles of `tile_rows` among the block's `workers` (waves or warpgroups), or with
+// TILE_ITEMS into one item per row tile (the warpgroup kernel's streaming instance).
+template <auto KERNEL, int THREADS, bool TILE_ITEMS = false, typename... Extra>
 hipError_t run_tiled_fwd_staged(const SmallSeqTiledParams& p, int64_t smem, int tile_rows,
                                 int workers, hipStream_t stream, const Extra&... extra) {
   const hipError_t err = tiled_allow_shared<KERNEL>(smem);
@@ -153,7 +154,8 @@ hipError_t run_tiled_fwd_staged(const SmallSeqTiledParams& p, int64_t smem, int 
       static_cast<int64_t>(tiled_blocks_per_mp(KERNEL, THREADS, smem, occupancy)) *
       ra_device_multiprocessors();
   const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
-  const int64_t splits = tiled_splits(p, tiled_row_tiles(p, tile_rows), workers, resident);
+  const int64_t tiles = tiled_row_tiles(p, tile_rows);
+  const int64_t splits = TILE_ITEMS ? tiles : tiled_splits(p, tiles, workers, resident);
   const dim3 grid = tiled_capped_grid(pairs * splits, resident, tiled_grid_factor());
   hipLaunchKernelGGL(KERNEL, grid, dim3(THREADS), static_cast<size_t>(smem), stream, p,
                      static_cast<int>(splits), extra...);
@@ -240,14 +242,16 @@ hipError_t run_tiled_fwd_warpgroup(const SmallSeqTiledParams& p, hipStream_t str
 // The warpgroup kernel staged by tile copies (tiled_fwd_warpgroup_tma_kernel.h), where tuning
 // allows, the GQA group divides a 64-row tile (a Q box holds whole tokens) and q, k, v and out
 // have tensor maps (16-byte aligned addresses and strides); false (nothing launched) where not.
-template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED>
+// STREAM: the kernel's streaming instance (one warpgroup, 64-key steps, one row tile per item).
+template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED, bool STREAM = false>
 bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t stream,
                                  hipError_t* err) {
   const int group = p.num_heads_q / p.num_heads_kv;
   if (ra_tuning().small_seq_tiled_warpgroup_tma <= 0 || kTiledWarpgroupRows % group != 0)
     return false;
-  const int64_t smem = tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS);
-  if (tiled_warpgroup_keys(p.max_seqlen_kv) / KEYS > kTiledTmaMaxSteps ||
+  const int64_t smem = STREAM ? tiled_stream_smem_bytes<D>()
+                              : tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS);
+  if ((!STREAM && tiled_warpgroup_keys(p.max_seqlen_kv) / KEYS > kTiledTmaMaxSteps) ||
       smem + tiled_tma_static_bytes(WARPGROUPS) > ra_device_max_shared_per_block())
     return false;
   // THD k / v are one batch of all rows, BSHD ones [b, s_kv, h_kv, d] (q / out: tiled_tma_q_map).
@@ -262,6 +266,12 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t strea
       ra_tma_map_16bit(&maps.v, p.v, kv_batch, p.total_kv, p.num_heads_kv, D, p.v_batch_stride,
                        p.v_token_stride, p.v_head_stride, 1, KEYS);
   if (!ok) return false;
+  if constexpr (STREAM) {
+    *err = run_tiled_fwd_staged<
+        small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, 1, KEYS, false, false, true>, 128, true>(
+        p, smem, kTiledWarpgroupRows, 1, stream, maps);
+    return true;
+  }
   // tiles in pairs where a warpgroup may hold two tiles of an item (kTiledWarpgroupPair)
   if constexpr (kTiledWarpgroupPair<WARPGROUPS, KEYS>) {
     if (tiled_max_rows(p) > static_cast<int64_t>(WARPGROUPS) * kTiledWarpgroupRows) {
@@ -275,6 +285,20 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t strea
       small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, KEYS, CAPPED>, WARPGROUPS * 128>(
       p, smem, kTiledWarpgroupRows, WARPGROUPS, stream, maps);
   return true;
+}
+#endif
+
+#if RA_TMA_BUILD
+// Whether a call of 64-key steps at d 128 takes the tile-copy kernel's streaming instance
+// (tuning small_seq_tiled_warpgroup_stream): by default where a block would otherwise hold the
+// whole history in two warpgroups (`two_warpgroups`: past 128 keys) for one row tile per
+// (segment, kv head), which the two would split. Two row tiles stay with the staged history
+// (both warpgroups read one copy of it; streamed, each tile's block reads it again: 0.80x on
+// 4096 x 128 x 256 with 8 kv heads), as do more (docs/kernels.md#warpgroup-kernel).
+inline bool tiled_warpgroup_streams(const SmallSeqTiledParams& p, bool two_warpgroups) {
+  const int mode = ra_tuning().small_seq_tiled_warpgroup_stream;
+  if (mode <= 0) return false;
+  return mode >= 2 || (two_warpgroups && tiled_max_rows(p) <= kTiledWarpgroupRows);
 }
 #endif
 
@@ -342,6 +366,14 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
       if (tiled_warpgroup_step_keys(p.max_seqlen_kv) == 16)
         return one ? run_tiled_fwd_warpgroup_any<T, D, 1, 16>(p, stream)
                    : run_tiled_fwd_warpgroup_any<T, D, 2, 16>(p, stream);
+#if RA_TMA_BUILD
+      if constexpr (D == 128) {
+        hipError_t err = hipSuccess;
+        if (tiled_warpgroup_streams(p, !one) &&
+            run_tiled_fwd_warpgroup_tma<T, D, 1, 64, false, true>(p, stream, &err))
+          return err;
+      }
+#endif
       if (!one) return run_tiled_fwd_warpgroup_any<T, D, 2, 64>(p, stream);
       // One-warpgroup blocks of 64-key steps: the register cap for three blocks only where
       // three fit the shared memory (the kernel's NOTE).
