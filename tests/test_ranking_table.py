@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -135,6 +137,29 @@ def test_page_table_reads_back_and_takes_remeasured_rows(tmp_path):
     assert lines[0] == f"GPU X, torch 2.x, copy bandwidth 2960 GB/s, joined into the rows of {page}"
     assert [line.split(" | ")[0] for line in lines[4:]] == ["| " + a["case"], "| " + b["case"]]
     assert lines[4].split(" | ")[1:5] == ["tiled", "4000.0", "-", "6000.0"]
+
+
+def test_page_with_a_table_per_device(tmp_path):
+    """A page keeping one table per device: `page.md` reads its first table alone, and
+    `page.md#TEXT` the table after the first heading holding TEXT; a heading no line holds is an
+    error naming it."""
+    first = _row(4096, 512, 256, 8, (4000, 7000, 5000), (12000, 39000, 32000))
+    second = _row(4096, 512, 256, 8, (2800, 6000, 3000), (8500, 30000, 20000))
+    other = _row(256, 16, 64, 2, (30, 40, 120), (90, 130, 400))
+    t1 = ranking_table.table(*ranking_table.load([_write(tmp_path / "a.json", [first], 3000)]))
+    t2 = ranking_table.table(*ranking_table.load([_write(tmp_path / "b.json", [second, other],
+                                                         4200)]))
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\n## On GPU X\n\n" + "\n".join(t1) + "\nafter\n\n## On GPU Y\n\n" +
+                    "\n".join(t2) + "\n")
+    _, rows = ranking_table.load([str(page)])
+    assert [r["case"] for r in rows] == [first["case"]]
+    assert rows[0]["fwd"]["ms"] == pytest.approx(7.0)
+    _, rows = ranking_table.load([f"{page}#GPU Y"])
+    assert [r["case"] for r in rows] == [second["case"], other["case"]]
+    assert rows[0]["fwd"]["ms"] == pytest.approx(6.0)
+    with pytest.raises(SystemExit, match="GPU Z"):
+        ranking_table.load([f"{page}#GPU Z"])
 
 
 def test_matrix_floor_and_roof(tmp_path):

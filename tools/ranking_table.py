@@ -6,6 +6,7 @@ stand against the ranking issue's targets.
     python3 tools/ranking_table.py ranking.json                      # anywhere
     python3 tools/ranking_table.py part1.json part2.json --summary   # a grid run in parts
     python3 tools/ranking_table.py docs/performance.md rows.json     # rows re-measured
+    python3 tools/ranking_table.py "docs/performance.md#rows on H200" rows.json  # H200 table
 
 One line per row: the path that served ours (forward / forward+backward where they differ),
 then for the forward and for forward+backward: the byte floor, the matrix floor (the fewest
@@ -108,26 +109,38 @@ def _markdown_mode(path: str, cells: list) -> dict:
 
 
 def load_markdown(path: str) -> tuple:
-    """(header, rows) of the ranking table a page keeps (docs/performance.md): the lines that
-    table() writes, read back with the best anchor of each mode (the others are not kept)."""
+    """(header, rows) of a ranking table a page keeps (docs/performance.md keeps one per
+    device): the lines that table() writes, read back with the best anchor of each mode (the
+    others are not kept). `page.md` is the page's first table; `page.md#TEXT` the first table
+    after the first heading that contains TEXT."""
+    path, _, section = path.partition("#")
     rows = []
     with open(path) as f:
-        for line in f:
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == OLD_LINE_CELLS:  # a table from before the matrix floor
-                cells = cells[:2] + [c for i in (2, 7) for c in
-                                     cells[i:i + 1] + ["-"] + cells[i + 1:i + 3] + ["-"] +
-                                     cells[i + 3:i + 5]]
-            found = _ROW_NAME.fullmatch(cells[0]) if len(cells) == LINE_CELLS else None
-            if not found:
-                continue
-            users, cands, hist, ragged, h_kv, d = found.groups()
-            paths = cells[1].split(" / ") if " / " in cells[1] else [cells[1]] * 2
-            rows.append({"case": cells[0], "users": int(users), "cands": int(cands),
-                         "hist": int(hist), "ragged": ragged == "r", "h_kv": int(h_kv),
-                         "d": int(d),
-                         "fwd": _markdown_mode(paths[0], cells[2:2 + MODE_CELLS]),
-                         "fwdbwd": _markdown_mode(paths[1], cells[2 + MODE_CELLS:])})
+        lines = f.read().splitlines()
+    if section:
+        starts = [i for i, line in enumerate(lines)
+                  if line.startswith("#") and section in line]
+        if not starts:
+            raise SystemExit(f"{path}: no heading contains {section!r}")
+        lines = lines[starts[0] + 1:]
+    for line in lines:
+        if rows and not line.startswith("|"):
+            break  # the end of the first table
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == OLD_LINE_CELLS:  # a table from before the matrix floor
+            cells = cells[:2] + [c for i in (2, 7) for c in
+                                 cells[i:i + 1] + ["-"] + cells[i + 1:i + 3] + ["-"] +
+                                 cells[i + 3:i + 5]]
+        found = _ROW_NAME.fullmatch(cells[0]) if len(cells) == LINE_CELLS else None
+        if not found:
+            continue
+        users, cands, hist, ragged, h_kv, d = found.groups()
+        paths = cells[1].split(" / ") if " / " in cells[1] else [cells[1]] * 2
+        rows.append({"case": cells[0], "users": int(users), "cands": int(cands),
+                     "hist": int(hist), "ragged": ragged == "r", "h_kv": int(h_kv),
+                     "d": int(d),
+                     "fwd": _markdown_mode(paths[0], cells[2:2 + MODE_CELLS]),
+                     "fwdbwd": _markdown_mode(paths[1], cells[2 + MODE_CELLS:])})
     if not rows:
         raise SystemExit(f"{path}: no ranking table line")
     return {"source": path}, rows
@@ -139,7 +152,7 @@ def load(paths) -> tuple:
     re-measured rows can be joined into the table the docs keep."""
     headers, rows = [], OrderedDict()
     for path in paths:
-        if path.endswith(".md"):
+        if path.partition("#")[0].endswith(".md"):
             header, file_rows = load_markdown(path)
         else:
             with open(path) as f:
