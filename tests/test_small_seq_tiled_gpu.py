@@ -273,6 +273,26 @@ def test_warpgroup_stream(dev, h_q, h_kv, stream):
         check_valid(case, return_softmax=False)
 
 
+@pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 2, id="g4"), pytest.param(8, 8, id="g1")])
+@pytest.mark.parametrize("d", [64, 128])
+def test_warpgroup_one_tile_16_keys(dev, d, h_q, h_kv):
+    """One 64-row tile per (segment, kv head) over histories of at most 16 keys (the tile-copy
+    kernel's one-warpgroup blocks of 16-key steps): ragged queries and keys, int64 offsets,
+    strided inputs, padding rows; garbage offsets flagged."""
+    gen = torch.Generator().manual_seed(d + h_q + h_kv)
+    group = h_q // h_kv
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup=2):
+        case = C.thd_case(90 + d + h_kv, lens(gen, 200, 0, 64 // group), lens(gen, 200, 0, 16),
+                          h_q, h_kv, d, torch.bfloat16, offsets=torch.int64, strided=True,
+                          pad_before=2, pad_after=3, kv_pad=2, max_q=64 // group, max_kv=16,
+                          device=dev)
+        check_valid(case, return_softmax=False)
+        if d == 128 and group == 4:
+            case = garbage_case(dev, 31, [3, 16, 12, 2, 40, 16, 1, 10, 4], max_q=16,
+                                kv_lens=(5, 16, 9, 3, 16, 1, 0, 7, 9), max_kv=16)
+            check_garbage_flagged(case, return_softmax=False)
+
+
 @pytest.mark.parametrize("stream", [pytest.param(2, id="forced"), pytest.param(1, id="auto")])
 def test_warpgroup_stream_bad_segments(dev, stream):
     """Garbage int64 offsets under the streaming instance (histories up to 256 keys, 2 kv heads
