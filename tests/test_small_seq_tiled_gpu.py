@@ -293,6 +293,25 @@ def test_warpgroup_one_tile_16_keys(dev, d, h_q, h_kv):
             check_garbage_flagged(case, return_softmax=False)
 
 
+@pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 2, id="g4"), pytest.param(8, 8, id="g1")])
+def test_warpgroup_stream_long_histories(dev, h_q, h_kv):
+    """Histories of five and six 64-key steps (257-384 keys: each ring slot refilled twice in
+    one item) on the streaming instance (forced; by default it serves up to 256 keys): against
+    the float64 reference, and bitwise equal to the one-warpgroup kernel that stages whole
+    histories (the same products and softmax steps in the same order)."""
+    kv_lens = [257, 319, 320, 321, 383, 384, 300, 5, 0, 129]
+    q_lens = [64 // (h_q // h_kv) - (i % 2) for i in range(len(kv_lens))]
+    case = C.thd_case(84 + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, 128, torch.bfloat16,
+                      offsets=torch.int64, pad_before=1, pad_after=2, kv_pad=2, max_kv=384,
+                      device=dev)
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_stream=2):
+        out, lse, _ = check_valid(case, return_softmax=False)
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_stream=0,
+                                   small_seq_tiled_warpgroups=1):
+        staged_out, staged_lse, _ = check_valid(case, return_softmax=False)
+    assert torch.equal(out, staged_out) and torch.equal(lse, staged_lse)
+
+
 @pytest.mark.parametrize("stream", [pytest.param(2, id="forced"), pytest.param(1, id="auto")])
 def test_warpgroup_stream_bad_segments(dev, stream):
     """Garbage int64 offsets under the streaming instance (histories up to 256 keys, 2 kv heads

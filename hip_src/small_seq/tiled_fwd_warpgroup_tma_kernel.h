@@ -46,9 +46,9 @@
 // streamed through a ring of two 64-key steps instead of staged whole, so that two blocks fit a
 // multiprocessor where one block holding a 256-key history (d 128) would fill it: the two
 // blocks' items then start and end independently, each one's staging and epilogue under the
-// other's products. For (segment, kv head)s of one or two row tiles, whose history staged whole
-// would serve only those tiles; the tiles of one segment are consecutive items, so their K / V
-// crosses DRAM once and L2 once per tile. Thread 0 copies steps 0 and 1 at the item's start and
+// other's products. For (segment, kv head)s of one row tile (the launcher's rule), whose history
+// staged whole would serve only that tile; where a segment has more (tests, A/B runs) its tiles
+// are consecutive items, so their K / V crosses DRAM once and L2 once per tile. Thread 0 copies steps 0 and 1 at the item's start and
 // step j + 1 into step j - 1's slot once every warp is past step j - 1's P . V (an mbarrier per
 // slot counting one arrival per warp). The step where a history ends inside it takes its V by
 // cp.async into a third V slot (live keys, zeros after), so that no V box brings another
@@ -286,6 +286,9 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
       // (its Q copy issued above: tile = it.tile0)
       ra_mbar_wait(q_bar(0), q_parity & 1u);
       q_parity ^= 1u;
+      // Every warp arrives before thread 0 waits, and nothing warpgroup-collective (a product, a
+      // named barrier) may come between them: the other warps reach their arrival only by
+      // issuing products with warp 0.
       const auto stream_step = [&](int k0) {
         const int st = k0 / KEYS;
         if (st >= 1 && st + 1 < steps) {
