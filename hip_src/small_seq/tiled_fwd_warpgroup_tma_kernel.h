@@ -48,11 +48,12 @@
 // blocks' items then start and end independently, each one's staging and epilogue under the
 // other's products. For (segment, kv head)s of one row tile (the launcher's rule), whose history
 // staged whole would serve only that tile; where a segment has more (tests, A/B runs) its tiles
-// are consecutive items, so their K / V crosses DRAM once and L2 once per tile. Thread 0 copies steps 0 and 1 at the item's start and
-// step j + 1 into step j - 1's slot once every warp is past step j - 1's P . V (an mbarrier per
-// slot counting one arrival per warp). The step where a history ends inside it takes its V by
-// cp.async into a third V slot (live keys, zeros after), so that no V box brings another
-// segment's keys (tiled_warpgroup_tile's RING addressing).
+// are consecutive items, so their K / V crosses DRAM once and L2 once per tile. Thread 0
+// copies steps 0 and 1 at the item's start and step j + 1 into step j - 1's slot once every
+// warp is past step j - 1's P . V (an mbarrier per slot counting one arrival per warp). The
+// step where a history ends inside it takes its V by cp.async into a third V slot (live keys,
+// zeros after), so that no V box brings another segment's keys (tiled_warpgroup_tile's RING
+// addressing).
 //
 // Selected by the launcher for d 64 / 128 where the GQA group divides 64 and the tensors have
 // tile-copy layouts (tensor maps of q, k, v, out made per call); tuning
@@ -178,36 +179,26 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
     const bool tail = nk % KEYS != 0;
     const int kv_token0 = static_cast<int>(s.kv_token0);
     const int kv_batch = static_cast<int>(s.kv_batch);
-    // The streaming instance's copy of step st into its ring slot (thread 0).
+    // Thread 0's tile copies of step st's K and V (V's only where the history does not end
+    // inside the step: that V is copied below) into the step's rows, on the step's barrier; the
+    // streaming instance's into its ring slot st % 2 (V's panels a step longer than K's).
     const auto copy_step = [&](int st) {
-      const int slot = st % 2;
+      const int slot = STREAM ? st % 2 : st;
+      const int v_panel_rows = STREAM ? kRing + KEYS : kp;
       const bool v_copy = !(tail && st == steps - 1);
       ra_mbar_arrive_expect_tx(kv_bar(slot), (v_copy ? 2 : 1) * PANELS * kKvPanelBytes);
 #pragma unroll
       for (int c = 0; c < PANELS; ++c) {
-        ra_tma_load(smem.k + (c * kRing + slot * KEYS) * 128, &maps.k, kv_bar(slot), 64 * c, hk,
+        ra_tma_load(smem.k + (c * kp + slot * KEYS) * 128, &maps.k, kv_bar(slot), 64 * c, hk,
                     kv_token0 + st * KEYS, kv_batch);
         if (v_copy)
-          ra_tma_load(smem.v + (c * (kRing + KEYS) + slot * KEYS) * 128, &maps.v, kv_bar(slot),
+          ra_tma_load(smem.v + (c * v_panel_rows + slot * KEYS) * 128, &maps.v, kv_bar(slot),
                       64 * c, hk, kv_token0 + st * KEYS, kv_batch);
       }
     };
-    if (STREAM && tid == 0) {
-      for (int st = 0; st < steps && st < 2; ++st) copy_step(st);
-    } else if (!STREAM && tid == 0) {
-      for (int st = 0; st < steps; ++st) {
-        const bool v_copy = !(tail && st == steps - 1);
-        ra_mbar_arrive_expect_tx(kv_bar(st), (v_copy ? 2 : 1) * PANELS * kKvPanelBytes);
-#pragma unroll
-        for (int c = 0; c < PANELS; ++c) {
-          const uint32_t off = c * kp * 128 + st * KEYS * 128;
-          ra_tma_load(smem.k + off, &maps.k, kv_bar(st), 64 * c, hk, kv_token0 + st * KEYS,
-                      kv_batch);
-          if (v_copy)
-            ra_tma_load(smem.v + off, &maps.v, kv_bar(st), 64 * c, hk, kv_token0 + st * KEYS,
-                        kv_batch);
-        }
-      }
+    // (the streaming instance copies the steps after its first two as its ring frees them)
+    if (tid == 0) {
+      for (int st = 0; st < steps && (!STREAM || st < 2); ++st) copy_step(st);
     }
     if (tail) {  // the last step's V: live keys, then zeros (every thread arrives once)
       constexpr int kVecs = D / 8;
