@@ -296,8 +296,8 @@ def test_warpgroup_one_tile_16_keys(dev, d, h_q, h_kv):
 @pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 2, id="g4"), pytest.param(8, 8, id="g1")])
 def test_warpgroup_stream_long_histories(dev, h_q, h_kv):
     """Histories of five and six 64-key steps (257-384 keys: each ring slot refilled twice in
-    one item) on the streaming instance (forced; by default it serves up to 256 keys): against
-    the float64 reference, and bitwise equal to the one-warpgroup kernel that stages whole
+    one item) on the streaming instance (forced; the default rule takes it for one row tile):
+    against the float64 reference, and bitwise equal to the one-warpgroup kernel that stages whole
     histories (the same products and softmax steps in the same order)."""
     kv_lens = [257, 319, 320, 321, 383, 384, 300, 5, 0, 129]
     q_lens = [64 // (h_q // h_kv) - (i % 2) for i in range(len(kv_lens))]

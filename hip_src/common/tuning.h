@@ -72,7 +72,7 @@ struct RaTuning {
   // dQ kernel by cp.async (A/B of its copies in one build); 0 = cp.async staging always.
   int small_seq_tiled_warpgroup_tma = 1;
   // tiled small-seq forward on Hopper, CUDA sm_90a builds, d 128: 1 = calls of one 64-row tile
-  // per (segment, kv head) over histories of 129-256 keys take the tile-copy warpgroup kernel's
+  // per (segment, kv head) over histories of 129-384 keys take the tile-copy warpgroup kernel's
   // streaming instance (one warpgroup and one row tile per work item, K / V streamed through a
   // two-step ring: two blocks per multiprocessor instead of one block holding the whole
   // history; tiled_fwd_warpgroup_tma_kernel.h); 2 = every call of 64-key steps that the

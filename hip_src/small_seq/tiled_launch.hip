@@ -291,18 +291,15 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t strea
 #if RA_TMA_BUILD
 // Whether a call of 64-key steps at d 128 takes the tile-copy kernel's streaming instance
 // (tuning small_seq_tiled_warpgroup_stream): by default where a block would otherwise hold the
-// whole history in two warpgroups (`two_warpgroups`: past 128 keys) for one row tile per
-// (segment, kv head), which the two would split, over histories of up to
-// kTiledStreamDefaultMaxKeys (the lengths its GPU tests and measurements cover). Two row tiles
+// whole history in two warpgroups (`two_warpgroups`: past 128 keys, up to the 384 a block can
+// stage) for one row tile per (segment, kv head), which the two would split. Two row tiles
 // stay with the staged history (both warpgroups read one copy of it; streamed, each tile's
 // block reads it again: 0.80x on 4096 x 128 x 256 with 8 kv heads), as do more
 // (docs/kernels.md#warpgroup-kernel).
-constexpr int kTiledStreamDefaultMaxKeys = 256;
 inline bool tiled_warpgroup_streams(const SmallSeqTiledParams& p, bool two_warpgroups) {
   const int mode = ra_tuning().small_seq_tiled_warpgroup_stream;
   if (mode <= 0) return false;
-  return mode >= 2 || (two_warpgroups && tiled_max_rows(p) <= kTiledWarpgroupRows &&
-                       p.max_seqlen_kv <= kTiledStreamDefaultMaxKeys);
+  return mode >= 2 || (two_warpgroups && tiled_max_rows(p) <= kTiledWarpgroupRows);
 }
 #endif
 
