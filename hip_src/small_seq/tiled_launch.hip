@@ -290,16 +290,17 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t strea
 
 #if RA_TMA_BUILD
 // Whether a call of 64-key steps at d 128 takes the tile-copy kernel's streaming instance
-// (tuning small_seq_tiled_warpgroup_stream): by default where a block would otherwise hold the
-// whole history in two warpgroups (`two_warpgroups`: past 128 keys, up to the 384 a block can
-// stage) for one row tile per (segment, kv head), which the two would split. Two row tiles
+// (tuning small_seq_tiled_warpgroup_stream): by default for one row tile per (segment, kv head)
+// where a block staging the whole history would be alone on its multiprocessor (`staged_alone`:
+// past 128 keys, up to the 384 a block can stage; two warpgroups would split the history, or
+// from 321 keys one would hold it). Two row tiles
 // stay with the staged history (both warpgroups read one copy of it; streamed, each tile's
 // block reads it again: 0.80x on 4096 x 128 x 256 with 8 kv heads), as do more
 // (docs/kernels.md#warpgroup-kernel).
-inline bool tiled_warpgroup_streams(const SmallSeqTiledParams& p, bool two_warpgroups) {
+inline bool tiled_warpgroup_streams(const SmallSeqTiledParams& p, bool staged_alone) {
   const int mode = ra_tuning().small_seq_tiled_warpgroup_stream;
   if (mode <= 0) return false;
-  return mode >= 2 || (two_warpgroups && tiled_max_rows(p) <= kTiledWarpgroupRows);
+  return mode >= 2 || (staged_alone && tiled_max_rows(p) <= kTiledWarpgroupRows);
 }
 #endif
 
@@ -367,10 +368,13 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
       if (tiled_warpgroup_step_keys(p.max_seqlen_kv) == 16)
         return one ? run_tiled_fwd_warpgroup_any<T, D, 1, 16>(p, stream)
                    : run_tiled_fwd_warpgroup_any<T, D, 2, 16>(p, stream);
+      const int64_t block_smem =
+          tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) + kTiledSharedReserve;
 #if RA_TMA_BUILD
       if constexpr (D == 128) {
         hipError_t err = hipSuccess;
-        if (tiled_warpgroup_streams(p, !one) &&
+        const bool staged_alone = 2 * block_smem > ra_device_shared_per_multiprocessor();
+        if (tiled_warpgroup_streams(p, staged_alone) &&
             run_tiled_fwd_warpgroup_tma<T, D, 1, 64, false, true>(p, stream, &err))
           return err;
       }
@@ -378,8 +382,6 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
       if (!one) return run_tiled_fwd_warpgroup_any<T, D, 2, 64>(p, stream);
       // One-warpgroup blocks of 64-key steps: the register cap for three blocks only where
       // three fit the shared memory (the kernel's NOTE).
-      const int64_t block_smem =
-          tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) + kTiledSharedReserve;
       return 3 * block_smem <= ra_device_shared_per_multiprocessor()
                  ? run_tiled_fwd_warpgroup_any<T, D, 1, 64, true>(p, stream)
                  : run_tiled_fwd_warpgroup_any<T, D, 1, 64, false>(p, stream);
