@@ -213,6 +213,17 @@ bool tiled_use_warpgroup(const SmallSeqTiledParams& p) {
   return mode >= 2 || tiled_max_rows(p) >= kTiledWarpgroupRows;
 }
 
+// Shared memory of a one-warpgroup block of the warpgroup-MMA kernel staging the whole history
+// (with the per-block reserve), and whether such a block would be alone on its multiprocessor.
+template <int D>
+int64_t tiled_warpgroup_one_block_smem(const SmallSeqTiledParams& p) {
+  return tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) + kTiledSharedReserve;
+}
+template <int D>
+bool tiled_warpgroup_staged_alone(const SmallSeqTiledParams& p) {
+  return 2 * tiled_warpgroup_one_block_smem<D>(p) > ra_device_shared_per_multiprocessor();
+}
+
 // Warpgroups per block of the warpgroup-MMA kernel: one where at least two such blocks fit a
 // multiprocessor's shared memory (histories up to 64 keys at d = 128: three blocks, whose
 // loads and products overlap each other's softmax and staging), else two sharing one copy of
@@ -221,13 +232,12 @@ bool tiled_use_warpgroup(const SmallSeqTiledParams& p) {
 // (1 or 2) overrides where the shared memory allows.
 template <int D>
 int tiled_warpgroups(const SmallSeqTiledParams& p) {
-  const int64_t one = tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) + kTiledSharedReserve;
   const int64_t two = tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 2);
   const bool two_fit = two <= ra_device_max_shared_per_block();
   const int tuned = ra_tuning().small_seq_tiled_warpgroups;
   if (tuned == 1 || !two_fit) return 1;
   if (tuned == 2) return 2;
-  return 2 * one <= ra_device_shared_per_multiprocessor() ? 1 : 2;
+  return tiled_warpgroup_staged_alone<D>(p) ? 2 : 1;
 }
 
 template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED = true>
@@ -291,16 +301,18 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t strea
 #if RA_TMA_BUILD
 // Whether a call of 64-key steps at d 128 takes the tile-copy kernel's streaming instance
 // (tuning small_seq_tiled_warpgroup_stream): by default for one row tile per (segment, kv head)
-// where a block staging the whole history would be alone on its multiprocessor (`staged_alone`:
-// past 128 keys, up to the 384 a block can stage; two warpgroups would split the history, or
-// from 321 keys one would hold it). Two row tiles
-// stay with the staged history (both warpgroups read one copy of it; streamed, each tile's
-// block reads it again: 0.80x on 4096 x 128 x 256 with 8 kv heads), as do more
+// where a block staging the whole history would be alone on its multiprocessor
+// (tiled_warpgroup_staged_alone: past 128 keys, up to the 384 a block can stage; two warpgroups
+// would split the history, or from 321 keys one would hold it). Two row tiles stay with the
+// staged history (both warpgroups read one copy of it; streamed, each tile's block reads it
+// again: 0.80x on 4096 x 128 x 256 with 8 kv heads), as do more
 // (docs/kernels.md#warpgroup-kernel).
-inline bool tiled_warpgroup_streams(const SmallSeqTiledParams& p, bool staged_alone) {
+template <int D>
+bool tiled_warpgroup_streams(const SmallSeqTiledParams& p) {
   const int mode = ra_tuning().small_seq_tiled_warpgroup_stream;
   if (mode <= 0) return false;
-  return mode >= 2 || (staged_alone && tiled_max_rows(p) <= kTiledWarpgroupRows);
+  return mode >= 2 ||
+         (tiled_warpgroup_staged_alone<D>(p) && tiled_max_rows(p) <= kTiledWarpgroupRows);
 }
 #endif
 
@@ -368,13 +380,10 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
       if (tiled_warpgroup_step_keys(p.max_seqlen_kv) == 16)
         return one ? run_tiled_fwd_warpgroup_any<T, D, 1, 16>(p, stream)
                    : run_tiled_fwd_warpgroup_any<T, D, 2, 16>(p, stream);
-      const int64_t block_smem =
-          tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1) + kTiledSharedReserve;
 #if RA_TMA_BUILD
       if constexpr (D == 128) {
         hipError_t err = hipSuccess;
-        const bool staged_alone = 2 * block_smem > ra_device_shared_per_multiprocessor();
-        if (tiled_warpgroup_streams(p, staged_alone) &&
+        if (tiled_warpgroup_streams<D>(p) &&
             run_tiled_fwd_warpgroup_tma<T, D, 1, 64, false, true>(p, stream, &err))
           return err;
       }
@@ -382,7 +391,7 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
       if (!one) return run_tiled_fwd_warpgroup_any<T, D, 2, 64>(p, stream);
       // One-warpgroup blocks of 64-key steps: the register cap for three blocks only where
       // three fit the shared memory (the kernel's NOTE).
-      return 3 * block_smem <= ra_device_shared_per_multiprocessor()
+      return 3 * tiled_warpgroup_one_block_smem<D>(p) <= ra_device_shared_per_multiprocessor()
                  ? run_tiled_fwd_warpgroup_any<T, D, 1, 64, true>(p, stream)
                  : run_tiled_fwd_warpgroup_any<T, D, 1, 64, false>(p, stream);
     }
