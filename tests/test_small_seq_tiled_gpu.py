@@ -323,6 +323,72 @@ def test_warpgroup_stream_bad_segments(dev, stream):
         check_garbage_flagged(case, return_softmax=False)
 
 
+# The warp-specialized kernel (tiled_fwd_warpgroup_ws_kernel.h: d 128, 64-key steps, at most
+# 256 keys; a copy warp brings each item's K / V steps and Q tiles while two warpgroups compute):
+# by default where blocks of two warpgroups would stage the history and a (segment, kv head) may
+# hold more than one row tile; tuning 2 takes every call it can serve; 0 never.
+WS = {"forced": {"small_seq_tiled_warpgroup_ws": 2},
+      "auto": {"small_seq_tiled_warpgroup_ws": 1}}
+
+
+def ws_runs_case(dev, seed, h_q, h_kv, dtype=torch.bfloat16, **kwargs):
+    """300 ragged segments: histories at the ring's edges and between (none to four steps, the
+    tail step partial or whole), zero to five 64-row tiles per (segment, kv head)."""
+    gen = torch.Generator().manual_seed(seed)
+    group = h_q // h_kv
+    n = 300
+    kv_lens = [STREAM_EDGE_KV[i % len(STREAM_EDGE_KV)] if i % 2 else int(x)
+               for i, x in enumerate(lens(gen, n, 0, 256))]
+    q_lens = [int(x) for x in lens(gen, n, 0, 320 // group)]
+    q_lens[:6] = [0, 1, 64 // group, 64 // group + 1, 128 // group, 320 // group]
+    return C.thd_case(seed, q_lens, kv_lens, h_q, h_kv, 128, dtype, max_q=320 // group,
+                      max_kv=256, device=dev, **kwargs)
+
+
+@pytest.mark.parametrize("ws", list(WS))
+@pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 2, id="g4"), pytest.param(8, 8, id="g1"),
+                                      pytest.param(16, 1, id="g16")])
+def test_warpgroup_ws(dev, h_q, h_kv, ws):
+    """Runs of 300 ragged segments with one block per multiprocessor (grid factor 1), so that
+    the copy warp crosses many items ahead of the computing warpgroups: bf16 with int64
+    offsets, strided inputs, padding rows and NaN rows around k / v; fp16; BSHD."""
+    with rocm_attn.tuning.override(**WS[ws], small_seq_tiled_fwd_grid=1):
+        case = ws_runs_case(dev, 95 + h_q + h_kv, h_q, h_kv, offsets=torch.int64, strided=True,
+                            pad_before=3, pad_after=2, kv_pad=3)
+        check_valid(case, return_softmax=False)
+        case = ws_runs_case(dev, 96 + h_q + h_kv, h_q, h_kv, torch.float16)
+        check_valid(case, return_softmax=False)
+        gen = torch.Generator().manual_seed(h_q + h_kv)
+        case = C.bshd_case(97 + h_q, 200, lens(gen, 40, 0, 256) + [0, 256], 256, h_q, h_kv, 128,
+                           torch.bfloat16, device=dev)
+        check_valid(case, return_softmax=False)
+
+
+@pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 2, id="g4"), pytest.param(8, 8, id="g1")])
+def test_warpgroup_ws_matches_staged(dev, h_q, h_kv):
+    """The warp-specialized kernel (forced) bitwise equal to the one-warpgroup kernel that stages
+    whole histories: the same products and softmax steps in the same order per tile."""
+    case = ws_runs_case(dev, 98 + h_q + h_kv, h_q, h_kv)
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=2, small_seq_tiled_fwd_grid=1):
+        out, lse, _ = check_valid(case, return_softmax=False)
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=0, small_seq_tiled_warpgroup=2,
+                                   small_seq_tiled_warpgroup_stream=0,
+                                   small_seq_tiled_warpgroups=1):
+        staged_out, staged_lse, _ = check_valid(case, return_softmax=False)
+    assert torch.equal(out, staged_out) and torch.equal(lse, staged_lse)
+
+
+@pytest.mark.parametrize("ws", list(WS))
+def test_warpgroup_ws_bad_segments(dev, ws):
+    """Garbage int64 offsets under the warp-specialized kernel (histories up to 256 keys,
+    segments of up to 100 queries: up to seven row tiles per (segment, kv head)): flagged, NaN,
+    no out-of-bounds access, every other segment exact."""
+    case = garbage_case(dev, 33, [3, 100, 17, 2, 140, 65, 1, 70, 4], max_q=100,
+                        kv_lens=(5, 130, 200, 3, 256, 1, 0, 255, 9), max_kv=256)
+    with rocm_attn.tuning.override(**WS[ws], small_seq_tiled_fwd_grid=1):
+        check_garbage_flagged(case, return_softmax=False)
+
+
 # The block kernel's two stagings of its key tiles (tiled_fwd_kernel.h): 1 = cp.async into a
 # ring of kTiledAsyncStages buffers (CUDA builds; HIP builds stage through registers either way),
 # 0 = through registers. Blocks: 64 threads (two NVIDIA warps, the launcher's choice for 16 rows

@@ -78,6 +78,13 @@ struct RaTuning {
   // history; tiled_fwd_warpgroup_tma_kernel.h); 2 = every call of 64-key steps that the
   // tile-copy kernel serves at d 128 (tests, A/B runs); 0 = never.
   int small_seq_tiled_warpgroup_stream = 1;
+  // tiled small-seq forward on Hopper, CUDA sm_90a builds, d 128: 1 = calls that would run the
+  // tile-copy kernel in blocks of two warpgroups over at most 256 keys with more than one
+  // 64-row tile per (segment, kv head) take the warp-specialized kernel (a copy warp brings the
+  // next item's K, V and Q while two warpgroups compute; tiled_fwd_warpgroup_ws_kernel.h);
+  // 2 = every call of 64-key steps over at most 256 keys it can serve (tests, A/B runs);
+  // 0 = never.
+  int small_seq_tiled_warpgroup_ws = 1;
   // tiled small-seq backward: 1 = segments with many query rows over more than one key tile
   // take the block variants of the dK / dV and dQ passes (tiled_bwd_block_kernel.h); 0 = never;
   // 2 = every call (tests).
@@ -172,6 +179,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_warpgroups", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUPS", &RaTuning::small_seq_tiled_warpgroups},
     {"small_seq_tiled_warpgroup_tma", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_TMA", &RaTuning::small_seq_tiled_warpgroup_tma},
     {"small_seq_tiled_warpgroup_stream", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_STREAM", &RaTuning::small_seq_tiled_warpgroup_stream},
+    {"small_seq_tiled_warpgroup_ws", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_WS", &RaTuning::small_seq_tiled_warpgroup_ws},
     {"small_seq_tiled_resident_threads", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_THREADS", &RaTuning::small_seq_tiled_resident_threads},
     {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
     {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},

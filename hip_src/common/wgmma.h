@@ -111,6 +111,19 @@ RA_DEVICE void ra_warpgroup_sync(int warpgroup) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warpgroup) : "memory");
 }
 
+// Per-thread register budget of the calling warpgroup (every thread of it executes the call):
+// a warp-specialized kernel hands the registers its copy warpgroup does not need to the
+// warpgroups that hold accumulators. REGS: a multiple of 8 in 24 .. 256; the block's total must
+// stay within the multiprocessor's file (the kernel's launch bounds set the starting budget).
+template <int REGS>
+RA_DEVICE void ra_warpgroup_regs_raise() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+RA_DEVICE void ra_warpgroup_regs_lower() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
 // d[N / 2] (+)= A . B, A (64 x 16) and B (N x 16, K-major) from shared memory; accumulate 0
 // overwrites d.
 template <typename T, int N>

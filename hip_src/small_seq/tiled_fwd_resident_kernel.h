@@ -63,7 +63,36 @@ struct TiledStagedItem {
   const uint16_t* vbase;
 };
 
-// Decodes work item `item` (of tiles of ROWS rows) and does the part that needs no staged K/V:
+// Work item `item` (of tiles of ROWS rows) decoded, nothing written: its kv head, segment
+// (returned), split and row tiles, and for a valid segment where its keys and values start. A
+// kernel's copy warp decodes the items it copies for this way (the warp-specialized warpgroup
+// kernel); tiled_staged_item decodes each item a block serves.
+template <int ROWS>
+RA_DEVICE int tiled_decode_item(const SmallSeqTiledParams& p, const int64_t item,
+                                const int splits, TiledStagedItem* it, int64_t* split) {
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int64_t per_seg = static_cast<int64_t>(splits) * p.num_heads_kv;
+  const int seg = static_cast<int>(item / per_seg);
+  const int64_t rest = item - seg * per_seg;
+  it->hk = static_cast<int>(rest / splits);
+  *split = rest - static_cast<int64_t>(it->hk) * splits;
+  it->s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
+  it->seg_rows = static_cast<int64_t>(it->s.nq) * group;
+  const int64_t seg_tiles = (it->seg_rows + ROWS - 1) / ROWS;
+  const int64_t per_split = tiled_tiles_per_split(p, splits, ROWS);
+  it->tile0 = *split * per_split;
+  it->tile1 = it->tile0 + per_split < seg_tiles ? it->tile0 + per_split : seg_tiles;
+  if (it->s.valid) {
+    const TiledSegment& sg = it->s;
+    it->kbase = static_cast<const uint16_t*>(p.k) + sg.kv_batch * p.k_batch_stride +
+                sg.kv_token0 * p.k_token_stride + it->hk * p.k_head_stride;
+    it->vbase = static_cast<const uint16_t*>(p.v) + sg.kv_batch * p.v_batch_stride +
+                sg.kv_token0 * p.v_token_stride + it->hk * p.v_head_stride;
+  }
+  return seg;
+}
+
+// Decodes work item `item` (tiled_decode_item) and does the part that needs no staged K/V:
 // the padding rows (first split, wave 0) and, for a segment that breaks the contract, NaN rows
 // over the split's tiles (16-row pieces spread over the block's waves) and one report. Returns
 // whether the block has rows to compute for the item (block-uniform).
@@ -76,26 +105,10 @@ RA_DEVICE bool tiled_staged_item(const SmallSeqTiledParams& p, const int64_t ite
   const int lane = tid % WAVE;
   const int w = tid / WAVE;
   const int group = p.num_heads_q / p.num_heads_kv;
-  const int64_t per_seg = static_cast<int64_t>(splits) * p.num_heads_kv;
-  const int seg = static_cast<int>(item / per_seg);
-  const int64_t rest = item - seg * per_seg;
-  it->hk = static_cast<int>(rest / splits);
-  const int64_t split = rest - static_cast<int64_t>(it->hk) * splits;
-  it->s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
+  int64_t split;
+  const int seg = tiled_decode_item<ROWS>(p, item, splits, it, &split);
   if (split == 0 && w == 0) tiled_fwd_padding<T, D>(p, seg, it->hk, lane);
-  it->seg_rows = static_cast<int64_t>(it->s.nq) * group;
-  const int64_t seg_tiles = (it->seg_rows + ROWS - 1) / ROWS;
-  const int64_t per_split = tiled_tiles_per_split(p, splits, ROWS);
-  it->tile0 = split * per_split;
-  it->tile1 = it->tile0 + per_split < seg_tiles ? it->tile0 + per_split : seg_tiles;
-  if (it->s.valid) {
-    const TiledSegment& sg = it->s;
-    it->kbase = static_cast<const uint16_t*>(p.k) + sg.kv_batch * p.k_batch_stride +
-                sg.kv_token0 * p.k_token_stride + it->hk * p.k_head_stride;
-    it->vbase = static_cast<const uint16_t*>(p.v) + sg.kv_batch * p.v_batch_stride +
-                sg.kv_token0 * p.v_token_stride + it->hk * p.v_head_stride;
-    return it->tile0 < it->tile1;
-  }
+  if (it->s.valid) return it->tile0 < it->tile1;
   if (split == 0 && it->hk == 0 && tid == 0) tiled_report_bad_segment(p, seg);
   const float nan = tiled_nan();
   const int64_t row_end = it->tile1 * ROWS < it->seg_rows ? it->tile1 * ROWS : it->seg_rows;

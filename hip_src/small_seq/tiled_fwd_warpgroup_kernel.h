@@ -287,8 +287,11 @@ RA_DEVICE TiledTilePairLink<PART, WaitNext> tiled_tile_pair_link(float* carry, u
 // of both). RING > 0 (a power of two: the streaming instance of the tile-copy kernel), a ring of
 // RING keys: key k at row k % RING of K (kp = RING rows per panel) and of V, whose panels hold
 // RING + KEYS rows: the last KEYS rows take the step where the history ends inside it (its V
-// copied apart, zeros past the history), so that step reads rows RING .. of V.
-template <typename T, int D, int KEYS, bool OVERLAP, int RING = 0, typename BeforeStep,
+// copied apart, zeros past the history), so that step reads rows RING .. of V. TAIL_APART false
+// (the warp-specialized kernel, whose copy warp writes that step's V into its own slot): V's
+// panels hold RING rows and every step reads its slot.
+template <typename T, int D, int KEYS, bool OVERLAP, int RING = 0, bool TAIL_APART = true,
+          typename BeforeStep,
           typename Combine, typename StoreOut, typename Link = TiledTileAlone>
 RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                     const int hk, const int group, const int64_t r0,
@@ -405,8 +408,8 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   // O += P . V for the step at k0 (issued and committed, not waited; pa must stay untouched
   // and O unread until the product is waited for).
   const auto issue_pv = [&](int k0) {
-    const int v_row = RING == 0 ? k0 : (k0 + KEYS > nk ? RING : k0 % RING);
-    const int v_panel_rows = RING > 0 ? RING + KEYS : kp;
+    const int v_row = RING == 0 ? k0 : (TAIL_APART && k0 + KEYS > nk ? RING : k0 % RING);
+    const int v_panel_rows = RING > 0 ? RING + (TAIL_APART ? KEYS : 0) : kp;
     const uint64_t v_desc = ra_wgmma_desc_n_major(sv + v_row * 128, v_panel_rows * 128);
     ra_wgmma_fence();
 #pragma unroll

@@ -10,6 +10,7 @@
 #include "../common/tuning.h"
 #include "tiled_fwd_warpgroup_kernel.h"
 #include "tiled_fwd_warpgroup_tma_kernel.h"
+#include "tiled_fwd_warpgroup_ws_kernel.h"
 #include "tiled_launch_util.h"
 
 namespace small_seq {
@@ -249,6 +250,22 @@ hipError_t run_tiled_fwd_warpgroup(const SmallSeqTiledParams& p, hipStream_t str
 }
 
 #if RA_TMA_BUILD
+// Tensor maps of a call for the tile-copy kernels (q / out: tiled_tma_q_map; k / v boxes of one
+// step's KEYS keys); false where TMA cannot describe one of them.
+template <int D, int KEYS>
+bool tiled_tma_maps(const SmallSeqTiledParams& p, TiledTmaMaps* maps) {
+  // THD k / v are one batch of all rows, BSHD ones [b, s_kv, h_kv, d].
+  const int64_t kv_batch = p.cu_seqlens_kv != nullptr ? 1 : p.batch;
+  return tiled_tma_q_map(&maps->q, p, p.q, D, p.q_batch_stride, p.q_token_stride,
+                         p.q_head_stride) &&
+         tiled_tma_q_map(&maps->o, p, p.o, D, p.o_batch_stride, p.o_token_stride,
+                         p.o_head_stride) &&
+         ra_tma_map_16bit(&maps->k, p.k, kv_batch, p.total_kv, p.num_heads_kv, D,
+                          p.k_batch_stride, p.k_token_stride, p.k_head_stride, 1, KEYS) &&
+         ra_tma_map_16bit(&maps->v, p.v, kv_batch, p.total_kv, p.num_heads_kv, D,
+                          p.v_batch_stride, p.v_token_stride, p.v_head_stride, 1, KEYS);
+}
+
 // The warpgroup kernel staged by tile copies (tiled_fwd_warpgroup_tma_kernel.h), where tuning
 // allows, the GQA group divides a 64-row tile (a Q box holds whole tokens) and q, k, v and out
 // have tensor maps (16-byte aligned addresses and strides); false (nothing launched) where not.
@@ -264,18 +281,8 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, hipStream_t strea
   if ((!STREAM && tiled_warpgroup_keys(p.max_seqlen_kv) / KEYS > kTiledTmaMaxSteps) ||
       smem + tiled_tma_static_bytes(WARPGROUPS) > ra_device_max_shared_per_block())
     return false;
-  // THD k / v are one batch of all rows, BSHD ones [b, s_kv, h_kv, d] (q / out: tiled_tma_q_map).
-  const bool thd_kv = p.cu_seqlens_kv != nullptr;
-  const int64_t kv_batch = thd_kv ? 1 : p.batch;
   TiledTmaMaps maps;
-  const bool ok =
-      tiled_tma_q_map(&maps.q, p, p.q, D, p.q_batch_stride, p.q_token_stride, p.q_head_stride) &&
-      tiled_tma_q_map(&maps.o, p, p.o, D, p.o_batch_stride, p.o_token_stride, p.o_head_stride) &&
-      ra_tma_map_16bit(&maps.k, p.k, kv_batch, p.total_kv, p.num_heads_kv, D, p.k_batch_stride,
-                       p.k_token_stride, p.k_head_stride, 1, KEYS) &&
-      ra_tma_map_16bit(&maps.v, p.v, kv_batch, p.total_kv, p.num_heads_kv, D, p.v_batch_stride,
-                       p.v_token_stride, p.v_head_stride, 1, KEYS);
-  if (!ok) return false;
+  if (!tiled_tma_maps<D, KEYS>(p, &maps)) return false;
   if constexpr (STREAM) {
     *err = run_tiled_fwd_staged<
         small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, 1, KEYS, false, false, true>, 128, true>(
@@ -313,6 +320,37 @@ bool tiled_warpgroup_streams(const SmallSeqTiledParams& p) {
   if (mode <= 0) return false;
   return mode >= 2 ||
          (tiled_warpgroup_staged_alone<D>(p) && tiled_max_rows(p) <= kTiledWarpgroupRows);
+}
+#endif
+
+#if RA_TMA_BUILD
+// Whether a call of 64-key steps at d 128 takes the warp-specialized kernel
+// (tiled_fwd_warpgroup_ws_kernel.h; tuning small_seq_tiled_warpgroup_ws): by default where the
+// tile-copy kernel would run blocks of two warpgroups staging the whole history (`two`) and a
+// (segment, kv head) may hold more than one row tile, over at most 256 keys (its ring); 2 takes
+// every call of at most 256 keys (tests, A/B runs).
+template <int D>
+bool tiled_warpgroup_ws(const SmallSeqTiledParams& p, bool two) {
+  const int mode = ra_tuning().small_seq_tiled_warpgroup_ws;
+  if (mode <= 0 || p.max_seqlen_kv > kTiledWsRingKeys) return false;
+  return mode >= 2 || (two && tiled_max_rows(p) > kTiledWarpgroupRows);
+}
+
+// The warp-specialized kernel where tuning allows the tile copies, the GQA group divides a
+// 64-row tile and the tensors have tile-copy layouts; false (nothing launched) where not.
+template <typename T, int D>
+bool run_tiled_fwd_warpgroup_ws(const SmallSeqTiledParams& p, hipStream_t stream,
+                                hipError_t* err) {
+  const int group = p.num_heads_q / p.num_heads_kv;
+  if (ra_tuning().small_seq_tiled_warpgroup_tma <= 0 || kTiledWarpgroupRows % group != 0)
+    return false;
+  const int64_t smem = tiled_ws_smem_bytes<D>();
+  if (smem + kTiledSharedReserve > ra_device_max_shared_per_block()) return false;
+  TiledTmaMaps maps;
+  if (!tiled_tma_maps<D, kTiledWarpgroupKeys>(p, &maps)) return false;
+  *err = run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_ws_kernel<T, D>, kTiledWsThreads>(
+      p, smem, kTiledWarpgroupRows, kTiledWsComputeWarpgroups, stream, maps);
+  return true;
 }
 #endif
 
@@ -385,6 +423,8 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
         hipError_t err = hipSuccess;
         if (tiled_warpgroup_streams<D>(p) &&
             run_tiled_fwd_warpgroup_tma<T, D, 1, 64, false, true>(p, stream, &err))
+          return err;
+        if (tiled_warpgroup_ws<D>(p, !one) && run_tiled_fwd_warpgroup_ws<T, D>(p, stream, &err))
           return err;
       }
 #endif

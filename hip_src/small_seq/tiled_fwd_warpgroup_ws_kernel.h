@@ -1,0 +1,284 @@
+// Tiled small-seq forward, warp-specialized warpgroup kernel (Hopper, CUDA sm_90a builds): the
+// tile-copy kernel's work (tiled_fwd_warpgroup_tma_kernel.h: 64-row tiles, 64-key steps, the
+// overlapped softmax schedule of tiled_warpgroup_tile) with the copies moved to a warpgroup of
+// their own, so that the next work item's K, V and Q arrive while the current one computes
+// (docs/kernels.md#warp-specialized-kernel).
+//
+// Why: over 129-256 keys with two or more row tiles per (segment, kv head) the tile-copy kernel
+// stages the whole history in a block that fills its multiprocessor, so each item's first
+// steps and Q land while nothing else runs there, and its out store drains the same way. Copying
+// the next item ahead from inside those warpgroups measured slower (docs/kernels.md, "Rejected
+// or not yet done": the thread that issues the copies waits for the other warps, and every warp
+// stalls at barriers). Here no computing thread ever waits for a copy to be issued: the copy
+// warp does the waiting.
+//
+// Block: three warpgroups (384 threads, one block per multiprocessor). Warpgroups 0 and 1 take
+// an item's row tiles round robin (tile0 + wg, + 2, ...), as the tile-copy kernel's blocks of two;
+// warpgroup 2 gives up its registers (ra_warpgroup_regs_lower) and its first warp copies: per
+// item, each computing warpgroup's first Q tile, the K / V steps, then the other Q tiles in the
+// order they are computed. Its other three warps leave.
+//
+// Shared memory: K and V rings of four 64-key slots (step st of an item in slot st: histories of
+// at most 256 keys, so an item never reuses a slot), two Q buffers per computing warpgroup (a
+// tile's out leaves through its Q buffer by a tile store, as in the tile-copy kernel).
+// Barriers (mbarriers, each phase one use):
+// - full(slot): the slot's K and V have landed. The copy warp's lane 0 arms it with the tile
+//   copies' bytes; each of its 32 lanes arrives once. The step where the history ends inside it
+//   takes its V by cp.async from the 32 lanes (live keys, zeros after: a tile copy would bring the
+//   next segment's keys, and 0 x inf there would reach this segment through P . V), which each
+//   lane waits for and publishes to the matrix unit (fence.proxy.async) before arriving.
+// - free(slot): every computing warp is done with the slot (one arrival per warp: 8). A
+//   warpgroup releases step st - 2 before step st of its last tile of the item (both products of
+//   st - 2 have been waited for), and after that tile the rest; a warpgroup with no tile of the
+//   item releases every step once it has landed. Releasing only landed steps keeps a warpgroup
+//   from arriving for the next item before the slot's current phase is complete.
+// - q_full(wg, buf), q_free(wg, buf): warpgroup wg's Q buffer holds its tile / may be refilled.
+//   A warpgroup returns its previous tile's buffer at the start of its next tile, once that
+//   tile's out store has read it (its thread 0).
+// The copy warp waits on the free barriers with the parity of the phase before (a barrier's
+// first wait passes at once); every thread keeps the parity of each barrier it uses.
+//
+// Bad segments: the computing warpgroups write their NaN rows (tiled_staged_item), the copy warp
+// copies nothing for them (tiled_decode_item), so no barrier is armed for them.
+//
+// Selected by the launcher (tiled_warpgroup_ws) for d 128 where the tile-copy kernel would run
+// blocks of two warpgroups over 64-key steps and max_seqlen_kv <= 256.
+#pragma once
+
+#include "tiled_fwd_warpgroup_tma_kernel.h"
+
+#if RA_TMA_BUILD
+
+namespace small_seq {
+
+// Keys of the K and V rings (four 64-key steps): the longest history the kernel serves.
+constexpr int kTiledWsRingKeys = 256;
+constexpr int kTiledWsSlots = kTiledWsRingKeys / kTiledWarpgroupKeys;
+// Warpgroups 0 and 1 compute, warpgroup 2 copies.
+constexpr int kTiledWsComputeWarpgroups = 2;
+constexpr int kTiledWsThreads = (kTiledWsComputeWarpgroups + 1) * 128;
+// Register budgets per thread after the split. The block's pool is what its launch bounds
+// gave it (65536 / 384 threads, rounded down to 8: 168 per thread), so the budgets of one warp
+// of each warpgroup may sum to 3 x 168 = 504: a raise beyond what the lowering freed waits
+// forever. ptxas spills nothing at 72 / 216; the copy warp's 64-bit item decode spills at
+// smaller copy budgets (84 bytes at 56, 364 at 24).
+constexpr int kTiledWsCopyRegs = 72;
+constexpr int kTiledWsComputeRegs = 216;
+static_assert(kTiledWsCopyRegs + kTiledWsComputeWarpgroups * kTiledWsComputeRegs <=
+                  (kTiledWsComputeWarpgroups + 1) * (65536 / kTiledWsThreads / 8 * 8),
+              "the register budgets exceed the block's pool");
+
+// Dynamic shared memory: the K and V rings, two Q buffers per computing warpgroup, and 1024
+// bytes to align the start.
+template <int D>
+RA_HOST_DEVICE constexpr int64_t tiled_ws_smem_bytes() {
+  return 2 * kTiledWsRingKeys * D * 2 +
+         2 * kTiledWsComputeWarpgroups * kTiledWarpgroupRows * D * 2 + 1024;
+}
+
+template <typename T, int D>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
+    small_seq_tiled_fwd_warpgroup_ws_kernel(const SmallSeqTiledParams p, const int splits,
+                                            const __grid_constant__ TiledTmaMaps maps) {
+#if RA_HAS_WGMMA
+  constexpr int ROWS = kTiledWarpgroupRows;
+  constexpr int KEYS = kTiledWarpgroupKeys;
+  constexpr int PANELS = D / 64;
+  constexpr int kRing = kTiledWsRingKeys;
+  constexpr int kSlots = kTiledWsSlots;
+  constexpr int kCompute = kTiledWsComputeWarpgroups;
+  constexpr uint32_t kQPanelBytes = ROWS * 128;  // a Q / out box: 64 rows x 64 columns
+  constexpr uint32_t kKvPanelBytes = KEYS * 128;  // a K / V box: 64 keys x 64 columns
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int wtid = tid % 128;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int group_tokens = ROWS / group;
+  RA_DYNAMIC_SHARED(ra_vec8, tiled_warpgroup_smem);
+  // (the copy warpgroup sees warpgroup 0's Q buffers: the first of them all)
+  const TiledWarpgroupSmem<D> smem(tiled_warpgroup_smem, kRing, 0, wg < kCompute ? wg : 0);
+  constexpr uint32_t kQBytes = TiledWarpgroupSmem<D>::kQBytes;
+  __shared__ alignas(8) uint64_t bars[2 * kSlots + 4 * kCompute];
+  const uint32_t bar0 = ra_smem_address(bars);
+  const auto full_bar = [&](int slot) { return bar0 + 8 * slot; };
+  const auto free_bar = [&](int slot) { return bar0 + 8 * (kSlots + slot); };
+  const auto q_full_bar = [&](int w, int b) { return bar0 + 8 * (2 * kSlots + 2 * w + b); };
+  const auto q_free_bar = [&](int w, int b) {
+    return bar0 + 8 * (2 * kSlots + 2 * kCompute + 2 * w + b);
+  };
+  if (tid == 0) {
+    for (int slot = 0; slot < kSlots; ++slot) {
+      ra_mbar_init(full_bar(slot), 1 + 32);
+      ra_mbar_init(free_bar(slot), kCompute * 4);
+    }
+    for (int i = 0; i < 2 * kCompute; ++i) {
+      ra_mbar_init(q_full_bar(i / 2, i % 2), 1);
+      ra_mbar_init(q_free_bar(i / 2, i % 2), 1);
+    }
+    ra_mbar_init_fence();
+  }
+  __syncthreads();
+  const int64_t items = static_cast<int64_t>(p.batch) * splits * p.num_heads_kv;
+
+  if (wg == kCompute) {
+    // The copy warp.
+    ra_warpgroup_regs_lower<kTiledWsCopyRegs>();
+    if (wtid >= 32) return;
+    const int lane = wtid;
+    uint32_t free_parity = 0;    // bit s: free_bar(s), the phase before the one waited for
+    uint32_t q_free_parity = 0;  // bit 2w + b: q_free_bar(w, b), likewise
+    uint32_t q_next = 0;         // bit w: warpgroup w's next Q buffer
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+      TiledStagedItem it;
+      int64_t split;
+      tiled_decode_item<ROWS>(p, item, splits, &it, &split);
+      if (!it.s.valid || it.tile0 >= it.tile1) continue;
+      const int hk = it.hk;
+      const int nk = it.s.nk;
+      const int steps = (nk + KEYS - 1) / KEYS;
+      const int kv_token0 = static_cast<int>(it.s.kv_token0);
+      const int kv_batch = static_cast<int>(it.s.kv_batch);
+      const int q_token0 = static_cast<int>(it.s.q_token0);
+      const int q_batch = static_cast<int>(it.s.q_batch);
+      // Q of tile t into the next buffer of the warpgroup that computes it.
+      const auto copy_q = [&](int64_t t) {
+        const int w = static_cast<int>((t - it.tile0) % kCompute);
+        const int b = (q_next >> w) & 1u;
+        const int bit = 2 * w + b;
+        if (lane == 0) {
+          ra_mbar_wait(q_free_bar(w, b), ((q_free_parity >> bit) & 1u) ^ 1u);
+          ra_mbar_arrive_expect_tx(q_full_bar(w, b), PANELS * kQPanelBytes);
+#pragma unroll
+          for (int c = 0; c < PANELS; ++c)
+            ra_tma_load(smem.q + (2 * w + b) * kQBytes + c * ROWS * 128, &maps.q, q_full_bar(w, b),
+                        64 * c, hk * group, q_token0 + static_cast<int>(t) * group_tokens,
+                        q_batch);
+        }
+        q_free_parity ^= 1u << bit;
+        q_next ^= 1u << w;
+      };
+      // Step st's K and V into slot st, once every computing warp has released the slot.
+      const auto copy_step = [&](int st) {
+        ra_mbar_wait(free_bar(st), ((free_parity >> st) & 1u) ^ 1u);
+        free_parity ^= 1u << st;
+        const bool v_tail = st == steps - 1 && nk % KEYS != 0;
+        if (lane == 0) {
+          ra_mbar_arrive_expect_tx(full_bar(st), (v_tail ? 1 : 2) * PANELS * kKvPanelBytes);
+#pragma unroll
+          for (int c = 0; c < PANELS; ++c) {
+            ra_tma_load(smem.k + (c * kRing + st * KEYS) * 128, &maps.k, full_bar(st), 64 * c,
+                        hk, kv_token0 + st * KEYS, kv_batch);
+            if (!v_tail)
+              ra_tma_load(smem.v + (c * kRing + st * KEYS) * 128, &maps.v, full_bar(st), 64 * c,
+                          hk, kv_token0 + st * KEYS, kv_batch);
+          }
+        }
+        if (v_tail) {  // live keys, then zeros
+          constexpr int kVecs = D / 8;
+          for (int idx = lane; idx < KEYS * kVecs; idx += 32) {
+            const int row = st * KEYS + idx / kVecs;
+            const int vec = idx % kVecs;
+            const bool live = row < nk;
+            ra_cp_async16(smem.v + ra_wgmma_offset(row, 8 * vec, kRing),
+                          live ? it.vbase + row * p.v_token_stride + 8 * vec : p.v,
+                          live ? 16 : 0);
+          }
+          ra_cp_async_commit();
+          ra_cp_async_wait<0>();
+          ra_fence_proxy_async();  // cp.async wrote the slot's V: publish it to the products
+        }
+        ra_mbar_arrive(full_bar(st));
+      };
+      for (int64_t t = it.tile0; t < it.tile1 && t < it.tile0 + kCompute; ++t) copy_q(t);
+      for (int st = 0; st < steps; ++st) copy_step(st);
+      for (int64_t t = it.tile0 + kCompute; t < it.tile1; ++t) copy_q(t);
+    }
+    return;
+  }
+
+  // The computing warpgroups.
+  ra_warpgroup_regs_raise<kTiledWsComputeRegs>();
+  uint32_t full_parity = 0;  // bit s: full_bar(s)'s next phase
+  uint32_t q_parity = 0;     // bit b: q_full_bar(wg, b)'s next phase
+  int64_t tiles_done = 0;    // this warpgroup's tiles so far (tile n in buffer n % 2)
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    TiledStagedItem it;
+    if (!tiled_staged_item<T, D, ROWS, kCompute * 128>(p, item, splits, tid, &it)) continue;
+    const TiledSegment& s = it.s;
+    const int hk = it.hk;
+    const int64_t seg_rows = it.seg_rows;
+    const int64_t tile1 = it.tile1;
+    const int nk = s.nk;
+    const int steps = (nk + KEYS - 1) / KEYS;
+    const int q_token0 = static_cast<int>(s.q_token0);
+    const int q_batch = static_cast<int>(s.q_batch);
+    const auto release = [&](int st) {
+      if (wtid % 32 == 0) ra_mbar_arrive(free_bar(st));
+    };
+    const auto wait_step = [&](int st) { ra_mbar_wait(full_bar(st), (full_parity >> st) & 1u); };
+    int released = 0;  // steps [0, released) are released
+    bool first = true;
+    for (int64_t tile = it.tile0 + wg; tile < tile1; tile += kCompute) {
+      const bool last = tile + kCompute >= tile1;
+      const int b = static_cast<int>(tiles_done & 1);
+      const uint32_t off = b * kQBytes;
+      // The previous tile's buffer goes back to the copy warp once its out store has read it.
+      if (tiles_done > 0 && wtid == 0) {
+        ra_tma_store_wait_read();
+        ra_mbar_arrive(q_free_bar(wg, b ^ 1));
+      }
+      ra_mbar_wait(q_full_bar(wg, b), (q_parity >> b) & 1u);
+      q_parity ^= 1u << b;
+      // The first tile waits for each step; the last releases each step two steps on (its
+      // score and P . V products have been waited for by then).
+      const auto before_step = [&](int k0) {
+        const int st = k0 / KEYS;
+        if (last && st >= 2) {
+          release(st - 2);
+          released = st - 1;
+        }
+        if (first) wait_step(st);
+      };
+      const auto store_out = [&](const TiledRowMap& map) {
+        const int64_t r0 = tile * ROWS;
+        if (r0 + ROWS <= seg_rows) {
+          ra_fence_proxy_async();  // O / l in the buffer, for the tile store
+          ra_warpgroup_sync(wg);
+          if (wtid == 0) {
+#pragma unroll
+            for (int c = 0; c < PANELS; ++c)
+              ra_tma_store(&maps.o, smem.q + off + c * ROWS * 128, 64 * c, hk * group,
+                           q_token0 + static_cast<int>(tile) * group_tokens, q_batch);
+            ra_tma_store_commit();
+          }
+        } else {  // cut by the segment's end: a tile store would write the next segment's rows
+          ra_warpgroup_sync(wg);
+          tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, smem.q_ptr + off,
+                                       wtid);
+        }
+      };
+      tiled_warpgroup_tile<T, D, KEYS, true, kRing, false>(
+          p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v,
+          kRing, wg, wtid, 0, nk, before_step, [](float*, float*, float*) { return true; },
+          store_out);
+      first = false;
+      ++tiles_done;
+      // This thread's reads and writes of the buffer come before the tile copy that refills it.
+      ra_fence_proxy_async();
+      ra_warpgroup_sync(wg);
+    }
+    // The steps still held: after the last tile its last two; with no tile here, every step,
+    // each once it has landed.
+    for (int st = released; st < steps; ++st) {
+      if (first) wait_step(st);
+      release(st);
+    }
+    full_parity ^= (1u << steps) - 1u;
+  }
+  if (wtid == 0) ra_tma_store_wait();
+#endif
+}
+
+}  // namespace small_seq
+
+#endif  // RA_TMA_BUILD
