@@ -50,8 +50,11 @@ from . import _ext, errors, tuning
 # the device runs the tiled forward's warpgroup-MMA kernel (Hopper, sm_90a build), a forward
 # alone at head dim <= 128 whose segments may hold WARPGROUP_MIN_ROWS rows per kv head
 # (max_seqlen_q x the GQA group) stays tiled: there that kernel ties flash or wins by up to
-# 1.25x (4096 x 128 x 256 with 2 kv heads); with fewer rows its staging of a 256-key history
-# serves too few row tiles and flash leads by up to 1.2x. There, too, a call to be
+# 1.25x (4096 x 128 x 256 with 2 kv heads). From WARP_SPECIALIZED_MIN_ROWS rows at head dim
+# 128 over 129-256 keys the warp-specialized kernel (tuning small_seq_tiled_warpgroup_ws)
+# serves and wins too, 1.07-1.20x on 128 rows per kv head on an H200; with 96 rows (a
+# half-empty second tile) flash led by 1.03x (docs/kernels.md#warp-specialized-kernel).
+# Turned off, the rule keeps the 512-row bound. There, too, a call to be
 # differentiated at head dim <= 128 stays tiled up to the warpgroup backward's last key
 # (WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV), whatever its GQA group: over at most 64 keys the
 # warpgroup kernels take 0.4-0.6x the route's forward+backward time; over 65-256 keys, with
@@ -64,6 +67,12 @@ ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128
 WARPGROUP_MIN_ROWS = 512
+# Where the warp-specialized kernel keeps a forward tiled: head dim 128, histories of 129
+# (where blocks of two warpgroups take over) to 256 keys (kTiledWsRingKeys), two whole 64-row
+# tiles per (segment, kv head) or more.
+WARP_SPECIALIZED_HEAD_DIM = 128
+WARP_SPECIALIZED_SEQLEN_KV = (129, 256)
+WARP_SPECIALIZED_MIN_ROWS = 128
 # kTiledBwdWarpgroupMaxKeys (hip_src/small_seq/tiled_bwd_warpgroup_kernel.h)
 WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV = 256
 
@@ -84,15 +93,22 @@ def warpgroup_kernels() -> bool:
 
 
 def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: bool,
-               warpgroup: bool = False, group: int = 1) -> bool:
+               warpgroup: bool = False, group: int = 1,
+               warp_specialized: bool = False) -> bool:
     """The rule of tuning value 1 (see ROUTE_MIN_QUERIES); ``backward``: the call's result will
     be differentiated (an input requires grad under grad mode); ``warpgroup``: the device runs
     the tiled kernels' warpgroup-MMA variants (:func:`warpgroup_kernels`); ``group``: q heads
-    per kv head."""
+    per kv head; ``warp_specialized``: their warp-specialized forward is turned on (tuning
+    ``small_seq_tiled_warpgroup_ws``)."""
     if warpgroup and head_dim <= 128:
         if backward and max_seqlen_kv <= WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV:
             return False
-        if not backward and max_seqlen_q * group >= WARPGROUP_MIN_ROWS:
+        rows = max_seqlen_q * group
+        if not backward and rows >= WARPGROUP_MIN_ROWS:
+            return False
+        lo, hi = WARP_SPECIALIZED_SEQLEN_KV
+        if (not backward and warp_specialized and head_dim == WARP_SPECIALIZED_HEAD_DIM
+                and lo <= max_seqlen_kv <= hi and rows >= WARP_SPECIALIZED_MIN_ROWS):
             return False
     min_kv = (ROUTE_MIN_SEQLEN_KV_BACKWARD if backward or head_dim > 128
               else ROUTE_MIN_SEQLEN_KV_FORWARD)
@@ -109,8 +125,10 @@ def route_selects(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward
         return True
     if mode != 1:
         return False
-    return long_history or route_wins(head_dim, max_seqlen_q, max_seqlen_kv, backward,
-                                      warpgroup=warpgroup_kernels(), group=group)
+    return long_history or route_wins(
+        head_dim, max_seqlen_q, max_seqlen_kv, backward, warpgroup=warpgroup_kernels(),
+        group=group,
+        warp_specialized=tuning.values().get("small_seq_tiled_warpgroup_ws", 0) > 0)
 
 
 def needs_backward(q, k, v) -> bool:

@@ -199,6 +199,26 @@ def test_takes_route_rules(monkeypatch):
                                           group=4)
     assert small_seq_flash.route_wins(128, wg_rows // 4, 4096, False, warpgroup=True)
     assert small_seq_flash.route_wins(128, wg_rows, 4096, False)
+    # ... and, with the warp-specialized kernel on, at d 128 over 129-256 keys where a segment
+    # may hold two whole 64-row tiles
+    lo, hi = small_seq_flash.WARP_SPECIALIZED_SEQLEN_KV
+    ws_rows = small_seq_flash.WARP_SPECIALIZED_MIN_ROWS
+    for kv in (lo, hi):
+        assert not small_seq_flash.route_wins(128, ws_rows, kv, False, warpgroup=True,
+                                              warp_specialized=True)
+        assert not small_seq_flash.route_wins(128, 32, kv, False, warpgroup=True, group=4,
+                                              warp_specialized=True), "rows fold the group"
+        assert small_seq_flash.route_wins(128, ws_rows, kv, False, warpgroup=True)
+    for kv in (lo - 1, hi + 1):
+        assert small_seq_flash.route_wins(128, ws_rows, max(kv, 128), False, warpgroup=True,
+                                          warp_specialized=True)
+    assert small_seq_flash.route_wins(128, ws_rows - 1, hi, False, warpgroup=True,
+                                      warp_specialized=True), "a part-empty second tile"
+    assert small_seq_flash.route_wins(64, ws_rows, hi, False, warpgroup=True,
+                                      warp_specialized=True), "d 64"
+    assert small_seq_flash.route_wins(128, ws_rows, hi, True, warpgroup=True,
+                                      warp_specialized=True) == small_seq_flash.route_wins(
+        128, ws_rows, hi, True, warpgroup=True), "forward alone"
     # ... and so does a call to be differentiated up to the warpgroup backward's last key,
     # whatever its GQA group
     last_kv = small_seq_flash.WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV
