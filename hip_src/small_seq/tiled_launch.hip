@@ -4,7 +4,9 @@
 // dtype: three wave kernels (d 64, 128, 256), block kernels of 64, 128 and 256 threads for d 64
 // and 128 (twice in CUDA builds: staged through registers and by cp.async), resident kernels of
 // 128 and 256 threads and key steps of 16 and 64 for d 64 and 128, and warpgroup kernels of
-// one and two warpgroups and key steps of 16 and 64 for d 64 and 128; one translation unit: the
+// one and two warpgroups and key steps of 16 and 64 for d 64 and 128 (CUDA sm_90a builds add
+// their tile-copy instances, and at d 128 the streaming instance and the warp-specialized
+// kernel, tiled_fwd_warpgroup_ws_kernel.h); one translation unit: the
 // kernels have no kv bucket, so the variant count stays small and needs no generated
 // instantiation files.
 #include "../common/tuning.h"
