@@ -109,6 +109,37 @@ RA_HOST_DEVICE constexpr int64_t tiled_stream_smem_bytes() {
          1024;
 }
 
+#if RA_HAS_WGMMA
+// Writes out the finished tile `t` of a segment (kv head hk, GQA group `group`) whose O / l sit
+// in the 64 x D buffer at shared address `buf` (generic pointer buf_ptr; every thread of
+// warpgroup wg, wtid = thread within it): a tile of 64 live rows by tile stores from its thread 0
+// to out's box at (token q_token, batch q_batch) (committed, not waited for), one that the
+// segment's end cuts by 16-byte stores (a tile store would write the next segment's rows).
+template <int D>
+RA_DEVICE void tiled_tma_store_tile(const SmallSeqTiledParams& p, const TiledTmaMaps& maps,
+                                    const TiledSegment& s, const int hk, const int group,
+                                    const TiledRowMap& map, const int64_t t,
+                                    const int64_t seg_rows, const int q_token, const int q_batch,
+                                    const uint32_t buf, uint8_t* buf_ptr, const int wg,
+                                    const int wtid) {
+  constexpr int ROWS = kTiledWarpgroupRows;
+  const int64_t r0 = t * ROWS;
+  if (r0 + ROWS <= seg_rows) {
+    ra_fence_proxy_async();  // O / l in the buffer, for the tile store
+    ra_warpgroup_sync(wg);
+    if (wtid == 0) {
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c)
+        ra_tma_store(&maps.o, buf + c * ROWS * 128, 64 * c, hk * group, q_token, q_batch);
+      ra_tma_store_commit();
+    }
+  } else {
+    ra_warpgroup_sync(wg);
+    tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, buf_ptr, wtid);
+  }
+}
+#endif  // RA_HAS_WGMMA
+
 // Barrier of both warpgroups of a block without the rest of its threads (named barrier 3; 0 is
 // __syncthreads, 1 and 2 the warpgroups' own).
 RA_DEVICE void tiled_tma_pair_sync() { asm volatile("bar.sync 3, 256;\n" ::: "memory"); }
@@ -248,26 +279,12 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
         ra_fence_proxy_async();  // cp.async wrote V's tail: publish it to the products
       }
     };
-    // store_out of the tile `t` in buffer offset `off`: a tile of 64 live rows leaves by tile
-    // stores from its thread 0, one that the segment's end cuts by 16-byte stores.
+    // store_out of the tile `t` in buffer offset `off` (tiled_tma_store_tile)
     const auto store_out_of = [&](const int64_t t, const uint32_t off) {
       return [&, t, off](const TiledRowMap& map) {
-        const int64_t r0 = t * ROWS;
-        if (r0 + ROWS <= seg_rows) {
-          ra_fence_proxy_async();  // O / l in the buffer, for the tile store
-          ra_warpgroup_sync(wg);
-          if (wtid == 0) {
-#pragma unroll
-            for (int c = 0; c < PANELS; ++c)
-              ra_tma_store(&maps.o, smem.q + off + c * ROWS * 128, 64 * c, hk * group,
-                           q_token0 + static_cast<int>(t) * group_tokens, q_batch);
-            ra_tma_store_commit();
-          }
-        } else {
-          ra_warpgroup_sync(wg);
-          tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, smem.q_ptr + off,
-                                       wtid);
-        }
+        tiled_tma_store_tile<D>(p, maps, s, hk, group, map, t, seg_rows,
+                                q_token0 + static_cast<int>(t) * group_tokens, q_batch,
+                                smem.q + off, smem.q_ptr + off, wg, wtid);
       };
     };
     if constexpr (STREAM) {

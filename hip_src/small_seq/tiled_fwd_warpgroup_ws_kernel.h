@@ -210,8 +210,6 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
     const int64_t tile1 = it.tile1;
     const int nk = s.nk;
     const int steps = (nk + KEYS - 1) / KEYS;
-    const int q_token0 = static_cast<int>(s.q_token0);
-    const int q_batch = static_cast<int>(s.q_batch);
     const auto release = [&](int st) {
       if (wtid % 32 == 0) ra_mbar_arrive(free_bar(st));
     };
@@ -240,22 +238,10 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
         if (first) wait_step(st);
       };
       const auto store_out = [&](const TiledRowMap& map) {
-        const int64_t r0 = tile * ROWS;
-        if (r0 + ROWS <= seg_rows) {
-          ra_fence_proxy_async();  // O / l in the buffer, for the tile store
-          ra_warpgroup_sync(wg);
-          if (wtid == 0) {
-#pragma unroll
-            for (int c = 0; c < PANELS; ++c)
-              ra_tma_store(&maps.o, smem.q + off + c * ROWS * 128, 64 * c, hk * group,
-                           q_token0 + static_cast<int>(tile) * group_tokens, q_batch);
-            ra_tma_store_commit();
-          }
-        } else {  // cut by the segment's end: a tile store would write the next segment's rows
-          ra_warpgroup_sync(wg);
-          tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, smem.q_ptr + off,
-                                       wtid);
-        }
+        tiled_tma_store_tile<D>(p, maps, s, hk, group, map, tile, seg_rows,
+                                static_cast<int>(s.q_token0) + static_cast<int>(tile) * group_tokens,
+                                static_cast<int>(s.q_batch), smem.q + off, smem.q_ptr + off, wg,
+                                wtid);
       };
       tiled_warpgroup_tile<T, D, KEYS, true, kRing, false>(
           p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v,
