@@ -42,7 +42,8 @@
 // copies nothing for them (tiled_decode_item), so no barrier is armed for them.
 //
 // Selected by the launcher (tiled_warpgroup_ws) for d 128 where the tile-copy kernel would run
-// blocks of two warpgroups over 64-key steps and max_seqlen_kv <= 256.
+// blocks of two warpgroups over 64-key steps, max_seqlen_kv <= 256 and a (segment, kv head) may
+// hold more than one row tile. An item of one tile leaves warpgroup 1 idle.
 #pragma once
 
 #include "tiled_fwd_warpgroup_tma_kernel.h"
