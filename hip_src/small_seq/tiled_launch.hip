@@ -323,16 +323,14 @@ bool tiled_warpgroup_streams(const SmallSeqTiledParams& p) {
   return mode >= 2 ||
          (tiled_warpgroup_staged_alone<D>(p) && tiled_max_rows(p) <= kTiledWarpgroupRows);
 }
-#endif
 
-#if RA_TMA_BUILD
 // Whether a call of 64-key steps at d 128 takes the warp-specialized kernel
 // (tiled_fwd_warpgroup_ws_kernel.h; tuning small_seq_tiled_warpgroup_ws): by default where the
-// tile-copy kernel would run blocks of two warpgroups staging the whole history (`two`) and a
-// (segment, kv head) may hold more than one row tile, over at most 256 keys (its ring); 2 takes
-// every call of at most 256 keys (tests, A/B runs).
-template <int D>
-bool tiled_warpgroup_ws(const SmallSeqTiledParams& p, bool two) {
+// tile-copy kernel would run blocks of two warpgroups staging the whole history (`two`:
+// tiled_warpgroups, which the caller has) and a (segment, kv head) may hold more than one row
+// tile, over at most 256 keys (its ring); 2 takes every call of at most 256 keys (tests, A/B
+// runs).
+inline bool tiled_warpgroup_ws(const SmallSeqTiledParams& p, bool two) {
   const int mode = ra_tuning().small_seq_tiled_warpgroup_ws;
   if (mode <= 0 || p.max_seqlen_kv > kTiledWsRingKeys) return false;
   return mode >= 2 || (two && tiled_max_rows(p) > kTiledWarpgroupRows);
@@ -426,7 +424,7 @@ hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, hipStream_t stream) {
         if (tiled_warpgroup_streams<D>(p) &&
             run_tiled_fwd_warpgroup_tma<T, D, 1, 64, false, true>(p, stream, &err))
           return err;
-        if (tiled_warpgroup_ws<D>(p, !one) && run_tiled_fwd_warpgroup_ws<T, D>(p, stream, &err))
+        if (tiled_warpgroup_ws(p, !one) && run_tiled_fwd_warpgroup_ws<T, D>(p, stream, &err))
           return err;
       }
 #endif
