@@ -13,20 +13,35 @@
 // warp does the waiting.
 //
 // Block: three warpgroups (384 threads, one block per multiprocessor). Warpgroups 0 and 1 take
-// an item's row tiles round robin (tile0 + wg, + 2, ...), as the tile-copy kernel's blocks of two;
-// warpgroup 2 gives up its registers (ra_warpgroup_regs_lower) and its first warp copies: per
-// item, each computing warpgroup's first Q tile, the K / V steps, then the other Q tiles in the
-// order they are computed. Its other three warps leave.
+// an item's row tiles round robin (tile0 + wg, + 2, ...), as the tile-copy kernel's blocks of two.
+// Warpgroup 2 gives up its registers (ra_warpgroup_regs_lower); its warp 1 decodes the block's
+// items and its warp 0 copies: per item, each computing warpgroup's first Q tile, the K / V steps,
+// then the other Q tiles in the order they are computed. Its other two warps leave.
+//
+// Items: only the decode warp decodes them (tiled_decode_item: the segment's offsets from
+// global memory, 64-bit divisions). For each item with rows to compute or rows to write besides
+// them (tiled_item_has_writes: a bad segment, THD padding) it writes the decoded item into a ring
+// of four entries in shared memory, and after its last item an entry that ends the run; the copy
+// warp and the computing warpgroups take the entries in order. Every computing thread decoding
+// every item itself took a tenth of their stall samples (ncu, 4096 x 128 x 256 with 8 kv heads),
+// most of it waiting for the offsets, and the copy warp decoding them (ahead of the computing
+// warpgroups, which read its entries) put that wait on the copy warp's path, which is the one
+// that bounds the rows of ragged histories. The rows written besides the attention stay with the
+// computing warpgroups (tiled_item_writes: their 256 threads and registers): the padding rows,
+// and a bad segment's report and NaN rows, for which nothing is copied and no barrier armed.
 //
 // Shared memory: K and V rings of four 64-key slots (step st of an item in slot st: histories of
 // at most 256 keys, so an item never reuses a slot), two Q buffers per computing warpgroup (a
-// tile's out leaves through its Q buffer by a tile store, as in the tile-copy kernel).
+// tile's out leaves through its Q buffer by a tile store, as in the tile-copy kernel), the item
+// ring.
 // Barriers (mbarriers, each phase one use):
 // - full(slot): the slot's K and V have landed. The copy warp's lane 0 arms it with the tile
 //   copies' bytes; each of its 32 lanes arrives once. The step where the history ends inside it
 //   takes its V by cp.async from the 32 lanes (live keys, zeros after: a tile copy would bring the
-//   next segment's keys, and 0 x inf there would reach this segment through P . V), which each
-//   lane waits for and publishes to the matrix unit (fence.proxy.async) before arriving.
+//   next segment's keys, and 0 x inf there would reach this segment through P . V), and each lane
+//   arrives once its copies have landed (cp.async.mbarrier.arrive: the copy warp never waits for
+//   them). A computing thread that waited for such a step fences the proxies (fence.proxy.async)
+//   before its products read that V.
 // - free(slot): every computing warp is done with the slot (one arrival per warp: 8). A
 //   warpgroup releases step st - 2 before step st of its last tile of the item (both products of
 //   st - 2 have been waited for), and after that tile the rest; a warpgroup with no tile of the
@@ -35,11 +50,12 @@
 // - q_full(wg, buf), q_free(wg, buf): warpgroup wg's Q buffer holds its tile / may be refilled.
 //   A warpgroup returns its previous tile's buffer at the start of its next tile, once that
 //   tile's out store has read it (its thread 0).
-// The copy warp waits on the free barriers with the parity of the phase before (a barrier's
-// first wait passes at once); every thread keeps the parity of each barrier it uses.
-//
-// Bad segments: the computing warpgroups write their NaN rows (tiled_staged_item), the copy warp
-// copies nothing for them (tiled_decode_item), so no barrier is armed for them.
+// - item_full(e), item_free(e): entry e of the item ring is written / may be rewritten (one
+//   arrival per warp that takes entries, once it has read the entry: 9).
+// The copy and decode warps wait on the free barriers with the parity of the phase before (a
+// barrier's first wait passes at once); every thread keeps the parity of each barrier it uses.
+// Each waiter waits for every phase in turn, so that no wait can mistake a phase for the one two
+// phases later.
 //
 // Selected by the launcher (tiled_warpgroup_ws) for d 128 where the tile-copy kernel would run
 // blocks of two warpgroups over 64-key steps, max_seqlen_kv <= 256 and a (segment, kv head) may
@@ -58,11 +74,32 @@ constexpr int kTiledWsSlots = kTiledWsRingKeys / kTiledWarpgroupKeys;
 // Warpgroups 0 and 1 compute, warpgroup 2 copies.
 constexpr int kTiledWsComputeWarpgroups = 2;
 constexpr int kTiledWsThreads = (kTiledWsComputeWarpgroups + 1) * 128;
+// Entries of the decoded-item ring: the decode warp runs up to this many items ahead of the
+// copy warp, which runs about one item ahead of the computing warpgroups (its K / V ring holds
+// one item's steps), so the decode's reads of the offsets are long done when an entry is taken.
+constexpr int kTiledWsItemSlots = 4;
+// The roles of warpgroup 2's warps (its other two leave).
+constexpr int kTiledWsCopyWarp = 0;
+constexpr int kTiledWsDecodeWarp = 1;
+// Warps that take every entry of the item ring: the computing warpgroups' and the copy warp.
+constexpr int kTiledWsItemReaders = kTiledWsComputeWarpgroups * 4 + 1;
+
+// What the computing warpgroups need of an item (tiled_staged_item's result), or the end of the
+// block's items.
+struct TiledWsItem {
+  TiledStagedItem it;
+  int64_t split;
+  int seg;
+  bool rows;  // the item has rows to compute (else only rows to write: tiled_item_writes)
+  bool end;
+};
 // Register budgets per thread after the split. The block's pool is what its launch bounds
 // gave it (65536 / 384 threads, rounded down to 8: 168 per thread), so the budgets of one warp
 // of each warpgroup may sum to 3 x 168 = 504: a raise beyond what the lowering freed waits
-// forever. ptxas spills nothing at 72 / 216; the copy warp's 64-bit item decode spills at
-// smaller copy budgets (84 bytes at 56, 364 at 24).
+// forever. At 72 / 216 ptxas spills three of the copy warp's per-item values (12 bytes, read
+// back on the steps whose V it copies by cp.async) and nothing of the computing warpgroups; at
+// 88 / 208 nothing at all, but the computing warpgroups are where registers pay. Below 72 the
+// copy warp's 64-bit item decode spills more (84 bytes at 56, 364 at 24, before the item ring).
 constexpr int kTiledWsCopyRegs = 72;
 constexpr int kTiledWsComputeRegs = 216;
 static_assert(kTiledWsCopyRegs + kTiledWsComputeWarpgroups * kTiledWsComputeRegs <=
@@ -99,13 +136,19 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
   // (the copy warpgroup sees warpgroup 0's Q buffers: the first of them all)
   const TiledWarpgroupSmem<D> smem(tiled_warpgroup_smem, kRing, 0, wg < kCompute ? wg : 0);
   constexpr uint32_t kQBytes = TiledWarpgroupSmem<D>::kQBytes;
-  __shared__ alignas(8) uint64_t bars[2 * kSlots + 4 * kCompute];
+  constexpr int kItemSlots = kTiledWsItemSlots;
+  __shared__ alignas(8) uint64_t bars[2 * kSlots + 4 * kCompute + 2 * kItemSlots];
+  __shared__ TiledWsItem ring_items[kItemSlots];
   const uint32_t bar0 = ra_smem_address(bars);
   const auto full_bar = [&](int slot) { return bar0 + 8 * slot; };
   const auto free_bar = [&](int slot) { return bar0 + 8 * (kSlots + slot); };
   const auto q_full_bar = [&](int w, int b) { return bar0 + 8 * (2 * kSlots + 2 * w + b); };
   const auto q_free_bar = [&](int w, int b) {
     return bar0 + 8 * (2 * kSlots + 2 * kCompute + 2 * w + b);
+  };
+  const auto item_full_bar = [&](int e) { return bar0 + 8 * (2 * kSlots + 4 * kCompute + e); };
+  const auto item_free_bar = [&](int e) {
+    return bar0 + 8 * (2 * kSlots + 4 * kCompute + kItemSlots + e);
   };
   if (tid == 0) {
     for (int slot = 0; slot < kSlots; ++slot) {
@@ -116,83 +159,131 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
       ra_mbar_init(q_full_bar(i / 2, i % 2), 1);
       ra_mbar_init(q_free_bar(i / 2, i % 2), 1);
     }
+    for (int e = 0; e < kItemSlots; ++e) {
+      ra_mbar_init(item_full_bar(e), 1);
+      ra_mbar_init(item_free_bar(e), kTiledWsItemReaders);
+    }
     ra_mbar_init_fence();
   }
   __syncthreads();
-  const int64_t items = static_cast<int64_t>(p.batch) * splits * p.num_heads_kv;
+  // Entry n of the item ring, read by every lane of the calling warp, which then releases it.
+  const auto take_item = [&](uint32_t n) {
+    const int e = static_cast<int>(n % kItemSlots);
+    ra_mbar_wait(item_full_bar(e), (n / kItemSlots) & 1u);
+    const TiledWsItem entry = ring_items[e];
+    __syncwarp();  // every lane has read the entry before its warp releases it
+    if (wtid % 32 == 0) ra_mbar_arrive(item_free_bar(e));
+    return entry;
+  };
 
   if (wg == kCompute) {
-    // The copy warp.
     ra_warpgroup_regs_lower<kTiledWsCopyRegs>();
-    if (wtid >= 32) return;
-    const int lane = wtid;
-    uint32_t free_parity = 0;    // bit s: free_bar(s), the phase before the one waited for
-    uint32_t q_free_parity = 0;  // bit 2w + b: q_free_bar(w, b), likewise
-    uint32_t q_next = 0;         // bit w: warpgroup w's next Q buffer
-    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-      TiledStagedItem it;
-      int64_t split;
-      tiled_decode_item<ROWS>(p, item, splits, &it, &split);
-      if (!it.s.valid || it.tile0 >= it.tile1) continue;
-      const int hk = it.hk;
-      const int nk = it.s.nk;
-      const int steps = (nk + KEYS - 1) / KEYS;
-      const int kv_token0 = static_cast<int>(it.s.kv_token0);
-      const int kv_batch = static_cast<int>(it.s.kv_batch);
-      const int q_token0 = static_cast<int>(it.s.q_token0);
-      const int q_batch = static_cast<int>(it.s.q_batch);
-      // Q of tile t into the next buffer of the warpgroup that computes it.
-      const auto copy_q = [&](int64_t t) {
-        const int w = static_cast<int>((t - it.tile0) % kCompute);
-        const int b = (q_next >> w) & 1u;
-        const int bit = 2 * w + b;
+    const int warp = wtid / 32;
+    const int lane = wtid % 32;
+    if (warp == kTiledWsDecodeWarp) {
+      // Decodes the block's items into the ring, ahead of the warps that take them.
+      const int64_t items = static_cast<int64_t>(p.batch) * splits * p.num_heads_kv;
+      uint32_t published = 0;  // entries written so far
+      // The next entry, once every warp that takes entries has read the one four before it:
+      // write(entry) fills it.
+      const auto publish = [&](const auto& write) {
+        const int e = static_cast<int>(published % kItemSlots);
         if (lane == 0) {
-          ra_mbar_wait(q_free_bar(w, b), ((q_free_parity >> bit) & 1u) ^ 1u);
-          ra_mbar_arrive_expect_tx(q_full_bar(w, b), PANELS * kQPanelBytes);
-#pragma unroll
-          for (int c = 0; c < PANELS; ++c)
-            ra_tma_load(smem.q + (2 * w + b) * kQBytes + c * ROWS * 128, &maps.q, q_full_bar(w, b),
-                        64 * c, hk * group, q_token0 + static_cast<int>(t) * group_tokens,
-                        q_batch);
+          ra_mbar_wait(item_free_bar(e), ((published / kItemSlots) & 1u) ^ 1u);
+          write(ring_items[e]);
+          ra_mbar_arrive(item_full_bar(e));  // (release: the entry's stores come first)
         }
-        q_free_parity ^= 1u << bit;
-        q_next ^= 1u << w;
+        ++published;
       };
-      // Step st's K and V into slot st, once every computing warp has released the slot.
-      const auto copy_step = [&](int st) {
-        ra_mbar_wait(free_bar(st), ((free_parity >> st) & 1u) ^ 1u);
-        free_parity ^= 1u << st;
-        const bool v_tail = st == steps - 1 && nk % KEYS != 0;
-        if (lane == 0) {
-          ra_mbar_arrive_expect_tx(full_bar(st), (v_tail ? 1 : 2) * PANELS * kKvPanelBytes);
+      for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+        TiledStagedItem it;
+        int64_t split;
+        const int seg = tiled_decode_item<ROWS>(p, item, splits, &it, &split);
+        const bool rows = it.s.valid && it.tile0 < it.tile1;
+        if (!rows && !tiled_item_has_writes(p, seg, split, it)) continue;
+        publish([&](TiledWsItem& entry) {
+          entry.it = it;
+          entry.split = split;
+          entry.seg = seg;
+          entry.rows = rows;
+          entry.end = false;
+        });
+      }
+      publish([](TiledWsItem& entry) { entry.end = true; });
+      return;
+    }
+    if (warp == kTiledWsCopyWarp) {
+      // Tile copies of each item's Q tiles and K / V steps (all but a tail step's V).
+      uint32_t free_parity = 0;    // bit s: free_bar(s), the phase before the one waited for
+      uint32_t q_free_parity = 0;  // bit 2w + b: q_free_bar(w, b), likewise
+      uint32_t q_next = 0;         // bit w: warpgroup w's next Q buffer
+      for (uint32_t taken = 0;; ++taken) {
+        const TiledWsItem entry = take_item(taken);
+        if (entry.end) break;
+        if (!entry.rows) continue;
+        const TiledStagedItem& it = entry.it;
+        const int hk = it.hk;
+        const int nk = it.s.nk;
+        const int steps = (nk + KEYS - 1) / KEYS;
+        const int kv_token0 = static_cast<int>(it.s.kv_token0);
+        const int kv_batch = static_cast<int>(it.s.kv_batch);
+        const int q_token0 = static_cast<int>(it.s.q_token0);
+        const int q_batch = static_cast<int>(it.s.q_batch);
+        // Q of tile t into the next buffer of the warpgroup that computes it.
+        const auto copy_q = [&](int64_t t) {
+          const int w = static_cast<int>((t - it.tile0) % kCompute);
+          const int b = (q_next >> w) & 1u;
+          const int bit = 2 * w + b;
+          if (lane == 0) {
+            ra_mbar_wait(q_free_bar(w, b), ((q_free_parity >> bit) & 1u) ^ 1u);
+            ra_mbar_arrive_expect_tx(q_full_bar(w, b), PANELS * kQPanelBytes);
 #pragma unroll
-          for (int c = 0; c < PANELS; ++c) {
-            ra_tma_load(smem.k + (c * kRing + st * KEYS) * 128, &maps.k, full_bar(st), 64 * c,
-                        hk, kv_token0 + st * KEYS, kv_batch);
-            if (!v_tail)
-              ra_tma_load(smem.v + (c * kRing + st * KEYS) * 128, &maps.v, full_bar(st), 64 * c,
+            for (int c = 0; c < PANELS; ++c)
+              ra_tma_load(smem.q + (2 * w + b) * kQBytes + c * ROWS * 128, &maps.q,
+                          q_full_bar(w, b), 64 * c, hk * group,
+                          q_token0 + static_cast<int>(t) * group_tokens, q_batch);
+          }
+          q_free_parity ^= 1u << bit;
+          q_next ^= 1u << w;
+        };
+        // Step st's K and V into slot st, once every computing warp has released the slot. The
+        // step where the history ends inside it takes its V by cp.async (live keys, then zeros),
+        // each lane arriving once its copies have landed; the copy warp does not wait for them.
+        const auto copy_step = [&](int st) {
+          ra_mbar_wait(free_bar(st), ((free_parity >> st) & 1u) ^ 1u);
+          free_parity ^= 1u << st;
+          const bool v_tail = st == steps - 1 && nk % KEYS != 0;
+          if (lane == 0) {
+            ra_mbar_arrive_expect_tx(full_bar(st), (v_tail ? 1 : 2) * PANELS * kKvPanelBytes);
+#pragma unroll
+            for (int c = 0; c < PANELS; ++c) {
+              ra_tma_load(smem.k + (c * kRing + st * KEYS) * 128, &maps.k, full_bar(st), 64 * c,
                           hk, kv_token0 + st * KEYS, kv_batch);
+              if (!v_tail)
+                ra_tma_load(smem.v + (c * kRing + st * KEYS) * 128, &maps.v, full_bar(st),
+                            64 * c, hk, kv_token0 + st * KEYS, kv_batch);
+            }
           }
-        }
-        if (v_tail) {  // live keys, then zeros
-          constexpr int kVecs = D / 8;
-          for (int idx = lane; idx < KEYS * kVecs; idx += 32) {
-            const int row = st * KEYS + idx / kVecs;
-            const int vec = idx % kVecs;
-            const bool live = row < nk;
-            ra_cp_async16(smem.v + ra_wgmma_offset(row, 8 * vec, kRing),
-                          live ? it.vbase + row * p.v_token_stride + 8 * vec : p.v,
-                          live ? 16 : 0);
+          if (v_tail) {
+            constexpr int kVecs = D / 8;
+            for (int idx = lane; idx < KEYS * kVecs; idx += 32) {
+              const int row = st * KEYS + idx / kVecs;
+              const int vec = idx % kVecs;
+              const bool live = row < nk;
+              ra_cp_async16(smem.v + ra_wgmma_offset(row, 8 * vec, kRing),
+                            live ? it.vbase + row * p.v_token_stride + 8 * vec : p.v,
+                            live ? 16 : 0);
+            }
+            ra_mbar_arrive_cp_async(full_bar(st));
+          } else {
+            ra_mbar_arrive(full_bar(st));
           }
-          ra_cp_async_commit();
-          ra_cp_async_wait<0>();
-          ra_fence_proxy_async();  // cp.async wrote the slot's V: publish it to the products
-        }
-        ra_mbar_arrive(full_bar(st));
-      };
-      for (int64_t t = it.tile0; t < it.tile1 && t < it.tile0 + kCompute; ++t) copy_q(t);
-      for (int st = 0; st < steps; ++st) copy_step(st);
-      for (int64_t t = it.tile0 + kCompute; t < it.tile1; ++t) copy_q(t);
+        };
+        for (int64_t t = it.tile0; t < it.tile1 && t < it.tile0 + kCompute; ++t) copy_q(t);
+        for (int st = 0; st < steps; ++st) copy_step(st);
+        for (int64_t t = it.tile0 + kCompute; t < it.tile1; ++t) copy_q(t);
+      }
+      return;
     }
     return;
   }
@@ -202,9 +293,12 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
   uint32_t full_parity = 0;  // bit s: full_bar(s)'s next phase
   uint32_t q_parity = 0;     // bit b: q_full_bar(wg, b)'s next phase
   int64_t tiles_done = 0;    // this warpgroup's tiles so far (tile n in buffer n % 2)
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    TiledStagedItem it;
-    if (!tiled_staged_item<T, D, ROWS, kCompute * 128>(p, item, splits, tid, &it)) continue;
+  for (uint32_t taken = 0;; ++taken) {
+    const TiledWsItem entry = take_item(taken);
+    if (entry.end) break;
+    const TiledStagedItem& it = entry.it;
+    if (!tiled_item_writes<T, D, ROWS, kCompute * 128>(p, entry.seg, entry.split, tid, it))
+      continue;
     const TiledSegment& s = it.s;
     const int hk = it.hk;
     const int64_t seg_rows = it.seg_rows;
@@ -236,7 +330,12 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
           release(st - 2);
           released = st - 1;
         }
-        if (first) wait_step(st);
+        if (first) {
+          wait_step(st);
+          // The copy warp's cp.async wrote a tail step's V (the generic proxy): this thread's
+          // products read it only after a proxy fence (it covers the item's later tiles too).
+          if (st == steps - 1 && nk % KEYS != 0) ra_fence_proxy_async();
+        }
       };
       const auto store_out = [&](const TiledRowMap& map) {
         tiled_tma_store_tile<D>(p, maps, s, hk, group, map, tile, seg_rows,
