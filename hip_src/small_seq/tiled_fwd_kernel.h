@@ -139,16 +139,12 @@ RA_DEVICE void tiled_fill_rows(const SmallSeqTiledParams& p, int64_t batch, int6
   }
 }
 
-// Whether segment seg's first item writes padding rows of a THD q (tiled_fwd_padding).
-RA_DEVICE bool tiled_fwd_has_padding(const SmallSeqTiledParams& p, const int seg) {
-  return p.cu_seqlens_q != nullptr && (seg == 0 || seg == p.batch - 1);
-}
 // The padding rows of a THD q for the q heads of kv head hk, by one wave of the first item of
 // segment 0 (rows before it) and of segment b - 1 (rows after it).
 template <typename T, int D>
 RA_DEVICE void tiled_fwd_padding(const SmallSeqTiledParams& p, const int seg, const int hk,
                                  const int lane) {
-  if (!tiled_fwd_has_padding(p, seg)) return;
+  if (p.cu_seqlens_q == nullptr || (seg != 0 && seg != p.batch - 1)) return;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int hq0 = hk * group;
   const TiledPadding pad = tiled_padding_rows(p);

@@ -92,12 +92,11 @@ RA_DEVICE int tiled_decode_item(const SmallSeqTiledParams& p, const int64_t item
   return seg;
 }
 
-// Whether decoded item (segment seg, split `split`) writes rows besides its attention: a
-// segment that breaks the contract, or the first split of the first / last segment of a THD q
-// with padding rows (tiled_fwd_padding).
-RA_DEVICE bool tiled_item_has_writes(const SmallSeqTiledParams& p, const int seg,
-                                     const int64_t split, const TiledStagedItem& it) {
-  return !it.s.valid || (split == 0 && tiled_fwd_has_padding(p, seg));
+// Whether decoded item `it` (split `split`) may write rows besides its attention
+// (tiled_item_writes): a segment that breaks the contract, or a first split, which writes the
+// THD padding rows where its segment is the first or the last.
+RA_DEVICE bool tiled_item_may_write(const int64_t split, const TiledStagedItem& it) {
+  return !it.s.valid || split == 0;
 }
 
 // The part of decoded item `it` (segment seg, split `split`) that needs no staged K/V: the
@@ -105,23 +104,22 @@ RA_DEVICE bool tiled_item_has_writes(const SmallSeqTiledParams& p, const int seg
 // the split's tiles (16-row pieces spread over the THREADS threads' waves) and one report.
 // Returns whether the threads have rows to compute for the item.
 template <typename T, int D, int ROWS, int THREADS>
-RA_DEVICE bool tiled_item_writes(const SmallSeqTiledParams& p, const int seg, const int64_t split,
-                                 const int tid, const TiledStagedItem& it) {
+RA_DEVICE bool tiled_item_writes(const SmallSeqTiledParams& p, const int group, const int seg,
+                                 const int64_t split, const int tid, const TiledStagedItem* it) {
   constexpr int WAVE = RA_WAVE_SIZE;
   constexpr int WAVES = THREADS / WAVE;
   constexpr int kFillRows = 16;
   const int lane = tid % WAVE;
   const int w = tid / WAVE;
-  const int group = p.num_heads_q / p.num_heads_kv;
-  if (split == 0 && w == 0) tiled_fwd_padding<T, D>(p, seg, it.hk, lane);
-  if (it.s.valid) return it.tile0 < it.tile1;
-  if (split == 0 && it.hk == 0 && tid == 0) tiled_report_bad_segment(p, seg);
+  if (split == 0 && w == 0) tiled_fwd_padding<T, D>(p, seg, it->hk, lane);
+  if (it->s.valid) return it->tile0 < it->tile1;
+  if (split == 0 && it->hk == 0 && tid == 0) tiled_report_bad_segment(p, seg);
   const float nan = tiled_nan();
-  const int64_t row_end = it.tile1 * ROWS < it.seg_rows ? it.tile1 * ROWS : it.seg_rows;
-  for (int64_t r0 = it.tile0 * ROWS + w * kFillRows; r0 < row_end; r0 += WAVES * kFillRows) {
+  const int64_t row_end = it->tile1 * ROWS < it->seg_rows ? it->tile1 * ROWS : it->seg_rows;
+  for (int64_t r0 = it->tile0 * ROWS + w * kFillRows; r0 < row_end; r0 += WAVES * kFillRows) {
     const int64_t r1 = r0 + kFillRows < row_end ? r0 + kFillRows : row_end;
-    tiled_fill_rows<T, D>(p, it.s.q_batch, it.s.q_token0, it.s.q_row0, r0, r1, it.hk * group,
-                          group, nan, nan, nan, lane);
+    tiled_fill_rows<T, D>(p, it->s.q_batch, it->s.q_token0, it->s.q_row0, r0, r1,
+                          it->hk * group, group, nan, nan, nan, lane);
   }
   return false;
 }
@@ -132,9 +130,10 @@ RA_DEVICE bool tiled_item_writes(const SmallSeqTiledParams& p, const int seg, co
 template <typename T, int D, int ROWS, int THREADS>
 RA_DEVICE bool tiled_staged_item(const SmallSeqTiledParams& p, const int64_t item,
                                  const int splits, const int tid, TiledStagedItem* it) {
+  const int group = p.num_heads_q / p.num_heads_kv;
   int64_t split;
   const int seg = tiled_decode_item<ROWS>(p, item, splits, it, &split);
-  return tiled_item_writes<T, D, ROWS, THREADS>(p, seg, split, tid, *it);
+  return tiled_item_writes<T, D, ROWS, THREADS>(p, group, seg, split, tid, it);
 }
 
 #if RA_HAS_MMA

@@ -19,8 +19,8 @@
 // then the other Q tiles in the order they are computed. Its other two warps leave.
 //
 // Items: only the decode warp decodes them (tiled_decode_item: the segment's offsets from
-// global memory, 64-bit divisions). For each item with rows to compute or rows to write besides
-// them (tiled_item_has_writes: a bad segment, THD padding) it writes the decoded item into a ring
+// global memory, 64-bit divisions). For each item with rows to compute or that may write rows
+// besides them (tiled_item_may_write: a bad segment, a first split) it writes the item into a ring
 // of four entries in shared memory, and after its last item an entry that ends the run; the copy
 // warp and the computing warpgroups take the entries in order. Every computing thread decoding
 // every item itself took a tenth of their stall samples (ncu, 4096 x 128 x 256 with 8 kv heads),
@@ -200,7 +200,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
         int64_t split;
         const int seg = tiled_decode_item<ROWS>(p, item, splits, &it, &split);
         const bool rows = it.s.valid && it.tile0 < it.tile1;
-        if (!rows && !tiled_item_has_writes(p, seg, split, it)) continue;
+        if (!rows && !tiled_item_may_write(split, it)) continue;
         publish([&](TiledWsItem& entry) {
           entry.it = it;
           entry.split = split;
@@ -297,7 +297,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
     const TiledWsItem entry = take_item(taken);
     if (entry.end) break;
     const TiledStagedItem& it = entry.it;
-    if (!tiled_item_writes<T, D, ROWS, kCompute * 128>(p, entry.seg, entry.split, tid, it))
+    if (!tiled_item_writes<T, D, ROWS, kCompute * 128>(p, group, entry.seg, entry.split, tid,
+                                                          &it))
       continue;
     const TiledSegment& s = it.s;
     const int hk = it.hk;
