@@ -71,7 +71,7 @@ namespace small_seq {
 // Keys of the K and V rings (four 64-key steps): the longest history the kernel serves.
 constexpr int kTiledWsRingKeys = 256;
 constexpr int kTiledWsSlots = kTiledWsRingKeys / kTiledWarpgroupKeys;
-// Warpgroups 0 and 1 compute, warpgroup 2 copies.
+// Warpgroups 0 and 1 compute, warpgroup 2 decodes the items and copies.
 constexpr int kTiledWsComputeWarpgroups = 2;
 constexpr int kTiledWsThreads = (kTiledWsComputeWarpgroups + 1) * 128;
 // Entries of the decoded-item ring: the decode warp runs up to this many items ahead of the
@@ -84,8 +84,8 @@ constexpr int kTiledWsDecodeWarp = 1;
 // Warps that take every entry of the item ring: the computing warpgroups' and the copy warp.
 constexpr int kTiledWsItemReaders = kTiledWsComputeWarpgroups * 4 + 1;
 
-// What the computing warpgroups need of an item (tiled_staged_item's result), or the end of the
-// block's items.
+// An entry of the item ring: a decoded item (tiled_decode_item's result, with its segment and
+// split), or the end of the block's items.
 struct TiledWsItem {
   TiledStagedItem it;
   int64_t split;
@@ -96,10 +96,9 @@ struct TiledWsItem {
 // Register budgets per thread after the split. The block's pool is what its launch bounds
 // gave it (65536 / 384 threads, rounded down to 8: 168 per thread), so the budgets of one warp
 // of each warpgroup may sum to 3 x 168 = 504: a raise beyond what the lowering freed waits
-// forever. At 72 / 216 ptxas spills three of the copy warp's per-item values (12 bytes, read
-// back on the steps whose V it copies by cp.async) and nothing of the computing warpgroups; at
-// 88 / 208 nothing at all, but the computing warpgroups are where registers pay. Below 72 the
-// copy warp's 64-bit item decode spills more (84 bytes at 56, 364 at 24, before the item ring).
+// forever. ptxas spills nothing at 72 / 216. Below 72 the 64-bit item decode spills (84 bytes at
+// 56, 364 at 24, measured when the copy warp decoded); a copy warp that also wrote the item ring
+// spilled 12 bytes at 72.
 constexpr int kTiledWsCopyRegs = 72;
 constexpr int kTiledWsComputeRegs = 216;
 static_assert(kTiledWsCopyRegs + kTiledWsComputeWarpgroups * kTiledWsComputeRegs <=
@@ -283,7 +282,9 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
         for (int st = 0; st < steps; ++st) copy_step(st);
         for (int64_t t = it.tile0 + kCompute; t < it.tile1; ++t) copy_q(t);
       }
-      return;
+      // No lane leaves with cp.async copies in flight.
+      ra_cp_async_commit();
+      ra_cp_async_wait<0>();
     }
     return;
   }
