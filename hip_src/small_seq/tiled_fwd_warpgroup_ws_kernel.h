@@ -55,7 +55,8 @@
 // The copy and decode warps wait on the free barriers with the parity of the phase before (a
 // barrier's first wait passes at once); every thread keeps the parity of each barrier it uses.
 // Each waiter waits for every phase in turn, so that no wait can mistake a phase for the one two
-// phases later.
+// phases later. tools/diag/ws_ring_protocol.py model-checks this protocol (tests/
+// test_ws_ring_protocol.py): keep the two in step when either changes.
 //
 // Selected by the launcher (tiled_warpgroup_ws) for d 128 where the tile-copy kernel would run
 // blocks of two warpgroups over 64-key steps, max_seqlen_kv <= 256 and a (segment, kv head) may
