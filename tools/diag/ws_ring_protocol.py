@@ -99,32 +99,39 @@ def programs(items, tail_warp=False, unlanded=False):
 
     copy = []
     free_par = q_free_par = q_next = 0
+
+    def copy_q(n, t):  # Q of tile t into the next buffer of the warpgroup that computes it
+        nonlocal q_free_par, q_next
+        w = t % WARPGROUPS
+        b = (q_next >> w) & 1
+        bit = 2 * w + b
+        copy.append(("wait", ("q_free", w, b), ((q_free_par >> bit) & 1) ^ 1, ()))
+        copy.append(("tma", ("q_full", w, b), (("q", w, b),), (n, t)))
+        q_free_par ^= 1 << bit
+        q_next ^= 1 << w
+
+    def copy_step(n, it, st):  # step st's K and V into slot st
+        nonlocal free_par
+        copy.append(("wait", ("free", st), ((free_par >> st) & 1) ^ 1, ()))
+        free_par ^= 1 << st
+        if it.tail and st == it.steps - 1:
+            copy.append(("tma", ("full", st), (("k", st),), (n, st)))
+            if not tail_warp:
+                copy.append(("cp", ("full", st), ("v", st), (n, st)))
+        else:
+            copy.append(("tma", ("full", st), (("k", st), ("v", st)), (n, st)))
+            copy.append(("arrive", ("full", st), 32, ()))
+
     for n, it in enumerate(seq):
         take(copy, n, 1)
         if it is None or not it.rows:
             continue
-        order = list(range(min(it.tiles, WARPGROUPS))) + ["steps"] + list(
-            range(WARPGROUPS, it.tiles))
-        for t in order:
-            if t != "steps":  # Q of tile t into the next buffer of its warpgroup
-                w = t % WARPGROUPS
-                b = (q_next >> w) & 1
-                bit = 2 * w + b
-                copy.append(("wait", ("q_free", w, b), ((q_free_par >> bit) & 1) ^ 1, ()))
-                copy.append(("tma", ("q_full", w, b), (("q", w, b),), (n, t)))
-                q_free_par ^= 1 << bit
-                q_next ^= 1 << w
-                continue
-            for st in range(it.steps):
-                copy.append(("wait", ("free", st), ((free_par >> st) & 1) ^ 1, ()))
-                free_par ^= 1 << st
-                if it.tail and st == it.steps - 1:
-                    copy.append(("tma", ("full", st), (("k", st),), (n, st)))
-                    if not tail_warp:
-                        copy.append(("cp", ("full", st), ("v", st), (n, st)))
-                else:
-                    copy.append(("tma", ("full", st), (("k", st), ("v", st)), (n, st)))
-                    copy.append(("arrive", ("full", st), 32, ()))
+        for t in range(min(it.tiles, WARPGROUPS)):
+            copy_q(n, t)
+        for st in range(it.steps):
+            copy_step(n, it, st)
+        for t in range(WARPGROUPS, it.tiles):
+            copy_q(n, t)
     actors = {"decode": decode, "copy": copy}
 
     if tail_warp:
@@ -192,8 +199,10 @@ class Model:
         return (tuple(0 for _ in self.names), tuple((0, 0, 0) for _ in self.bar_index), (),
                 frozenset(), ())
 
-    def moves(self, state):
-        """The enabled moves: ("op", actor index) or ("land", copy index); None when done."""
+    def moves(self, state, violations):
+        """The enabled moves: ("op", actor index) or ("land", copy index); None when the run is
+        over: every actor done and every copy landed, or nothing can move (a deadlock, added to
+        violations)."""
         pcs, bst, _, _, pending = state
         moves = []
         done = True
@@ -208,7 +217,12 @@ class Model:
                 continue  # the phase in progress has the awaited parity
             moves.append(("op", ai))
         moves += [("land", i) for i in range(len(pending))]
-        return None if done and not pending else moves
+        if done and not pending:
+            return None
+        if not moves:
+            violations.add(("deadlock", pcs))
+            return None
+        return moves
 
     def _arrive(self, bs, bar, n, violations):
         i = self.bar_index[bar]
@@ -284,31 +298,23 @@ def explore(items, tail_warp=False, unlanded=False, limit=300_000):
         if len(seen) > limit:
             violations.add(("state limit reached",))
             break
-        moves = m.moves(state)
-        if moves is None:
-            continue
-        if not moves:
-            violations.add(("deadlock", state[0]))
-            continue
-        stack += [m.apply(state, mv, violations) for mv in moves]
+        moves = m.moves(state, violations)
+        if moves is not None:
+            stack += [m.apply(state, mv, violations) for mv in moves]
     return violations
 
 
-def simulate(items, tail_warp=False, runs=200, seed=0, unlanded=False):
+def simulate(items, tail_warp=False, unlanded=False, runs=200, seed=0):
     """Violations over `runs` random orders of one item sequence."""
     m = Model(items, tail_warp, unlanded)
     rng = random.Random(seed)
     violations = set()
     for _ in range(runs):
         state = m.start()
-        while True:
-            moves = m.moves(state)
-            if moves is None:
-                break
-            if not moves:
-                violations.add(("deadlock", state[0]))
-                break
+        moves = m.moves(state, violations)
+        while moves is not None:
             state = m.apply(state, rng.choice(moves), violations)
+            moves = m.moves(state, violations)
     return violations
 
 
@@ -336,7 +342,7 @@ def main(argv):
     bad = 0
     for i in range(args.sequences):
         seq = [rng.choice(kinds) for _ in range(args.items)]
-        v = simulate(seq, args.tail_warp, args.runs, seed=i, unlanded=args.unlanded)
+        v = simulate(seq, args.tail_warp, args.unlanded, runs=args.runs, seed=i)
         if v:
             bad += 1
             print(seq, sorted(v, key=repr)[:3])
