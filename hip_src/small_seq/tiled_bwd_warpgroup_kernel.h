@@ -372,30 +372,32 @@ RA_DEVICE TiledBwdKeyBlockItem tiled_bwd_key_block_item(const SmallSeqTiledParam
 
 // The walk both key-block kernels make: the block's K / V staged at sk / sv (zeros past the
 // live keys), dK / dV zeroed, then the segment's row tiles, Q and dO copied one tile ahead into
-// two buffers of 2 kTileBytes from tiles_at. `first_tile()` runs once tile 0's copies are
-// issued, `tile_body(tile, r0, buf, sq)` once a tile's copies have landed and every thread has
-// passed the barrier after them; tile_body ends with a barrier before the buffer is refilled.
+// two buffers of 2 kTileBytes from tiles_at. `tile_copies(tile, buf)` runs right after a tile's
+// Q / dO copies are issued, to add the caller's own copies of that tile to the same copy group
+// (buffer `buf`'s readers are past their closing barrier); `tile_body(tile, r0, buf, sq)` once
+// a tile's copies have landed and every thread has passed the barrier after them; tile_body
+// ends with a barrier before the buffer is refilled.
 // After the last tile every copy is waited for and the dK / dV products are pinned.
-template <int D, int KEYS, typename Copies, typename FirstTile, typename TileBody>
+template <int D, int KEYS, typename Copies, typename TileCopies, typename TileBody>
 RA_DEVICE void tiled_bwd_warpgroup_walk_tiles(const SmallSeqTiledParams& p,
                                               const TiledSegment& s,
                                               const TiledBwdKeyBlockItem& it, const int group,
                                               const int kb0, const uint32_t sk,
                                               const uint32_t sv, const uint32_t tiles_at,
                                               const int tid, Copies& copies, float (&dk)[D / 2],
-                                              float (&dv)[D / 2], const FirstTile& first_tile,
+                                              float (&dv)[D / 2], const TileCopies& tile_copies,
                                               const TileBody& tile_body) {
   constexpr int ROWS = kTiledWarpgroupRows;
   constexpr int kTileBytes = ROWS * D * 2;
   const auto load_tile = [&](int64_t tile, int buf) {
     copies.template load<D>(p, it.at, s, it.hq0, group, tile * ROWS, it.seg_rows,
                             tiles_at + 2 * buf * kTileBytes, buf, tid);
+    tile_copies(tile, buf);
   };
   if (it.tiles > 0) {
     tiled_warpgroup_stage<D, KEYS, 128>(sk, sv, p, it.rows.k + kb0 * p.k_token_stride,
                                         it.rows.v + kb0 * p.v_token_stride, it.live, KEYS, tid);
     load_tile(0, 0);
-    first_tile();
   }
   ra_cp_async_commit();
 #pragma unroll
@@ -452,7 +454,7 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
   const TiledBwdWarpgroupRows& at = it.at;
   float dk[D / 2], dv[D / 2];
   tiled_bwd_warpgroup_walk_tiles<D, KEYS>(
-      p, s, it, group, kb0, sk, sv, tiles_at, tid, copies, dk, dv, [] {},
+      p, s, it, group, kb0, sk, sv, tiles_at, tid, copies, dk, dv, [](int64_t, int) {},
       [&](const int64_t, const int64_t r0, const int, const uint32_t sq) {
         const uint32_t sdo = sq + kTileBytes;
         uint8_t* const sq_ptr = smem_ptr + (sq - smem);
@@ -510,38 +512,42 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
   tiled_bwd_warpgroup_store_dkdv<T, D>(p, it.rows, kb0, live, dk, dv, warp, g, t);
 }
 
-// The lse (log2 domain) and Delta of the 64-row tile at r0 into row_lse2[0..63] and
-// row_lse2[64..127], for the transposed kernels, whose threads each read 16 rows' terms (the
-// first 64 threads, one row each; rows past the segment get lse +inf and Delta 0: P^T = 0).
+// The lse (natural log, as the forward wrote it) and pass 1's Delta of the 64-row tile at r0
+// into row_terms[0..63] and row_terms[64..127], for the transposed kernels, whose threads each
+// read 16 rows' terms: one 4-byte cp.async per thread of the warpgroup (tid 0..127: the lse of
+// row tid, then the Delta of row tid - 64), joining the caller's open copy group, so that the
+// terms land with the tile's Q / dO and no thread waits on their loads. Rows past the segment
+// read nothing and get lse 0 and Delta 0: their Q and dO rows are zeros, so S^T = 0, P^T = 1
+// and dP^T = 0 there, and dS^T = P^T (dP^T - Delta) = 0; P^T meets only their zero dO rows.
 RA_DEVICE void tiled_bwd_warpgroup_stage_row_terms(const SmallSeqTiledParams& p,
                                                    const TiledSegment& s, const int hq0,
                                                    const int group, const int64_t r0,
-                                                   const int64_t seg_rows, float* row_lse2,
+                                                   const int64_t seg_rows, const uint32_t row_terms,
                                                    const int tid) {
-  if (tid < kTiledWarpgroupRows) {
-    const TiledBwdRowTerms terms =
-        r0 + tid < seg_rows
-            ? tiled_bwd_row_terms_at<false>(p, s, hq0, TiledRowMap(r0, group), tid)
-            : TiledBwdRowTerms{INFINITY, 0.f};
-    row_lse2[tid] = terms.lse2;
-    row_lse2[kTiledWarpgroupRows + tid] = terms.delta;
-  }
+  const int i = tid % kTiledWarpgroupRows;
+  int64_t j;
+  int h;
+  TiledRowMap(r0, group).at(i, j, h);
+  const int64_t at = (hq0 + h) * p.lse_head_stride + s.q_row0 + j;
+  const bool live = r0 + i < seg_rows;
+  const float* const terms = tid < kTiledWarpgroupRows ? p.lse : p.workspace;
+  ra_cp_async4(row_terms + 4 * tid, live ? terms + at : p.lse, live ? 4 : 0);
 }
 
 // The score stage of both transposed kernels, one 64-key block against one 64-row tile (one
 // warpgroup, all from shared memory): S^T = K Q^T and dP^T = V dO^T as m64n64 products (M = the
-// block's keys, N = the tile's rows), P^T = exp2(S^T scale2 - lse2) computed while the dP^T
+// block's keys, N = the tile's rows), P^T = exp2(S^T scale2 - lse log2e) computed while the dP^T
 // products still run (keys at or past `live` get 0 where MASK_PAST), dS^T = P^T (dP^T - Delta),
 // both rounded in pairs into pa / dsa, the A operands of the dV and dK products (k step kk: tile
 // rows 16 kk .. 16 kk + 15; pa[kk][x], dsa[kk][x] hold rows 8 j + 2t, + 1 with j = 2 kk + x / 2
-// of key 16 warp + g + 8 (x % 2)). row_lse2 / row_delta: the tile's 64 lse (log2 domain) and
-// Delta values. Each pass reads its own row terms: the wait's memory clobber between them keeps
+// of key 16 warp + g + 8 (x % 2)). row_lse / row_delta: the tile's 64 lse (natural log) and
+// Delta values (tiled_bwd_warpgroup_stage_row_terms). Each pass reads its own row terms: the wait's memory clobber between them keeps
 // the compiler from loading all 32 terms at once beside the accumulators (which spilled 144
 // bytes at d = 128).
 template <typename T, int D, bool MASK_PAST>
 RA_DEVICE void tiled_bwd_warpgroup_transposed_scores(
     const uint32_t sk, const uint32_t sv, const uint32_t sq, const uint32_t sdo,
-    const float* row_lse2, const float* row_delta, const float scale2, const int live,
+    const float* row_lse, const float* row_delta, const float scale2, const int live,
     const int tid, uint32_t (&pa)[kTiledWarpgroupRows / 16][4],
     uint32_t (&dsa)[kTiledWarpgroupRows / 16][4]) {
   constexpr int KEYS = kTiledBwdWarpgroupBlockKeys;
@@ -566,10 +572,11 @@ RA_DEVICE void tiled_bwd_warpgroup_transposed_scores(
   for (int i = 0; i < 32; ++i) ra_wgmma_pin(st[i]);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const float2 lse2 = *reinterpret_cast<const float2*>(row_lse2 + 8 * j + 2 * t);
+    const float2 lse = *reinterpret_cast<const float2*>(row_lse + 8 * j + 2 * t);
+    const float lse2[2] = {lse.x * kTiledBwdLog2e, lse.y * kTiledBwdLog2e};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float p_t = exp2f(fmaf(st[4 * j + e], scale2, -(e % 2 ? lse2.y : lse2.x)));
+      const float p_t = exp2f(fmaf(st[4 * j + e], scale2, -lse2[e % 2]));
       st[4 * j + e] = MASK_PAST && 16 * warp + g + 8 * (e / 2) >= live ? 0.f : p_t;
     }
   }
@@ -603,12 +610,13 @@ RA_DEVICE void tiled_bwd_warpgroup_transposed_scores(
 // products as they stand (common/wgmma.h): no P / dS buffers, no barrier between the score
 // and gradient products, and two score products of N = 64 in place of four chunks of N = 16
 // each. A thread's columns are q rows, so each takes the lse and Delta of 16 rows, from arrays
-// the first 64 threads fill one tile ahead, under the gradient products of the tile before (two
-// halves in the P buffer's place, unused here), and P^T is computed while the dP^T products
-// still run. Keys past the
-// history are zeros in K / V: their P^T is not 0, but it reaches only their own dK / dV rows,
-// never stored (no dQ here, and Delta comes from pass 1 or the dQ kernel). Rows past the
-// segment are zero Q / dO rows with lse +inf: P^T = 0. Shared memory: the layout of
+// copied by cp.async with the tile's Q / dO, one tile ahead (two halves in the P buffer's
+// place, unused here): no thread waits on their loads. P^T is computed while the dP^T products
+// still run. Keys past the history are zeros in K / V: their P^T is not 0, but it reaches only
+// their own dK / dV rows, never stored (no dQ here, and Delta comes from pass 1 or the dQ
+// kernel). Rows past the segment are zero Q / dO rows with lse and Delta 0
+// (tiled_bwd_warpgroup_stage_row_terms): dS^T = 0, and P^T = 1 meets zero dO rows. Shared
+// memory: the layout of
 // tiled_bwd_warpgroup_key_block (tiled_bwd_warpgroup_smem_bytes), so that both instances
 // launch alike. `copies` moves the tiles' Q / dO in (TiledBwdCpAsyncCopies or tile copies).
 template <typename T, int D, typename Copies>
@@ -624,24 +632,24 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block_transposed(const SmallSeqTiledParam
   const uint32_t sk = smem;
   const uint32_t sv = sk + KEYS * D * 2;
   const uint32_t tiles_at = sv + KEYS * D * 2;
-  // lse (log2 domain) and Delta of a tile's 64 rows, where key_block keeps P: two halves (tile
-  // t in half t % 2), so that tile t + 1's are fetched under tile t's score products
-  float* const row_terms = reinterpret_cast<float*>(smem_ptr + (tiles_at + 4 * kTileBytes - smem));
+  // lse and Delta of a tile's 64 rows, where key_block keeps P: two halves (tile t in half
+  // t % 2), copied with the tile's Q / dO one tile ahead
+  const uint32_t row_terms = tiles_at + 4 * kTileBytes;
+  const float* const row_terms_ptr =
+      reinterpret_cast<const float*>(smem_ptr + (row_terms - smem));
   const int warp = tid / 32;
   const int g = (tid % 32) / 4;
   const int t = tid % 4;
   const float scale2 = p.softmax_scale * kTiledBwdLog2e;
   const TiledBwdKeyBlockItem it = tiled_bwd_key_block_item<KEYS>(p, s, hk, group, kb0);
-  // Tile `tile`'s row terms into half `half` (first 64 threads, no barrier inside), called in
-  // tile - 1 (or before tile 0): the half's last readers, tile - 2's, passed its closing barrier.
-  const auto stage_terms = [&](int64_t tile, int half) {
-    tiled_bwd_warpgroup_stage_row_terms(p, s, it.hq0, group, tile * ROWS, it.seg_rows,
-                                        row_terms + 2 * ROWS * half, tid);
-  };
   float dk[D / 2], dv[D / 2];
   tiled_bwd_warpgroup_walk_tiles<D, KEYS>(
-      p, s, it, group, kb0, sk, sv, tiles_at, tid, copies, dk, dv, [&] { stage_terms(0, 0); },
-      [&](const int64_t tile, const int64_t, const int buf, const uint32_t sq) {
+      p, s, it, group, kb0, sk, sv, tiles_at, tid, copies, dk, dv,
+      [&](const int64_t tile, const int half) {
+        tiled_bwd_warpgroup_stage_row_terms(p, s, it.hq0, group, tile * ROWS, it.seg_rows,
+                                            row_terms + 2 * ROWS * 4 * half, tid);
+      },
+      [&](const int64_t, const int64_t, const int buf, const uint32_t sq) {
         const uint32_t sdo = sq + kTileBytes;
         // K / V's descriptors from an address the compiler must re-read per tile: hoisted out
         // of the loop, their 16 loop-invariant 64-bit values would take registers the
@@ -649,10 +657,10 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block_transposed(const SmallSeqTiledParam
         uint32_t sk_t = sk;
         asm volatile("" : "+r"(sk_t));
         const uint32_t sv_t = sk_t + KEYS * D * 2;
-        const float* const row_lse2 = row_terms + 2 * ROWS * buf;
+        const float* const row_lse = row_terms_ptr + 2 * ROWS * buf;
         uint32_t pa[ROWS / 16][4], dsa[ROWS / 16][4];
-        tiled_bwd_warpgroup_transposed_scores<T, D, false>(sk_t, sv_t, sq, sdo, row_lse2,
-                                                           row_lse2 + ROWS, scale2, KEYS, tid, pa,
+        tiled_bwd_warpgroup_transposed_scores<T, D, false>(sk_t, sv_t, sq, sdo, row_lse,
+                                                           row_lse + ROWS, scale2, KEYS, tid, pa,
                                                            dsa);
         ra_wgmma_fence();
 #pragma unroll
@@ -662,7 +670,6 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block_transposed(const SmallSeqTiledParam
         for (int kk = 0; kk < ROWS / 16; ++kk)
           ra_wgmma_rs<T, D>(dk, dsa[kk], ra_wgmma_desc_n_major(sq + 16 * kk * 128, ROWS * 128), 1);
         ra_wgmma_commit();
-        if (tile + 1 < it.tiles) stage_terms(tile + 1, buf ^ 1);  // under the dV / dK products
         ra_wgmma_wait<0>();
         __syncthreads();  // the buffers are refilled by the copies of the tile after next
       });
@@ -703,7 +710,8 @@ RA_DEVICE void tiled_bwd_warpgroup_issue_dq_from_buffer(float (&dq)[D / 2], cons
 // added in order: deterministic), and the last block writes scale dQ through the Q buffer.
 // Keys past the history get P^T = 0 (their zero K rows would give dQ 0, but P^T may not be
 // finite there: exp2 of -lse); a segment without keys takes one block of zeros, so its dq is
-// dS = 0 (dP - Delta) times zero K rows. Delta comes from pass 1. Shared memory: the layout of
+// dS = 0 (dP - Delta) times zero K rows; rows past the segment take lse and Delta 0 (their dS^T
+// is 0, and their dq is not stored). Delta comes from pass 1. Shared memory: the layout of
 // tiled_bwd_warpgroup_key_block (tiled_bwd_warpgroup_smem_bytes). The score stage is
 // key_block_transposed's (tiled_bwd_warpgroup_transposed_scores), with keys past the history
 // masked.
@@ -726,7 +734,7 @@ RA_DEVICE void tiled_bwd_warpgroup_one_tile(const SmallSeqTiledParams& p, const 
   float* const dq_sum = reinterpret_cast<float*>(sq_ptr + 2 * kTileBytes) + tid;
   // where key_block keeps P and dS: the tile's lse and Delta, then dS^T [keys][rows]
   const uint32_t sp = sq + 4 * kTileBytes;
-  float* const row_terms = reinterpret_cast<float*>(smem_ptr + (sp - smem));
+  const float* const row_terms = reinterpret_cast<const float*>(smem_ptr + (sp - smem));
   const uint32_t sdst = sp + ROWS * KEYS * 2;
   uint8_t* const sdst_ptr = smem_ptr + (sdst - smem);
   const int warp = tid / 32;
@@ -739,7 +747,7 @@ RA_DEVICE void tiled_bwd_warpgroup_one_tile(const SmallSeqTiledParams& p, const 
   const int hq0 = hk * group;
   const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, rows, hq0);
   copies.template load<D>(p, at, s, hq0, group, 0, seg_rows, sq, 0, tid);
-  tiled_bwd_warpgroup_stage_row_terms(p, s, hq0, group, 0, seg_rows, row_terms, tid);
+  tiled_bwd_warpgroup_stage_row_terms(p, s, hq0, group, 0, seg_rows, sp, tid);
   for (int kb = 0; kb < blocks; ++kb) {
     const int kb0 = kb * KEYS;
     const int live = s.nk - kb0 < KEYS ? s.nk - kb0 : KEYS;
@@ -804,71 +812,115 @@ RA_DEVICE void tiled_bwd_warpgroup_one_tile(const SmallSeqTiledParams& p, const 
   }
 }
 
-// LSE (log2 domain) and Delta = rowsum(dO * O) - dlse of this thread's rows 16 warp + g and
-// + 8 of the tile at r0, for the dQ kernel run ahead of the dK / dV kernel in place of pass 1:
-// dO from the tile's buffer (`sdo_ptr`, generic), O from global memory (`out`: the q batch's
-// rows, each tensor's own strides), each row's four threads summing 16 of every 64 columns. The
-// first of them writes the row's Delta to the workspace, where the dK / dV kernel reads it. A
-// row past the segment gets lse +inf and Delta 0 and reads nothing.
-template <typename T, int D>
-RA_DEVICE void tiled_bwd_warpgroup_dq_delta(const SmallSeqTiledParams& p, const TiledSegment& s,
-                                            const int hq0, const TiledRowMap& map,
-                                            const int64_t r0, const int64_t seg_rows,
-                                            const uint16_t* out, const uint8_t* sdo_ptr,
-                                            float (&lse2)[2], float (&delta)[2],
-                                            const int wtid) {
+// The scalars the dQ kernel reads from global memory for a row tile's rows, this thread's rows
+// 16 warp + g and + 8: each row's lse (natural log) and pass 1's Delta, or with DELTA (pass 1
+// not run) its lse and dlse (0 without). The dQ kernels load a warpgroup's next tile's while it
+// computes the tile before (as they stand: converted only where used), and with DELTA ask L2
+// for that tile's O rows, which a tile's Delta reads first thing (holding them in registers
+// across a tile would spill at d = 128), so that no tile starts by waiting on DRAM. A row past
+// the segment reads nothing (its fields are undefined and never read).
+struct TiledBwdDqRowLoads {
+  float lse[2];
+  float delta_or_dlse[2];
+};
+
+template <int D, bool DELTA>
+RA_DEVICE void tiled_bwd_warpgroup_dq_load_rows(const SmallSeqTiledParams& p,
+                                                const TiledSegment& s, const int hq0,
+                                                const TiledBwdWarpgroupRows& at,
+                                                const TiledRowMap& map, const int64_t r0,
+                                                const int64_t seg_rows, TiledBwdDqRowLoads& l,
+                                                const int wtid) {
+  const int t = wtid % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = 16 * (wtid / 32) + (wtid % 32) / 4 + 8 * r;
+    if (r0 + i >= seg_rows) continue;
+    int64_t j;
+    int h;
+    map.at(i, j, h);
+    const int64_t row = s.q_row0 + j;
+    const int64_t hq = hq0 + h;
+    l.lse[r] = p.lse[hq * p.lse_head_stride + row];
+    if constexpr (DELTA) {
+      l.delta_or_dlse[r] = p.dlse != nullptr ? p.dlse[hq * p.dlse_head_stride + row] : 0.f;
+      const uint16_t* o = at.out + (s.q_token0 + j) * p.out_token_stride + hq * p.out_head_stride;
+      // the row's D / 64 lines of 128 bytes, among its four threads
+      for (int line = t; line < D / 64; line += 4) ra_prefetch_l2(o + 64 * line);
+    } else {
+      l.delta_or_dlse[r] = p.workspace[hq * p.lse_head_stride + row];
+    }
+  }
+}
+
+// LSE (log2 domain) and Delta of this thread's rows 16 warp + g and + 8 of the tile at r0 from
+// its loads (tiled_bwd_warpgroup_dq_load_rows), the tile's dO landed at `sdo_ptr` (generic). With
+// DELTA: Delta = rowsum(dO * O) - dlse, O from global memory (`out`: the q batch's rows, each
+// tensor's own strides), each row's four threads summing 16 of every 64 columns, the first of
+// them writing the row's Delta to the workspace, where the dK / dV kernel reads it. A row past
+// the segment gets lse +inf and Delta 0 and reads nothing.
+template <typename T, int D, bool DELTA>
+RA_DEVICE void tiled_bwd_warpgroup_dq_row_terms(const SmallSeqTiledParams& p,
+                                                const TiledSegment& s, const int hq0,
+                                                const TiledRowMap& map, const int64_t r0,
+                                                const int64_t seg_rows,
+                                                const TiledBwdDqRowLoads& l, const uint16_t* out,
+                                                const uint8_t* sdo_ptr, float (&lse2)[2],
+                                                float (&delta)[2], const int wtid) {
   const int t = wtid % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = 16 * (wtid / 32) + (wtid % 32) / 4 + 8 * r;
     const bool live = r0 + i < seg_rows;  // the same for a row's four threads
-    int64_t j;
-    int h;
-    map.at(i, j, h);
-    float part = 0.f;
-    if (live) {
-      const uint16_t* o =
-          out + (s.q_token0 + j) * p.out_token_stride + (hq0 + h) * p.out_head_stride;
+    if constexpr (DELTA) {
+      int64_t j;
+      int h;
+      map.at(i, j, h);
+      float part = 0.f;
+      if (live) {
+        const uint16_t* o =
+            out + (s.q_token0 + j) * p.out_token_stride + (hq0 + h) * p.out_head_stride;
 #pragma unroll
-      for (int c = 0; c < D / 8; c += 4) {
-        float of[8], gf[8];
-        ra_unpack8<T>(ra_load16(o + 8 * (c + t)), of);
-        ra_unpack8<T>(*reinterpret_cast<const ra_vec8*>(
-                          sdo_ptr + ra_wgmma_offset(i, 8 * (c + t), kTiledWarpgroupRows)),
-                      gf);
+        for (int c = 0; c < D / 8; c += 4) {
+          float of[8], gf[8];
+          ra_unpack8<T>(ra_load16(o + 8 * (c + t)), of);
+          ra_unpack8<T>(*reinterpret_cast<const ra_vec8*>(
+                            sdo_ptr + ra_wgmma_offset(i, 8 * (c + t), kTiledWarpgroupRows)),
+                        gf);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) part = fmaf(gf[e], of[e], part);
+          for (int e = 0; e < 8; ++e) part = fmaf(gf[e], of[e], part);
+        }
       }
+      const float dot = ra_group_sum<4>(part);  // every lane of the warp takes part
+      if (live) {
+        delta[r] = dot - l.delta_or_dlse[r];
+        if (t == 0) p.workspace[(hq0 + h) * p.lse_head_stride + s.q_row0 + j] = delta[r];
+      }
+    } else {
+      if (live) delta[r] = l.delta_or_dlse[r];
     }
-    const float dot = ra_group_sum<4>(part);  // every lane of the warp takes part
-    if (!live) {
-      lse2[r] = INFINITY;
-      delta[r] = 0.f;
-      continue;
-    }
-    const TiledBwdRowTerms terms = tiled_bwd_row_terms_of<true>(p, s, j, hq0 + h);  // -dlse
-    lse2[r] = terms.lse2;
-    delta[r] = dot + terms.delta;
-    if (t == 0) p.workspace[(hq0 + h) * p.lse_head_stride + s.q_row0 + j] = delta[r];
+    lse2[r] = live ? l.lse[r] * kTiledBwdLog2e : INFINITY;
+    if (!live) delta[r] = 0.f;
   }
 }
 
 // dQ of the row tile at r0 of one valid segment (kv head hk, q heads from hq0), all of its keys
-// staged in `sk` / `sv` (kp rows each) and the tile's Q and dO (Q at `tile_at`, dO right after
-// it) landed: per key block dQ += dS K in fp32 registers, written once through the Q buffer
-// (`tile_ptr`, the same bytes) and stored row by row, rows past seg_rows not stored. Each row's
-// dQ depends on that row's Q and dO only, so a Q / dO row past the segment may hold anything.
-// DELTA: the tile's Delta from its dO and O (tiled_bwd_warpgroup_dq_delta, pass 1 not run), else
-// from the workspace. Returns after this thread's last read of the buffer; the caller syncs the
+// staged in `sk` / `sv` (kp rows each), the tile's Q and dO (Q at `tile_at`, dO right after
+// it) landed and its other loads `l` issued: per key block dQ += dS K in fp32 registers, written
+// once through the Q buffer (`tile_ptr`, the same bytes) and stored row by row, rows past
+// seg_rows not stored. Each row's dQ depends on that row's Q and dO only, so a Q / dO row past
+// the segment may hold anything. DELTA: the tile's Delta from its dO and O (pass 1 not run),
+// else pass 1's. Returns after this thread's last read of the buffer; the caller syncs the
 // warpgroup before the buffer takes other rows.
 template <typename T, int D, bool DELTA, bool WIDE>
 RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                            const TiledBwdWarpgroupRows& at, const int hq0,
                                            const int group, const int64_t r0,
-                                           const int64_t seg_rows, const uint32_t sk,
-                                           const uint32_t sv, const int kp, uint8_t* tile_ptr,
-                                           const uint32_t tile_at, const int wg,
-                                           const int wtid) {
+                                           const int64_t seg_rows,
+                                           const TiledBwdDqRowLoads& l,
+                                           const uint32_t sk, const uint32_t sv, const int kp,
+                                           uint8_t* tile_ptr, const uint32_t tile_at,
+                                           const int wg, const int wtid) {
   constexpr int KEYS = kTiledBwdWarpgroupBlockKeys;
   constexpr int kTileBytes = kTiledWarpgroupRows * D * 2;
   const float scale2 = p.softmax_scale * kTiledBwdLog2e;
@@ -876,11 +928,8 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const T
   const uint32_t sdo = tile_at + kTileBytes;
   const TiledRowMap map(r0, group);
   float lse2[2], delta[2];
-  if constexpr (DELTA)
-    tiled_bwd_warpgroup_dq_delta<T, D>(p, s, hq0, map, r0, seg_rows, at.out,
-                                       tile_ptr + kTileBytes, lse2, delta, wtid);
-  else
-    tiled_bwd_warpgroup_row_terms<false>(p, s, hq0, map, r0, seg_rows, lse2, delta, wtid);
+  tiled_bwd_warpgroup_dq_row_terms<T, D, DELTA>(p, s, hq0, map, r0, seg_rows, l, at.out,
+                                                tile_ptr + kTileBytes, lse2, delta, wtid);
   float dq[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
@@ -903,21 +952,39 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const T
                                 tile_ptr, wtid);
 }
 
-// The dQ of one valid segment (kv head hk), all of its keys staged in `sk` / `sv` (kp rows
-// each) and the warpgroup's first tile (tile wg) in its buffer at `tile_at` by the caller: each
-// warpgroup takes row tiles round robin, copying each one's Q and dO by cp.async (rows past the
-// segment as zeros) into its one buffer.
+// The dQ of one valid segment (kv head hk): the block stages all of its keys in `sk` / `sv`
+// (kp rows each, all threads) together with each warpgroup's first row tile (tile wg), then
+// each warpgroup takes row tiles round robin, copying each one's Q and dO by cp.async (rows
+// past the segment as zeros) into its one buffer at `tile_at`; each tile's other loads
+// (tiled_bwd_warpgroup_dq_load_rows) are issued one tile ahead, under the tile before.
 template <typename T, int D, bool DELTA, bool WIDE>
-RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const TiledSegment& s,
-                                           const int hk, const int group, const uint32_t sk,
-                                           const uint32_t sv, const int kp,
-                                           uint8_t* tile_ptr, const uint32_t tile_at,
-                                           const int wg, const int wtid) {
+RA_DEVICE void tiled_bwd_warpgroup_dq_segment(const SmallSeqTiledParams& p,
+                                              const TiledSegment& s, const int hk,
+                                              const int group, const uint32_t sk,
+                                              const uint32_t sv, const int kp,
+                                              uint8_t* tile_ptr, const uint32_t tile_at,
+                                              const int wg, const int tid) {
+  constexpr int THREADS = kTiledBwdWarpgroupDqWarpgroups * 128;
   constexpr int ROWS = kTiledWarpgroupRows;
+  const int wtid = tid % 128;
   const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
   const int64_t tiles = (seg_rows + ROWS - 1) / ROWS;
   const int hq0 = hk * group;
-  const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, tiled_bwd_rows(p, hk, s), hq0);
+  const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
+  const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, rows, hq0);
+  TiledBwdDqRowLoads l;
+  // K, V and each warpgroup's first tile of Q and dO in one batch of copies.
+  tiled_warpgroup_stage<D, kTiledBwdWarpgroupBlockKeys, THREADS>(sk, sv, p, rows.k, rows.v,
+                                                                 s.nk, kp, tid);
+  if (wg < tiles) {
+    tiled_bwd_warpgroup_load_tile<D>(p, at, group, wg * ROWS, seg_rows, tile_at, wtid);
+    tiled_bwd_warpgroup_dq_load_rows<D, DELTA>(p, s, hq0, at, TiledRowMap(wg * ROWS, group),
+                                               wg * ROWS, seg_rows, l, wtid);
+  }
+  ra_cp_async_commit();
+  ra_cp_async_wait<0>();
+  ra_fence_proxy_async();
+  __syncthreads();
   for (int64_t tile = wg; tile < tiles; tile += kTiledBwdWarpgroupDqWarpgroups) {
     const int64_t r0 = tile * ROWS;
     if (tile != wg) {  // the first tile came with K / V
@@ -927,8 +994,14 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_rows(const SmallSeqTiledParams& p, const T
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
     }
-    tiled_bwd_warpgroup_dq_tile<T, D, DELTA, WIDE>(p, s, at, hq0, group, r0, seg_rows, sk, sv,
-                                                   kp, tile_ptr, tile_at, wg, wtid);
+    TiledBwdDqRowLoads next;
+    const int64_t next_r0 = r0 + kTiledBwdWarpgroupDqWarpgroups * ROWS;
+    if (next_r0 < seg_rows)
+      tiled_bwd_warpgroup_dq_load_rows<D, DELTA>(p, s, hq0, at, TiledRowMap(next_r0, group),
+                                                 next_r0, seg_rows, next, wtid);
+    tiled_bwd_warpgroup_dq_tile<T, D, DELTA, WIDE>(p, s, at, hq0, group, r0, seg_rows, l, sk,
+                                                   sv, kp, tile_ptr, tile_at, wg, wtid);
+    l = next;
     ra_warpgroup_sync(wg);  // the buffer is refilled by the next tile's copies
   }
 }
@@ -1011,11 +1084,8 @@ template <typename T, int D, bool DELTA, bool WIDE>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
     small_seq_tiled_bwd_warpgroup_dq_kernel(const SmallSeqTiledParams p) {
 #if RA_HAS_WGMMA
-  constexpr int THREADS = kTiledBwdWarpgroupDqWarpgroups * 128;
-  constexpr int ROWS = kTiledWarpgroupRows;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  const int wtid = tid % 128;
   const int group = p.num_heads_q / p.num_heads_kv;
   const int kp = tiled_bwd_warpgroup_blocks(p.max_seqlen_kv) * kTiledBwdWarpgroupBlockKeys;
   RA_DYNAMIC_SHARED(ra_vec8, tiled_bwd_warpgroup_dq_smem);
@@ -1028,20 +1098,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
     const int hk = static_cast<int>(item - static_cast<int64_t>(seg) * p.num_heads_kv);
     const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
     if (!s.valid) continue;  // the dK / dV kernel writes its dq (NaN)
-    const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
-    const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
-    // K, V and each warpgroup's first tile of Q and dO in one batch of copies.
-    tiled_warpgroup_stage<D, kTiledBwdWarpgroupBlockKeys, THREADS>(sm.k, sm.v, p, rows.k,
-                                                                   rows.v, s.nk, kp, tid);
-    if (wg * ROWS < seg_rows)
-      tiled_bwd_warpgroup_load_tile<D>(p, tiled_bwd_warpgroup_rows(p, s, rows, hk * group),
-                                       group, wg * ROWS, seg_rows, sm.q, wtid);
-    ra_cp_async_commit();
-    ra_cp_async_wait<0>();
-    ra_fence_proxy_async();
-    __syncthreads();
-    tiled_bwd_warpgroup_dq_rows<T, D, DELTA, WIDE>(p, s, hk, group, sm.k, sm.v, kp, sm.q_ptr,
-                                                   sm.q, wg, wtid);
+    tiled_bwd_warpgroup_dq_segment<T, D, DELTA, WIDE>(p, s, hk, group, sm.k, sm.v, kp,
+                                                      sm.q_ptr, sm.q, wg, tid);
     __syncthreads();  // every warpgroup is done with this segment's K / V
   }
   if constexpr (DELTA)

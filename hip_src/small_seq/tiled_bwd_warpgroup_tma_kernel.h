@@ -158,8 +158,9 @@ RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_dq_tma_smem_bytes(int max_s
 }
 
 // dQ kernel with tile copies (the cp.async kernel's items: (segment, kv head), K / V staged
-// once by cp.async, each tile's dQ by tiled_bwd_warpgroup_dq_tile), the tiles' Q and dO copied
-// whole by one thread into kTiledBwdDqTmaBuffers buffers that the warpgroups take in turn.
+// once by cp.async, each tile's dQ by tiled_bwd_warpgroup_dq_tile, its other loads one tile
+// ahead), the tiles' Q and dO copied whole by one thread into kTiledBwdDqTmaBuffers buffers
+// that the warpgroups take in turn.
 //
 // Each buffer has two barriers: `full` completes when a tile's copies have landed, `released`
 // when the warpgroup that computed the buffer's previous tile is done with it. A phase-parity
@@ -230,11 +231,19 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
                     batch);
       }
     };
+    // this warpgroup's tile t's row scalars and O prefetch (TiledBwdDqRowLoads), one tile ahead
+    const auto load_rows = [&](int64_t t, TiledBwdDqRowLoads& l) {
+      if (t < tiles)
+        tiled_bwd_warpgroup_dq_load_rows<D, DELTA>(p, s, hq0, at, TiledRowMap(t * ROWS, group),
+                                                   t * ROWS, seg_rows, l, wtid);
+    };
     // K / V by cp.async (zeros past the history), the first tiles by tile copies beside them.
     tiled_warpgroup_stage<D, kTiledBwdWarpgroupBlockKeys, THREADS>(sk, sv, p, rows.k, rows.v,
                                                                    s.nk, kp, tid);
     if (tid == 0)
       for (int64_t t = 0; t < tiles && t < BUFS; ++t) copy_tile(t);
+    TiledBwdDqRowLoads l;
+    load_rows(wg, l);
     ra_cp_async_commit();
     ra_cp_async_wait<0>();
     ra_fence_proxy_async();
@@ -244,10 +253,13 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
       const uint32_t n = (base_parity >> b) ^ static_cast<uint32_t>(t / BUFS);  // this copy
       if (t >= BUFS) ra_mbar_wait(released(b), (n ^ 1u) & 1u);  // tile t - BUFS's release
       ra_mbar_wait(full(b), n & 1u);
+      TiledBwdDqRowLoads next;
+      load_rows(t + WARPGROUPS, next);
       tiled_bwd_warpgroup_dq_tile<T, D, DELTA, WIDE>(p, s, at, hq0, group, t * ROWS, seg_rows,
-                                                     sk, sv, kp,
+                                                     l, sk, sv, kp,
                                                      smem_ptr + buf_off + b * kBufBytes,
                                                      raw + buf_off + b * kBufBytes, wg, wtid);
+      l = next;
       // This thread's reads and writes of the buffer come before the tile copy that refills it.
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);

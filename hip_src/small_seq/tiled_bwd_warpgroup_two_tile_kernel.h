@@ -10,8 +10,9 @@
 //
 // Work item = (segment, kv head), one block of two warpgroups, warpgroup w owning row tile w
 // (rows 64 w .. 64 w + 63; r = j * group + h as in every tiled kernel). Each warpgroup copies
-// its tile's Q and dO once and stages its rows' lse and Delta (pass 1's); the block walks the
-// history's key blocks of 64 keys, staging each block's K and V (all threads), and per block:
+// its tile's Q and dO once and stages its rows' lse and Delta (pass 1's, by cp.async with
+// them); the block walks the history's key blocks of 64 keys, staging each block's K and V
+// (all threads), and per block:
 //   1. each warpgroup: S^T = K Q^T, dP^T = V dO^T for its tile, P^T and dS^T in registers
 //      (tiled_bwd_warpgroup_transposed_scores, keys past the history masked);
 //   2. dS^T into the warpgroup's dS buffer ([keys][rows], the transposed A operand of dQ's
@@ -33,8 +34,9 @@
 // fragments or the exchanged ones, dO or Q) is selected by value, not by a branch, because a
 // product issued under a branch makes ptxas serialize every product of the kernel (C7514).
 //
-// Rows past the segment are zero Q / dO rows with lse +inf (P^T = 0), so a segment of 64 rows
-// or fewer leaves warpgroup 1 computing zeros; keys past the history are zero K / V rows with
+// Rows past the segment are zero Q / dO rows with lse and Delta 0 (dS^T = 0, and P^T = 1 meets
+// only their zero dO rows), so a segment of 64 rows or fewer leaves warpgroup 1 computing
+// zeros; keys past the history are zero K / V rows with
 // P^T = 0; a segment without keys takes one block of zeros (its dq is dS = 0 (dP - Delta) times
 // zero K rows). Bad segments, padding rows and K / V rows no segment covers: tiled_bwd_edges,
 // as the other warpgroup kernels.
@@ -98,7 +100,7 @@ RA_DEVICE void tiled_bwd_warpgroup_two_tile(const SmallSeqTiledParams& p, const 
       reinterpret_cast<const uint32_t*>(smem_ptr + (tiles + (wg ^ 1) * kWgBytes - smem) +
                                         kXchg) +
       wtid;
-  float* const row_terms = reinterpret_cast<float*>(sq_ptr + kTerms);
+  const float* const row_terms = reinterpret_cast<const float*>(sq_ptr + kTerms);
   const int warp = wtid / 32;
   const int g = (wtid % 32) / 4;
   const int t = wtid % 4;
@@ -110,7 +112,7 @@ RA_DEVICE void tiled_bwd_warpgroup_two_tile(const SmallSeqTiledParams& p, const 
   const int hq0 = hk * group;
   const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, rows, hq0);
   tiled_bwd_warpgroup_load_tile<D>(p, at, group, r0, seg_rows, sq, wtid);
-  tiled_bwd_warpgroup_stage_row_terms(p, s, hq0, group, r0, seg_rows, row_terms, wtid);
+  tiled_bwd_warpgroup_stage_row_terms(p, s, hq0, group, r0, seg_rows, sq + kTerms, wtid);
   // The gradient product's B operand per tile: dO (dV, warpgroup 0) or Q (dK, warpgroup 1)
   // of tile 0 and tile 1, and the factor and rows its result is stored with.
   const uint32_t grad_b0 = tiles + (wg == 0 ? kTileBytes : 0);
