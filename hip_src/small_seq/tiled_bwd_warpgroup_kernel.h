@@ -541,9 +541,9 @@ RA_DEVICE void tiled_bwd_warpgroup_stage_row_terms(const SmallSeqTiledParams& p,
 // both rounded in pairs into pa / dsa, the A operands of the dV and dK products (k step kk: tile
 // rows 16 kk .. 16 kk + 15; pa[kk][x], dsa[kk][x] hold rows 8 j + 2t, + 1 with j = 2 kk + x / 2
 // of key 16 warp + g + 8 (x % 2)). row_lse / row_delta: the tile's 64 lse (natural log) and
-// Delta values (tiled_bwd_warpgroup_stage_row_terms). Each pass reads its own row terms: the wait's memory clobber between them keeps
-// the compiler from loading all 32 terms at once beside the accumulators (which spilled 144
-// bytes at d = 128).
+// Delta values (tiled_bwd_warpgroup_stage_row_terms). Each pass reads its own row terms: the
+// wait's memory clobber between them keeps the compiler from loading all 32 terms at once
+// beside the accumulators (which spilled 144 bytes at d = 128).
 template <typename T, int D, bool MASK_PAST>
 RA_DEVICE void tiled_bwd_warpgroup_transposed_scores(
     const uint32_t sk, const uint32_t sv, const uint32_t sq, const uint32_t sdo,

@@ -35,8 +35,8 @@
 // product issued under a branch makes ptxas serialize every product of the kernel (C7514).
 //
 // Rows past the segment are zero Q / dO rows with lse and Delta 0 (dS^T = 0, and P^T = 1 meets
-// only their zero dO rows), so a segment of 64 rows or fewer leaves warpgroup 1 computing
-// zeros; keys past the history are zero K / V rows with
+// only their zero dO rows), so a segment of 64 rows or fewer leaves warpgroup 1's products
+// zero; keys past the history are zero K / V rows with
 // P^T = 0; a segment without keys takes one block of zeros (its dq is dS = 0 (dP - Delta) times
 // zero K rows). Bad segments, padding rows and K / V rows no segment covers: tiled_bwd_edges,
 // as the other warpgroup kernels.
