@@ -256,6 +256,11 @@ struct TiledTileAlone {
   static constexpr uint32_t sq_next = 0;
   RA_DEVICE void wait_next() const {}
 };
+
+// tiled_warpgroup_tile's default step_done hook: nothing to release.
+struct TiledNoStepDone {
+  RA_DEVICE void operator()(int) const {}
+};
 template <int PART, typename WaitNext>
 struct TiledTilePairLink {
   static constexpr int kPart = PART;
@@ -273,13 +278,17 @@ RA_DEVICE TiledTilePairLink<PART, WaitNext> tiled_tile_pair_link(float* carry, u
 // online softmax, P . V, then out and the LSE of its live rows (out through the tile's Q
 // buffer `sq`, which holds Q on entry and is free again once every warp of the warpgroup
 // passed its last score product). The steps cover keys [k_begin, k_end) (whole steps; k_end may
-// be the history's length). The caller decides three things through hooks:
+// be the history's length). The caller decides four things through hooks:
 // before_step(k0) returns once the step's K and V may be read (the cp.async kernel stages all
 // keys before its first tile: nothing to wait for); combine(o, m, l) may merge another
 // warpgroup's partial result over other keys of the same tile into this one's (O, the row
 // maxima m and this thread's partial row sums l, all relative to m) and returns whether this
 // warpgroup writes the tile; store_out(map) publishes the buffer holding O / l to the
-// warpgroup and writes the tile's live rows out.
+// warpgroup and writes the tile's live rows out; step_done(k0) runs once this thread has waited
+// for every product that reads the step at k0 (its scores and P . V), with no product in flight
+// (a caller whose steps sit in a ring frees the step's slot there, rather than a step later or
+// after the epilogue; a first tile of a pair runs its last step's hook once the next tile's
+// first scores are waited for).
 // OVERLAP picks the step schedule (kTiledWarpgroupOverlap): serial, or each step's softmax
 // under the previous step's P . V. `link` makes it one tile of a pair (TiledTilePairLink; the
 // overlapped schedule only).
@@ -292,7 +301,8 @@ RA_DEVICE TiledTilePairLink<PART, WaitNext> tiled_tile_pair_link(float* carry, u
 // panels hold RING rows and every step reads its slot.
 template <typename T, int D, int KEYS, bool OVERLAP, int RING = 0, bool TAIL_APART = true,
           typename BeforeStep,
-          typename Combine, typename StoreOut, typename Link = TiledTileAlone>
+          typename Combine, typename StoreOut, typename Link = TiledTileAlone,
+          typename StepDone = TiledNoStepDone>
 RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                     const int hk, const int group, const int64_t r0,
                                     const int64_t seg_rows, uint8_t* sq_ptr, const uint32_t sq,
@@ -300,7 +310,8 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
                                     const int wg, const int wtid, const int k_begin,
                                     const int k_end, const BeforeStep& before_step,
                                     const Combine& combine, const StoreOut& store_out,
-                                    const Link& link = Link{}) {
+                                    const Link& link = Link{},
+                                    const StepDone& step_done = StepDone{}) {
   constexpr int kPart = Link::kPart;
   static_assert(kPart == 0 || OVERLAP, "tile pairs take the overlapped schedule");
   static_assert(RING == 0 || (RING % KEYS == 0 && (RING & (RING - 1)) == 0),
@@ -447,6 +458,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       issue_pv(k0);
       ra_wgmma_wait<0>();
       pin_o();
+      step_done(k0);
     }
   } else if (kPart != 0 || k_begin < k_end) {
     // Overlapped (flash-attention 3's schedule within a warpgroup): step j's scores are
@@ -477,6 +489,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       const bool rescale = softmax_any(sc, k0, alpha);
       ra_wgmma_wait<0>();
       pin_o();
+      step_done(k0 - KEYS);  // its scores and P . V are done
       if (rescale) rescale_o(alpha);  // warp-uniform
       pack_p(sc);
     }
@@ -492,6 +505,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       ra_wgmma_wait<0>();
     }
     pin_o();
+    if constexpr (kPart != 1) step_done(k0 - KEYS);
   }
   if constexpr (kPart == 0) {
     if (!combine(o, m, l)) return;
@@ -512,6 +526,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   if constexpr (kPart == 1) {
     ra_wgmma_wait<0>();
     pin_scores(link.carry);
+    step_done(k_end - 1 - (k_end - 1 - k_begin) % KEYS);  // the last step
   }
   const TiledRowMap map(r0, group);  // (a 64-bit division: not under a product)
 #pragma unroll

@@ -43,10 +43,11 @@
 //   them). A computing thread that waited for such a step fences the proxies (fence.proxy.async)
 //   before its products read that V.
 // - free(slot): every computing warp is done with the slot (one arrival per warp: 8). A
-//   warpgroup releases step st - 2 before step st of its last tile of the item (both products of
-//   st - 2 have been waited for), and after that tile the rest; a warpgroup with no tile of the
-//   item releases every step once it has landed. Releasing only landed steps keeps a warpgroup
-//   from arriving for the next item before the slot's current phase is complete.
+//   warpgroup's last tile of the item releases each step once its score and P . V products have
+//   been waited for (tiled_warpgroup_tile's step_done: a step's slot is refilled under the next
+//   step's products and the tile's epilogue); a warpgroup with no tile of the item releases
+//   every step once it has landed. Releasing only landed steps keeps a warpgroup from arriving
+//   for the next item before the slot's current phase is complete.
 // - q_full(wg, buf), q_free(wg, buf): warpgroup wg's Q buffer holds its tile / may be refilled.
 //   A warpgroup returns its previous tile's buffer at the start of its next tile, once that
 //   tile's out store has read it (its thread 0).
@@ -325,14 +326,11 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
       }
       ra_mbar_wait(q_full_bar(wg, b), (q_parity >> b) & 1u);
       q_parity ^= 1u << b;
-      // The first tile waits for each step; the last releases each step two steps on (its
-      // score and P . V products have been waited for by then).
+      // The first tile waits for each step; the last releases each step as soon as its score
+      // and P . V products have been waited for (step_done), so that the copy warp refills the
+      // slot under the next step's products and the epilogue rather than after them.
       const auto before_step = [&](int k0) {
         const int st = k0 / KEYS;
-        if (last && st >= 2) {
-          release(st - 2);
-          released = st - 1;
-        }
         if (first) {
           wait_step(st);
           // The copy warp's cp.async wrote a tail step's V (the generic proxy): this thread's
@@ -349,15 +347,19 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
       tiled_warpgroup_tile<T, D, KEYS, true, kRing, false>(
           p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v,
           kRing, wg, wtid, 0, nk, before_step, [](float*, float*, float*) { return true; },
-          store_out);
+          store_out, TiledTileAlone{}, [&](int k0) {
+            if (last) {
+              release(k0 / KEYS);
+              released = k0 / KEYS + 1;
+            }
+          });
       first = false;
       ++tiles_done;
       // This thread's reads and writes of the buffer come before the tile copy that refills it.
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
     }
-    // The steps still held: after the last tile its last two; with no tile here, every step,
-    // each once it has landed.
+    // With no tile here, every step, each once it has landed (a last tile released its steps).
     for (int st = released; st < steps; ++st) {
       if (first) wait_step(st);
       release(st);

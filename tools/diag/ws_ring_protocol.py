@@ -166,14 +166,20 @@ def programs(items, tail_warp=False, unlanded=False):
                             ((("q", w, b), (n, tile)),)))
                 q_par ^= 1 << b
                 for st in range(it.steps):
-                    if last and st >= 2:
-                        ops.append(("arrive", ("free", st - 2), WARPS,
-                                    (("k", st - 2), ("v", st - 2))))
-                        released = st - 1
                     reads = ((("k", st), (n, st)), (("v", st), (n, st)))
                     # a tile after the first reads what the first one waited for
                     ops.append(("wait", ("full", st) if first else None,
                                 (full_par >> st) & 1, reads))
+                    # the last tile releases step st - 1 once step st's scores and step
+                    # st - 1's P . V are waited for, and its last step after its last P . V
+                    if last and st >= 1:
+                        ops.append(("arrive", ("free", st - 1), WARPS,
+                                    (("k", st - 1), ("v", st - 1))))
+                        released = st
+                if last and it.steps > 0:
+                    ops.append(("arrive", ("free", it.steps - 1), WARPS,
+                                (("k", it.steps - 1), ("v", it.steps - 1))))
+                    released = it.steps
                 first = False
                 tiles_done += 1
             for st in range(released, it.steps):
