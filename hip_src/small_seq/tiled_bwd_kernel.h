@@ -149,7 +149,7 @@ RA_DEVICE TiledBwdRowTerms tiled_bwd_row_terms_of(const SmallSeqTiledParams& p,
                                                   const TiledSegment& s, const int64_t j,
                                                   const int64_t hq) {
   const int64_t row = s.q_row0 + j;
-  const int64_t at = hq * p.lse_head_stride + row;
+  const int64_t at = tiled_row_term_at(p, s, hq, j);
   if constexpr (FUSED_DELTA)
     return TiledBwdRowTerms{p.lse[at] * kTiledBwdLog2e,
                             p.dlse != nullptr ? -p.dlse[hq * p.dlse_head_stride + row] : 0.f};

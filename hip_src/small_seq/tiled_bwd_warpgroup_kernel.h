@@ -528,7 +528,7 @@ RA_DEVICE void tiled_bwd_warpgroup_stage_row_terms(const SmallSeqTiledParams& p,
   int64_t j;
   int h;
   TiledRowMap(r0, group).at(i, j, h);
-  const int64_t at = (hq0 + h) * p.lse_head_stride + s.q_row0 + j;
+  const int64_t at = tiled_row_term_at(p, s, hq0 + h, j);
   const bool live = r0 + i < seg_rows;
   const float* const terms = tid < kTiledWarpgroupRows ? p.lse : p.workspace;
   ra_cp_async4(row_terms + 4 * tid, live ? terms + at : p.lse, live ? 4 : 0);
@@ -841,14 +841,15 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_load_rows(const SmallSeqTiledParams& p,
     map.at(i, j, h);
     const int64_t row = s.q_row0 + j;
     const int64_t hq = hq0 + h;
-    l.lse[r] = p.lse[hq * p.lse_head_stride + row];
+    const int64_t term = tiled_row_term_at(p, s, hq, j);
+    l.lse[r] = p.lse[term];
     if constexpr (DELTA) {
       l.delta_or_dlse[r] = p.dlse != nullptr ? p.dlse[hq * p.dlse_head_stride + row] : 0.f;
       const uint16_t* o = at.out + (s.q_token0 + j) * p.out_token_stride + hq * p.out_head_stride;
       // the row's D / 64 lines of 128 bytes, among its four threads
       for (int line = t; line < D / 64; line += 4) ra_prefetch_l2(o + 64 * line);
     } else {
-      l.delta_or_dlse[r] = p.workspace[hq * p.lse_head_stride + row];
+      l.delta_or_dlse[r] = p.workspace[term];
     }
   }
 }
@@ -894,7 +895,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_row_terms(const SmallSeqTiledParams& p,
       const float dot = ra_group_sum<4>(part);  // every lane of the warp takes part
       if (live) {
         delta[r] = dot - l.delta_or_dlse[r];
-        if (t == 0) p.workspace[(hq0 + h) * p.lse_head_stride + s.q_row0 + j] = delta[r];
+        if (t == 0) p.workspace[tiled_row_term_at(p, s, hq0 + h, j)] = delta[r];
       }
     } else {
       if (live) delta[r] = l.delta_or_dlse[r];

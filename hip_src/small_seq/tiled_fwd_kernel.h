@@ -553,7 +553,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     rows.at(row, j, h);
     const int64_t hq = hq0 + h;
     const float v = lse2[ra_mma_acc_slot(i)];
-    p.lse[hq * p.lse_head_stride + s.q_row0 + j] = v == -INFINITY ? -INFINITY : v * kTiledLn2;
+    p.lse[tiled_row_term_at(p, s, hq, j)] = v == -INFINITY ? -INFINITY : v * kTiledLn2;
   }
 
   if (p.probs == nullptr) return;
@@ -717,7 +717,7 @@ RA_DEVICE void tiled_fwd_tile_scalar(const SmallSeqTiledParams& p, const int hk,
     }
     const float lse2 = sum > 0.f ? mall + log2f(sum) : -INFINITY;
     if (lane == 0)
-      p.lse[hq * p.lse_head_stride + s.q_row0 + j] = sum > 0.f ? lse2 * kTiledLn2 : -INFINITY;
+      p.lse[tiled_row_term_at(p, s, hq, j)] = sum > 0.f ? lse2 * kTiledLn2 : -INFINITY;
     if (p.probs == nullptr) continue;
     for (int base = 0; base < p.max_seqlen_kv; base += RPP) {
       const int key = base + row_group;

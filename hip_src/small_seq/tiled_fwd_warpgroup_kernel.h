@@ -536,7 +536,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       int64_t j;
       int h;
       map.at(i, j, h);
-      p.lse[(hk * group + h) * p.lse_head_stride + s.q_row0 + j] = lse[r];
+      p.lse[tiled_row_term_at(p, s, hk * group + h, j)] = lse[r];
     }
   }
   store_out(map);

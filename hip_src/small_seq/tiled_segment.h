@@ -63,6 +63,13 @@ struct TiledSegment {
   bool valid;
 };
 
+// Where query row j of segment s sits for q head hq in lse and in the backward's Delta
+// workspace (both [h_q, total_q], heads lse_head_stride apart; dlse has its own stride).
+RA_DEVICE int64_t tiled_row_term_at(const SmallSeqTiledParams& p, const TiledSegment& s,
+                                    const int64_t hq, const int64_t j) {
+  return hq * p.lse_head_stride + (s.q_row0 + j);
+}
+
 RA_DEVICE TiledSegment tiled_resolve_segment(const SmallSeqTiledParams& p, int seg,
                                              const TiledBounds& b) {
   TiledSegment s;
