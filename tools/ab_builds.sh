@@ -3,7 +3,8 @@
 # a base source tree and this working tree side by side, then times ranking rows with each build
 # in turn, ROUNDS times, so that both builds' numbers come from one card in one run (timings of
 # one build move by up to ~10% between machines of a kind; repeats within a run by ~1%). Prints
-# the comparison (tools/ranking_table.py --base) last; JSON and logs under $OUT.
+# the comparison (tools/ranking_table.py --base) last and into $OUT/ab.txt; JSON and logs under
+# LOG_DIR (default $OUT).
 #
 # Usage, on the GPU machine: bash tools/ab_builds.sh BASE_DIR ROWS [bench_small_seq.py args]
 #   BASE_DIR  the base revision's sources, made beforehand on a machine with the git history:
@@ -26,7 +27,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-BASE=$(cd "$1" && pwd)
+BASE=$(cd "$1" && pwd) || { echo "no base tree at $1"; exit 2; }
 ROWS=$2
 shift 2
 BENCH_ARGS=("$@")
@@ -38,6 +39,7 @@ LOGS=${LOG_DIR:-$OUT}
 mkdir -p "$LOGS"
 LOGS=$(cd "$LOGS" && pwd)
 PREBUILT=${PREBUILT:-}
+PREBUILT=${PREBUILT// /}  # "base, new" as "base,new"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-8}
 
 build() {  # $1 source tree, $2 base or new
@@ -69,7 +71,7 @@ for round in $(seq "${ROUNDS:-2}"); do
       --cases "$ROWS" "${BENCH_ARGS[@]}" --json "$json" > "$LOGS/${which}_$round.txt" 2>&1)
     rc=$?
     echo "$which round $round: rc=$rc"
-    [ $rc -ne 0 ] && { tail -20 "$LOGS/${which}_$round.txt"; exit 1; }
+    [ $rc -ne 0 ] && { tail -n 20 "$LOGS/${which}_$round.txt"; exit 1; }
     if [ $which = base ]; then base_json+=("$json"); else new_json+=("$json"); fi
   done
 done

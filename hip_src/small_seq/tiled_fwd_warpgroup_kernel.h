@@ -285,10 +285,11 @@ RA_DEVICE TiledTilePairLink<PART, WaitNext> tiled_tile_pair_link(float* carry, u
 // maxima m and this thread's partial row sums l, all relative to m) and returns whether this
 // warpgroup writes the tile; store_out(map) publishes the buffer holding O / l to the
 // warpgroup and writes the tile's live rows out; step_done(k0) runs once this thread has waited
-// for every product that reads the step at k0 (its scores and P . V), with no product in flight
-// (a caller whose steps sit in a ring frees the step's slot there, rather than a step later or
-// after the epilogue; a first tile of a pair runs its last step's hook once the next tile's
-// first scores are waited for).
+// for every product of this tile that reads the step at k0 (its scores and P . V), with no
+// product in flight (a caller whose steps sit in a ring frees the step's slot there: its last
+// steps before the epilogue rather than after it). In a pair, the first tile runs its last
+// step's hook once the next tile's first scores are waited for, and those scores read step 0
+// again after the first tile's hook for it.
 // OVERLAP picks the step schedule (kTiledWarpgroupOverlap): serial, or each step's softmax
 // under the previous step's P . V. `link` makes it one tile of a pair (TiledTilePairLink; the
 // overlapped schedule only).

@@ -44,8 +44,8 @@
 //   before its products read that V.
 // - free(slot): every computing warp is done with the slot (one arrival per warp: 8). A
 //   warpgroup's last tile of the item releases each step once its score and P . V products have
-//   been waited for (tiled_warpgroup_tile's step_done: a step's slot is refilled under the next
-//   step's products and the tile's epilogue); a warpgroup with no tile of the item releases
+//   been waited for (tiled_warpgroup_tile's step_done: the last two steps' slots are refilled
+//   under the last P . V and the tile's epilogue); a warpgroup with no tile of the item releases
 //   every step once it has landed. Releasing only landed steps keeps a warpgroup from arriving
 //   for the next item before the slot's current phase is complete.
 // - q_full(wg, buf), q_free(wg, buf): warpgroup wg's Q buffer holds its tile / may be refilled.
@@ -328,7 +328,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
       q_parity ^= 1u << b;
       // The first tile waits for each step; the last releases each step as soon as its score
       // and P . V products have been waited for (step_done), so that the copy warp refills the
-      // slot under the next step's products and the epilogue rather than after them.
+      // last two steps' slots under the last P . V and the epilogue rather than after them.
       const auto before_step = [&](int k0) {
         const int st = k0 / KEYS;
         if (first) {
