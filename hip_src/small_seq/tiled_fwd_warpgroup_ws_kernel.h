@@ -313,7 +313,6 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
       if (wtid % 32 == 0) ra_mbar_arrive(free_bar(st));
     };
     const auto wait_step = [&](int st) { ra_mbar_wait(full_bar(st), (full_parity >> st) & 1u); };
-    int released = 0;  // steps [0, released) are released
     bool first = true;
     for (int64_t tile = it.tile0 + wg; tile < tile1; tile += kCompute) {
       const bool last = tile + kCompute >= tile1;
@@ -348,10 +347,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
           p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v,
           kRing, wg, wtid, 0, nk, before_step, [](float*, float*, float*) { return true; },
           store_out, TiledTileAlone{}, [&](int k0) {
-            if (last) {
-              release(k0 / KEYS);
-              released = k0 / KEYS + 1;
-            }
+            if (last) release(k0 / KEYS);
           });
       first = false;
       ++tiles_done;
@@ -360,9 +356,11 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
       ra_warpgroup_sync(wg);
     }
     // With no tile here, every step, each once it has landed (a last tile released its steps).
-    for (int st = released; st < steps; ++st) {
-      if (first) wait_step(st);
-      release(st);
+    if (first) {
+      for (int st = 0; st < steps; ++st) {
+        wait_step(st);
+        release(st);
+      }
     }
     full_parity ^= (1u << steps) - 1u;
   }

@@ -155,7 +155,6 @@ def programs(items, tail_warp=False, unlanded=False):
             take(ops, n, WARPS)
             if it is None or not it.rows:
                 continue
-            released = 0
             first = True
             for tile in range(w, it.tiles, WARPGROUPS):
                 last = tile + WARPGROUPS >= it.tiles
@@ -175,15 +174,15 @@ def programs(items, tail_warp=False, unlanded=False):
                     if last and st >= 1:
                         ops.append(("arrive", ("free", st - 1), WARPS,
                                     (("k", st - 1), ("v", st - 1))))
-                        released = st
                 if last and it.steps > 0:
                     ops.append(("arrive", ("free", it.steps - 1), WARPS,
                                 (("k", it.steps - 1), ("v", it.steps - 1))))
-                    released = it.steps
                 first = False
                 tiles_done += 1
-            for st in range(released, it.steps):
-                if first and not unlanded:
+            # with no tile here, every step, each once it has landed (a last tile released its
+            # steps)
+            for st in range(it.steps if first else 0):
+                if not unlanded:
                     ops.append(("wait", ("full", st), (full_par >> st) & 1, ()))
                 ops.append(("arrive", ("free", st), WARPS, (("k", st), ("v", st))))
             full_par ^= (1 << it.steps) - 1
