@@ -181,10 +181,11 @@ def programs(items, tail_warp=False, unlanded=False):
                 tiles_done += 1
             # with no tile here, every step, each once it has landed (a last tile released its
             # steps)
-            for st in range(it.steps if first else 0):
-                if not unlanded:
-                    ops.append(("wait", ("full", st), (full_par >> st) & 1, ()))
-                ops.append(("arrive", ("free", st), WARPS, (("k", st), ("v", st))))
+            if first:
+                for st in range(it.steps):
+                    if not unlanded:
+                        ops.append(("wait", ("full", st), (full_par >> st) & 1, ()))
+                    ops.append(("arrive", ("free", st), WARPS, (("k", st), ("v", st))))
             full_par ^= (1 << it.steps) - 1
         actors[f"wg{w}"] = ops
     return actors
