@@ -95,7 +95,7 @@ def single_gpu_masked(q, k, v, cu, max_len, window, chunk, backward: bool):
     leaves = [t.detach().clone().requires_grad_(backward) for t in (q, k, v)]
 
     def fwd():
-        return rocm_attn.attention(*leaves, cu, cu, max_len, max_len, causal=True,
+        return rocm_attn.attention(*leaves, cu, cu, max_len, max_len, attn_mask_type="causal",
                                    window_size=window, chunk_size=chunk, backend="torch_flash")
 
     if not backward:
