@@ -161,3 +161,65 @@ def test_backward_bitwise_reproducible_under_deterministic_mode(mask, window):
         torch.use_deterministic_algorithms(prev)
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("layout", ["thd", "one_query", "bshd"])
+def test_small_seq_max_logit(layout):
+    g = torch.Generator().manual_seed(5)
+    ck = torch.tensor([0, 7, 9, 9], dtype=torch.int32)
+    if layout == "bshd":
+        q = torch.randn(3, 2, 4, 32, generator=g)
+        k, v = (torch.randn(3, 7, 2, 32, generator=g) for _ in range(2))
+        lens = torch.tensor([7, 2, 0], dtype=torch.int32)
+        out, ml = rocm_attn.fused_attn_small_seq(q, k, v, None, None, 2, 7,
+                                                 qkv_layout="bshd_bshd_bshd", seqlens_kv=lens,
+                                                 return_max_logit=True)
+        ref = reference_max_logit(q.reshape(6, 4, 32), k.reshape(21, 2, 32),
+                                  _cu([2, 2, 2]), torch.tensor([0, 7, 9, 9], dtype=torch.int32),
+                                  "no_mask", cu_seqlens_kv_padded=_cu([7, 7, 7]))
+    else:
+        cq = (torch.tensor([0, 2, 2, 5], dtype=torch.int32) if layout == "thd"
+              else torch.arange(4, dtype=torch.int32))
+        q = torch.randn(int(cq[-1]), 4, 32, generator=g)
+        k, v = (torch.randn(9, 2, 32, generator=g) for _ in range(2))
+        out, ml = rocm_attn.fused_attn_small_seq(q, k, v, cq, ck, 3 if layout == "thd" else 1,
+                                                 7, return_max_logit=True)
+        ref = reference_max_logit(q, k, cq, ck, "no_mask")
+    assert ml.dtype == torch.float32 and ml.shape == (4,)
+    torch.testing.assert_close(ml.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask,window", [("causal", (512, 0)), ("causal_bottom_right", (-1, -1)),
+                                         ("no_mask", (64, 64))])
+def test_gpu_max_logit_torch_flash(mask, window):
+    """torch_flash (the extra blocked pass beside aten's flash) against the float64 oracle, with
+    padding between sequences; and its backward bitwise reproducible under deterministic mode."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA/ROCm GPU")
+    lens_q, lens_kv = [1000, 17, 513], [1200, 17, 300]
+    q, k, v, cu_q, cu_kv, cu_qp, cu_kvp = _problem(lens_q, lens_kv, h_q=12, h_kv=2, d=128,
+                                                   pad=5, dtype=torch.bfloat16)
+    q, k, v, cu_q, cu_kv, cu_qp, cu_kvp = (x.cuda() for x in (q, k, v, cu_q, cu_kv, cu_qp,
+                                                               cu_kvp))
+    pads = dict(cu_seqlens_q_padded=cu_qp, cu_seqlens_kv_padded=cu_kvp)
+    _, ml = rocm_attn.attention(q, k, v, cu_q, cu_kv, 1000, 1200, attn_mask_type=mask,
+                                window_size=window, return_max_logit=True,
+                                backend="torch_flash", **pads)
+    ref = reference_max_logit(q.cpu(), k.cpu(), cu_q.cpu(), cu_kv.cpu(), mask, window,
+                              cu_seqlens_q_padded=cu_qp.cpu(), cu_seqlens_kv_padded=cu_kvp.cpu())
+    torch.testing.assert_close(ml.cpu().double(), ref, rtol=1e-5, atol=1e-4)
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        grads = []
+        for _ in range(2):
+            leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+            out = rocm_attn.attention(*leaves, cu_q, cu_kv, 1000, 1200, attn_mask_type=mask,
+                                      window_size=window, backend="torch_flash", **pads)
+            out.float().square().sum().backward()
+            grads.append([x.grad for x in leaves])
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

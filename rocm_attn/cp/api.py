@@ -495,7 +495,7 @@ def _show(field: str, value: int) -> str:
     if field == "cp_comm_type":
         return repr(COMM_TYPES[value]) if 0 <= value < len(COMM_TYPES) else str(value)
     if field == "attn_mask_type":
-        return {0: "no_mask", 1: "causal (bottom-right)", 2: "causal (top-left)"}.get(
+        return {0: "no_mask", 1: "causal", 2: "causal (top-left, q and kv lengths differ)"}.get(
             value, str(value))
     if field == "dtype":
         return str(DTYPES[value]) if 0 <= value < len(DTYPES) else str(value)
