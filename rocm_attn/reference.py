@@ -18,12 +18,15 @@ Conventions (shared by the whole package)
 * LSE: natural log, shape ``[h_q, total_q]`` (head-major), float32 (float64
   when computing in float64).
 * ``softmax_scale`` defaults to ``1 / sqrt(d)``.
-* Masks are bottom-right aligned: for a sequence with ``sq`` queries and
-  ``skv`` keys, query ``i`` sits at absolute position ``p = i + (skv - sq)``.
-  ``causal``: ``j <= p``. Window ``(left, right)`` (``-1`` = unbounded):
-  ``p - left <= j <= p + right``. Chunked (``chunk_size``): ``j // chunk_size
-  == p // chunk_size`` (chunks aligned to the start of the kv sequence). All
-  active constraints are intersected.
+* Mask types are Transformer Engine's (:data:`MASK_TYPES`). For a sequence
+  with ``sq`` queries and ``skv`` keys, query ``i`` sits at kv position
+  ``p = i`` for ``"causal"`` / ``"padding_causal"`` (top-left aligned) and
+  ``p = i + (skv - sq)`` for every other type (bottom-right aligned).
+  Causal: ``j <= p``. Window ``(left, right)`` (``-1`` = unbounded):
+  ``p - left <= j <= p + right``, so it follows the mask's alignment as TE's
+  does. Chunked (``chunk_size``): ``j // chunk_size == p // chunk_size``
+  (chunks aligned to the start of the kv sequence). All active constraints
+  are intersected. With ``sq == skv`` both alignments agree.
 * A query row with no allowed key gets a zero output and ``LSE = -inf``, never
   NaN.
 """
@@ -42,13 +45,15 @@ __all__ = [
     "normalize_mask_type",
     "attention_mask",
     "reference_attention",
+    "reference_max_logit",
     "reference_small_seq",
+    "top_left",
 ]
 
-# Accepted spellings of attn_mask_type -> whether the mask is causal.
-# The "padding" variants equal their base in THD (lengths are explicit);
-# the "*_bottom_right" spellings (Transformer Engine names) are accepted as
-# aliases since causal is always bottom-right aligned here.
+# Transformer Engine's mask types -> whether the mask is causal. The "padding"
+# variants equal their base in THD (lengths are explicit). "causal" and
+# "padding_causal" are top-left aligned, the others bottom-right
+# (:func:`top_left`).
 MASK_TYPES = {
     "no_mask": False,
     "padding": False,
@@ -89,6 +94,13 @@ def normalize_mask_type(attn_mask_type: str) -> bool:
     return MASK_TYPES[attn_mask_type]
 
 
+def top_left(attn_mask_type: str) -> bool:
+    """Whether ``attn_mask_type`` aligns the mask (and the window) top-left: ``"causal"`` and
+    ``"padding_causal"``, as in Transformer Engine; every other type is bottom-right aligned."""
+    normalize_mask_type(attn_mask_type)
+    return attn_mask_type in ("causal", "padding_causal")
+
+
 # --------------------------------------------------------------------------
 # masks
 # --------------------------------------------------------------------------
@@ -109,14 +121,14 @@ def attention_mask(
     sq, skv : int
         Number of query and key tokens of the sequence.
     attn_mask_type : str
-        ``"no_mask" | "padding" | "causal" | "padding_causal"``. Causal is
-        bottom-right aligned: query ``i`` may see key ``j`` iff
-        ``j <= i + (skv - sq)``.
+        One of :data:`MASK_TYPES`. Query ``i`` sits at ``p = i`` for
+        ``"causal"`` / ``"padding_causal"`` (top-left) and at
+        ``p = i + (skv - sq)`` otherwise (bottom-right); causal: ``j <= p``.
     window_size : (int, int)
-        Sliding window ``(left, right)``, ``-1`` = unbounded, bottom-right
-        aligned: ``i + (skv - sq) - left <= j <= i + (skv - sq) + right``.
+        Sliding window ``(left, right)``, ``-1`` = unbounded:
+        ``p - left <= j <= p + right``.
     chunk_size : int, optional
-        Chunked attention: ``j // chunk_size == (i + skv - sq) // chunk_size``.
+        Chunked attention: ``j // chunk_size == p // chunk_size``.
     device : torch.device, optional
         Device of the returned mask.
 
@@ -130,7 +142,8 @@ def attention_mask(
     chunk = check_chunk_size(chunk_size)
     if not is_int(sq) or not is_int(skv) or sq < 0 or skv < 0:
         raise ValueError(f"sq and skv must be non-negative ints, got sq={sq!r}, skv={skv!r}")
-    pos = torch.arange(sq, device=device, dtype=torch.int64).unsqueeze(1) + (skv - sq)
+    shift = 0 if top_left(attn_mask_type) else skv - sq
+    pos = torch.arange(sq, device=device, dtype=torch.int64).unsqueeze(1) + shift
     j = torch.arange(skv, device=device, dtype=torch.int64).unsqueeze(0)
     mask = torch.ones(sq, skv, dtype=torch.bool, device=device)
     if causal:
@@ -236,8 +249,8 @@ def reference_attention(
     cu_seqlens_q, cu_seqlens_kv : torch.Tensor
         int32 ``[b + 1]``, cumulative sequence lengths.
     attn_mask_type : str
-        ``"no_mask" | "padding" | "causal" | "padding_causal"`` (causal is
-        bottom-right aligned).
+        One of :data:`MASK_TYPES` (``"causal"`` top-left aligned,
+        ``"causal_bottom_right"`` bottom-right; see :func:`attention_mask`).
     window_size : (int, int)
         Sliding window ``(left, right)``, ``-1`` = unbounded.
     chunk_size : int, optional
@@ -347,6 +360,56 @@ def reference_attention(
         out = out.index_copy(0, idx, torch.cat(outs, dim=0))
         lse = lse.index_copy(1, idx, torch.cat(lses, dim=1))
     return out.to(q.dtype), lse.to(lse_dtype)
+
+
+def reference_max_logit(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_kv: torch.Tensor,
+    attn_mask_type: str = "causal",
+    window_size: Sequence[int] = (-1, -1),
+    chunk_size: Optional[int] = None,
+    softmax_scale: Optional[float] = None,
+    cu_seqlens_q_padded: Optional[torch.Tensor] = None,
+    cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Per-head maximum of the scaled logits ``softmax_scale * q_i . k_j`` over the (query, key)
+    pairs the mask allows, in float64 (the oracle of ``return_max_logit``). Same arguments and
+    conventions as :func:`reference_attention`; padding rows are never read.
+
+    Returns
+    -------
+    torch.Tensor
+        float64 ``[h_q]``; ``-inf`` for a head with no allowed pair.
+    """
+    normalize_mask_type(attn_mask_type)
+    window = check_window(window_size)
+    chunk = check_chunk_size(chunk_size)
+    h_q, d = q.shape[1], q.shape[2]
+    h_kv = k.shape[1]
+    if h_kv == 0 or h_q % h_kv:
+        raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
+    scale = float(1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale)
+    cu_q, cu_kv = cu_seqlens_q.tolist(), cu_seqlens_kv.tolist()
+    lens_q = [cu_q[i + 1] - cu_q[i] for i in range(len(cu_q) - 1)]
+    lens_kv = [cu_kv[i + 1] - cu_kv[i] for i in range(len(cu_kv) - 1)]
+    starts_q = _seq_bounds("q", lens_q, cu_q, None if cu_seqlens_q_padded is None
+                           else cu_seqlens_q_padded.tolist(), q.shape[0])
+    starts_kv = _seq_bounds("kv", lens_kv, cu_kv, None if cu_seqlens_kv_padded is None
+                            else cu_seqlens_kv_padded.tolist(), k.shape[0])
+    group = h_q // h_kv
+    best = torch.full((h_q,), float("-inf"), dtype=torch.float64, device=q.device)
+    for i, (sq, skv) in enumerate(zip(lens_q, lens_kv)):
+        if sq == 0 or skv == 0:
+            continue
+        q_s = q[starts_q[i]:starts_q[i] + sq].double().reshape(sq, h_kv, group, d)
+        k_s = k[starts_kv[i]:starts_kv[i] + skv].double()
+        scores = torch.einsum("ikgd,jkd->kgij", q_s, k_s).reshape(h_q, sq, skv) * scale
+        mask = attention_mask(sq, skv, attn_mask_type, window, chunk, device=q.device)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        best = torch.maximum(best, scores.amax(dim=(1, 2)))
+    return best
 
 
 # --------------------------------------------------------------------------

@@ -446,6 +446,7 @@ def fused_attn_small_seq(
     return_lse: bool = False,
     backend: str = "auto",
     validate: Union[None, bool, str] = None,
+    return_max_logit: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
     """Attention of each segment's query tokens over the segment's key/value tokens.
 
@@ -488,10 +489,15 @@ def fused_attn_small_seq(
     64/128/256); longer histories: ``rocm_attn.attention`` (logged at INFO); CPU, fp32/fp64
     and other head dims: the torch path (any length). All paths share one contract.
 
+    return_max_logit : also return, last, the per-head maximum of the scaled logits over every
+        segment's (query, key) pairs: float32 ``[h_q]``, ``-inf`` for a head with none; not
+        differentiable, no host sync. Every path computes it with one extra blocked pass
+        (``rocm_attn.varlen.max_logit``) over the same segments; the kernels do not write it.
+
     Returns
     -------
     out with q's shape and dtype, then lse if ``return_lse``, then probs if
-    ``return_softmax``. A segment with no keys yields zeros; a segment that breaks the contract
+    ``return_softmax``, then max_logit if ``return_max_logit``. A segment with no keys yields zeros; a segment that breaks the contract
     yields NaN and is counted (see ``rocm_attn.check_errors``).
     """
     validating = errors.validate_mode(validate)
@@ -509,4 +515,40 @@ def fused_attn_small_seq(
     if validating:
         errors.check_call_errors()
     result = (out,) + ((lse,) if return_lse else ()) + ((probs,) if return_softmax else ())
+    if return_max_logit:
+        result += (_max_logit(q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                              max_seqlen_kv, softmax_scale, qkv_layout),)
     return result[0] if len(result) == 1 else result
+
+
+def _max_logit(q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,
+               softmax_scale, qkv_layout) -> torch.Tensor:
+    """float32 ``[h_q]`` max of the scaled logits over every segment (no mask): the blocked
+    pass of :mod:`rocm_attn.varlen.max_logit` over the call's segments, on any path."""
+    from .varlen.max_logit import segments_max_logit
+
+    dev = q.device
+    if qkv_layout == "bshd_bshd_bshd":
+        b, s_q, s_kv = q.shape[0], q.shape[1], k.shape[1]
+        q2, k2 = q.reshape(b * s_q, *q.shape[2:]), k.reshape(b * s_kv, *k.shape[2:])
+        ar = torch.arange(b, device=dev)
+        q_start, q_len = ar * s_q, torch.full_like(ar, s_q)
+        kv_len = (torch.full_like(ar, s_kv) if seqlens_kv is None
+                  else seqlens_kv.to(dev).long().clamp(0, s_kv))
+        kv_start = ar * s_kv
+    else:
+        q2, k2 = q, k
+        b = cu_seqlens_kv.numel() - 1
+        if cu_seqlens_q is None:  # one query row per segment
+            q_start = torch.arange(b, device=dev)
+            q_len = torch.ones_like(q_start)
+        else:
+            c = cu_seqlens_q.long()
+            q_start, q_len = c[:-1], (c[1:] - c[:-1]).clamp(min=0)
+        c = cu_seqlens_kv.long()
+        kv_start, kv_len = c[:-1], (c[1:] - c[:-1]).clamp(min=0)
+    with torch.no_grad():
+        return segments_max_logit(q2, k2, q_start, q_len, kv_start, kv_len, causal=False,
+                                  window=(-1, -1), max_q=max(1, int(max_seqlen_q)),
+                                  max_kv=max(1, int(max_seqlen_kv)), q_rows=q2.shape[0],
+                                  scale=_scale(q, softmax_scale))

@@ -63,7 +63,9 @@ def _run(p, causal, window, chunk, pad, backend="reference", max_q=None, max_kv=
     cu_q, cu_kv, cu_qp, cu_kvp = p["cu"]
     lens_q, lens_kv = (cu_q[1:] - cu_q[:-1]), (cu_kv[1:] - cu_kv[:-1])
     out, lse = attention(q, k, v, cu_q, cu_kv, max_q or int(lens_q.max()),
-                         max_kv or int(lens_kv.max()), causal=causal, window_size=window,
+                         max_kv or int(lens_kv.max()),
+                         attn_mask_type="causal_bottom_right" if causal else "no_mask",
+                         window_size=window,
                          chunk_size=chunk, return_lse=True, backend=backend,
                          cu_seqlens_q_padded=cu_qp if pad else None,
                          cu_seqlens_kv_padded=cu_kvp if pad else None)
@@ -71,7 +73,7 @@ def _run(p, causal, window, chunk, pad, backend="reference", max_q=None, max_kv=
     got = {"out": out, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad}
     qr, kr, vr = (p[n].detach().cpu().to(F64).requires_grad_(True) for n in "qkv")
     ro, rl = reference_attention(qr, kr, vr, cu_q.cpu(), cu_kv.cpu(),
-                                 "causal" if causal else "no_mask", window, chunk,
+                                 "causal_bottom_right" if causal else "no_mask", window, chunk,
                                  cu_seqlens_q_padded=cu_qp.cpu() if pad else None,
                                  cu_seqlens_kv_padded=cu_kvp.cpu() if pad else None)
     _loss(ro, rl, p["go"].cpu(), p["gl"].cpu()).backward()
@@ -128,8 +130,9 @@ def test_attention_bf16_reference_backend():
 def test_attention_without_lse_and_exported():
     p = _problem([8, 5], [8, 5], 2, 1, 8, False, seed=5)
     cu_q, cu_kv = p["cu"][:2]
-    out = rocm_attn.attention(p["q"], p["k"], p["v"], cu_q, cu_kv, 8, 8, causal=True)
-    ref, _ = reference_attention(p["q"], p["k"], p["v"], cu_q, cu_kv, "causal")
+    out = rocm_attn.attention(p["q"], p["k"], p["v"], cu_q, cu_kv, 8, 8,
+                              attn_mask_type="causal_bottom_right")
+    ref, _ = reference_attention(p["q"], p["k"], p["v"], cu_q, cu_kv, "causal_bottom_right")
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
     assert "attention" in rocm_attn.__all__
 
@@ -223,13 +226,13 @@ def test_attention_second_derivative_raises():
     differentiating them raises, instead of a silent zero second derivative."""
     p = _problem([5, 3], [5, 3], 2, 1, 8, False, seed=11)
     q, k, v = (p[n].clone().requires_grad_() for n in ("q", "k", "v"))
-    out = attention(q, k, v, p["cu"][0], p["cu"][1], 5, 5, causal=True)
+    out = attention(q, k, v, p["cu"][0], p["cu"][1], 5, 5, attn_mask_type="causal_bottom_right")
     dq, dk, dv = torch.autograd.grad((out.to(F64) * p["go"]).sum(), (q, k, v), create_graph=True)
     assert dq.requires_grad and dk.requires_grad and dv.requires_grad
     with pytest.raises(RuntimeError, match="attention has no second derivative"):
         torch.autograd.grad(dq.square().sum(), q)
     # without create_graph the gradients stay plain tensors
-    out = attention(q, k, v, p["cu"][0], p["cu"][1], 5, 5, causal=True)
+    out = attention(q, k, v, p["cu"][0], p["cu"][1], 5, 5, attn_mask_type="causal_bottom_right")
     dq, = torch.autograd.grad((out.to(F64) * p["go"]).sum(), q)
     assert not dq.requires_grad and torch.isfinite(dq).all()
 
@@ -242,7 +245,8 @@ def test_attention_compiles_fullgraph():
     cu_q, cu_kv, cu_qp, cu_kvp = p["cu"]
 
     def fn(q, k, v):
-        out, lse = attention(q, k, v, cu_q, cu_kv, 12, 12, causal=True, window_size=(4, 0),
+        out, lse = attention(q, k, v, cu_q, cu_kv, 12, 12, attn_mask_type="causal_bottom_right",
+                             window_size=(4, 0),
                              cu_seqlens_q_padded=cu_qp, cu_seqlens_kv_padded=cu_kvp,
                              return_lse=True)
         return out, lse

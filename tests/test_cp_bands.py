@@ -58,7 +58,9 @@ def _covered(rel, spec, q0, nq, k0, nk):
             assert (sq == 0) == (sk == 0), f"{piece}: one empty side"
             if sq == 0:
                 continue
-            m = attention_mask(sq, sk, mask_type, window)  # bottom-right, flash semantics
+            # a piece's "causal" is flash's, bottom-right: the reference's "causal_bottom_right"
+            m = attention_mask(sq, sk, "causal_bottom_right" if mask_type == "causal" else mask_type,
+                               window)
             assert bool(m.any(dim=1).all()), f"{piece}: a row of the piece sees no key"
             for i, jj in torch.nonzero(m).tolist():
                 key = (int(r0[a]) + i, int(s0[a]) + jj)

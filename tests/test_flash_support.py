@@ -112,7 +112,7 @@ def test_attention_runs_on_reference_when_flash_is_broken(monkeypatch):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(9, h, 64, generator=g, dtype=torch.float64) for h in (4, 2, 2))
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)
-    kw = dict(causal=True, window_size=(2, 0))
+    kw = dict(attn_mask_type="causal_bottom_right", window_size=(2, 0))
     got = attention(q, k, v, cu, cu, 5, 5, backend="auto", **kw)
     want = attention(q, k, v, cu, cu, 5, 5, backend="reference", **kw)
     torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -18,7 +18,12 @@ NEG_INF = float("-inf")
 
 
 def naive_allowed(i, j, sq, skv, causal, window, chunk):
-    p = i + (skv - sq)
+    """``causal``: a bool (bottom-right causal) or a mask-type name (Transformer Engine's:
+    "causal" / "padding_causal" are top-left aligned, window included)."""
+    top_left = causal in ("causal", "padding_causal")
+    if isinstance(causal, str):
+        causal = "causal" in causal
+    p = i if top_left else i + (skv - sq)
     left, right = window
     if causal and j > p:
         return False
@@ -83,10 +88,20 @@ def T(rows):
 
 
 def test_mask_hand_written_cases():
-    # causal, sq < skv: bottom-right aligned
-    assert torch.equal(attention_mask(2, 4, "causal"), T([[1, 1, 1, 0], [1, 1, 1, 1]]))
-    # causal, sq > skv: first rows see nothing
-    assert torch.equal(attention_mask(4, 2, "causal"), T([[0, 0], [0, 0], [1, 0], [1, 1]]))
+    # causal_bottom_right, sq < skv: bottom-right aligned
+    assert torch.equal(attention_mask(2, 4, "causal_bottom_right"),
+                       T([[1, 1, 1, 0], [1, 1, 1, 1]]))
+    # causal_bottom_right, sq > skv: first rows see nothing
+    assert torch.equal(attention_mask(4, 2, "causal_bottom_right"),
+                       T([[0, 0], [0, 0], [1, 0], [1, 1]]))
+    # causal (Transformer Engine's): top-left aligned
+    assert torch.equal(attention_mask(2, 4, "causal"), T([[1, 0, 0, 0], [1, 1, 0, 0]]))
+    assert torch.equal(attention_mask(4, 2, "causal"), T([[1, 0], [1, 1], [1, 1], [1, 1]]))
+    # the window follows the alignment: top-left for causal, (1, 0)
+    assert torch.equal(attention_mask(3, 4, "causal", window_size=(1, 0)),
+                       T([[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0]]))
+    assert torch.equal(attention_mask(2, 4, "padding_causal_bottom_right"),
+                       attention_mask(2, 4, "causal_bottom_right"))
     # no mask / padding
     assert attention_mask(3, 5, "no_mask").all()
     assert attention_mask(3, 5, "padding").all()
@@ -96,9 +111,9 @@ def test_mask_hand_written_cases():
         attention_mask(4, 4, "no_mask", window_size=(1, 0)),
         T([[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]),
     )
-    # causal == window (left, 0)
+    # causal_bottom_right == window (left, 0), bottom-right
     assert torch.equal(
-        attention_mask(3, 6, "causal", window_size=(2, -1)),
+        attention_mask(3, 6, "causal_bottom_right", window_size=(2, -1)),
         attention_mask(3, 6, "no_mask", window_size=(2, 0)),
     )
     # window (0, 1), sq < skv
@@ -117,7 +132,8 @@ def test_mask_hand_written_cases():
         T([[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 1], [0, 0, 1, 1]]),
     )
     # chunked with sq < skv: queries at positions 3 and 4 (chunks aligned to kv start)
-    assert torch.equal(attention_mask(2, 5, "causal", chunk_size=2), T([[0, 0, 1, 1, 0], [0, 0, 0, 0, 1]]))
+    assert torch.equal(attention_mask(2, 5, "causal_bottom_right", chunk_size=2),
+                       T([[0, 0, 1, 1, 0], [0, 0, 0, 0, 1]]))
     # chunked with sq > skv: negative positions see nothing
     assert torch.equal(attention_mask(3, 2, "no_mask", chunk_size=2), T([[0, 0], [1, 1], [1, 1]]))
     # window + chunk: window (1, 0) cut at chunk boundaries (chunk 3)
@@ -131,12 +147,12 @@ def test_mask_hand_written_cases():
 
 
 @pytest.mark.parametrize("sq,skv", [(1, 1), (3, 7), (7, 3), (6, 6), (1, 9), (9, 1)])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", ["no_mask", "causal", "causal_bottom_right"])
 @pytest.mark.parametrize("window", [(-1, -1), (0, 0), (2, 0), (1, 3), (-1, 2), (3, -1)])
 @pytest.mark.parametrize("chunk", [None, 1, 2, 3])
-def test_mask_matches_naive(sq, skv, causal, window, chunk):
-    got = attention_mask(sq, skv, "causal" if causal else "no_mask", window, chunk)
-    assert torch.equal(got, naive_mask(sq, skv, causal, window, chunk))
+def test_mask_matches_naive(sq, skv, mask, window, chunk):
+    got = attention_mask(sq, skv, mask, window, chunk)
+    assert torch.equal(got, naive_mask(sq, skv, mask, window, chunk))
 
 
 # ---------------------------------------------------------------------------
@@ -173,7 +189,7 @@ def test_forward_matches_naive(seed, mask, window, chunk, h_q, h_kv):
     out, lse = reference_attention(
         q, k, v, cu(lens_q), cu(lens_kv), mask, window, chunk, softmax_scale=scale
     )
-    causal = "causal" in mask
+    causal = mask
     cq, ck = cu(lens_q).tolist(), cu(lens_kv).tolist()
     ref_o, ref_l = naive_attention(
         q, k, v, lens_q, lens_kv, cq[:-1], ck[:-1], causal, window, chunk, scale or 1 / math.sqrt(d)
@@ -207,7 +223,7 @@ def test_padded_windows_chunks_match_naive(mask, window, chunk):
     out, lse = reference_attention(q, k, v, cu(lens_q), cu(lens_kv), mask, window, chunk,
                                    cu_seqlens_q_padded=cq_p, cu_seqlens_kv_padded=ck_p)
     ref_o, ref_l = naive_attention(q, k, v, lens_q, lens_kv, cq_p.tolist()[:-1],
-                                   ck_p.tolist()[:-1], "causal" in mask, window, chunk, 0.5)
+                                   ck_p.tolist()[:-1], mask, window, chunk, 0.5)
     torch.testing.assert_close(out, ref_o, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(lse, ref_l, rtol=1e-10, atol=1e-12)
     assert bool((out[~valid_q] == 0).all()) and bool((lse[:, ~valid_q] == NEG_INF).all())
@@ -378,7 +394,7 @@ def test_fully_masked_rows(lens_q, lens_kv, mask, window, chunk):
     # which rows have no key at all
     empty = []
     for sq, skv in zip(lens_q, lens_kv):
-        m = naive_mask(sq, skv, "causal" in mask, window, chunk)
+        m = naive_mask(sq, skv, mask, window, chunk)
         empty += (~m.any(dim=1)).tolist() if skv else [True] * sq
     empty = torch.tensor(empty)
     assert (out[empty] == 0).all()

@@ -95,7 +95,7 @@ def single_gpu_masked(q, k, v, cu, max_len, window, chunk, backward: bool):
     leaves = [t.detach().clone().requires_grad_(backward) for t in (q, k, v)]
 
     def fwd():
-        return rocm_attn.attention(*leaves, cu, cu, max_len, max_len, causal=True,
+        return rocm_attn.attention(*leaves, cu, cu, max_len, max_len, attn_mask_type="causal",
                                    window_size=window, chunk_size=chunk, backend="torch_flash")
 
     if not backward:
@@ -190,6 +190,16 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
                 if args.profile and rank == 0:
                     print(f"--- {mask} {comm} {mode}: kernels of one call, rank 0 ---\n"
                           f"{kernel_summary(kernels, args.profile)}", flush=True)
+        if args.max_logit:  # the forward with return_max_logit: its extra pass's cost
+            def fwd_ml(ql=ql, kl=kl, vl=vl, comm=comm, window=window, chunk=chunk):
+                return rocm_attn.attn_with_cp(
+                    ql, kl, vl, cu, cu, max_len, max_len, group, cp_comm_type=comm,
+                    attn_mask_type="causal", window_size=window, chunk_size=chunk,
+                    cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu, min_seqlen=min(lens),
+                    return_max_logit=True)[0].detach()
+            with torch.no_grad():
+                t = timed(fwd_ml, args.reps)
+            row["fwd_max_logit"] = {"ms": t, "overhead": t / row["fwd"]["ms"] - 1}
         report["rows"].append(row)
     if rank == 0:
         Path(out_path).write_text(json.dumps(report, indent=1))
@@ -226,6 +236,9 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", type=Path,
                         help="write a PNG of scaling efficiency per comm type (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    parser.add_argument("--max-logit", action="store_true",
+                        help="also time the forward with return_max_logit=True (row "
+                             "fwd_max_logit: ms and overhead over fwd)")
     parser.add_argument("--comms", type=lambda x: x.split(","), default=list(COMM_TYPES),
                         help=f"comma-separated comm types of {list(COMM_TYPES)}")
     parser.add_argument("--profile", type=int, default=0, metavar="N",

@@ -15,8 +15,10 @@ import torch
 
 from ..second_derivative import no_second_derivative
 from ..varlen.backends import accum_dtype
+from ..varlen.calls import backward_calls, forward_calls
+from ..varlen.max_logit import combine, step_max_logit
 from . import comm
-from .steps import CPPlan, a2a_step_meta
+from .steps import CPPlan, a2a_step_metas
 
 __all__ = ["A2AAttnFunc"]
 
@@ -35,8 +37,16 @@ class A2AAttnFunc(torch.autograd.Function):
         q_h = comm.seq_to_head(q, 1, plan.cu_seqlens_q_padded, g, cp)
         kv_h = comm.seq_to_head(torch.stack([k, v], dim=1), 2, plan.cu_seqlens_kv_padded, g, cp)
         k_h, v_h = kv_h[:, 0], kv_h[:, 1]
-        meta = a2a_step_meta(plan)
-        out_h, lse_h = plan.backend.forward(q_h, k_h, v_h, meta, plan.softmax_scale)
+        meta = a2a_step_metas(plan)
+        out_h, lse_h = forward_calls(q_h, k_h, v_h, meta, plan.backend, plan.softmax_scale)
+        max_logit = q.new_empty((0,), dtype=torch.float32)
+        if plan.return_max_logit:  # this rank's head block; the caller max-reduces the group
+            h_q, hb = q.shape[1], q_h.shape[1]
+            max_logit = torch.full((h_q,), float("-inf"), dtype=torch.float32, device=q.device)
+            part = None
+            for m in meta:
+                part = combine(part, step_max_logit(q_h, k_h, m, plan.softmax_scale))
+            max_logit[plan.rank * hb:(plan.rank + 1) * hb] = part
         out_h = out_h.to(q.dtype)
         lse_h = lse_h.to(accum_dtype(q.dtype))
         out = comm.head_to_seq(out_h, 1, plan.cu_seqlens_q_padded, g, cp)
@@ -46,10 +56,11 @@ class A2AAttnFunc(torch.autograd.Function):
         ctx.dtypes = (q.dtype, k.dtype, v.dtype)
         ctx.out_shape, ctx.lse_shape = tuple(out.shape), tuple(lse.shape)
         ctx.set_materialize_grads(False)
-        return out, lse
+        ctx.mark_non_differentiable(max_logit)
+        return out, lse, max_logit
 
     @staticmethod
-    def backward(ctx, dout, dlse):
+    def backward(ctx, dout, dlse, _dmax_logit):
         q_h, k_h, v_h, out_h, lse_h, q, k, v = ctx.saved_tensors
         plan, meta = ctx.plan, ctx.meta
         cp, g = plan.cp, plan.group
@@ -63,8 +74,8 @@ class A2AAttnFunc(torch.autograd.Function):
                 dlse = torch.zeros(ctx.lse_shape, dtype=lse_h.dtype, device=lse_h.device)
             dlse_h = comm.seq_to_head(dlse.t(), 1, plan.cu_seqlens_q_padded, g, cp).t()
         with torch.no_grad():
-            dq_h, dk_h, dv_h = plan.backend.backward(dout_h, q_h, k_h, v_h, out_h, lse_h, dlse_h,
-                                                     meta, plan.softmax_scale)
+            dq_h, dk_h, dv_h = backward_calls(dout_h, q_h, k_h, v_h, out_h, lse_h, dlse_h, meta,
+                                              plan.backend, plan.softmax_scale)
             dq = comm.head_to_seq(dq_h, 1, plan.cu_seqlens_q_padded, g, cp)
             dkv = comm.head_to_seq(torch.stack([dk_h, dv_h], dim=1), 2,
                                    plan.cu_seqlens_kv_padded, g, cp)

@@ -107,7 +107,12 @@ class A2AP2PAttnFunc(torch.autograd.Function):
         q_c = _to_coarse(q, 1, idx_q, a2a_group, a)
         kv_c = _to_coarse(torch.stack([k, v], dim=1), 2, idx_kv, a2a_group, a)
         k_c, v_c = kv_c[:, 0].contiguous(), kv_c[:, 1].contiguous()
-        out_c, lse_c, last_kv = ring_forward(q_c, k_c, v_c, ring)
+        out_c, lse_c, ml_c, last_kv = ring_forward(q_c, k_c, v_c, ring)
+        max_logit = ml_c
+        if plan.return_max_logit:  # this rank's head block of the a2a group
+            hb, i = q_c.shape[1], comm.group_info(a2a_group)[1]
+            max_logit = q.new_full((q.shape[1],), float("-inf"), dtype=torch.float32)
+            max_logit[i * hb:(i + 1) * hb] = ml_c
         out = _from_coarse(out_c, 1, idx_q, a2a_group, a)
         lse = _from_coarse(lse_c.t().contiguous(), 1, idx_q, a2a_group, a).t().contiguous()
         ctx.save_for_backward(q_c, k_c, v_c, out_c, lse_c, idx_q, idx_kv, last_kv, q, k, v)
@@ -115,10 +120,11 @@ class A2AP2PAttnFunc(torch.autograd.Function):
         ctx.dtypes = (q.dtype, k.dtype, v.dtype)
         ctx.out_shape, ctx.lse_shape = tuple(out.shape), tuple(lse.shape)
         ctx.set_materialize_grads(False)
-        return out, lse
+        ctx.mark_non_differentiable(max_logit)
+        return out, lse, max_logit
 
     @staticmethod
-    def backward(ctx, dout, dlse):
+    def backward(ctx, dout, dlse, _dmax_logit):
         q_c, k_c, v_c, out_c, lse_c, idx_q, idx_kv, last_kv, q, k, v = ctx.saved_tensors
         a2a_group, a, ring = ctx.groups
         # every rank must make the same collectives: a missing cotangent is sent as zeros

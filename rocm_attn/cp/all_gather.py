@@ -19,6 +19,7 @@ import torch
 from .. import thd
 from ..varlen import packed
 from ..varlen.backends import accum_dtype
+from ..varlen.max_logit import combine, step_max_logit
 from . import comm, layouts
 from .autograd import make_cp_function
 from .steps import CPPlan, all_gather_step_metas, uses_packed_steps
@@ -41,7 +42,12 @@ def all_gather_forward(q, k, v, plan: CPPlan):
     out = torch.zeros((rows,) + tuple(q.shape[1:]), dtype=cdt, device=q.device)
     lse = torch.full((q.shape[1], rows), float("-inf"), dtype=cdt, device=q.device)
     fresh = True  # no packed call merged yet: the first one writes
+    max_logit = None
     for meta in all_gather_step_metas(plan):
+        if plan.return_max_logit:
+            q_m = q if meta.packed_kv_rows is not None else layouts.select_rows(
+                q, meta.q_layout, cu_q)
+            max_logit = combine(max_logit, step_max_logit(q_m, k_g, meta, plan.softmax_scale))
         if meta.packed_kv_rows is not None:  # pieces: merge (several may cover one row)
             packed.forward_into(out, lse, plan.backend, q, k_g, v_g, meta, plan.softmax_scale,
                                 first=fresh)
@@ -55,7 +61,10 @@ def all_gather_forward(q, k, v, plan: CPPlan):
         else:
             layouts.place_half(out, o_s.to(cdt), meta.q_layout, cu_q)
             layouts.place_half(lse, l_s.to(cdt), meta.q_layout, cu_q, token_dim_last=True)
-    return out[:t].to(q.dtype), lse[:, :t].contiguous()
+    if max_logit is None:
+        max_logit = q.new_full((q.shape[1],) if plan.return_max_logit else (0,), float("-inf"),
+                               dtype=torch.float32)
+    return out[:t].to(q.dtype), lse[:, :t].contiguous(), max_logit
 
 
 def all_gather_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan):

@@ -15,7 +15,8 @@ import torch.distributed as dist
 
 from .._checks import check_chunk_size, check_window, is_int
 from ..errors import validate_mode
-from ..reference import normalize_mask_type
+from ..reference import MASK_TYPES
+from ..varlen import formats
 from ..varlen.backends import resolve_backend
 from ..varlen.checks import DTYPES, check_qkv, check_seq_args
 from . import comm
@@ -132,10 +133,12 @@ def attn_with_cp(
     backend: str = "auto",
     *,
     return_lse: bool = False,
+    return_max_logit: bool = False,
+    qkv_format: str = "thd",
     validate: Optional[bool] = None,
     min_seqlen: Optional[int] = None,
-) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """Context-parallel attention over THD sequences sharded across ``cp_group``.
+) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
+    """Context-parallel attention over THD, BSHD or SBHD sequences sharded across ``cp_group``.
 
     Every rank passes its shard in dual-chunk order (:func:`rocm_attn.shard_for_cp`: for every
     sequence, chunk ``rank`` then chunk ``2*cp-1-rank`` of its ``2*cp`` equal chunks) and the
@@ -165,11 +168,14 @@ def attn_with_cp(
         ``"a2a+p2p"`` (all-to-all inside the a2a group, ring across groups; heads multiples of
         the a2a group size).
     attn_mask_type : str
-        ``"no_mask"`` / ``"padding"`` or ``"causal"`` / ``"padding_causal"`` (bottom-right
-        aligned; ``"p2p"`` needs identical q and kv sequences for it).
+        Transformer Engine's: ``"no_mask"`` / ``"padding"``, ``"causal"`` /
+        ``"padding_causal"`` (top-left aligned: query ``i`` at kv position ``p = i``),
+        ``"causal_bottom_right"`` / ``"padding_causal_bottom_right"`` (``p = i + n_kv -
+        n_q``); causal: keys ``j <= p``. With equal q and kv lengths the two alignments agree;
+        ``"p2p"`` / ``"a2a+p2p"`` need identical q and kv sequences for a causal mask.
     window_size : (int, int)
-        Sliding window ``(left, right)``, ``-1`` = unbounded, as in flash-attention: query at
-        position ``p`` (bottom-right aligned, ``p = i + n_kv - n_q``) sees keys
+        Sliding window ``(left, right)``, ``-1`` = unbounded, as Transformer Engine's: query at
+        ``p`` (aligned as the mask type says; bottom-right for the non-causal types) sees keys
         ``p - left <= j <= p + right``, intersected with ``j <= p`` when causal. Every comm
         type; ``"p2p"`` needs identical q and kv sequences for a window.
     chunk_size : int, optional
@@ -189,6 +195,20 @@ def attn_with_cp(
         ``"torch_flash"`` (CUDA / ROCm, fp16 / bf16, ``d <= 256``).
     return_lse : bool
         Also return the LSE (differentiable).
+    return_max_logit : bool
+        Also return, last, the per-head maximum of the scaled logits over the (query, key)
+        pairs the mask allows across the whole CP group: float32 ``[h_q]``, the same on every
+        rank (a ``MAX`` all-reduce over the group), ``-inf`` for a head with none; padding
+        rows never count; not differentiable; no host sync (one extra blocked pass per
+        attention call, ``rocm_attn.varlen.max_logit``).
+    qkv_format : str
+        ``"thd"`` (default), ``"bshd"`` (``[b, s/cp, h, d]``) or ``"sbhd"``
+        (``[s/cp, b, h, d]``): every rank holds chunks ``rank`` and ``2cp-1-rank`` of the
+        ``2cp`` chunks of every batch row (Transformer Engine's sharding;
+        :func:`rocm_attn.shard_for_cp` with ``qkv_format`` makes it), ``s % (2cp) == 0``.
+        ``cu_seqlens_q`` / ``cu_seqlens_kv`` are then optional (global valid lengths, a prefix
+        of every row: the padding mask types) and ``max_seqlen_*`` default to ``s``; the
+        ``*_padded`` arguments are THD-only. The LSE comes back ``[b, h_q, s/cp]``.
     validate : bool, optional
         Check the cu_seqlens *values* (layout, divisibility, shard size, max_seqlen,
         min_seqlen) and that every rank of the group makes the same call (an all-gather of a
@@ -206,10 +226,13 @@ def attn_with_cp(
     Returns
     -------
     out : torch.Tensor
-        Rank-local ``[t_q, h_q, d]`` in q's dtype, same layout as ``q``; zero at padding rows.
+        Rank-local, q's shape and dtype, same layout as ``q``; zero at padding rows.
     lse : torch.Tensor
-        Only with ``return_lse``: ``[h_q, t_q]``, natural log, float32 (float64 for float64
-        inputs), ``-inf`` at padding rows and rows with no allowed key.
+        Only with ``return_lse``: ``[h_q, t_q]`` (bshd / sbhd: ``[b, h_q, s/cp]``), natural
+        log, float32 (float64 for float64 inputs), ``-inf`` at padding rows and rows with no
+        allowed key.
+    max_logit : torch.Tensor
+        Only with ``return_max_logit``: float32 ``[h_q]``, last.
 
     Raises
     ------
@@ -223,10 +246,26 @@ def attn_with_cp(
         when checked, ranks whose calls differ or a rank whose arguments fail (on every rank)
         and an unsharded global tensor passed as a shard.
     """
+    formats.check_format(qkv_format, q, k, v)
+    if qkv_format != "thd":
+        cp_size = _group_info(cp_group, cp_comm_type)[0] if cp_comm_type in COMM_TYPES else 1
+        b, s_q = formats.dims(q, qkv_format)
+        s_kv = formats.dims(k, qkv_format)[1]
+        cu_seqlens_q, cu_seqlens_q_padded = formats.batch_cu_seqlens(
+            "q", cu_seqlens_q, cu_seqlens_q_padded, b, s_q * cp_size, q.device)
+        cu_seqlens_kv, cu_seqlens_kv_padded = formats.batch_cu_seqlens(
+            "kv", cu_seqlens_kv, cu_seqlens_kv_padded, b, s_kv * cp_size, q.device)
+        max_seqlen_q = s_q * cp_size if max_seqlen_q is None else max_seqlen_q
+        max_seqlen_kv = s_kv * cp_size if max_seqlen_kv is None else max_seqlen_kv
+        q, k, v = (formats.to_thd(x, qkv_format) for x in (q, k, v))
+    for name, val in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_kv", cu_seqlens_kv),
+                      ("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
+        if val is None:
+            raise ValueError(f"{name} is required for qkv_format='thd'")
     plan = _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
                       cp_group, cp_comm_type, attn_mask_type, window_size, chunk_size,
                       cu_seqlens_q_padded, cu_seqlens_kv_padded, softmax_scale, backend,
-                      bool(return_lse), validate, min_seqlen)
+                      bool(return_lse), validate, min_seqlen, bool(return_max_logit))
     _log.debug("attn_with_cp: comm=%s mask=%s cp=%d rank=%d backend=%s", cp_comm_type,
                plan.attn_mask_type, plan.cp, plan.rank, plan.backend.name)
     if cp_comm_type == "a2a+p2p":
@@ -234,22 +273,31 @@ def attn_with_cp(
         a, i = comm.group_info(a2a_group)
         num_groups, g = comm.group_info(p2p_group)
         ring = ring_plan(plan, p2p_group, g, num_groups, a)
-        out, lse = A2AP2PAttnFunc.apply(q, k, v, plan, (a2a_group, a, ring))
+        out, lse, max_logit = A2AP2PAttnFunc.apply(q, k, v, plan, (a2a_group, a, ring))
+        groups = [a2a_group, p2p_group]
     else:
-        out, lse = _FUNCS[cp_comm_type].apply(q, k, v, plan)
+        out, lse, max_logit = _FUNCS[cp_comm_type].apply(q, k, v, plan)
+        groups = [cp_group]
     if plan.meta_stale is not None:  # shared step metadata built from other cu_seqlens values
         out = torch.where(plan.meta_stale, out.new_full((), float("nan")), out)
         lse = torch.where(plan.meta_stale, lse.new_full((), float("nan")), lse)
-    return (out, lse) if return_lse else out
+    if qkv_format != "thd":
+        out = formats.from_thd(out, qkv_format, b, s_q)
+        lse = formats.lse_from_thd(lse, qkv_format, b, s_q)
+    result = (out,) + ((lse,) if return_lse else ())
+    if return_max_logit:
+        result += (comm.all_reduce_max(max_logit, groups),)
+    return result[0] if len(result) == 1 else result
 
 
 def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, cp_group,
                cp_comm_type, attn_mask_type, window_size, chunk_size, cu_seqlens_q_padded,
                cu_seqlens_kv_padded, softmax_scale, backend, return_lse, validate,
-               min_seqlen=None) -> CPPlan:
+               min_seqlen=None, return_max_logit=False) -> CPPlan:
     args = (q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, cp_group,
             cp_comm_type, attn_mask_type, window_size, chunk_size, cu_seqlens_q_padded,
-            cu_seqlens_kv_padded, softmax_scale, backend, return_lse, validate, min_seqlen)
+            cu_seqlens_kv_padded, softmax_scale, backend, return_lse, validate, min_seqlen,
+            return_max_logit)
     groups = _exchange_groups(cp_group)
     if not groups or not _cross_rank_check_on(validate, q):
         return _make_local_plan(*args)
@@ -267,11 +315,12 @@ def _make_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv
 def _make_local_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
                      cp_group, cp_comm_type, attn_mask_type, window_size, chunk_size,
                      cu_seqlens_q_padded, cu_seqlens_kv_padded, softmax_scale, backend,
-                     return_lse, validate, min_seqlen=None) -> CPPlan:
+                     return_lse, validate, min_seqlen=None, return_max_logit=False) -> CPPlan:
     if cp_comm_type not in COMM_TYPES:
         raise ValueError(f"cp_comm_type must be one of {COMM_TYPES}, got {cp_comm_type!r}")
     cp, rank = _group_info(cp_group, cp_comm_type)
-    causal = normalize_mask_type(attn_mask_type)
+    mask_type = formats.resolve_mask_type(attn_mask_type, None, "causal")
+    causal = MASK_TYPES[mask_type]
     window = check_window(window_size)
     check_chunk_size(chunk_size)
     if min_seqlen is None:
@@ -314,9 +363,14 @@ def _make_local_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seq
                 "rely on q and kv chunks at the same positions; use 'all_gather' or 'a2a' for "
                 "masked attention between different q and kv lengths")
         _check_min_seqlen(min_seqlen, cu_seqlens_q, cu_seqlens_kv)
+    # a top-left causal mask is the bottom-right one where every sequence has as many queries
+    # as keys (the ring types need identical q and kv sequences for a causal mask anyway)
+    top_left = (cp_comm_type not in _RING_TYPES and formats.causal_top_left(mask_type)
+                and not formats.lengths_equal(cu_seqlens_q, cu_seqlens_kv, check_values))
     shared, stale = _shared_step_cache(
         (cu_seqlens_q, cu_seqlens_kv, cu_q_p, cu_kv_p),
-        (cp_comm_type, cp, rank, causal, window, chunk_size, max_seqlen_q, max_seqlen_kv,
+        (cp_comm_type, cp, rank, causal, top_left, window, chunk_size, max_seqlen_q,
+         max_seqlen_kv,
          q.shape[0], k.shape[0], min_seqlen, step_backend.name, str(dev)),
         by_value=check_values or dev.type == "cpu")
     return CPPlan(
@@ -327,7 +381,8 @@ def _make_local_plan(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seq
         cu_seqlens_kv_padded=cu_kv_p, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
         rows_q=q.shape[0], rows_kv=k.shape[0], backend=step_backend, return_lse=return_lse,
         geom_q=side_geometry(cu_seqlens_q, cu_q_p, cp),
-        geom_kv=side_geometry(cu_seqlens_kv, cu_kv_p, cp), min_seqlen=min_seqlen)
+        geom_kv=side_geometry(cu_seqlens_kv, cu_kv_p, cp), min_seqlen=min_seqlen,
+        top_left=top_left, return_max_logit=return_max_logit)
 
 
 # Step metadata (StepMeta, DirectCall: tens to hundreds of small device ops per call) shared
@@ -427,7 +482,8 @@ def _cu_hash(t: torch.Tensor) -> int:
 def _signature(plan: CPPlan, q, k, cp_comm_type: str) -> list:
     scale_bits = struct.unpack("<q", struct.pack("<d", plan.softmax_scale))[0]
     chunk = -1 if plan.chunk_size is None else plan.chunk_size
-    return [0, COMM_TYPES.index(cp_comm_type), plan.cp, int(plan.causal), *plan.window_size,
+    return [0, COMM_TYPES.index(cp_comm_type), plan.cp,
+            int(plan.causal) + int(plan.top_left), *plan.window_size,
             chunk, plan.max_seqlen_q, plan.max_seqlen_kv, plan.rows_q, plan.rows_kv,
             q.shape[1], k.shape[1], q.shape[2], DTYPES.index(q.dtype), scale_bits,
             int(plan.return_lse), plan.min_seqlen, plan.cu_seqlens_q.numel() - 1,
@@ -439,7 +495,8 @@ def _show(field: str, value: int) -> str:
     if field == "cp_comm_type":
         return repr(COMM_TYPES[value]) if 0 <= value < len(COMM_TYPES) else str(value)
     if field == "attn_mask_type":
-        return "causal" if value else "no_mask"
+        return {0: "no_mask", 1: "causal", 2: "causal (top-left, q and kv lengths differ)"}.get(
+            value, str(value))
     if field == "dtype":
         return str(DTYPES[value]) if 0 <= value < len(DTYPES) else str(value)
     if field == "softmax_scale":

@@ -196,3 +196,12 @@ def head_to_seq(y: torch.Tensor, head_dim: int, cu_seqlens_padded: torch.Tensor,
     return merged.reshape(shape[:head_dim] + [shape[head_dim] * shape[head_dim + 1]]
                           + shape[head_dim + 2:])
 
+
+
+def all_reduce_max(x: torch.Tensor, groups) -> torch.Tensor:
+    """``x`` max-reduced over every process group of ``groups`` (in place, returned); groups of
+    one rank and stand-ins without communication are skipped. No host sync."""
+    for g in groups:
+        if isinstance(g, dist.ProcessGroup) and dist.get_world_size(g) > 1:
+            dist.all_reduce(x, op=dist.ReduceOp.MAX, group=g)
+    return x

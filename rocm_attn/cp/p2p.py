@@ -39,6 +39,7 @@ import torch
 
 from ..varlen import packed
 from ..varlen.backends import accum_dtype
+from ..varlen.max_logit import combine, step_max_logit
 from . import comm, layouts
 from .autograd import make_cp_function
 from .steps import CPPlan, ring_step_metas, uses_direct_calls, uses_packed_steps
@@ -49,6 +50,17 @@ __all__ = ["RingAttnFunc"]
 def _kv_step(kv: torch.Tensor, layout: str, local_cu_kv: torch.Tensor):
     return (layouts.select_rows(kv[0], layout, local_cu_kv),
             layouts.select_rows(kv[1], layout, local_cu_kv))
+
+
+def step_max_logits(plan: CPPlan, q, kv, step: int, acc):
+    """``acc`` max-combined with the max logit of every call of ring step ``step`` (the step
+    tensors its metas index: q / kv rows of their layouts)."""
+    cu_q, cu_kv = plan.local_cu_q_padded, plan.local_cu_kv_padded
+    for meta in ring_step_metas(plan, step):
+        q_s = layouts.select_rows(q, meta.q_layout, cu_q)
+        k_s = layouts.select_rows(kv[0], meta.kv_layout, cu_kv)
+        acc = combine(acc, step_max_logit(q_s, k_s, meta, plan.softmax_scale))
+    return acc
 
 
 def forward_step(out, lse, plan: CPPlan, q, kv, step: int, fresh: bool) -> bool:
@@ -135,7 +147,8 @@ def _accumulator(plan: CPPlan, rows: int, rest, dtype, device, fill: float, lead
 
 
 def ring_forward(q, k, v, plan: CPPlan):
-    """``(out, lse, last_kv)``: ``last_kv`` is the kv ``[2, t_kv, ...]`` held at the last step
+    """``(out, lse, max_logit, last_kv)``: ``max_logit`` this rank's ``[h_q]`` (empty when not
+    asked); ``last_kv`` is the kv ``[2, t_kv, ...]`` held at the last step
     (that of ``rank + 1``) for :func:`ring_backward`, or None when it is not kept (``cp == 1``,
     or :func:`save_ring_kv` off)."""
     cdt = _accumulator_dtype(plan, q.dtype)
@@ -145,14 +158,18 @@ def ring_forward(q, k, v, plan: CPPlan):
                        lead=q.shape[1:2])  # [h, rows]
     fresh = True  # nothing merged yet
     kv = torch.stack([k, v])  # [2, t_kv, h_kv, d]: one message per step
+    max_logit = q.new_full((q.shape[1],) if plan.return_max_logit else (0,), float("-inf"),
+                           dtype=torch.float32)
     for step in range(plan.cp):
         pending = (comm.RingExchange(kv, plan.group, plan.cp, plan.rank, comm.TAG_KV)
                    if step < plan.cp - 1 else None)
         fresh = forward_step(out, lse, plan, q, kv, step, fresh)
+        if plan.return_max_logit:
+            max_logit = step_max_logits(plan, q, kv, step, max_logit)
         if pending is not None:
             kv = pending.wait()
     last_kv = kv if plan.cp > 1 and save_ring_kv() else None
-    return out[:t].to(q.dtype), lse[:, :t].contiguous(), last_kv
+    return out[:t].to(q.dtype), lse[:, :t].contiguous(), max_logit, last_kv
 
 
 def ring_backward(dout, dlse, q, k, v, out, lse, plan: CPPlan, last_kv=None):

@@ -66,7 +66,8 @@ import torch
 from .. import thd
 from ..varlen.bands import MaskSpec, Segment, reachable
 from ..varlen.meta import StepMeta, cu_from_lens
-from ..varlen.pieces import Pair, direct_call, piece_metas, whole_sequence_meta, with_direct_packed
+from ..varlen.pieces import (Pair, direct_call, piece_metas, top_left_pairs, whole_sequence_meta,
+                             whole_sequence_metas, with_direct_packed)
 
 __all__ = [
     "CPPlan",
@@ -79,6 +80,7 @@ __all__ = [
     "uses_direct_calls",
     "all_gather_step_metas",
     "a2a_step_meta",
+    "a2a_step_metas",
 ]
 
 # q_layout values: which tensor a step's q rows index
@@ -133,6 +135,12 @@ class CPPlan:
     # promise: every sequence with a valid token has >= min_seqlen of them (0: no promise);
     # lets the ring skip steps a window or chunk cannot reach (bands.reachable)
     min_seqlen: int = 0
+    # causal mask top-left aligned (Transformer Engine's "causal") on sequences whose q and kv
+    # lengths may differ (where they are equal it is the bottom-right mask): all_gather and a2a
+    # run the pieces of varlen.pieces.top_left_pairs
+    top_left: bool = False
+    # the forward also computes the per-head max logit (varlen.max_logit)
+    return_max_logit: bool = False
     # step metadata computed in the forward, reused by the backward (the plan lives in the
     # autograd context); a plan derived with dataclasses.replace must get a fresh dict
     meta_cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -290,6 +298,8 @@ def uses_packed_steps(plan: CPPlan, comm_type: str) -> bool:
     with the dummy row of :mod:`~rocm_attn.varlen.packed`: any window or chunking, except causal
     chunked p2p without window (the chunkify helpers' steps)."""
     spec = plan.spec
+    if comm_type == "all_gather" and plan.top_left:  # the pieces of top_left_pairs
+        return True
     if spec.plain:
         return False
     return not (comm_type == "p2p" and _chunkify_ring(spec))
@@ -355,6 +365,15 @@ def all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
 
 def _all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
     gq, gkv, cp, r = plan.geom_q, plan.geom_kv, plan.cp, plan.rank
+    if plan.top_left:
+        kv = _global_segment(gkv, shift=None)
+        q_max = _bound(plan.max_seqlen_q, plan.rows_q // 2)
+        pairs = []
+        for name, c, first in (("A", r, True), ("B", 2 * cp - 1 - r, False)):
+            pairs += top_left_pairs(name, _half_segment(gq, plan, c, first), kv, q_max,
+                                    plan.rows_q // 2, max(0, plan.max_seqlen_kv),
+                                    _gkv_rows(plan))
+        return piece_metas(plan.spec, pairs, "all_gather", -1, "full", "global")
     if not plan.spec.plain:
         kv = _global_segment(gkv, shift=None)
         pairs = [Pair(name, "G", _half_segment(gq, plan, c, first, gkv.n - gq.n), kv, "whole",
@@ -375,6 +394,18 @@ def _all_gather_step_metas(plan: CPPlan) -> List[StepMeta]:
         metas.append(_meta(half, half, "global", -1, plan, qv, kv, "causal",
                            _bound(plan.max_seqlen_q, plan.rows_q // 2), glob_kv))
     return metas
+
+
+def a2a_step_metas(plan: CPPlan) -> List[StepMeta]:
+    """The calls of the a2a comm type: :func:`a2a_step_meta`, or for a top-left causal mask
+    between different q and kv lengths the pieces of whole sequences
+    (:func:`rocm_attn.varlen.pieces.whole_sequence_metas`)."""
+    if not plan.top_left:
+        return [a2a_step_meta(plan)]
+    return whole_sequence_metas(
+        plan.spec, _global_segment(plan.geom_q, None), _global_segment(plan.geom_kv, None),
+        max(0, plan.max_seqlen_q), max(0, plan.max_seqlen_kv), _gq_rows(plan), _gkv_rows(plan),
+        "a2a", True)
 
 
 def a2a_step_meta(plan: CPPlan) -> StepMeta:

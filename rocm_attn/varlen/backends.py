@@ -111,6 +111,12 @@ class StepBackend:
         return dq[:-1], dk[:-1], dv[:-1]
 
 
+def _reference_mask(meta: StepMeta) -> str:
+    """A step's mask under its reference name: a step's ``"causal"`` is flash's (bottom-right
+    aligned), which the reference calls ``"causal_bottom_right"``."""
+    return "causal_bottom_right" if meta.attn_mask_type == "causal" else meta.attn_mask_type
+
+
 class ReferenceBackend(StepBackend):
     """Pure torch per-step attention (the CPU path). Gradients by autograd on a recomputation."""
 
@@ -122,7 +128,7 @@ class ReferenceBackend(StepBackend):
         # inputs converted first so that the output stays in cdt (rounded once, by the caller)
         return reference_attention(
             q.to(cdt), k.to(cdt), v.to(cdt), meta.cu_seqlens_q, meta.cu_seqlens_kv,
-            attn_mask_type=meta.attn_mask_type, window_size=meta.window_size,
+            attn_mask_type=_reference_mask(meta), window_size=meta.window_size,
             softmax_scale=softmax_scale, cu_seqlens_q_padded=meta.cu_seqlens_q_padded,
             cu_seqlens_kv_padded=meta.cu_seqlens_kv_padded, compute_dtype=cdt)
 
@@ -131,7 +137,7 @@ class ReferenceBackend(StepBackend):
         cdt = accum_dtype(q_p.dtype)
         return reference_attention(
             q_p.to(cdt), k_p.to(cdt), v_p.to(cdt), meta.cu_seqlens_q, meta.cu_seqlens_kv,
-            attn_mask_type=meta.attn_mask_type, window_size=meta.window_size,
+            attn_mask_type=_reference_mask(meta), window_size=meta.window_size,
             softmax_scale=softmax_scale, compute_dtype=cdt)
 
     def forward(self, q, k, v, meta, softmax_scale):
@@ -429,7 +435,7 @@ def _probe(device: torch.device, dtype: torch.dtype) -> Optional[str]:
                 f"GQA step ({type(exc).__name__}: {first})")
     ref = [x.detach().double().requires_grad_(True) for x in (q, k, v)]
     with torch.enable_grad():
-        r_out, _ = reference_attention(*ref, cu, cu, attn_mask_type="causal",
+        r_out, _ = reference_attention(*ref, cu, cu, attn_mask_type="causal_bottom_right",
                                        window_size=(2, 0), softmax_scale=scale,
                                        compute_dtype=torch.float64)
         grads = torch.autograd.grad(r_out, ref, dout.double())

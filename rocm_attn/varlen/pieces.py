@@ -19,8 +19,8 @@ from .bands import MaskSpec, Segment, pair_slots, piece_mask, piece_ranges, piec
 from .meta import DirectCall, StepMeta, cu_from_lens
 from .packed import packed_rows
 
-__all__ = ["Pair", "piece_metas", "whole_sequence_meta", "direct_call", "with_direct_packed",
-           "ROW_ORDER"]
+__all__ = ["Pair", "piece_metas", "whole_sequence_meta", "whole_sequence_metas",
+           "top_left_pairs", "direct_call", "with_direct_packed", "ROW_ORDER"]
 
 
 class Pair(NamedTuple):
@@ -252,3 +252,30 @@ def whole_sequence_meta(spec: MaskSpec, q: Segment, kv: Segment, max_q: int, max
     return _calls_meta(spec, "native", [pair], f"{kind}:native", -1, "global", "global")
 
 
+
+
+def top_left_pairs(name: str, q: Segment, kv: Segment, q_max: int, q_total: int, kv_max: int,
+                   kv_total: int) -> List[Pair]:
+    """A q segment at **top-left** positions (query ``i`` of a sequence at ``p = i``) against
+    the whole kv sequence (positions from 0), under a causal mask: the rows before the kv end
+    (relation ``whole``: its causal ``diag`` piece stops at the last key) and the rows past it
+    (``before``: they see every key their window reaches), which exist only when a sequence
+    has more queries than keys. Pair names: ``name`` and ``name + "+"``."""
+    k1 = kv.pos + kv.n
+    past = torch.maximum(q.pos, k1)
+    n_past = (q.pos + q.n - past).clamp(min=0)
+    tail = Segment(past, n_past, q.row + (past - q.pos))
+    return [Pair(name, "K", q, kv, "whole", None, q_max, q_total, kv_max, kv_total),
+            Pair(name + "+", "K", tail, kv, "before", None, q_max, q_total, kv_max, kv_total)]
+
+
+def whole_sequence_metas(spec: MaskSpec, q: Segment, kv: Segment, max_q: int, max_kv: int,
+                         q_total: int, kv_total: int, kind: str, top_left: bool
+                         ) -> List[StepMeta]:
+    """The calls over whole sequences: :func:`whole_sequence_meta` (bottom-right alignment,
+    ``q.pos = n_kv - n_q``), or with ``top_left`` (``q.pos = 0``, causal) the pieces of
+    :func:`top_left_pairs`."""
+    if not top_left:
+        return [whole_sequence_meta(spec, q, kv, max_q, max_kv, q_total, kv_total, kind)]
+    pairs = top_left_pairs("Q", q, kv, max_q, q_total, max_kv, kv_total)
+    return piece_metas(spec, pairs, kind, -1, "global", "global")
