@@ -1,8 +1,10 @@
-"""Transformer Engine parity of rocm_attn.attn_with_cp on CPU with gloo (2 ranks, one spawned
-group for every case): TE's mask types (top-left "causal" between different q and kv lengths),
-qkv_format bshd / sbhd with TE's sharding, return_max_logit against the float64 oracle (every
-comm type, windows, chunks, padding between sequences), bitwise reproducible backward passes
-under torch.use_deterministic_algorithms; and the seed configuration over NCCL (2 GPUs)."""
+"""Transformer Engine parity of rocm_attn.attn_with_cp on CPU with gloo (one spawned group of 2
+ranks for p2p / all_gather / a2a, one of 4 for a2a+p2p, whose a2a groups and ring both need two
+ranks or more): TE's mask types (top-left "causal" between different q and kv lengths where the
+comm type allows them), qkv_format bshd / sbhd with TE's sharding, return_max_logit against the
+float64 oracle (every comm type, windows, chunks, padding between sequences), bitwise
+reproducible backward passes under torch.use_deterministic_algorithms; and the seed
+configuration over NCCL (2 GPUs)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class Case(NamedTuple):
     dtype: torch.dtype = F64
     backend: str = "reference"
     deterministic: bool = False
+    a2a: int = 0  # a2a+p2p: size of the a2a groups (consecutive ranks), the ring across them
 
 
 MIXED, CROSS = [13, 3, 37, 6], [9, 17, 2, 30]
@@ -71,6 +74,32 @@ def cases(world: int = 2) -> List[Case]:
     return [c._replace(name=f"cp{world}-{c.name}") for c in out]
 
 
+def hier_cases(world: int = 4) -> List[Case]:
+    """a2a+p2p at cp 4: a2a groups of 2 (ring of 2), of 4 (ring of 1) and of 1 (ring of 4).
+    A ring type: a causal mask, a window or chunking need identical q and kv sequences (the
+    two causal alignments then agree), so only the unmasked case crosses lengths."""
+    c = "a2a+p2p"
+    out = [
+        Case("a2-causal-window-pad", c, "causal", MIXED, window=(5, 0), pad=1, a2a=2),
+        Case("a2-causal_br-pad", c, "causal_bottom_right", MIXED, pad=1, a2a=2),
+        Case("a2-padding_causal_br-chunk-window", c, "padding_causal_bottom_right", MIXED,
+             window=(6, 0), chunk=8, pad=1, a2a=2),
+        Case("a2-no_mask-window2-chunk", c, "no_mask", MIXED, window=(3, 2), chunk=6, a2a=2),
+        Case("a2-no_mask-cross-pad", c, "no_mask", MIXED, CROSS, pad=1, a2a=2),
+        Case("a2-causal-bshd", c, "causal", [32, 32], fmt="bshd", a2a=2),
+        Case("a2-padding_causal-sbhd-lengths", c, "padding_causal", [29, 17], fmt="sbhd",
+             window=(9, 0), a2a=2),
+        Case("a2-seed-like-bshd", c, "causal", [64, 64], window=(8, 0), fmt="bshd", h=(12, 2),
+             a2a=2),
+        Case("a2-causal-deterministic", c, "causal", MIXED, window=(5, 0), pad=1,
+             deterministic=True, dtype=torch.float32, a2a=2),
+        Case("a4-causal-window-chunk-pad", c, "causal", MIXED, window=(7, 0), chunk=12, pad=1,
+             h=(4, 4), a2a=4),
+        Case("a1-padding-sbhd", c, "padding", [24, 11], fmt="sbhd", window=(4, 4), a2a=1),
+    ]
+    return [x._replace(name=f"cp{world}-{x.name}") for x in out]
+
+
 def _round_up(n, m):
     return -(-n // m) * m
 
@@ -94,7 +123,11 @@ def _poisoned(gen, rows, h, d, valid, dtype):
     return x.masked_fill(~valid.view(-1, 1, 1), float("nan")).to(dtype)
 
 
-def _run(c: Case, group, cp: int, rank: int, device: str = "cpu") -> Optional[str]:
+def _run(c: Case, group, cp: int, rank: int, device: str = "cpu",
+         gather_group=None) -> Optional[str]:
+    """One case on this rank: ``group`` the cp_group argument (a2a+p2p: this rank's pair),
+    ``gather_group`` the group of all ``cp`` ranks (default ``group``)."""
+    gg = group if gather_group is None else gather_group
     gen = torch.Generator().manual_seed(zlib.crc32(c.name.encode()))  # same on every rank
     lens_kv = c.lens_kv or c.lens_q
     s_q = _round_up(max(c.lens_q), 2 * cp)
@@ -120,8 +153,8 @@ def _run(c: Case, group, cp: int, rank: int, device: str = "cpu") -> Optional[st
 
     def gather(x, cu_p):
         if c.fmt == "thd":
-            return gather_from_cp(x, cu_p.to(dev), cp, group)
-        y = gather_from_cp(x, None, cp, group, qkv_format=c.fmt)
+            return gather_from_cp(x, cu_p.to(dev), cp, gg)
+        y = gather_from_cp(x, None, cp, gg, qkv_format=c.fmt)
         y = y if c.fmt == "bshd" else y.transpose(0, 1)
         return y.reshape(-1, *y.shape[2:])
 
@@ -158,7 +191,7 @@ def _run(c: Case, group, cp: int, rank: int, device: str = "cpu") -> Optional[st
     if ml.shape != (h_q,) or ml.dtype != torch.float32 or ml.requires_grad:
         errs.append(f"max_logit: shape {tuple(ml.shape)} dtype {ml.dtype}")
     mls = [torch.empty_like(ml) for _ in range(cp)]
-    dist.all_gather(mls, ml.detach(), group=group)
+    dist.all_gather(mls, ml.detach(), group=gg)
     if not all(torch.equal(m, ml) for m in mls):
         errs.append("max_logit differs between ranks")
     got = {"out": gather(out.detach(), cu_qp), "dq": gather(dq, cu_qp),
@@ -180,23 +213,59 @@ def _run(c: Case, group, cp: int, rank: int, device: str = "cpu") -> Optional[st
     return "; ".join(errs) or None
 
 
+def _hier_groups(world: int, rank: int) -> Dict[int, tuple]:
+    """a2a size -> this rank's (a2a_group, p2p_group): a2a over consecutive ranks, the ring
+    over the ranks with the same index in their a2a group, so CP rank = world rank (every rank
+    creates every group in the same order, as torch.distributed requires)."""
+    out = {}
+    for a in (1, 2, 4):
+        if world % a:
+            continue
+        a2a = [dist.new_group(list(range(s, s + a))) for s in range(0, world, a)]
+        ring = [dist.new_group(list(range(i, world, a))) for i in range(a)]
+        out[a] = (a2a[rank // a], ring[rank % a])
+    return out
+
+
 def _worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
-    report_cases([(c.name, lambda c=c: _run(c, dist.group.WORLD, world, rank))
-                  for c in cases(world)], world, rank, out_path)
+    w = dist.group.WORLD
+    if world == 4:
+        hier = _hier_groups(world, rank)
+        todo = [(c.name, lambda c=c: _run(c, hier[c.a2a], world, rank, gather_group=w))
+                for c in hier_cases(world)]
+    else:
+        todo = [(c.name, lambda c=c: _run(c, w, world, rank)) for c in cases(world)]
+    report_cases(todo, world, rank, out_path)
 
 
 _RESULTS: Dict[int, dict] = {}
 
 
-@pytest.mark.parametrize("name", [c.name for c in cases(2)])
+@pytest.mark.parametrize("name", [c.name for c in cases(2)] + [c.name for c in hier_cases(4)])
 def test_cp_te_parity(name, tmp_path_factory):
-    res = run_world_once(_RESULTS, _worker, 2, str(tmp_path_factory.getbasetemp()), DEADLINE_S,
-                         "CP TE-parity group")
+    world = int(name[2])
+    res = run_world_once(_RESULTS, _worker, world, str(tmp_path_factory.getbasetemp()),
+                         DEADLINE_S, "CP TE-parity group")
     assert name in res["results"], f"{name} did not run"
     assert res["results"][name] is None, f"{name} failed:\n{res['results'][name]}"
+
+
+@pytest.mark.parametrize("mask", ["causal", "causal_bottom_right", "padding_causal"])
+def test_a2a_p2p_causal_needs_identical_sequences(mask):
+    """a2a+p2p is a ring type: between different q and kv lengths, where top-left and
+    bottom-right causal masks differ, it raises instead of picking an alignment."""
+    from helpers.cp import FakeGroup
+
+    cu_q, cu_kv = cu_of([8, 8]), cu_of([8, 16])
+    q = torch.zeros(4, 2, 8, dtype=F64)
+    kv = torch.zeros(6, 2, 8, dtype=F64)
+    with pytest.raises(ValueError, match="cp_comm_type='a2a\\+p2p' with a causal mask needs "
+                                         "identical q and kv sequences"):
+        attn_with_cp(q, kv, kv, cu_q, cu_kv, 8, 16, (FakeGroup(2, 0), FakeGroup(2, 0)),
+                     cp_comm_type="a2a+p2p", attn_mask_type=mask, return_max_logit=True)
 
 
 # --------------------------------------------------------------------------
