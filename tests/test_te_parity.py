@@ -223,3 +223,165 @@ def test_gpu_max_logit_torch_flash(mask, window):
         torch.use_deterministic_algorithms(prev)
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------------------------
+# torch.compile and host syncs of the max_logit path
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["thd", "bshd"])
+def test_max_logit_compiles_fullgraph(fmt):
+    """torch.compile(fullgraph=True) of attention with return_max_logit (top-left causal
+    between different lengths: several calls; window, padding between sequences) traces
+    without a graph break and gives the eager output, max_logit and gradients."""
+    torch._dynamo.reset()
+    if fmt == "thd":
+        q, k, v, cu_q, cu_kv, cu_qp, cu_kvp = _problem([5, 9, 3], [9, 4, 3], pad=2, seed=11)
+        kw = dict(cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_q=9, max_seqlen_kv=9,
+                  cu_seqlens_q_padded=cu_qp, cu_seqlens_kv_padded=cu_kvp)
+        mask, window = "causal", (3, 0)
+    else:
+        g = torch.Generator().manual_seed(11)
+        q = torch.randn(2, 6, 4, 8, generator=g, dtype=F64)
+        k, v = (torch.randn(2, 8, 2, 8, generator=g, dtype=F64) for _ in range(2))
+        kw = dict(cu_seqlens_q=_cu([6, 4]), cu_seqlens_kv=_cu([8, 3]))
+        mask, window = "padding_causal", (-1, -1)
+
+    def fn(q, k, v):
+        return rocm_attn.attention(q, k, v, **kw, attn_mask_type=mask, window_size=window,
+                                   qkv_format=fmt, return_lse=True, return_max_logit=True)
+
+    results = []
+    for f in (torch.compile(fn, fullgraph=True, backend="aot_eager"), fn):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        out, lse, ml = f(*leaves)
+        assert ml.dtype == torch.float32 and ml.shape == (4,) and not ml.requires_grad
+        grads = torch.autograd.grad(out.square().sum(), leaves)
+        results.append((out, ml) + grads)
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.isfinite(results[0][1]).all()
+
+
+def test_small_seq_max_logit_compiles_fullgraph():
+    """fused_attn_small_seq(return_max_logit=True) on the CPU torch path under
+    torch.compile(fullgraph=True): the eager values, and the float64 oracle's max_logit."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(6)
+    cq = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    ck = torch.tensor([0, 7, 9, 9], dtype=torch.int32)
+    q = torch.randn(5, 4, 32, generator=g)
+    k, v = (torch.randn(9, 2, 32, generator=g) for _ in range(2))
+
+    def fn(q, k, v):
+        return rocm_attn.fused_attn_small_seq(q, k, v, cq, ck, 3, 7, return_lse=True,
+                                              return_max_logit=True)
+
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
+    want = fn(q, k, v)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got[-1].double(), reference_max_logit(q, k, cq, ck, "no_mask"),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _meta(*xs):
+    return [x.to("meta") for x in xs]
+
+
+@pytest.mark.parametrize("top_left", [False, True])
+@pytest.mark.parametrize("window,chunk", [((-1, -1), None), ((3, 0), 4)])
+def test_max_logit_path_reads_nothing_on_the_host(top_left, window, chunk):
+    """The max_logit pass (and the call metadata it shares with the attention) runs on meta
+    tensors: any .item() / .tolist() / int() / nonzero() of a device value would raise, so it
+    has no host sync on a GPU either."""
+    from rocm_attn.varlen import api
+    from rocm_attn.varlen.max_logit import step_max_logit
+
+    q, k, _, cu_q, cu_kv, cu_qp, cu_kvp = _problem([5, 9, 3], [9, 4, 3], pad=2)
+    q, k, cu_q, cu_kv, cu_qp, cu_kvp = _meta(q, k, cu_q, cu_kv, cu_qp, cu_kvp)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        cu_q[1:].max().item()  # the detector works: a host read of a meta value raises
+    metas = api._metas(q, k, cu_q, cu_kv, cu_qp, cu_kvp, 9, 9, True, top_left, *window, chunk)
+    assert (len(metas) > 1) == top_left
+    for meta in metas:
+        ml = step_max_logit(q, k, meta, 0.3)
+        assert ml.device.type == "meta" and ml.shape == (4,)
+
+
+@pytest.mark.parametrize("layout", ["thd", "one_query", "bshd"])
+def test_small_seq_max_logit_reads_nothing_on_the_host(layout):
+    from rocm_attn import small_seq
+
+    if layout == "bshd":
+        q, k = torch.empty(3, 2, 4, 32), torch.empty(3, 7, 2, 32)
+        args = (None, None, torch.tensor([7, 2, 0], dtype=torch.int32), 2, 7, None,
+                "bshd_bshd_bshd")
+    else:
+        q, k = torch.empty(5 if layout == "thd" else 3, 4, 32), torch.empty(9, 2, 32)
+        cq = torch.tensor([0, 2, 2, 5], dtype=torch.int32) if layout == "thd" else None
+        ck = torch.tensor([0, 7, 9, 9], dtype=torch.int32)
+        args = (cq, ck, None, 3 if layout == "thd" else 1, 7, None, "thd_thd_thd")
+    q, k = _meta(q, k)
+    args = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+    ml = small_seq._max_logit(q, k, *args)
+    assert ml.device.type == "meta" and ml.shape == (4,)
+
+
+def _sync_warnings(fn):
+    """The host-device synchronisations ``fn()`` makes (torch.cuda.set_sync_debug_mode("warn")
+    warns at each)."""
+    prev = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(prev)
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask,window,chunk", [("causal", (-1, -1), None),
+                                               ("causal_bottom_right", (64, 0), None),
+                                               ("no_mask", (-1, -1), 128)])
+def test_gpu_max_logit_adds_no_host_sync(mask, window, chunk):
+    """On a GPU the max_logit pass synchronises nowhere: the pass alone runs under
+    set_sync_debug_mode("error"), and attention / fused_attn_small_seq with return_max_logit
+    synchronise exactly as often as without it."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA/ROCm GPU")
+    from rocm_attn import small_seq
+    from rocm_attn.varlen import api
+    from rocm_attn.varlen.max_logit import step_max_logit
+
+    lens_q, lens_kv = [300, 17, 513], [700, 17, 300]
+    q, k, v, cu_q, cu_kv, cu_qp, cu_kvp = (
+        x.cuda() for x in _problem(lens_q, lens_kv, h_q=8, h_kv=2, d=64, pad=5,
+                                   dtype=torch.bfloat16))
+    pads = dict(cu_seqlens_q_padded=cu_qp, cu_seqlens_kv_padded=cu_kvp)
+    prev = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for meta in api._metas(q, k, cu_q, cu_kv, cu_qp, cu_kvp, 513, 700,
+                               mask != "no_mask", mask == "causal", *window, chunk):
+            step_max_logit(q, k, meta, 0.125)
+        small_seq._max_logit(q, k, cu_q, cu_kv, None, 513, 700, None, "thd_thd_thd")
+    finally:
+        torch.cuda.set_sync_debug_mode(prev)
+
+    def call(ml):
+        return lambda: rocm_attn.attention(q, k, v, cu_q, cu_kv, 513, 700, attn_mask_type=mask,
+                                           window_size=window, chunk_size=chunk, validate=False,
+                                           return_max_logit=ml, **pads)
+
+    def small(ml):
+        return lambda: rocm_attn.fused_attn_small_seq(q, k, v, cu_q, cu_kv, 513, 700,
+                                                      return_max_logit=ml)
+
+    for make in (call, small):
+        make(True)(), make(False)()  # warm-up: first calls may initialise
+        assert len(_sync_warnings(make(True))) == len(_sync_warnings(make(False)))
+    torch.cuda.synchronize()

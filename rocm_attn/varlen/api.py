@@ -212,7 +212,10 @@ def attention(
             float(softmax_scale), step_backend.name)
     if torch.compiler.is_compiling():
         out, lse = _attention_fwd(q, k, v, *args)
-        max_logit = _attention_max_logit(q, k, *args) if return_max_logit else None
+        # not differentiable: detached inputs keep the op out of the autograd graph (an op
+        # output that required grad would need a backward formula)
+        max_logit = (_attention_max_logit(q.detach(), k.detach(), *args) if return_max_logit
+                     else None)
     else:
         metas = _metas(q, k, *args[:11])
         out, lse = _VarlenAttnFunc.apply(q, k, v, metas, step_backend, float(softmax_scale))
