@@ -385,3 +385,74 @@ def test_gpu_max_logit_adds_no_host_sync(mask, window, chunk):
         make(True)(), make(False)()  # warm-up: first calls may initialise
         assert len(_sync_warnings(make(True))) == len(_sync_warnings(make(False)))
     torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------------------------
+# the max_logit pass's tiles: causal blocks of self-attention stop at the diagonal
+# --------------------------------------------------------------------------------------------
+
+
+def test_max_logit_causal_self_attention_forms_about_half_the_tiles():
+    """16 x 8192-token causal self-attention: the pass forms the tiles of 16 triangles (51.6%
+    of every block times every key tile), unmasked or windowed on the right it stays dense."""
+    from rocm_attn.varlen.max_logit import _tile_bound
+
+    dense = 2048 * 32
+    tri = _tile_bound(2048, 128, 32, 0, True)
+    assert tri == 16 * sum(-(-(a + 1) // 4) for a in range(128)) and tri / dense < 0.52
+    assert _tile_bound(2048, 128, 32, 0, False) == dense  # lengths not known equal
+    assert _tile_bound(2048, 128, 32, 1 << 40, True) == dense  # no right edge
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("mask,window", [("causal", (-1, -1)), ("causal", (70, 0)),
+                                         ("no_mask", (-1, 100)), ("no_mask", (300, 5))])
+def test_max_logit_square_bound_covers_every_tile(seed, mask, window):
+    """With equal q and kv lengths (the bound of fewer tiles) the pass still reads every key a
+    row may see: random lengths around the block sizes (64 rows, 256 keys), sequences at the
+    longest length (the bound's worst case) and empty ones, against the float64 oracle. The
+    largest logit is planted at a random allowed pair of the longest sequence's last row."""
+    from rocm_attn.varlen.max_logit import segments_max_logit
+
+    g = torch.Generator().manual_seed(seed)
+    longest = [64, 65, 300, 513, 700, 1024][seed]
+    lens = [longest] * (1 + seed % 3) + torch.randint(0, longest + 1, (4,), generator=g).tolist()
+    lens = [n for pair in zip(lens, [0] * len(lens)) for n in pair]  # empty ones between
+    q, k, _, cu, _, _, _ = _problem(lens, lens, h_q=2, h_kv=1, d=4, seed=seed,
+                                    dtype=torch.float32)
+    i = lens.index(longest)
+    row = int(cu[i]) + longest - 1
+    hi = longest - 1
+    lo = 0 if window[0] < 0 else max(0, longest - 1 - window[0])
+    key = int(cu[i]) + int(torch.randint(lo, hi + 1, (1,), generator=g))
+    q[row, 0] = 3.0
+    k[key, 0] = 3.0
+    n = torch.tensor(lens)
+    start = cu[:-1].long()
+    got = segments_max_logit(q, k, start, n, start, n, causal=mask == "causal", window=window,
+                             max_q=longest, max_kv=longest, q_rows=q.shape[0], scale=0.5,
+                             square=True)
+    ref = reference_max_logit(q, k, cu, cu, mask, window, softmax_scale=0.5)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-6, atol=1e-6)
+    assert float(got[0]) >= 0.5 * 3.0 * 3.0 * 4  # the planted pair (d 4) is found
+
+
+@pytest.mark.parametrize("longest,count", [(512, 3), (64, 5), (1024, 1), (320, 2)])
+def test_max_logit_square_bound_is_tight_and_enough(longest, count):
+    """Sequences all at the longest length, a multiple of the 64-row block: the tiles formed
+    equal the bound exactly, and the last tile of the last block (the diagonal of the last
+    sequence's last rows) holds the largest logit."""
+    from rocm_attn.varlen.max_logit import segments_max_logit
+
+    lens = [longest] * count
+    q, k, _, cu, _, _, _ = _problem(lens, lens, h_q=2, h_kv=1, d=4, seed=count,
+                                    dtype=torch.float32)
+    last = q.shape[0] - 1
+    q[last, 1], k[last, 0] = 3.0, 3.0  # the last row with its own key (j = p)
+    n = torch.tensor(lens)
+    got = segments_max_logit(q, k, cu[:-1].long(), n, cu[:-1].long(), n, causal=True,
+                             window=(-1, -1), max_q=longest, max_kv=longest,
+                             q_rows=q.shape[0], scale=0.5, square=True)
+    ref = reference_max_logit(q, k, cu, cu, "causal", softmax_scale=0.5)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-6, atol=1e-6)
+    assert float(got[1]) >= 18.0

@@ -44,8 +44,11 @@ class A2AAttnFunc(torch.autograd.Function):
             h_q, hb = q.shape[1], q_h.shape[1]
             max_logit = torch.full((h_q,), float("-inf"), dtype=torch.float32, device=q.device)
             part = None
+            # equal q and kv lengths: one cu_seqlens tensor for both, or a top-left mask
+            # (whose causal pieces start queries and keys together)
+            square = plan.top_left or plan.cu_seqlens_q is plan.cu_seqlens_kv
             for m in meta:
-                part = combine(part, step_max_logit(q_h, k_h, m, plan.softmax_scale))
+                part = combine(part, step_max_logit(q_h, k_h, m, plan.softmax_scale, square))
             max_logit[plan.rank * hb:(plan.rank + 1) * hb] = part
         out_h = out_h.to(q.dtype)
         lse_h = lse_h.to(accum_dtype(q.dtype))

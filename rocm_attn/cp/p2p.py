@@ -59,7 +59,9 @@ def step_max_logits(plan: CPPlan, q, kv, step: int, acc):
     for meta in ring_step_metas(plan, step):
         q_s = layouts.select_rows(q, meta.q_layout, cu_q)
         k_s = layouts.select_rows(kv[0], meta.kv_layout, cu_kv)
-        acc = combine(acc, step_max_logit(q_s, k_s, meta, plan.softmax_scale))
+        # the causal diagonal step: local q against the same sequences' local kv
+        acc = combine(acc, step_max_logit(q_s, k_s, meta, plan.softmax_scale,
+                                          square=meta.kind == "diagonal"))
     return acc
 
 

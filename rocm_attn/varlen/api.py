@@ -203,9 +203,12 @@ def attention(
         _check_values("q", cu_seqlens_q, cu_seqlens_q_padded, q.shape[0], max_seqlen_q)
         _check_values("kv", cu_seqlens_kv, cu_seqlens_kv_padded, k.shape[0], max_seqlen_kv)
     causal_mask = bool(formats.MASK_TYPES[mask_type])
+    equal = formats.lengths_equal(cu_seqlens_q, cu_seqlens_kv, by_value)
     # a top-left mask is a bottom-right one where every sequence has as many queries as keys
-    tl = formats.causal_top_left(mask_type) and not formats.lengths_equal(
-        cu_seqlens_q, cu_seqlens_kv, by_value)
+    tl = formats.causal_top_left(mask_type) and not equal
+    # the max_logit pass stops causal blocks at the diagonal where every call has as many
+    # queries as keys: equal lengths, or top-left (its causal pieces start both together)
+    square = equal or tl
 
     args = (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
             max_seqlen_q, max_seqlen_kv, causal_mask, tl, window[0], window[1], chunk_size,
@@ -214,8 +217,8 @@ def attention(
         out, lse = _attention_fwd(q, k, v, *args)
         # not differentiable: detached inputs keep the op out of the autograd graph (an op
         # output that required grad would need a backward formula)
-        max_logit = (_attention_max_logit(q.detach(), k.detach(), *args) if return_max_logit
-                     else None)
+        max_logit = (_attention_max_logit(q.detach(), k.detach(), *args, square)
+                     if return_max_logit else None)
     else:
         metas = _metas(q, k, *args[:11])
         out, lse = _VarlenAttnFunc.apply(q, k, v, metas, step_backend, float(softmax_scale))
@@ -223,8 +226,8 @@ def attention(
         if return_max_logit:
             with torch.no_grad():
                 for meta in metas:
-                    max_logit = combine(max_logit, step_max_logit(q, k, meta,
-                                                                  float(softmax_scale)))
+                    max_logit = combine(max_logit, step_max_logit(
+                        q, k, meta, float(softmax_scale), square))
     if qkv_format != "thd":
         out = formats.from_thd(out, qkv_format, b, s_q)
         lse = formats.lse_from_thd(lse, qkv_format, b, s_q)
@@ -330,16 +333,17 @@ _attention_fwd.register_autograd(_attention_backward, setup_context=_attention_s
 
 
 @torch.library.custom_op("rocm_attn_torch_path::attention_max_logit", mutates_args=(),
-                         schema=f"(Tensor q, Tensor k, {_ARGS_AFTER_QKV}) -> Tensor")
+                         schema=f"(Tensor q, Tensor k, {_ARGS_AFTER_QKV}, bool square) "
+                                "-> Tensor")
 def _attention_max_logit(q: torch.Tensor, k: torch.Tensor, cu_q: torch.Tensor,
                          cu_kv: torch.Tensor, cu_q_p: Optional[torch.Tensor],
                          cu_kv_p: Optional[torch.Tensor], max_q: int, max_kv: int, causal: bool,
                          top_left: bool, left: int, right: int, chunk_size: Optional[int],
-                         scale: float, backend: str) -> torch.Tensor:
+                         scale: float, backend: str, square: bool) -> torch.Tensor:
     best = None
     for meta in _metas(q, k, cu_q, cu_kv, cu_q_p, cu_kv_p, max_q, max_kv, causal, top_left,
                        left, right, chunk_size):
-        best = combine(best, step_max_logit(q, k, meta, scale))
+        best = combine(best, step_max_logit(q, k, meta, scale, square))
     return best
 
 
