@@ -19,8 +19,12 @@ communication kernel time with a compute kernel running beside it, summed over a
 ``rocm_attn.attention`` (torch_flash) on the whole batch. ``attn_with_cp`` gets
 ``min_seqlen = min(lengths)`` so that p2p skips ring steps the mask cannot reach.
 
-Usage: python tools/bench_cp.py [--cp 2] [--tokens 131072] [--seqs 16]
-       [--masks causal,swa4096,chunk8192] [--json out.json]
+``--max-logit`` adds the forward with ``return_max_logit=True`` per case (its extra pass's
+overhead over the forward) and ``rocm_attn.attention``'s causal forward on one GPU on the whole
+batch with and without it.
+
+Usage: python tools/bench_cp.py [--cp 2] [--tokens 131072] [--seqs 16] [--equal-lengths]
+       [--masks causal,swa4096,chunk8192] [--max-logit] [--json out.json]
 """
 
 from __future__ import annotations
@@ -69,6 +73,15 @@ def seq_lengths(tokens: int, n: int, multiple: int, seed: int) -> list[int]:
     cuts = sorted(torch.randperm(units - 1, generator=g)[: n - 1].add(1).tolist())
     bounds = [0] + cuts + [units]
     return [(b - a) * multiple for a, b in zip(bounds, bounds[1:])]
+
+
+def equal_lengths(tokens: int, n: int, multiple: int) -> list[int]:
+    """n equal lengths, each a multiple of `multiple`, summing to `tokens`."""
+    each = tokens // n // multiple * multiple
+    if each <= 0 or each * n != tokens:
+        raise ValueError(f"--equal-lengths: {tokens} tokens do not split into {n} sequences of "
+                         f"a multiple of {multiple} tokens")
+    return [each] * n
 
 
 def timed(fn, reps: int, warmup: int = 3) -> float:
@@ -130,7 +143,8 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world)
     cp, dev, dtype = world, torch.device("cuda", rank), torch.bfloat16
-    lens = seq_lengths(args.tokens, args.seqs, 2 * cp, args.seed)
+    lens = (equal_lengths(args.tokens, args.seqs, 2 * cp) if args.equal_lengths
+            else seq_lengths(args.tokens, args.seqs, 2 * cp, args.seed))
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
     g = torch.Generator(device="cpu").manual_seed(args.seed)
     q = torch.randn(args.tokens, args.heads_q, args.head_dim, generator=g).to(dev, dtype)
@@ -146,6 +160,18 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
     base = {m: timed(single_gpu(q, k, v, cu, max_len, scale, m == "fwdbwd"), args.reps)
             for m in ("fwd", "fwdbwd")}
     report["single_gpu_ms"] = base
+    if args.max_logit:  # rocm_attn.attention (torch_flash) forward with and without max_logit
+        ml = {}
+        for with_ml in (False, True):
+            def attn_fwd(with_ml=with_ml):
+                res = rocm_attn.attention(q, k, v, cu, cu, max_len, max_len,
+                                          attn_mask_type="causal", backend="torch_flash",
+                                          return_max_logit=with_ml)
+                return (res[0] if with_ml else res).detach()
+            with torch.no_grad():
+                ml["fwd_max_logit" if with_ml else "fwd"] = timed(attn_fwd, args.reps)
+        ml["overhead"] = ml["fwd_max_logit"] / ml["fwd"] - 1
+        report["single_gpu_attention_max_logit_ms"] = ml
 
     group = dist.group.WORLD
     local = [rocm_attn.shard_for_cp(t, cu, cp, rank).contiguous() for t in (q, k, v)]
@@ -238,7 +264,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     parser.add_argument("--max-logit", action="store_true",
                         help="also time the forward with return_max_logit=True (row "
-                             "fwd_max_logit: ms and overhead over fwd)")
+                             "fwd_max_logit: ms and overhead over fwd) and rocm_attn.attention's "
+                             "causal forward on one GPU with and without it")
+    parser.add_argument("--equal-lengths", action="store_true",
+                        help="--seqs sequences of tokens / seqs tokens each instead of random "
+                             "lengths")
     parser.add_argument("--comms", type=lambda x: x.split(","), default=list(COMM_TYPES),
                         help=f"comma-separated comm types of {list(COMM_TYPES)}")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
@@ -266,6 +296,11 @@ def main(argv=None) -> int:
     print(f"\n{r['device']} x{r['cp']}  {r['tokens']} tokens in {len(r['seqs'])} seqs  "
           f"h_q={r['h_q']} h_kv={r['h_kv']} d={r['d']} bf16 causal")
     print(f"single GPU: fwd {b['fwd']:.2f} ms  fwd+bwd {b['fwdbwd']:.2f} ms")
+    ml = r.get("single_gpu_attention_max_logit_ms")
+    if ml:
+        print(f"single GPU rocm_attn.attention causal fwd {ml['fwd']:.2f} ms, with "
+              f"return_max_logit {ml['fwd_max_logit']:.2f} ms: max_logit overhead "
+              f"{100 * ml['overhead']:.1f}%")
     for mask, a in r.get("single_gpu_masked_ms", {}).items():
         print(f"single GPU {mask}: fwd {a['fwd']:.2f} ms  fwd+bwd {a['fwdbwd']:.2f} ms")
     causal = {row["comm"]: row for row in r["rows"] if row["mask"] == "causal"}
@@ -281,6 +316,11 @@ def main(argv=None) -> int:
               f"{100 * f['efficiency']:4.0f}% {_pct(f.get('hidden'))} {fb['ms']:10.2f} "
               f"{fb['speedup']:7.2f}x {100 * fb['efficiency']:4.0f}% {_pct(fb.get('hidden'))} "
               f"{row['work_skipped']:5.1f}x {gain:>10s}")
+    for row in r["rows"]:
+        if "fwd_max_logit" in row:
+            x = row["fwd_max_logit"]
+            print(f"max_logit {row['mask']:9s} {row['comm']:11s} fwd {x['ms']:8.2f} ms, "
+                  f"overhead {100 * x['overhead']:.1f}% over fwd {row['fwd']['ms']:.2f} ms")
     if args.plot:
         print(f"plot: {plot_report(r, args.plot)}")
     return 0
