@@ -258,8 +258,8 @@ def _metas(q, k, cu_q, cu_kv, cu_q_p, cu_kv_p, max_q, max_kv, causal, top_left, 
 # The schemas are spelled out: torch 2.4 cannot infer them from this module's postponed (string)
 # annotations.
 _ARGS_AFTER_QKV = ("Tensor cu_q, Tensor cu_kv, Tensor? cu_q_p, Tensor? cu_kv_p, SymInt max_q, "
-                   "SymInt max_kv, bool causal, bool top_left, SymInt left, SymInt right, SymInt? chunk_size, "
-                   "float scale, str backend")
+                   "SymInt max_kv, bool causal, bool top_left, SymInt left, SymInt right, "
+                   "SymInt? chunk_size, float scale, str backend")
 
 
 @torch.library.custom_op("rocm_attn_torch_path::attention_fwd", mutates_args=(),
