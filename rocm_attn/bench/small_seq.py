@@ -278,7 +278,7 @@ def main(argv=None) -> int:
 
         if args.cases == ",".join(CASES):
             args.cases = None  # the default: every ragged row
-        return main_ragged(args)
+        return main_ragged(args, sys.argv[1:] if argv is None else argv)
     if args.ranking:
         return _main_ranking(args)
     dtype = getattr(torch, args.dtype)

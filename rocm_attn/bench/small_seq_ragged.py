@@ -39,6 +39,7 @@ import logging
 import math
 import re
 import sys
+import time
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -209,11 +210,18 @@ def anchor_columns(row: Row, n: Lengths, x: dict, padded: Optional[dict],
     return cols
 
 
-def _release() -> None:
-    gc.collect()
+def _release(collect: bool = False) -> None:
+    """Hands freed blocks back to the device; ``collect`` first collects reference cycles (a
+    failed capture's frames hold its graph and memory pool)."""
+    if collect:
+        gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name()
 
 
 def free_bytes(device) -> int:
@@ -246,7 +254,7 @@ def time_columns(steps: Dict[str, Callable[[], object]], clock: str, mode: str, 
             if failed:
                 # NOTE: released outside the except block, so that the failed capture's frames
                 # (its graph and memory pool) are gone first (common.time_ms)
-                _release()
+                _release(collect=True)
                 if clock == "graph":
                     results[failed[0]] = {"error": f"not capturable: {failed[1]}"}
                     failed = None
@@ -277,6 +285,7 @@ def rotating_steps(cols_per_set: List[Dict[str, object]], backward: bool) -> Dic
             state["i"] += 1
             return fn()
 
+        call.column = name  # for a reader of the steps (tests)
         steps[name] = call
     return steps
 
@@ -491,18 +500,20 @@ def parse_cases(text: Optional[str]) -> List[Row]:
 
 
 def run(rows: Sequence[Row], seed: int = 0, anchors: bool = True, fwd_only: bool = False,
-        clock: str = "auto", json_path=None, show_progress: bool = True) -> dict:
+        clock: str = "auto", json_path=None, show_progress: bool = True,
+        command: str = "") -> dict:
     """Times ``rows`` and returns the report (written to ``json_path`` after every row)."""
     bw = copy_bandwidth()
     matmul = {name: matmul_throughput(dt) for name, dt in (("bf16", torch.bfloat16),
                                                           ("fp16", torch.float16))
               if any(r.dtype == name for r in rows)}
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    report = {"device": device_name(), "torch": torch.__version__,
               "copy_bandwidth_GBps": bw / 1e9,
               "matmul_TFLOPs": {k: v / 1e12 for k, v in matmul.items()}, "seed": seed,
               "clock": "per row and mode: graph = every column graph-replayed (all captured), "
                        "eager = every column one call at a time between events",
-              "rows": []}
+              "command": command or command_line([]),
+              "date": time.strftime("%Y-%m-%d", time.gmtime()), "rows": []}
     for row in progress(list(rows), "small-seq ragged", show_progress):
         report["rows"].append(bench_row(row, bw, matmul, seed, anchors=anchors,
                                         fwd_only=fwd_only, clock=clock))
@@ -511,15 +522,31 @@ def run(rows: Sequence[Row], seed: int = 0, anchors: bool = True, fwd_only: bool
     return report
 
 
-def main_ragged(args) -> int:
-    """``--ranking --ragged`` of rocm_attn/bench/small_seq.py (its parsed arguments)."""
+def command_line(argv: Sequence[str]) -> str:
+    """The run's command as the docs quote it: the suite's flags without ``--json PATH`` (a path
+    of the machine that ran it)."""
+    words, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--json":
+            skip = True
+        elif not word.startswith("--json="):
+            words.append(word)
+    return " ".join(["rocm-attn bench small-seq"] + words)
+
+
+def main_ragged(args, argv: Sequence[str] = ()) -> int:
+    """``--ranking --ragged`` of rocm_attn/bench/small_seq.py (its parsed arguments and the
+    flags they came from)."""
     try:
         rows = parse_cases(args.cases)
     except ValueError as exc:
         print(f"rocm-attn bench small-seq --ragged: {exc}", file=sys.stderr)
         return 2
     report = run(rows, args.seed, anchors=not args.no_anchors, fwd_only=args.fwd_only,
-                 clock=args.clock, json_path=args.json, show_progress=not args.no_progress)
+                 clock=args.clock, json_path=args.json, show_progress=not args.no_progress,
+                 command=command_line(argv))
     print_rows(report)
     failed = [f"{r['case']} {c}" for r in report["rows"] for c in checks_failed(r)]
     if failed:
