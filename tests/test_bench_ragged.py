@@ -265,3 +265,45 @@ def test_table_summary_and_page(tmp_path):
     page.write_text("# P\n\n## Other\n")
     with pytest.raises(SystemExit, match="Ragged requests"):
         ragged_table.write_page(page, lines)
+
+
+def test_padded_set_is_the_thd_set_per_user():
+    row = R.Row(5, R.Dist("uniform", 1, 6), R.Dist("uniform", 1, 9), h_q=4, h_kv=2, d=64)
+    n = R.draw_lengths(row, 1)
+    x = S.make_set(row, n, "cpu", 3)
+    p = S.padded_set(row, n, x)
+    assert p["q"].shape == (5, 4, n.max_q, 64) and p["k"].shape == (5, 4, n.max_kv, 64)
+    assert p["mask"].shape == (5, 1, 1, n.max_kv) and p["q"].is_contiguous()
+    for u in range(5):
+        rq, rk = slice(int(x["cu_q_cpu"][u]), int(x["cu_q_cpu"][u + 1])), slice(
+            int(x["cu_kv_cpu"][u]), int(x["cu_kv_cpu"][u + 1]))
+        c, k = int(n.cands[u]), int(n.keys[u])
+        assert torch.equal(p["q"][u, :, :c], x["q"][rq].transpose(0, 1))
+        assert torch.equal(p["dout"][u, :, :c], x["dout"][rq].transpose(0, 1))
+        assert torch.equal(p["k"][u, :, :k], x["k"][rk].repeat_interleave(2, 1).transpose(0, 1))
+        assert torch.equal(p["v"][u, 3, :k], x["v"][rk][:, 1])  # q head 3 reads kv head 1
+        assert not p["q"][u, :, c:].any() and not p["k"][u, :, k:].any()
+        assert p["mask"][u, 0, 0].tolist() == [i < k for i in range(n.max_kv)]
+
+
+def test_a_row_that_fails_is_reported_and_the_run_goes_on(clocks, monkeypatch, tmp_path):
+    monkeypatch.setattr(S, "copy_bandwidth", lambda: 1e9)
+    monkeypatch.setattr(S, "matmul_throughput", lambda dtype: 1e12)
+    monkeypatch.setattr(S, "device_name", lambda: "cpu")
+    real_row = S.bench_row
+
+    def first_fails(row, *a, **kw):
+        if row == ROWS[0]:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return real_row(row, *a, **kw, device="cpu")
+
+    monkeypatch.setattr(S, "bench_row", first_fails)
+    report = S.run(ROWS, fwd_only=True, json_path=tmp_path / "r.json", show_progress=False)
+    assert report["rows"][0] == {"case": ROWS[0].name, "label": "",
+                                 "error": "OutOfMemoryError: CUDA out of memory"}
+    assert report["rows"][1]["fwd"]["ms"] == 1.0
+    assert json.loads((tmp_path / "r.json").read_text()) == report
+    lines = ragged_table.table([report], report["rows"])
+    assert lines[-1] == (f"Rows that did not run: {ROWS[0].name} (OutOfMemoryError: CUDA out "
+                         "of memory).")
+    assert ragged_table.summary(report["rows"])[-1] == "clocks: graph; rows 2"

@@ -105,6 +105,9 @@ def table(headers, rows) -> list:
               for name, c in (r.get(mode) or {}).get("columns", {}).items() if _failed(c)]
     if failed:
         lines += ["", "Failed float64 checks: " + ", ".join(failed) + "."]
+    broken = [f"{r['case']} ({r['error']})" for r in rows if "error" in r]
+    if broken:
+        lines += ["", "Rows that did not run: " + ", ".join(broken) + "."]
     return lines
 
 

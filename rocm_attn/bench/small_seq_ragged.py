@@ -88,14 +88,18 @@ def make_set(row: Row, n: Lengths, device, seed: int) -> dict:
                 cu_q=cu_q.to(device), cu_kv=cu_kv.to(device), cu_q_cpu=cu_q, cu_kv_cpu=cu_kv)
 
 
-def _pad_rows(t: torch.Tensor, counts: torch.Tensor, cu: torch.Tensor, width: int) -> torch.Tensor:
-    """THD ``[total, h, d]`` -> ``[users, width, h, d]``, zeros past each user's count."""
+def _pad_heads_first(t: torch.Tensor, counts: torch.Tensor, cu: torch.Tensor, width: int,
+                     repeat: int = 1) -> torch.Tensor:
+    """THD ``[total, h, d]`` -> ``[users, h * repeat, width, d]`` (each head repeated ``repeat``
+    times, as GQA expands), zeros past each user's count; written in place, no padded copy."""
     users = counts.numel()
     dev = t.device
     user = torch.repeat_interleave(torch.arange(users), counts).to(dev)
     pos = (torch.arange(t.shape[0]) - torch.repeat_interleave(cu[:-1].long(), counts)).to(dev)
-    out = t.new_zeros(users, width, t.shape[1], t.shape[2])
-    out[user, pos] = t
+    if repeat > 1:
+        t = t.repeat_interleave(repeat, dim=1)
+    out = t.new_zeros(users, t.shape[1], width, t.shape[2])
+    out[user, :, pos] = t  # advanced indices around a slice: the indexed view is [total, h, d]
     return out
 
 
@@ -103,24 +107,19 @@ def padded_set(row: Row, n: Lengths, x: dict) -> dict:
     """The set as SDPA takes it: ``[users, h_q, max_q, d]`` queries and dout, ``[users, h_q,
     max_kv, d]`` keys / values (GQA expanded), a bool key mask ``[users, 1, 1, max_kv]``."""
     group = row.h_q // row.h_kv
-
-    def heads_first(t, counts, cu, width, repeat=1):
-        p = _pad_rows(t, counts, cu, width)
-        if repeat > 1:
-            p = p.repeat_interleave(repeat, dim=2)
-        return p.transpose(1, 2).contiguous()
-
-    qp = heads_first(x["q"], n.cands, x["cu_q_cpu"], n.max_q)
-    doutp = heads_first(x["dout"], n.cands, x["cu_q_cpu"], n.max_q)
-    kp = heads_first(x["k"], n.keys, x["cu_kv_cpu"], n.max_kv, group)
-    vp = heads_first(x["v"], n.keys, x["cu_kv_cpu"], n.max_kv, group)
+    cu_q, cu_kv = x["cu_q_cpu"], x["cu_kv_cpu"]
     mask = (torch.arange(n.max_kv).unsqueeze(0) < n.keys.unsqueeze(1))[:, None, None, :]
-    return dict(q=qp, k=kp, v=vp, dout=doutp, mask=mask.to(qp.device))
+    return dict(q=_pad_heads_first(x["q"], n.cands, cu_q, n.max_q),
+                dout=_pad_heads_first(x["dout"], n.cands, cu_q, n.max_q),
+                k=_pad_heads_first(x["k"], n.keys, cu_kv, n.max_kv, group),
+                v=_pad_heads_first(x["v"], n.keys, cu_kv, n.max_kv, group),
+                mask=mask.to(x["q"].device))
 
 
 class Column:
     """One timed column on one input set: ``fwd()`` returns the output; ``leaves`` are the
-    tensors the backward differentiates; ``dout`` its upstream gradient."""
+    tensors the backward differentiates; ``dout`` its upstream gradient; ``layout`` "thd" where
+    output and gradients are the THD tensors' (the float64 check reads them as such)."""
 
     def __init__(self, fwd: Callable[[], torch.Tensor], leaves: Sequence[torch.Tensor],
                  dout: torch.Tensor, layout: str = "thd"):
@@ -183,14 +182,16 @@ def anchor_columns(row: Row, n: Lengths, x: dict, padded: Optional[dict],
     try:
         varlen_attn, takes_gqa = varlen_attn_fn()
         kk, vv = x["k"], x["v"]
-        kw = {}
+        kw, layout = {}, "thd"
         if group > 1 and takes_gqa:
             kw["enable_gqa"] = True
         elif group > 1:  # an older varlen_attn: heads repeated outside the timing
             kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
+            layout = "thd, kv heads repeated"  # its dK / dV are per q head: not checked
         q, k, v = _leaves(backward, x["q"], kk, vv)
         cols["varlen_attn"] = Column(lambda: varlen_attn(q, k, v, x["cu_q"], x["cu_kv"], n.max_q,
-                                                         n.max_kv, **kw), (q, k, v), x["dout"])
+                                                         n.max_kv, **kw), (q, k, v), x["dout"],
+                                     layout=layout)
     except RuntimeError as exc:
         cols["varlen_attn"] = str(exc)
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -267,7 +268,11 @@ def time_columns(steps: Dict[str, Callable[[], object]], clock: str, mode: str, 
             return "graph", results
         results = {}
     for name, step in steps.items():
-        results[name] = {"ms": eager_ms(step, reps=EAGER_REPS, warmup=2)}
+        try:
+            results[name] = {"ms": eager_ms(step, reps=EAGER_REPS, warmup=2)}
+        except Exception as exc:  # noqa: BLE001  (e.g. out of memory: the column, not the run)
+            results[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            _release(collect=True)
     return "eager", results
 
 
@@ -485,6 +490,9 @@ def print_rows(report: dict) -> None:
             floor = f"{m['floor_ms'] * 1e3:.1f} {m['bound'][0]}"
             print(f"{r['case']:58s} {m.get('path', '-'):>9s} {m['clock']:>5s} {floor:>10s} "
                   f"{ours:>9s} {pct:>6s}{xs} {best:>7s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['case']}: failed: {r['error']}")
     errors = sorted({f"{name}: {c['error']}" for r in rows for mode, _ in MODES
                      for name, c in (r.get(mode) or {}).get("columns", {}).items()
                      if "error" in c})
@@ -515,8 +523,16 @@ def run(rows: Sequence[Row], seed: int = 0, anchors: bool = True, fwd_only: bool
               "command": command or command_line([]),
               "date": time.strftime("%Y-%m-%d", time.gmtime()), "rows": []}
     for row in progress(list(rows), "small-seq ragged", show_progress):
-        report["rows"].append(bench_row(row, bw, matmul, seed, anchors=anchors,
-                                        fwd_only=fwd_only, clock=clock))
+        try:
+            result = bench_row(row, bw, matmul, seed, anchors=anchors, fwd_only=fwd_only,
+                               clock=clock)
+        except Exception as exc:  # noqa: BLE001  (a row that fails is reported; the run goes on)
+            result = {"case": row.name, "label": row.label,
+                      "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            print(f"note: {row.name} failed: {result['error']}", file=sys.stderr)
+        if "error" in result:
+            _release(collect=True)
+        report["rows"].append(result)
         if json_path:  # after every row: a run cut short still leaves its finished rows
             json_path.write_text(json.dumps(report, indent=1))
     return report
