@@ -86,6 +86,7 @@ def test_row_times_every_column_on_one_clock_and_checks_them(clocks):
     for m, timed in ((fwd, ("flash_varlen", "varlen_attn", "sdpa_efficient")),
                      (fb, ("varlen_attn", "sdpa_efficient"))):
         assert m["clock"] == "graph" and m["path"] == "torch"
+        assert m["sdpa_default"] in ("FLASH_ATTENTION", "MATH")  # what the CPU's SDPA takes
         assert m["ms"] == 1.0 and m["speedup"] == {name: 2.0 for name in timed}
         assert "No viable backend" in m["columns"]["sdpa_cudnn"]["error"]
         assert m["speedup_vs_best"] == 2.0
@@ -206,6 +207,7 @@ def _mode(floor_us, ours_us, anchors_us, bound="bytes", clock="graph"):
     best = min(timed, key=timed.get)
     return {"floor_ms": floor_us / 1e3, "bytes_floor_ms": floor_us / 1e3, "matrix_floor_ms": 0.0,
             "bound": bound, "path": "tiled", "clock": clock, "columns": cols,
+            "sdpa_default": "CUDNN_ATTENTION",
             "ms": ours_us / 1e3, "pct_floor": 100 * floor_us / ours_us,
             "speedup": {n: t / (ours_us / 1e3) for n, t in timed.items()},
             "best_anchor": best, "best_anchor_ms": timed[best],
@@ -241,8 +243,8 @@ def test_table_summary_and_page(tmp_path):
                         "--ragged`")
     fwd_a = next(line for line in lines if line.startswith(f"| {a['case']} |"))
     assert fwd_a.split(" | ")[1:] == ["issue: x", "tiled", "graph", "268.0 b", "700.0", "38%",
-                                      "1.00", "1.03", "n/a", "2.86", "700.0 (flash_varlen)",
-                                      "1.00 |"]
+                                      "1.00", "1.03", "n/a", "2.86", "cudnn",
+                                      "700.0 (flash_varlen)", "1.00 |"]
     fb_a = [line for line in lines if line.startswith(f"| {a['case']} |")][1]
     assert fb_a.split(" | ")[7:10] == ["1.05", "skip", "2.50"]
     summary = ragged_table.summary(rows)

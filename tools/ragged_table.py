@@ -8,10 +8,11 @@ docs/performance.md under its "Ragged requests" heading.
     python3 tools/ragged_table.py ragged.json --summary        # the targets' accounting
     python3 tools/ragged_table.py ragged.json --write docs/performance.md
 
-Two tables, forward and forward+backward: per row what it is, our path, the clock every column of the row
-was timed on, the floor (the larger of the byte and matrix floors; b / m says which), our time,
-% of the floor, our speed-up over each anchor (its time / ours; n/a where it did not run, "!"
-after a column whose float64 check failed), the best anchor and the speed-up over it. Several
+Two tables, forward and forward+backward: per row what it is, our path, the clock every column
+of the row was timed on, the floor (the larger of the byte and matrix floors; b / m says
+which), our time, % of the floor, our speed-up over each anchor (its time / ours; n/a where it
+did not run, "!" after a column whose float64 check failed), the backend SDPA picks by itself
+for the padded inputs, the best anchor and the speed-up over it. Several
 files join in order, a later file's row replacing an earlier one of the same case. --write puts
 the tables between the page's markers under the heading (markers added at the end of the
 section where the page has none yet); the prose around them is the page's own.
@@ -62,6 +63,11 @@ def _x_cell(m: dict, name: str) -> str:
     return "skip" if str(c.get("error", "")).startswith("skipped") else "n/a"
 
 
+# SDPA's own pick for the padded inputs, as the table spells it.
+_SDPA_SHORT = {"CUDNN_ATTENTION": "cudnn", "EFFICIENT_ATTENTION": "efficient",
+               "FLASH_ATTENTION": "flash", "MATH": "math"}
+
+
 def _line(row: dict, mode: str, anchors) -> str:
     m = row[mode]
     ours = m["columns"].get("ours", {})
@@ -70,6 +76,7 @@ def _line(row: dict, mode: str, anchors) -> str:
              f"{m['ms'] * 1e3:.1f}" + ("!" if _failed(ours) else "") if "ms" in m else "error",
              f"{m['pct_floor']:.0f}%" if "pct_floor" in m else "-"]
     cells += [_x_cell(m, a) if "ms" in m else "-" for a in anchors]
+    cells.append(_SDPA_SHORT.get(m.get("sdpa_default"), m.get("sdpa_default", "-")))
     if m.get("best_anchor"):
         cells += [f"{m['best_anchor_ms'] * 1e3:.1f} ({m['best_anchor']})",
                   f"{m['speedup_vs_best']:.2f}"]
@@ -98,8 +105,9 @@ def table(headers, rows) -> list:
             continue
         lines += ["", f"{title} (x NAME: NAME's time / ours):", "",
                   "| row | what | path | clock | floor us | ours us | % floor | " +
-                  " | ".join(f"x {a}" for a in anchors) + " | best anchor us (which) | x best |",
-                  "|" + "---|" * (9 + len(anchors))]
+                  " | ".join(f"x {a}" for a in anchors) +
+                  " | SDPA picks | best anchor us (which) | x best |",
+                  "|" + "---|" * (10 + len(anchors))]
         lines += [_line(r, mode, anchors) for r in measured]
     failed = [f"{r['case']} {mode}/{name}" for r in rows for mode, _, _ in MODES
               for name, c in (r.get(mode) or {}).get("columns", {}).items() if _failed(c)]

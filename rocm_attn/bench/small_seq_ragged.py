@@ -47,11 +47,21 @@ import torch
 import torch.nn.functional as F
 
 import rocm_attn
+
 from . import ragged_check
 from .common import copy_bandwidth, eager_ms, graph_ms, matmul_throughput
 from .progress import progress
-from .ragged_rows import (ROWS, Lengths, Row, draw_lengths, floors, padded_bytes, parse_row,
-                          row_seed, sample_users)
+from .ragged_rows import (
+    ROWS,
+    Lengths,
+    Row,
+    draw_lengths,
+    floors,
+    padded_bytes,
+    parse_row,
+    row_seed,
+    sample_users,
+)
 
 # The SDPA columns: each asks sdpa_kernel for one backend.
 SDPA_COLUMNS = (("sdpa_cudnn", "CUDNN_ATTENTION"), ("sdpa_efficient", "EFFICIENT_ATTENTION"))
@@ -211,6 +221,18 @@ def anchor_columns(row: Row, n: Lengths, x: dict, padded: Optional[dict],
     return cols
 
 
+def sdpa_default(padded: dict, backward: bool) -> str:
+    """The backend SDPA picks by itself for the padded set (sdpa_kernel unrestricted), e.g.
+    "CUDNN_ATTENTION": which SDPA column a caller who names none gets."""
+    from torch.nn.attention import SDPBackend
+
+    q, k, v = _leaves(backward, padded["q"], padded["k"], padded["v"])
+    try:
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, padded["mask"], 0.0, False)).name
+    except Exception as exc:  # noqa: BLE001  (a private function: may change between releases)
+        return f"? ({type(exc).__name__})"
+
+
 def _release(collect: bool = False) -> None:
     """Hands freed blocks back to the device; ``collect`` first collects reference cycles (a
     failed capture's frames hold its graph and memory pool)."""
@@ -295,8 +317,10 @@ def rotating_steps(cols_per_set: List[Dict[str, object]], backward: bool) -> Dic
     return steps
 
 
-_PATH_CODE = [(re.compile(r"flash route"), "flash"), (re.compile(r"rocm_attn\.attention"), "varlen"),
-              (re.compile(r"compiled ([\w-]+) kernels"), None), (re.compile(r"torch path"), "torch")]
+_PATH_CODE = [(re.compile(r"flash route"), "flash"),
+              (re.compile(r"rocm_attn\.attention"), "varlen"),
+              (re.compile(r"compiled ([\w-]+) kernels"), None),
+              (re.compile(r"torch path"), "torch")]
 
 
 def path_code(messages: Sequence[str]) -> str:
@@ -388,6 +412,8 @@ def bench_row(row: Row, bw: float, matmul: Dict[str, float], seed: int, anchors:
             cols.append(c)
         res: Dict[str, object] = {"floor_ms": floor.ms, "bytes_floor_ms": floor.bytes_ms,
                                   "matrix_floor_ms": floor.matrix_ms, "bound": floor.bound}
+        if isinstance(padded[0], dict):
+            res["sdpa_default"] = sdpa_default(padded[0], backward)
         # one untimed call of each column on set 0: its errors, our path, the check
         refs = _oracle(row, n, sets[0], users, backward)
         columns: Dict[str, dict] = {name: {} for name in cols[0]}
@@ -452,6 +478,18 @@ def checks_failed(row: dict) -> List[str]:
             if "check" in c and not c["check"]["ok"]]
 
 
+def _mark(m: dict, name: str) -> str:
+    """"!" after a column whose float64 check failed."""
+    c = m["columns"].get(name, {})
+    return "!" if "check" in c and not c["check"]["ok"] else ""
+
+
+def _x_cell(m: dict, name: str) -> str:
+    if name not in m.get("speedup", {}):
+        return "n/a"
+    return f"{m['speedup'][name]:.2f}{_mark(m, name)}"
+
+
 def print_rows(report: dict) -> None:
     rows = report["rows"]
     mm = ", ".join(f"{k} {v:.0f}" for k, v in report["matmul_TFLOPs"].items())
@@ -467,29 +505,18 @@ def print_rows(report: dict) -> None:
         print(f"\n{title}")
         head = "".join(f" {'x ' + a:>16s}" for a in names)
         print(f"{'row':58s} {'path':>9s} {'clock':>5s} {'floor us':>10s} {'ours us':>9s} "
-              f"{'%floor':>6s}{head} {'x best':>7s}")
+              f"{'%floor':>6s}{head} {'x best':>7s}  sdpa picks")
         for r in rows:
             m = r.get(mode)
             if not m:
                 continue
-            cols = m["columns"]
-
-            def mark(name):
-                c = cols.get(name, {})
-                return "!" if "check" in c and not c["check"]["ok"] else ""
-
-            def xcell(name):
-                if name not in m.get("speedup", {}):
-                    return "n/a"
-                return f"{m['speedup'][name]:.2f}{mark(name)}"
-
-            xs = "".join(f" {xcell(a):>16s}" for a in names)
-            ours = f"{m['ms'] * 1e3:.1f}{mark('ours')}" if "ms" in m else "error"
+            xs = "".join(f" {_x_cell(m, a):>16s}" for a in names)
+            ours = f"{m['ms'] * 1e3:.1f}{_mark(m, 'ours')}" if "ms" in m else "error"
             pct = f"{m['pct_floor']:.0f}%" if "pct_floor" in m else "-"
             best = f"{m['speedup_vs_best']:.2f}" if m.get("speedup_vs_best") else "-"
             floor = f"{m['floor_ms'] * 1e3:.1f} {m['bound'][0]}"
             print(f"{r['case']:58s} {m.get('path', '-'):>9s} {m['clock']:>5s} {floor:>10s} "
-                  f"{ours:>9s} {pct:>6s}{xs} {best:>7s}")
+                  f"{ours:>9s} {pct:>6s}{xs} {best:>7s}  {m.get('sdpa_default', '-')}")
     for r in rows:
         if "error" in r:
             print(f"{r['case']}: failed: {r['error']}")
