@@ -309,3 +309,18 @@ def test_a_row_that_fails_is_reported_and_the_run_goes_on(clocks, monkeypatch, t
     assert lines[-1] == (f"Rows that did not run: {ROWS[0].name} (OutOfMemoryError: CUDA out "
                          "of memory).")
     assert ragged_table.summary(report["rows"])[-1] == "clocks: graph; rows 2"
+
+
+def test_list_prints_the_rows_without_a_gpu(capsys):
+    assert cli.main(["bench", "small-seq", "--ranking", "--ragged", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 + len(R.ROWS)
+    row = R.ISSUE_ROWS[7]
+    n = R.draw_lengths(row, 0)
+    line = next(x for x in lines if x.startswith(row.name))
+    assert f" {n.total_kv} " in line and f"{n.max_q}/{n.max_kv}" in line
+    assert cli.main(["bench", "small-seq", "--ranking", "--ragged", "--list", "--cases",
+                     ROWS[0].name]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "small-seq", "--ranking", "--list"])

@@ -262,6 +262,9 @@ def main(argv=None) -> int:
                         help="with --ranking: ragged request batches (per-user candidate counts "
                              "and history lengths drawn from seeded distributions; --cases takes "
                              "their row names; each row names its dtype, --dtype is unused)")
+    parser.add_argument("--list", action="store_true",
+                        help="--ragged: print the rows (drawn sizes, floors at H200 rates, "
+                             "padded bytes) and exit; no GPU needed")
     parser.add_argument("--clock", choices=["auto", "graph", "eager"], default="auto",
                         help="--ragged: auto times a row's columns by graph replay where all of "
                              "them capture, else all eagerly; graph / eager force one clock")
@@ -269,6 +272,12 @@ def main(argv=None) -> int:
     check_plot_arg(parser, args.plot)
     if args.ragged and (not args.ranking or args.device == "cpu"):
         parser.error("--ragged is a GPU ranking run: use --ranking --ragged")
+    if args.list and not args.ragged:
+        parser.error("--list lists the ragged rows: use --ranking --ragged --list")
+    if args.list:
+        from .small_seq_ragged import list_rows
+
+        return list_rows(None if args.cases == ",".join(CASES) else args.cases, args.seed)
     if args.device == "cpu":
         return _main_cpu(args)
     if not require_gpu("small-seq"):

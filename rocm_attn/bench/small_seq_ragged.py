@@ -90,7 +90,7 @@ def make_set(row: Row, n: Lengths, device, seed: int) -> dict:
     dt = row.torch_dtype
 
     def randn(*shape):
-        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
+        return torch.randn(*shape, generator=gen, device=device, dtype=dt)
 
     cu_q, cu_kv = n.offsets()
     return dict(q=randn(n.total_q, row.h_q, row.d), k=randn(n.total_kv, row.h_kv, row.d),
@@ -532,6 +532,31 @@ def parse_cases(text: Optional[str]) -> List[Row]:
     if not text:
         return list(ROWS)
     return [parse_row(name) for name in text.split(",")]
+
+
+# Nominal H200 rates for --list's floors (the run measures its own).
+LIST_COPY_BYTES_PER_S = 4.2e12
+LIST_MATMUL_FLOP_PER_S = 680e12
+
+
+def list_rows(cases: Optional[str], seed: int = 0) -> int:
+    """--list: each row's drawn sizes, floors at nominal H200 rates and the padded anchors'
+    bytes, on the CPU (what a run will cost before it is made)."""
+    try:
+        rows = parse_cases(cases)
+    except ValueError as exc:
+        print(f"rocm-attn bench small-seq --ragged: {exc}", file=sys.stderr)
+        return 2
+    print(f"{'row':58s} {'heads':>5s} {'cands':>7s} {'keys':>8s} {'max q/kv':>10s} "
+          f"{'fwd floor us':>13s} {'fwd+bwd':>9s} {'padded GiB':>10s}  what")
+    for row in rows:
+        n = draw_lengths(row, seed)
+        fwd, fb = floors(row, n, LIST_COPY_BYTES_PER_S, LIST_MATMUL_FLOP_PER_S)
+        print(f"{row.name:58s} {row.heads:>5s} {n.total_q:7d} {n.total_kv:8d} "
+              f"{f'{n.max_q}/{n.max_kv}':>10s} {fwd.ms * 1e3:11.0f} {fwd.bound[0]} "
+              f"{fb.ms * 1e3:7.0f} {fb.bound[0]} {padded_bytes(row, n, True) / 2**30:10.1f}  "
+              f"{row.label}")
+    return 0
 
 
 def run(rows: Sequence[Row], seed: int = 0, anchors: bool = True, fwd_only: bool = False,
