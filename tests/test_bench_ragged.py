@@ -324,3 +324,20 @@ def test_list_prints_the_rows_without_a_gpu(capsys):
     assert len(capsys.readouterr().out.splitlines()) == 2
     with pytest.raises(SystemExit):
         cli.main(["bench", "small-seq", "--ranking", "--list"])
+
+
+def test_out_of_memory_in_a_capture_is_that_columns_error_not_a_clock_change(clocks,
+                                                                             monkeypatch):
+    graph = clocks.graph
+
+    def oom_for_sdpa(fn, reps, warmup, calls):
+        if fn.column == "sdpa_efficient":
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return graph(fn, reps, warmup, calls)
+
+    monkeypatch.setattr(S, "graph_ms", oom_for_sdpa)
+    m = _bench(ROWS[1], fwd_only=True)["fwd"]
+    assert m["clock"] == "graph" and m["columns"]["sdpa_efficient"]["error"].startswith(
+        "OutOfMemoryError")
+    assert set(m["speedup"]) == {"flash_varlen", "varlen_attn"}
+    assert S._incapturable["fwd"] == set()

@@ -270,10 +270,16 @@ def time_columns(steps: Dict[str, Callable[[], object]], clock: str, mode: str, 
         calls = max(calls, 20 if short else 5)
         failed = None
         for name, step in steps.items():
+            oom = False
             try:
                 results[name] = {"ms": graph_ms(step, reps=GRAPH_REPS, warmup=2, calls=calls)}
+            except torch.OutOfMemoryError as exc:  # the column's size, not its capture
+                results[name] = {"error": f"OutOfMemoryError: {str(exc)[:160]}"}
+                oom = True
             except Exception as exc:  # noqa: BLE001  (a capture this step does not allow)
                 failed = (name, f"{type(exc).__name__}: {str(exc)[:160]}")
+            if oom:
+                _release(collect=True)
             if failed:
                 # NOTE: released outside the except block, so that the failed capture's frames
                 # (its graph and memory pool) are gone first (common.time_ms)
