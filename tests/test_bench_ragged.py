@@ -247,7 +247,9 @@ def test_table_summary_and_page(tmp_path):
                                       "700.0 (flash_varlen)", "1.00 |"]
     fb_a = [line for line in lines if line.startswith(f"| {a['case']} |")][1]
     assert fb_a.split(" | ")[7:10] == ["1.05", "skip", "2.50"]
-    summary = ragged_table.summary(rows)
+    summary = ragged_table.summary(rows + [dict(a, case="u256_c512_k256_h8kv8_d128_bf16",
+                                                ragged=False)])  # equal lengths: no target
+    assert summary[-1] == "clocks: graph; rows 3, of them 2 ragged"
     assert summary[0] == "forward slower than the best anchor: none"
     assert summary[1].endswith(f": {a['case']} 1.00x (flash varlen at 38% of the floor)")
     assert summary[2].endswith(f": {a['case']} 38% (bytes)")  # b: 97% of a floor over 50 us
@@ -308,7 +310,8 @@ def test_a_row_that_fails_is_reported_and_the_run_goes_on(clocks, monkeypatch, t
     lines = ragged_table.table([report], report["rows"])
     assert lines[-1] == (f"Rows that did not run: {ROWS[0].name} (OutOfMemoryError: CUDA out "
                          "of memory).")
-    assert ragged_table.summary(report["rows"])[-1] == "clocks: graph; rows 2"
+    assert ragged_table.summary(report["rows"])[-1] == "clocks: graph; rows 2, of them 2 ragged"
+    assert report["rows"][1]["ragged"]
 
 
 def test_list_prints_the_rows_without_a_gpu(capsys):

@@ -120,12 +120,14 @@ def table(headers, rows) -> list:
 
 
 def summary(rows) -> list:
-    """Lines of the issue's targets: the rows that miss each one (none: "none")."""
+    """Lines of the issue's targets on the ragged rows (a row of equal lengths is left out):
+    the rows that miss each one (none: "none")."""
     def miss(rule, items):
         return rule + ": " + (", ".join(items) or "none")
 
-    fwd = [(r, r["fwd"]) for r in rows if "ms" in (r.get("fwd") or {})]
-    fb = [(r, r["fwdbwd"]) for r in rows if "ms" in (r.get("fwdbwd") or {})]
+    ragged = [r for r in rows if r.get("ragged", True)]
+    fwd = [(r, r["fwd"]) for r in ragged if "ms" in (r.get("fwd") or {})]
+    fb = [(r, r["fwdbwd"]) for r in ragged if "ms" in (r.get("fwdbwd") or {})]
     lines = [miss("forward slower than the best anchor",
                   [f"{r['case']} {m['speedup_vs_best']:.2f}x ({m['best_anchor']})"
                    for r, m in fwd if m.get("speedup_vs_best") and m["speedup_vs_best"] < 1.0])]
@@ -150,7 +152,8 @@ def summary(rows) -> list:
                       [f"{r['case']} {m['pct_floor']:.0f}% ({m['bound']})" for r, m in fb
                        if m["pct_floor"] < FB_PCT]))
     clocks = sorted({m["clock"] for _, m in fwd + fb})
-    lines.append(f"clocks: {', '.join(clocks) or 'none'}; rows {len(rows)}")
+    lines.append(f"clocks: {', '.join(clocks) or 'none'}; rows {len(rows)}, of them "
+                 f"{len(ragged)} ragged")
     return lines
 
 

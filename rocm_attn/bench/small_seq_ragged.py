@@ -394,7 +394,8 @@ def bench_row(row: Row, bw: float, matmul: Dict[str, float], seed: int, anchors:
     n_sets = min(MAX_SETS, max(1, math.ceil(ROTATION_BYTES / max(fwd_bytes, 1))))
     sets = [make_set(row, n, device, base + i) for i in range(n_sets)]
     users = sample_users(n, CHECK_USERS, torch.Generator().manual_seed(base))
-    out = {"case": row.name, "label": row.label, "users": row.users, "h_q": row.h_q,
+    out = {"case": row.name, "label": row.label, "ragged": row.cands.ragged or row.keys.ragged,
+           "users": row.users, "h_q": row.h_q,
            "h_kv": row.h_kv, "heads": row.heads, "d": row.d, "dtype": row.dtype,
            "total_q": n.total_q, "total_kv": n.total_kv, "max_q": n.max_q, "max_kv": n.max_kv,
            "pairs": n.pairs, "input_sets": n_sets, "checked_users": users}
