@@ -15,11 +15,14 @@ working set exceeds L2. GQA cases (h_q > h_kv) also time the general kernel in t
 run. Writes JSON with --json; prints a table last.
 
 --ranking times the ranking grid instead (many candidates per user, histories 16..1024,
-rocm_attn/bench/small_seq_ranking.py); --device cpu times the torch path's CPU inference
+rocm_attn/bench/small_seq_ranking.py); --ranking --ragged times request batches whose users'
+candidate counts and history lengths are drawn per user, every column on one clock
+(rocm_attn/bench/small_seq_ragged.py); --device cpu times the torch path's CPU inference
 against SDPA and einsum (rocm_attn/bench/small_seq_cpu.py; no GPU needed).
 
 Usage: python tools/bench_small_seq.py [--json out.json] [--cases name,...] [--batch 30720]
-       [--no-anchors] [--ab NAME=VALUE ...] [--ranking] [--device cpu [--threads N]]
+       [--no-anchors] [--ab NAME=VALUE ...] [--ranking [--ragged [--clock C]]]
+       [--device cpu [--threads N]]
 """
 
 from __future__ import annotations
@@ -255,12 +258,36 @@ def main(argv=None) -> int:
     parser.add_argument("--ranking", action="store_true",
                         help="GPU: the ranking grid (users x candidates x history x h_kv, "
                              "fixed and ragged; long one-query histories)")
+    parser.add_argument("--ragged", action="store_true",
+                        help="with --ranking: ragged request batches (per-user candidate counts "
+                             "and history lengths drawn from seeded distributions; --cases takes "
+                             "their row names; each row names its dtype, --dtype is unused)")
+    parser.add_argument("--list", action="store_true",
+                        help="--ragged: print the rows (drawn sizes, floors at H200 rates, "
+                             "padded bytes) and exit; no GPU needed")
+    parser.add_argument("--clock", choices=["auto", "graph", "eager"], default="auto",
+                        help="--ragged: auto times a row's columns by graph replay where all of "
+                             "them capture, else all eagerly; graph / eager force one clock")
     args = parser.parse_args(argv)
     check_plot_arg(parser, args.plot)
+    if args.ragged and (not args.ranking or args.device == "cpu"):
+        parser.error("--ragged is a GPU ranking run: use --ranking --ragged")
+    if args.list and not args.ragged:
+        parser.error("--list lists the ragged rows: use --ranking --ragged --list")
+    if args.list:
+        from .small_seq_ragged import list_rows
+
+        return list_rows(None if args.cases == ",".join(CASES) else args.cases, args.seed)
     if args.device == "cpu":
         return _main_cpu(args)
     if not require_gpu("small-seq"):
         return 1
+    if args.ragged:
+        from .small_seq_ragged import main_ragged
+
+        if args.cases == ",".join(CASES):
+            args.cases = None  # the default: every ragged row
+        return main_ragged(args, sys.argv[1:] if argv is None else argv)
     if args.ranking:
         return _main_ranking(args)
     dtype = getattr(torch, args.dtype)
