@@ -100,8 +100,8 @@ def test_gpu_one_query_kernel_backward_bitwise_reproducible():
     dev = _gpu_device()
     leaves, cu_q, cu_kv, dout, _ = _segments([1] * 64, [(i * 7) % 17 for i in range(64)], 8, 2,
                                              128, torch.bfloat16, dev, seed=2)
-    assert _path_of(leaves, None, cu_kv, 1, 16, False) == "kernel"
-    runs = _two_backward_passes(leaves, None, cu_kv, 1, 16, dout, None)
+    assert _path_of(leaves, cu_q, cu_kv, 1, 16, False) == "kernel"
+    runs = _two_backward_passes(leaves, cu_q, cu_kv, 1, 16, dout, None)
     _assert_bitwise(runs, "one-query kernels")
 
 
