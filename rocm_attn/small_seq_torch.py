@@ -244,7 +244,9 @@ def torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q: i
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                               or v.requires_grad)
     inference = not needs_grad and not return_softmax
-    if inference and dev.type == "cpu" and not torch.compiler.is_compiling():
+    # the CPU fast path reads offsets on the host: not while tracing, nor on fake tensors
+    if (inference and dev.type == "cpu" and not torch.compiler.is_compiling()
+            and not errors.holds_no_values(q)):
         fast = _cpu_inference(q, k, v, seg, thd, one_query, mq, width, scale, compute,
                               return_lse)
         if fast is not None:
