@@ -22,7 +22,9 @@ from rocm_attn import errors, fused_attn_small_seq  # noqa: E402
 from rocm_attn.errors import SmallSeqContractError  # noqa: E402
 from rocm_attn.nn import TargetAttention  # noqa: E402
 from helpers.gpu import gpu_marks  # noqa: E402
-from test_error_state import fresh_counters  # noqa: E402,F401
+import test_error_state  # noqa: E402
+
+fresh_counters = test_error_state.fresh_counters
 
 pytestmark = gpu_marks()
 
