@@ -145,6 +145,7 @@ def _read_counters(reset: bool) -> Tuple[int, int]:
         if reset:
             state.zero_()
     if _ext.HAS_EXTENSION and torch.cuda.is_available():
+        # the kernels' counters, merged over every GPU a kernel counted on
         c, f = torch.ops.rocm_attn.read_error_state(reset)
         count, first = _merge(count, first, c, f)
     return count, first

@@ -417,7 +417,7 @@ def fused_attn_small_seq(
     cu_seqlens_q: Optional[torch.Tensor] = None,
     cu_seqlens_kv: Optional[torch.Tensor] = None,
     max_seqlen_q: int = 1,
-    max_seqlen_kv: int = 16,
+    max_seqlen_kv: Optional[int] = None,
     *positional_after_max_seqlen_kv,
     softmax_scale: Optional[float] = None,
     qkv_layout: str = "thd_thd_thd",
@@ -448,6 +448,10 @@ def fused_attn_small_seq(
         ``cu_seqlens_kv[i]:cu_seqlens_kv[i+1]`` (either may be empty).
     max_seqlen_q : host bound >= 1 on every segment's query count (BSHD: must equal s_q).
     max_seqlen_kv : host bound >= 1 on every segment's key count; any length is served.
+        None (the default): BSHD takes ``s_kv`` (k's shape); THD takes the longest segment of
+        ``cu_seqlens_kv``, read on the host (free on the CPU, one device sync on a GPU, logged
+        at DEBUG). torch.compile, torch.export and graph capture cannot read it: pass the
+        bound there (None raises ValueError), and pass it wherever a sync matters.
     softmax_scale : defaults to ``1/sqrt(d)``. Any value finite in float32 (zero and negative
         included); nan, inf and ``|scale| > 3.4e38`` raise ValueError.
     qkv_layout : ``"thd_thd_thd"`` or ``"bshd_bshd_bshd"``.
@@ -481,6 +485,8 @@ def fused_attn_small_seq(
     """
     if positional_after_max_seqlen_kv:
         raise TypeError(_positional_message(len(positional_after_max_seqlen_kv)))
+    if max_seqlen_kv is None:
+        max_seqlen_kv = _bound_from_data(k, cu_seqlens_kv, qkv_layout)
     validating = errors.validate_mode(validate)
     if validating:
         # Earlier calls' errors are kept for check_errors(); this call raises for its own only.
@@ -497,6 +503,33 @@ def fused_attn_small_seq(
         errors.check_call_errors()
     result = (out,) + ((lse,) if return_lse else ()) + ((probs,) if return_softmax else ())
     return result[0] if len(result) == 1 else result
+
+
+def _bound_from_data(k, cu_seqlens_kv, qkv_layout) -> int:
+    """max_seqlen_kv when the caller gives none: BSHD ``s_kv``; THD the longest segment of
+    cu_seqlens_kv (one host read), capped at k's rows (no valid segment has more keys), so that
+    a default never turns a valid call into NaN."""
+    if not isinstance(k, torch.Tensor) or k.dim() < 3:
+        return 1  # the argument checks raise for k
+    if qkv_layout == "bshd_bshd_bshd":
+        return max(int(k.shape[1]), 1) if k.dim() == 4 else 1
+    rows = max(int(k.shape[0]), 1)
+    if not isinstance(cu_seqlens_kv, torch.Tensor) or cu_seqlens_kv.dim() != 1:
+        return 1  # the argument checks raise for cu_seqlens_kv
+    if errors.holds_no_values(cu_seqlens_kv) or errors.holds_no_values(k):
+        return rows  # shape probing: the bound every valid call meets
+    if (torch.compiler.is_compiling() or errors.exporting()
+            or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())):
+        raise ValueError(
+            "fused_attn_small_seq: max_seqlen_kv must be given while torch.compile or "
+            "torch.export traces the call or a graph is captured (the THD default reads "
+            "cu_seqlens_kv on the host)")
+    lens = cu_seqlens_kv.long().diff()
+    longest = int(lens.max()) if lens.numel() else 0
+    bound = min(max(longest, 1), rows)
+    log.debug("fused_attn_small_seq: max_seqlen_kv=%d from cu_seqlens_kv (one host read); pass "
+              "max_seqlen_kv to skip it", bound)
+    return bound
 
 
 def _positional_message(n: int) -> str:

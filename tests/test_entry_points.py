@@ -110,6 +110,40 @@ def test_no_entry_point_defaults_a_history_bound_of_16():
 
     sig = inspect.signature(TargetAttention.__init__).parameters
     assert sig["max_seqlen_kv"].default is None and sig["max_candidates"].default is None
+    assert inspect.signature(fused_attn_small_seq).parameters["max_seqlen_kv"].default is None
+
+
+@pytest.mark.parametrize("layout", ["thd_thd_thd", "bshd_bshd_bshd"])
+def test_fused_attn_small_seq_default_bound_never_gives_nan(layout):
+    """Histories of 17..40 keys without max_seqlen_kv: the default comes from the data (THD:
+    cu_seqlens_kv read on the host; BSHD: s_kv), so nothing is NaN and nothing is counted."""
+    rocm_attn.errors.read_errors(reset=True)
+    g = torch.Generator().manual_seed(2)
+    lens = torch.tensor([17, 40, 3], dtype=torch.int32)
+    if layout == "thd_thd_thd":
+        q = torch.randn(3, 2, 8, generator=g, dtype=torch.float64)
+        k = torch.randn(int(lens.sum()), 2, 8, generator=g, dtype=torch.float64)
+        cu_kv = torch.nn.functional.pad(lens.cumsum(0), (1, 0)).int()
+        out = fused_attn_small_seq(q, k, k, torch.arange(4, dtype=torch.int32), cu_kv)
+        want = fused_attn_small_seq(q, k, k, torch.arange(4, dtype=torch.int32), cu_kv, 1, 40)
+    else:
+        q = torch.randn(3, 1, 2, 8, generator=g, dtype=torch.float64)
+        k = torch.randn(3, 40, 2, 8, generator=g, dtype=torch.float64)
+        out = fused_attn_small_seq(q, k, k, qkv_layout=layout, seqlens_kv=lens)
+        want = fused_attn_small_seq(q, k, k, max_seqlen_kv=40, qkv_layout=layout,
+                                    seqlens_kv=lens)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    rocm_attn.check_errors()
+
+
+def test_fused_attn_small_seq_default_bound_under_compile_is_an_error():
+    q, k = torch.randn(3, 2, 8), torch.randn(9, 2, 8)
+    cu_q, cu_kv = (torch.tensor(x, dtype=torch.int32) for x in ([0, 1, 2, 3], [0, 2, 5, 9]))
+    torch._dynamo.reset()
+    f = torch.compile(lambda *a: fused_attn_small_seq(*a), fullgraph=True)
+    with pytest.raises(Exception, match="max_seqlen_kv must be given"):
+        f(q, k, k, cu_q, cu_kv)
 
 
 def test_check_errors_without_any_call_is_clean():

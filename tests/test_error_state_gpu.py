@@ -83,3 +83,22 @@ def test_module_inference_then_training(fresh_counters):
     m(x, hist, seqlens=lens).float().sum().backward()
     assert all(not s.is_inference() for s in errors._torch_path_state.values())
     rocm_attn.check_errors()
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                    reason="needs two GPUs")
+def test_kernel_errors_on_another_device_are_reported(fresh_counters):
+    """check_errors reads the kernels' counter of every device a kernel counted on, not only
+    the current device's (hip_src/common/error_state.hip)."""
+    torch.cuda.set_device(0)
+    other = torch.device("cuda", 1)
+    q = torch.randn(3, 4, 64, device=other, dtype=torch.bfloat16)
+    k = torch.randn(12, 4, 64, device=other, dtype=torch.bfloat16)
+    cu_q = torch.arange(4, dtype=torch.int32, device=other)
+    cu_kv = torch.tensor([0, 4, 8, 30], dtype=torch.int32, device=other)  # last past k
+    fused_attn_small_seq(q, k, k, cu_q, cu_kv, 1, 16, backend="kernel")
+    torch.cuda.synchronize(other)
+    assert torch.cuda.current_device() == 0
+    with pytest.raises(SmallSeqContractError, match="1 segment"):
+        rocm_attn.check_errors()
+    assert torch.cuda.current_device() == 0
