@@ -34,6 +34,13 @@ Two formulations:
 
 GQA/MQA never repeats K/V: the query heads of one kv head are folded into the query-row
 dimension (``[b, h_kv, group * max_q, d]``), exact since no mask depends on the query row.
+
+On CPU tensors in eager mode (THD, many queries per segment, no probs) the counts are read on
+the host, where they already are: the padded batch then takes the data's own largest counts
+when the segments are alike, and otherwise the segments run in groups by the powers of two of
+their counts (_cpu_grouped), each padded to its own counts. So a generous bound (a server's
+``max_candidates=8192``) or ragged counts cost what the rows and pairs that exist cost. On
+other devices and under torch.compile the path stays sync-free and pads to the bounds.
 """
 
 from __future__ import annotations
