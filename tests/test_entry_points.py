@@ -150,3 +150,26 @@ def test_check_errors_without_any_call_is_clean():
     rocm_attn.errors.read_errors(reset=True)
     rocm_attn.check_errors()
     assert rocm_attn.errors.read_errors(reset=False) == (0, -1)
+
+
+def test_attn_with_cp_in_transformer_engine_order_raises():
+    """TE's attn_forward_func_with_cp(is_training, q, k, v, cu_q, cu_kv, max_q, max_kv,
+    cu_q_padded, cu_kv_padded, dropout_p, cp_group, ...): here cp_group and cp_comm_type come
+    8th and 9th, so TE's order puts tensors there, which raises naming the argument instead of
+    running."""
+    q, k, v, cu = _thd()
+    with pytest.raises(ValueError, match="cp_comm_type|cp_group"):
+        attn_with_cp(q, k, v, cu, cu, 8, 8, cu, cu, 0.0, FakeGroup(1, 0))
+
+
+def test_partitioned_indices_in_transformer_engine_order_raises_on_cpu():
+    """TE's thd_get_partitioned_indices(cu_seqlens, total_tokens, world_size, rank) against
+    partitioned_indices(cu_seqlens_padded, cp, rank, total_tokens): the swapped ints raise on
+    CPU tensors (values checked by default there)."""
+    from rocm_attn import thd
+
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    assert thd.partitioned_indices(cu, 2, 1, 16).tolist() == [2, 3, 4, 5, 10, 11, 12, 13]
+    for rank in (0, 1):
+        with pytest.raises(ValueError):
+            thd.partitioned_indices(cu, 16, 2, rank)
