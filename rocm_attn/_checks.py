@@ -8,12 +8,17 @@ value is read, so none of them synchronises, and all of them run under torch.com
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
 
 __all__ = ["is_int", "check_int", "check_cu", "check_same_b", "check_window",
-           "check_chunk_size"]
+           "check_chunk_size", "check_softmax_scale", "FLOAT32_MAX"]
+
+# Largest finite float32: every kernel (and the torch path for 16/32-bit inputs) applies
+# softmax_scale in float32, so a larger scale would be inf there.
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def is_int(v) -> bool:
@@ -70,3 +75,24 @@ def check_chunk_size(chunk_size, allow_none: bool = True) -> Optional[int]:
         raise ValueError(f"chunk_size must be {'None or ' if allow_none else ''}a positive int, "
                          f"got {chunk_size!r}")
     return int(chunk_size)
+
+
+def check_softmax_scale(softmax_scale, head_dim: int) -> float:
+    """The softmax scale of an attention call: ``1 / sqrt(head_dim)`` for None (1.0 for an empty
+    head dim), else a real number finite in float32, any sign (zero gives uniform weights, a
+    negative scale favours the least similar keys). nan, inf and ``|scale| > 3.4e38`` would turn
+    every score non-finite, so they raise instead of returning NaN."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise ValueError(
+            f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    try:
+        finite = math.isfinite(softmax_scale) and abs(float(softmax_scale)) <= FLOAT32_MAX
+    except OverflowError:  # an int beyond the float range
+        finite = False
+    if not finite:
+        raise ValueError(
+            f"softmax_scale must be finite in float32 (|softmax_scale| <= {FLOAT32_MAX:.4g}; the "
+            f"kernels apply it in float32), got {softmax_scale!r}")
+    return float(softmax_scale)

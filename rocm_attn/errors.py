@@ -75,11 +75,36 @@ def _record_fake(state: torch.Tensor, bad: torch.Tensor) -> None:
 
 
 def torch_path_state(device: torch.device) -> torch.Tensor:
-    """The torch path's counter of `device` (created on first use)."""
+    """The torch path's counter of `device`, created on first use.
+
+    Created outside inference mode whatever mode the first call runs in: an inference tensor
+    could never again be updated (nor read back into a normal tensor) outside inference mode,
+    so an evaluation pass before training would break every later call. A normal tensor may be
+    updated in place inside inference mode, so errors counted there are still reported."""
     state = _torch_path_state.get(device)
     if state is None:
-        state = _torch_path_state[device] = torch.zeros(2, dtype=torch.int64, device=device)
+        with torch.inference_mode(False):
+            state = torch.zeros(2, dtype=torch.int64, device=device)
+        _torch_path_state[device] = state
+    elif (not torch.compiler.is_compiling() and state.is_inference()
+          and not torch.is_inference_mode_enabled()):
+        # NOTE: a graph torch.compile traced under inference mode creates the counter as one of
+        # its outputs, an inference tensor whatever mode it asks for; a normal copy takes its
+        # place (and its counts) at the first use outside inference mode
+        state = _torch_path_state[device] = state.clone()
     return state
+
+
+def holds_no_values(t: torch.Tensor) -> bool:
+    """Whether `t` holds no values: a meta tensor (shape probing, deferred init) or, outside
+    torch.compile's own tracing, a fake tensor (a FakeTensorMode run). Nothing of it can be
+    counted or read on the host: a counter made from one would hold no data, and reading it
+    would fail in check_errors."""
+    if t.device.type == "meta":
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    return isinstance(t, torch._subclasses.fake_tensor.FakeTensor)
 
 
 def exporting() -> bool:
@@ -99,7 +124,7 @@ def record_torch_path_errors(bad: torch.Tensor) -> None:
     a counter created while tracing would be a fake tensor). Exported programs still write
     NaN for a bad segment's rows; only the count is absent.
     """
-    if bad.numel() == 0 or exporting():
+    if bad.numel() == 0 or exporting() or holds_no_values(bad):
         return
     _record(torch_path_state(bad.device), bad)
 
@@ -113,12 +138,14 @@ def _merge(count: int, first: int, c: int, f: int) -> Tuple[int, int]:
 def _read_counters(reset: bool) -> Tuple[int, int]:
     """(count, lowest bad segment or -1) of the torch-path and device counters; synchronises."""
     count, first = 0, -1
-    for state in _torch_path_state.values():
+    for device in list(_torch_path_state):
+        state = torch_path_state(device)
         c, f = (int(x) for x in state.tolist())
         count, first = _merge(count, first, c, f - 1)
         if reset:
             state.zero_()
     if _ext.HAS_EXTENSION and torch.cuda.is_available():
+        # the kernels' counters, merged over every GPU a kernel counted on
         c, f = torch.ops.rocm_attn.read_error_state(reset)
         count, first = _merge(count, first, c, f)
     return count, first

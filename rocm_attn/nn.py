@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from ._checks import is_int
 from . import _ext, errors
-from .small_seq import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_SEQLEN_KV, fused_attn_small_seq
+from .small_seq import KERNEL_DTYPES, KERNEL_HEAD_DIMS, fused_attn_small_seq
+
+log = logging.getLogger("rocm_attn")
 
 OFFSET_DTYPES = (torch.int32, torch.int64)
 
@@ -45,13 +48,16 @@ class TargetAttention(nn.Module):
     num_kv_heads : key/value heads for GQA/MQA (default ``num_heads``).
     kv_embed_dim : width of the history embeddings (default ``embed_dim``).
     bias : bias in the projections.
-    max_seqlen_kv : host bound (any int >= 1) on every user's history length; the op uses it
-        to pick a path. A history longer than the bound is a contract violation, not truncated:
-        its candidates' outputs are NaN and the error is counted (``rocm_attn.check_errors()``
-        raises naming the bound; ``validate="sync"`` on the op, or env
-        ``ROCM_ATTN_VALIDATE=1``, raises at the call). Truncate upstream (torchrec and FBGEMM
+    max_seqlen_kv : default host bound (an int >= 1) on every user's history length, or None
+        (the default) to take it from each call (see :meth:`forward`, "Bounds"). The op uses
+        it to pick a path and size its work. A history longer than the bound is a contract
+        violation, not truncated: its candidates' outputs are NaN and the error is counted
+        (``rocm_attn.check_errors()`` raises naming the bound; env ``ROCM_ATTN_VALIDATE=1``
+        raises at the call, for every history form). Truncate upstream (torchrec and FBGEMM
         pipelines cap sequence features in the input pipeline); a padded history is truncated
         for free with ``history[:, :n], seqlens.clamp(max=n)``.
+    max_candidates : default host bound on the candidates of one user in a request, or None
+        (the default) to take it from each call.
     backend : ``"auto"``, ``"kernel"`` or ``"torch"`` (see ``fused_attn_small_seq``).
 
     The key and value projections are one fused linear layer; k and v are strided views of
@@ -60,8 +66,8 @@ class TargetAttention(nn.Module):
 
     def __init__(self, embed_dim: int, num_heads: int, head_dim: Optional[int] = None,
                  num_kv_heads: Optional[int] = None, kv_embed_dim: Optional[int] = None,
-                 bias: bool = True, max_seqlen_kv: int = MAX_SEQLEN_KV, backend: str = "auto",
-                 device=None, dtype=None) -> None:
+                 bias: bool = True, max_seqlen_kv: Optional[int] = None, backend: str = "auto",
+                 device=None, dtype=None, *, max_candidates: Optional[int] = None) -> None:
         super().__init__()
         _check_size("embed_dim", embed_dim)
         _check_size("num_heads", num_heads)
@@ -78,13 +84,16 @@ class TargetAttention(nn.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads "
                              f"({num_kv_heads})")
-        _check_size("max_seqlen_kv", max_seqlen_kv)
+        for name, value in (("max_seqlen_kv", max_seqlen_kv), ("max_candidates", max_candidates)):
+            if value is not None:
+                _check_size(name, value)
         if backend not in ("auto", "kernel", "torch"):
             raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")
         factory = {"device": device, "dtype": dtype}
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.embed_dim, self.kv_embed_dim = embed_dim, kv_embed_dim or embed_dim
-        self.max_seqlen_kv, self.backend = max_seqlen_kv, backend
+        self.max_seqlen_kv, self.max_candidates, self.backend = (max_seqlen_kv, max_candidates,
+                                                                 backend)
         self.q_proj = nn.Linear(embed_dim, num_heads * head_dim, bias=bias, **factory)
         self.kv_proj = nn.Linear(self.kv_embed_dim, 2 * num_kv_heads * head_dim,
                                  bias=bias, **factory)
@@ -94,6 +103,7 @@ class TargetAttention(nn.Module):
                 seqlens: Optional[torch.Tensor] = None,
                 cu_seqlens: Optional[torch.Tensor] = None,
                 candidate_offsets: Optional[torch.Tensor] = None,
+                max_seqlen_kv: Optional[int] = None,
                 max_candidates: Optional[int] = None) -> torch.Tensor:
         """Attend each candidate to its user's history; returns ``[rows of candidate, embed_dim]``.
 
@@ -110,12 +120,30 @@ class TargetAttention(nn.Module):
           (``users == b``);
         * ``candidate_offsets [users+1]``: ``candidate [n_cand, e]``, the candidates of a
           request, user ``u``'s being rows ``candidate_offsets[u] .. candidate_offsets[u+1]-1``
-          (zero candidates allowed). ``max_candidates`` is an optional host bound on the
-          candidates of one user (default ``n_cand``, always a valid bound); a tighter one lets
-          the op size its work. A user with more candidates than it gets NaN and is counted,
-          like a history past ``max_seqlen_kv``.
+          (zero candidates allowed). Every candidate row belongs to a user:
+          ``candidate_offsets[0] == 0`` and ``candidate_offsets[users] == n_cand``; rows outside
+          every user are a broken contract (see below).
 
         Offsets and lengths are int32 or int64, 1-D and contiguous, on the module's device.
+
+        Bounds: ``max_seqlen_kv`` (every user's history length) and ``max_candidates`` (every
+        user's candidates in a request) are host ints that size the op's work. Each comes from
+        this call's argument, else the constructor's, else the data:
+
+        * a padded history's bound is its width ``s`` (a shape: no read);
+        * otherwise eager calls read the offsets once on the host (one device sync on a GPU,
+          logged at DEBUG) and take the largest length, so a bound never gives NaN by default;
+        * torch.compile, torch.export, ONNX export and CUDA-graph capture cannot read values:
+          there a missing bound raises ValueError; pass it to the constructor or to forward;
+        * meta and fake tensors take the bound their shapes allow (history rows, candidate
+          rows): nothing is read.
+
+        A user past a bound it was given, or (request) a candidate row outside every user (the
+        rows before ``candidate_offsets[0]`` and from ``candidate_offsets[users]`` on, counted
+        as a broken contract of the first and the last user), gets NaN and is counted
+        (``rocm_attn.check_errors()``; env ``ROCM_ATTN_VALIDATE=1`` raises at the call). When
+        the bounds come from the data, the offsets are on the host anyway, and rows outside
+        every user raise ValueError at the call.
         """
         nested = isinstance(history, torch.Tensor) and history.is_nested
         if nested:
@@ -130,17 +158,88 @@ class TargetAttention(nn.Module):
                              "it with candidate_offsets")
         users = self._check_inputs(candidate, history, seqlens, cu_seqlens, candidate_offsets,
                                    nested)
-        if max_candidates is not None:
-            _check_size("max_candidates", max_candidates)
+        for name, value in (("max_seqlen_kv", max_seqlen_kv), ("max_candidates", max_candidates)):
+            if value is not None:
+                _check_size(name, value)
         _warn_if_exporting_without_kernels(self, candidate)
+        max_kv_cached = history._maybe_max_seqlen if nested else None
         if nested:
             history, cu_seqlens = _nested_parts(history)
+        max_seqlen_kv, max_candidates = self._bounds(
+            candidate, history, seqlens, cu_seqlens, candidate_offsets, users,
+            max_seqlen_kv, max_candidates, max_kv_cached)
+        # NOTE: the module flags padded users past the bound and candidate rows outside every
+        # user after the op has run; under validate it raises for them at the call too
+        validating = candidate_offsets is not None and errors.validate_mode(None)
+        if validating:
+            errors.set_aside_errors()
         if candidate_offsets is None:
-            return self._one_candidate_per_user(candidate, history, seqlens, cu_seqlens)
-        return self._request(candidate, history, seqlens, cu_seqlens, candidate_offsets,
-                             max_candidates, users)
+            return self._one_candidate_per_user(candidate, history, seqlens, cu_seqlens,
+                                                max_seqlen_kv)
+        out = self._request(candidate, history, seqlens, cu_seqlens, candidate_offsets,
+                            max_seqlen_kv, max_candidates, users)
+        if validating:
+            errors.check_call_errors()
+        return out
 
-    def _one_candidate_per_user(self, candidate, history, seqlens, cu_seqlens):
+    def _bounds(self, candidate, history, seqlens, cu_seqlens, candidate_offsets, users: int,
+                max_seqlen_kv, max_candidates, max_kv_cached) -> Tuple[int, Optional[int]]:
+        """(max_seqlen_kv, max_candidates or None) of this call: the argument, else the
+        constructor's value, else from the data (forward's docstring, "Bounds")."""
+        if max_seqlen_kv is None:
+            max_seqlen_kv = self.max_seqlen_kv
+        if max_seqlen_kv is None and seqlens is not None and is_int(history.shape[1]):
+            max_seqlen_kv = max(history.shape[1], 1)  # the padded width: no read
+        if max_seqlen_kv is None and is_int(max_kv_cached):
+            max_seqlen_kv = max(max_kv_cached, 1)  # a nested tensor's cached max: no read
+        request = candidate_offsets is not None
+        if request and max_candidates is None:
+            max_candidates = self.max_candidates
+        read: List[Tuple[str, torch.Tensor]] = []
+        if max_seqlen_kv is None:
+            read.append(("max_seqlen_kv", cu_seqlens))
+        if request and (max_candidates is None or read):
+            read.append(("max_candidates", candidate_offsets))
+        if not read:
+            return max_seqlen_kv, max_candidates
+        names = [name for name, _ in read if name != "max_candidates" or max_candidates is None]
+        if errors.holds_no_values(candidate) or errors.holds_no_values(history):
+            # shape probing: the bounds every value could meet (history rows, candidate rows)
+            if max_seqlen_kv is None:
+                max_seqlen_kv = max(history.shape[0], 1)
+            if request and max_candidates is None:
+                max_candidates = max(candidate.shape[0], 1)
+            return max_seqlen_kv, max_candidates
+        if _tracing():
+            raise ValueError(
+                f"TargetAttention: {' and '.join(names)} must be given while torch.compile, "
+                f"torch.export or ONNX export traces the module or a CUDA graph is captured (the "
+                f"bound from the data takes a host read of the offsets): pass "
+                f"{', '.join(n + '=' for n in names)} to the constructor or to forward")
+        # one host read of every offset tensor needed (a single device sync on a GPU)
+        values = torch.cat([t.reshape(-1).long() for _, t in read]).tolist()
+        at = 0
+        for name, t in read:
+            offs = values[at:at + t.numel()]
+            at += t.numel()
+            longest = max((b - a for a, b in zip(offs, offs[1:])), default=0)
+            if name == "max_seqlen_kv":
+                max_seqlen_kv = max(longest, 1)
+                continue
+            n = candidate.shape[0]
+            if offs[0] != 0 or offs[-1] != n:
+                raise ValueError(
+                    f"candidate_offsets must cover every candidate row: start at 0 and end at "
+                    f"n_cand = {n}, got {offs[0]} .. {offs[-1]} (rows outside every user would "
+                    f"have no history)")
+            if max_candidates is None:
+                max_candidates = max(longest, 1)
+        log.debug("TargetAttention: %s from the data (one host read): max_seqlen_kv=%d, "
+                  "max_candidates=%s; pass them to forward or the constructor to skip the read",
+                  " and ".join(names), max_seqlen_kv, max_candidates)
+        return max_seqlen_kv, max_candidates
+
+    def _one_candidate_per_user(self, candidate, history, seqlens, cu_seqlens, max_seqlen_kv):
         """candidate [b, e]: one query per segment (the op's q = 1 form)."""
         b = candidate.shape[0]
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -149,36 +248,34 @@ class TargetAttention(nn.Module):
         if seqlens is not None:
             kv = kv.view(b, history.shape[1], 2, hk, d)
             out = fused_attn_small_seq(
-                q.unsqueeze(1), kv[:, :, 0], kv[:, :, 1], max_seqlen_kv=self.max_seqlen_kv,
+                q.unsqueeze(1), kv[:, :, 0], kv[:, :, 1], max_seqlen_kv=max_seqlen_kv,
                 qkv_layout="bshd_bshd_bshd", seqlens_kv=seqlens, backend=self.backend)
         else:
             kv = kv.view(history.shape[0], 2, hk, d)
             cu_q = torch.arange(b + 1, dtype=cu_seqlens.dtype, device=candidate.device)
             out = fused_attn_small_seq(
-                q, kv[:, 0], kv[:, 1], cu_q, cu_seqlens, max_seqlen_kv=self.max_seqlen_kv,
+                q, kv[:, 0], kv[:, 1], cu_q, cu_seqlens, max_seqlen_kv=max_seqlen_kv,
                 backend=self.backend)
         return self.out_proj(out.reshape(b, h * d))
 
     def _request(self, candidate, history, seqlens, cu_seqlens, candidate_offsets,
-                 max_candidates, users):
+                 max_seqlen_kv, max_candidates, users):
         """candidate [n_cand, e] with candidate_offsets: every candidate of a user is a query
         of that user's segment; the history is projected once per user."""
         n = candidate.shape[0]
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         bad_users = None
         if seqlens is not None:
-            history, cu_seqlens, bad_users = _padded_to_packed(history, seqlens,
-                                                               self.max_seqlen_kv)
+            history, cu_seqlens, bad_users = _padded_to_packed(history, seqlens, max_seqlen_kv)
         q = self.q_proj(candidate).view(n, h, d)
         kv = self.kv_proj(history).view(history.shape[0], 2, hk, d)
         # NOTE: a bound of at least 2: the op reads max_seqlen_q == 1 as its one-query form
         # (q holds exactly one row per segment), and a request's users may have 0 candidates.
-        bound = max(max_candidates if max_candidates is not None else n, 2)
+        bound = max(max_candidates, 2)
         out = fused_attn_small_seq(
             q, kv[:, 0], kv[:, 1], candidate_offsets, cu_seqlens, max_seqlen_q=bound,
-            max_seqlen_kv=self.max_seqlen_kv, backend=self.backend)
-        if bad_users is not None:
-            out = _flag_users(out, bad_users, candidate_offsets, users)
+            max_seqlen_kv=max_seqlen_kv, backend=self.backend)
+        out = _flag_users(out, bad_users, candidate_offsets, users)
         return self.out_proj(out.reshape(n, h * d))
 
     def _check_inputs(self, candidate, history, seqlens, cu_seqlens, candidate_offsets,
@@ -279,24 +376,47 @@ def _padded_to_packed(history: torch.Tensor, seqlens: torch.Tensor, bound: int):
     return packed, cu, bad
 
 
-def _flag_users(out: torch.Tensor, bad_users: torch.Tensor, candidate_offsets: torch.Tensor,
-                users: int) -> torch.Tensor:
-    """NaN for the candidate rows of users in ``bad_users``, and count those users in the
+def _flag_users(out: torch.Tensor, bad_users: Optional[torch.Tensor],
+                candidate_offsets: torch.Tensor, users: int) -> torch.Tensor:
+    """NaN for the candidate rows of users in ``bad_users`` (None: none) and for the rows
+    outside every user (before ``candidate_offsets[0]``, from ``candidate_offsets[users]`` on:
+    counted as bad users 0 and ``users - 1``, whose offsets are wrong), and count them in the
     error state (as the op does for its own contract), without a host sync."""
-    errors.record_torch_path_errors(bad_users)
     n = out.shape[0]
-    if n == 0 or users == 0:
-        return out
     offsets = candidate_offsets.long()
-    # user of each candidate row: the number of users u >= 1 whose rows start at or before it
-    starts = torch.zeros(n + 1, dtype=torch.long, device=out.device)
-    starts = starts.scatter_add(0, offsets[1:users].clamp(0, n),
-                                torch.ones(users - 1, dtype=torch.long, device=out.device))
-    row_user = starts.cumsum(0)[:n].clamp(max=users - 1)
     rows = torch.arange(n, device=out.device)
-    inside = (rows >= offsets[0]) & (rows < offsets[users])
-    nan_rows = (bad_users[row_user] & inside).view(n, *([1] * (out.dim() - 1)))
+    outside = (rows < offsets[0]) | (rows >= offsets[users])
+    if users:
+        # rows outside every user: the first user's start or the last user's end is wrong
+        user = torch.arange(users, device=out.device)
+        counted = (((user == 0) & (offsets[0] != 0))
+                   | ((user == users - 1) & (offsets[users] != n)))
+        if bad_users is not None:
+            counted = counted | bad_users
+    else:
+        # no user at all: every candidate row is outside, one broken contract
+        counted = outside.any().view(1)
+    errors.record_torch_path_errors(counted)
+    if n == 0:
+        return out
+    nan_rows = outside
+    if users and bad_users is not None:
+        # user of each candidate row: the number of users u >= 1 whose rows start at or before it
+        starts = torch.zeros(n + 1, dtype=torch.long, device=out.device)
+        starts = starts.scatter_add(0, offsets[1:users].clamp(0, n),
+                                    torch.ones(users - 1, dtype=torch.long, device=out.device))
+        row_user = starts.cumsum(0)[:n].clamp(max=users - 1)
+        nan_rows = nan_rows | bad_users[row_user]
+    nan_rows = nan_rows.view(n, *([1] * (out.dim() - 1)))
     return torch.where(nan_rows, out.new_full((), float("nan")), out)
+
+
+def _tracing() -> bool:
+    """Whether values cannot be read on the host now: torch.compile or torch.export tracing,
+    the legacy ONNX exporter, or a CUDA graph being captured."""
+    if torch.compiler.is_compiling() or errors.exporting():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _kernel_gaps(module: TargetAttention, candidate: torch.Tensor) -> Optional[str]:

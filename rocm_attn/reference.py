@@ -33,12 +33,12 @@ Conventions (shared by the whole package)
 
 from __future__ import annotations
 
-import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ._checks import check_chunk_size, check_cu, check_same_b, check_window, is_int
+from ._checks import (check_chunk_size, check_cu, check_same_b, check_softmax_scale,
+                      check_window, is_int)
 
 __all__ = [
     "MASK_TYPES",
@@ -313,9 +313,7 @@ def reference_attention(
         if cp is not None:
             check_cu(name, cp)
             check_same_b(name, cp, "cu_seqlens_q", cu_seqlens_q)
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
-    softmax_scale = float(softmax_scale)
+    softmax_scale = check_softmax_scale(softmax_scale, d)
 
     cu_q = cu_seqlens_q.tolist()
     cu_kv = cu_seqlens_kv.tolist()
@@ -478,9 +476,7 @@ def reference_small_seq(
         raise ValueError(f"seqlens_kv must be a 1-D tensor of {b} lengths")
     if seqlens_kv.dtype.is_floating_point or seqlens_kv.dtype == torch.bool or seqlens_kv.is_complex():
         raise ValueError(f"seqlens_kv must have an integer dtype, got {seqlens_kv.dtype}")
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
-    softmax_scale = float(softmax_scale)
+    softmax_scale = check_softmax_scale(softmax_scale, d)
     group = h_q // h_kv
 
     qd = q.to(compute_dtype).reshape(b, h_kv, group, d)

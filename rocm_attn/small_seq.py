@@ -20,6 +20,7 @@ attends to all of the segment's keys. Which implementation serves a call:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from typing import List, Optional, Tuple, Union
@@ -28,7 +29,7 @@ import torch
 
 from . import _ext, _logging, errors, ops  # noqa: F401  (ops registers fake impls and autograd)
 from . import small_seq_flash
-from ._checks import is_int
+from ._checks import FLOAT32_MAX, check_softmax_scale, is_int
 from .small_seq_torch import bshd_segments, thd_segments, torch_path
 
 log = logging.getLogger("rocm_attn")
@@ -46,9 +47,6 @@ KERNEL_MAX_SEQLEN_KV = 4096
 OFFSET_DTYPES = (torch.int32, torch.int64)
 # Rows of q, k, v (and offsets' values) are int32 in the kernels.
 MAX_ROWS = 2**31 - 1
-# Largest finite float32: the kernels (and the torch path for 16/32-bit inputs) apply
-# softmax_scale in float32, so a larger scale would be inf there.
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 LAYOUT_RANKS = {"thd_thd_thd": 3, "bshd_bshd_bshd": 4}
 
 # (layout, dtype, head dim, device) the kernels have served through the checked path: calls
@@ -100,24 +98,6 @@ def _kernel_alignment_problem(name: str, t: torch.Tensor) -> Optional[str]:
     return None
 
 
-def _check_scale(softmax_scale) -> None:
-    """softmax_scale is None or a real number that is finite in float32 (any sign: zero gives
-    uniform weights, a negative scale favours the least similar keys)."""
-    if softmax_scale is None:
-        return
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise ValueError(
-            f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    try:
-        finite = math.isfinite(softmax_scale) and abs(float(softmax_scale)) <= FLOAT32_MAX
-    except OverflowError:  # an int beyond the float range
-        finite = False
-    if not finite:
-        raise ValueError(
-            f"softmax_scale must be finite in float32 (|softmax_scale| <= {FLOAT32_MAX:.4g}; the "
-            f"kernels apply it in float32), got {softmax_scale!r}")
-
-
 def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,
               softmax_scale, qkv_layout) -> int:
     """Check every host-side argument; returns the batch size (number of segments)."""
@@ -125,7 +105,7 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, ma
         raise ValueError(f"qkv_layout must be one of {LAYOUTS}, got {qkv_layout!r}")
     _check_bound("max_seqlen_q", max_seqlen_q)
     _check_bound("max_seqlen_kv", max_seqlen_kv)
-    _check_scale(softmax_scale)
+    check_softmax_scale(softmax_scale, q.shape[-1] if isinstance(q, torch.Tensor) else 0)
     thd = qkv_layout == "thd_thd_thd"
     if thd:
         _check_tensor("q", q, 3, "[total_q, h_q, d]")
@@ -437,11 +417,11 @@ def fused_attn_small_seq(
     cu_seqlens_q: Optional[torch.Tensor] = None,
     cu_seqlens_kv: Optional[torch.Tensor] = None,
     max_seqlen_q: int = 1,
-    max_seqlen_kv: int = 16,
+    max_seqlen_kv: Optional[int] = None,
+    *positional_after_max_seqlen_kv,
     softmax_scale: Optional[float] = None,
     qkv_layout: str = "thd_thd_thd",
     return_softmax: bool = False,
-    *,
     seqlens_kv: Optional[torch.Tensor] = None,
     return_lse: bool = False,
     backend: str = "auto",
@@ -451,6 +431,11 @@ def fused_attn_small_seq(
     """Attention of each segment's query tokens over the segment's key/value tokens.
 
     Every query of a segment attends to all of the segment's keys (cross attention, no mask).
+
+    Every argument after ``max_seqlen_kv`` is keyword-only: flash-attn's
+    ``flash_attn_varlen_func`` has ``dropout_p`` in the 8th place, where this op once took
+    ``softmax_scale``, so a positional 8th argument raises TypeError instead of meaning
+    something else.
 
     Parameters
     ----------
@@ -464,6 +449,10 @@ def fused_attn_small_seq(
         ``cu_seqlens_kv[i]:cu_seqlens_kv[i+1]`` (either may be empty).
     max_seqlen_q : host bound >= 1 on every segment's query count (BSHD: must equal s_q).
     max_seqlen_kv : host bound >= 1 on every segment's key count; any length is served.
+        None (the default): BSHD takes ``s_kv`` (k's shape); THD takes the longest segment of
+        ``cu_seqlens_kv``, read on the host (free on the CPU, one device sync on a GPU, logged
+        at DEBUG). torch.compile, torch.export and graph capture cannot read it: pass the
+        bound there (None raises ValueError), and pass it wherever a sync matters.
     softmax_scale : defaults to ``1/sqrt(d)``. Any value finite in float32 (zero and negative
         included); nan, inf and ``|scale| > 3.4e38`` raise ValueError.
     qkv_layout : ``"thd_thd_thd"`` or ``"bshd_bshd_bshd"``.
@@ -497,9 +486,13 @@ def fused_attn_small_seq(
     Returns
     -------
     out with q's shape and dtype, then lse if ``return_lse``, then probs if
-    ``return_softmax``, then max_logit if ``return_max_logit``. A segment with no keys yields zeros; a segment that breaks the contract
-    yields NaN and is counted (see ``rocm_attn.check_errors``).
+    ``return_softmax``, then max_logit if ``return_max_logit``. A segment with no keys yields
+    zeros; a segment that breaks the contract yields NaN and is counted (see ``rocm_attn.check_errors``).
     """
+    if positional_after_max_seqlen_kv:
+        raise TypeError(_positional_message(len(positional_after_max_seqlen_kv)))
+    if max_seqlen_kv is None:
+        max_seqlen_kv = _bound_from_data(k, cu_seqlens_kv, qkv_layout)
     validating = errors.validate_mode(validate)
     if validating:
         # Earlier calls' errors are kept for check_errors(); this call raises for its own only.
@@ -552,3 +545,49 @@ def _max_logit(q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_
                                   window=(-1, -1), max_q=max(1, int(max_seqlen_q)),
                                   max_kv=max(1, int(max_seqlen_kv)), q_rows=q2.shape[0],
                                   scale=_scale(q, softmax_scale))
+
+
+def _bound_from_data(k, cu_seqlens_kv, qkv_layout) -> int:
+    """max_seqlen_kv when the caller gives none: BSHD ``s_kv``; THD the longest segment of
+    cu_seqlens_kv (one host read), capped at k's rows (no valid segment has more keys), so that
+    a default never turns a valid call into NaN."""
+    if not isinstance(k, torch.Tensor) or k.dim() < 3:
+        return 1  # the argument checks raise for k
+    if qkv_layout == "bshd_bshd_bshd":
+        return max(int(k.shape[1]), 1) if k.dim() == 4 else 1
+    rows = max(int(k.shape[0]), 1)
+    if not isinstance(cu_seqlens_kv, torch.Tensor) or cu_seqlens_kv.dim() != 1:
+        return 1  # the argument checks raise for cu_seqlens_kv
+    if errors.holds_no_values(cu_seqlens_kv) or errors.holds_no_values(k):
+        return rows  # shape probing: the bound every valid call meets
+    if (torch.compiler.is_compiling() or errors.exporting()
+            or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())):
+        raise ValueError(
+            "fused_attn_small_seq: max_seqlen_kv must be given while torch.compile or "
+            "torch.export traces the call or a graph is captured (the THD default reads "
+            "cu_seqlens_kv on the host)")
+    lens = cu_seqlens_kv.long().diff()
+    longest = int(lens.max()) if lens.numel() else 0
+    bound = min(max(longest, 1), rows)
+    log.debug("fused_attn_small_seq: max_seqlen_kv=%d from cu_seqlens_kv (one host read); pass "
+              "max_seqlen_kv to skip it", bound)
+    return bound
+
+
+def _positional_message(n: int) -> str:
+    return (f"fused_attn_small_seq takes at most 7 positional arguments (q, k, v, cu_seqlens_q, "
+            f"cu_seqlens_kv, max_seqlen_q, max_seqlen_kv), got {7 + n}: pass softmax_scale, "
+            f"qkv_layout, return_softmax and the rest by keyword. NOTE: in flash-attn's "
+            f"flash_attn_varlen_func the 8th positional argument is dropout_p (this op has no "
+            f"dropout); here a positional softmax_scale of 0.0 would give uniform weights.")
+
+
+def _public_signature() -> inspect.Signature:
+    """fused_attn_small_seq's signature as users see it: a bare ``*`` after max_seqlen_kv (the
+    ``*positional_after_max_seqlen_kv`` catch-all exists only to raise the message above)."""
+    sig = inspect.signature(fused_attn_small_seq)
+    params = [p for p in sig.parameters.values() if p.kind is not p.VAR_POSITIONAL]
+    return sig.replace(parameters=params)
+
+
+fused_attn_small_seq.__signature__ = _public_signature()

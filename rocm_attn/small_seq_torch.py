@@ -34,6 +34,13 @@ Two formulations:
 
 GQA/MQA never repeats K/V: the query heads of one kv head are folded into the query-row
 dimension (``[b, h_kv, group * max_q, d]``), exact since no mask depends on the query row.
+
+On CPU tensors in eager mode (THD, many queries per segment, no probs) the counts are read on
+the host, where they already are: the padded batch then takes the data's own largest counts
+when the segments are alike, and otherwise the segments run in groups by the powers of two of
+their counts (_cpu_grouped), each padded to its own counts. So a generous bound (a server's
+``max_candidates=8192``) or ragged counts cost what the rows and pairs that exist cost. On
+other devices and under torch.compile the path stays sync-free and pads to the bounds.
 """
 
 from __future__ import annotations
@@ -73,11 +80,15 @@ class Segments(NamedTuple):
     nan_hi: Optional[torch.Tensor]
     pad_lead: Optional[torch.Tensor]  # THD tiled: rows [0, pad_lead) and [pad_tail, total_q)
     pad_tail: Optional[torch.Tensor]  # are padding (0-dim int64)
+    q_start: Optional[torch.Tensor] = None  # THD: first query row (0 for a bad segment)
 
 
 def thd_segments(cu_seqlens_q, cu_seqlens_kv, total_q: int, total_kv: int, max_q: int,
-                 max_kv: int, one_query: bool) -> Segments:
+                 max_kv: int, one_query: bool, with_q_rows: bool = True) -> Segments:
     """The contract of every segment, computed in int64 without a host sync.
+
+    ``with_q_rows=False`` leaves ``q_rows`` (``[b, max_q]``, the size of the bound) None for a
+    caller that works from ``q_start`` and the counts (:func:`_cpu_grouped`).
 
     Every condition is checked on the raw values (``q0 <= q1`` rather than ``q1 - q0 >= 0``):
     an int64 difference of two unchecked offsets can overflow and an int32 one can wrap into
@@ -94,8 +105,7 @@ def thd_segments(cu_seqlens_q, cu_seqlens_kv, total_q: int, total_kv: int, max_q
     zero = torch.zeros_like(q0)
     nq = torch.where(valid, q1 - q0, zero)
     q_start = torch.where(valid, q0, zero)
-    q_rows = q_start.unsqueeze(1) + torch.arange(max_q, device=q0.device)
-    q_rows = q_rows.clamp(0, max(total_q - 1, 0))
+    q_rows = _q_rows(q_start, max_q, total_q) if with_q_rows else None
     nan_lo = nan_hi = pad_lead = pad_tail = None
     if not one_query:
         # rows a bad segment writes NaN to (the kernels' rule); q0 is clamped before adding
@@ -105,7 +115,13 @@ def thd_segments(cu_seqlens_q, cu_seqlens_kv, total_q: int, total_kv: int, max_q
         pad_lead = cu_seqlens_q[0].long().clamp(0, total_q)
         pad_tail = cu_seqlens_q[-1].long().clamp(0, total_q)
     return Segments(~valid, q_rows, nq, torch.where(valid, k1 - k0, zero),
-                    torch.where(valid, k0, zero), nan_lo, nan_hi, pad_lead, pad_tail)
+                    torch.where(valid, k0, zero), nan_lo, nan_hi, pad_lead, pad_tail, q_start)
+
+
+def _q_rows(q_start: torch.Tensor, max_q: int, total_q: int) -> torch.Tensor:
+    """[b, max_q] rows of q of every segment's query slots, clamped into q."""
+    q_rows = q_start.unsqueeze(1) + torch.arange(max_q, device=q_start.device)
+    return q_rows.clamp(0, max(total_q - 1, 0))
 
 
 def bshd_segments(seqlens_kv, b: int, s_q: int, s_kv: int, max_kv: int) -> Segments:
@@ -228,23 +244,38 @@ def torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q: i
     unless ``return_lse`` or a gradient asks for it."""
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     h_q = q.shape[-2]
+    dev = q.device
+    # the CPU reads offsets on the host for free; not while tracing, nor on fake tensors
+    cpu_eager = (dev.type == "cpu" and not torch.compiler.is_compiling()
+                 and not errors.holds_no_values(q))
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                              or v.requires_grad)
+    inference = not needs_grad and not return_softmax
+    grouped = False
     if thd:
         total_q, total_kv = q.shape[0], k.shape[0]
         b = cu_seqlens_q.numel() - 1
         mq = max_seqlen_q
+        grouped = cpu_eager and not one_query and not return_softmax
         seg = thd_segments(cu_seqlens_q, cu_seqlens_kv, total_q, total_kv, mq, max_seqlen_kv,
-                           one_query)
+                           one_query, with_q_rows=not grouped)
         width = max_seqlen_kv
+        if grouped:
+            errors.record_torch_path_errors(seg.bad)
+            tight = _tight_bounds(seg)
+            if tight is None:
+                return _cpu_grouped(q, k, v, seg, scale, compute, return_lse, inference)
+            # every segment valid and alike: the padded batch at the data's own largest
+            # counts, as with tight bounds (the bounds only size the padding from here on)
+            mq, width = tight
+            seg = seg._replace(q_rows=_q_rows(seg.q_start, mq, total_q))
     else:
         b, mq = q.shape[0], q.shape[1]
         width = min(k.shape[1], max_seqlen_kv)
         seg = bshd_segments(seqlens_kv, b, mq, k.shape[1], max_seqlen_kv)
-    errors.record_torch_path_errors(seg.bad)
-    dev = q.device
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                              or v.requires_grad)
-    inference = not needs_grad and not return_softmax
-    if inference and dev.type == "cpu" and not torch.compiler.is_compiling():
+    if not grouped:
+        errors.record_torch_path_errors(seg.bad)
+    if inference and cpu_eager:
         fast = _cpu_inference(q, k, v, seg, thd, one_query, mq, width, scale, compute,
                               return_lse)
         if fast is not None:
@@ -275,6 +306,9 @@ def torch_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q: i
             lse = out.new_zeros((b, mq, h_q), dtype=torch.float32)
     else:
         out, lse, probs = _attend_general(qp, kp, vp, seg.nq, seg.nkv, scale, compute)
+        if not return_softmax:
+            # placed only when asked for: [rows, h_q, max_seqlen_kv] has the bound's size
+            probs = None
     out = out.to(q.dtype)
     lse = lse.to(torch.float32)
     if probs is not None:
@@ -331,6 +365,121 @@ def place_rows(seg: Segments, out, lse, probs, q, thd: bool, one_query: bool,
     lse_rows = place(lse, NEG_INF, (h_q,)).t()
     probs_rows = None if probs is None else place(probs, 0.0, (h_q, max_seqlen_kv))
     return out, lse_rows, _probs_or_empty(probs_rows, q)
+
+
+def _ceil_log2(n: torch.Tensor) -> torch.Tensor:
+    """ceil(log2(n)) of int64 n >= 1, exactly (int arithmetic; float log2 rounds near 2^k)."""
+    e = torch.zeros_like(n)
+    m = n - 1
+    for shift in (32, 16, 8, 4, 2, 1):
+        big = m >= (1 << shift)
+        e = e + big * shift
+        m = torch.where(big, m >> shift, m)
+    return e + (m > 0)
+
+
+def _group_keys(seg: Segments) -> torch.Tensor:
+    """Per segment: its group in _cpu_grouped (the powers of two at or above its query and key
+    counts), or -1 for a segment without queries (it writes no row)."""
+    bq = _ceil_log2(seg.nq.clamp(min=1))
+    bk = torch.where(seg.nkv > 0, _ceil_log2(seg.nkv.clamp(min=1)) + 1, 0)
+    return torch.where(seg.nq > 0, bq * 64 + bk, -1)
+
+
+def _tight_bounds(seg: Segments) -> Optional[Tuple[int, int]]:
+    """(largest query count, largest key count) of a CPU call whose segments are all valid and
+    alike enough that one batch padded to those counts costs at most twice the grouped work
+    (_cpu_grouped); None when the grouped form pays (ragged counts, or a bad segment, whose
+    NaN rows only the grouped form places exactly without the bound-sized slots). Reads the
+    counts on the host (free on the CPU)."""
+    b = seg.nq.numel()
+    if b == 0 or bool(seg.bad.any()):
+        return None
+    mq, width = max(int(seg.nq.max()), 1), max(int(seg.nkv.max()), 1)
+    key = _group_keys(seg)
+    bq, bk = key // 64, key % 64
+    grouped = int(torch.where(key >= 0, (1 << bq) * (1 << (bk - 1).clamp(min=0)), 0).sum())
+    return (mq, width) if b * mq * width <= 2 * grouped + 64 * b else None
+
+
+def _cpu_grouped(q, k, v, seg: Segments, scale: float, compute, return_lse: bool,
+                 inference: bool):
+    """(out, lse, empty probs) of a THD call under the tiled contract on CPU tensors, with time
+    and memory proportional to the rows and (query, key) pairs that exist, whatever the bounds.
+
+    The padded batch is ``[b, max_q]`` queries by ``max_kv`` keys: with a generous bound (a
+    server's ``max_candidates=8192`` for 64 candidates, or every user's bound taken from the
+    total row count) nearly all of it is padding, and with ragged counts even the data's own
+    largest counts pad most segments many times over. Here the segments are grouped by the
+    powers of two at or above their query and key counts (a host read of the counts: free on
+    the CPU), and each group is padded only to its own largest counts, so every group's padded
+    work is under 4x its (query, key) pairs. Each group runs the padded batch's formulations
+    (_attend_inference without a gradient, _attend_general with one), so NaN isolation and
+    gradients are the same; the rows are then placed by the contract's rules (padding rows
+    0 / -inf, a bad segment's rows NaN; the caller counts it). Differentiable: gathers and
+    the final placement are index ops."""
+    total_q, h_q, d = q.shape
+    total_kv = k.shape[0]
+    dev = q.device
+    nq, nkv = seg.nq, seg.nkv
+    key = _group_keys(seg)
+    order = torch.argsort(key, stable=True)
+    keys, counts = torch.unique_consecutive(key[order], return_counts=True)
+    outs, lses, dests = [], [], []
+    at = 0
+    for kk, n in zip(keys.tolist(), counts.tolist()):
+        idx = order[at:at + n]
+        at += n
+        if kk < 0:
+            continue  # segments without queries write no row
+        nq_g, nkv_g = nq[idx], nkv[idx]
+        mq_g, w_g = int(nq_g.max()), int(nkv_g.max())
+        q_rows = _q_rows(seg.q_start[idx], mq_g, total_q)
+        keep = torch.arange(mq_g, device=dev) < nq_g.unsqueeze(1)  # [n, mq_g]
+        if w_g == 0:  # no keys: out 0, lse -inf (nothing to differentiate)
+            rows = int(nq_g.sum())
+            outs.append(q.new_zeros((rows, h_q, d)))
+            lses.append(q.new_full((rows, h_q), NEG_INF, dtype=torch.float32))
+            dests.append(q_rows[keep])
+            continue
+        qp = _gather_rows(q, q_rows)
+        slot = torch.arange(w_g, device=dev).unsqueeze(0)
+        if inference:
+            # padded slots repeat the segment's last key: never another segment's row
+            slot = torch.minimum(slot, (nkv_g - 1).clamp(min=0).unsqueeze(1))
+        k_rows = (seg.k_start[idx].unsqueeze(1) + slot).clamp(0, max(total_kv - 1, 0))
+        kp, vp = _gather_rows(k, k_rows), _gather_rows(v, k_rows)
+        if inference:
+            o, lse = _attend_inference(qp, kp, vp, nkv_g, scale, compute, return_lse)
+            if lse is None:
+                lse = o.new_zeros(o.shape[:-1], dtype=torch.float32)
+        else:
+            o, lse, _ = _attend_general(qp, kp, vp, nq_g, nkv_g, scale, compute)
+        outs.append(o[keep].to(q.dtype))
+        lses.append(lse[keep].to(torch.float32))
+        dests.append(q_rows[keep])
+    dest = torch.cat(dests) if dests else torch.zeros(0, dtype=torch.long, device=dev)
+    out = q.new_zeros((total_q, h_q, d))
+    lse = q.new_full((total_q, h_q), NEG_INF, dtype=torch.float32)
+    if dests:
+        out = out.index_put((dest,), torch.cat(outs))
+        lse = lse.index_put((dest,), torch.cat(lses))
+    if bool(seg.bad.any()):
+        # the contract's NaN rows: every row a bad segment names, and rows neither padding nor
+        # written by a valid segment (only possible beside a bad segment); O(total_q + b)
+        rows_all = torch.arange(total_q, device=dev)
+        padding = (rows_all < seg.pad_lead) | (rows_all >= seg.pad_tail)
+        written = torch.zeros(total_q, dtype=torch.bool, device=dev)
+        written[dest] = True
+        lo, hi = seg.nan_lo[seg.bad], seg.nan_hi[seg.bad]
+        named = lo < hi
+        delta = torch.zeros(total_q + 1, dtype=torch.long, device=dev)
+        delta.index_add_(0, lo[named], torch.ones_like(lo[named]))
+        delta.index_add_(0, hi[named], -torch.ones_like(hi[named]))
+        nan_rows = (delta.cumsum(0)[:total_q] > 0) | ~(written | padding)
+        out = torch.where(nan_rows.view(-1, 1, 1), NAN, out)
+        lse = torch.where(nan_rows.view(-1, 1), NAN, lse)
+    return out, lse.t(), q.new_empty((0,), dtype=torch.float32)
 
 
 def _one_query_chunk(q_c, kc, vc, out_c, scale: float) -> None:

@@ -476,3 +476,185 @@ def test_user_past_max_candidates_is_nan_and_counted():
     torch.testing.assert_close(out[[0, 1, 7]].double(), want[[0, 1, 7]], rtol=1e-4, atol=1e-4)
     with pytest.raises(rocm_attn.SmallSeqContractError):
         rocm_attn.check_errors()
+
+
+# Bounds that never give NaN silently, and candidate rows outside every user.
+
+
+def _clean_counter():
+    import rocm_attn
+
+    rocm_attn.errors.read_errors(reset=True)
+
+
+@pytest.mark.parametrize("form", ["padded", "packed", "nested"])
+@pytest.mark.parametrize("request_form", [False, True], ids=["one-candidate", "request"])
+def test_default_module_takes_bounds_from_the_data(form, request_form):
+    """TargetAttention(embed_dim, num_heads) with histories past 16 items (the old default
+    bound): every output finite and right, nothing counted."""
+    import rocm_attn
+
+    _clean_counter()
+    torch.manual_seed(80)
+    module = TargetAttention(16, num_heads=2, dtype=torch.float64)
+    assert module.max_seqlen_kv is None and module.max_candidates is None
+    users = 5
+    if request_form:
+        candidate, offsets, histories, lens = _request(users, 16, 40, 6, dtype=torch.float64)
+        kw = dict(candidate_offsets=offsets)
+    else:
+        candidate = torch.randn(users, 16, dtype=torch.float64)
+        offsets = torch.arange(users + 1)
+        lens = torch.tensor([17, 40, 0, 23, 5])
+        histories = [torch.randn(int(n), 16, dtype=torch.float64) for n in lens]
+        kw = {}
+    lens[-1] = 33  # past 16 in every case
+    histories[-1] = torch.randn(33, 16, dtype=torch.float64)
+    args, hist_kw = _history_forms(histories, lens, 40, torch.int32)[form]
+    out = module(candidate, *args, **hist_kw, **kw)
+    assert torch.isfinite(out).all()
+    want = _request_reference(module, candidate, offsets, histories)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    rocm_attn.check_errors()
+
+
+def test_derived_bounds_are_logged_at_debug(caplog):
+    import logging
+
+    torch.manual_seed(81)
+    module = TargetAttention(16, num_heads=2)
+    candidate, offsets, histories, lens = _request(4, 16, 20, 5)
+    args, kw = _history_forms(histories, lens, 20, torch.int32)["packed"]
+    with caplog.at_level(logging.DEBUG, logger="rocm_attn"):
+        module(candidate, *args, **kw, candidate_offsets=offsets)
+    want = f"max_seqlen_kv={max(int(lens.max()), 1)}, max_candidates={int(offsets.diff().max())}"
+    assert "one host read" in caplog.text and want in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="rocm_attn"):
+        module(candidate, *args, **kw, candidate_offsets=offsets, max_seqlen_kv=20,
+               max_candidates=5)
+    assert "host read" not in caplog.text
+
+
+def test_forward_bounds_override_the_constructor():
+    """max_seqlen_kv= and max_candidates= per call (as FBGEMM passes max_L per call); the
+    constructor's values are defaults."""
+    import rocm_attn
+
+    _clean_counter()
+    torch.manual_seed(82)
+    module = TargetAttention(16, num_heads=2, max_seqlen_kv=4, max_candidates=2,
+                             dtype=torch.float64)
+    candidate, offsets, histories, lens = _request(4, 16, 30, 6, dtype=torch.float64,
+                                                   empty=False)
+    lens[0] = 30
+    histories[0] = torch.randn(30, 16, dtype=torch.float64)
+    args, kw = _history_forms(histories, lens, 30, torch.int32)["packed"]
+    want = _request_reference(module, candidate, offsets, histories)
+    out = module(candidate, *args, **kw, candidate_offsets=offsets, max_seqlen_kv=30,
+                 max_candidates=6)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    rocm_attn.check_errors()
+    # the constructor's tighter bounds: the users past them are NaN and counted
+    out = module(candidate, *args, **kw, candidate_offsets=offsets)
+    assert torch.isnan(out[:int(offsets[1])]).all()
+    with pytest.raises(rocm_attn.SmallSeqContractError):
+        rocm_attn.check_errors()
+    for name in ("max_seqlen_kv", "max_candidates"):
+        with pytest.raises(ValueError, match=name):
+            module(candidate, *args, **kw, candidate_offsets=offsets, **{name: 0})
+    with pytest.raises(ValueError, match="max_candidates"):
+        TargetAttention(16, num_heads=2, max_candidates=0)
+
+
+@pytest.mark.parametrize("form", ["padded", "packed", "nested"])
+def test_validate_raises_at_the_call_for_every_history_form(form, monkeypatch):
+    """ROCM_ATTN_VALIDATE=1: a request whose history is past max_seqlen_kv raises at the call
+    for every history form (a padded history is flagged by the module, after the op)."""
+    import rocm_attn
+
+    _clean_counter()
+    torch.manual_seed(83)
+    module = TargetAttention(16, num_heads=2, max_seqlen_kv=8)
+    candidate, offsets, histories, lens = _request(4, 16, 8, 3, empty=False)
+    histories[1], lens[1] = torch.randn(11, 16), 11
+    args, kw = _history_forms(histories, lens, 11, torch.int32)[form]
+    monkeypatch.setenv("ROCM_ATTN_VALIDATE", "1")
+    with pytest.raises(rocm_attn.SmallSeqContractError):
+        module(candidate, *args, **kw, candidate_offsets=offsets)
+    rocm_attn.check_errors()  # raised for, not left behind
+
+
+@pytest.mark.parametrize("where", ["tail", "head"])
+def test_candidates_outside_every_user_are_nan_and_counted(where):
+    """candidate_offsets that leave rows outside every user: with the bounds given (no read)
+    those rows are NaN and counted, never out_proj.bias; with the bounds from the data the
+    call raises ValueError naming candidate_offsets."""
+    import rocm_attn
+
+    _clean_counter()
+    torch.manual_seed(84)
+    module = TargetAttention(16, num_heads=2)
+    candidate, offsets, histories, lens = _request(3, 16, 6, 4, empty=False)
+    n = candidate.shape[0]
+    extra = torch.randn(2, 16)
+    if where == "tail":
+        candidate = torch.cat([candidate, extra])
+        outside = torch.arange(n, n + 2)
+    else:
+        candidate = torch.cat([extra, candidate])
+        offsets = offsets + 2
+        outside = torch.arange(2)
+    args, kw = _history_forms(histories, lens, 6, torch.int32)["packed"]
+    out = module(candidate, *args, **kw, candidate_offsets=offsets, max_seqlen_kv=6,
+                 max_candidates=4)
+    inside = torch.ones(out.shape[0], dtype=torch.bool)
+    inside[outside] = False
+    assert torch.isnan(out[outside]).all()
+    assert torch.isfinite(out[inside]).all()
+    with pytest.raises(rocm_attn.SmallSeqContractError, match="1 segment"):
+        rocm_attn.check_errors()
+    with pytest.raises(ValueError, match="candidate_offsets"):
+        module(candidate, *args, **kw, candidate_offsets=offsets)
+
+
+def test_compile_without_a_bound_raises_and_with_one_works():
+    """torch.compile cannot read offsets: a missing bound is a ValueError naming it; a padded
+    history's bound is its width (no read), and given bounds compile fullgraph."""
+    torch.manual_seed(85)
+    module = TargetAttention(16, num_heads=2)
+    candidate, offsets, histories, lens = _request(3, 16, 6, 4, empty=False)
+    packed, kw = _history_forms(histories, lens, 6, torch.int32)["packed"]
+
+    def call(c, h, cu, off, **bounds):
+        return module(c, h, cu_seqlens=cu, candidate_offsets=off, **bounds)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="max_seqlen_kv and max_candidates must be given"):
+        torch.compile(call, fullgraph=True)(candidate, packed[0], kw["cu_seqlens"], offsets)
+    got = torch.compile(call, fullgraph=True)(candidate, packed[0], kw["cu_seqlens"], offsets,
+                                              max_seqlen_kv=6, max_candidates=4)
+    torch.testing.assert_close(got, call(candidate, packed[0], kw["cu_seqlens"], offsets))
+    b = 3
+    hist = torch.randn(b, 7, 16)
+    lens_p = torch.tensor([7, 0, 3], dtype=torch.int32)
+    one = torch.compile(lambda c, h, s: module(c, h, seqlens=s), fullgraph=True)
+    torch.testing.assert_close(one(candidate[:b], hist, lens_p),
+                               module(candidate[:b], hist, seqlens=lens_p))
+
+
+def test_export_without_max_candidates_raises():
+    module = TargetAttention(16, num_heads=2, max_seqlen_kv=6)
+
+    class Req(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.att = module
+
+        def forward(self, c, h, cu, off):
+            return self.att(c, h, cu_seqlens=cu, candidate_offsets=off)
+
+    candidate, offsets, histories, lens = _request(3, 16, 6, 4, empty=False)
+    args, kw = _history_forms(histories, lens, 6, torch.int32)["packed"]
+    with pytest.raises(Exception, match="max_candidates must be given"):
+        torch.export.export(Req(), (candidate, args[0], kw["cu_seqlens"], offsets))

@@ -13,6 +13,7 @@ GPU (kernel) tests live in tests/test_small_seq_gpu.py.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import time
@@ -559,7 +560,8 @@ def test_softmax_scale_and_return_arity(seed):
     case.scale = None
     default = call(case, q, k, v)
     explicit = fused_attn_small_seq(q, k, v, case.cu_q, case.cu_kv, 1, case.max_kv,
-                                    1.0 / math.sqrt(64), return_lse=True, return_softmax=True)
+                                    softmax_scale=1.0 / math.sqrt(64), return_lse=True,
+                                    return_softmax=True)
     assert len(default) == 3
     for x, y in zip(default, explicit):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
@@ -567,14 +569,40 @@ def test_softmax_scale_and_return_arity(seed):
 
 def test_positional_signature_matches_design():
     """fused_attn_small_seq(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
-    softmax_scale, qkv_layout, return_softmax) as documented in README.md (fused_attn_small_seq)."""
+    *, softmax_scale, qkv_layout, return_softmax, ...) as documented in README.md
+    (fused_attn_small_seq): seven positional arguments, the rest by keyword."""
     rng = Rng(0, "positional")
     case = thd_case(rng, 9, 2, 2, 64, 4, torch.float32)
     q, k, v = case.qkv()
-    out, probs = fused_attn_small_seq(q, k, v, case.cu_q, case.cu_kv, 1, 4, None, THD, True)
+    out, probs = fused_attn_small_seq(q, k, v, case.cu_q, case.cu_kv, 1, 4, softmax_scale=None,
+                                      qkv_layout=THD, return_softmax=True)
     ref, _, rprobs, _ = run_ref(case, grads=False)
     assert_rel("out", out, ref, TOL_FP32, str(case))
     assert_rel("probs", probs, rprobs, TOL_FP32, str(case))
+    params = inspect.signature(fused_attn_small_seq).parameters
+    assert [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD] == [
+        "q", "k", "v", "cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv"]
+
+
+@pytest.mark.parametrize("extra", [(0.0,), (0.0, None), (None, THD, True)],
+                         ids=["dropout_p", "dropout_p-scale", "old-order"])
+def test_flash_attn_positional_habit_raises(extra):
+    """flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, ...):
+    a flash-attn user's 8th positional argument is dropout_p. Here it would have been
+    softmax_scale (0.0: uniform weights, silently); it raises a TypeError naming dropout_p."""
+    case = thd_case(Rng(0, "flash_habit"), 9, 2, 2, 64, 4, torch.float32)
+    with pytest.raises(TypeError, match="dropout_p.*keyword|keyword.*dropout_p"):
+        fused_attn_small_seq(*case.qkv(), case.cu_q, case.cu_kv, 1, 4, *extra)
+
+
+def test_keyword_only_call_compiles_fullgraph():
+    case = thd_case(Rng(0, "kwonly_compile"), 9, 2, 2, 64, 4, torch.float32)
+    args = (*case.qkv(), case.cu_q, case.cu_kv, 1, 4)
+
+    def f(q, k, v, cu_q, cu_kv, mq, mkv):
+        return fused_attn_small_seq(q, k, v, cu_q, cu_kv, mq, mkv, softmax_scale=0.25)
+
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(*args), f(*args))
 
 
 def test_float64_inputs_compute_in_float64():
@@ -778,7 +806,7 @@ THD_BAD = [
     ("max_seqlen_kv_float", dict(max_seqlen_kv=4.0), "max_seqlen_kv"),
     ("max_seqlen_kv_tensor", dict(max_seqlen_kv=torch.tensor(4)), "max_seqlen_kv"),
     ("max_seqlen_kv_bool", dict(max_seqlen_kv=True), "max_seqlen_kv"),
-    ("max_seqlen_kv_none", dict(max_seqlen_kv=None), "max_seqlen_kv"),
+    ("max_seqlen_kv_str", dict(max_seqlen_kv="16"), "max_seqlen_kv"),
     ("softmax_scale_str", dict(softmax_scale="0.1"), "softmax_scale"),
     ("softmax_scale_tensor", dict(softmax_scale=torch.tensor(0.1)), "softmax_scale"),
     ("q_not_tensor", dict(q=[[0.0]]), r"\bq\b"),

@@ -17,8 +17,9 @@ namespace {
 
 using rocm_attn::bindings::check_launch;
 
-// Reads (and optionally clears) the current device's error counter: [count, first bad segment
-// or -1]. Synchronises the device; never called on a default path.
+// Reads (and optionally clears) the error counters of every device a kernel has counted on,
+// merged: [count, first bad segment or -1]. Synchronises those devices; never called on a
+// default path.
 std::vector<int64_t> read_error_state(bool reset) {
   int32_t state[2] = {0, 0};
   check_launch(ra_error_state_read(state, reset), "reading the device error counter");

@@ -11,6 +11,6 @@
 // so it is safe to use inside graph capture.
 int32_t* ra_error_state_ptr();
 
-// Copies the two counters to the host (synchronising the current device) and optionally
-// clears them.
+// Copies the two counters to the host, merged over every device a kernel has counted on (each
+// one synchronised; the current device is restored), and optionally clears them.
 hipError_t ra_error_state_read(int32_t out[2], bool reset);

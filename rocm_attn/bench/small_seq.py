@@ -42,7 +42,8 @@ from .common import (copy_bandwidth, eager_fallbacks, eager_ms, matmul_throughpu
 from .gpu import require_gpu
 from .plot import bar_chart, check_plot_arg
 from .progress import progress
-from .small_seq_cpu import CPU_CASES, DEFAULT_CPU_CASES, bench_cpu_case, print_cpu_rows
+from .small_seq_cpu import (BOUND_CASES, CPU_CASES, DEFAULT_CPU_CASES, bench_bound_case,
+                            bench_cpu_case, print_bound_rows, print_cpu_rows)
 from .small_seq_ranking import bench_rank_row, grid_rows, parse_row_name, print_rank_rows
 
 # name: (h_q, h_kv, d, kv) where kv is an int (every segment) or (lo, hi) uniform
@@ -248,7 +249,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: the torch path's CPU inference against SDPA and einsum "
-                             f"(cases {', '.join(CPU_CASES)}; default "
+                             f"(cases {', '.join([*CPU_CASES, *BOUND_CASES])}; default "
                              f"{', '.join(DEFAULT_CPU_CASES)})")
     parser.add_argument("--threads", type=int, help="CPU: torch intra-op threads (1 also "
                         "reports the calling thread's CPU time)")
@@ -336,20 +337,30 @@ def _main_cpu(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = args.cases.split(",") if args.cases != ",".join(CASES) else list(DEFAULT_CPU_CASES)
-    unknown = [n for n in names if n not in CPU_CASES]
+    unknown = [n for n in names if n not in CPU_CASES and n not in BOUND_CASES]
     if unknown:
-        print(f"unknown CPU cases {unknown}; choose from {', '.join(CPU_CASES)}", file=sys.stderr)
+        print(f"unknown CPU cases {unknown}; choose from "
+              f"{', '.join([*CPU_CASES, *BOUND_CASES])}", file=sys.stderr)
         return 2
     rows = []
     report = {"device": "cpu", "torch": torch.__version__, "threads": torch.get_num_threads(),
               "clock": "wall clock (and thread CPU time with --threads 1), best of --reps",
               "rows": rows}
     for name in progress(names, "small-seq cpu", not args.no_progress):
-        rows.append(bench_cpu_case(name, CPU_CASES[name], args.reps, args.seed,
-                                   torch.get_num_threads() == 1))
+        if name in BOUND_CASES:
+            rows.append(bench_bound_case(name, BOUND_CASES[name], args.reps, args.seed,
+                                         torch.get_num_threads() == 1))
+        else:
+            rows.append(bench_cpu_case(name, CPU_CASES[name], args.reps, args.seed,
+                                       torch.get_num_threads() == 1))
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))
-    print_cpu_rows(rows)
+    cpu_rows = [r for r in rows if r["case"] in CPU_CASES]
+    bound_rows = [r for r in rows if r["case"] in BOUND_CASES]
+    if cpu_rows:
+        print_cpu_rows(cpu_rows)
+    if bound_rows:
+        print_bound_rows(bound_rows)
     return 0
 
 

@@ -9,6 +9,12 @@ the same inputs, in the same run:
 
 The anchors get their padded K/V built outside the timed region. Wall clock, best of --reps
 calls; with --threads 1 also the calling thread's CPU time (steadier on a shared machine).
+
+Bound rows (``bound_*``): one request with tight host bounds (the data's own largest counts,
+as TargetAttention derives them) and with a generous one (every user's candidate bound set to
+the number of candidate rows, a server's ``max_candidates=8192``), inference forward and a
+training step (forward and backward); ratio = generous / tight (target <= 1.5: the torch path's
+work follows the rows and pairs that exist, not segments x bound).
 """
 
 from __future__ import annotations
@@ -31,8 +37,14 @@ CPU_CASES = {
     "rank_u64_c512_h4_d64_kv1-200": (64, 512, 4, 64, (1, 200)),
     "rank_u64_c512_h4_d64_kv200": (64, 512, 4, 64, 200),
 }
+# name: (users, candidates per user, h, d, history (lo, hi) uniform, generous max_seqlen_q)
+BOUND_CASES = {
+    "bound_u2000_c1_h4_d32_kv1-20_q2000": (2000, 1, 4, 32, (1, 20), 2000),
+    "bound_u8_c64_h4_d32_kv1-100_q8192": (8, 64, 4, 32, (1, 100), 8192),
+}
 DEFAULT_CPU_CASES = ("q1_b2048_h4_d64_kv1-16", "q1_b2048_h4_d64_kv16",
-                     "rank_u64_c512_h4_d64_kv1-200", "rank_u64_c512_h4_d64_kv200")
+                     "rank_u64_c512_h4_d64_kv1-200", "rank_u64_c512_h4_d64_kv200",
+                     *BOUND_CASES)
 
 
 def make_cpu_inputs(b, nq, h, d, kv, gen) -> Dict[str, object]:
@@ -129,3 +141,69 @@ def print_cpu_rows(rows) -> None:
             ratio = r[clock.replace("_ms", "_ratio_vs_best")]
             print(f"{r['case']:32s} {t['ours']:9.1f} {t['sdpa_mask']:9.1f} "
                   f"{t['sdpa_fixed']:10.1f} {t['einsum']:9.1f} {ratio:6.2f}")
+
+
+def bench_bound_case(name, spec, reps: int, seed: int, thread_clock: bool) -> dict:
+    """Tight against generous bounds on one request (module docstring, bound rows)."""
+    users, cands, h, d, kv, loose_q = spec
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(kv[0], kv[1] + 1, (users,), generator=gen)
+    cu_q = torch.arange(users + 1, dtype=torch.int64) * cands
+    cu_kv = torch.nn.functional.pad(lens.cumsum(0), (1, 0))
+    q = torch.randn(users * cands, h, d, generator=gen)
+    k = torch.randn(int(cu_kv[-1]), h, d, generator=gen)
+    v = torch.randn(int(cu_kv[-1]), h, d, generator=gen)
+    max_kv = int(lens.max())
+    # NOTE: a bound of at least 2, as TargetAttention passes (1 is the one-query form)
+    bounds = {"tight": max(cands, 2), "generous": loose_q}
+
+    def step(max_q, train):
+        leaves = [t.detach().requires_grad_(train) for t in (q, k, v)]
+        with torch.set_grad_enabled(train):
+            out = rocm_attn.fused_attn_small_seq(*leaves, cu_q, cu_kv, max_q, max_kv)
+            if train:
+                out.sum().backward()
+        return out
+
+    fns = {f"{mode}_{b}": (lambda b=b, mode=mode: step(bounds[b], mode == "train"))
+           for mode in ("infer", "train") for b in bounds}
+    wall: Dict[str, list] = {n: [] for n in fns}
+    cpu: Dict[str, list] = {n: [] for n in fns}
+    for fn in fns.values():
+        fn()  # warm-up
+    diff = (step(bounds["tight"], False) - step(bounds["generous"], False)).abs().max().item()
+    for _ in range(reps):
+        for n, fn in fns.items():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            fn()
+            wall[n].append(time.perf_counter() - t0)
+            cpu[n].append(time.thread_time() - c0)
+    row = {"case": name, "users": users, "candidates": cands, "h": h, "d": d, "kv": kv,
+           "max_seqlen_kv": max_kv, "tight_max_seqlen_q": bounds["tight"],
+           "generous_max_seqlen_q": loose_q, "threads": torch.get_num_threads(),
+           "max_abs_diff_generous_vs_tight": diff,
+           "wall_ms": {n: 1e3 * min(t) for n, t in wall.items()}}
+    if thread_clock:
+        row["thread_cpu_ms"] = {n: 1e3 * min(t) for n, t in cpu.items()}
+    for clock in ("wall_ms", "thread_cpu_ms"):
+        if clock in row:
+            t = row[clock]
+            row[clock.replace("_ms", "_ratio")] = {
+                mode: t[f"{mode}_generous"] / t[f"{mode}_tight"] for mode in ("infer", "train")}
+    return row
+
+
+def print_bound_rows(rows) -> None:
+    print(f"\nCPU, fp32, tight vs generous max_seqlen_q; threads {rows[0]['threads']}; best of "
+          "the reps; ratio = generous / tight (target <= 1.5)")
+    for clock in ("wall_ms", "thread_cpu_ms"):
+        if clock not in rows[0]:
+            continue
+        print(f"[{clock}]")
+        print(f"{'case':36s} {'infer':>8s} {'generous':>9s} {'ratio':>6s} {'train':>8s} "
+              f"{'generous':>9s} {'ratio':>6s}")
+        for r in rows:
+            t, ratio = r[clock], r[clock.replace("_ms", "_ratio")]
+            print(f"{r['case']:36s} {t['infer_tight']:8.1f} {t['infer_generous']:9.1f} "
+                  f"{ratio['infer']:6.2f} {t['train_tight']:8.1f} {t['train_generous']:9.1f} "
+                  f"{ratio['train']:6.2f}")

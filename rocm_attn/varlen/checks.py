@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from .._checks import check_cu, check_same_b, is_int
+from .._checks import check_cu, check_same_b, check_softmax_scale, is_int
 
 __all__ = ["DTYPES", "check_qkv", "check_seq_args"]
 
@@ -55,9 +53,4 @@ def check_seq_args(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqle
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
         if not is_int(m) or m < 0:
             raise ValueError(f"{name} must be an int >= 0, got {m!r}")
-    d = q.shape[2]
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
-    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise ValueError(f"softmax_scale must be None or a float, got {softmax_scale!r}")
-    return softmax_scale
+    return check_softmax_scale(softmax_scale, q.shape[2])

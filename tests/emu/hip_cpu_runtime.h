@@ -107,6 +107,7 @@ hipError_t hipGetLastError();
 hipError_t hipPeekAtLastError();
 const char* hipGetErrorString(hipError_t err);
 hipError_t hipGetDevice(int* device);
+hipError_t hipSetDevice(int device);
 hipError_t hipDeviceGetAttribute(int* value, hipDeviceAttribute_t attribute, int device);
 hipError_t hipMemcpy(void* dst, const void* src, size_t bytes, hipMemcpyKind kind);
 hipError_t hipMemset(void* dst, int value, size_t bytes);

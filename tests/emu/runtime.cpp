@@ -518,6 +518,9 @@ hipError_t hipGetDevice(int* device) {
   return hipSuccess;
 }
 
+// One emulated device: 0.
+hipError_t hipSetDevice(int device) { return device == 0 ? hipSuccess : hipErrorInvalidValue; }
+
 hipError_t hipDeviceGetAttribute(int* value, hipDeviceAttribute_t attribute, int device) {
   if (device != 0) return hipErrorInvalidValue;
   switch (attribute) {
