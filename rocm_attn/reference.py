@@ -388,7 +388,7 @@ def reference_max_logit(
     h_kv = k.shape[1]
     if h_kv == 0 or h_q % h_kv:
         raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
-    scale = float(1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale)
+    scale = check_softmax_scale(softmax_scale, d)
     cu_q, cu_kv = cu_seqlens_q.tolist(), cu_seqlens_kv.tolist()
     lens_q = [cu_q[i + 1] - cu_q[i] for i in range(len(cu_q) - 1)]
     lens_kv = [cu_kv[i + 1] - cu_kv[i] for i in range(len(cu_kv) - 1)]
