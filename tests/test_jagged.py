@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -270,3 +271,43 @@ def test_public_and_torchrec_free():
     code = ("import sys, rocm_attn; bad = [m for m in ('torchrec', 'fbgemm_gpu') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class _DataDependentRequest(torch.nn.Module):
+    """A request whose row counts come from the data, as a jagged pipeline's split makes them
+    (torchrec's KeyedJaggedTensor under export): unbacked sizes in the traced graph."""
+
+    def __init__(self, att):
+        super().__init__()
+        self.att = att
+
+    def forward(self, candidate, history, counts, lengths):
+        n, t = counts.sum().item(), lengths.sum().item()
+        cand, hist = candidate.narrow(0, 0, n), history.narrow(0, 0, t)
+        return self.att(StandIn(cand, lengths=counts), StandIn(hist, lengths=lengths),
+                        max_candidates=16)
+
+
+def test_export_with_data_dependent_row_counts():
+    """The torch path guards on no row count: the program exports and serves requests with
+    other counts, one without any history row among them."""
+    torch.manual_seed(11)
+    att = TargetAttention(32, num_heads=4, num_kv_heads=2, head_dim=8, max_seqlen_kv=64).eval()
+    model = _DataDependentRequest(att)
+
+    def request(counts, lengths):
+        counts, lengths = torch.tensor(counts), torch.tensor(lengths)
+        return (torch.randn(int(counts.sum()) + 3, 32), torch.randn(int(lengths.sum()) + 2, 32),
+                counts, lengths)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the no-kernels export warning
+        rows = {0: torch.export.Dim.AUTO}
+        program = torch.export.export(model, request([2, 5, 1], [7, 0, 30]), strict=False,
+                                      dynamic_shapes=(rows, rows, None, None))
+    for counts, lengths in (([3, 1, 4], [1, 64, 9]), ([1, 2, 1], [0, 0, 0])):
+        inputs = request(counts, lengths)
+        with torch.no_grad():
+            got, want = program.module()(*inputs), model(*inputs)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
