@@ -25,6 +25,7 @@ build of FBGEMM, as .ci/run installs it). Exits 1 when a mode fails or disagrees
 Usage:
   python3 examples/torchrec_ranking.py                       # every mode, a small request
   python3 examples/torchrec_ranking.py --modes eager,compile --users 64 --candidates 256
+  python3 examples/torchrec_ranking.py --threads 1   # steadier times on a busy machine
 """
 
 from __future__ import annotations
@@ -238,16 +239,22 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="history items per user, at most (default 64)")
     parser.add_argument("--items", type=int, default=1000, help="item table rows")
     parser.add_argument("--embed-dim", type=int, default=64)
+    parser.add_argument("--threads", type=int,
+                        help="torch intra-op threads (default torch's; 1 gives steadier times "
+                             "on a machine shared with other work)")
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in MODES]
     if unknown or "eager" not in modes:
         parser.error(f"--modes: {unknown} not among {MODES}" if unknown
                      else "--modes must include eager (every mode is compared with it)")
-    for name in ("users", "candidates", "max_history", "items", "embed_dim"):
-        if getattr(args, name) < 1:
+    for name in ("users", "candidates", "max_history", "items", "embed_dim", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     _torchrec()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     model = Ranker(args.items, args.embed_dim, args.max_history, args.candidates).eval()

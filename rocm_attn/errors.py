@@ -78,7 +78,12 @@ def torch_path_state(device: torch.device) -> torch.Tensor:
     """The torch path's counter of `device` (created on first use)."""
     state = _torch_path_state.get(device)
     if state is None:
-        state = _torch_path_state[device] = torch.zeros(2, dtype=torch.int64, device=device)
+        # NOTE: a normal tensor even when the first call runs under torch.inference_mode (a
+        # server's first request): an inference tensor could not be updated by later calls
+        # outside it
+        with torch.inference_mode(False):
+            state = _torch_path_state[device] = torch.zeros(2, dtype=torch.int64,
+                                                            device=device)
     return state
 
 

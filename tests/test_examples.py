@@ -88,7 +88,11 @@ def test_torchrec_ranking_example_every_mode(capsys):
     different sizes; ONNX is reported as skipped where onnxruntime is not installed."""
     pytest.importorskip("torchrec")
     example = _load(EXAMPLES / "torchrec_ranking.py")
-    rc = example.main([])
+    threads = torch.get_num_threads()
+    try:
+        rc = example.main(["--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "check: every mode within 1e-04: PASS" in out, out
@@ -127,7 +131,8 @@ def test_torchrec_ranking_example_without_torchrec_names_the_install(monkeypatch
 
 def test_torchrec_ranking_example_usage_errors(capsys):
     example = _load(EXAMPLES / "torchrec_ranking.py")
-    for argv in (["--modes", "eager,tpu"], ["--modes", "compile"], ["--users", "0"]):
+    for argv in (["--modes", "eager,tpu"], ["--modes", "compile"], ["--users", "0"],
+                 ["--threads", "0"]):
         with pytest.raises(SystemExit) as exc:
             example.main(argv)
         assert exc.value.code == 2, argv
