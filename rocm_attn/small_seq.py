@@ -167,7 +167,7 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, ma
         _check_index("seqlens_kv", seqlens_kv, batch, q.device)
         rows = (("q", q.shape[0] * q.shape[1]), ("k", k.shape[0] * k.shape[1]))
     for name, n in rows:
-        if torch.compiler.is_compiling() or not isinstance(n, int):
+        if torch.compiler.is_compiling() or isinstance(n, torch.SymInt):
             # traced: a data-dependent count (jagged inputs) is checked when the graph runs
             torch._check(n <= MAX_ROWS, lambda: f"{name} has more than 2^31 - 1 rows (tokens)")
         elif n > MAX_ROWS:
