@@ -5,6 +5,7 @@ Public API:
   check_errors          raise if a kernel saw a segment that broke its contract
   build_info            what this install was built with
   nn.TargetAttention    target-attention module for recommendation models, on the op
+  jagged                torchrec JaggedTensor / lengths-only / int64-offset inputs: the op's adapter
   thd                   context-parallel helpers for packed variable-length (THD) tensors
   reference             float64 reference attention (THD, masks, GQA): the test oracle
   attention             varlen THD attention (causal, sliding window, chunked, padded)
@@ -21,7 +22,7 @@ from . import _logging
 
 _logging.configure_from_env()  # before _ext loads the extension, so its report can show
 
-from . import _ext, nn, reference, thd, tuning  # noqa: E402
+from . import _ext, jagged, nn, reference, thd, tuning  # noqa: E402
 from .errors import SmallSeqContractError, check_errors  # noqa: E402
 from .small_seq import fused_attn_small_seq  # noqa: E402
 from . import cp  # noqa: E402
@@ -56,6 +57,7 @@ __all__ = [
     "fused_attn_small_seq",
     "nn",
     "gather_from_cp",
+    "jagged",
     "reference",
     "shard_for_cp",
     "thd",

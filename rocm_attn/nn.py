@@ -11,6 +11,7 @@ from torch import nn
 
 from ._checks import is_int
 from . import _ext, errors
+from .jagged import target_attention_inputs
 from .small_seq import KERNEL_DTYPES, KERNEL_HEAD_DIMS, fused_attn_small_seq
 
 log = logging.getLogger("rocm_attn")
@@ -34,9 +35,11 @@ class TargetAttention(nn.Module):
       which is given once per user and projected once per user (not once per candidate).
 
     Histories come padded (``[users, s, e_kv]`` plus ``seqlens [users]``), packed
-    (``[total, e_kv]`` plus ``cu_seqlens [users+1]``) or as a ``torch.nested`` jagged tensor
-    (``layout=torch.jagged``, ``[users, j, e_kv]``; its values and offsets are used without a
-    copy). Offsets and lengths are int32 or int64. The attention is one
+    (``[total, e_kv]`` plus ``cu_seqlens [users+1]``, or plus lengths only, ``lengths
+    [users]``), as a ``torch.nested`` jagged tensor (``layout=torch.jagged``, ``[users, j,
+    e_kv]``) or as a torchrec ``JaggedTensor`` (values with offsets or lengths); values and
+    offsets are used without a copy. Offsets and lengths are int32 or int64 (FBGEMM's int64
+    offsets as they are). The attention is one
     :func:`rocm_attn.fused_attn_small_seq` call (GPU kernels where present, torch path
     elsewhere).
 
@@ -104,7 +107,8 @@ class TargetAttention(nn.Module):
                 cu_seqlens: Optional[torch.Tensor] = None,
                 candidate_offsets: Optional[torch.Tensor] = None,
                 max_seqlen_kv: Optional[int] = None,
-                max_candidates: Optional[int] = None) -> torch.Tensor:
+                max_candidates: Optional[int] = None,
+                lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Attend each candidate to its user's history; returns ``[rows of candidate, embed_dim]``.
 
         History (one of):
@@ -144,7 +148,14 @@ class TargetAttention(nn.Module):
         (``rocm_attn.check_errors()``; env ``ROCM_ATTN_VALIDATE=1`` raises at the call). When
         the bounds come from the data, the offsets are on the host anyway, and rows outside
         every user raise ValueError at the call.
+
+        Jagged inputs (rocm_attn/jagged.py; torchrec is never imported): ``history`` a torchrec
+        ``JaggedTensor`` (values ``[total, e_kv]`` with offsets or lengths); packed rows
+        ``[total, e_kv]`` with ``lengths [users]`` instead of cu_seqlens; ``candidate`` a
+        ``JaggedTensor`` of a request's candidates (its offsets are ``candidate_offsets``).
         """
+        candidate, history, seqlens, cu_seqlens, candidate_offsets = target_attention_inputs(
+            candidate, history, seqlens, cu_seqlens, lengths, candidate_offsets)
         nested = isinstance(history, torch.Tensor) and history.is_nested
         if nested:
             if seqlens is not None or cu_seqlens is not None:

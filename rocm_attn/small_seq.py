@@ -61,7 +61,9 @@ def _check_tensor(name: str, t, rank: int, shape_doc: str) -> None:
         raise ValueError(f"{name} must be {shape_doc}, got shape {tuple(t.shape)}")
     if t.dtype not in TORCH_PATH_DTYPES:
         raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
-    if t.numel() and t.stride(-1) != 1:
+    # stride first: with a data-dependent row count (jagged inputs under export) the row count
+    # cannot be guarded on, and a contiguous head dim needs no look at it
+    if t.stride(-1) != 1 and t.numel():
         raise ValueError(f"{name} must have a contiguous last (head) dim, got strides {t.stride()}")
 
 
@@ -145,7 +147,10 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, ma
         _check_index("seqlens_kv", seqlens_kv, batch, q.device)
         rows = (("q", q.shape[0] * q.shape[1]), ("k", k.shape[0] * k.shape[1]))
     for name, n in rows:
-        if n > MAX_ROWS:
+        if torch.compiler.is_compiling() or isinstance(n, torch.SymInt):
+            # traced: a data-dependent count (jagged inputs) is checked when the graph runs
+            torch._check(n <= MAX_ROWS, lambda: f"{name} has more than 2^31 - 1 rows (tokens)")
+        elif n > MAX_ROWS:
             raise ValueError(f"{name} has {n} rows (tokens); at most 2^31 - 1 are supported")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")

@@ -49,6 +49,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import errors
 
@@ -137,9 +138,18 @@ def _gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """x[rows] for int64 rows of any shape (clamped into x; zeros when x has no row), as one
     index_select (cheaper than advanced indexing on the CPU)."""
     shape = tuple(rows.shape) + tuple(x.shape[1:])
-    if x.shape[0] == 0:
+    n = x.shape[0]
+    # traced by dynamo / torch.export, else an int (or, under the legacy ONNX exporter, a traced
+    # size: a tensor that reads as a bool)
+    symbolic = torch.compiler.is_compiling() or isinstance(n, torch.SymInt)
+    if statically_known_true(n == 0) if symbolic else n == 0:
         return x.new_zeros(shape)
-    return x.index_select(0, rows.reshape(-1)).view(shape)
+    if statically_known_true(n != 0) if symbolic else True:
+        return x.index_select(0, rows.reshape(-1)).view(shape)
+    # A row count nothing decides (data-dependent: jagged inputs under torch.export): a zero
+    # row appended serves an empty x too (its rows are clamped to 0), with no guard on it.
+    padded = torch.cat([x, x.new_zeros((1,) + tuple(x.shape[1:]))])
+    return padded.index_select(0, rows.reshape(-1)).view(shape)
 
 
 def _fold_heads(qp: torch.Tensor, h_kv: int) -> torch.Tensor:

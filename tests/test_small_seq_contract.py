@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 import sys
 from typing import List
 
@@ -379,3 +380,25 @@ def test_head_dim_zero_is_a_value_error(layout):
     for scale in (None, 0.5):
         with pytest.raises(ValueError, match="head dim"):
             fused_attn_small_seq(*args, max_seqlen_kv=4, softmax_scale=scale, **kw)
+
+
+def test_counter_first_made_under_inference_mode_serves_later_calls():
+    """A process whose first torch-path call runs under torch.inference_mode (a server's first
+    request) keeps counting in calls outside it, and check_errors still reads the count."""
+    code = """
+import torch, rocm_attn
+q, k = torch.randn(2, 1, 8), torch.randn(3, 1, 8)
+cu_q, cu_kv = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 3])
+with torch.inference_mode():
+    rocm_attn.fused_attn_small_seq(q, k, k, cu_q, cu_kv, max_seqlen_kv=2)
+out = rocm_attn.fused_attn_small_seq(q, k, k, cu_q, cu_kv, max_seqlen_kv=1)  # user 1 has 2 keys
+assert torch.isnan(out[1]).all() and torch.isfinite(out[0]).all()
+try:
+    rocm_attn.check_errors()
+except rocm_attn.SmallSeqContractError:
+    pass
+else:
+    raise AssertionError("the contract error was not counted")
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)

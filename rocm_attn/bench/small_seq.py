@@ -64,6 +64,25 @@ CASES = {
     "gqa_h8_hkv2_d256_kv16": (8, 2, 256, 16),
 }
 L2_ROTATION_BYTES = 512 * 2**20
+DEFAULT_BATCH = 30720
+CPU_REPS = 5
+# The modes of this suite, and the mode-specific flags each reads (argparse dest -> modes);
+# --json, --cases, --seed and --no-progress apply to all four.
+MODE_NAMES = {"grid": "the GPU case grid", "ranking": "--ranking (GPU)",
+              "ragged": "--ranking --ragged (GPU)", "cpu": "--device cpu"}
+MODE_FLAGS = {
+    "batch": ("grid",),
+    "dtype": ("grid", "ranking"),
+    "no_anchors": ("grid", "ranking", "ragged"),
+    "ab": ("grid", "ranking"),
+    "plot": ("grid",),
+    "fwd_only": ("ranking", "ragged"),
+    "ragged": ("ragged",),
+    "list": ("ragged",),
+    "clock": ("ragged",),
+    "threads": ("cpu",),
+    "reps": ("cpu",),
+}
 # Timed single calls behind every eager median. NOTE: 10 left the median of the smallest case
 # (h1 d128 kv4, 40-50 us a call, host-bound) 15-25% apart between runs on one H200 machine.
 EAGER_REPS = 30
@@ -235,8 +254,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--batch", type=int, default=30720)
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--batch", type=int, help="GPU case grid: segments per case (default "
+                        f"{DEFAULT_BATCH})")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16"],
+                        help="GPU: kernel dtype (default bfloat16; the CPU rows are float32)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-anchors", action="store_true", help="time only our kernels (quick A/B runs)")
     parser.add_argument("--ab", action="append", default=[], metavar="NAME=VALUE",
@@ -253,7 +274,7 @@ def main(argv=None) -> int:
                              f"{', '.join(DEFAULT_CPU_CASES)})")
     parser.add_argument("--threads", type=int, help="CPU: torch intra-op threads (1 also "
                         "reports the calling thread's CPU time)")
-    parser.add_argument("--reps", type=int, default=5, help="CPU: timed calls per case")
+    parser.add_argument("--reps", type=int, help=f"CPU: timed calls per case (default {CPU_REPS})")
     parser.add_argument("--fwd-only", action="store_true",
                         help="--ranking: time the forward only (quick A/B runs)")
     parser.add_argument("--ranking", action="store_true",
@@ -266,28 +287,29 @@ def main(argv=None) -> int:
     parser.add_argument("--list", action="store_true",
                         help="--ragged: print the rows (drawn sizes, floors at H200 rates, "
                              "padded bytes) and exit; no GPU needed")
-    parser.add_argument("--clock", choices=["auto", "graph", "eager"], default="auto",
+    parser.add_argument("--clock", choices=["auto", "graph", "eager"],
                         help="--ragged: auto times a row's columns by graph replay where all of "
                              "them capture, else all eagerly; graph / eager force one clock")
     args = parser.parse_args(argv)
+    _check_mode_flags(parser, args)
     check_plot_arg(parser, args.plot)
-    if args.ragged and (not args.ranking or args.device == "cpu"):
-        parser.error("--ragged is a GPU ranking run: use --ranking --ragged")
-    if args.list and not args.ragged:
-        parser.error("--list lists the ragged rows: use --ranking --ragged --list")
+    args.batch = args.batch or DEFAULT_BATCH
+    args.dtype = args.dtype or "bfloat16"
+    args.reps = args.reps or CPU_REPS
     if args.list:
         from .small_seq_ragged import list_rows
 
         return list_rows(None if args.cases == ",".join(CASES) else args.cases, args.seed)
     if args.device == "cpu":
         return _main_cpu(args)
-    if not require_gpu("small-seq"):
+    if not require_gpu("small-seq", cpu_alternative="rocm-attn bench small-seq --device cpu"):
         return 1
     if args.ragged:
         from .small_seq_ragged import main_ragged
 
         if args.cases == ",".join(CASES):
             args.cases = None  # the default: every ragged row
+        args.clock = args.clock or "auto"
         return main_ragged(args, sys.argv[1:] if argv is None else argv)
     if args.ranking:
         return _main_ranking(args)
@@ -331,6 +353,30 @@ def main(argv=None) -> int:
     if args.plot:
         print(f"plot: {plot_report(report, args.plot)}")
     return 0
+
+
+def _mode(args) -> str:
+    if args.device == "cpu":
+        return "cpu"
+    if args.ranking:
+        return "ragged" if args.ragged else "ranking"
+    return "grid"
+
+
+def _check_mode_flags(parser: argparse.ArgumentParser, args) -> None:
+    """A flag the chosen mode does not read is a usage error (exit 2), never silently dropped:
+    each mode's flags are listed in MODE_FLAGS."""
+    mode = _mode(args)
+    if args.ranking and args.device == "cpu":
+        parser.error("--ranking times the GPU kernels; with --device cpu the rows are "
+                     f"{', '.join(CPU_CASES)} (choose with --cases)")
+    for dest, modes in MODE_FLAGS.items():
+        value = getattr(args, dest)
+        if value in (None, False, []) or mode in modes:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        used = " and ".join(MODE_NAMES[m] for m in modes)
+        parser.error(f"{flag} is not used by {MODE_NAMES[mode]}; it applies to {used}")
 
 
 def _main_cpu(args) -> int:
