@@ -408,8 +408,8 @@ def _flag_users(out: torch.Tensor, bad_users: Optional[torch.Tensor],
         # no user at all: every candidate row is outside, one broken contract
         counted = outside.any().view(1)
     errors.record_torch_path_errors(counted)
-    if n == 0:
-        return out
+    # NOTE: no early return for n == 0: under torch.export n may be a data-dependent size,
+    # and every op below is empty-safe
     nan_rows = outside
     if users and bad_users is not None:
         # user of each candidate row: the number of users u >= 1 whose rows start at or before it

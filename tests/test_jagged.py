@@ -71,8 +71,9 @@ def _problem(seed, users=6, e=32, max_hist=12, max_cand=5, dtype=torch.float64):
 
 def _module(seed=0, e=32, num_kv_heads=2, dtype=torch.float64):
     torch.manual_seed(seed)
+    # both bounds given, as traced and exported modules need them (_problem's largest counts)
     return TargetAttention(e, num_heads=4, num_kv_heads=num_kv_heads, max_seqlen_kv=12,
-                           dtype=dtype)
+                           max_candidates=5, dtype=dtype)
 
 
 @pytest.mark.parametrize("lengths_dtype", [torch.int32, torch.int64])
