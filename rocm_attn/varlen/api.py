@@ -21,7 +21,7 @@ from . import formats
 from .bands import MaskSpec, Segment
 from .calls import backward_calls, forward_calls
 from .checks import check_qkv, check_seq_args
-from .max_logit import combine, step_max_logit
+from .max_logit import call_max_logit, combine
 from .meta import StepMeta
 from .pieces import whole_sequence_metas
 
@@ -141,7 +141,10 @@ def attention(
     return_max_logit : bool
         Also return, last, the per-head maximum of the scaled logits ``softmax_scale * q.k``
         over the pairs the mask allows: float32 ``[h_q]`` (``-inf`` for a head with none),
-        not differentiable, no host sync (one extra blocked pass, ``rocm_attn.varlen.max_logit``).
+        not differentiable, no host sync. ``torch_flash``: the flash call once more at
+        ``softmax_scale * 2^16``, read from its LSE (over by at most
+        ``ln(max_seqlen_kv) / 2^16`` plus float32 rounding; ``+inf`` past ``|max logit|``
+        ~11,000); ``reference``: an exact blocked pass (``rocm_attn.varlen.max_logit``).
     qkv_format : str
         ``"thd"`` (default), ``"bshd"`` or ``"sbhd"``.
     backend : str
@@ -217,8 +220,8 @@ def attention(
         out, lse = _attention_fwd(q, k, v, *args)
         # not differentiable: detached inputs keep the op out of the autograd graph (an op
         # output that required grad would need a backward formula)
-        max_logit = (_attention_max_logit(q.detach(), k.detach(), *args, square)
-                     if return_max_logit else None)
+        max_logit = (_attention_max_logit(q.detach(), k.detach(), v.detach(), *args,
+                                          square) if return_max_logit else None)
     else:
         metas = _metas(q, k, *args[:11])
         out, lse = _VarlenAttnFunc.apply(q, k, v, metas, step_backend, float(softmax_scale))
@@ -226,8 +229,8 @@ def attention(
         if return_max_logit:
             with torch.no_grad():
                 for meta in metas:
-                    max_logit = combine(max_logit, step_max_logit(
-                        q, k, meta, float(softmax_scale), square))
+                    max_logit = combine(max_logit, call_max_logit(
+                        step_backend, q, k, v, meta, float(softmax_scale), square))
     if qkv_format != "thd":
         out = formats.from_thd(out, qkv_format, b, s_q)
         lse = formats.lse_from_thd(lse, qkv_format, b, s_q)
@@ -333,20 +336,21 @@ _attention_fwd.register_autograd(_attention_backward, setup_context=_attention_s
 
 
 @torch.library.custom_op("rocm_attn_torch_path::attention_max_logit", mutates_args=(),
-                         schema=f"(Tensor q, Tensor k, {_ARGS_AFTER_QKV}, bool square) "
-                                "-> Tensor")
-def _attention_max_logit(q: torch.Tensor, k: torch.Tensor, cu_q: torch.Tensor,
-                         cu_kv: torch.Tensor, cu_q_p: Optional[torch.Tensor],
+                         schema=f"(Tensor q, Tensor k, Tensor v, {_ARGS_AFTER_QKV}, "
+                                "bool square) -> Tensor")
+def _attention_max_logit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         cu_q: torch.Tensor, cu_kv: torch.Tensor, cu_q_p: Optional[torch.Tensor],
                          cu_kv_p: Optional[torch.Tensor], max_q: int, max_kv: int, causal: bool,
                          top_left: bool, left: int, right: int, chunk_size: Optional[int],
                          scale: float, backend: str, square: bool) -> torch.Tensor:
     best = None
+    step_backend = resolve_backend(backend, q)
     for meta in _metas(q, k, cu_q, cu_kv, cu_q_p, cu_kv_p, max_q, max_kv, causal, top_left,
                        left, right, chunk_size):
-        best = combine(best, step_max_logit(q, k, meta, scale, square))
+        best = combine(best, call_max_logit(step_backend, q, k, v, meta, scale, square))
     return best
 
 
 @_attention_max_logit.register_fake
-def _attention_max_logit_fake(q, k, *rest):
+def _attention_max_logit_fake(q, k, v, *rest):
     return q.new_empty((q.shape[1],), dtype=torch.float32)
