@@ -48,7 +48,7 @@ class A2AAttnFunc(torch.autograd.Function):
             # (whose causal pieces start queries and keys together)
             square = plan.top_left or plan.cu_seqlens_q is plan.cu_seqlens_kv
             for m in meta:
-                part = combine(part, call_max_logit(plan.backend, q_h, k_h, v_h, m,
+                part = combine(part, call_max_logit(plan.backend, q_h, k_h, m,
                                                     plan.softmax_scale, square))
             max_logit[plan.rank * hb:(plan.rank + 1) * hb] = part
         out_h = out_h.to(q.dtype)

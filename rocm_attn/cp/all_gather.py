@@ -47,7 +47,7 @@ def all_gather_forward(q, k, v, plan: CPPlan):
         if plan.return_max_logit:
             q_m = q if meta.packed_kv_rows is not None else layouts.select_rows(
                 q, meta.q_layout, cu_q)
-            max_logit = combine(max_logit, call_max_logit(plan.backend, q_m, k_g, v_g, meta,
+            max_logit = combine(max_logit, call_max_logit(plan.backend, q_m, k_g, meta,
                                                           plan.softmax_scale))
         if meta.packed_kv_rows is not None:  # pieces: merge (several may cover one row)
             packed.forward_into(out, lse, plan.backend, q, k_g, v_g, meta, plan.softmax_scale,

@@ -59,9 +59,8 @@ def step_max_logits(plan: CPPlan, q, kv, step: int, acc):
     for meta in ring_step_metas(plan, step):
         q_s = layouts.select_rows(q, meta.q_layout, cu_q)
         k_s = layouts.select_rows(kv[0], meta.kv_layout, cu_kv)
-        v_s = layouts.select_rows(kv[1], meta.kv_layout, cu_kv)
         # the causal diagonal step: local q against the same sequences' local kv
-        acc = combine(acc, call_max_logit(plan.backend, q_s, k_s, v_s, meta, plan.softmax_scale,
+        acc = combine(acc, call_max_logit(plan.backend, q_s, k_s, meta, plan.softmax_scale,
                                           square=meta.kind == "diagonal"))
     return acc
 

@@ -220,8 +220,8 @@ def attention(
         out, lse = _attention_fwd(q, k, v, *args)
         # not differentiable: detached inputs keep the op out of the autograd graph (an op
         # output that required grad would need a backward formula)
-        max_logit = (_attention_max_logit(q.detach(), k.detach(), v.detach(), *args,
-                                          square) if return_max_logit else None)
+        max_logit = (_attention_max_logit(q.detach(), k.detach(), *args, square)
+                     if return_max_logit else None)
     else:
         metas = _metas(q, k, *args[:11])
         out, lse = _VarlenAttnFunc.apply(q, k, v, metas, step_backend, float(softmax_scale))
@@ -230,7 +230,7 @@ def attention(
             with torch.no_grad():
                 for meta in metas:
                     max_logit = combine(max_logit, call_max_logit(
-                        step_backend, q, k, v, meta, float(softmax_scale), square))
+                        step_backend, q, k, meta, float(softmax_scale), square))
     if qkv_format != "thd":
         out = formats.from_thd(out, qkv_format, b, s_q)
         lse = formats.lse_from_thd(lse, qkv_format, b, s_q)
@@ -336,10 +336,10 @@ _attention_fwd.register_autograd(_attention_backward, setup_context=_attention_s
 
 
 @torch.library.custom_op("rocm_attn_torch_path::attention_max_logit", mutates_args=(),
-                         schema=f"(Tensor q, Tensor k, Tensor v, {_ARGS_AFTER_QKV}, "
-                                "bool square) -> Tensor")
-def _attention_max_logit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         cu_q: torch.Tensor, cu_kv: torch.Tensor, cu_q_p: Optional[torch.Tensor],
+                         schema=f"(Tensor q, Tensor k, {_ARGS_AFTER_QKV}, bool square) "
+                                "-> Tensor")
+def _attention_max_logit(q: torch.Tensor, k: torch.Tensor, cu_q: torch.Tensor,
+                         cu_kv: torch.Tensor, cu_q_p: Optional[torch.Tensor],
                          cu_kv_p: Optional[torch.Tensor], max_q: int, max_kv: int, causal: bool,
                          top_left: bool, left: int, right: int, chunk_size: Optional[int],
                          scale: float, backend: str, square: bool) -> torch.Tensor:
@@ -347,10 +347,10 @@ def _attention_max_logit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     step_backend = resolve_backend(backend, q)
     for meta in _metas(q, k, cu_q, cu_kv, cu_q_p, cu_kv_p, max_q, max_kv, causal, top_left,
                        left, right, chunk_size):
-        best = combine(best, call_max_logit(step_backend, q, k, v, meta, scale, square))
+        best = combine(best, call_max_logit(step_backend, q, k, meta, scale, square))
     return best
 
 
 @_attention_max_logit.register_fake
-def _attention_max_logit_fake(q, k, v, *rest):
+def _attention_max_logit_fake(q, k, *rest):
     return q.new_empty((q.shape[1],), dtype=torch.float32)

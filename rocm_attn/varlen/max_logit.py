@@ -230,21 +230,21 @@ def rows_with_keys(cu_q: torch.Tensor, cu_kv: torch.Tensor, rows: int, causal: b
     return live & (hi >= lo)
 
 
-def sharpened_step_max_logit(backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             meta: StepMeta, scale: float) -> torch.Tensor:
+def sharpened_step_max_logit(backend, q: torch.Tensor, k: torch.Tensor, meta: StepMeta,
+                             scale: float) -> torch.Tensor:
     """float32 ``[h_q]`` max logit of one call from the backend's own flash call at
-    ``scale * TEMPERATURE`` (``backend.packed_lse``; ``v`` is read, its product discarded)."""
-    lse_t = backend.packed_lse(q, k, v, meta, scale * TEMPERATURE)
+    ``scale * TEMPERATURE`` (``backend.packed_lse``)."""
+    lse_t = backend.packed_lse(q, k, meta, scale * TEMPERATURE)
     keys = rows_with_keys(meta.cu_seqlens_q, meta.cu_seqlens_kv, lse_t.shape[1],
                           meta.attn_mask_type == "causal", tuple(meta.window_size))
     return max_logit_from_sharpened_lse(lse_t, keys)
 
 
-def call_max_logit(backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta,
-                   scale: float, square: bool = False) -> torch.Tensor:
+def call_max_logit(backend, q: torch.Tensor, k: torch.Tensor, meta: StepMeta, scale: float,
+                   square: bool = False) -> torch.Tensor:
     """float32 ``[h_q]`` max logit of one call of ``backend``: the sharpened-LSE pass where the
     backend runs flash kernels (it has ``packed_lse``), else the exact blocked pass
     (:func:`step_max_logit`; ``square`` as there)."""
     if getattr(backend, "packed_lse", None) is not None:
-        return sharpened_step_max_logit(backend, q, k, v, meta, scale)
+        return sharpened_step_max_logit(backend, q, k, meta, scale)
     return step_max_logit(q, k, meta, scale, square)
