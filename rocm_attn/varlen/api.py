@@ -209,7 +209,7 @@ def attention(
     equal = formats.lengths_equal(cu_seqlens_q, cu_seqlens_kv, by_value)
     # a top-left mask is a bottom-right one where every sequence has as many queries as keys
     tl = formats.causal_top_left(mask_type) and not equal
-    # the max_logit pass stops causal blocks at the diagonal where every call has as many
+    # the exact max_logit pass stops causal blocks at the diagonal where every call has as many
     # queries as keys: equal lengths, or top-left (its causal pieces start both together)
     square = equal or tl
 
