@@ -545,7 +545,8 @@ def _sharpened_max_logit(v, backend, q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_
                                     max_seqlen_q, max_seqlen_kv, scale_t, qkv_layout, False,
                                     True, backend)
     lse = outputs[1]
-    return max_logit_from_sharpened_lse(lse, lse != float("-inf"))
+    # a row's LSE is -inf in every head or in none (keys are per segment)
+    return max_logit_from_sharpened_lse(lse, (lse != float("-inf")).any(dim=0))
 
 
 def _max_logit(q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,

@@ -95,6 +95,8 @@ def test_from_sharpened_lse_masks_rows_and_propagates_overflow():
     assert nan_row[0].isnan()  # NaN at a row with keys is never hidden
     empty = max_logit_from_sharpened_lse(lse[:, :0], keys[:0], t)
     assert empty.shape == (2,) and torch.isneginf(empty).all()
+    with pytest.raises(ValueError, match="has_keys"):
+        max_logit_from_sharpened_lse(lse, lse != float("-inf"), t)  # a per-head mask
 
 
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (2, 0)),
@@ -222,3 +224,25 @@ def test_gpu_small_seq_max_logit_sharpened(lens_q, lens_kv, max_kv, d):
     assert ml.dtype == torch.float32 and ml.shape == (8,) and not ml.isnan().any()
     tol = sharpened_error_bound(max_kv, ref.abs().max().item()) + 1e-5 * (1 + ref.abs())
     assert ((ml.cpu().double() - ref).abs() <= tol).all(), (ml, ref)
+
+
+@pytest.mark.parametrize("one_query", [False, True])
+def test_small_seq_sharpened_glue_on_the_torch_path(one_query):
+    """fused_attn_small_seq's GPU max_logit (the call's path again at scale * T, its LSE read
+    with -inf rows dropped), run here through the CPU torch path: THD padding rows past the
+    last segment and a segment without keys drop out; within the bound of the float64 oracle."""
+    from rocm_attn.small_seq import _sharpened_max_logit
+
+    g = torch.Generator().manual_seed(9)
+    cq = (torch.arange(4, dtype=torch.int32) if one_query
+          else torch.tensor([0, 2, 2, 5], dtype=torch.int32))
+    ck = torch.tensor([0, 7, 9, 9], dtype=torch.int32)
+    pad = 0 if one_query else 2  # THD padding rows after the last segment
+    q = torch.randn(int(cq[-1]) + pad, 4, 32, generator=g) * 3
+    k, v = (torch.randn(9, 2, 32, generator=g) for _ in range(2))
+    ml = _sharpened_max_logit(v, "torch", q, k, cq, ck, None, 1 if one_query else 3, 7, None,
+                              "thd_thd_thd")
+    ref = reference_max_logit(q.double(), k.double(), cq, ck, "no_mask")
+    assert ml.dtype == torch.float32 and ml.shape == (4,) and not ml.isnan().any()
+    tol = sharpened_error_bound(7, ref.abs().max().item()) + 1e-6 * (1 + ref.abs())
+    assert ((ml.double() - ref).abs() <= tol).all(), (ml, ref)

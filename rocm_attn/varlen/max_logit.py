@@ -191,6 +191,9 @@ def max_logit_from_sharpened_lse(lse_t: torch.Tensor, has_keys: torch.Tensor,
     ``[h, rows]``, ``has_keys`` bool ``[rows]`` the rows that see at least one key (others,
     padding and garbage included, are ignored). ``max_rows lse_t / temperature``; ``-inf`` with
     no such row; a non-finite LSE at a row with keys (overflow) propagates (``+inf`` / NaN)."""
+    if lse_t.dim() != 2 or has_keys.shape != lse_t.shape[1:]:
+        raise ValueError(f"lse_t must be [h, rows] and has_keys [rows], got "
+                         f"{tuple(lse_t.shape)} and {tuple(has_keys.shape)}")
     x = lse_t.float() / temperature
     x = torch.where(has_keys.unsqueeze(0), x, torch.full_like(x, float("-inf")))
     if x.shape[1] == 0:
