@@ -485,8 +485,11 @@ def fused_attn_small_seq(
 
     return_max_logit : also return, last, the per-head maximum of the scaled logits over every
         segment's (query, key) pairs: float32 ``[h_q]``, ``-inf`` for a head with none; not
-        differentiable, no host sync. Every path computes it with one extra blocked pass
-        (``rocm_attn.varlen.max_logit``) over the same segments; the kernels do not write it.
+        differentiable, no host sync. On a GPU the call's own path runs once more at
+        ``softmax_scale * 2^16`` and the maximum is read from that LSE (the sharpened-LSE pass
+        of ``rocm_attn.varlen.max_logit``: at most ``ln(max_seqlen_kv) / 2^16`` above the exact
+        value, plus float32 rounding; ``+inf`` past ``|max logit|`` ~11,000); on the CPU an
+        exact blocked pass over the same segments.
 
     Returns
     -------
@@ -514,9 +517,34 @@ def fused_attn_small_seq(
         errors.check_call_errors()
     result = (out,) + ((lse,) if return_lse else ()) + ((probs,) if return_softmax else ())
     if return_max_logit:
-        result += (_max_logit(q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
-                              max_seqlen_kv, softmax_scale, qkv_layout),)
+        args = (q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,
+                softmax_scale, qkv_layout)
+        result += ((_sharpened_max_logit(v, backend, *args) if q.is_cuda
+                    else _max_logit(*args)),)
     return result[0] if len(result) == 1 else result
+
+
+def _sharpened_max_logit(v, backend, q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                         max_seqlen_q, max_seqlen_kv, softmax_scale, qkv_layout) -> torch.Tensor:
+    """float32 ``[h_q]`` max logit on a GPU: the call's own path once more at
+    ``softmax_scale * TEMPERATURE`` with its LSE (the sharpened-LSE pass of
+    :mod:`rocm_attn.varlen.max_logit`: at most ``ln(max_seqlen_kv) / T`` above the exact
+    maximum, plus float32 rounding). Rows without keys and padding rows have LSE ``-inf`` and
+    drop out; a contract-breaking segment's NaN rows propagate (and it is counted again)."""
+    from .varlen.max_logit import TEMPERATURE, max_logit_from_sharpened_lse
+
+    scale_t = _scale(q, softmax_scale) * TEMPERATURE
+    with torch.no_grad():
+        outputs = _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                                     max_seqlen_q, max_seqlen_kv, scale_t, qkv_layout, False,
+                                     backend)
+        if outputs is None:
+            outputs = _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                                    max_seqlen_q, max_seqlen_kv, scale_t, qkv_layout, False,
+                                    True, backend)
+    lse = outputs[1]
+    # a row's LSE is -inf in every head or in none (keys are per segment)
+    return max_logit_from_sharpened_lse(lse, (lse != float("-inf")).any(dim=0))
 
 
 def _max_logit(q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,

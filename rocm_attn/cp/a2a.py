@@ -16,7 +16,7 @@ import torch
 from ..second_derivative import no_second_derivative
 from ..varlen.backends import accum_dtype
 from ..varlen.calls import backward_calls, forward_calls
-from ..varlen.max_logit import combine, step_max_logit
+from ..varlen.max_logit import call_max_logit, combine
 from . import comm
 from .steps import CPPlan, a2a_step_metas
 
@@ -48,7 +48,8 @@ class A2AAttnFunc(torch.autograd.Function):
             # (whose causal pieces start queries and keys together)
             square = plan.top_left or plan.cu_seqlens_q is plan.cu_seqlens_kv
             for m in meta:
-                part = combine(part, step_max_logit(q_h, k_h, m, plan.softmax_scale, square))
+                part = combine(part, call_max_logit(plan.backend, q_h, k_h, m,
+                                                    plan.softmax_scale, square))
             max_logit[plan.rank * hb:(plan.rank + 1) * hb] = part
         out_h = out_h.to(q.dtype)
         lse_h = lse_h.to(accum_dtype(q.dtype))

@@ -19,7 +19,7 @@ import torch
 from .. import thd
 from ..varlen import packed
 from ..varlen.backends import accum_dtype
-from ..varlen.max_logit import combine, step_max_logit
+from ..varlen.max_logit import call_max_logit, combine
 from . import comm, layouts
 from .autograd import make_cp_function
 from .steps import CPPlan, all_gather_step_metas, uses_packed_steps
@@ -47,7 +47,8 @@ def all_gather_forward(q, k, v, plan: CPPlan):
         if plan.return_max_logit:
             q_m = q if meta.packed_kv_rows is not None else layouts.select_rows(
                 q, meta.q_layout, cu_q)
-            max_logit = combine(max_logit, step_max_logit(q_m, k_g, meta, plan.softmax_scale))
+            max_logit = combine(max_logit, call_max_logit(plan.backend, q_m, k_g, meta,
+                                                          plan.softmax_scale))
         if meta.packed_kv_rows is not None:  # pieces: merge (several may cover one row)
             packed.forward_into(out, lse, plan.backend, q, k_g, v_g, meta, plan.softmax_scale,
                                 first=fresh)

@@ -199,8 +199,11 @@ def attn_with_cp(
         Also return, last, the per-head maximum of the scaled logits over the (query, key)
         pairs the mask allows across the whole CP group: float32 ``[h_q]``, the same on every
         rank (a ``MAX`` all-reduce over the group), ``-inf`` for a head with none; padding
-        rows never count; not differentiable; no host sync (one extra blocked pass per
-        attention call, ``rocm_attn.varlen.max_logit``).
+        rows never count; not differentiable; no host sync. One extra pass per attention
+        call (``rocm_attn.varlen.max_logit``): ``torch_flash`` steps run their flash call once
+        more at ``softmax_scale * 2^16`` and read the LSE (over by at most
+        ``ln(max_seqlen_kv) / 2^16`` plus float32 rounding), ``reference`` steps an exact
+        blocked pass.
     qkv_format : str
         ``"thd"`` (default), ``"bshd"`` (``[b, s/cp, h, d]``) or ``"sbhd"``
         (``[s/cp, b, h, d]``): every rank holds chunks ``rank`` and ``2cp-1-rank`` of the

@@ -39,7 +39,7 @@ import torch
 
 from ..varlen import packed
 from ..varlen.backends import accum_dtype
-from ..varlen.max_logit import combine, step_max_logit
+from ..varlen.max_logit import call_max_logit, combine
 from . import comm, layouts
 from .autograd import make_cp_function
 from .steps import CPPlan, ring_step_metas, uses_direct_calls, uses_packed_steps
@@ -60,7 +60,7 @@ def step_max_logits(plan: CPPlan, q, kv, step: int, acc):
         q_s = layouts.select_rows(q, meta.q_layout, cu_q)
         k_s = layouts.select_rows(kv[0], meta.kv_layout, cu_kv)
         # the causal diagonal step: local q against the same sequences' local kv
-        acc = combine(acc, step_max_logit(q_s, k_s, meta, plan.softmax_scale,
+        acc = combine(acc, call_max_logit(plan.backend, q_s, k_s, meta, plan.softmax_scale,
                                           square=meta.kind == "diagonal"))
     return acc
 

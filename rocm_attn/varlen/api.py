@@ -21,7 +21,7 @@ from . import formats
 from .bands import MaskSpec, Segment
 from .calls import backward_calls, forward_calls
 from .checks import check_qkv, check_seq_args
-from .max_logit import combine, step_max_logit
+from .max_logit import call_max_logit, combine
 from .meta import StepMeta
 from .pieces import whole_sequence_metas
 
@@ -141,7 +141,10 @@ def attention(
     return_max_logit : bool
         Also return, last, the per-head maximum of the scaled logits ``softmax_scale * q.k``
         over the pairs the mask allows: float32 ``[h_q]`` (``-inf`` for a head with none),
-        not differentiable, no host sync (one extra blocked pass, ``rocm_attn.varlen.max_logit``).
+        not differentiable, no host sync. ``torch_flash``: the flash call once more at
+        ``softmax_scale * 2^16``, read from its LSE (over by at most
+        ``ln(max_seqlen_kv) / 2^16`` plus float32 rounding; ``+inf`` past ``|max logit|``
+        ~11,000); ``reference``: an exact blocked pass (``rocm_attn.varlen.max_logit``).
     qkv_format : str
         ``"thd"`` (default), ``"bshd"`` or ``"sbhd"``.
     backend : str
@@ -206,7 +209,7 @@ def attention(
     equal = formats.lengths_equal(cu_seqlens_q, cu_seqlens_kv, by_value)
     # a top-left mask is a bottom-right one where every sequence has as many queries as keys
     tl = formats.causal_top_left(mask_type) and not equal
-    # the max_logit pass stops causal blocks at the diagonal where every call has as many
+    # the exact max_logit pass stops causal blocks at the diagonal where every call has as many
     # queries as keys: equal lengths, or top-left (its causal pieces start both together)
     square = equal or tl
 
@@ -226,8 +229,8 @@ def attention(
         if return_max_logit:
             with torch.no_grad():
                 for meta in metas:
-                    max_logit = combine(max_logit, step_max_logit(
-                        q, k, meta, float(softmax_scale), square))
+                    max_logit = combine(max_logit, call_max_logit(
+                        step_backend, q, k, meta, float(softmax_scale), square))
     if qkv_format != "thd":
         out = formats.from_thd(out, qkv_format, b, s_q)
         lse = formats.lse_from_thd(lse, qkv_format, b, s_q)
@@ -341,9 +344,10 @@ def _attention_max_logit(q: torch.Tensor, k: torch.Tensor, cu_q: torch.Tensor,
                          top_left: bool, left: int, right: int, chunk_size: Optional[int],
                          scale: float, backend: str, square: bool) -> torch.Tensor:
     best = None
+    step_backend = resolve_backend(backend, q)
     for meta in _metas(q, k, cu_q, cu_kv, cu_q_p, cu_kv_p, max_q, max_kv, causal, top_left,
                        left, right, chunk_size):
-        best = combine(best, step_max_logit(q, k, meta, scale, square))
+        best = combine(best, call_max_logit(step_backend, q, k, meta, scale, square))
     return best
 
 

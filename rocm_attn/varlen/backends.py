@@ -317,6 +317,22 @@ class TorchFlashBackend(StepBackend):
             dk_p = dk_p + dk_l
         return dq_p, dk_p, dv_p
 
+    def packed_lse(self, q, k, meta, softmax_scale):
+        """Raw float32 LSE ``[h_q, rows]`` of the step on packed buffers: sub-sequence ``i`` at
+        rows ``[cu_seqlens_q[i], cu_seqlens_q[i+1])``; other rows, and rows with no key
+        (``+inf`` or ``-inf`` by build), are the caller's to mask. The sharpened max_logit
+        pass (:mod:`~rocm_attn.varlen.max_logit`) reads only this. The kernels have no
+        LSE-only mode and need V of q's head dim, but the LSE does not depend on V: K serves
+        as V (no V copy), the output is discarded."""
+        if meta.packed_kv_rows is not None:
+            mq, mkv = packed.step_rows(meta, q.shape[0], k.shape[0])
+            q_p, k_p = packed.gather_packed(q, mq), packed.gather_packed(k, mkv)
+        else:
+            q_p = _pack(q, meta.cu_seqlens_q, meta.cu_seqlens_q_padded)
+            k_p = _pack(k, meta.cu_seqlens_kv, meta.cu_seqlens_kv_padded)
+        k_p = k_p.contiguous()
+        return self._flash_call(q_p.contiguous(), k_p, k_p, meta, softmax_scale)[1]
+
     def forward_packed(self, q_p, k_p, v_p, meta, softmax_scale):
         return self._flash_fwd(q_p.contiguous(), k_p.contiguous(), v_p.contiguous(), meta,
                                softmax_scale)

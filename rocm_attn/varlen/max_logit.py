@@ -20,23 +20,50 @@ the tiles of as many full-length triangles as the rows fill, about half. Scores 
 float32 from the inputs, masked per element (row and key validity, causal, window) and
 max-reduced; padding rows and rows outside every sub-sequence are never read. Not
 differentiable.
+
+Backends that run torch's flash kernels (``torch_flash``) use the **sharpened-LSE pass**
+instead (:func:`sharpened_step_max_logit`), about one flash forward: the same flash call as
+the step (same sub-sequences, mask, window: right by construction) once more with
+``softmax_scale * T``, reading only its LSE. Row ``i`` with ``n_i`` visible keys and maximum
+scaled logit ``m_i`` has ``LSE_T(i) = T * m_i + ln(sum_j exp(T * (s_ij - m_i)))`` and the sum
+lies in ``[1, n_i]``, so
+
+    ``m_i <= LSE_T(i) / T <= m_i + ln(n_i) / T``
+
+and ``max_logit[h] = max_i LSE_T(i) / T`` over the rows that see a key
+(:func:`max_logit_from_sharpened_lse`). Flash subtracts the running maximum in float32, so a
+large scale does not overflow the exponentials; in float32 the LSE and the division (exact:
+``T`` is a power of two) add about ``|m| * 2^-23``. Error bound, over-estimate only (besides
+rounding): ``ln(max_seqlen_kv) / T + 4 * |m| * 2^-24`` (:func:`sharpened_error_bound`). ``T``
+(:data:`TEMPERATURE`, ``2^16``) is bounded above because the kernels compute
+``exp2(x * c - fl(m * c))`` with ``c = scale * T * log2(e)``: the rounding residual of
+``fl(m * c)``, half an ulp, is exponentiated, and once ``|m| * c`` passes ~``2^30`` the row's
+sum overflows. With ``T = 2^16`` that is ``|max logit|`` above ~11,000, where the pass returns
+``+inf`` (loud, never an under-estimate); below it the ``ln(n) / T`` term is at most
+``1.8e-4`` for 131,072 keys and ``3.3e-4`` for ``2^31``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
 
 from .meta import StepMeta
 
-__all__ = ["BLOCK_Q", "BLOCK_KV", "step_max_logit", "segments_max_logit", "combine"]
+__all__ = ["BLOCK_Q", "BLOCK_KV", "TEMPERATURE", "step_max_logit", "segments_max_logit",
+           "combine", "max_logit_from_sharpened_lse", "rows_with_keys",
+           "sharpened_step_max_logit", "sharpened_error_bound", "call_max_logit"]
 
 BLOCK_Q = 64
 BLOCK_KV = 256
 # score elements (float32) one batch of query blocks may form at once: bounds the pass's memory
 _SCORES_PER_BATCH = 1 << 26
 _INF = 1 << 40
+# the sharpening temperature of the flash pass: a power of two (dividing by it is exact); see
+# the module docstring for the bound it sets (ln(n) / T) and the overflow limit (|m| ~ 2^30 / T)
+TEMPERATURE = 2.0 ** 16
 
 
 def combine(acc: Optional[torch.Tensor], part: torch.Tensor) -> torch.Tensor:
@@ -156,3 +183,71 @@ def segments_max_logit(q: torch.Tensor, k: torch.Tensor, q_start: torch.Tensor,
         part = sc.amax(dim=(0, 3, 4)).reshape(h_q).float()
         best = torch.maximum(best, part)
     return best
+
+
+def max_logit_from_sharpened_lse(lse_t: torch.Tensor, has_keys: torch.Tensor,
+                                 temperature: float = TEMPERATURE) -> torch.Tensor:
+    """float32 ``[h]`` max logit from an LSE at ``softmax_scale * temperature``: ``lse_t``
+    ``[h, rows]``, ``has_keys`` bool ``[rows]`` the rows that see at least one key (others,
+    padding and garbage included, are ignored). ``max_rows lse_t / temperature``; ``-inf`` with
+    no such row; a non-finite LSE at a row with keys (overflow) propagates (``+inf`` / NaN)."""
+    if lse_t.dim() != 2 or has_keys.shape != lse_t.shape[1:]:
+        raise ValueError(f"lse_t must be [h, rows] and has_keys [rows], got "
+                         f"{tuple(lse_t.shape)} and {tuple(has_keys.shape)}")
+    x = lse_t.float() / temperature
+    x = torch.where(has_keys.unsqueeze(0), x, torch.full_like(x, float("-inf")))
+    if x.shape[1] == 0:
+        return x.new_full((x.shape[0],), float("-inf"))
+    return x.amax(dim=1)
+
+
+def sharpened_error_bound(max_seqlen_kv: int, max_abs_logit: float,
+                          temperature: float = TEMPERATURE) -> float:
+    """Bound of ``|sharpened - exact|`` for rows of at most ``max_seqlen_kv`` keys and logits of
+    at most ``max_abs_logit`` in magnitude (float32 LSE: ``4 * |m| * 2^-24``, ``ln(n) / T``);
+    not counting the scores' own rounding, which the call's forward shares."""
+    return math.log(max(max_seqlen_kv, 1)) / temperature + 4 * max_abs_logit * 2.0 ** -24
+
+
+def rows_with_keys(cu_q: torch.Tensor, cu_kv: torch.Tensor, rows: int, causal: bool,
+                   window: Tuple[int, int]) -> torch.Tensor:
+    """bool ``[rows]``: the packed rows (sub-sequence ``i`` at ``[cu_q[i], cu_q[i+1])``) that
+    see at least one key under a bottom-right mask (query ``r`` at ``p = r + n_kv - n_q``,
+    keys ``max(0, p - left) <= j <= min(n_kv - 1, p + right)``, ``right`` 0 when causal). On
+    the device, no sync; rows past ``cu_q[-1]`` are False."""
+    c = cu_q.long()
+    m = c.numel() - 1
+    d = torch.arange(rows, device=cu_q.device)
+    if m <= 0:
+        return torch.zeros(rows, dtype=torch.bool, device=cu_q.device)
+    seg = torch.searchsorted(c[1:].contiguous(), d, right=True)
+    live = seg < m
+    s = seg.clamp(max=m - 1)
+    nq = (c[1:] - c[:-1])[s]
+    nk = (cu_kv[1:] - cu_kv[:-1]).long()[s]
+    p = d - c[s] + nk - nq
+    left = _INF if window[0] < 0 else int(window[0])
+    right = 0 if causal else (_INF if window[1] < 0 else int(window[1]))
+    lo = (p - left).clamp(min=0)
+    hi = torch.minimum(p + right, nk - 1)
+    return live & (hi >= lo)
+
+
+def sharpened_step_max_logit(backend, q: torch.Tensor, k: torch.Tensor, meta: StepMeta,
+                             scale: float) -> torch.Tensor:
+    """float32 ``[h_q]`` max logit of one call from the backend's own flash call at
+    ``scale * TEMPERATURE`` (``backend.packed_lse``)."""
+    lse_t = backend.packed_lse(q, k, meta, scale * TEMPERATURE)
+    keys = rows_with_keys(meta.cu_seqlens_q, meta.cu_seqlens_kv, lse_t.shape[1],
+                          meta.attn_mask_type == "causal", tuple(meta.window_size))
+    return max_logit_from_sharpened_lse(lse_t, keys)
+
+
+def call_max_logit(backend, q: torch.Tensor, k: torch.Tensor, meta: StepMeta, scale: float,
+                   square: bool = False) -> torch.Tensor:
+    """float32 ``[h_q]`` max logit of one call of ``backend``: the sharpened-LSE pass where the
+    backend runs flash kernels (it has ``packed_lse``), else the exact blocked pass
+    (:func:`step_max_logit`; ``square`` as there)."""
+    if getattr(backend, "packed_lse", None) is not None:
+        return sharpened_step_max_logit(backend, q, k, meta, scale)
+    return step_max_logit(q, k, meta, scale, square)
