@@ -172,12 +172,15 @@ def occupancy(arch: str, total_vgprs: int, sgprs: int, lds: int, block: int,
     lim = ARCH_LIMITS[arch]
     max_waves = lim["max_waves"]
     granule = lim["vgpr_granule"]
-    vgpr_waves = min(max_waves, max(1, lim["vgprs"] // max(granule, -(-max(total_vgprs, 1) // granule) * granule)))
+    per_wave = -(-max(total_vgprs, 1) // granule) * granule  # rounded up to the granule
+    vgpr_waves = min(max_waves, max(1, lim["vgprs"] // per_wave))
     sgpr_waves = min(max_waves, 8 if sgprs <= 100 else 7)
     waves_per_block = -(-max(block, 1) // wave)
-    groups_cap = SIMDS_PER_CU * max_waves if waves_per_block == 1 else min(SIMDS_PER_CU * max_waves // waves_per_block, 16)
+    waves_per_cu = SIMDS_PER_CU * max_waves
+    groups_cap = waves_per_cu if waves_per_block == 1 else min(waves_per_cu // waves_per_block, 16)
     groups = lim["lds_per_cu"] // lds if lds else groups_cap
-    lds_waves = 1 if groups == 0 else min(max_waves, -(-min(groups, groups_cap) * waves_per_block // SIMDS_PER_CU))
+    resident = min(groups, groups_cap) * waves_per_block  # waves per CU
+    lds_waves = 1 if groups == 0 else min(max_waves, -(-resident // SIMDS_PER_CU))
     limits = {"VGPRs": vgpr_waves, "SGPRs": sgpr_waves, "LDS": lds_waves}
     waves = min(limits.values())
     limiter = "none" if waves == max_waves else "/".join(k for k, v in limits.items() if v == waves)
@@ -290,12 +293,12 @@ def compile_rocm_llvm(target: str, src: Path, include: Path, out_dir: Path) -> R
     for lib in DEVICE_LIBS:
         front += ["-Xclang", "-mlink-builtin-bitcode", "-Xclang", f"{libs}/{lib}.bc"]
     front += ["-Xclang", "-disable-llvm-passes", "-emit-llvm", "-c", str(src), "-o", str(bc)]
-    proc = subprocess.run(front, capture_output=True, text=True)
+    proc = subprocess.run(front, capture_output=True, text=True, check=False)
     log = proc.stdout + proc.stderr
     if proc.returncode == 0:
         back = [sys.executable, str(ROOT / "tools" / "rocm_llvm_codegen.py"), str(bc),
                 "--arch", target, "-o", str(asm)]
-        proc = subprocess.run(back, capture_output=True, text=True)
+        proc = subprocess.run(back, capture_output=True, text=True, check=False)
         log += proc.stdout + proc.stderr
     # ROCm LLVM's back-end diagnostics (e.g. a stack-size warning) are errors here as well.
     ok = proc.returncode == 0 and not re.search(r"\b(warning|error):", log)
@@ -318,7 +321,8 @@ def compile_one(target: str, src: Path, include: Path, out_dir: Path) -> Result:
     else:
         cmd = ["clang++-19", "-x", "hip", f"--offload-arch={target}", "--rocm-path=/usr",
                "-O3", "-std=c++17", "-Wall", "-Werror", "-I", str(include),
-               f"--rocm-device-lib-path={device_lib_path()}", "-Rpass-analysis=kernel-resource-usage",
+               f"--rocm-device-lib-path={device_lib_path()}",
+               "-Rpass-analysis=kernel-resource-usage",
                "-c", str(src), "-o", str(obj)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
@@ -360,11 +364,24 @@ def demangle(names: list[str]) -> dict[str, str]:
     """Mangled -> readable kernel name without its parameter list (c++filt when present)."""
     out = dict(zip(names, names))
     if names and shutil.which("c++filt"):
-        proc = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True)
+        proc = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                              check=False)
         lines = proc.stdout.splitlines()
         if len(lines) == len(names):
             out = dict(zip(names, lines))
-    return {k: re.sub(r"^(void )?(\w+::)*", "", re.sub(r"\(.*\)$", "", v)) for k, v in out.items()}
+    return {k: re.sub(r"^(void )?(\w+::)*", "", _drop_parameters(v)) for k, v in out.items()}
+
+
+def _drop_parameters(name: str) -> str:
+    """`ns::f<(E)0>(Params, int)` -> `ns::f<(E)0>`: the trailing balanced parenthesis group."""
+    if not name.endswith(")"):
+        return name
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(name[i], 0)
+        if depth == 0:
+            return name[:i]
+    return name
 
 
 TABLE_COLUMNS = ("source", "kernel", "block", "VGPR", "AGPR", "SGPR", "LDS", "scratch",
@@ -372,9 +389,9 @@ TABLE_COLUMNS = ("source", "kernel", "block", "VGPR", "AGPR", "SGPR", "LDS", "sc
 
 
 def is_empty(k: dict) -> bool:
-    """A kernel compiled to nothing here (the Hopper-only warpgroup kernels on AMD): no
-    registers at all."""
-    return k.get("vgprs") == 0 and k.get("sgprs") == 0 and not k.get("agprs")
+    """A kernel compiled to nothing here (the Hopper-only warpgroup kernels on AMD): no vector
+    register at all (any kernel that reads its thread index has v0)."""
+    return k.get("vgprs") == 0 and not k.get("agprs")
 
 
 def resource_rows(results: list[Result], target: str) -> list[tuple]:
@@ -409,19 +426,21 @@ DOC_HEADER = """# AMD kernel resources
      Regenerate after any kernel change (CI prints the same tables). -->
 
 Every kernel instance as compiled for the AMD targets, without a GPU, by
-`tools/check_kernels.py`: gfx90a through Debian's clang-19 (`-Rpass-analysis=kernel-resource-usage`),
-gfx942 and gfx950 through ROCm's own LLVM (the `rocm-llvm-python` wheel:
-`tools/rocm_llvm_codegen.py`). CI fails on any spill or scratch use on these targets.
+`tools/check_kernels.py`: gfx90a through Debian's clang-19
+(`-Rpass-analysis=kernel-resource-usage`), gfx942 and gfx950 through ROCm's own LLVM (the
+`rocm-llvm-python` wheel: `tools/rocm_llvm_codegen.py`). CI fails on any spill or scratch use on
+these targets.
 
 Columns: `block` is the launch bound (threads; `-` where the compiler report has none); VGPR are
-the architectural vector registers and AGPR the accumulation registers, which share each
-SIMD's 512-entry file (so the sum sets occupancy); SGPR are the numbered scalar registers (VCC, XNACK mask and flat scratch come on top); LDS is
-the static LDS per block in bytes (dynamic LDS, which the resident forward takes at launch, is not
-in the code object); scratch is bytes per lane (0 everywhere: no spills, no stack);
-`waves/SIMD` is the compiler's occupancy; `limit` the resource that sets it by the formula of
-`occupancy()` in tools/check_kernels.py (LLVM's rule: VGPRs `512 // round_up(VGPR rounded up to 4
-+ AGPR, 8)`, SGPRs 8 up to 100 then 7, LDS by blocks per CU with 64 KiB on gfx90a / gfx942 and
-160 KiB on gfx950; at most 8 waves per SIMD), `none` where a kernel reaches 8.
+the architectural vector registers and AGPR the accumulation registers, which share each SIMD's
+512-entry file (so the sum sets occupancy); SGPR are the numbered scalar registers (VCC, XNACK
+mask and flat scratch come on top); LDS is the static LDS per block in bytes (dynamic LDS, which
+the resident forward takes at launch, is not in the code object); scratch is bytes per lane (0
+everywhere: no spills, no stack); `waves/SIMD` is the compiler's occupancy; `limit` the resource
+that sets it by the formula of `occupancy()` in tools/check_kernels.py (LLVM's rule: VGPRs
+`512 // round_up(VGPR rounded up to 4 + AGPR, 8)`, SGPRs 8 up to 100 then 7, LDS by blocks per
+CU with 64 KiB on gfx90a / gfx942 and 160 KiB on gfx950; at most 8 waves per SIMD), `none` where
+a kernel reaches 8.
 """
 
 
@@ -448,7 +467,8 @@ def write_doc(path: Path, results: list[Result], targets: list[str]) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--targets", default=",".join(ALL_TARGETS))
-    parser.add_argument("--install", action="store_true", help="apt-get install the HIP toolchain if missing")
+    parser.add_argument("--install", action="store_true",
+                        help="apt-get install the HIP toolchain, pip install ROCm LLVM, if missing")
     parser.add_argument("--allow-spills", action="store_true")
     parser.add_argument("--json", type=Path, help="write the full per-kernel report here")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)

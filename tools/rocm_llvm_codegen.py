@@ -135,7 +135,8 @@ def codegen(bitcode: bytes, arch: str, options: list[bytes] | None = None,
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bitcode", type=Path)
     parser.add_argument("--arch", required=True, help="gfx942, gfx950, ...")
     parser.add_argument("-o", "--output", type=Path, required=True)
