@@ -8,7 +8,7 @@
 // instruction, how fragments are filled from global memory.
 //
 //   NVIDIA sm_80+ (32-lane warp): mma.sync.aligned.m16n8k16 (row.col, f32 accumulators).
-//   AMD gfx90a / gfx94x (64-lane wave): v_mfma_f32_16x16x16{bf16_1k,f16}.
+//   AMD gfx90a / gfx94x / gfx950 (64-lane wave): v_mfma_f32_16x16x16{bf16_1k,f16}.
 //   Anything else: RA_HAS_MMA is 0 and none of this exists; callers keep a scalar path.
 //
 // Operands are read straight from global memory with 16-byte loads, one read per byte and no
@@ -30,7 +30,8 @@
 #pragma once
 
 #if defined(__HIP_DEVICE_COMPILE__) && \
-    (defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__))
+    (defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || \
+     defined(__gfx950__))
 #define RA_MMA_CDNA 1
 #define RA_HAS_MMA 1
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -31,22 +31,24 @@ struct RowVec {
 
   static RA_DEVICE int dtype(int dt) { return DT == kThdAnyDtype ? dt : DT; }
 
+  // NOTE: load and pack write every word of w once, after the dtype branch. Words written
+  // inside the branches of a run-time dtype (kThdAnyDtype) get their stores merged into one
+  // store through a pointer phi, and ROCm's LLVM then keeps w (both U-unit arrays) in scratch.
   RA_DEVICE void load(const void* base, int64_t off, int dt) {
     const int d = dtype(dt);
     if constexpr (VEC == 8) {
+      ra_vec8 a{}, b{};  // b: the second 16 bytes of an fp32 row
       if (d != kThdFloat32) {
-        const ra_vec8 v = ra_load16(static_cast<const uint16_t*>(base) + off);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) w[i] = v.w[i];
+        a = ra_load16(static_cast<const uint16_t*>(base) + off);
       } else if constexpr (!kIs16) {
         const float* p = static_cast<const float*>(base) + off;
-        const ra_vec8 a = ra_load16(p);
-        const ra_vec8 b = ra_load16(p + 4);
+        a = ra_load16(p);
+        b = ra_load16(p + 4);
+      }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          w[i] = a.w[i];
-          w[4 + i] = b.w[i];
-        }
+      for (int i = 0; i < 4; ++i) {
+        w[i] = a.w[i];
+        if constexpr (!kIs16) w[4 + i] = b.w[i];
       }
     } else {
       w[0] = d != kThdFloat32 ? static_cast<const uint16_t*>(base)[off]
@@ -117,19 +119,19 @@ struct RowVec {
 
   RA_DEVICE void pack(const float (&x)[VEC], int dt) {
     const int d = dtype(dt);
-    if (d == kThdFloat32) {
-      if constexpr (!kIs16) {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) w[i] = __float_as_uint(x[i]);
-      }
-    } else if constexpr (VEC == 8) {
+    if constexpr (VEC == 8) {  // every word written once (see load)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        w[i] = d == kThdBFloat16 ? ra_pack_bf16x2(x[2 * i], x[2 * i + 1])
-                                 : static_cast<uint32_t>(ra_float_to_fp16_bits(x[2 * i])) |
-                                       (static_cast<uint32_t>(ra_float_to_fp16_bits(x[2 * i + 1]))
-                                        << 16);
+        const uint32_t h2 = d == kThdBFloat16
+                                ? ra_pack_bf16x2(x[2 * i], x[2 * i + 1])
+                                : static_cast<uint32_t>(ra_float_to_fp16_bits(x[2 * i])) |
+                                      (static_cast<uint32_t>(ra_float_to_fp16_bits(x[2 * i + 1]))
+                                       << 16);
+        w[i] = !kIs16 && d == kThdFloat32 ? __float_as_uint(x[i]) : h2;
+        if constexpr (!kIs16) w[4 + i] = __float_as_uint(x[4 + i]);  // used by fp32 rows only
       }
+    } else if (d == kThdFloat32) {
+      if constexpr (!kIs16) w[0] = __float_as_uint(x[0]);
     } else {
       w[0] = d == kThdBFloat16 ? ra_float_to_bf16_bits(x[0]) : ra_float_to_fp16_bits(x[0]);
     }
