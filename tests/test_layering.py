@@ -31,7 +31,7 @@ LAYERS: List[Set[str]] = [
     {"varlen"},
     # attention families standing on it: small-seq (long histories go to varlen) and context
     # parallelism
-    {"small_seq", "small_seq_torch", "small_seq_flash", "cp"},
+    {"small_seq", "small_seq_torch", "small_seq_flash", "small_seq_plan", "cp"},
     # modules, command line, benchmarks, the package entry
     {"nn", "info", "selftest", "demo", "bench", "__main__", "__init__"},
 ]

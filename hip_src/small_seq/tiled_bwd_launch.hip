@@ -28,13 +28,6 @@ dim3 tiled_bwd_grid(int64_t items, int64_t items_per_block, int threads) {
   return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
 }
 
-// The block variants of passes 2 and 3 (tiled_bwd_block_kernel.h) where a (segment, kv head)
-// may have more than one key tile and at least this many row tiles: the waves then share every
-// row tile's (pass 2) or key tile's (pass 3) staging; fewer rows leave the barriers little to
-// amortise (docs/kernels.md#tiled-small-seq-backward). Tuning
-// small_seq_tiled_bwd_block: 0 = never, 2 = every call (tests).
-constexpr int kTiledBwdBlockMinRowTiles = 4;
-
 inline bool tiled_bwd_use_block(const SmallSeqTiledParams& p) {
   const int mode = ra_tuning().small_seq_tiled_bwd_block;
   if (mode <= 0) return false;
@@ -90,12 +83,6 @@ inline bool tiled_bwd_row_tile_fuses_delta(const SmallSeqTiledParams& p) {
   return mode >= 3 || (mode >= 1 && p.max_seqlen_kv <= kTiledBwdKeys);
 }
 
-// Blocks of the one-row-tile instance: four waves (the general instance takes
-// kTiledBwdWavesPerBlock). Measured forward+backward on 16 candidates with 8 kv heads (H100):
-// the instance in these blocks 1-5% faster than the general instance; a 168-register cap (three
-// blocks, 56 bytes spilled) 1-22% slower, 200 registers over blocks of one or two warps (10
-// warps per multiprocessor, 8 bytes spilled) 10-17% slower (docs/kernels.md#one-row-tile-backward).
-constexpr int kTiledBwdRowTileThreads = 128;
 static_assert(kTiledBwdRowTileThreads <= kTiledBwdMaxThreadsPerBlock, "pass 2's thread bound");
 
 // Launches KERNEL with `threads` threads and `smem` bytes of dynamic shared memory over `items`
@@ -265,13 +252,6 @@ hipError_t run_tiled_bwd_warpgroup(const SmallSeqTiledParams& p, const bool fuse
   if (err != hipSuccess) return err;
   return run_tiled_bwd_warpgroup_dq<T, D, false>(p, pairs, stream);
 }
-
-// Work items (segment, kv head) one per wave where there are at least
-// kTiledBwdStreamWaveItems x the waves resident at once (short histories are then latency
-// chains, and more of them run at once with no barrier), else one per block, its waves splitting
-// the keys (few long histories keep the device busy). Tuning small_seq_tiled_bwd_stream 2 / 3
-// forces one item per wave / per block.
-constexpr int kTiledBwdStreamWaveItems = 2;
 
 template <auto KERNEL>
 hipError_t run_tiled_bwd_stream_kernel(const SmallSeqTiledParams& p, hipStream_t stream) {

@@ -50,19 +50,6 @@ inline bool tiled_use_block(const SmallSeqTiledParams& p, int head_dim, int wave
   return p.max_seqlen_kv > kTiledKeys && 2 * tiled_max_rows(p) >= block_rows;
 }
 
-// Histories longer than this take the block kernel even for a (segment, kv head) of fewer rows
-// than half a default block, in blocks of just enough waves (at least two) for its rows: the
-// wave kernel's row tiles of one item each stream the whole history, and past about 64 keys
-// (32 KiB of K/V per kv head at d = 128) the later tiles no longer find it in L2 with the whole
-// machine streaming (16 candidates of one q head per kv head over 256 keys: 1.35-1.6x, 83-84%
-// of the byte floor; docs/kernels.md#tiled-small-seq-kernels). Where the block kernel stages
-// by cp.async (tiled_block_stages_by_cp_async: three key tiles in flight, none in registers)
-// it wins from the second key tile on, so the bound is one key tile there: 16 rows over 64
-// keys (4096 users, 8 kv heads, H100) 567 -> 470 us fixed, 346 -> 331 ragged, where the
-// register staging lost on the ragged row (363). Tuning small_seq_tiled_small_block_keys sets
-// the bound (A/B runs of the two kernels).
-constexpr int kTiledSmallBlockMinKeys = 64;
-
 // Whether the block kernel copies its key tiles by cp.async (CUDA builds, tuning
 // small_seq_tiled_block_cp_async; HIP builds stage through registers).
 inline bool tiled_block_stages_by_cp_async() {
@@ -102,21 +89,6 @@ inline int tiled_block_threads(const SmallSeqTiledParams& p, int head_dim, int w
   return tiled_use_block(p, head_dim, wave, threads) ? threads
                                                      : tiled_small_block_threads(p, wave);
 }
-
-// The resident kernel where a (segment, kv head) has at least this many row tiles of 16 (fewer
-// leave most of a block's waves idle: the wave kernel serves those) ...
-constexpr int kTiledResidentMinTiles = 4;
-// ... with blocks of four waves (64 rows on NVIDIA), several per multiprocessor, so that one
-// stages its next segment while the others compute; where one block's K/V fill a
-// multiprocessor's shared memory (long histories), eight warps on NVIDIA instead, so that the
-// multiprocessor is not left with four (docs/kernels.md#tiled-small-seq-kernels) ...
-constexpr int kTiledResidentWaves = 4;
-// ... and its grid gives each resident block about this many work items, splitting the row
-// tiles of a (segment, kv head) over several items when there are few segments.
-constexpr int kTiledResidentItemsPerBlock = 4;
-// Shared memory a block holds beyond its own (the runtime's reserve on NVIDIA), for the count
-// of blocks that fit a multiprocessor.
-constexpr int64_t kTiledSharedReserve = 1024;
 
 // Whether the resident kernel serves the call: d <= 128, enough rows per (segment, kv head),
 // and K/V of max_seqlen_kv keys within the device's shared memory per block (their bytes in
