@@ -361,7 +361,8 @@ def _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q
     if path == "tiled":
         return torch.ops.rocm_attn.small_seq_tiled_fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,
-            scale, return_softmax)
+            scale, return_softmax,
+            small_seq_plan.tiled_fwd_plan(q, k, max_seqlen_q, max_seqlen_kv, return_softmax))
     if path == "varlen":
         return _varlen_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                             max_seqlen_kv, scale, thd)

@@ -203,7 +203,7 @@ def _backward(ctx, dout, dlse):
             dout = torch.zeros_like(out)
         dq, dk, dv = torch.ops.rocm_attn.small_seq_tiled_bwd(
             dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, None, max_q, max_kv,
-            scale)
+            scale, small_seq_plan.tiled_bwd_plan(q, k, max_q, max_kv))
     grads = (dq, dk, dv)
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         # backward(create_graph=True): the gradients themselves are not differentiable

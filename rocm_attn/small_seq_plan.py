@@ -18,14 +18,18 @@ tools/check_kernels.py compile, so a kernel header that changes one of them fail
 until this module agrees. The same unit checks the defaults of :data:`DEFAULT_TUNING` against
 hip_src/common/tuning.h.
 
-Today's launchers (hip_src/small_seq/launch_impl.h, tiled_launch.hip, tiled_bwd_launch.hip)
-still make the same choices in C++; tests/test_small_seq_plan.py pins the plan's choice for a
-grid of shapes x archs to what they pick with the default tuning. Left to the launchers at run
+The tiled ops take their plan as ints (:func:`tiled_fwd_plan`, :func:`tiled_bwd_plan`:
+records of hip_src/small_seq/plan.h) and their launchers (tiled_launch.hip,
+tiled_bwd_launch.hip) only switch on them and check them. The one-query launcher
+(launch_impl.h) still makes the same choices in C++ from the same tuning (small_seq_mma,
+small_seq_pipe, the grid factors). tests/test_small_seq_plan.py pins the plan's choice for a
+grid of shapes x archs to what the C++ launchers picked with the default tuning before they
+took the plan. Left to the launchers at run
 time, because the host shape cannot know them: the grid (a multiple of the blocks the
 occupancy API says are resident, which depends on the compiled kernel's registers), the splits
 of the staged kernels (from that residency), the backward streaming kernel's item per wave or
 per block (from that residency), and tile copies where a tensor's address or stride is not a
-multiple of 16 bytes (the cp.async kernel of the same schedule then runs).
+multiple of 16 bytes (the plan's fallback, the same call without tile copies, then runs).
 
 This module imports only the standard library at load (tools/generate_kernels.py loads it by
 path at build time, before the package is importable); torch is imported where a device or the
@@ -57,10 +61,25 @@ TILED_MAX_SEQLEN_KV = 4096
 TILED_KEYS = 16                  # tiled_fwd_kernel.h kTiledKeys: keys of a key tile
 TILED_WAVES_PER_BLOCK = 2        # tiled_fwd_kernel.h kTiledWavesPerBlock
 TILED_FWD_RESIDENCY_FACTOR = 4   # kTiledFwdResidencyFactor
-SMALL_BLOCK_MIN_KEYS = 64        # tiled_launch.hip kTiledSmallBlockMinKeys
+# Histories longer than this take the block kernel even for a (segment, kv head) of fewer rows
+# than half a default block, in blocks of just enough waves (at least two) for its rows: the
+# wave kernel's row tiles of one item each stream the whole history, and past about 64 keys
+# (32 KiB of K/V per kv head at d = 128) the later tiles no longer find it in L2 with the whole
+# machine streaming (16 candidates of one q head per kv head over 256 keys: 1.35-1.6x, 83-84% of
+# the byte floor). Where the block kernel stages by cp.async (three key tiles in flight, none in
+# registers) it wins from the second key tile on, so the bound is one key tile there (16 rows
+# over 64 keys, 4096 users, 8 kv heads, H100: 567 -> 470 us fixed, 346 -> 331 ragged, where
+# the register staging lost on the ragged row). Tuning small_seq_tiled_small_block_keys sets it.
+SMALL_BLOCK_MIN_KEYS = 64
 RESIDENT_ROWS = 16               # tiled_fwd_resident_kernel.h kTiledResidentRows
-RESIDENT_MIN_TILES = 4           # tiled_launch.hip kTiledResidentMinTiles
-RESIDENT_WAVES = 4               # kTiledResidentWaves
+# The resident kernel where a (segment, kv head) has at least this many row tiles of 16 (fewer
+# leave most of a block's waves idle: the wave kernel serves those) ...
+RESIDENT_MIN_TILES = 4
+# ... in blocks of four waves (64 rows on NVIDIA), several per multiprocessor, so that one
+# stages its next segment while the others compute; where one block's K/V fill a
+# multiprocessor's shared memory (long histories), eight warps on NVIDIA instead, so that the
+# multiprocessor is not left with four.
+RESIDENT_WAVES = 4
 SHARED_RESERVE = 1024            # kTiledSharedReserve: the runtime's per-block reserve
 WARPGROUP_ROWS = 64              # tiled_fwd_warpgroup_kernel.h kTiledWarpgroupRows
 WARPGROUP_KEYS = 64              # kTiledWarpgroupKeys: keys of the longest softmax step
@@ -70,7 +89,10 @@ WS_THREADS = 384                 # kTiledWsThreads
 BWD_KEYS = 16                    # tiled_bwd_kernel.h kTiledBwdKeys
 BWD_ROWS = 16                    # kTiledBwdRows
 BWD_WAVES_PER_BLOCK = 2          # kTiledBwdWavesPerBlock
-BWD_BLOCK_MIN_ROW_TILES = 4      # tiled_bwd_launch.hip kTiledBwdBlockMinRowTiles
+# The backward's block variants of passes 2 and 3 where a (segment, kv head) may have more than
+# one key tile and at least this many row tiles: the waves then share every row tile's (pass 2)
+# or key tile's (pass 3) staging; fewer rows leave the barriers little to amortise.
+BWD_BLOCK_MIN_ROW_TILES = 4
 BWD_BLOCK_THREADS = 256          # tiled_bwd_block_kernel.h kTiledBwdBlockThreads
 BWD_DQ_BLOCK_THREADS = 128       # kTiledBwdDqBlockThreads
 BWD_ROW_TILE_THREADS = 128       # tiled_bwd_launch.hip kTiledBwdRowTileThreads
@@ -204,7 +226,6 @@ DEFAULT_TUNING: Dict[str, int] = {
     "small_seq_tiled_bwd_block": 1,
     "small_seq_tiled_bwd_warpgroup": 1,
     "small_seq_tiled_bwd_fused_delta": 2,
-    "small_seq_tiled_bwd_wide_scores": 1,
     "small_seq_tiled_bwd_one_tile": 1,
     "small_seq_tiled_bwd_two_tile": 1,
     "small_seq_tiled_bwd_stream": 1,
@@ -215,16 +236,24 @@ DEFAULT_TUNING: Dict[str, int] = {
 }
 
 
+_tuning_cache: Dict[int, Dict[str, int]] = {}
+
+
 def current_tuning() -> Dict[str, int]:
     """The small-seq tuning values of this process: the defaults, overridden by the compiled
-    extension's current values where it is loaded (environment and rocm_attn.tuning)."""
-    values = dict(DEFAULT_TUNING)
+    extension's current values where it is loaded (environment and rocm_attn.tuning); read
+    from the extension once per change of a value (rocm_attn.tuning.generation)."""
     from . import tuning
 
-    for name, value in tuning.values().items():
-        if name in values:
-            values[name] = value
-    return values
+    cached = _tuning_cache.get(tuning.generation())
+    if cached is None:
+        cached = dict(DEFAULT_TUNING)
+        for name, value in tuning.values().items():
+            if name in cached:
+                cached[name] = value
+        _tuning_cache.clear()
+        _tuning_cache[tuning.generation()] = cached
+    return dict(cached)
 
 
 # -- devices -------------------------------------------------------------------------------------
@@ -378,10 +407,10 @@ VARIANTS: Dict[str, Tuple[str, str]] = {
     "tiled_bwd_warpgroup_tma": ("small_seq_tiled_bwd_warpgroup_tma_kernel<T, D, KEYS, WITH_DQ, "
                                 "FUSED_DELTA, TRANSPOSED>",
                                 "as tiled_bwd_warpgroup where tile copies serve"),
-    "tiled_bwd_warpgroup_dq": ("small_seq_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA, WIDE>",
+    "tiled_bwd_warpgroup_dq": ("small_seq_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA>",
                                "warpgroup backward past one key block"),
-    "tiled_bwd_warpgroup_dq_tma": ("small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D, DELTA, "
-                                   "WIDE>", "as tiled_bwd_warpgroup_dq where tile copies serve"),
+    "tiled_bwd_warpgroup_dq_tma": ("small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D, DELTA>",
+                                   "as tiled_bwd_warpgroup_dq where tile copies serve"),
     "tiled_bwd_warpgroup_two_tile": ("small_seq_tiled_bwd_warpgroup_two_tile_kernel<T, D>",
                                      "warpgroup backward, 65-128 rows, past one key block"),
     # not kernels of hip_src/small_seq
@@ -631,6 +660,7 @@ def plan_tiled_forward(call: Call, device: Device, t: Mapping[str, int]) -> Plan
         for pick in (_fwd_warpgroup, _fwd_resident):
             launch = pick(call, device, t)
             if launch is not None:
+                launch = Launch(launch.kernel, launch.params + (("grid_factor", grid),))
                 return Plan("tiled", "forward", (launch,))
         threads = _fwd_block_threads(call, device, t)
         if threads:
@@ -668,7 +698,7 @@ def _bwd_warpgroup_fuses_delta(call: Call, t: Mapping[str, int]) -> bool:
     if kv <= BWD_WARPGROUP_BLOCK_KEYS:
         return mode >= 2
     walked = BWD_TWO_TILE_ROWS if t["small_seq_tiled_bwd_two_tile"] >= 1 else WARPGROUP_ROWS
-    return mode >= 3 or (mode >= 2 and call.rows > walked)
+    return mode >= 2 and call.rows > walked
 
 
 def _bwd_warpgroup(call: Call, device: Device, t: Mapping[str, int],
@@ -692,16 +722,14 @@ def _bwd_warpgroup(call: Call, device: Device, t: Mapping[str, int],
             and WARPGROUP_ROWS < rows <= BWD_TWO_TILE_ROWS):
         return [_launch("tiled_bwd_warpgroup_two_tile", D=d, threads=256,
                         smem=bwd_two_tile_smem_bytes(d))]
-    wide = t["small_seq_tiled_bwd_wide_scores"] > 0
-    key_blocks = dkdv(BWD_WARPGROUP_BLOCK_KEYS, False, False, wide)
+    key_blocks = dkdv(BWD_WARPGROUP_BLOCK_KEYS, False, False, True)
 
     def dq(delta: bool) -> Launch:
         tma_smem = bwd_warpgroup_dq_tma_smem_bytes(d, kv)
-        if (tma and t["small_seq_tiled_warpgroup_tma"] != 2
-                and tma_smem <= device.max_shared_per_block):
-            return _launch("tiled_bwd_warpgroup_dq_tma", D=d, DELTA=delta, WIDE=wide,
+        if tma and tma_smem <= device.max_shared_per_block:
+            return _launch("tiled_bwd_warpgroup_dq_tma", D=d, DELTA=delta,
                            threads=BWD_WARPGROUP_DQ_WARPGROUPS * 128, smem=tma_smem)
-        return _launch("tiled_bwd_warpgroup_dq", D=d, DELTA=delta, WIDE=wide,
+        return _launch("tiled_bwd_warpgroup_dq", D=d, DELTA=delta,
                        threads=BWD_WARPGROUP_DQ_WARPGROUPS * 128,
                        smem=bwd_warpgroup_dq_smem_bytes(d, kv))
 
@@ -717,7 +745,7 @@ def plan_tiled_backward(call: Call, device: Device, t: Mapping[str, int]) -> Pla
                 and rows <= BWD_ROWS)
     mode = t["small_seq_tiled_bwd_fused_delta"]
     fused = (warpgroup and _bwd_warpgroup_fuses_delta(call, t)) or (
-        row_tile and (mode >= 3 or (mode >= 1 and kv <= BWD_KEYS)))
+        row_tile and mode >= 1 and kv <= BWD_KEYS)
     launches: List[Launch] = [] if fused else [_launch("tiled_bwd_delta", D=d, threads=threads)]
     if warpgroup:
         launches += _bwd_warpgroup(call, device, t, fused)
@@ -807,7 +835,10 @@ def log_plan(logger, q, k, max_seqlen_q: int, max_seqlen_kv: int, layout: str,
     DEBUG; nothing unless INFO is on): ``rocm-attn --log-level INFO ...`` shows it."""
     import logging
 
-    if not logger.isEnabledFor(logging.INFO):
+    import torch
+
+    # (is_compiling first: torch.compile traces no Logger method)
+    if torch.compiler.is_compiling() or not logger.isEnabledFor(logging.INFO):
         return
     from . import _logging
 
@@ -817,6 +848,180 @@ def log_plan(logger, q, k, max_seqlen_q: int, max_seqlen_kv: int, layout: str,
                 return_lse=return_lse, backward=backward)
     text = describe(call, device_of(q.device.index))
     _logging.log_choice(logger, ("small_seq_plan", text), "fused_attn_small_seq plan: %s", text)
+
+
+# -- launch records: what the compiled launchers switch on ----------------------------------------
+
+# Each launch goes to the op as LAUNCH_INTS ints: the kernel's id, then its parameters in the
+# order of LAUNCH_PARAMS (zeros after). hip_src/small_seq/plan.h declares the same ids and
+# record (the generated unit checks the ids).
+LAUNCH_INTS = 8
+KERNEL_IDS: Dict[str, int] = {
+    "tiled_fwd_wave": 1,
+    "tiled_fwd_block": 2,
+    "tiled_fwd_resident": 3,
+    "tiled_fwd_warpgroup": 4,
+    "tiled_fwd_warpgroup_tma": 5,
+    "tiled_fwd_warpgroup_ws": 6,
+    "tiled_bwd_delta": 10,
+    "tiled_bwd_dkv": 11,
+    "tiled_bwd_dq": 12,
+    "tiled_bwd_dkv_block": 13,
+    "tiled_bwd_dq_block": 14,
+    "tiled_bwd_stream": 15,
+    "tiled_bwd_warpgroup": 16,
+    "tiled_bwd_warpgroup_tma": 17,
+    "tiled_bwd_warpgroup_dq": 18,
+    "tiled_bwd_warpgroup_dq_tma": 19,
+    "tiled_bwd_warpgroup_two_tile": 20,
+}
+_KERNEL_ENUM = {
+    "tiled_fwd_wave": "kTiledFwdWave",
+    "tiled_fwd_block": "kTiledFwdBlock",
+    "tiled_fwd_resident": "kTiledFwdResident",
+    "tiled_fwd_warpgroup": "kTiledFwdWarpgroup",
+    "tiled_fwd_warpgroup_tma": "kTiledFwdWarpgroupTma",
+    "tiled_fwd_warpgroup_ws": "kTiledFwdWarpgroupWs",
+    "tiled_bwd_delta": "kTiledBwdDelta",
+    "tiled_bwd_dkv": "kTiledBwdDkv",
+    "tiled_bwd_dq": "kTiledBwdDq",
+    "tiled_bwd_dkv_block": "kTiledBwdDkvBlock",
+    "tiled_bwd_dq_block": "kTiledBwdDqBlock",
+    "tiled_bwd_stream": "kTiledBwdStream",
+    "tiled_bwd_warpgroup": "kTiledBwdWarpgroup",
+    "tiled_bwd_warpgroup_tma": "kTiledBwdWarpgroupTma",
+    "tiled_bwd_warpgroup_dq": "kTiledBwdWarpgroupDq",
+    "tiled_bwd_warpgroup_dq_tma": "kTiledBwdWarpgroupDqTma",
+    "tiled_bwd_warpgroup_two_tile": "kTiledBwdWarpgroupTwoTile",
+}
+LAUNCH_PARAMS: Dict[str, Tuple[str, ...]] = {
+    "tiled_fwd_wave": ("D", "ONE_TILE", "grid_factor"),
+    "tiled_fwd_block": ("D", "THREADS", "CP_ASYNC", "grid_factor"),
+    "tiled_fwd_resident": ("D", "THREADS", "KSTEP", "grid_factor"),
+    "tiled_fwd_warpgroup": ("D", "WARPGROUPS", "KEYS", "CAPPED", "grid_factor"),
+    "tiled_fwd_warpgroup_tma": ("D", "WARPGROUPS", "KEYS", "CAPPED", "PAIR", "STREAM",
+                                "grid_factor"),
+    "tiled_fwd_warpgroup_ws": ("D", "grid_factor"),
+    "tiled_bwd_delta": ("D",),
+    "tiled_bwd_dkv": ("D", "ONE_ROW_TILE", "FUSED_DELTA"),
+    "tiled_bwd_dq": ("D",),
+    "tiled_bwd_dkv_block": ("D",),
+    "tiled_bwd_dq_block": ("D",),
+    "tiled_bwd_stream": ("D", "ROWS", "item_per"),
+    "tiled_bwd_warpgroup": ("D", "KEYS", "WITH_DQ", "FUSED_DELTA", "TRANSPOSED"),
+    "tiled_bwd_warpgroup_tma": ("D", "KEYS", "WITH_DQ", "FUSED_DELTA", "TRANSPOSED"),
+    "tiled_bwd_warpgroup_dq": ("D", "DELTA"),
+    "tiled_bwd_warpgroup_dq_tma": ("D", "DELTA"),
+    "tiled_bwd_warpgroup_two_tile": ("D",),
+}
+# The streaming backward's items: one per wave or per block by the launcher's occupancy rule, or
+# forced (tuning small_seq_tiled_bwd_stream 2 / 3).
+STREAM_ITEM_PER = {"occupancy": 0, "wave": 1, "block": 2}
+
+
+def _record(launch: Launch) -> List[int]:
+    values = dict(launch.params)
+    ints = [KERNEL_IDS[launch.kernel]]
+    ints += [STREAM_ITEM_PER[values[name]] if name == "item_per" else int(values[name])
+             for name in LAUNCH_PARAMS[launch.kernel]]
+    return ints + [0] * (LAUNCH_INTS - len(ints))
+
+
+def encode(plan: Plan, fallback: Optional[Plan] = None) -> List[int]:
+    """The plan as the op's ``plan`` argument: [launches, fallback launches, then one record of
+    LAUNCH_INTS per launch]. The fallback is what the launcher runs where a tile-copy kernel's
+    tensor maps cannot be made (an address or stride not a multiple of 16 bytes): the plan of
+    the same call without tile copies."""
+    rest = fallback.launches if fallback is not None else ()
+    ints = [len(plan.launches), len(rest)]
+    for launch in plan.launches + rest:
+        ints += _record(launch)
+    return ints
+
+
+def _uses_tile_copies(plan: Plan) -> bool:
+    return any(launch.kernel.endswith(("_tma", "_ws")) for launch in plan.launches)
+
+
+def tiled_fwd_ints(call: Call, device: Device, tuning: Mapping[str, int]) -> List[int]:
+    """The ``plan`` argument of ``rocm_attn::small_seq_tiled_fwd`` for a call on a device: its
+    forward plan and, where that takes a tile-copy kernel, the fallback without tile copies."""
+    return list(_tiled_fwd_ints(call, device, tuple(sorted({**DEFAULT_TUNING,
+                                                            **tuning}.items()))))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tiled_fwd_ints(call: Call, device: Device,
+                    tuning: Tuple[Tuple[str, int], ...]) -> Tuple[int, ...]:
+    t = dict(tuning)
+    plan = plan_tiled_forward(call, device, t)
+    fallback = None
+    if _uses_tile_copies(plan):
+        fallback = plan_tiled_forward(call, dataclasses.replace(device, tile_copies=False), t)
+    return tuple(encode(plan, fallback))
+
+
+def tiled_bwd_ints(call: Call, device: Device, tuning: Mapping[str, int]) -> List[int]:
+    """The ``plan`` argument of ``rocm_attn::small_seq_tiled_bwd`` for a call on a device: its
+    backward launches in stream order and, where one takes tile copies, the fallback without."""
+    return list(_tiled_bwd_ints(call, device, tuple(sorted({**DEFAULT_TUNING,
+                                                            **tuning}.items()))))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tiled_bwd_ints(call: Call, device: Device,
+                    tuning: Tuple[Tuple[str, int], ...]) -> Tuple[int, ...]:
+    t = dict(tuning)
+    plan = plan_tiled_backward(call, device, t)
+    fallback = None
+    if _uses_tile_copies(plan):
+        fallback = plan_tiled_backward(call, dataclasses.replace(device, tile_copies=False), t)
+    return tuple(encode(plan, fallback))
+
+
+def _process_plan_ints(direction: str, head_dim: int, heads_q: int, heads_kv: int,
+                       max_seqlen_q: int, max_seqlen_kv: int, return_softmax: bool,
+                       device_index: int) -> Tuple[int, ...]:
+    """A tiled op's plan ints for a call on a device of this process (device_index -1: no GPU,
+    the gfx942 table) with this process's tuning: host ints in, host ints out, so that
+    torch.compile takes the result as a constant of the trace (the tuning and the device
+    facts are read outside the traced code; a compiled graph keeps the plan of its trace, as a
+    captured graph does)."""
+    call = Call(head_dim, heads_q, heads_kv, max_seqlen_q, max_seqlen_kv,
+                return_softmax=return_softmax)
+    device = device_of(device_index) if device_index >= 0 else ARCHS["gfx942"]
+    encode_ints = tiled_fwd_ints if direction == "forward" else tiled_bwd_ints
+    return tuple(encode_ints(call, device, current_tuning()))
+
+
+def _mark_constant(fn):
+    """fn as torch.compile's constant of a trace (it runs once, outside the traced code); fn
+    itself where torch is not importable (tools/generate_kernels.py loads this module alone)."""
+    try:
+        import torch
+    except ImportError:
+        return fn
+    return torch.compiler.assume_constant_result(fn)
+
+
+_process_plan_ints_constant = _mark_constant(_process_plan_ints)
+
+
+def tiled_bwd_plan(q, k, max_seqlen_q: int, max_seqlen_kv: int) -> List[int]:
+    """The ``plan`` argument of ``rocm_attn::small_seq_tiled_bwd`` for a call on q's device
+    with this process's tuning (host ints only: no sync; cached per call shape)."""
+    return list(_process_plan_ints_constant(
+        "backward", q.shape[-1], q.shape[-2], k.shape[-2], max_seqlen_q, max_seqlen_kv, False,
+        q.device.index if q.is_cuda else -1))
+
+
+def tiled_fwd_plan(q, k, max_seqlen_q: int, max_seqlen_kv: int,
+                   return_softmax: bool = False) -> List[int]:
+    """The ``plan`` argument of ``rocm_attn::small_seq_tiled_fwd`` for a call on q's device
+    with this process's tuning (host ints only: no sync; cached per call shape)."""
+    return list(_process_plan_ints_constant(
+        "forward", q.shape[-1], q.shape[-2], k.shape[-2], max_seqlen_q, max_seqlen_kv,
+        return_softmax, q.device.index if q.is_cuda else -1))
 
 
 # -- the generated compile-time checks -------------------------------------------------------------
@@ -845,7 +1050,6 @@ def static_checks() -> str:
             ("small_seq::kTiledResidentRows", RESIDENT_ROWS),
             ("small_seq::kTiledWarpgroupRows", WARPGROUP_ROWS),
             ("small_seq::kTiledWarpgroupKeys", WARPGROUP_KEYS),
-            ("small_seq::kTiledTmaMaxSteps", TMA_MAX_STEPS),
             ("small_seq::kTiledBwdKeys", BWD_KEYS),
             ("small_seq::kTiledBwdRows", BWD_ROWS),
             ("small_seq::kTiledBwdWavesPerBlock", BWD_WAVES_PER_BLOCK),
@@ -857,28 +1061,34 @@ def static_checks() -> str:
             ("small_seq::kTiledBwdWarpgroupMaxKeys", BWD_WARPGROUP_MAX_KEYS),
             ("small_seq::kTiledBwdWarpgroupChunk", BWD_WARPGROUP_CHUNK),
             ("small_seq::kTiledBwdWarpgroupDqWarpgroups", BWD_WARPGROUP_DQ_WARPGROUPS),
-            ("small_seq::kTiledBwdDqTmaBuffers", BWD_DQ_TMA_BUFFERS),
             ("small_seq::kTiledBwdTwoTileRows", BWD_TWO_TILE_ROWS),
             ("small_seq::tiled_rows_for_wave(64)", rows_for_wave(64)),
             ("small_seq::tiled_rows_for_wave(32)", rows_for_wave(32))]:
         eq(expr, value, expr.split("::")[-1])
-    for expr, value in [  # the launchers' thresholds (tiled_launch_util.h)
-            ("small_seq::kTiledSmallBlockMinKeys", SMALL_BLOCK_MIN_KEYS),
-            ("small_seq::kTiledResidentMinTiles", RESIDENT_MIN_TILES),
-            ("small_seq::kTiledResidentWaves", RESIDENT_WAVES),
+    for name, kid in KERNEL_IDS.items():
+        eq(f"static_cast<int>(SmallSeqKernel::{_KERNEL_ENUM[name]})", kid, f"KERNEL_IDS[{name!r}]")
+    eq("kSmallSeqLaunchInts", LAUNCH_INTS, "LAUNCH_INTS")
+    for expr, value in [  # launch sizes the launchers apply too (tiled_launch_util.h)
             ("small_seq::kTiledSharedReserve", SHARED_RESERVE),
-            ("small_seq::kTiledBwdBlockMinRowTiles", BWD_BLOCK_MIN_ROW_TILES),
             ("small_seq::kTiledBwdRowTileThreads", BWD_ROW_TILE_THREADS)]:
         eq(expr, value, expr.split("::")[-1])
+    # the tile-copy kernels' headers declare these only in builds that have them (RA_TMA_BUILD)
     lines.append("#if RA_TMA_BUILD")
+    eq("small_seq::kTiledTmaMaxSteps", TMA_MAX_STEPS, "kTiledTmaMaxSteps")
+    eq("small_seq::kTiledBwdDqTmaBuffers", BWD_DQ_TMA_BUFFERS, "kTiledBwdDqTmaBuffers")
     eq("small_seq::kTiledWsRingKeys", WS_RING_KEYS, "kTiledWsRingKeys")
     eq("small_seq::kTiledWsThreads", WS_THREADS, "kTiledWsThreads")
+    for wg in (1, 2):
+        eq(f"small_seq::tiled_tma_static_bytes({wg})", tma_static_bytes(wg), "tma_static_bytes")
     for d in (64, 128):
         eq(f"small_seq::tiled_ws_smem_bytes<{d}>()", ws_smem_bytes(d), "ws_smem_bytes")
-    lines.append("#endif")
-    for d in (64, 128):
         eq(f"small_seq::tiled_stream_smem_bytes<{d}>()", stream_smem_bytes(d),
            "stream_smem_bytes")
+        for kv in (1, 64, 65, 128, 256):
+            eq(f"small_seq::tiled_bwd_warpgroup_dq_tma_smem_bytes<{d}>({kv})",
+               bwd_warpgroup_dq_tma_smem_bytes(d, kv), "bwd_warpgroup_dq_tma_smem_bytes")
+    lines.append("#endif")
+    for d in (64, 128):
         eq(f"small_seq::tiled_bwd_two_tile_smem_bytes<{d}>()", bwd_two_tile_smem_bytes(d),
            "bwd_two_tile_smem_bytes")
         for keys in (16, 64):
@@ -893,10 +1103,6 @@ def static_checks() -> str:
                    warpgroup_smem_bytes(d, kv, wg), "warpgroup_smem_bytes")
             eq(f"small_seq::tiled_bwd_warpgroup_dq_smem_bytes<{d}>({kv})",
                bwd_warpgroup_dq_smem_bytes(d, kv), "bwd_warpgroup_dq_smem_bytes")
-            eq(f"small_seq::tiled_bwd_warpgroup_dq_tma_smem_bytes<{d}>({kv})",
-               bwd_warpgroup_dq_tma_smem_bytes(d, kv), "bwd_warpgroup_dq_tma_smem_bytes")
-    for wg in (1, 2):
-        eq(f"small_seq::tiled_tma_static_bytes({wg})", tma_static_bytes(wg), "tma_static_bytes")
     for d in ONE_QUERY_HEAD_DIMS:
         for kv in ONE_QUERY_KV_BUCKETS:
             lines.append(f"static_assert(small_seq::kFwdPipelinable<{d}, {kv}> == "

@@ -23,15 +23,15 @@ PKG = ROOT / "rocm_attn"
 LAYERS: List[Set[str]] = [
     # foundations: extension loading, logging, shared checks, error counter, tuning, the
     # fake impls of the compiled ops, the float64 reference (oracle)
-    {"_C", "_ext", "_logging", "_checks", "errors", "tuning", "ops", "reference",
-     "second_derivative"},
+    {"_C", "_ext", "_logging", "_checks", "errors", "tuning", "small_seq_plan", "ops",
+     "reference", "second_derivative"},
     # THD helpers on their kernels
     {"thd"},
     # one-device attention and the engine under context parallelism
     {"varlen"},
     # attention families standing on it: small-seq (long histories go to varlen) and context
     # parallelism
-    {"small_seq", "small_seq_torch", "small_seq_flash", "small_seq_plan", "cp"},
+    {"small_seq", "small_seq_torch", "small_seq_flash", "cp"},
     # modules, command line, benchmarks, the package entry
     {"nn", "info", "selftest", "demo", "bench", "__main__", "__init__"},
 ]

@@ -135,11 +135,11 @@ CASES = [
      ["tiled_bwd_delta", "tiled_bwd_warpgroup_two_tile(D=128, threads=256)"]),
     ("sm_90a", C(128, 8, 8, 512, 256, backward=True),
      ["tiled_fwd_warpgroup_ws"],
-     ["tiled_bwd_warpgroup_dq_tma(DELTA=true, WIDE=true)",
+     ["tiled_bwd_warpgroup_dq_tma(DELTA=true)",
       "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=false, FUSED_DELTA=false, TRANSPOSED=true)"]),
     ("sm_90a", C(128, 12, 4, 171, 256, backward=True),
      ["tiled_fwd_warpgroup(WARPGROUPS=2, KEYS=64)"],
-     ["tiled_bwd_warpgroup_dq(DELTA=true, WIDE=true)",
+     ["tiled_bwd_warpgroup_dq(DELTA=true)",
       "tiled_bwd_warpgroup(KEYS=64, WITH_DQ=false, TRANSPOSED=true)"]),
     ("sm_90a", C(128, 8, 8, 512, 257, layout="bshd", backward=True),
      ["tiled_fwd_warpgroup(WARPGROUPS=2, KEYS=64)"],
@@ -246,3 +246,29 @@ def test_log_plan_at_info(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="rocm_attn"):
         sp.log_plan(log, q, k, 8, 101, "thd", True, False, False, True)
     assert caplog.text == ""
+
+
+def test_forward_plan_ints():
+    """What rocm_attn::small_seq_tiled_fwd receives: [launches, fallbacks, records of
+    LAUNCH_INTS (kernel id, then LAUNCH_PARAMS)], and for a tile-copy kernel the plan of the
+    same call without tile copies as the fallback."""
+    hopper, gfx = sp.ARCHS["sm_90a"], sp.ARCHS["gfx942"]
+    ints = sp.tiled_fwd_ints(C(128, 8, 2, 8, 100), gfx, {})
+    assert ints == [1, 0, sp.KERNEL_IDS["tiled_fwd_block"], 128, 256, 0, 4, 0, 0, 0]
+    ints = sp.tiled_fwd_ints(C(128, 8, 8, 128, 256, layout="bshd"), hopper, {})
+    assert ints[:2] == [1, 1] and len(ints) == 2 + 2 * sp.LAUNCH_INTS
+    assert ints[2:4] == [sp.KERNEL_IDS["tiled_fwd_warpgroup_ws"], 128]
+    # without tile copies: blocks of two warpgroups staging the whole history
+    assert ints[10:16] == [sp.KERNEL_IDS["tiled_fwd_warpgroup"], 128, 2, 64, 1, 4]
+    ints = sp.tiled_fwd_ints(C(64, 8, 8, 64, 64), hopper, {"small_seq_tiled_fwd_grid": 0})
+    kernel, d, wg, keys, capped, pair, stream, factor = ints[2:10]
+    assert (kernel, d, pair, stream, factor) == (sp.KERNEL_IDS["tiled_fwd_warpgroup_tma"], 64,
+                                                 0, 0, 0)
+    for case in CASES:
+        arch, call = case[0], case[1]
+        plan = sp.plan_call(call, sp.ARCHS[arch], sp.DEFAULT_TUNING)[0]
+        if plan.path != "tiled":
+            continue
+        ints = sp.tiled_fwd_ints(call, sp.ARCHS[arch], {})
+        assert ints[2] == sp.KERNEL_IDS[plan.launches[0].kernel], (arch, call)
+        assert ints[1] == (1 if plan.launches[0].kernel.endswith(("_tma", "_ws")) else 0)
