@@ -224,7 +224,7 @@ def extension_for(target: str):
 
     build = ROOT / "build"
     generated = generate_kernels.generate(build / "gen")
-    kernels = [p.stem for p in generated]
+    kernels = [p.stem for p in generated if p.name != generate_kernels.PLAN_CHECK]
     hip_sources = sorted((ROOT / "hip_src").rglob("*.hip")) + generated
     # NOTE: no -std flag: torch's BuildExtension adds the standard its headers need (C++17 for
     # torch 2.11, C++20 for newer releases).

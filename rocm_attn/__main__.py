@@ -6,6 +6,9 @@
              ranking request: throughput and the check against float64 (kernels on a GPU, the
              CPU path otherwise)
   bench      the GPU benchmarks: bench small-seq | thd | cp [their flags; --help for each]
+  plan       which small-seq kernels serve a call on an arch, and their parameters (no GPU
+             needed): plan --arch gfx942 --max-seqlen-q 64 --max-seqlen-kv 256 --head-dim 128
+             --heads 8/2 [--backward]
 """
 
 from __future__ import annotations
@@ -39,6 +42,50 @@ def _device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
 
 
+def _heads(text: str):
+    """argparse type: HQ/HKV with HQ a positive multiple of HKV."""
+    q, sep, kv = text.partition("/")
+    if sep and q.isdigit() and kv.isdigit() and int(kv) >= 1 and int(q) % int(kv) == 0 \
+            and int(q) >= 1:
+        return int(q), int(kv)
+    raise argparse.ArgumentTypeError(f"expected HQ/HKV with HQ a multiple of HKV >= 1, got "
+                                     f"{text!r}")
+
+
+def _plan_archs() -> List[str]:
+    from .small_seq_plan import ARCHS
+
+    return list(ARCHS)
+
+
+def _plan(args) -> int:
+    from . import small_seq_plan as sp
+
+    tuning = sp.current_tuning()
+    for item in args.tuning:
+        name, sep, value = item.partition("=")
+        if not sep or name not in sp.DEFAULT_TUNING or not value.lstrip("-").isdigit():
+            print(f"rocm-attn plan: --tuning takes NAME=INT with a small-seq tuning name "
+                  f"({', '.join(sp.DEFAULT_TUNING)}), got {item!r}", file=sys.stderr)
+            return 2
+        tuning[name] = int(value)
+    call = sp.Call(args.head_dim, args.heads[0], args.heads[1], args.max_seqlen_q,
+                   args.max_seqlen_kv, dtype=args.dtype, layout=args.layout,
+                   int32_offsets=not args.int64_offsets, return_softmax=args.return_softmax,
+                   return_lse=args.return_lse, backward=args.backward)
+    device = sp.ARCHS[args.arch]
+    if args.json:
+        plans = sp.plan_call(call, device, tuning)
+        print(json.dumps({"arch": args.arch, "plans": [
+            {"direction": p.direction, "path": p.path, "reason": p.reason,
+             "launches": [{"kernel": launch.kernel, "template": sp.VARIANTS[launch.kernel][0],
+                           "params": dict(launch.params)} for launch in p.launches]}
+            for p in plans]}, indent=1))
+    else:
+        print(sp.describe(call, device, tuning))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rocm-attn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,6 +117,29 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--backend", choices=["auto", "kernel", "torch"], default="auto",
                       help="attention backend (auto: kernels where this install has them)")
+    plan = sub.add_parser("plan", help="the small-seq kernels and parameters a call gets on an "
+                                       "arch (rocm_attn/small_seq_plan.py; no GPU needed)")
+    plan.add_argument("--arch", required=True, choices=_plan_archs(),
+                      help="the device (its wave width, multiprocessors, shared memory and "
+                           "kernels; sm_90a: an sm_90a build on Hopper)")
+    plan.add_argument("--max-seqlen-q", type=_positive_int, required=True)
+    plan.add_argument("--max-seqlen-kv", type=_positive_int, required=True)
+    plan.add_argument("--head-dim", type=_positive_int, required=True)
+    plan.add_argument("--heads", type=_heads, required=True, metavar="HQ/HKV",
+                      help="q heads / kv heads, HQ a multiple of HKV (e.g. 8/2)")
+    plan.add_argument("--dtype", choices=["bfloat16", "float16", "float32", "float64"],
+                      default="bfloat16")
+    plan.add_argument("--layout", choices=["thd", "bshd"], default="thd")
+    plan.add_argument("--int64-offsets", action="store_true",
+                      help="int64 cu_seqlens / seqlens_kv (the one-query kernels take int32)")
+    plan.add_argument("--return-softmax", action="store_true")
+    plan.add_argument("--return-lse", action="store_true")
+    plan.add_argument("--backward", action="store_true",
+                      help="the call is differentiated: plan the backward too")
+    plan.add_argument("--tuning", action="append", default=[], metavar="NAME=VALUE",
+                      help="a small-seq tuning value for this plan (repeatable; default: this "
+                           "process's values)")
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
     # bench's own flags belong to each suite; they are forwarded untouched (see _bench)
     sub.add_parser("bench", add_help=False, help="GPU benchmarks: bench {small-seq,thd,cp} "
                    "[flags]; `rocm-attn bench SUITE --help` lists a suite's flags")
@@ -121,6 +191,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"{report['extension_error']}", file=sys.stderr)
             return 1
         return 0
+    if args.command == "plan":
+        return _plan(args)
     if args.command == "selftest":
         from . import selftest
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext
+from . import _ext, small_seq_plan
 
 # rocm_attn._C.small_seq_fwd_direct, when the extension is loaded (None otherwise).
 _fwd_direct = None
@@ -117,7 +117,7 @@ def _query_rows(q) -> int:
 
 
 def _tiled_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
-                    max_seqlen_kv, softmax_scale, return_softmax):
+                    max_seqlen_kv, softmax_scale, return_softmax, plan):
     rows, h_q = _query_rows(q), q.shape[-2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = q.new_empty((h_q, rows), dtype=torch.float32)
@@ -127,12 +127,12 @@ def _tiled_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen
 
 
 def _tiled_bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
-                    max_seqlen_q, max_seqlen_kv, softmax_scale):
+                    max_seqlen_q, max_seqlen_kv, softmax_scale, plan):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 def _tiled_setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_q, max_kv, scale, _ = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_q, max_kv, scale, _, _plan = inputs
     out, lse, _probs = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv)
     ctx.bounds = (max_q, max_kv, scale)
@@ -143,18 +143,20 @@ def _tiled_backward(ctx, dout, dlse, _dprobs):
     """Gradients of (out, lse) by the tiled backward op; probs are not differentiable."""
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv = ctx.saved_tensors
     if dout is None and dlse is None:
-        return (None,) * 10
+        return (None,) * 11
     if dout is None:
         dout = torch.zeros_like(out)
+    max_q, max_kv, _scale = ctx.bounds
     dq, dk, dv = torch.ops.rocm_attn.small_seq_tiled_bwd(
-        dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, *ctx.bounds)
+        dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, *ctx.bounds,
+        small_seq_plan.tiled_bwd_plan(q, k, max_q, max_kv))
     grads = (dq, dk, dv)
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         # backward(create_graph=True): the gradients themselves are not differentiable
         from .second_derivative import no_second_derivative
 
         grads = no_second_derivative("fused_attn_small_seq", grads, (q, k, v))
-    return (*grads, None, None, None, None, None, None, None)
+    return (*grads, None, None, None, None, None, None, None, None)
 
 
 _tiled_registered = False

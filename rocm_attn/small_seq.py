@@ -28,7 +28,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from . import _ext, _logging, errors, ops  # noqa: F401  (ops registers fake impls and autograd)
-from . import small_seq_flash
+from . import small_seq_flash, small_seq_plan
 from ._checks import FLOAT32_MAX, check_softmax_scale, is_int
 from .small_seq_torch import bshd_segments, thd_segments, torch_path
 
@@ -263,6 +263,9 @@ def _pick_path(q, k, v, one_query: bool, max_seqlen_q: int, max_seqlen_kv: int, 
     _logging.log_choice(log, ("small_seq", kind, q.device.type, q.dtype, q.shape[-1]),
                         "fused_attn_small_seq: compiled %s kernels (%s, %s, head dim %d)",
                         "one-query" if one_query else "tiled", q.device, q.dtype, q.shape[-1])
+    small_seq_plan.log_plan(log, q, k, max_seqlen_q, max_seqlen_kv, "thd" if thd else "bshd",
+                            one_query or not (max_seqlen_q == 1 and max_seqlen_kv <= 16),
+                            return_softmax, return_lse, small_seq_flash.needs_backward(q, k, v))
     return kind
 
 
@@ -343,7 +346,8 @@ def _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q
     if path == "tiled":
         return torch.ops.rocm_attn.small_seq_tiled_fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,
-            scale, return_softmax)
+            scale, return_softmax,
+            small_seq_plan.tiled_fwd_plan(q, k, max_seqlen_q, max_seqlen_kv, return_softmax))
     if path == "varlen":
         return _varlen_path(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                             max_seqlen_kv, scale, thd)

@@ -36,45 +36,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _ext, errors, tuning
+from . import _ext, errors, small_seq_plan, tuning
 
-# The rule of tuning value 1, from the ranking grid's A/B of the route against the tiled kernels
-# (docs/kernels.md#flash-route): the route wins where segments have at least
-# ROUTE_MIN_QUERIES query rows over a long enough history. Flash tiles each query head on its
-# own (64-128 rows a tile), so its tiles fill with the candidates alone: a GQA group does not
-# help it, while the tiled kernels fold the group into their rows (32 candidates x 4 heads
-# over 256 keys: the route's forward takes twice the tiled one). With a backward ahead, 64 keys
-# suffice (flash's backward is 1.3-3.6x the tiled one there); forward alone needs
-# ROUTE_MIN_SEQLEN_KV_FORWARD keys at head dim <= 128 (over 64 keys the tiled forward ties
-# flash or wins by up to 8%; from 128 keys on flash leads the mma.sync kernels by 5-40%). Where
-# the device runs the tiled forward's warpgroup-MMA kernel (Hopper, sm_90a build), a forward
-# alone at head dim <= 128 whose segments may hold WARPGROUP_MIN_ROWS rows per kv head
-# (max_seqlen_q x the GQA group) stays tiled: there that kernel ties flash or wins by up to
-# 1.25x (4096 x 128 x 256 with 2 kv heads). From WARP_SPECIALIZED_MIN_ROWS rows at head dim
-# 128 over 129-256 keys the warp-specialized kernel (tuning small_seq_tiled_warpgroup_ws)
-# serves and wins too, 1.07-1.20x on 128 rows per kv head on an H200; with 96 rows (a
-# half-empty second tile) flash led by 1.03x (docs/kernels.md#warp-specialized-kernel).
-# Turned off, the rule keeps the 512-row bound. There, too, a call to be
-# differentiated at head dim <= 128 stays tiled up to the warpgroup backward's last key
-# (WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV), whatever its GQA group: over at most 64 keys the
-# warpgroup kernels take 0.4-0.6x the route's forward+backward time; over 65-256 keys, with
-# their score products over whole 64-key blocks (tuning small_seq_tiled_bwd_wide_scores),
-# 0.70-0.94x with one q head per kv head on 128-512 candidates (4096 x 128 x 256 a tie before
-# the backward's two-tile walk, 0.8x since), and
-# less with a GQA group, which they fold into their rows while flash's backward runs each q
-# head alone (docs/kernels.md#flash-route).
-ROUTE_MIN_QUERIES = 64
-ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
-ROUTE_MIN_SEQLEN_KV_FORWARD = 128
-WARPGROUP_MIN_ROWS = 512
-# Where the warp-specialized kernel keeps a forward tiled: head dim 128, histories of 129
-# (where blocks of two warpgroups take over) to 256 keys (kTiledWsRingKeys), two whole 64-row
-# tiles per (segment, kv head) or more.
-WARP_SPECIALIZED_HEAD_DIM = 128
-WARP_SPECIALIZED_SEQLEN_KV = (129, 256)
-WARP_SPECIALIZED_MIN_ROWS = 128
-# kTiledBwdWarpgroupMaxKeys (hip_src/small_seq/tiled_bwd_warpgroup_kernel.h)
-WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV = 256
+# The rule of tuning value 1 and its bounds live in the kernel plan (small_seq_plan.route_wins,
+# docs/kernels.md#flash-route), beside the choices of the tiled kernels it is weighed against.
+route_wins = small_seq_plan.route_wins
 
 
 def _route_mode() -> int:
@@ -92,43 +58,16 @@ def warpgroup_kernels() -> bool:
     return bool(_C.warpgroup_mma())
 
 
-def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: bool,
-               warpgroup: bool = False, group: int = 1,
-               warp_specialized: bool = False) -> bool:
-    """The rule of tuning value 1 (see ROUTE_MIN_QUERIES); ``backward``: the call's result will
-    be differentiated (an input requires grad under grad mode); ``warpgroup``: the device runs
-    the tiled kernels' warpgroup-MMA variants (:func:`warpgroup_kernels`); ``group``: q heads
-    per kv head; ``warp_specialized``: their warp-specialized forward is turned on (tuning
-    ``small_seq_tiled_warpgroup_ws``)."""
-    if warpgroup and head_dim <= 128:
-        if backward and max_seqlen_kv <= WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV:
-            return False
-        rows = max_seqlen_q * group
-        if not backward and rows >= WARPGROUP_MIN_ROWS:
-            return False
-        lo, hi = WARP_SPECIALIZED_SEQLEN_KV
-        if (not backward and warp_specialized and head_dim == WARP_SPECIALIZED_HEAD_DIM
-                and lo <= max_seqlen_kv <= hi and rows >= WARP_SPECIALIZED_MIN_ROWS):
-            return False
-    min_kv = (ROUTE_MIN_SEQLEN_KV_BACKWARD if backward or head_dim > 128
-              else ROUTE_MIN_SEQLEN_KV_FORWARD)
-    return max_seqlen_q >= ROUTE_MIN_QUERIES and max_seqlen_kv >= min_kv
-
-
 def route_selects(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: bool,
                   long_history: bool = False, group: int = 1) -> bool:
     """Whether the tuning value picks the route for a call of this head dim and these bounds
     (``group``: q heads per kv head): 2 always, 1 for histories beyond the tiled kernels
     (``long_history``) and where :func:`route_wins`, 0 never."""
-    mode = _route_mode()
-    if mode >= 2:
-        return True
-    if mode != 1:
-        return False
-    return long_history or route_wins(
-        head_dim, max_seqlen_q, max_seqlen_kv, backward, warpgroup=warpgroup_kernels(),
-        group=group,
-        warp_specialized=tuning.values().get("small_seq_tiled_warpgroup_ws", 0) > 0)
+    tuning = small_seq_plan.current_tuning()
+    tuning["small_seq_flash_route"] = _route_mode()
+    call = small_seq_plan.Call(head_dim, group, 1, max_seqlen_q, max_seqlen_kv,
+                               backward=backward)
+    return small_seq_plan.route_selects(call, warpgroup_kernels(), tuning, long_history)
 
 
 def needs_backward(q, k, v) -> bool:
@@ -264,7 +203,7 @@ def _backward(ctx, dout, dlse):
             dout = torch.zeros_like(out)
         dq, dk, dv = torch.ops.rocm_attn.small_seq_tiled_bwd(
             dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, None, max_q, max_kv,
-            scale)
+            scale, small_seq_plan.tiled_bwd_plan(q, k, max_q, max_kv))
     grads = (dq, dk, dv)
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         # backward(create_graph=True): the gradients themselves are not differentiable

@@ -20,6 +20,15 @@ from . import _ext
 from ._checks import is_int
 
 
+_generation = 0
+
+
+def generation() -> int:
+    """A count of the changes made through :func:`set_value` in this process (readers cache the
+    values per generation)."""
+    return _generation
+
+
 def _module():
     if not _ext.HAS_EXTENSION:
         raise RuntimeError(f"rocm_attn.tuning needs the compiled kernels: {_ext.extension_error()}")
@@ -46,8 +55,11 @@ def set_value(name: str, value: int) -> int:
     module = _module()
     if not is_int(value) or not -2**31 <= value < 2**31:
         raise ValueError(f"tuning value for {name!r} must be a 32-bit int, got {value!r}")
+    global _generation
     try:
-        return module.set_tuning(name, value)
+        old = module.set_tuning(name, value)
+        _generation += 1
+        return old
     except KeyError:
         raise ValueError(f"unknown tuning name {name!r}; known: "
                          f"{', '.join(sorted(values()))}") from None

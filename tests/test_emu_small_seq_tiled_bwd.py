@@ -344,7 +344,7 @@ def test_stream_off_keeps_matrix_passes(lib):
 
 # The dK / dV pass's one-row-tile instance (tiled_bwd_kernel.h, ROW_TILE_CALL): 5..16 rows per
 # (segment, kv head); its last template argument FUSED_DELTA (Delta computed by the items, no
-# Delta pass) by default.
+# Delta pass) by default where every history fits one key tile (max_seqlen_kv <= 16).
 ROW_TILE = re.compile(r"small_seq_tiled_bwd_dkv_kernel<[^>]*, true, (true|false)>")
 DELTA_PASS = "small_seq_tiled_bwd_delta_kernel"
 
@@ -362,17 +362,18 @@ def ran_row_tile(lib):
     return "fused" if found[0] == "true" else "delta_pass"
 
 
-def check_row_tile(lib, case, seed, dlse=False, knobs=None):
-    """The instance with Delta fused (the default, or `knobs`) against the oracle and close to the
-    instance with Delta from the Delta pass, which is bitwise the general instance's one-row-tile
-    items (the same item, the same Delta). At 32 lanes (the scalar item: Delta = rowsum(dO O) in
-    pass 1's lane layout and order) fused and Delta-pass gradients are bitwise equal too. The
-    comparisons leave out the rows the contract leaves open (k/v rows two garbage segments
-    claim hold either writer's value, by schedule). Returns the fused gradients."""
+def check_row_tile(lib, case, seed, dlse=False):
+    """The instance with the default Delta (fused where max_seqlen_kv <= 16, else the Delta
+    pass) against the oracle and close to the instance with Delta from the Delta pass, which is
+    bitwise the general instance's one-row-tile items (the same item, the same Delta). At 32
+    lanes (the scalar item: Delta = rowsum(dO O) in pass 1's lane layout and order) fused and
+    Delta-pass gradients are bitwise equal too. The comparisons leave out the rows the contract
+    leaves open (k/v rows two garbage segments claim hold either writer's value, by schedule).
+    Returns the default's gradients."""
     lib.mark_kernels()
-    with emu.tuning(**(knobs or G.ROW_TILE_PASS)):
+    with emu.tuning(**G.ROW_TILE_PASS):
         dout, out, lse, dl, grads = check(lib, case, seed=seed, dlse=dlse)
-    assert ran_row_tile(lib) == "fused"
+    assert ran_row_tile(lib) == ("fused" if case.max_kv <= 16 else "delta_pass")
     lib.mark_kernels()
     with emu.tuning(**G.ROW_TILE_DELTA_PASS):
         two_pass = run(lib, case, dout, out, lse, dl)
@@ -390,17 +391,18 @@ def check_row_tile(lib, case, seed, dlse=False, knobs=None):
 @pytest.mark.parametrize("h_q,h_kv,max_q", [(2, 2, 16), (2, 2, 5), (8, 1, 2), (6, 2, 5)],
                          ids=["g1q16", "g1q5", "g8q2", "g3q5"])
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_row_tile_rows_and_histories(lib, d, h_q, h_kv, max_q):
-    """Row counts 5..16, histories of 0, 1, 5, 16, 17, 64 and 300 keys (one and several key
-    tiles: Delta from the only tile's products, or from a first sweep over the key tiles),
+@pytest.mark.parametrize("max_kv", [16, 320], ids=["one_key_tile", "key_tiles"])
+def test_row_tile_rows_and_histories(lib, d, h_q, h_kv, max_q, max_kv):
+    """Row counts 5..16, histories of 0, 1, 5, 9, 16 keys (one key tile: Delta from the tile's
+    own products) and of up to 300 keys (several key tiles: Delta from the Delta pass),
     segments without queries, int32 and int64 offsets."""
     if d == 256 and lib.wave == 32:
         pytest.skip("d 256 runs at 64 lanes (the 32-lane scalar path is d-generic)")
     q_lens = [max_q, 1, max_q, 0, max_q, 3, max_q, max_q]
-    kv_lens = [300, 64, 17, 5, 1, 0, 16, 33]
+    kv_lens = [300, 64, 17, 5, 1, 0, 16, 33] if max_kv > 16 else [16, 9, 12, 5, 1, 0, 16, 3]
     offsets = torch.int64 if d == 64 else torch.int32
     case = C.thd_case(70 + d + h_q + max_q, q_lens, kv_lens, h_q, h_kv, d, torch.bfloat16,
-                      offsets=offsets, max_q=max_q, max_kv=320)
+                      offsets=offsets, max_q=max_q, max_kv=max_kv)
     check_row_tile(lib, case, 70 + h_q, dlse=max_q == 2)
 
 
@@ -408,10 +410,11 @@ def test_row_tile_rows_and_histories(lib, d, h_q, h_kv, max_q):
 def test_row_tile_bad_segments_strided_bshd(lib, offsets, monkeypatch):
     """Strided views with padding rows (dq 0: written by the fused instance, the Delta pass
     does not run), bad segments (more queries than max_seqlen_q, a negative key count, keys
-    past the end), BSHD; in both schedule orders."""
-    case = C.thd_case(75, [3, 16, 2, 20, 1, 16, 4], [5, 17, 64, 40, 10, 1, 7], 2, 2, 64,
+    past the end), BSHD (histories past one key tile: the Delta pass); in both schedule
+    orders."""
+    case = C.thd_case(75, [3, 16, 2, 20, 1, 16, 4], [5, 16, 14, 12, 10, 1, 7], 2, 2, 64,
                       torch.bfloat16, offsets=offsets, strided=True, pad_before=3, pad_after=2,
-                      kv_pad=3, max_q=16, max_kv=80)
+                      kv_pad=3, max_q=16, max_kv=16)
     case.cu_kv[5] = case.cu_kv[4] - 1  # segment 4: -1 keys
     case.cu_kv[7] = 2**31 - 8 if offsets == torch.int32 else 2**40  # segment 6: past the end
     dq, _, _ = check_row_tile(lib, case, 75, dlse=offsets == torch.int64)
@@ -427,31 +430,31 @@ def test_row_tile_bad_segments_strided_bshd(lib, offsets, monkeypatch):
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_row_tile_fused_delta_one_key_tile(lib, d):
-    """Tuning small_seq_tiled_bwd_fused_delta 1: Delta fused where every history fits one key
-    tile (from that tile's products: dlse, empty segments, THD padding rows whose dq the
-    instance zeroes), the Delta pass past 16 keys."""
+    """Delta fused where every history fits one key tile (from that tile's products: dlse,
+    empty segments, THD padding rows whose dq the instance zeroes), the Delta pass past 16
+    keys."""
     case = C.thd_case(77 + d, [16, 5, 0, 3, 16, 8], [16, 1, 4, 0, 9, 16], 4, 4, d,
                       torch.float16, max_q=16, max_kv=16, pad_before=4, pad_after=3)
-    dq, _, _ = check_row_tile(lib, case, 77, dlse=True, knobs=G.ROW_TILE_FUSED_ONE_KEY_TILE)
+    dq, _, _ = check_row_tile(lib, case, 77, dlse=True)
     assert (dq[:4] == 0).all() and (dq[-3:] == 0).all()
     case = C.thd_case(78 + d, [16, 5], [17, 1], 4, 4, d, torch.float16, max_q=16, max_kv=17)
     lib.mark_kernels()
-    with emu.tuning(**G.ROW_TILE_FUSED_ONE_KEY_TILE):
+    with emu.tuning(**G.ROW_TILE_PASS):
         check(lib, case, seed=78)
     assert ran_row_tile(lib) == "delta_pass"
 
 
 def test_row_tile_non_finite_dout_row(lib):
-    """A NaN in one dO row of a segment of one key tile and one of a segment of several: with
-    Delta fused, NaN gradients stay on the rows and keys of those segments (each item sums only
-    its own segment's products), the other segments exact as with the Delta pass."""
-    q_lens, kv_lens = [4, 6, 2, 5, 3], [40, 9, 33, 12, 70]
-    case = C.thd_case(79, q_lens, kv_lens, 4, 2, 64, torch.bfloat16, max_q=8, max_kv=80,
+    """A NaN in one dO row of each of two segments: with Delta fused, NaN gradients stay on
+    the rows and keys of those segments (each item sums only its own segment's products), the
+    other segments exact as with the Delta pass."""
+    q_lens, kv_lens = [4, 6, 2, 5, 3], [14, 9, 16, 12, 7]
+    case = C.thd_case(79, q_lens, kv_lens, 4, 2, 64, torch.bfloat16, max_q=8, max_kv=16,
                       pad_before=2, pad_after=1)
     dout, out, lse, dl = G.inputs(case, 79, True)
     q0 = [2 + sum(q_lens[:i]) for i in range(len(q_lens) + 1)]
     k0 = [int(x) for x in case.cu_kv.tolist()]
-    poisoned = (1, 2)  # segment 1: 9 keys, segment 2: 33 keys
+    poisoned = (1, 2)  # segment 1: 9 keys, segment 2: 16 keys
     for seg in poisoned:
         dout[q0[seg] + 1, 3, 7] = float("nan")
     grads = {}

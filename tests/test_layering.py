@@ -23,8 +23,8 @@ PKG = ROOT / "rocm_attn"
 LAYERS: List[Set[str]] = [
     # foundations: extension loading, logging, shared checks, error counter, tuning, the
     # fake impls of the compiled ops, the float64 reference (oracle)
-    {"_C", "_ext", "_logging", "_checks", "errors", "tuning", "ops", "reference",
-     "second_derivative"},
+    {"_C", "_ext", "_logging", "_checks", "errors", "tuning", "small_seq_plan", "ops",
+     "reference", "second_derivative"},
     # THD helpers on their kernels
     {"thd"},
     # one-device attention and the engine under context parallelism

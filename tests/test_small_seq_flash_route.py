@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from helpers import emu, flash_emulator  # noqa: E402
-from rocm_attn import fused_attn_small_seq, small_seq_flash  # noqa: E402
+from rocm_attn import fused_attn_small_seq, small_seq_flash, small_seq_plan  # noqa: E402
 from rocm_attn.varlen import backends  # noqa: E402
 import test_small_seq_segments as seg_tests  # noqa: E402
 from test_small_seq_segments import Call, Rng, assert_rel  # noqa: E402
@@ -159,22 +159,6 @@ def test_route_bad_segments_nan_and_counted(route_on_cpu):
     assert (grads[1][k0:k0 + n] == 0).all() and (grads[2][k0:k0 + n] == 0).all()
 
 
-def test_rule_bounds_mirror_the_kernels():
-    """The rule's copy of a kernel bound: the warpgroup backward's last key
-    (kTiledBwdWarpgroupMaxKeys = 4 blocks of kTiledWarpgroupKeys)."""
-    import re
-    from pathlib import Path
-
-    src = Path(__file__).resolve().parent.parent / "hip_src/small_seq"
-    fwd = (src / "tiled_fwd_warpgroup_kernel.h").read_text()
-    bwd = (src / "tiled_bwd_warpgroup_kernel.h").read_text()
-    keys = int(re.search(r"constexpr int kTiledWarpgroupKeys = (\d+);", fwd).group(1))
-    assert "constexpr int kTiledBwdWarpgroupBlockKeys = kTiledWarpgroupKeys;" in bwd
-    blocks = int(re.search(r"constexpr int kTiledBwdWarpgroupMaxKeys = (\d+) \* "
-                           r"kTiledBwdWarpgroupBlockKeys;", bwd).group(1))
-    assert small_seq_flash.WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV == blocks * keys
-
-
 def test_takes_route_rules(monkeypatch):
     """Which calls the route takes: THD only, no return_softmax, CUDA builds of torch, not while
     exporting, the tuning mode (0 never, 1 the measured rule or a history beyond the tiled
@@ -182,9 +166,9 @@ def test_takes_route_rules(monkeypatch):
     q = torch.empty(4, 8, 128)
     k = torch.empty(4, 2, 128)
     assert not small_seq_flash.takes_route(q, k, k, True, 64, 64, False), "CPU tensors"
-    fwd_kv = small_seq_flash.ROUTE_MIN_SEQLEN_KV_FORWARD
-    bwd_kv = small_seq_flash.ROUTE_MIN_SEQLEN_KV_BACKWARD
-    rows = small_seq_flash.ROUTE_MIN_QUERIES
+    fwd_kv = small_seq_plan.ROUTE_MIN_SEQLEN_KV_FORWARD
+    bwd_kv = small_seq_plan.ROUTE_MIN_SEQLEN_KV_BACKWARD
+    rows = small_seq_plan.ROUTE_MIN_QUERIES
     assert small_seq_flash.route_wins(128, rows, fwd_kv, False)
     assert not small_seq_flash.route_wins(128, rows - 1, fwd_kv, False)
     assert not small_seq_flash.route_wins(128, 512, fwd_kv - 1, False)
@@ -193,7 +177,7 @@ def test_takes_route_rules(monkeypatch):
     assert small_seq_flash.route_wins(256, 512, bwd_kv, False), "wide heads"
     # with the tiled forward's warpgroup-MMA kernel a forward alone at d <= 128 stays tiled
     # where segments may hold WARPGROUP_MIN_ROWS rows per kv head (candidates x group)
-    wg_rows = small_seq_flash.WARPGROUP_MIN_ROWS
+    wg_rows = small_seq_plan.ROUTE_WARPGROUP_MIN_ROWS
     assert not small_seq_flash.route_wins(128, wg_rows, 4096, False, warpgroup=True)
     assert not small_seq_flash.route_wins(128, wg_rows // 4, 4096, False, warpgroup=True,
                                           group=4)
@@ -201,8 +185,8 @@ def test_takes_route_rules(monkeypatch):
     assert small_seq_flash.route_wins(128, wg_rows, 4096, False)
     # ... and, with the warp-specialized kernel on, at d 128 over 129-256 keys where a segment
     # may hold two whole 64-row tiles
-    lo, hi = small_seq_flash.WARP_SPECIALIZED_SEQLEN_KV
-    ws_rows = small_seq_flash.WARP_SPECIALIZED_MIN_ROWS
+    lo, hi = small_seq_plan.ROUTE_WS_SEQLEN_KV
+    ws_rows = small_seq_plan.ROUTE_WS_MIN_ROWS
     for kv in (lo, hi):
         assert not small_seq_flash.route_wins(128, ws_rows, kv, False, warpgroup=True,
                                               warp_specialized=True)
@@ -221,7 +205,7 @@ def test_takes_route_rules(monkeypatch):
         128, ws_rows, hi, True, warpgroup=True), "forward alone"
     # ... and so does a call to be differentiated up to the warpgroup backward's last key,
     # whatever its GQA group
-    last_kv = small_seq_flash.WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV
+    last_kv = small_seq_plan.BWD_WARPGROUP_MAX_KEYS
     for group in (1, 4):
         assert not small_seq_flash.route_wins(128, 512, last_kv, True, warpgroup=True,
                                               group=group)
@@ -258,8 +242,9 @@ def test_takes_route_rules(monkeypatch):
                                           softmax, long_history=long)
         assert got == want, (mode, thd, softmax, max_q, max_kv, long)
     # the GQA group comes from the tensors' head counts: where the warpgroup kernels run, a
-    # forward alone of 128 candidates over 256 keys stays tiled with q 8 heads over k 2 (512
-    # rows per kv head) and takes the route over 8 kv heads (128 rows); a differentiated call
+    # forward alone of 128 candidates over 512 keys stays tiled with q 8 heads over k 2 (512
+    # rows per kv head) and takes the route over 8 kv heads (128 rows); over 256 keys the
+    # warp-specialized kernel (on by default) keeps 128 rows tiled too; a differentiated call
     # stays tiled up to 256 keys with either group
     monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: 1)
     monkeypatch.setattr(small_seq_flash, "warpgroup_kernels", lambda: True)
@@ -270,8 +255,11 @@ def test_takes_route_rules(monkeypatch):
     class FakeK8(FakeK):
         shape = (4, 8, 128)
 
-    assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 128, 256, False)
-    assert small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 256, False)
+    assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 128, 512, False)
+    assert small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 512, False)
+    assert not small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 256, False)
+    with rocm_attn_tuning_ws_off(monkeypatch):
+        assert small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 256, False)
     for kv in (FakeK(), FakeK8()):
         assert not small_seq_flash.takes_route(FakeCudaLeaf(), kv, kv, True, 512, 256, False)
         assert small_seq_flash.takes_route(FakeCudaLeaf(), kv, kv, True, 512, 257, False)
@@ -286,6 +274,20 @@ def test_takes_route_rules(monkeypatch):
         assert not small_seq_flash.needs_backward(leaf, k, k)
     monkeypatch.setattr(torch.version, "hip", "6.2")
     assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 512, 64, False)
+
+
+def rocm_attn_tuning_ws_off(monkeypatch):
+    """The plan's tuning with the warp-specialized forward off (no compiled extension here)."""
+    import contextlib
+
+    tuned = dict(small_seq_plan.DEFAULT_TUNING, small_seq_tiled_warpgroup_ws=0)
+
+    @contextlib.contextmanager
+    def scope():
+        with monkeypatch.context() as m:
+            m.setattr(small_seq_plan, "current_tuning", lambda: dict(tuned))
+            yield
+    return scope()
 
 
 def test_flash_offsets():

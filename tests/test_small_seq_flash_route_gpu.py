@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rocm_attn  # noqa: E402
-from rocm_attn import fused_attn_small_seq, small_seq_flash  # noqa: E402
+from rocm_attn import fused_attn_small_seq, small_seq_flash, small_seq_plan  # noqa: E402
 from rocm_attn import small_seq as small_seq_mod  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
 from helpers.gpu import gpu_marks, poison_allocator  # noqa: E402
@@ -173,7 +173,7 @@ def test_through_fused_attn_small_seq_compile_and_graph(dev, route_rule):
     route (flash's forward and backward run); eager, torch.compile and a captured CUDA graph
     give the same results."""
     gen = torch.Generator().manual_seed(7)
-    b, max_q, max_kv = 32, 160, small_seq_flash.WARPGROUP_BACKWARD_LIMIT_SEQLEN_KV + 44
+    b, max_q, max_kv = 32, 160, small_seq_plan.BWD_WARPGROUP_MAX_KEYS + 44
     case = C.thd_case(7, lens(gen, b, 100, max_q), lens(gen, b, 1, max_kv), 8, 8, 128,
                       torch.bfloat16, max_q=max_q, max_kv=max_kv, device=dev)
     leaves = [t.detach().clone().requires_grad_() for t in (case.q, case.k, case.v)]

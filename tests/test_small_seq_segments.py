@@ -472,19 +472,20 @@ def _define_emulated_tiled_ops():
     lib = torch.library.Library("rocm_attn", "FRAGMENT")
     lib.define("small_seq_tiled_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, "
                "Tensor? cu_seqlens_kv, Tensor? seqlens_kv, int max_seqlen_q, int max_seqlen_kv, "
-               "float softmax_scale, bool return_softmax) -> (Tensor, Tensor, Tensor)")
+               "float softmax_scale, bool return_softmax, int[] plan) -> (Tensor, Tensor, "
+               "Tensor)")
     lib.define("small_seq_tiled_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
                "Tensor lse, Tensor? dlse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, "
-               "Tensor? seqlens_kv, int max_seqlen_q, int max_seqlen_kv, float softmax_scale) "
-               "-> (Tensor, Tensor, Tensor)")
+               "Tensor? seqlens_kv, int max_seqlen_q, int max_seqlen_kv, float softmax_scale, "
+               "int[] plan) -> (Tensor, Tensor, Tensor)")
 
-    def fwd(q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale, return_softmax):
+    def fwd(q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale, return_softmax, plan):
         with torch.no_grad():
             out, lse, probs = torch_path(q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale,
                                          q.dim() == 3, False, True, return_softmax)
         return out.contiguous(), lse.contiguous(), probs.contiguous()
 
-    def bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens, max_q, max_kv, scale):
+    def bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens, max_q, max_kv, scale, plan):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         with torch.enable_grad():
             o, l, _ = torch_path(*leaves, cu_q, cu_kv, seqlens, max_q, max_kv, scale,

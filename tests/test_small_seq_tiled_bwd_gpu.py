@@ -27,6 +27,7 @@ import rocm_attn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from rocm_attn import small_seq_plan  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
 from helpers.gpu import gpu_marks, poison_allocator  # noqa: E402
 from helpers.small_seq_tiled_gpu import DTYPES, GROUPS, lens, tiled_device  # noqa: E402
@@ -47,7 +48,8 @@ def op(case: C.TiledCase, dout, out, lse, dlse, poison=True):
         poison_allocator(case.q.device)
     return torch.ops.rocm_attn.small_seq_tiled_bwd(
         dout, case.q, case.k, case.v, out, lse, dlse, case.cu_q, case.cu_kv, case.seqlens,
-        case.max_q, case.max_kv, case.scale)
+        case.max_q, case.max_kv, case.scale,
+        small_seq_plan.tiled_bwd_plan(case.q, case.k, case.max_q, case.max_kv))
 
 
 def _passes(name):
@@ -261,7 +263,8 @@ def test_host_checks_name_the_argument(dev):
     f = torch.ops.rocm_attn.small_seq_tiled_bwd
     a = dict(dout=dout, q=case.q, k=case.k, v=case.v, out=out, lse=lse, dlse=None,
              cu_seqlens_q=case.cu_q, cu_seqlens_kv=case.cu_kv, seqlens_kv=None, max_seqlen_q=4,
-             max_seqlen_kv=8, softmax_scale=0.1)
+             max_seqlen_kv=8, softmax_scale=0.1,
+             plan=small_seq_plan.tiled_bwd_plan(case.q, case.k, 4, 8))
 
     def call(**kw):
         return f(*dict(a, **kw).values())
@@ -281,6 +284,9 @@ def test_host_checks_name_the_argument(dev):
         (dict(k=case.k[:, :1].repeat(1, 3, 1), v=case.v[:, :1].repeat(1, 3, 1)), "heads"),
         (dict(v=case.v.half()), "dtype"),
         (dict(seqlens_kv=case.cu_kv[1:]), "seqlens_kv"),
+        (dict(plan=[1, 0, 10]), "plan"),
+        (dict(plan=[1, 0, 99] + [0] * 7), "no kernel for the plan"),
+        (dict(plan=[1, 0, 10, 64] + [0] * 6), "does not fit this call"),
     ]:
         with pytest.raises(RuntimeError, match=word):
             call(**kw)
@@ -384,16 +390,15 @@ def test_warpgroup_tile_copies(dev, max_kv, h_q, h_kv, tma):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("h_q,h_kv,tma", [(8, 8, 1), (8, 2, 1), (16, 2, 1), (6, 2, 1), (8, 2, 0)],
                          ids=["g1", "g4", "g8", "g3-cp-async", "g4-cp-async"])
-def test_warpgroup_wide_scores(dev, h_q, h_kv, tma, d, dtype):
-    """The backward of histories past one key block with its score products over whole 64-key
-    blocks (tuning small_seq_tiled_bwd_wide_scores 1, the default: the dK / dV kernel's
-    transposed, S^T = K Q^T with P^T and dS^T as register operands; the dQ kernel's m64n64)
-    against the float64 oracle and against the 16-key chunks (0): histories of 65..256 keys
+def test_warpgroup_key_blocks(dev, h_q, h_kv, tma, d, dtype):
+    """The backward of histories past one key block, its score products over whole 64-key
+    blocks (the dK / dV kernel's transposed, S^T = K Q^T with P^T and dS^T as register
+    operands; the dQ kernel's m64n64), against the float64 oracle: histories of 65..256 keys
     (one key past a block, whole blocks, 0 keys), row tiles cut by a segment's end and whole
     ones, int64 offsets, dlse, padding q rows, NaN k/v rows around the segments; tile copies and
     cp.async (tuning small_seq_tiled_warpgroup_tma; a GQA group of 3 does not divide a 64-row
     tile and always takes cp.async). The CUDA profiler's kernel names show which instances ran:
-    the last template argument of both kernels (TRANSPOSED, WIDE) is the setting."""
+    the dK / dV kernel's last template argument (TRANSPOSED) is true."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     q_lens = [64, 1, 17, 130, 0, 33, 512, 2, 16, 5]
@@ -401,13 +406,8 @@ def test_warpgroup_wide_scores(dev, h_q, h_kv, tma, d, dtype):
     case = C.thd_case(97 + h_q + h_kv + d, q_lens, kv_lens, h_q, h_kv, d, dtype,
                       offsets=torch.int64, max_kv=256, pad_before=3, pad_after=5, kv_pad=4,
                       device=dev)
-    grads, kernels = {}, {}
-    for wide in (1, 0):
-        with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma,
-                                       small_seq_tiled_bwd_wide_scores=wide):
-            grads[wide], kernels[wide] = check_profiled(case, 98 + d)
-    G.assert_close_grads(grads[1], grads[0], case)
-    dq, dk, dv = grads[1]
+    with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma):
+        (dq, dk, dv), names = check_profiled(case, 98 + d)
     assert (dq[:3] == 0).all() and (dq[-5:] == 0).all()
     assert (dk[:4] == 0).all() and (dv[-4:] == 0).all()
 
@@ -415,86 +415,11 @@ def test_warpgroup_wide_scores(dev, h_q, h_kv, tma, d, dtype):
         found = re.search(r"(true|false)>\s*\(", name)
         return found.group(1) == "true" if found else re.findall(r"Lb([01])E", name)[-1] == "1"
 
-    if any(names is not None for names in kernels.values()):  # else no CUPTI (check_profiled)
-        for wide in (1, 0):
-            names = kernels[wide] or []
-            assert any("_dq_" in n for n in names) and any("_dq_" not in n for n in names), names
-            assert all(last_flag(n) == bool(wide) for n in names), names
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("layout", ["bshd-g4", "thd-g1", "thd-g3-cp-async"])
-def test_warpgroup_one_tile(dev, layout, d, dtype):
-    """Items of at most one 64-row tile over histories past one key block, by one kernel that
-    walks each item's key blocks, dK / dV per block and dQ summed in fp32 across them (tuning
-    small_seq_tiled_bwd_one_tile 1, the default, Delta from pass 1): BSHD q of 16 queries with a
-    GQA group of 4 (64 rows) and NaN k/v past each history; THD of 0..64 queries without GQA
-    and of 0..21 with a group of 3 (cp.async: 3 does not divide a tile), int64 offsets, padding
-    q rows and k/v rows around the segments; histories of 0, 1, 64, 65, 128, 129, 200 and 255 /
-    256 keys; dlse. Against the float64 oracle, bit-identical between tile copies and cp.async
-    (tuning small_seq_tiled_warpgroup_tma 1 and 0), within the oracle's bound of the dK / dV and
-    dQ kernels (0). The profiler's kernel names show that no dQ kernel ran."""
-    if not warpgroup_device(dev):
-        pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
-    seed = 131 + d + len(layout)
-    if layout == "bshd-g4":
-        case = C.bshd_case(seed, 16, [256, 65, 0, 200, 129, 1, 64, 128], 256, 8, 2, d, dtype,
-                           device=dev)
-    else:
-        h_q, h_kv, most = (8, 8, 64) if layout == "thd-g1" else (6, 2, 21)
-        q_lens = [most, 1, 0, 17, most, 5, 2, most - 1, 3]
-        kv_lens = [256, 65, 129, 0, 200, 255, 1, 64, 128]
-        case = C.thd_case(seed, q_lens, kv_lens, h_q, h_kv, d, dtype, offsets=torch.int64,
-                          max_kv=256, pad_before=3, pad_after=5, kv_pad=4, device=dev)
-    grads, kernels = {}, {}
-    for tma, one in ((1, 1), (0, 1), (1, 0)):
-        with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma,
-                                       small_seq_tiled_bwd_one_tile=one):
-            grads[tma, one], kernels[tma, one] = check_profiled(case, seed + 1)
-    for name, x, y in zip(("dq", "dk", "dv"), grads[1, 1], grads[0, 1]):
-        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
-                                   msg=f"{name}: tile copies != cp.async")
-    G.assert_close_grads(grads[1, 1], grads[1, 0], case)
-    if any(names is not None for names in kernels.values()):  # else no CUPTI (check_profiled)
-        for key, names in kernels.items():
-            assert names and any("_dq_" in n for n in names) == (key[1] == 0), (key, names)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("layout", ["bshd-g4", "thd-g1", "thd-g3"])
-def test_warpgroup_two_tile(dev, layout, d, dtype):
-    """Items of at most two 64-row tiles (some more than one) over histories past one key block,
-    by one kernel of two warpgroups that walks each item's key blocks, dV and dK per block from
-    operands the warpgroups exchange, dQ summed across the blocks (tuning
-    small_seq_tiled_bwd_two_tile 1, the default, Delta from pass 1): BSHD q of 32 queries with a
-    GQA group of 4 (128 rows) and NaN k/v past each history; THD of 0..128 queries without GQA
-    and of 0..42 with a group of 3 (126 rows), int64 offsets, padding q rows and k/v rows around
-    the segments, segments of one tile or less beside two-tile ones; histories of 0, 1, 64, 65,
-    128, 129, 200 and 255 / 256 keys; dlse. Against the float64 oracle, and within the oracle's
-    bound of the dK / dV and dQ kernels (0). The profiler's kernel names show which ran."""
-    if not warpgroup_device(dev):
-        pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
-    seed = 171 + d + len(layout)
-    if layout == "bshd-g4":
-        case = C.bshd_case(seed, 32, [256, 65, 0, 200, 129, 1, 64, 128], 256, 8, 2, d, dtype,
-                           device=dev)
-    else:
-        h_q, h_kv, most = (8, 8, 128) if layout == "thd-g1" else (6, 2, 42)
-        q_lens = [most, 1, 0, 17, most, most // 2 + 1, most // 2, most - 1, 3]
-        kv_lens = [256, 65, 129, 0, 200, 255, 1, 64, 128]
-        case = C.thd_case(seed, q_lens, kv_lens, h_q, h_kv, d, dtype, offsets=torch.int64,
-                          max_kv=256, pad_before=3, pad_after=5, kv_pad=4, device=dev)
-    grads, kernels = {}, {}
-    for two in (1, 0):
-        with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_bwd_two_tile=two):
-            grads[two], kernels[two] = check_profiled(case, seed + 1)
-    G.assert_close_grads(grads[1], grads[0], case)
-    if any(names is not None for names in kernels.values()):  # else no CUPTI (check_profiled)
-        assert kernels[1] and all("two_tile" in n for n in kernels[1]), kernels[1]
-        assert kernels[0] and any("_dq_" in n for n in kernels[0]), kernels[0]
-        assert not any("two_tile" in n for n in kernels[0]), kernels[0]
+    if names is not None:  # else no CUPTI (check_profiled)
+        assert any("_dq_" in n for n in names), names
+        dkdv = [n for n in names if "bwd_warpgroup" in n and "_dq_" not in n
+                and "two_tile" not in n]
+        assert dkdv and all(last_flag(n) for n in dkdv), names
 
 
 @pytest.mark.parametrize("h_kv", [2, 8], ids=["g4", "g1"])
@@ -503,20 +428,18 @@ def test_warpgroup_dq_tile_copies_bshd(dev, h_kv):
     BSHD q of 100 queries, so that the last tile of each (user, kv head) runs past s_q (rows
     the copies fill with zeros), histories of 0..256 keys with NaN k/v past each length; against
     the float64 oracle, and bit-identical to the cp.async kernels (tuning
-    small_seq_tiled_warpgroup_tma 0, and 2: the dQ kernel alone by cp.async), which compute
-    each row alone in the same order."""
+    small_seq_tiled_warpgroup_tma 0), which compute each row alone in the same order."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     case = C.bshd_case(93 + h_kv, 100, [256, 65, 0, 200, 129, 1], 256, 8, h_kv, 128,
                        torch.bfloat16, device=dev)
     grads = {}
-    for tma in (1, 2, 0):
+    for tma in (1, 0):
         with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma):
             _, grads[tma] = check(case, seed=94, dlse=True)
-    for tma in (1, 2):
-        for name, x, y in zip(("dq", "dk", "dv"), grads[tma], grads[0]):
-            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
-                                       msg=f"{name}: tile copies ({tma}) != cp.async")
+    for name, x, y in zip(("dq", "dk", "dv"), grads[1], grads[0]):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
+                                   msg=f"{name}: tile copies != cp.async")
 
 
 def test_warpgroup_dq_tile_copies_many_items(dev):
@@ -712,8 +635,9 @@ def test_stream_deterministic_and_default(dev, b):
 ROW_TILE_ROWS = [pytest.param(8, 8, 16, id="g1q16"), pytest.param(8, 8, 5, id="g1q5"),
                  pytest.param(8, 1, 2, id="g8q2"), pytest.param(16, 1, 1, id="g16q1"),
                  pytest.param(6, 2, 4, id="g3q4")]
-# The instance with Delta computed by its items (the default: no Delta pass) and with Delta
-# from the Delta pass (tuning small_seq_tiled_bwd_fused_delta 0).
+# The instance with the default Delta (computed by its items where every history fits one key
+# tile: no Delta pass; else from the Delta pass) and with Delta from the Delta pass always
+# (tuning small_seq_tiled_bwd_fused_delta 0).
 ROW_TILE_DELTA = {"fused": G.ROW_TILE_PASS, "delta_pass": G.ROW_TILE_DELTA_PASS}
 
 
@@ -735,8 +659,8 @@ def assert_row_tile_matches_wave(case, inputs, grads, delta):
 @pytest.mark.parametrize("max_kv", [16, 17, 300, 4096])
 def test_row_tile_rows_and_histories(dev, max_kv, d, h_q, h_kv, max_q, delta):
     """Ragged queries (0..max_q) and histories (0..max_kv, the longest included: one key tile,
-    Delta fused from its products, and several, Delta fused by a first sweep) against the
-    float64 oracle and against pass 2's one-row-tile items."""
+    Delta fused from its products, and several, Delta from the Delta pass) against the float64
+    oracle and against pass 2's one-row-tile items."""
     dtype = torch.float16 if d == 64 else torch.bfloat16
     gen = torch.Generator().manual_seed(max_kv + d + h_q + max_q)
     b = 24 if max_kv == 4096 else 300
@@ -786,11 +710,10 @@ def test_row_tile_strided_garbage_bshd(dev, offsets, delta):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("max_kv", [16, 300])
 def test_row_tile_fused_delta(dev, max_kv, d):
-    """Delta computed by the one-row-tile items as rowsum(P dP) - dlse (no Delta pass) against
-    the oracle and against Delta from the Delta pass: dlse, GQA, segments without keys or
-    queries, padding rows; tuning small_seq_tiled_bwd_fused_delta 1 (fused only for histories
-    of one key tile); a non-finite dO row (NaN on its own segment only, as with the Delta
-    pass)."""
+    """Delta computed by the one-row-tile items as rowsum(P dP) - dlse (no Delta pass) where
+    every history fits one key tile, else from the Delta pass, against the oracle and against
+    Delta from the Delta pass always: dlse, GQA, segments without keys or queries, padding
+    rows; a non-finite dO row (NaN on its own segment only, as with the Delta pass)."""
     q_lens = [4, 1, 0, 3, 4, 2, 4]
     kv_lens = [max_kv, 0, 3, max_kv - 1, 1, 9, max_kv]
     case = C.thd_case(80 + max_kv + d, q_lens, kv_lens, 8, 2, d, torch.bfloat16, max_q=4,
@@ -801,10 +724,8 @@ def test_row_tile_fused_delta(dev, max_kv, d):
     with rocm_attn.tuning.override(**G.ROW_TILE_DELTA_PASS):
         two_pass = op(case, *inputs)
     G.assert_close_grads(fused, two_pass)
-    with rocm_attn.tuning.override(**G.ROW_TILE_FUSED_ONE_KEY_TILE):
-        one = op(case, *inputs)
-    # 1: fused where every history fits one key tile, else the Delta pass (the same bits)
-    G.assert_same_bits(one, fused if max_kv <= 16 else two_pass)
+    if max_kv > 16:  # the default takes the Delta pass past one key tile: the same bits
+        G.assert_same_bits(fused, two_pass)
     # a NaN in one dO row of segment 3 (THD rows 3 + 4 + 1 + 0 .., after the 3 padding rows)
     dout = inputs[0].clone()
     q0 = 3 + 4 + 1 + 0
@@ -825,16 +746,13 @@ def test_row_tile_fused_delta(dev, max_kv, d):
 
 
 def test_row_tile_default_and_deterministic(dev):
-    """16 candidates without GQA: Delta fused (over 256 keys by a first sweep) bitwise the same
-    run to run and within the oracle's bound of pass 2's one-row-tile items; with the Delta pass
-    bitwise those items, which is what the default takes over 256 keys; over 16 keys the
-    default fuses Delta (the fused bits)."""
+    """16 candidates without GQA: over 256 keys the default (Delta from the Delta pass) bitwise
+    the same run to run and bitwise pass 2's one-row-tile items; over 16 keys the default fuses
+    Delta (the fused bits, the same run to run)."""
     gen = torch.Generator().manual_seed(63)
     case = C.thd_case(63, [16] * 2000, lens(gen, 2000, 0, 256), 8, 8, 128, torch.bfloat16,
                       max_q=16, max_kv=256, device=dev)
     inputs, grads = repeated_bits(case, G.ROW_TILE_PASS, 63)
-    assert_row_tile_matches_wave(case, inputs, grads, "fused")
-    inputs, grads = repeated_bits(case, G.ROW_TILE_DELTA_PASS, 63)
     G.assert_same_bits(grads, op(case, *inputs))
     assert_row_tile_matches_wave(case, inputs, grads, "delta_pass")
     short = C.thd_case(64, [16] * 2000, lens(gen, 2000, 0, 16), 8, 8, 128, torch.bfloat16,

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rocm_attn  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
+from rocm_attn import small_seq_plan  # noqa: E402
 from helpers.gpu import gpu_marks, poison_allocator  # noqa: E402
 from helpers.small_seq_tiled_gpu import DTYPES, GROUPS, lens, tiled_device  # noqa: E402
 from helpers import small_seq_tiled_cases as C  # noqa: E402
@@ -43,7 +44,8 @@ def op(case: C.TiledCase, return_softmax=True, poison=True):
         poison_allocator(case.q.device)
     out, lse, probs = torch.ops.rocm_attn.small_seq_tiled_fwd(
         case.q, case.k, case.v, case.cu_q, case.cu_kv, case.seqlens, case.max_q, case.max_kv,
-        case.scale, return_softmax)
+        case.scale, return_softmax,
+        small_seq_plan.tiled_fwd_plan(case.q, case.k, case.max_q, case.max_kv, return_softmax))
     return out, lse, (probs if return_softmax else None)
 
 
@@ -627,7 +629,8 @@ def test_host_checks_name_the_argument(dev):
     f = torch.ops.rocm_attn.small_seq_tiled_fwd
     a = dict(q=case.q, k=case.k, v=case.v, cu_seqlens_q=case.cu_q, cu_seqlens_kv=case.cu_kv,
              seqlens_kv=None, max_seqlen_q=4, max_seqlen_kv=8, softmax_scale=0.1,
-             return_softmax=False)
+             return_softmax=False,
+             plan=small_seq_plan.tiled_fwd_plan(case.q, case.k, 4, 8, False))
 
     def call(**kw):
         args = dict(a, **kw)
@@ -647,6 +650,9 @@ def test_host_checks_name_the_argument(dev):
         (dict(q=case.q[..., :96].contiguous(), k=case.k[..., :96].contiguous(),
               v=case.v[..., :96].contiguous()), "head dim"),
         (dict(seqlens_kv=case.cu_kv[1:]), "seqlens_kv"),
+        (dict(plan=[1, 0, 1]), "plan"),
+        (dict(plan=[1, 0, 99] + [0] * 7), "no kernel for the plan"),
+        (dict(plan=[1, 0, 1, 64] + [0] * 4), "does not fit this call"),
     ]:
         with pytest.raises(RuntimeError, match=word):
             call(**kw)

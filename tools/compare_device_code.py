@@ -6,6 +6,8 @@ the extension does and compares it function by function:
 
   sm_90   hipified sources (tools/hipify.py) -> nvcc PTX (-O3 --use_fast_math, setup.py's
           device flags), or SASS with --sass (nvcc -cubin, cuobjdump -sass)
+  sm_90a  the same for an sm_90a build (RA_WGMMA_BUILD: the Hopper warpgroup and tile-copy
+          kernels, empty in the sm_90 pass); not in the default targets
   gfx942  HIP sources -> clang-19 device-only assembly (tools/check_kernels.py's gfx942 flags)
 
 Each tree is taken with its own tools (hipify, kernel generator): the ref from `git archive`,
@@ -38,6 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("sm_90", "gfx942")
+EXTRA_TARGETS = ("sm_90a",)
 CUOBJDUMP = "cuobjdump"  # --cuobjdump: where the CUDA toolkit's copy is not on PATH
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
@@ -59,6 +62,7 @@ def prepare_tree(src: Path, out: Path) -> dict:
     hip_units = sorted((src / "hip_src").rglob("*.hip")) + sorted(gen.glob("*.hip"))
     return {
         "sm_90": (cuda, {str(p.relative_to(cuda)): p for p in sorted(cuda.rglob("*.cu"))}),
+        "sm_90a": (cuda, {str(p.relative_to(cuda)): p for p in sorted(cuda.rglob("*.cu"))}),
         "gfx942": (src / "hip_src", {
             (str(p.relative_to(src / "hip_src")) if p.is_relative_to(src / "hip_src")
              else "gen/" + p.name): p for p in hip_units}),
@@ -120,12 +124,15 @@ def include_closure(unit: Path, include_dir: Path) -> dict:
 
 def compile_unit(target: str, unit: Path, include_dir: Path, out: Path, sass: bool) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
-    if target == "sm_90":
+    if target.startswith("sm_"):
         flags = ["-O3", "-std=c++17", "--use_fast_math", "-I", include_dir]
+        if target == "sm_90a":  # what setup.py defines for a build with sm_90a code
+            flags.append("-DRA_WGMMA_BUILD=1")
+        arch = f"-arch={target}"
         if sass:
-            run(["nvcc", "-arch=sm_90", *flags, "-cubin", unit, "-o", out.with_suffix(".cubin")])
+            run(["nvcc", arch, *flags, "-cubin", unit, "-o", out.with_suffix(".cubin")])
             return run([CUOBJDUMP, "-sass", out.with_suffix(".cubin")]).stdout
-        run(["nvcc", "-arch=sm_90", *flags, "-ptx", unit, "-o", out])
+        run(["nvcc", arch, *flags, "-ptx", unit, "-o", out])
     else:
         run(["clang++-19", "-x", "hip", "--offload-arch=gfx942", "--rocm-path=/usr", "-O3",
              "-std=c++17", "-I", include_dir, "--cuda-device-only", "-nogpulib", "-S", unit,
@@ -197,7 +204,7 @@ def split_amdgcn(text: str) -> dict:
 
 
 def device_functions(target: str, text: str, sass: bool) -> dict:
-    if target == "sm_90":
+    if target.startswith("sm_"):
         # nvcc names anonymous-namespace symbols after a hash of the source's path
         text = re.sub(r"_GLOBAL__N__[0-9a-f]{8}_", "_GLOBAL__N__path_", text)
         return split_sass(text) if sass else split_ptx(text)
@@ -221,16 +228,18 @@ def main(argv=None) -> int:
     targets = [t for t in args.targets.split(",") if t]
     global CUOBJDUMP
     CUOBJDUMP = args.cuobjdump
-    bad = set(targets) - set(TARGETS)
+    bad = set(targets) - set(TARGETS) - set(EXTRA_TARGETS)
     if bad:
-        parser.error(f"unknown targets {sorted(bad)}; choose from {TARGETS}")
+        parser.error(f"unknown targets {sorted(bad)}; choose from {TARGETS + EXTRA_TARGETS}")
     sha = run(["git", "-C", ROOT, "rev-parse", "--verify", args.base + "^{commit}"]).stdout.strip()
     work = args.keep or Path(tempfile.mkdtemp(prefix="device_code_"))
     base_src = work / "base_src"
     if base_src.exists():
         shutil.rmtree(base_src)
     base_src.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", sha, "hip_src", "tools"],
+    # rocm_attn: tools/generate_kernels.py reads the kernel plan (rocm_attn/small_seq_plan.py)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", sha, "hip_src", "tools",
+                              "rocm_attn"],
                              capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(base_src)], input=archive.stdout, check=True)
     trees = {"base": prepare_tree(base_src, work / "base"), "tree": prepare_tree(ROOT, work / "tree")}

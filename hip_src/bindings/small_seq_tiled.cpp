@@ -33,7 +33,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
     const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_q, int64_t max_seqlen_kv,
-    double softmax_scale, bool return_softmax) {
+    double softmax_scale, bool return_softmax, at::IntArrayRef plan_ints) {
   const bool thd = q.dim() == 3;
   TORCH_CHECK(thd || q.dim() == 4,
               "small_seq_tiled: q must be [total_q, h_q, d] (THD) or [b, s_q, h_q, d] (BSHD), "
@@ -69,6 +69,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
   check_rows_16b(q, "small_seq_tiled", "q");
   check_rows_16b(k, "small_seq_tiled", "k");
   check_rows_16b(v, "small_seq_tiled", "v");
+  SmallSeqPlan plan;
+  TORCH_CHECK(small_seq_plan_decode(plan_ints.data(), static_cast<int64_t>(plan_ints.size()),
+                                    &plan),
+              "small_seq_tiled: plan must be the ints of rocm_attn.small_seq_plan.tiled_fwd_plan, "
+              "got ", plan_ints);
 
   SmallSeqTiledParams p{};
   p.num_heads_q = static_cast<int32_t>(h_q);
@@ -107,8 +112,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
   const SmallSeqTiledDtype dtype = q.scalar_type() == at::kBFloat16
                                        ? SmallSeqTiledDtype::kBFloat16
                                        : SmallSeqTiledDtype::kFloat16;
-  const hipError_t err =
-      small_seq_tiled_fwd_launch(p, dtype, static_cast<int>(d), current_stream(q.device()));
+  const hipError_t err = small_seq_tiled_fwd_launch(p, plan, dtype, static_cast<int>(d),
+                                                    current_stream(q.device()));
+  TORCH_CHECK(err != hipErrorNotSupported, "small_seq_tiled: this build has no kernel for the "
+              "plan ", plan_ints, " (the Hopper warpgroup kernels need an sm_90a build on a 9.0 "
+              "device; cp.async staging a CUDA build)");
+  TORCH_CHECK(err != hipErrorInvalidValue, "small_seq_tiled: the plan ", plan_ints,
+              " does not fit this call or device (its head dim, GQA group, history or shared "
+              "memory)");
   check_launch(err, "small_seq tiled forward launch");
   return {out, lse, probs};
 }
@@ -119,7 +130,8 @@ TORCH_LIBRARY_FRAGMENT(rocm_attn, m) {
   m.def(
       "small_seq_tiled_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, "
       "Tensor? cu_seqlens_kv, Tensor? seqlens_kv, int max_seqlen_q, int max_seqlen_kv, "
-      "float softmax_scale, bool return_softmax) -> (Tensor out, Tensor lse, Tensor probs)");
+      "float softmax_scale, bool return_softmax, int[] plan) -> (Tensor out, Tensor lse, "
+      "Tensor probs)");
 }
 
 TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) { m.impl("small_seq_tiled_fwd", &small_seq_tiled_fwd); }

@@ -33,7 +33,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
     const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& dlse,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
     const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_q, int64_t max_seqlen_kv,
-    double softmax_scale) {
+    double softmax_scale, at::IntArrayRef plan_ints) {
   const bool thd = q.dim() == 3;
   TORCH_CHECK(thd || q.dim() == 4,
               "small_seq_tiled_bwd: q must be [total_q, h_q, d] (THD) or [b, s_q, h_q, d] "
@@ -78,6 +78,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
   check_rows_16b(q, "small_seq_tiled_bwd", "q");
   check_rows_16b(k, "small_seq_tiled_bwd", "k");
   check_rows_16b(v, "small_seq_tiled_bwd", "v");
+  SmallSeqPlan plan;
+  TORCH_CHECK(small_seq_plan_decode(plan_ints.data(), static_cast<int64_t>(plan_ints.size()),
+                                    &plan),
+              "small_seq_tiled_bwd: plan must be the ints of "
+              "rocm_attn.small_seq_plan.tiled_bwd_plan, got ", plan_ints);
   check_rows_16b(dout, "small_seq_tiled_bwd", "dout");
   check_rows_16b(out, "small_seq_tiled_bwd", "out");
 
@@ -137,7 +142,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
                                        ? SmallSeqTiledDtype::kBFloat16
                                        : SmallSeqTiledDtype::kFloat16;
   const hipError_t err =
-      small_seq_tiled_bwd_launch(p, dtype, static_cast<int>(d), current_stream(q.device()));
+      small_seq_tiled_bwd_launch(p, plan, dtype, static_cast<int>(d), current_stream(q.device()));
+  TORCH_CHECK(err != hipErrorNotSupported, "small_seq_tiled_bwd: this build has no kernel for "
+              "the plan ", plan_ints, " (the Hopper warpgroup kernels need an sm_90a build on a "
+              "9.0 device)");
+  TORCH_CHECK(err != hipErrorInvalidValue, "small_seq_tiled_bwd: the plan ", plan_ints,
+              " does not fit this call or device (its head dim, GQA group, rows, history or "
+              "shared memory)");
   check_launch(err, "small_seq tiled backward launch");
   return {dq, dk, dv};
 }
@@ -148,7 +159,8 @@ TORCH_LIBRARY_FRAGMENT(rocm_attn, m) {
   m.def(
       "small_seq_tiled_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor? dlse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? seqlens_kv, "
-      "int max_seqlen_q, int max_seqlen_kv, float softmax_scale) -> (Tensor dq, Tensor dk, "
+      "int max_seqlen_q, int max_seqlen_kv, float softmax_scale, int[] plan) -> (Tensor dq, "
+      "Tensor dk, "
       "Tensor dv)");
 }
 

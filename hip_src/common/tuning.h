@@ -9,7 +9,11 @@
 // bindings expose it as rocm_attn.tuning). Launchers read ra_tuning() and never the
 // environment: a getenv per launch costs host time on a path that is 5-20 us long, and a value
 // that changes under a running process would make two launches of one graph disagree.
-// A captured graph keeps the choices made at capture time.
+// A captured graph keeps the choices made at capture time. The tiled small-seq knobs
+// (small_seq_tiled_*, small_seq_flash_route) are read by the kernel plan in Python
+// (rocm_attn/small_seq_plan.py), which passes the tiled launchers the kernels to run; no tiled
+// launcher reads them. Comments below that name a launcher function name the plan's function
+// of the same rule.
 //
 // Plain host declarations: the bindings, compiled without the GPU compiler, include it.
 #pragma once
@@ -68,8 +72,8 @@ struct RaTuning {
   // and out, the warpgroup dK / dV kernel moves whole row tiles of Q, dO and dQ, and the
   // warpgroup dQ kernel those of Q and dO, by tensor tile copies where the call allows
   // (tiled_fwd_warpgroup_tma_kernel.h, tiled_bwd_warpgroup_tma_kernel.h: GQA group dividing 64,
-  // tile-copy layouts; forward 16-key steps only for single-tile items); 2 = the same but the
-  // dQ kernel by cp.async (A/B of its copies in one build); 0 = cp.async staging always.
+  // tile-copy layouts; forward 16-key steps only for single-tile items); 0 = cp.async staging
+  // always.
   int small_seq_tiled_warpgroup_tma = 1;
   // tiled small-seq forward on Hopper, CUDA sm_90a builds, d 128: 1 = calls of one 64-row tile
   // per (segment, kv head) over histories of 129-384 keys take the tile-copy warpgroup kernel's
@@ -98,18 +102,11 @@ struct RaTuning {
   // less): Delta = rowsum(dO O) - dlse computed by the kernels themselves. The warpgroup kernels:
   // 1 = histories of at most 16 keys (the dK / dV kernel with dQ, as rowsum(P dP) from one chunk
   // of products), 2 = up to 64 keys (the same with a second sweep of the score products) and
-  // longer ones where a (segment, kv head) may hold more than one 64-row tile (the dQ kernel,
-  // run first, from each tile's dO and O), 3 = any (tiled_bwd_launch.hip). The dK / dV
-  // pass's one-row-tile instance: 1 and 2 = histories of one 16-key tile (that tile's products),
-  // 3 = any (a first sweep of the score products over the key tiles: slower than the Delta pass
-  // there; tests). 0 = the Delta pass always.
+  // longer ones where a (segment, kv head) may hold more rows than the one- and two-tile walks
+  // take (the dQ kernel, run first, from each tile's dO and O; tiled_bwd_launch.hip). The dK / dV
+  // pass's one-row-tile instance: 1 and 2 = histories of one 16-key tile (that tile's products).
+  // 0 = the Delta pass always.
   int small_seq_tiled_bwd_fused_delta = 2;
-  // tiled small-seq backward on Hopper, histories past one 64-key block: 1 = both warpgroup
-  // kernels take their score products over whole 64-key blocks: the dK / dV kernel transposed
-  // (S^T = K Q^T, keys as M; P^T and dS^T stay in registers as the A operands of dV += P^T dO
-  // and dK += dS^T Q: tiled_bwd_warpgroup_key_block_transposed), the dQ kernel as m64n64
-  // products; 0 = scores in 16-key chunks (the dK / dV kernel's P and dS through shared memory).
-  int small_seq_tiled_bwd_wide_scores = 1;
   // tiled small-seq backward on Hopper, histories past one 64-key block where every (segment,
   // kv head) holds at most one 64-row tile (max_seqlen_q x group <= 64) and Delta comes from
   // pass 1: 1 = one kernel walks each item's key blocks, dK / dV per block and dQ summed in
@@ -185,7 +182,6 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},
     {"small_seq_tiled_bwd_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WARPGROUP", &RaTuning::small_seq_tiled_bwd_warpgroup},
     {"small_seq_tiled_bwd_fused_delta", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_FUSED_DELTA", &RaTuning::small_seq_tiled_bwd_fused_delta},
-    {"small_seq_tiled_bwd_wide_scores", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WIDE_SCORES", &RaTuning::small_seq_tiled_bwd_wide_scores},
     {"small_seq_tiled_bwd_one_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_ONE_TILE", &RaTuning::small_seq_tiled_bwd_one_tile},
     {"small_seq_tiled_bwd_two_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_TWO_TILE", &RaTuning::small_seq_tiled_bwd_two_tile},
     {"small_seq_tiled_bwd_stream", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_STREAM", &RaTuning::small_seq_tiled_bwd_stream},

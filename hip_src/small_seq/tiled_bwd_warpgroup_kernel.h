@@ -23,9 +23,9 @@
 //      K from shared memory; complete, since the block holds every key), out through the
 //      tile's Q buffer in 16-byte pieces.
 //   3. dK (times the scale) and dV of the block's keys from the fp32 accumulators, once.
-// Past one key block (no dQ here) tiled_bwd_warpgroup_key_block_transposed serves instead,
-// tuning allowing: S^T = K Q^T and dP^T = V dO^T as m64n64 products whose accumulators, rows
-// being keys, are the register operands of dV += P^T dO and dK += dS^T Q.
+// Past one key block (no dQ here) tiled_bwd_warpgroup_key_block_transposed serves instead:
+// S^T = K Q^T and dP^T = V dO^T as m64n64 products whose accumulators, rows being keys, are the
+// register operands of dV += P^T dO and dK += dS^T Q.
 // The dV / dK products have M = 64 keys: a 16-key history leaves rows 16..63 of those
 // accumulators unused, which costs matrix-unit time the bytes hide. Those rows come from
 // columns 16..63 of the P / dS buffers, which 16-key products never write (stale shared
@@ -913,7 +913,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_row_terms(const SmallSeqTiledParams& p,
 // the segment may hold anything. DELTA: the tile's Delta from its dO and O (pass 1 not run),
 // else pass 1's. Returns after this thread's last read of the buffer; the caller syncs the
 // warpgroup before the buffer takes other rows.
-template <typename T, int D, bool DELTA, bool WIDE>
+template <typename T, int D, bool DELTA>
 RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                            const TiledBwdWarpgroupRows& at, const int hq0,
                                            const int group, const int64_t r0,
@@ -936,8 +936,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const T
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
   for (int kb0 = 0; kb0 < s.nk; kb0 += KEYS) {
     uint32_t dsa[KEYS / 16][4];
-    tiled_bwd_warpgroup_scores<T, D, KEYS, false, false,
-                               WIDE ? KEYS : kTiledBwdWarpgroupChunk>(
+    tiled_bwd_warpgroup_scores<T, D, KEYS, false, false, KEYS>(
         sq, sdo, sk, sv, kp, kb0, s.nk - kb0, scale2, lse2, delta, nullptr, nullptr, dsa, wtid);
     tiled_bwd_warpgroup_issue_dq<T, D, KEYS>(dq, dsa, sk, kp, kb0);
     ra_wgmma_wait<0>();  // dsa is rewritten by the next block
@@ -958,7 +957,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const T
 // each warpgroup takes row tiles round robin, copying each one's Q and dO by cp.async (rows
 // past the segment as zeros) into its one buffer at `tile_at`; each tile's other loads
 // (tiled_bwd_warpgroup_dq_load_rows) are issued one tile ahead, under the tile before.
-template <typename T, int D, bool DELTA, bool WIDE>
+template <typename T, int D, bool DELTA>
 RA_DEVICE void tiled_bwd_warpgroup_dq_segment(const SmallSeqTiledParams& p,
                                               const TiledSegment& s, const int hk,
                                               const int group, const uint32_t sk,
@@ -1000,7 +999,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_segment(const SmallSeqTiledParams& p,
     if (next_r0 < seg_rows)
       tiled_bwd_warpgroup_dq_load_rows<D, DELTA>(p, s, hq0, at, TiledRowMap(next_r0, group),
                                                  next_r0, seg_rows, next, wtid);
-    tiled_bwd_warpgroup_dq_tile<T, D, DELTA, WIDE>(p, s, at, hq0, group, r0, seg_rows, l, sk,
+    tiled_bwd_warpgroup_dq_tile<T, D, DELTA>(p, s, at, hq0, group, r0, seg_rows, l, sk,
                                                    sv, kp, tile_ptr, tile_at, wg, wtid);
     l = next;
     ra_warpgroup_sync(wg);  // the buffer is refilled by the next tile's copies
@@ -1025,6 +1024,8 @@ RA_DEVICE void tiled_bwd_warpgroup_items(const SmallSeqTiledParams& p, Copies& c
   static_assert(WITH_DQ || !FUSED_DELTA, "Delta from P dP needs the row's whole history");
   static_assert(!TRANSPOSED || (!FUSED_DELTA && KEYS == kTiledBwdWarpgroupBlockKeys),
                 "the transposed products serve 64-key blocks, Delta from pass 1");
+  static_assert(WITH_DQ || TRANSPOSED,
+                "key-block items (past one key block, no dQ) take the transposed products");
   // one-tile items (TRANSPOSED with dQ): an item per (segment, kv head), walking its blocks
   constexpr bool kWalk = WITH_DQ && TRANSPOSED;
   const int tid = threadIdx.x;
@@ -1081,7 +1082,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
 // the block's warpgroups walks its row tiles (a segment without keys gets dQ 0). DELTA: launched
 // ahead of the dK / dV kernel without pass 1, it computes each row's Delta, writes it to the
 // workspace for the dK / dV kernel, and zeroes the dq of q padding rows (pass 1's other part).
-template <typename T, int D, bool DELTA, bool WIDE>
+template <typename T, int D, bool DELTA>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
     small_seq_tiled_bwd_warpgroup_dq_kernel(const SmallSeqTiledParams p) {
 #if RA_HAS_WGMMA
@@ -1099,7 +1100,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
     const int hk = static_cast<int>(item - static_cast<int64_t>(seg) * p.num_heads_kv);
     const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
     if (!s.valid) continue;  // the dK / dV kernel writes its dq (NaN)
-    tiled_bwd_warpgroup_dq_segment<T, D, DELTA, WIDE>(p, s, hk, group, sm.k, sm.v, kp,
+    tiled_bwd_warpgroup_dq_segment<T, D, DELTA>(p, s, hk, group, sm.k, sm.v, kp,
                                                       sm.q_ptr, sm.q, wg, tid);
     __syncthreads();  // every warpgroup is done with this segment's K / V
   }

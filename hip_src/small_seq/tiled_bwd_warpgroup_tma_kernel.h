@@ -172,7 +172,7 @@ RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_dq_tma_smem_bytes(int max_s
 // both parities from the tile's index and the tiles the buffer took in earlier items
 // (`base_parity`: one copy and one release each). tools/diag/dq_buffer_protocol.py model-checks
 // this protocol. DELTA as the cp.async kernel's.
-template <typename T, int D, bool DELTA, bool WIDE>
+template <typename T, int D, bool DELTA>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
     small_seq_tiled_bwd_warpgroup_dq_tma_kernel(const SmallSeqTiledParams p,
                                                 const __grid_constant__ TiledBwdTmaMaps maps) {
@@ -255,7 +255,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
       ra_mbar_wait(full(b), n & 1u);
       TiledBwdDqRowLoads next;
       load_rows(t + WARPGROUPS, next);
-      tiled_bwd_warpgroup_dq_tile<T, D, DELTA, WIDE>(p, s, at, hq0, group, t * ROWS, seg_rows,
+      tiled_bwd_warpgroup_dq_tile<T, D, DELTA>(p, s, at, hq0, group, t * ROWS, seg_rows,
                                                      l, sk, sv, kp,
                                                      smem_ptr + buf_off + b * kBufBytes,
                                                      raw + buf_off + b * kBufBytes, wg, wtid);

@@ -65,4 +65,30 @@ hipError_t tiled_allow_shared(int64_t smem) {
   return err;
 }
 
+// Launch sizes the launchers apply (rocm_attn/small_seq_plan.py, which chooses the kernels,
+// reads kTiledSharedReserve and kTiledBwdRowTileThreads too: the plan's generated
+// static_asserts check they agree).
+
+// The staged kernels' (resident, warpgroup) grid gives each resident block about this many
+// work items, splitting the row tiles of a (segment, kv head) over several items when there
+// are few segments.
+constexpr int kTiledResidentItemsPerBlock = 4;
+// Shared memory a block holds beyond its own (the runtime's reserve on NVIDIA), for the count
+// of blocks that fit a multiprocessor.
+constexpr int64_t kTiledSharedReserve = 1024;
+
+// Blocks of the one-row-tile instance: four waves (the general instance takes
+// kTiledBwdWavesPerBlock). Measured forward+backward on 16 candidates with 8 kv heads (H100):
+// the instance in these blocks 1-5% faster than the general instance; a 168-register cap (three
+// blocks, 56 bytes spilled) 1-22% slower, 200 registers over blocks of one or two warps (10
+// warps per multiprocessor, 8 bytes spilled) 10-17% slower (docs/kernels.md#one-row-tile-backward).
+constexpr int kTiledBwdRowTileThreads = 128;
+
+// Work items (segment, kv head) one per wave where there are at least
+// kTiledBwdStreamWaveItems x the waves resident at once (short histories are then latency
+// chains, and more of them run at once with no barrier), else one per block, its waves splitting
+// the keys (few long histories keep the device busy). Tuning small_seq_tiled_bwd_stream 2 / 3
+// forces one item per wave / per block.
+constexpr int kTiledBwdStreamWaveItems = 2;
+
 }  // namespace small_seq

@@ -5,6 +5,8 @@
 #include <hip/hip_runtime.h>
 #include <stdint.h>
 
+#include "plan.h"
+
 // Where segment i finds its rows (tiled_segment.h reads and checks them):
 //  q side  THD : rows cu_seqlens_q[i] .. cu_seqlens_q[i+1]-1 of q ([total_q, h_q, d]).
 //          BSHD: cu_seqlens_q == nullptr; rows j < s_q of batch i of q ([b, s_q, h_q, d]).
@@ -82,8 +84,12 @@ inline bool small_seq_tiled_supports(int head_dim) {
 enum class SmallSeqTiledDtype : int { kFloat16 = 0, kBFloat16 = 1 };
 
 // Launchers (tiled_launch.hip). Return hipSuccess or the launch error; hipErrorInvalidValue
-// for an unsupported head dim (the bindings check first).
-hipError_t small_seq_tiled_fwd_launch(const SmallSeqTiledParams& p, SmallSeqTiledDtype dtype,
-                                      int head_dim, hipStream_t stream);
-hipError_t small_seq_tiled_bwd_launch(const SmallSeqTiledParams& p, SmallSeqTiledDtype dtype,
-                                      int head_dim, hipStream_t stream);
+// for an unsupported head dim (the bindings check first) or a plan the call or device cannot
+// take; hipErrorNotSupported for a plan whose kernel this build lacks (each runs the kernels
+// its plan names: plan.h).
+hipError_t small_seq_tiled_fwd_launch(const SmallSeqTiledParams& p, const SmallSeqPlan& plan,
+                                      SmallSeqTiledDtype dtype, int head_dim,
+                                      hipStream_t stream);
+hipError_t small_seq_tiled_bwd_launch(const SmallSeqTiledParams& p, const SmallSeqPlan& plan,
+                                      SmallSeqTiledDtype dtype, int head_dim,
+                                      hipStream_t stream);

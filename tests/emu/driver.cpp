@@ -59,16 +59,25 @@ int emu_small_seq_bwd(const SmallSeqParams* p, int bf16, int head_dim) {
 #endif
 
 #if defined(RA_EMU_TILED)
-int emu_small_seq_tiled_fwd(const SmallSeqTiledParams* p, int bf16, int head_dim) {
+// plan: the ints of rocm_attn.small_seq_plan.encode, as the op takes them.
+int emu_small_seq_tiled_fwd(const SmallSeqTiledParams* p, int bf16, int head_dim,
+                            const int64_t* plan_ints, int64_t plan_len) {
+  SmallSeqPlan plan;
+  if (!small_seq_plan_decode(plan_ints, plan_len, &plan)) return hipErrorInvalidValue;
   return small_seq_tiled_fwd_launch(
-      *p, bf16 ? SmallSeqTiledDtype::kBFloat16 : SmallSeqTiledDtype::kFloat16, head_dim, nullptr);
+      *p, plan, bf16 ? SmallSeqTiledDtype::kBFloat16 : SmallSeqTiledDtype::kFloat16, head_dim,
+      nullptr);
 }
 #endif
 
 #if defined(RA_EMU_TILED)
-int emu_small_seq_tiled_bwd(const SmallSeqTiledParams* p, int bf16, int head_dim) {
+int emu_small_seq_tiled_bwd(const SmallSeqTiledParams* p, int bf16, int head_dim,
+                            const int64_t* plan_ints, int64_t plan_len) {
+  SmallSeqPlan plan;
+  if (!small_seq_plan_decode(plan_ints, plan_len, &plan)) return hipErrorInvalidValue;
   return small_seq_tiled_bwd_launch(
-      *p, bf16 ? SmallSeqTiledDtype::kBFloat16 : SmallSeqTiledDtype::kFloat16, head_dim, nullptr);
+      *p, plan, bf16 ? SmallSeqTiledDtype::kBFloat16 : SmallSeqTiledDtype::kFloat16, head_dim,
+      nullptr);
 }
 #endif
 

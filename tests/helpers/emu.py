@@ -770,9 +770,51 @@ def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, 
     p.lse = ptr(lse)
     p.probs = ptr(probs) if return_softmax else None
     lib.apply_tuning()
+    plan = tiled_fwd_plan(lib, q, k, max_q, max_kv, return_softmax)
+    ints = (ctypes.c_int64 * len(plan))(*plan)
     lib.check(lib.lib.emu_small_seq_tiled_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
-                                              q.shape[-1]), "small_seq tiled forward")
+                                              q.shape[-1], ints, ctypes.c_int64(len(plan))),
+              "small_seq tiled forward")
     return out, lse, probs
+
+
+def plan_device(lib: Emu):
+    """The emulated device as the kernel plan sees it (rocm_attn/small_seq_plan.py): the
+    library's wave width, the runtime's shared memory (tests/emu/runtime.cpp), a HIP build."""
+    from rocm_attn import small_seq_plan
+
+    mps = int(os.environ.get("RA_EMU_MULTIPROCESSORS", "2"))
+    return small_seq_plan.Device("emu", "amd", lib.wave, mps, 64 * 1024, 64 * 1024)
+
+
+def plan_tuning(lib: Emu) -> Dict[str, int]:
+    """The plan's tuning for an emulated launch: the library's values with tuning()'s overrides
+    (what apply_tuning gives its launchers)."""
+    from rocm_attn import small_seq_plan
+
+    values = dict(small_seq_plan.DEFAULT_TUNING)
+    for name in values:
+        values[name] = TUNING.get(name, lib.tuning_defaults.get(name, values[name]))
+    return values
+
+
+def tiled_bwd_plan(lib: Emu, q, k, max_q, max_kv) -> List[int]:
+    """The plan ints of an emulated tiled backward (rocm_attn.small_seq_plan.tiled_bwd_plan's,
+    for the emulated device)."""
+    from rocm_attn import small_seq_plan as sp
+
+    call = sp.Call(q.shape[-1], q.shape[-2], k.shape[-2], max_q, max_kv)
+    return sp.tiled_bwd_ints(call, plan_device(lib), plan_tuning(lib))
+
+
+def tiled_fwd_plan(lib: Emu, q, k, max_q, max_kv, return_softmax) -> List[int]:
+    """The plan ints of an emulated tiled forward (rocm_attn.small_seq_plan.tiled_fwd_plan's,
+    for the emulated device)."""
+    from rocm_attn import small_seq_plan as sp
+
+    call = sp.Call(q.shape[-1], q.shape[-2], k.shape[-2], max_q, max_kv,
+                   return_softmax=return_softmax)
+    return sp.tiled_fwd_ints(call, plan_device(lib), plan_tuning(lib))
 
 
 def small_seq_tiled_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens, max_q,
@@ -795,8 +837,11 @@ def small_seq_tiled_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, se
         for dim, s in zip(lead + ["token", "head"], t.stride()[:-1]):
             setattr(p, f"{name}_{dim}_stride", s)
     lib.apply_tuning()
+    plan = tiled_bwd_plan(lib, q, k, max_q, max_kv)
+    ints = (ctypes.c_int64 * len(plan))(*plan)
     lib.check(lib.lib.emu_small_seq_tiled_bwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
-                                              q.shape[-1]), "small_seq tiled backward")
+                                              q.shape[-1], ints, ctypes.c_int64(len(plan))),
+              "small_seq tiled backward")
     return dq, dk, dv
 
 

@@ -35,17 +35,15 @@ BWD_PASSES = {
 # The dK / dV pass's one-row-tile instance (tiled_bwd_kernel.h) for the calls it serves (at most
 # 16 rows per (segment, kv head), more than the streaming kernel's 4); calls of more rows fall
 # back to the wave passes.
-# Delta fused in every call (tuning 3: histories past one key tile by a first sweep, which the
-# default leaves to the Delta pass as slower).
+# Delta fused where every history fits one key tile (max_seqlen_kv <= 16), else from the Delta
+# pass (the default).
 ROW_TILE_PASS = {"small_seq_tiled_bwd_row_tile": 1, "small_seq_tiled_bwd_stream": 0,
                  "small_seq_tiled_bwd_warpgroup": 0, "small_seq_tiled_bwd_block": 0,
-                 "small_seq_tiled_bwd_fused_delta": 3}
+                 "small_seq_tiled_bwd_fused_delta": 2}
 # The same with Delta from the Delta pass: with Delta fused the instance computes each row's
 # Delta itself (rowsum(P dP) - dlse, its items hold every key of their rows) and the Delta pass
 # is not launched.
 ROW_TILE_DELTA_PASS = {**ROW_TILE_PASS, "small_seq_tiled_bwd_fused_delta": 0}
-# Delta fused only where every history fits one key tile (16 keys): the default's rule.
-ROW_TILE_FUSED_ONE_KEY_TILE = {**ROW_TILE_PASS, "small_seq_tiled_bwd_fused_delta": 1}
 # The streaming kernel (tiled_bwd_stream_kernel.h) for the calls it serves (at most 4 rows per
 # (segment, kv head)), on every target, with one (segment, kv head) per wave and per block (the
 # launcher picks by the number of them); calls of more rows fall back to the passes above.

@@ -1,0 +1,68 @@
+// The kernel plan of a tiled small-seq call as the launchers receive it. The plan is made in
+// Python (rocm_attn/small_seq_plan.py: which kernel, its template parameters, its grid factor,
+// from the call's host bounds, the device's capabilities and the tuning) and passed to the op
+// as ints; the launchers (tiled_launch.hip) switch on it, check it against what this build
+// compiled, and choose nothing themselves. The ids here and the plan's KERNEL_IDS are the same
+// numbers (the generated plan unit static_asserts them).
+//
+// Plain host data: the bindings, compiled without the GPU compiler, include it.
+#pragma once
+
+#include <stdint.h>
+
+enum class SmallSeqKernel : int32_t {
+  kTiledFwdWave = 1,          // small_seq_tiled_fwd_kernel<T, D, ONE_TILE>
+  kTiledFwdBlock = 2,         // small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC>
+  kTiledFwdResident = 3,      // small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>
+  kTiledFwdWarpgroup = 4,     // small_seq_tiled_fwd_warpgroup_kernel<T, D, WG, KEYS, CAPPED>
+  kTiledFwdWarpgroupTma = 5,  // small_seq_tiled_fwd_warpgroup_tma_kernel<..., PAIR, STREAM>
+  kTiledFwdWarpgroupWs = 6,   // small_seq_tiled_fwd_warpgroup_ws_kernel<T, D>
+  kTiledBwdDelta = 10,        // small_seq_tiled_bwd_delta_kernel<T, D>
+  kTiledBwdDkv = 11,          // small_seq_tiled_bwd_dkv_kernel<T, D, ONE_ROW_TILE, FUSED_DELTA>
+  kTiledBwdDq = 12,           // small_seq_tiled_bwd_dq_kernel<T, D>
+  kTiledBwdDkvBlock = 13,     // small_seq_tiled_bwd_dkv_block_kernel<T, D>
+  kTiledBwdDqBlock = 14,      // small_seq_tiled_bwd_dq_block_kernel<T, D>
+  kTiledBwdStream = 15,       // small_seq_tiled_bwd_stream_kernel<T, D, ROWS>
+  kTiledBwdWarpgroup = 16,    // small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS, ...>
+  kTiledBwdWarpgroupTma = 17,       // its tile-copy instance
+  kTiledBwdWarpgroupDq = 18,        // small_seq_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA>
+  kTiledBwdWarpgroupDqTma = 19,     // its tile-copy instance
+  kTiledBwdWarpgroupTwoTile = 20,   // small_seq_tiled_bwd_warpgroup_two_tile_kernel<T, D>
+};
+
+// One launch: the kernel's id and its parameters in the plan's LAUNCH_PARAMS order.
+constexpr int kSmallSeqLaunchInts = 8;
+struct SmallSeqLaunch {
+  int32_t kernel;
+  int32_t p[kSmallSeqLaunchInts - 1];
+};
+
+// The launches of a call, then those the launcher runs instead where a tile-copy kernel's
+// tensor maps cannot be made (an address or stride not a multiple of 16 bytes).
+constexpr int kSmallSeqPlanMaxLaunches = 4;
+struct SmallSeqPlan {
+  int launches = 0;
+  int fallbacks = 0;
+  SmallSeqLaunch launch[2 * kSmallSeqPlanMaxLaunches] = {};
+};
+
+// Reads the op's `plan` ints ([launches, fallbacks, records...]); false where they are not a
+// plan (wrong length or counts).
+inline bool small_seq_plan_decode(const int64_t* ints, int64_t n, SmallSeqPlan* plan) {
+  if (n < 2) return false;
+  const int64_t launches = ints[0], fallbacks = ints[1];
+  if (launches < 1 || launches > kSmallSeqPlanMaxLaunches || fallbacks < 0 ||
+      fallbacks > kSmallSeqPlanMaxLaunches || n != 2 + (launches + fallbacks) * kSmallSeqLaunchInts)
+    return false;
+  plan->launches = static_cast<int>(launches);
+  plan->fallbacks = static_cast<int>(fallbacks);
+  for (int64_t i = 0; i < launches + fallbacks; ++i) {
+    const int64_t* r = ints + 2 + i * kSmallSeqLaunchInts;
+    for (int j = 0; j < kSmallSeqLaunchInts; ++j)
+      if (r[j] < INT32_MIN || r[j] > INT32_MAX) return false;
+    plan->launch[i].kernel = static_cast<int32_t>(r[0]);
+    for (int j = 1; j < kSmallSeqLaunchInts; ++j)
+      plan->launch[i].p[j - 1] = static_cast<int32_t>(r[j]);
+  }
+  return true;
+}

@@ -1,0 +1,274 @@
+"""The kernel plan of fused_attn_small_seq (rocm_attn/small_seq_plan.py) on the CPU: for a grid of
+shapes x archs, the kernels (and their template parameters) the launchers pick with the default
+tuning, each case worked out from the launchers' predicates (hip_src/small_seq/launch_impl.h,
+tiled_launch.hip, tiled_bwd_launch.hip), so that a change of the plan that changes a choice
+fails here; the CLI `rocm-attn plan` for every arch; the tuning knobs' effect on the plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rocm_attn import small_seq_plan as sp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _parse(spec: str):
+    """'kernel(A=1, B=true)' -> ('kernel', {'A': '1', 'B': 'true'})."""
+    name, _, rest = spec.partition("(")
+    params = {}
+    for item in filter(None, (p.strip() for p in rest.rstrip(")").split(","))):
+        key, _, value = item.partition("=")
+        params[key] = value
+    return name.strip(), params
+
+
+def _check(plan: sp.Plan, want: list, case) -> None:
+    assert len(plan.launches) == len(want), (case, str(plan))
+    for launch, spec in zip(plan.launches, want):
+        name, params = _parse(spec)
+        assert launch.kernel == name, (case, str(plan))
+        got = {k: sp._fmt(v) for k, v in launch.params}
+        for key, value in params.items():
+            assert got.get(key) == value, (case, key, str(plan))
+
+
+def C(d, hq, hkv, q, kv, **kw):
+    return sp.Call(d, hq, hkv, q, kv, **kw)
+
+
+# (arch, call, forward launches, backward launches or None). Each worked from the launcher code
+# with the default tuning; the comment names the deciding predicate.
+CASES = [
+    # one query, int32 offsets, max_seqlen_kv <= 16 (launch_impl.h run_fwd / run_bwd)
+    ("gfx942", C(128, 8, 8, 1, 16, backward=True),
+     ["fwd(D=128, KV=16, PIPE=true, threads=128)"],             # group 1, kFwdPipelinable
+     ["bwd(D=128, KV=16, PIPE=true)"]),                          # 4 slots x 1 vector <= 8
+    ("sm_90a", C(128, 8, 8, 1, 16, backward=True),
+     ["fwd(D=128, KV=16, PIPE=true, threads=64)"], ["bwd(D=128, KV=16, PIPE=true)"]),
+    ("gfx942", C(512, 8, 8, 1, 16, backward=True),
+     ["fwd(D=512, KV=16, PIPE=false)"],                          # two chunks of K/V
+     ["bwd(D=512, KV=16, PIPE=false)"]),                         # 16 slots > 8
+    ("gfx90a", C(64, 8, 2, 1, 5, backward=True),
+     ["fwd_mma(D=64, KV=8)"], ["bwd_mma(D=64, KV=8)"]),          # GQA group 4
+    ("sm_100", C(256, 32, 2, 1, 3, backward=True),
+     ["fwd_mma(D=256, KV=4)"], ["bwd_mma_wide(D=256, KV=4)"]),   # group 16 > kBwdMmaMaxGroup
+    # tiled forward on AMD (64 KiB of LDS: no resident kernel past about 100 keys at d 128)
+    ("gfx942", C(256, 8, 8, 64, 256, backward=False),
+     ["tiled_fwd_wave(D=256, ONE_TILE=false)"], None),           # d 256: the wave kernel only
+    ("gfx942", C(128, 8, 2, 1, 16, int32_offsets=False),
+     ["tiled_fwd_wave(D=128, ONE_TILE=true)"], None),            # one key tile
+    ("gfx942", C(128, 8, 2, 1, 100, int32_offsets=False),
+     ["tiled_fwd_wave(D=128, ONE_TILE=false)"], None),           # 4 rows: one wave's tile
+    ("gfx942", C(128, 8, 2, 8, 100), ["tiled_fwd_block(D=128, THREADS=256, CP_ASYNC=false)"],
+     None),                                                      # 2 x 32 rows >= a 256 block
+    ("gfx942", C(128, 8, 2, 6, 100), ["tiled_fwd_block(D=128, THREADS=128, CP_ASYNC=false)"],
+     None),                                                      # 24 rows over > 64 keys
+    ("gfx942", C(64, 8, 8, 64, 128), ["tiled_fwd_resident(D=64, THREADS=256, KSTEP=4)"],
+     None),                                                      # 4 row tiles, 42 KiB of K/V
+    ("gfx942", C(128, 8, 8, 64, 256), ["tiled_fwd_block(D=128, THREADS=256)"], None),
+    ("gfx950", C(128, 8, 8, 64, 256), ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=4)"],
+     None),                                                      # 148 KiB fit 160 KiB of LDS
+    # tiled forward on NVIDIA without the warpgroup kernels
+    ("sm_100", C(128, 8, 8, 64, 32), ["tiled_fwd_resident(D=128, THREADS=128, KSTEP=1)"],
+     None),                                                      # four warps, 16-key steps
+    ("sm_100", C(128, 8, 8, 64, 256, layout="bshd"),
+     ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=4)"], None),  # one block fills an SM
+    ("sm_100", C(128, 8, 2, 2, 64), ["tiled_fwd_wave(D=128, ONE_TILE=false)"], None),
+    ("sm_100", C(128, 8, 2, 4, 64), ["tiled_fwd_block(D=128, THREADS=64, CP_ASYNC=true)"],
+     None),                                                      # cp.async: bound one key tile
+    # tiled forward on Hopper (sm_90a build)
+    ("sm_90a", C(128, 8, 8, 64, 16), ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=16, "
+                                      "CAPPED=true, PAIR=false, STREAM=false)"], None),
+    ("sm_90a", C(128, 8, 8, 128, 16),
+     ["tiled_fwd_warpgroup(D=128, WARPGROUPS=1, KEYS=16, CAPPED=true)"], None),  # 16-key steps:
+    # tile copies only for one row tile
+    ("sm_90a", C(128, 8, 8, 64, 100), ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, "
+                                       "CAPPED=false, PAIR=false, STREAM=false)"], None),
+    ("sm_90a", C(128, 8, 8, 64, 256, layout="bshd"),
+     ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
+    ("sm_90a", C(128, 8, 8, 128, 256, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
+    ("sm_90a", C(128, 8, 8, 512, 320, layout="bshd"),
+     ["tiled_fwd_warpgroup(D=128, WARPGROUPS=2, KEYS=64, CAPPED=true)"], None),  # no room for
+    # the tile-copy kernel's barriers beside 320 staged keys
+    ("sm_90a", C(64, 8, 8, 512, 512, layout="bshd"),
+     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=2, KEYS=64, CAPPED=true, PAIR=true)"], None),
+    ("sm_90a", C(128, 12, 4, 64, 16),
+     ["tiled_fwd_warpgroup(D=128, WARPGROUPS=1, KEYS=16)"], None),  # group 3: no Q box
+    ("sm_90a", C(128, 8, 8, 64, 16, return_softmax=True),
+     ["tiled_fwd_resident(D=128, THREADS=128, KSTEP=1)"], None),
+    # tiled backward, every target
+    ("gfx942", C(128, 8, 8, 1, 100, int32_offsets=False, backward=True),
+     ["tiled_fwd_wave(D=128, ONE_TILE=false)"],
+     ["tiled_bwd_delta(D=128)", "tiled_bwd_stream(D=128, ROWS=1)"]),
+    ("gfx942", C(128, 8, 2, 1, 100, int32_offsets=False, backward=True),
+     ["tiled_fwd_wave"], ["tiled_bwd_delta", "tiled_bwd_stream(ROWS=4)"]),
+    ("gfx942", C(128, 8, 2, 4, 16, backward=True), ["tiled_fwd_wave(ONE_TILE=true)"],
+     ["tiled_bwd_dkv(ONE_ROW_TILE=true, FUSED_DELTA=true, threads=128)"]),  # Delta fused
+    ("gfx942", C(128, 8, 2, 4, 100, backward=True), ["tiled_fwd_wave(ONE_TILE=false)"],
+     ["tiled_bwd_delta", "tiled_bwd_dkv(ONE_ROW_TILE=true, FUSED_DELTA=false)"]),
+    ("gfx942", C(128, 8, 8, 64, 100, backward=True), ["tiled_fwd_block(THREADS=256)"],
+     ["tiled_bwd_delta", "tiled_bwd_dkv_block(threads=256)", "tiled_bwd_dq_block(threads=128)"]),
+    ("gfx942", C(128, 8, 8, 32, 100, backward=True), ["tiled_fwd_block(THREADS=256)"],
+     ["tiled_bwd_delta", "tiled_bwd_dkv(ONE_ROW_TILE=false, FUSED_DELTA=false, threads=128)",
+      "tiled_bwd_dq(threads=128)"]),
+    ("gfx942", C(128, 8, 8, 32, 16, backward=True), ["tiled_fwd_wave(ONE_TILE=true)"],
+     ["tiled_bwd_delta", "tiled_bwd_dkv(ONE_ROW_TILE=false)"]),  # one key tile: no dQ pass
+    ("sm_100", C(128, 8, 8, 64, 16, layout="bshd", backward=True),
+     ["tiled_fwd_resident(THREADS=128, KSTEP=1)"],
+     ["tiled_bwd_delta(threads=64)", "tiled_bwd_dkv(ONE_ROW_TILE=false, threads=64)"]),
+    # warpgroup backward (sm_90a)
+    ("sm_90a", C(128, 8, 8, 64, 16, backward=True), ["tiled_fwd_warpgroup_tma(KEYS=16)"],
+     ["tiled_bwd_warpgroup_tma(KEYS=16, WITH_DQ=true, FUSED_DELTA=true, TRANSPOSED=false)"]),
+    ("sm_90a", C(128, 8, 8, 64, 64, backward=True), ["tiled_fwd_warpgroup_tma(KEYS=64)"],
+     ["tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=true, FUSED_DELTA=true, TRANSPOSED=false)"]),
+    ("sm_90a", C(128, 8, 8, 64, 256, backward=True), ["tiled_fwd_warpgroup_tma(STREAM=true)"],
+     ["tiled_bwd_delta", "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=true, FUSED_DELTA=false, "
+                         "TRANSPOSED=true)"]),                  # the one-tile walk
+    ("sm_90a", C(128, 8, 8, 128, 256, backward=True), ["tiled_fwd_warpgroup_ws"],
+     ["tiled_bwd_delta", "tiled_bwd_warpgroup_two_tile(D=128, threads=256)"]),
+    ("sm_90a", C(128, 8, 8, 512, 256, backward=True),
+     ["tiled_fwd_warpgroup_ws"],
+     ["tiled_bwd_warpgroup_dq_tma(DELTA=true)",
+      "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=false, FUSED_DELTA=false, TRANSPOSED=true)"]),
+    ("sm_90a", C(128, 12, 4, 171, 256, backward=True),
+     ["tiled_fwd_warpgroup(WARPGROUPS=2, KEYS=64)"],
+     ["tiled_bwd_warpgroup_dq(DELTA=true)",
+      "tiled_bwd_warpgroup(KEYS=64, WITH_DQ=false, TRANSPOSED=true)"]),
+    ("sm_90a", C(128, 8, 8, 512, 257, layout="bshd", backward=True),
+     ["tiled_fwd_warpgroup(WARPGROUPS=2, KEYS=64)"],
+     ["tiled_bwd_delta", "tiled_bwd_dkv_block", "tiled_bwd_dq_block"]),  # past 256 keys
+    # other paths
+    ("sm_90a", C(128, 8, 8, 512, 512, backward=True), ["flash"], ["flash"]),
+    ("sm_100", C(128, 8, 8, 64, 128), ["flash"], None),
+    ("gfx942", C(128, 8, 8, 64, 5000, backward=True), ["varlen"], ["varlen"]),
+    ("sm_90a", C(128, 8, 8, 64, 5000), ["flash"], None),
+    ("sm_90a", C(128, 8, 8, 64, 5000, return_lse=True), ["varlen"], None),
+    ("gfx942", C(128, 8, 8, 64, 64, dtype="float32"), ["torch"], None),
+    ("gfx942", C(96, 8, 8, 64, 64), ["torch"], None),
+]
+
+
+@pytest.mark.parametrize("arch,call,forward,backward", CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_plan_pins_the_launchers_choice(arch, call, forward, backward):
+    plans = sp.plan_call(call, sp.ARCHS[arch], sp.DEFAULT_TUNING)
+    assert len(plans) == (2 if call.backward else 1)
+    _check(plans[0], forward, (arch, call))
+    if call.backward:
+        _check(plans[1], backward, (arch, call))
+
+
+def test_every_variant_is_planned_somewhere():
+    """The cases above reach every kernel variant of the plan's table."""
+    seen = {_parse(spec)[0] for case in CASES for specs in case[2:] if specs for spec in specs}
+    assert seen == set(sp.VARIANTS), sorted(set(sp.VARIANTS) - seen)
+
+
+def test_tuning_knobs_change_the_plan():
+    gfx, hopper = sp.ARCHS["gfx942"], sp.ARCHS["sm_90a"]
+    t = dict(sp.DEFAULT_TUNING)
+    call = C(64, 8, 2, 1, 16, backward=True)
+    assert sp.plan_call(call, gfx, dict(t, small_seq_mma=0))[0].kernels == ("fwd",)
+    assert sp.plan_call(call, gfx, dict(t, small_seq_mma=1))[1].kernels == ("bwd",)
+    call = C(128, 8, 8, 64, 16)
+    assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup=0))[0].kernels == (
+        "tiled_fwd_resident",)
+    assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_tma=0))[0].kernels == (
+        "tiled_fwd_warpgroup",)
+    call = C(128, 8, 2, 4, 100, backward=True)
+    plan = sp.plan_call(call, gfx, dict(t, small_seq_tiled_bwd_row_tile=0))[1]
+    assert plan.kernels == ("tiled_bwd_delta", "tiled_bwd_dkv")  # 16 rows: no dQ pass
+    assert plan.launches[1].param("ONE_ROW_TILE") is False
+    grid = sp.plan_call(call, gfx, dict(t, small_seq_tiled_fwd_grid=0))[0]
+    assert grid.launches[0].param("grid_factor") == 0
+
+
+def test_plan_is_pure_and_reads_no_device():
+    """Same inputs, same plan; no torch device is touched (answers on a CPU-only machine)."""
+    call = C(128, 8, 8, 128, 256, backward=True)
+    a = sp.plan_call(call, sp.ARCHS["sm_90a"], sp.DEFAULT_TUNING)
+    b = sp.plan_call(call, sp.ARCHS["sm_90a"], sp.DEFAULT_TUNING)
+    assert a == b and str(a[0]) == str(b[0])
+
+
+@pytest.mark.parametrize("arch", sorted(sp.ARCHS))
+def test_cli_plan_answers_for_every_arch(arch):
+    argv = [sys.executable, "-m", "rocm_attn", "plan", "--arch", arch, "--max-seqlen-q", "128",
+            "--max-seqlen-kv", "256", "--head-dim", "128", "--heads", "8/2", "--dtype",
+            "bfloat16", "--backward", "--json"]
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    report = json.loads(out)
+    assert report["arch"] == arch
+    assert [p["direction"] for p in report["plans"]] == ["forward", "backward"]
+    call = C(128, 8, 2, 128, 256, backward=True)
+    want = sp.plan_call(call, sp.ARCHS[arch], sp.current_tuning())
+    assert [[x["kernel"] for x in p["launches"]] for p in report["plans"]] == \
+        [list(p.kernels) for p in want]
+    text = subprocess.run(argv[:-1], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert text.startswith(f"{arch}: d 128, heads 8/2") and "backward:" in text
+
+
+def test_cli_plan_rejects_bad_heads_and_tuning():
+    base = [sys.executable, "-m", "rocm_attn", "plan", "--arch", "gfx942", "--max-seqlen-q",
+            "4", "--max-seqlen-kv", "64", "--head-dim", "128"]
+    bad = subprocess.run(base + ["--heads", "8/3"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "HQ a multiple of HKV" in bad.stderr
+    bad = subprocess.run(base + ["--heads", "8/2", "--tuning", "nope=1"], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "small-seq tuning name" in bad.stderr
+    ok = subprocess.run(base + ["--heads", "8/2", "--tuning", "small_seq_tiled_block=0"],
+                        capture_output=True, text=True, cwd=ROOT, check=True)
+    assert "tiled_fwd_wave" in ok.stdout
+
+
+def test_log_plan_at_info(monkeypatch, caplog):
+    """--log-level INFO: each distinct plan of a call the kernels serve is logged once."""
+    import logging
+
+    import torch
+
+    monkeypatch.setattr(sp, "device_of", lambda index=None: sp.ARCHS["gfx942"])
+    log = logging.getLogger("rocm_attn")
+    q, k = torch.empty(64, 8, 128, dtype=torch.bfloat16), torch.empty(64, 2, 128)
+    with caplog.at_level(logging.INFO, logger="rocm_attn"):
+        sp.log_plan(log, q, k, 8, 100, "thd", True, False, False, True)
+    text = caplog.text
+    assert "fused_attn_small_seq plan: gfx942: d 128, heads 8/2" in text
+    assert "tiled_fwd_block(D=128, THREADS=256" in text and "tiled_bwd_delta" in text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rocm_attn"):
+        sp.log_plan(log, q, k, 8, 101, "thd", True, False, False, True)
+    assert caplog.text == ""
+
+
+def test_forward_plan_ints():
+    """What rocm_attn::small_seq_tiled_fwd receives: [launches, fallbacks, records of
+    LAUNCH_INTS (kernel id, then LAUNCH_PARAMS)], and for a tile-copy kernel the plan of the
+    same call without tile copies as the fallback."""
+    hopper, gfx = sp.ARCHS["sm_90a"], sp.ARCHS["gfx942"]
+    ints = sp.tiled_fwd_ints(C(128, 8, 2, 8, 100), gfx, {})
+    assert ints == [1, 0, sp.KERNEL_IDS["tiled_fwd_block"], 128, 256, 0, 4, 0, 0, 0]
+    ints = sp.tiled_fwd_ints(C(128, 8, 8, 128, 256, layout="bshd"), hopper, {})
+    assert ints[:2] == [1, 1] and len(ints) == 2 + 2 * sp.LAUNCH_INTS
+    assert ints[2:4] == [sp.KERNEL_IDS["tiled_fwd_warpgroup_ws"], 128]
+    # without tile copies: blocks of two warpgroups staging the whole history
+    assert ints[10:16] == [sp.KERNEL_IDS["tiled_fwd_warpgroup"], 128, 2, 64, 1, 4]
+    ints = sp.tiled_fwd_ints(C(64, 8, 8, 64, 64), hopper, {"small_seq_tiled_fwd_grid": 0})
+    kernel, d, wg, keys, capped, pair, stream, factor = ints[2:10]
+    assert (kernel, d, pair, stream, factor) == (sp.KERNEL_IDS["tiled_fwd_warpgroup_tma"], 64,
+                                                 0, 0, 0)
+    for case in CASES:
+        arch, call = case[0], case[1]
+        plan = sp.plan_call(call, sp.ARCHS[arch], sp.DEFAULT_TUNING)[0]
+        if plan.path != "tiled":
+            continue
+        ints = sp.tiled_fwd_ints(call, sp.ARCHS[arch], {})
+        assert ints[2] == sp.KERNEL_IDS[plan.launches[0].kernel], (arch, call)
+        assert ints[1] == (1 if plan.launches[0].kernel.endswith(("_tma", "_ws")) else 0)
