@@ -455,14 +455,18 @@ class Call:
 # own, so its tiles fill with the candidates alone: a GQA group does not help it, while the tiled
 # kernels fold the group into their rows. With a backward ahead 64 keys suffice; forward alone
 # needs 128 keys at head dim <= 128. Where the device runs the warpgroup-MMA kernels a forward
-# alone at d <= 128 whose segments may hold ROUTE_WARPGROUP_MIN_ROWS rows per kv head stays
-# tiled, as does (with the warp-specialized kernel on) one at d 128 over 129-256 keys with two
+# alone at d <= 128 whose segments may hold ROUTE_WARPGROUP_MIN_ROWS rows per kv head over at
+# most ROUTE_WARPGROUP_MAX_SEQLEN_KV keys stays tiled (it wins the ranking grid's 256-key rows,
+# e.g. 1.37x flash varlen on 256 x 512 x 256; past 256 keys the ragged-request rows measured it at
+# 0.78x over 64-384 keys and 0.18-0.32x over 1000-4096 keys: performance.md "Ragged requests"), as
+# does (with the warp-specialized kernel on) one at d 128 over 129-256 keys with two
 # whole 64-row tiles, and a call to be differentiated at d <= 128 up to the warpgroup
 # backward's last key (BWD_WARPGROUP_MAX_KEYS).
 ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128
 ROUTE_WARPGROUP_MIN_ROWS = 512
+ROUTE_WARPGROUP_MAX_SEQLEN_KV = 256
 ROUTE_WS_SEQLEN_KV = (2 * WARPGROUP_KEYS + 1, WS_RING_KEYS)
 ROUTE_WS_MIN_ROWS = 2 * WARPGROUP_ROWS
 
@@ -476,7 +480,8 @@ def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: b
         if backward and max_seqlen_kv <= BWD_WARPGROUP_MAX_KEYS:
             return False
         rows = max_seqlen_q * group
-        if not backward and rows >= ROUTE_WARPGROUP_MIN_ROWS:
+        if (not backward and rows >= ROUTE_WARPGROUP_MIN_ROWS
+                and max_seqlen_kv <= ROUTE_WARPGROUP_MAX_SEQLEN_KV):
             return False
         lo, hi = ROUTE_WS_SEQLEN_KV
         if (not backward and warp_specialized and head_dim == 128 and lo <= max_seqlen_kv <= hi

@@ -176,13 +176,18 @@ def test_takes_route_rules(monkeypatch):
     assert not small_seq_flash.route_wins(128, 512, bwd_kv - 1, True)
     assert small_seq_flash.route_wins(256, 512, bwd_kv, False), "wide heads"
     # with the tiled forward's warpgroup-MMA kernel a forward alone at d <= 128 stays tiled
-    # where segments may hold WARPGROUP_MIN_ROWS rows per kv head (candidates x group)
+    # where segments may hold WARPGROUP_MIN_ROWS rows per kv head (candidates x group) over at
+    # most ROUTE_WARPGROUP_MAX_SEQLEN_KV keys; longer histories take the route
     wg_rows = small_seq_plan.ROUTE_WARPGROUP_MIN_ROWS
-    assert not small_seq_flash.route_wins(128, wg_rows, 4096, False, warpgroup=True)
-    assert not small_seq_flash.route_wins(128, wg_rows // 4, 4096, False, warpgroup=True,
+    wg_kv = small_seq_plan.ROUTE_WARPGROUP_MAX_SEQLEN_KV
+    assert not small_seq_flash.route_wins(128, wg_rows, wg_kv, False, warpgroup=True)
+    assert not small_seq_flash.route_wins(128, wg_rows // 4, wg_kv, False, warpgroup=True,
                                           group=4)
-    assert small_seq_flash.route_wins(128, wg_rows // 4, 4096, False, warpgroup=True)
-    assert small_seq_flash.route_wins(128, wg_rows, 4096, False)
+    assert small_seq_flash.route_wins(128, wg_rows // 4, wg_kv, False, warpgroup=True)
+    assert small_seq_flash.route_wins(128, wg_rows, wg_kv, False)
+    for kv in (wg_kv + 1, 384, 4096):  # the ragged-request rows' histories
+        assert small_seq_flash.route_wins(128, wg_rows, kv, False, warpgroup=True)
+        assert small_seq_flash.route_wins(128, 300, kv, False, warpgroup=True, group=4)
     # ... and, with the warp-specialized kernel on, at d 128 over 129-256 keys where a segment
     # may hold two whole 64-row tiles
     lo, hi = small_seq_plan.ROUTE_WS_SEQLEN_KV
@@ -242,8 +247,9 @@ def test_takes_route_rules(monkeypatch):
                                           softmax, long_history=long)
         assert got == want, (mode, thd, softmax, max_q, max_kv, long)
     # the GQA group comes from the tensors' head counts: where the warpgroup kernels run, a
-    # forward alone of 128 candidates over 512 keys stays tiled with q 8 heads over k 2 (512
-    # rows per kv head) and takes the route over 8 kv heads (128 rows); over 256 keys the
+    # forward alone of 128 candidates stays tiled over 256 keys with q 8 heads over k 2 (512
+    # rows per kv head) and takes the route over 512 keys (past the warpgroup kernel's measured
+    # wins) and over 8 kv heads (128 rows); over 256 keys the
     # warp-specialized kernel (on by default) keeps 128 rows tiled too; a differentiated call
     # stays tiled up to 256 keys with either group
     monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: 1)
@@ -255,7 +261,8 @@ def test_takes_route_rules(monkeypatch):
     class FakeK8(FakeK):
         shape = (4, 8, 128)
 
-    assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 128, 512, False)
+    assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 128, 256, False)
+    assert small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 128, 512, False)
     assert small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 512, False)
     assert not small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 256, False)
     with rocm_attn_tuning_ws_off(monkeypatch):
