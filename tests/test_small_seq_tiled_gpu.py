@@ -651,7 +651,9 @@ def test_host_checks_name_the_argument(dev):
               v=case.v[..., :96].contiguous()), "head dim"),
         (dict(seqlens_kv=case.cu_kv[1:]), "seqlens_kv"),
         (dict(plan=[1, 0, 1]), "plan"),
-        (dict(plan=[1, 0, 99] + [0] * 7), "no kernel for the plan"),
+        # a kernel id no build has, in a record of the call's head dim (a record of another
+        # head dim does not fit the call, whatever its kernel)
+        (dict(plan=[1, 0, 99, case.q.shape[-1]] + [0] * 6), "no kernel for the plan"),
         (dict(plan=[1, 0, 1, 64] + [0] * 4), "does not fit this call"),
     ]:
         with pytest.raises(RuntimeError, match=word):
