@@ -49,7 +49,7 @@ def _schedule(cp: int, rank: int, save_kv: bool, monkeypatch):
         return step_fn(dq, plan_, dout, dlse, q_, kv, out, lse, step, **kw)
 
     monkeypatch.setattr(p2p, "backward_step", traced_step)
-    out, lse, last_kv = p2p.ring_forward(q, k, v, plan)
+    out, lse, _max_logit, last_kv = p2p.ring_forward(q, k, v, plan)
     fwd = list(log)
     log.clear()
     p2p.ring_backward(torch.randn_like(out), None, q, k, v, out, lse, plan,
