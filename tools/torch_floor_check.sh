@@ -22,7 +22,7 @@ VENV=${FLOOR_VENV:-$REPO/build/torch_floor_venv}
 echo "== torch floor: torch==$FLOOR.0 in $VENV"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY=$VENV/bin/python
-"$PY" -m pip install -q --no-compile "torch==$FLOOR.0" numpy pytest setuptools wheel 2>&1 | grep -v "^WARNING: Location" || true
+"$PY" -m pip install -q --no-compile "torch==$FLOOR.0" numpy pytest "setuptools>=77" wheel 2>&1 | grep -v "^WARNING: Location" || true
 "$PY" -c "import torch; print('torch', torch.__version__)"
 echo "   installed in $(( $(date +%s) - start )) s"
 
