@@ -18,6 +18,19 @@ log = logging.getLogger("rocm_attn")
 
 OFFSET_DTYPES = (torch.int32, torch.int64)
 
+
+def _nested_caches_max_seqlen() -> bool:
+    """Whether jagged nested tensors cache their longest component (torch 2.5 and later; 2.4's
+    have no such attribute, and its dynamo cannot trace a hasattr on a tensor)."""
+    try:
+        from torch.nested._internal.nested_tensor import NestedTensor
+    except ImportError:
+        return False
+    return hasattr(NestedTensor, "_maybe_max_seqlen")
+
+
+_NESTED_MAX_SEQLEN = _nested_caches_max_seqlen()
+
 # Reasons an export has already been warned about (warn once per reason and process).
 _export_warned: set = set()
 
@@ -173,7 +186,7 @@ class TargetAttention(nn.Module):
             if value is not None:
                 _check_size(name, value)
         _warn_if_exporting_without_kernels(self, candidate)
-        max_kv_cached = history._maybe_max_seqlen if nested else None
+        max_kv_cached = history._maybe_max_seqlen if nested and _NESTED_MAX_SEQLEN else None
         if nested:
             history, cu_seqlens = _nested_parts(history)
         max_seqlen_kv, max_candidates = self._bounds(

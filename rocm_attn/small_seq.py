@@ -147,8 +147,10 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, ma
         _check_index("seqlens_kv", seqlens_kv, batch, q.device)
         rows = (("q", q.shape[0] * q.shape[1]), ("k", k.shape[0] * k.shape[1]))
     for name, n in rows:
-        if torch.compiler.is_compiling() or isinstance(n, torch.SymInt):
-            # traced: a data-dependent count (jagged inputs) is checked when the graph runs
+        if isinstance(n, torch.SymInt):
+            # traced with a symbolic count (jagged inputs): checked when the graph runs. NOTE:
+            # a static count takes the plain check below, also under torch.compile, since
+            # torch 2.4's dynamo cannot trace torch._check's message function
             torch._check(n <= MAX_ROWS, lambda: f"{name} has more than 2^31 - 1 rows (tokens)")
         elif n > MAX_ROWS:
             raise ValueError(f"{name} has {n} rows (tokens); at most 2^31 - 1 are supported")

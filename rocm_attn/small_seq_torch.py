@@ -139,9 +139,11 @@ def _gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     index_select (cheaper than advanced indexing on the CPU)."""
     shape = tuple(rows.shape) + tuple(x.shape[1:])
     n = x.shape[0]
-    # traced by dynamo / torch.export, else an int (or, under the legacy ONNX exporter, a traced
-    # size: a tensor that reads as a bool)
-    symbolic = torch.compiler.is_compiling() or isinstance(n, torch.SymInt)
+    # a symbolic size when traced with dynamic shapes (dynamo, torch.export), else an int (or,
+    # under the legacy ONNX exporter, a traced size: a tensor that reads as a bool). NOTE: a
+    # static size takes the plain test also under dynamo: torch 2.4's dynamo cannot trace
+    # statically_known_true
+    symbolic = isinstance(n, torch.SymInt)
     if statically_known_true(n == 0) if symbolic else n == 0:
         return x.new_zeros(shape)
     if statically_known_true(n != 0) if symbolic else True:
