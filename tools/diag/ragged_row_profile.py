@@ -51,7 +51,7 @@ def main(argv):
     n = ragged_rows.draw_lengths(row, 0)
     x = small_seq_ragged.make_set(row, n, "cuda", 0)
     cols = {"ours": small_seq_ragged.ours_column(row, n, x, backward)}
-    for name, col in small_seq_ragged.anchor_columns(row, n, x, None, backward).items():
+    for name, col in small_seq_ragged.anchor_columns(row, n, x, "not profiled", backward).items():
         if name in ("flash_varlen", "varlen_attn") and not isinstance(col, str):
             cols[name] = col
     print(f"{row.name}{' fwd+bwd' if backward else ' fwd'} on {torch.cuda.get_device_name()}: "
