@@ -8,7 +8,7 @@ docs/kernels.md#flash-route). The route runs those kernels (``aten._flash_attent
 contract (hip_src/small_seq/tiled_segment.h) whatever the offsets hold:
 
 1. flash offsets: each of ``cu_seqlens_q`` / ``cu_seqlens_kv`` clamped into its tensor and made
-   non-decreasing (a running maximum; torch ops on ``b + 1`` values, no host sync), so flash
+   non-decreasing (a running maximum; one kernel for both arrays, no host sync), so flash
    touches only rows inside q, k, v. For valid offsets they are the offsets themselves.
 2. flash on those offsets.
 3. ``rocm_attn::small_seq_flash_contract_fwd`` (hip_src/small_seq/flash_contract_kernel.h), one
@@ -98,30 +98,38 @@ def takes_route(q, k, v, thd: bool, max_seqlen_q: int, max_seqlen_kv: int,
 
 def flash_offsets(cu: torch.Tensor, total: int) -> torch.Tensor:
     """``cu`` clamped into ``[0, total]`` and made non-decreasing, int32: offsets that address
-    only rows of a ``total``-row tensor; equal to ``cu`` where ``cu`` is valid."""
+    only rows of a ``total``-row tensor; equal to ``cu`` where ``cu`` is valid. The definition
+    the route's kernel (``small_seq_flash_offsets``, :func:`route_offsets`) is tested against."""
     clamped = cu.to(torch.int64).clamp(0, total)
     return torch.cummax(clamped, 0).values.to(torch.int32)
 
 
 def _flash_max_q(max_seqlen_q: int) -> int:
     # aten's flash wrapper takes max_seqlen_q == 1 with GQA for one query per sequence (no
-    # varlen q; only _q_offsets' one-query case passes 1); a looser bound only grows the grid
+    # varlen q; only route_offsets' one-query case passes 1); a looser bound only grows the grid
     # (rocm_attn/varlen/backends.py)
     return max(2, max_seqlen_q)
 
 
-def _q_offsets(q, k, cu_seqlens_q, max_seqlen_q: int) -> Tuple[torch.Tensor, bool]:
-    """(q offsets for flash, whether the forward takes flash's one-query path). One query per
-    segment with GQA and no padding rows (``q.shape[0] == b``, known on the host) takes that
-    path, which tiles the GQA group's query heads of a kv head together (4x fewer, fuller
-    tiles at group 4) and reads q row ``i`` as segment ``i``'s query whatever
-    ``cu_seqlens_q`` holds. Its offsets are then ``arange(b + 1)`` (what valid offsets are
+def route_offsets(q, k, cu_seqlens_q, cu_seqlens_kv,
+                  max_seqlen_q: int) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+    """(q offsets for flash, kv offsets for flash, whether the forward takes flash's one-query
+    path). The offsets are :func:`flash_offsets` of each side, made by one kernel
+    (``small_seq_flash_offsets``: one launch instead of four torch ops per side, which are most
+    of the route's cost on short calls).
+
+    One query per segment with GQA and no padding rows (``q.shape[0] == b``, known on the host)
+    takes flash's one-query path, which tiles the GQA group's query heads of a kv head together
+    (4x fewer, fuller tiles at group 4) and reads q row ``i`` as segment ``i``'s query whatever
+    ``cu_seqlens_q`` holds. Its q offsets are then ``arange(b + 1)`` (what valid offsets are
     there), for the backward too, and the contract kernel, handed those as the offsets flash
     used, flags every other segment as it flags a segment flash saw on other rows."""
     b = cu_seqlens_q.shape[0] - 1
+    both = torch.ops.rocm_attn.small_seq_flash_offsets(q, k, cu_seqlens_q, cu_seqlens_kv)
+    fq, fk = both[0], both[1]
     if max_seqlen_q == 1 and q.shape[0] == b and q.shape[-2] > k.shape[-2]:
-        return torch.arange(b + 1, dtype=torch.int32, device=q.device), True
-    return flash_offsets(cu_seqlens_q, q.shape[0]), False
+        return torch.arange(b + 1, dtype=torch.int32, device=q.device), fk, True
+    return fq, fk, False
 
 
 @torch.library.custom_op("rocm_attn::small_seq_flash_fwd", mutates_args=())
@@ -135,8 +143,7 @@ def small_seq_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     to the tiled backward."""
     from .varlen import backends
 
-    fq, one_query = _q_offsets(q, k, cu_seqlens_q, max_seqlen_q)
-    fk = flash_offsets(cu_seqlens_kv, k.shape[0])
+    fq, fk, one_query = route_offsets(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q)
     out, lse, _, _, _ = backends.aten_flash_ops()[0](
         q, k, v, fq, fk, 1 if one_query else _flash_max_q(max_seqlen_q), max_seqlen_kv, 0.0,
         False, False, scale=softmax_scale)
@@ -173,8 +180,7 @@ def small_seq_flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     its own, so that traced backward graphs hold it whole."""
     from .varlen import backends
 
-    fq = _q_offsets(q, k, cu_seqlens_q, max_seqlen_q)[0]
-    fk = flash_offsets(cu_seqlens_kv, k.shape[0])
+    fq, fk, _ = route_offsets(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q)
     dq, dk, dv = backends.aten_flash_ops()[1](
         dout.contiguous(), q, k, v, out, lse, fq, fk, _flash_max_q(max_seqlen_q), max_seqlen_kv,
         0.0, False, torch.zeros(2, dtype=torch.uint64, device=q.device),

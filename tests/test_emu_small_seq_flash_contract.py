@@ -148,3 +148,39 @@ def test_backward_contract(lib, name):
         _check_row("dk", dk, r, what, GRAD)
         _check_row("dv", dv, r, what, GRAD)
     assert (dq_base[..., d:] == GRAD).all(), "a write outside dq's view"
+
+
+def _garbage_offsets(gen: torch.Generator, entries: int, total: int, dtype) -> torch.Tensor:
+    """Offsets as a caller may pass them: mostly a valid run, with negative, past-the-end,
+    decreasing and (int64) past-int32 values sprinkled in."""
+    cu = torch.sort(torch.randint(0, total + 1, (entries,), generator=gen)).values
+    wild = torch.randint(0, 6, (entries,), generator=gen)
+    noise = torch.randint(-3 * total - 5, 3 * total + 5, (entries,), generator=gen)
+    cu = torch.where(wild == 0, noise, cu)
+    if dtype == torch.int64:
+        cu = torch.where(wild == 1, cu + 2**32, cu)
+    return cu.to(dtype)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.int32, torch.int32), (torch.int64, torch.int32),
+                                    (torch.int32, torch.int64)], ids=["i32", "i64q", "i64kv"])
+@pytest.mark.parametrize("entries", [1, 2, 37, 257, 1000])
+def test_flash_offsets_kernel(lib, entries, dtypes):
+    """The route's one-launch offsets kernel equals flash_offsets (clamp into the tensor, running
+    maximum) on both sides, for runs shorter and longer than its block, valid or not."""
+    gen = torch.Generator().manual_seed(entries)
+    total_q, total_kv = 3 * entries + 1, 5 * entries + 2
+    for trial in range(3):
+        if trial == 0:  # valid offsets: the kernel returns them unchanged
+            cu_q = torch.sort(torch.randint(0, total_q + 1, (entries,), generator=gen)).values
+            cu_kv = torch.sort(torch.randint(0, total_kv + 1, (entries,), generator=gen)).values
+            cu_q, cu_kv = cu_q.to(dtypes[0]), cu_kv.to(dtypes[1])
+        else:
+            cu_q = _garbage_offsets(gen, entries, total_q, dtypes[0])
+            cu_kv = _garbage_offsets(gen, entries, total_kv, dtypes[1])
+        got = emu.small_seq_flash_offsets(lib, total_q, total_kv, cu_q, cu_kv)
+        assert torch.equal(got[0], flash_offsets(cu_q, total_q)), (trial, cu_q.tolist()[:8])
+        assert torch.equal(got[1], flash_offsets(cu_kv, total_kv)), (trial, cu_kv.tolist()[:8])
+        if trial == 0:
+            assert torch.equal(got[0].long(), cu_q.long())
+            assert torch.equal(got[1].long(), cu_kv.long())

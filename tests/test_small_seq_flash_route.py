@@ -45,6 +45,13 @@ def _define_contract_ops(lib_emu):
     def bwd(dq, dk, dv, cu_q, cu_kv, fq, fk, max_q, max_kv):
         emu.small_seq_flash_contract_bwd(lib_emu, dq, dk, dv, cu_q, cu_kv, fq, fk, max_q, max_kv)
 
+    lib.define("small_seq_flash_offsets(Tensor q, Tensor k, Tensor cu_seqlens_q, "
+               "Tensor cu_seqlens_kv) -> Tensor")
+
+    def offsets(q, k, cu_q, cu_kv):
+        return emu.small_seq_flash_offsets(lib_emu, q.shape[0], k.shape[0], cu_q, cu_kv)
+
+    lib.impl("small_seq_flash_offsets", offsets, "CPU")
     lib.impl("small_seq_flash_contract_fwd", fwd, "CPU")
     lib.impl("small_seq_flash_contract_bwd", bwd, "CPU")
     return lib
@@ -328,17 +335,19 @@ def test_route_overlapping_valid_segment_is_nan(route_on_cpu):
     assert_rel("out", out[:2], rout[:2], TOL_BF16, "segment 0's own rows")
 
 
-def test_q_offsets():
+def test_route_offsets(route_on_cpu):
     """One query per segment with GQA and no padding rows takes flash's one-query path
-    (offsets arange); anything else the clamped offsets."""
+    (q offsets arange); anything else the clamped offsets of the offsets kernel (emulated)."""
     cu = torch.arange(5, dtype=torch.int64)
     q, k_gqa, k_mha = torch.empty(4, 8, 64), torch.empty(9, 2, 64), torch.empty(9, 8, 64)
-    fq, one_query = small_seq_flash._q_offsets(q, k_gqa, cu, 1)
+    fq, fk, one_query = small_seq_flash.route_offsets(q, k_gqa, cu, cu, 1)
     assert one_query and fq.dtype == torch.int32 and fq.tolist() == [0, 1, 2, 3, 4]
+    assert fk.dtype == torch.int32 and fk.tolist() == [0, 1, 2, 3, 4]
     garbage = torch.tensor([0, 1, 2**40, 3, 4])
-    assert small_seq_flash._q_offsets(q, k_gqa, garbage, 1)[0].tolist() == [0, 1, 2, 3, 4]
-    assert not small_seq_flash._q_offsets(q, k_mha, cu, 1)[1], "no GQA group"
+    fq, fk, _ = small_seq_flash.route_offsets(q, k_gqa, garbage, garbage, 1)
+    assert fq.tolist() == [0, 1, 2, 3, 4] and fk.tolist() == [0, 1, 9, 9, 9]
+    assert not small_seq_flash.route_offsets(q, k_mha, cu, cu, 1)[2], "no GQA group"
     padded = torch.empty(5, 8, 64)
-    assert not small_seq_flash._q_offsets(padded, k_gqa, cu, 1)[1], "a padding row"
-    fq, one_query = small_seq_flash._q_offsets(q, k_gqa, garbage, 3)
+    assert not small_seq_flash.route_offsets(padded, k_gqa, cu, cu, 1)[2], "a padding row"
+    fq, _, one_query = small_seq_flash.route_offsets(q, k_gqa, garbage, cu, 3)
     assert not one_query and fq.tolist() == [0, 1, 4, 4, 4]

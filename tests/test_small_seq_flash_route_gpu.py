@@ -103,7 +103,7 @@ def test_one_query_per_segment_gqa(dev, garbage):
     b = 300
     case = C.thd_case(12, [1] * b, lens(gen, b, 0, 1000), 8, 2, 128, torch.bfloat16,
                       offsets=torch.int64, max_q=1, max_kv=1000, device=dev)
-    assert small_seq_flash._q_offsets(case.q, case.k, case.cu_q, 1)[1]
+    assert small_seq_flash.route_offsets(case.q, case.k, case.cu_q, case.cu_kv, 1)[2]
     if garbage:
         case.cu_q[b] = 2**40  # the last segment: queries past the end of q
     check(case, expect_bad=(b - 1,) if garbage else (), seed=12)
@@ -121,6 +121,29 @@ def test_garbage_offsets_no_oob(dev):
     case.cu_kv[8] = case.cu_kv[7] - 1  # segment 7: -1 keys
     case.cu_kv[9] = 2**40  # segment 8: keys past the end of k / v
     check(case, expect_bad=(1, 2, 4, 7, 8), seed=10)
+
+
+@pytest.mark.parametrize("entries", [1, 2, 300, 5000])
+def test_route_offsets_kernel(dev, entries):
+    """The one-launch offsets kernel equals flash_offsets (clamp, running maximum) on both sides
+    for garbage int64 / int32 offsets (negative, past the end, decreasing, past int32), and
+    returns valid offsets unchanged; no out-of-bounds access (run under compute-sanitizer)."""
+    gen = torch.Generator().manual_seed(entries)
+    total_q, total_kv = 2 * entries + 3, 7 * entries + 1
+    q = torch.zeros(total_q, 2, 64, device=dev, dtype=torch.bfloat16)
+    k = torch.zeros(total_kv, 1, 64, device=dev, dtype=torch.bfloat16)
+    valid_q = torch.sort(torch.randint(0, total_q + 1, (entries,), generator=gen)).values
+    valid_kv = torch.sort(torch.randint(0, total_kv + 1, (entries,), generator=gen)).values
+    noise = torch.randint(-2**40, 2**40, (entries,), generator=gen)
+    wild = torch.rand(entries, generator=gen) < 0.3
+    for cu_q, cu_kv in ((valid_q.int(), valid_kv.int()),
+                        (torch.where(wild, noise, valid_q), valid_kv.int()),
+                        (valid_q.int(), torch.where(wild, -valid_kv, valid_kv))):
+        got = torch.ops.rocm_attn.small_seq_flash_offsets(q, k, cu_q.to(dev), cu_kv.to(dev)).cpu()
+        assert torch.equal(got[0], small_seq_flash.flash_offsets(cu_q, total_q))
+        assert torch.equal(got[1], small_seq_flash.flash_offsets(cu_kv, total_kv))
+    got = torch.ops.rocm_attn.small_seq_flash_offsets(q, k, valid_q.to(dev), valid_kv.to(dev))
+    assert torch.equal(got.cpu().long(), torch.stack([valid_q, valid_kv]))
 
 
 def long_history_case(seed, dev, bad=False):

@@ -1,7 +1,8 @@
 // rocm_attn::small_seq_flash_contract_fwd / _bwd: the tiled small-seq contract written around a
 // flash varlen call (rocm_attn/small_seq_flash.py, kernels in
 // hip_src/small_seq/flash_contract_kernel.h). In place on flash's outputs; THD only. The
-// offsets are never read on the host (no sync).
+// offsets are never read on the host (no sync). small_seq_flash_offsets makes the offsets
+// flash runs on.
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
@@ -124,6 +125,26 @@ void small_seq_flash_contract_bwd(at::Tensor& dq, at::Tensor& dk, at::Tensor& dv
                   flash_cu_seqlens_kv, "small_seq flash contract backward launch");
 }
 
+// int32 [2, b + 1]: row 0 cu_seqlens_q clamped into q's rows and made non-decreasing, row 1
+// cu_seqlens_kv into k's (the offsets flash runs on; equal to the offsets where they are
+// valid), by one kernel for both.
+at::Tensor small_seq_flash_offsets(const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& cu_seqlens_q,
+                                   const at::Tensor& cu_seqlens_kv) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3, kOp, ": THD tensors only, got shapes ", q.sizes(),
+              " and ", k.sizes());
+  TORCH_CHECK(q.is_cuda() && k.device() == q.device(), kOp, ": tensors must be on one GPU");
+  TORCH_CHECK(cu_seqlens_q.numel() >= 1, kOp, ": cu_seqlens_q must hold b + 1 >= 1 entries");
+  SmallSeqTiledParams p{};
+  fill_tiled_segments(p, q, k, cu_seqlens_q, cu_seqlens_kv, std::nullopt, 1, 1, kOp);
+  at::Tensor out = at::empty({2, cu_seqlens_q.numel()}, q.options().dtype(at::kInt));
+  const c10::DeviceGuard guard(q.device());
+  check_launch(small_seq_flash_offsets_launch(p, out.data_ptr<int32_t>(),
+                                              current_stream(q.device())),
+               "small_seq flash offsets launch");
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(rocm_attn, m) {
@@ -135,9 +156,13 @@ TORCH_LIBRARY_FRAGMENT(rocm_attn, m) {
       "small_seq_flash_contract_bwd(Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, "
       "Tensor cu_seqlens_q, Tensor cu_seqlens_kv, Tensor flash_cu_seqlens_q, "
       "Tensor flash_cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv) -> ()");
+  m.def(
+      "small_seq_flash_offsets(Tensor q, Tensor k, Tensor cu_seqlens_q, Tensor cu_seqlens_kv) "
+      "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) {
   m.impl("small_seq_flash_contract_fwd", &small_seq_flash_contract_fwd);
   m.impl("small_seq_flash_contract_bwd", &small_seq_flash_contract_bwd);
+  m.impl("small_seq_flash_offsets", &small_seq_flash_offsets);
 }

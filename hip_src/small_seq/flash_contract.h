@@ -23,3 +23,8 @@ hipError_t small_seq_flash_contract_bwd_launch(const SmallSeqTiledParams& p,
                                                const int32_t* flash_cu_kv,
                                                SmallSeqTiledDtype dtype, int head_dim,
                                                hipStream_t stream);
+// Flash offsets of both sides (flash_contract_kernel.h small_seq_flash_offsets_kernel): p's
+// THD offsets, totals and batch; out: int32 [2, b + 1] (row 0 for q, row 1 for kv). Returns
+// hipSuccess or the launch error (hipErrorInvalidValue without THD offsets on both sides).
+hipError_t small_seq_flash_offsets_launch(const SmallSeqTiledParams& p, int32_t* out,
+                                          hipStream_t stream);

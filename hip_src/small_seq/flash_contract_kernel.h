@@ -147,4 +147,47 @@ __global__ void small_seq_flash_contract_bwd_kernel(SmallSeqTiledParams p,
   }
 }
 
+// Flash offsets of both sides in one launch: out[side * (b + 1) + i] = max over j <= i of
+// offsets[j] clamped into [0, total] (side 0: cu_seqlens_q into total_q, side 1: cu_seqlens_kv
+// into total_kv), as int32. Block `side` does one side: each thread takes a run of consecutive
+// entries, the block scans the runs' maxima (kFlashOffsetsThreads of them, in shared memory),
+// and each thread writes its run from the maximum of the runs before it. For valid offsets the
+// result equals the offsets. One launch instead of the four torch ops per side (cast, clamp,
+// running maximum, cast) that each cost a launch on the route's short calls.
+constexpr int kFlashOffsetsThreads = 256;
+
+__global__ void __launch_bounds__(kFlashOffsetsThreads)
+    small_seq_flash_offsets_kernel(SmallSeqTiledParams p, int32_t* out) {
+  __shared__ int64_t run_max[kFlashOffsetsThreads];
+  const bool kv = blockIdx.x == 1;
+  const void* base = kv ? p.cu_seqlens_kv : p.cu_seqlens_q;
+  const bool is64 = kv ? p.cu_seqlens_kv_int64 : p.cu_seqlens_q_int64;
+  const int64_t total = kv ? p.total_kv : p.total_q;
+  const int64_t n = static_cast<int64_t>(p.batch) + 1;
+  const int64_t per_thread = (n + kFlashOffsetsThreads - 1) / kFlashOffsetsThreads;
+  const int64_t i0 = threadIdx.x * per_thread;
+  const int64_t i1 = i0 + per_thread < n ? i0 + per_thread : n;
+  int64_t m = 0;  // clamped values are >= 0
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t x = tiled_clamp_row(tiled_read_offset(base, is64, i), total);
+    m = x > m ? x : m;
+  }
+  run_max[threadIdx.x] = m;
+  __syncthreads();
+  // inclusive max-scan of the runs' maxima (Hillis-Steele: read, sync, write, sync)
+  for (int step = 1; step < kFlashOffsetsThreads; step *= 2) {
+    const int64_t other = threadIdx.x >= step ? run_max[threadIdx.x - step] : 0;
+    __syncthreads();
+    if (other > run_max[threadIdx.x]) run_max[threadIdx.x] = other;
+    __syncthreads();
+  }
+  int64_t running = threadIdx.x > 0 ? run_max[threadIdx.x - 1] : 0;
+  int32_t* dst = out + (kv ? n : 0);
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t x = tiled_clamp_row(tiled_read_offset(base, is64, i), total);
+    running = x > running ? x : running;
+    dst[i] = static_cast<int32_t>(running);
+  }
+}
+
 }  // namespace small_seq

@@ -66,3 +66,12 @@ hipError_t small_seq_flash_contract_bwd_launch(const SmallSeqTiledParams& p,
              ? small_seq::launch_bwd<ra_bf16>(p, flash_cu_q, flash_cu_kv, head_dim / 8, stream)
              : small_seq::launch_bwd<ra_fp16>(p, flash_cu_q, flash_cu_kv, head_dim / 8, stream);
 }
+
+hipError_t small_seq_flash_offsets_launch(const SmallSeqTiledParams& p, int32_t* out,
+                                          hipStream_t stream) {
+  if (p.cu_seqlens_q == nullptr || p.cu_seqlens_kv == nullptr || p.batch < 0)
+    return hipErrorInvalidValue;
+  hipLaunchKernelGGL(small_seq::small_seq_flash_offsets_kernel, dim3(2),
+                     dim3(small_seq::kFlashOffsetsThreads), 0, stream, p, out);
+  return hipGetLastError();
+}

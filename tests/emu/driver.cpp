@@ -94,6 +94,9 @@ int emu_small_seq_flash_contract_bwd(const SmallSeqTiledParams* p, const int32_t
       *p, flash_cu_q, flash_cu_kv,
       bf16 ? SmallSeqTiledDtype::kBFloat16 : SmallSeqTiledDtype::kFloat16, head_dim, nullptr);
 }
+int emu_small_seq_flash_offsets(const SmallSeqTiledParams* p, int32_t* out) {
+  return small_seq_flash_offsets_launch(*p, out, nullptr);
+}
 #endif
 
 #if defined(RA_EMU_THD)

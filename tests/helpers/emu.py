@@ -872,3 +872,15 @@ def small_seq_flash_contract_bwd(lib: Emu, dq, dk, dv, cu_q, cu_kv, flash_cu_q, 
     lib.check(lib.lib.emu_small_seq_flash_contract_bwd(
         ctypes.byref(p), ptr(flash_cu_q), ptr(flash_cu_kv), int(dq.dtype == torch.bfloat16),
         dq.shape[-1]), "small_seq flash contract backward")
+
+
+def small_seq_flash_offsets(lib: Emu, total_q: int, total_kv: int, cu_q, cu_kv) -> torch.Tensor:
+    """The route's offsets kernel: int32 [2, b + 1], cu_q / cu_kv clamped into [0, total] and
+    made non-decreasing (q rows of a [total_q, 1, 8] tensor, kv rows of [total_kv, 1, 8])."""
+    q = torch.zeros(total_q, 1, 8, dtype=torch.bfloat16)
+    k = torch.zeros(total_kv, 1, 8, dtype=torch.bfloat16)
+    p = small_seq_tiled_params(lib, q, k, k, cu_q, cu_kv, None, 1, 1, 0.0)
+    out = torch.full((2, cu_q.numel()), -7, dtype=torch.int32)
+    lib.check(lib.lib.emu_small_seq_flash_offsets(ctypes.byref(p), ptr(out)),
+              "small_seq flash offsets")
+    return out
