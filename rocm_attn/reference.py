@@ -33,7 +33,7 @@ Conventions (shared by the whole package)
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -224,6 +224,71 @@ def _seq_bounds(
     return starts
 
 
+class _Segments(NamedTuple):
+    """A THD call's checked arguments and its sequences' lengths and memory starts."""
+
+    window: Tuple[int, int]
+    chunk: Optional[int]
+    scale: float
+    lens_q: List[int]
+    lens_kv: List[int]
+    starts_q: List[int]
+    starts_kv: List[int]
+
+
+def _segments(q, k, v, cu_seqlens_q, cu_seqlens_kv, attn_mask_type, window_size, chunk_size,
+              softmax_scale, cu_seqlens_q_padded, cu_seqlens_kv_padded) -> _Segments:
+    """The argument checks shared by :func:`reference_attention` and
+    :func:`reference_max_logit` (``v`` None: no values), then the sequences' bounds (one host
+    read of the offsets)."""
+    normalize_mask_type(attn_mask_type)
+    window = check_window(window_size)
+    chunk = check_chunk_size(chunk_size)
+    named = (("q", q), ("k", k)) + ((("v", v),) if v is not None else ())
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must have rank 3 [tokens, heads, dim], got shape {tuple(t.shape)}")
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"{name} must be floating point, got {t.dtype}")
+    if v is not None and k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"head dims mismatched: q has d={q.shape[2]}, k/v have d={k.shape[2]}")
+    if len({t.dtype for _, t in named}) != 1:
+        raise ValueError(f"q, k, v must share a dtype, got {', '.join(str(t.dtype) for _, t in named)}")
+    if len({t.device for _, t in named}) != 1:
+        raise ValueError(f"q, k, v must be on one device, got {', '.join(str(t.device) for _, t in named)}")
+    total_q, h_q, d = q.shape
+    total_kv, h_kv, _ = k.shape
+    if h_kv == 0 or h_q % h_kv != 0:
+        raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
+    check_cu("cu_seqlens_q", cu_seqlens_q)
+    check_cu("cu_seqlens_kv", cu_seqlens_kv)
+    if cu_seqlens_q.numel() != cu_seqlens_kv.numel():
+        raise ValueError(
+            "cu_seqlens_q and cu_seqlens_kv must have the same batch size, got "
+            f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_kv.numel() - 1}"
+        )
+    for name, cp in (("cu_seqlens_q_padded", cu_seqlens_q_padded), ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
+        if cp is not None:
+            check_cu(name, cp)
+            check_same_b(name, cp, "cu_seqlens_q", cu_seqlens_q)
+    scale = check_softmax_scale(softmax_scale, d)
+    cu_q = cu_seqlens_q.tolist()
+    cu_kv = cu_seqlens_kv.tolist()
+    lens_q = [cu_q[i + 1] - cu_q[i] for i in range(len(cu_q) - 1)]
+    lens_kv = [cu_kv[i + 1] - cu_kv[i] for i in range(len(cu_kv) - 1)]
+    starts_q = _seq_bounds(
+        "q", lens_q, cu_q, None if cu_seqlens_q_padded is None else cu_seqlens_q_padded.tolist(), total_q
+    )
+    starts_kv = _seq_bounds(
+        "kv", lens_kv, cu_kv, None if cu_seqlens_kv_padded is None else cu_seqlens_kv_padded.tolist(), total_kv
+    )
+    return _Segments(window, chunk, scale, lens_q, lens_kv, starts_q, starts_kv)
+
+
 def reference_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -278,53 +343,14 @@ def reference_attention(
     ValueError
         On inconsistent shapes, dtypes or arguments.
     """
-    normalize_mask_type(attn_mask_type)
-    window = check_window(window_size)
-    chunk = check_chunk_size(chunk_size)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            raise ValueError(f"{name} must have rank 3 [tokens, heads, dim], got shape {tuple(t.shape)}")
-        if not t.dtype.is_floating_point:
-            raise ValueError(f"{name} must be floating point, got {t.dtype}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if q.shape[2] != k.shape[2]:
-        raise ValueError(f"head dims mismatched: q has d={q.shape[2]}, k/v have d={k.shape[2]}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    total_q, h_q, d = q.shape
-    total_kv, h_kv, _ = k.shape
-    if h_kv == 0 or h_q % h_kv != 0:
-        raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
     if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
         raise ValueError(f"compute_dtype must be a floating torch.dtype, got {compute_dtype!r}")
-    check_cu("cu_seqlens_q", cu_seqlens_q)
-    check_cu("cu_seqlens_kv", cu_seqlens_kv)
-    if cu_seqlens_q.numel() != cu_seqlens_kv.numel():
-        raise ValueError(
-            "cu_seqlens_q and cu_seqlens_kv must have the same batch size, got "
-            f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_kv.numel() - 1}"
-        )
-    for name, cp in (("cu_seqlens_q_padded", cu_seqlens_q_padded), ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
-        if cp is not None:
-            check_cu(name, cp)
-            check_same_b(name, cp, "cu_seqlens_q", cu_seqlens_q)
-    softmax_scale = check_softmax_scale(softmax_scale, d)
-
-    cu_q = cu_seqlens_q.tolist()
-    cu_kv = cu_seqlens_kv.tolist()
-    lens_q = [cu_q[i + 1] - cu_q[i] for i in range(len(cu_q) - 1)]
-    lens_kv = [cu_kv[i + 1] - cu_kv[i] for i in range(len(cu_kv) - 1)]
-    starts_q = _seq_bounds(
-        "q", lens_q, cu_q, None if cu_seqlens_q_padded is None else cu_seqlens_q_padded.tolist(), total_q
-    )
-    starts_kv = _seq_bounds(
-        "kv", lens_kv, cu_kv, None if cu_seqlens_kv_padded is None else cu_seqlens_kv_padded.tolist(), total_kv
-    )
+    segs = _segments(q, k, v, cu_seqlens_q, cu_seqlens_kv, attn_mask_type, window_size,
+                     chunk_size, softmax_scale, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    total_q, h_q, d = q.shape
+    h_kv = k.shape[1]
+    window, chunk, softmax_scale = segs.window, segs.chunk, segs.scale
+    lens_q, lens_kv, starts_q, starts_kv = segs.lens_q, segs.lens_kv, segs.starts_q, segs.starts_kv
 
     lse_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
     group = h_q // h_kv
@@ -381,21 +407,12 @@ def reference_max_logit(
     torch.Tensor
         float64 ``[h_q]``; ``-inf`` for a head with no allowed pair.
     """
-    normalize_mask_type(attn_mask_type)
-    window = check_window(window_size)
-    chunk = check_chunk_size(chunk_size)
+    segs = _segments(q, k, None, cu_seqlens_q, cu_seqlens_kv, attn_mask_type, window_size,
+                     chunk_size, softmax_scale, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     h_q, d = q.shape[1], q.shape[2]
     h_kv = k.shape[1]
-    if h_kv == 0 or h_q % h_kv:
-        raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
-    scale = check_softmax_scale(softmax_scale, d)
-    cu_q, cu_kv = cu_seqlens_q.tolist(), cu_seqlens_kv.tolist()
-    lens_q = [cu_q[i + 1] - cu_q[i] for i in range(len(cu_q) - 1)]
-    lens_kv = [cu_kv[i + 1] - cu_kv[i] for i in range(len(cu_kv) - 1)]
-    starts_q = _seq_bounds("q", lens_q, cu_q, None if cu_seqlens_q_padded is None
-                           else cu_seqlens_q_padded.tolist(), q.shape[0])
-    starts_kv = _seq_bounds("kv", lens_kv, cu_kv, None if cu_seqlens_kv_padded is None
-                            else cu_seqlens_kv_padded.tolist(), k.shape[0])
+    window, chunk, scale = segs.window, segs.chunk, segs.scale
+    lens_q, lens_kv, starts_q, starts_kv = segs.lens_q, segs.lens_kv, segs.starts_q, segs.starts_kv
     group = h_q // h_kv
     best = torch.full((h_q,), float("-inf"), dtype=torch.float64, device=q.device)
     for i, (sq, skv) in enumerate(zip(lens_q, lens_kv)):
