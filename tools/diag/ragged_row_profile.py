@@ -11,7 +11,6 @@ It answers where a column's time goes (which kernels, how many launches, what sh
 takes), e.g. what the flash route adds to flash's own kernels. Needs a CUDA GPU.
 """
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -20,15 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this source tree
 import rocm_attn  # noqa: E402
 from rocm_attn.bench import ragged_rows, small_seq_ragged  # noqa: E402
 
-
-def kernel_times(prof):
-    """(name, device us, launches) per GPU kernel of a profile, longest first."""
-    total, count = defaultdict(float), defaultdict(int)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            total[e.name] += e.device_time_total
-            count[e.name] += 1
-    return sorted(((n, total[n], count[n]) for n in total), key=lambda r: -r[1])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ranking_row_call import kernel_times  # noqa: E402  (the same per-kernel table)
 
 
 def profile(step, reps: int = 3):
