@@ -171,21 +171,26 @@ def plannable_variants() -> List[str]:
 
 
 def doc_section(cov=None) -> str:
-    """The "Picked by the plan" section of docs/kernels_resources.md (AMD archs)."""
+    """The "Picked by the plan" section of docs/kernels_resources.md: per kernel instance, the
+    benchmark runs that pick it on the AMD archs (one line per set of archs that agree)."""
     cov = cov or coverage(DOC_ARCHS)
     parts = [DOC_BEGIN, "\n\n## Picked by the plan\n\n",
-             "The kernel instances `rocm_attn/small_seq_plan.py` picks on each AMD arch, with the "
-             "default tuning, for the benchmark rows (the one-query case grid, the ranking grid "
-             "and the ragged rows at their default seed's lengths: `python3 "
-             "tools/plan_coverage.py`): fwd the forward alone, f+b the forward ahead of a "
-             "backward where it differs, bwd the backward. Instances not listed are picked by no "
-             "benchmark row on that arch (other dtypes, head dims and shapes).\n"]
-    for arch in DOC_ARCHS:
-        picks = {k: v for k, v in cov[arch].items() if "<" in k}
-        parts.append(f"\n### {arch}\n\n{len(picks)} instances picked.\n\n")
-        parts.append("| kernel | picked for |\n|---|---|\n")
-        for inst, who in picks.items():
-            parts.append(f"| `{inst}` | {', '.join(who)} |\n")
+             ("The kernel instances `rocm_attn/small_seq_plan.py` picks on the AMD archs, with the "
+              "default tuning, for the benchmark runs (`python3 tools/plan_coverage.py`; the "
+              "one-query case grid, the ranking grid and the ragged rows at the lengths of their "
+              "default seed): `fwd` the forward alone, `f+b` the forward ahead of a backward "
+              "where it differs, `bwd` the backward. Instances not listed are picked by no "
+              "benchmark run on these archs (other dtypes, head dims and shapes take them).\n\n"),
+             "| kernel | archs | picked for |\n|---|---|---|\n"]
+    instances = sorted({inst for arch in DOC_ARCHS for inst in cov[arch] if "<" in inst})
+    for inst in instances:
+        by_archs: Dict[Tuple[str, ...], List[str]] = OrderedDict()
+        runs = OrderedDict.fromkeys(run for arch in DOC_ARCHS for run in cov[arch].get(inst, []))
+        for run in runs:
+            archs = tuple(a for a in DOC_ARCHS if run in cov[a].get(inst, []))
+            by_archs.setdefault(archs, []).append(run)
+        for archs, who in by_archs.items():
+            parts.append(f"| `{inst}` | {', '.join(archs)} | {', '.join(who)} |\n")
     parts.append("\n" + DOC_END + "\n")
     return "".join(parts)
 
