@@ -755,7 +755,8 @@ def plan_tiled_backward(call: Call, device: Device, t: Mapping[str, int]) -> Pla
     if warpgroup:
         launches += _bwd_warpgroup(call, device, t, fused)
     elif stream:
-        stream_rows = 1 if rows <= 1 else 2 if rows <= 2 else BWD_STREAM_MAX_ROWS
+        # the one-row instance, else the four-row one (two or three rows run it partly empty)
+        stream_rows = 1 if rows <= 1 else BWD_STREAM_MAX_ROWS
         per = {2: "wave", 3: "block"}.get(t["small_seq_tiled_bwd_stream"], "occupancy")
         launches.append(_launch("tiled_bwd_stream", D=d, ROWS=stream_rows,
                                 threads=BWD_STREAM_THREADS, item_per=per))

@@ -150,6 +150,9 @@ VARIANT_CASES: List[VariantCase] = [
           "tiled_bwd_delta", "tiled_bwd_stream(ROWS=1)"),
     _case("stream_rows4", B, _c(128, 8, 2, 1, 100), ALL,
           "tiled_bwd_delta", "tiled_bwd_stream(ROWS=4)"),
+    # two rows: the four-row instance, partly empty (no row has two; there is no 2-row instance)
+    _case("stream_rows2", B, _c(128, 8, 8, 2, 100), ALL,
+          "tiled_bwd_delta", "tiled_bwd_stream(ROWS=4)"),
     _case("row_tile_fused", B, _c(128, 8, 2, 4, 16), ALL,
           "tiled_bwd_dkv(ONE_ROW_TILE=true, FUSED_DELTA=true)"),
     _case("row_tile", B, _c(128, 8, 2, 4, 100), ALL,
