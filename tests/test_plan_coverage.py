@@ -74,3 +74,16 @@ def test_splice_replaces_only_the_section():
     old = "head\n\n" + plan_coverage.DOC_BEGIN + "\nold\n" + plan_coverage.DOC_END + "\n"
     assert plan_coverage.splice(old, section) == "head\n\n" + section
     assert plan_coverage.splice("head\n", section) == "head\n\n" + section
+
+
+def test_every_row_picked_variant_has_a_table_entry(cov):
+    """Each variant (kernel and schedule parameters) some benchmark row gets on some arch is
+    one that an entry of the variant table (tests/helpers/small_seq_variants.py) makes the plan
+    pick on a listed arch, so that the GPU and emulation tests run it."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from helpers import small_seq_variants as V
+
+    tabled = {plan_coverage.variant(launch) for case in V.VARIANT_CASES for arch in case.archs
+              for launch in case.plan(sp.ARCHS[arch]).launches}
+    picked = plan_coverage.picked_variants(cov)
+    assert set(picked) <= tabled, f"add table entries for {sorted(set(picked) - tabled)}"
