@@ -2,6 +2,9 @@
 return (rocm_attn/small_seq_plan.py VARIANTS), calls whose shape makes the plan pick it, with the
 archs on which it does (no helper tests here).
 
+It also holds the tuning the tiled forward's kernel grids force each kernel with
+(FWD_FORCINGS), which the GPU and emulation files of that op share.
+
 Served by:
   tests/test_small_seq_variants.py        (CPU) for every entry and listed arch, the plan picks
                                           the entry's launches; every kernel of VARIANTS has an
@@ -184,6 +187,38 @@ VARIANT_CASES: List[VariantCase] = [
     _case("varlen", F, _c(128, 8, 8, 64, 5000), AMD, "varlen"),
     _case("torch_dtype", F, _c(128, 8, 8, 64, 64, dtype="float32"), ALL, "torch"),
 ]
+
+# Tuning that sends every call a tiled forward kernel can serve to it (through the plan, which
+# reads these values): the GPU and emulation files' grids over kernels (tests/
+# test_small_seq_tiled_gpu.py, test_emu_small_seq_tiled.py) take their entries from here. Every
+# entry but "auto" (the plan's own choice) turns the warpgroup kernel off (on Hopper it takes 64+
+# rows per kv head before the others are asked). The block kernel: blocks of 256, 128 and 64
+# threads, by cp.async in CUDA builds, "_regs" through registers (HIP builds always); the resident
+# kernel: 256 or 128 threads, softmax steps of one or four key tiles.
+_NO_WG = {"small_seq_tiled_warpgroup": 0}
+_BLOCK = {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0}
+_RESIDENT = {**_NO_WG, "small_seq_tiled_resident": 2}
+FWD_FORCINGS: Dict[str, Dict[str, int]] = {
+    "auto": {},
+    "wave": {**_NO_WG, "small_seq_tiled_block": 0, "small_seq_tiled_resident": 0},
+    "block": _BLOCK,
+    "block128": {**_BLOCK, "small_seq_tiled_block_threads": 128},
+    "block64": {**_BLOCK, "small_seq_tiled_block_threads": 64},
+    "block_regs": {**_BLOCK, "small_seq_tiled_block_cp_async": 0},
+    "block64_regs": {**_BLOCK, "small_seq_tiled_block_threads": 64,
+                     "small_seq_tiled_block_cp_async": 0},
+    "resident": _RESIDENT,
+    "resident_step16": {**_RESIDENT, "small_seq_tiled_resident_key_step": 16},
+    "resident_step64": {**_RESIDENT, "small_seq_tiled_resident_key_step": 64},
+    "resident128": {**_RESIDENT, "small_seq_tiled_resident_threads": 128},
+    "resident256": {**_RESIDENT, "small_seq_tiled_resident_threads": 256},
+}
+
+
+def forcings(*names: str) -> Dict[str, Dict[str, int]]:
+    """The named entries of FWD_FORCINGS, in that order."""
+    return {name: FWD_FORCINGS[name] for name in names}
+
 
 # Paths that are no kernel of hip_src/small_seq: the GPU and emulation harnesses leave them out.
 NOT_KERNELS = ("flash", "varlen", "torch")
