@@ -366,7 +366,7 @@ class Plan:
 
 
 # Every variant a plan can name: (C++ template or op, when the plan picks it). The GPU tests
-# and the emulation tests take their cases from VARIANT_CASES below.
+# and the emulation tests take their cases from tests/helpers/small_seq_variants.py.
 VARIANTS: Dict[str, Tuple[str, str]] = {
     # one query per segment, max_seqlen_kv <= 16 (hip_src/small_seq/launch_impl.h)
     "fwd": ("small_seq_fwd_kernel<T, D, KV, PIPE>",
