@@ -366,7 +366,7 @@ class Plan:
 
 
 # Every variant a plan can name: (C++ template or op, when the plan picks it). The GPU tests
-# and the emulation tests take their cases from VARIANT_CASES below.
+# and the emulation tests take their cases from tests/helpers/small_seq_variants.py.
 VARIANTS: Dict[str, Tuple[str, str]] = {
     # one query per segment, max_seqlen_kv <= 16 (hip_src/small_seq/launch_impl.h)
     "fwd": ("small_seq_fwd_kernel<T, D, KV, PIPE>",
@@ -755,7 +755,8 @@ def plan_tiled_backward(call: Call, device: Device, t: Mapping[str, int]) -> Pla
     if warpgroup:
         launches += _bwd_warpgroup(call, device, t, fused)
     elif stream:
-        stream_rows = 1 if rows <= 1 else 2 if rows <= 2 else BWD_STREAM_MAX_ROWS
+        # the one-row instance, else the four-row one (two or three rows run it partly empty)
+        stream_rows = 1 if rows <= 1 else BWD_STREAM_MAX_ROWS
         per = {2: "wave", 3: "block"}.get(t["small_seq_tiled_bwd_stream"], "occupancy")
         launches.append(_launch("tiled_bwd_stream", D=d, ROWS=stream_rows,
                                 threads=BWD_STREAM_THREADS, item_per=per))

@@ -21,6 +21,7 @@ import torch
 
 from helpers import emu
 from helpers import small_seq_tiled_cases as C
+from helpers import small_seq_variants as V
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -51,19 +52,15 @@ KV_LENS = [300, 64, 17, 1, 0, 17, 300, 64, 5, 0, 1]
 GROUPS = [pytest.param(2, 2, id="g1"), pytest.param(4, 2, id="g2"), pytest.param(8, 1, id="g8")]
 
 
-# the launcher's choice (here the block kernel: many rows over histories longer than a block's
+# the plan's choice (here the block kernel: many rows over histories longer than a block's
 # shared memory holds), the wave kernel for the same calls and the block kernel of 128 threads
-KERNELS = {"auto": {}, "wave": {"small_seq_tiled_block": 0, "small_seq_tiled_resident": 0},
-           "block128": {"small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
-                        "small_seq_tiled_block_threads": 128}}
+# (tuning of the variant table, tests/helpers/small_seq_variants.py FWD_FORCINGS)
+KERNELS = V.forcings("auto", "wave", "block128")
 # The resident kernel (a segment's whole K/V in shared memory; the emulation gives a block
-# 64 KiB, as gfx942 has): the launcher's choice for many rows over histories that fit, and
+# 64 KiB, as gfx942 has): the plan's choice for many rows over histories that fit, and
 # forced on every call (2) with four waves and with 128 threads (two waves), with softmax steps
-# of four key tiles (the launcher's choice here: histories reach 64 keys) and of one.
-RESIDENT = {"auto": {}, "resident": {"small_seq_tiled_resident": 2},
-            "resident128": {"small_seq_tiled_resident": 2, "small_seq_tiled_resident_threads": 128},
-            "resident_step16": {"small_seq_tiled_resident": 2,
-                                "small_seq_tiled_resident_key_step": 16}}
+# of four key tiles (the plan's choice here: histories reach 64 keys) and of one.
+RESIDENT = V.forcings("auto", "resident", "resident128", "resident_step16")
 # histories that fit 64 KiB at d 128 (K and V of 96 keys, rows padded: 57 KiB)
 KV_LENS_RESIDENT = [96, 64, 17, 1, 0, 17, 96, 64, 5, 0, 1]
 

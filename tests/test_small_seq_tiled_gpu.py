@@ -29,6 +29,7 @@ from rocm_attn import small_seq_plan  # noqa: E402
 from helpers.gpu import gpu_marks, poison_allocator  # noqa: E402
 from helpers.small_seq_tiled_gpu import DTYPES, GROUPS, lens, tiled_device  # noqa: E402
 from helpers import small_seq_tiled_cases as C  # noqa: E402
+from helpers import small_seq_variants as V  # noqa: E402
 
 # every test starts and ends with a clean device error counter (tests/conftest.py)
 pytestmark = [*gpu_marks(thd_ops=False), pytest.mark.usefixtures("clean_error_counter")]
@@ -67,32 +68,13 @@ def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype):
     check_valid(case)
 
 
-# the launcher's choice, the wave kernel only, the block kernel (K/V staged per key tile; blocks
-# of 256, 128 and 64 threads; by cp.async in CUDA builds, "_regs" through registers) and the
-# resident kernel (a segment's whole K/V in shared memory)
-# for every d <= 128 call they take, with its softmax steps of one and of four key tiles
-# Tuning that sends a call to one kernel: every entry but "auto" turns the warpgroup kernel off
-# (on Hopper it takes 64+ rows per kv head before the others are asked).
+# the plan's choice, the wave kernel only, the block kernel (K/V staged per key tile) and the
+# resident kernel (a segment's whole K/V in shared memory) for every d <= 128 call they take:
+# tuning of the variant table (tests/helpers/small_seq_variants.py FWD_FORCINGS)
 _NO_WG = {"small_seq_tiled_warpgroup": 0}
-KERNELS = {"auto": {},
-           "wave": {**_NO_WG, "small_seq_tiled_block": 0, "small_seq_tiled_resident": 0},
-           "block": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0},
-           "block128": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
-                        "small_seq_tiled_block_threads": 128},
-           "block64": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
-                       "small_seq_tiled_block_threads": 64},
-           "block_regs": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
-                          "small_seq_tiled_block_cp_async": 0},
-           "block64_regs": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
-                            "small_seq_tiled_block_threads": 64,
-                            "small_seq_tiled_block_cp_async": 0},
-           "resident": {**_NO_WG, "small_seq_tiled_resident": 2},
-           "resident_step16": {**_NO_WG, "small_seq_tiled_resident": 2,
-                               "small_seq_tiled_resident_key_step": 16},
-           "resident_step64": {**_NO_WG, "small_seq_tiled_resident": 2,
-                               "small_seq_tiled_resident_key_step": 64},
-           "resident256": {**_NO_WG, "small_seq_tiled_resident": 2,
-                           "small_seq_tiled_resident_threads": 256}}
+KERNELS = V.forcings("auto", "wave", "block", "block128", "block64", "block_regs",
+                     "block64_regs", "resident", "resident_step16", "resident_step64",
+                     "resident256")
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))

@@ -173,7 +173,7 @@ hipError_t run_tiled_bwd_stream_kernel(const SmallSeqTiledParams& p, int item_pe
   return hipGetLastError();
 }
 
-// The kernel instance of ROWS rows (1, 2 or kTiledBwdStreamMaxRows), which must hold the host
+// The kernel instance of ROWS rows (1 or kTiledBwdStreamMaxRows), which must hold the host
 // bound.
 template <typename T, int D>
 hipError_t run_tiled_bwd_stream(const SmallSeqTiledParams& p, int rows, int item_per,
@@ -182,9 +182,6 @@ hipError_t run_tiled_bwd_stream(const SmallSeqTiledParams& p, int rows, int item
   switch (rows) {
     case 1:
       return run_tiled_bwd_stream_kernel<small_seq_tiled_bwd_stream_kernel<T, D, 1>>(
-          p, item_per, stream);
-    case 2:
-      return run_tiled_bwd_stream_kernel<small_seq_tiled_bwd_stream_kernel<T, D, 2>>(
           p, item_per, stream);
     case kTiledBwdStreamMaxRows:
       return run_tiled_bwd_stream_kernel<

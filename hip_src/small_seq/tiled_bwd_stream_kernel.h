@@ -50,8 +50,8 @@ constexpr int kTiledBwdStreamThreads = 128;
 // four-row items take half as many, so that three blocks fit a multiprocessor.
 constexpr int kTiledBwdStreamUnroll = 4;
 // Blocks per multiprocessor the register cap is set for: 168 registers on sm_90. Four rows
-// then run 8-20% faster than at two blocks (210 registers; 20 bytes spill at d = 256); one and
-// two rows fit under it (docs/kernels.md#streaming-backward).
+// then run 8-20% faster than at two blocks (210 registers; 20 bytes spill at d = 256); one row
+// fits under it (docs/kernels.md#streaming-backward).
 constexpr int kTiledBwdStreamMinBlocks = 3;
 
 // Lane-group sums of N values at once (N a power of two, at most LPR): each halving step sends
