@@ -414,7 +414,7 @@ VARIANTS: Dict[str, Tuple[str, str]] = {
                          "at most 4 rows per (segment, kv head)"),
     "tiled_bwd_warpgroup": ("small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS, WITH_DQ, "
                             "FUSED_DELTA, TRANSPOSED>",
-                            "Hopper, 64+ rows per (segment, kv head), at most 256 keys"),
+                            "Hopper, 64+ rows per (segment, kv head), at most 4096 keys"),
     "tiled_bwd_warpgroup_tma": ("small_seq_tiled_bwd_warpgroup_tma_kernel<T, D, KEYS, WITH_DQ, "
                                 "FUSED_DELTA, TRANSPOSED>",
                                 "as tiled_bwd_warpgroup where tile copies serve"),
