@@ -95,8 +95,8 @@ struct RaTuning {
   int small_seq_tiled_bwd_block = 1;
   // tiled small-seq backward on Hopper (sm_90a builds): 1 = calls of at least one 64-row tile
   // per (segment, kv head) over at most 4096 keys (256 with small_seq_tiled_bwd_dq_stream 0)
-  // take the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never; 2 = every call it can serve, fewer
-  // rows included (tests, A/B runs).
+  // take the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never;
+  // 2 = every call it can serve, fewer rows included (tests, A/B runs).
   int small_seq_tiled_bwd_warpgroup = 1;
   // tiled small-seq backward without the Delta pass (one launch and one read of dO and out
   // less): Delta = rowsum(dO O) - dlse computed by the kernels themselves. The warpgroup kernels:

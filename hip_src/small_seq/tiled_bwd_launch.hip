@@ -5,10 +5,10 @@
 // (tiled_bwd_kernel.h), their block variants (tiled_bwd_block_kernel.h), the streaming kernel
 // for a few rows per (segment, kv head) (tiled_bwd_stream_kernel.h), and on Hopper (sm_90a
 // builds) the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h, their tile-copy instances,
-// tiled_bwd_warpgroup_two_tile_kernel.h, tiled_bwd_warpgroup_dq_stream_kernel.h). The launcher checks the plan against what this build
-// compiled and chooses nothing else, except the plan's fallback where a tile-copy kernel's
-// tensor maps cannot be made. Dispatch over dtype x head dim (one translation unit: no kv
-// bucket, no generated files).
+// tiled_bwd_warpgroup_two_tile_kernel.h, tiled_bwd_warpgroup_dq_stream_kernel.h). The launcher
+// checks the plan against what this build compiled and chooses nothing else, except the plan's
+// fallback where a tile-copy kernel's tensor maps cannot be made. Dispatch over dtype x head
+// dim (one translation unit: no kv bucket, no generated files).
 #include "../common/launch.h"
 #include "plan.h"
 #include "tiled_bwd_block_kernel.h"
