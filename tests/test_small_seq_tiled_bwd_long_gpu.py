@@ -122,6 +122,17 @@ def test_long_histories(dev, max_kv, d, h_q, h_kv, passes):
         assert any("dq_stream" in n for n in names), names
 
 
+@pytest.mark.parametrize("h_q,h_kv", GROUPS)
+def test_long_histories_bshd(dev, h_q, h_kv):
+    """BSHD q of 150 queries per user (the last row tile of each (user, kv head) runs past s_q)
+    over histories of 0..4096 keys, NaN k/v past each length, by default tuning (BSHD calls take
+    no route): the streaming dQ kernel and the dK / dV kernel against the float64 oracle."""
+    case = C.bshd_case(120 + h_kv, 150, [4096, 0, 1, 1000, 2049, 65, 4033], 4096, h_q, h_kv, 128,
+                       torch.bfloat16, device=dev)
+    assert "tiled_bwd_warpgroup_dq_stream" in bwd_kernels(case)
+    check(case, seed=121, dlse=True)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [64, 128])
 def test_long_histories_ragged_many_users(dev, d, dtype):
