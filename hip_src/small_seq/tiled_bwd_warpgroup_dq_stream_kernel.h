@@ -106,8 +106,8 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_stream_item(const SmallSeqTiledParams& p,
     tiled_bwd_warpgroup_load_tile<D>(p, at, group, r0, seg_rows, tile_at, wtid);
     tiled_bwd_warpgroup_dq_load_rows<D, DELTA>(p, s, hq0, at, map, r0, seg_rows, l, wtid);
   }
-  // Groups 0 .. STAGES - 2: step g (Q / dO in group 0), empty past the last step, so that
-  // group j is always step j's.
+  // cp.async groups 0 .. STAGES - 2 hold steps 0 .. STAGES - 2 (Q / dO join group 0); a group
+  // past the last step is committed empty, so that group j is always step j's.
 #pragma unroll
   for (int j = 0; j < STAGES - 1; ++j) {
     if (j < steps) stage(j);
