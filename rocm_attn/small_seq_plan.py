@@ -99,10 +99,14 @@ BWD_ROW_TILE_THREADS = 128       # tiled_bwd_launch.hip kTiledBwdRowTileThreads
 BWD_STREAM_MAX_ROWS = 4          # tiled_bwd_stream_kernel.h kTiledBwdStreamMaxRows
 BWD_STREAM_THREADS = 128         # kTiledBwdStreamThreads
 BWD_WARPGROUP_BLOCK_KEYS = 64    # tiled_bwd_warpgroup_kernel.h kTiledBwdWarpgroupBlockKeys
-BWD_WARPGROUP_MAX_KEYS = 256     # kTiledBwdWarpgroupMaxKeys
+# kTiledBwdWarpgroupStagedMaxKeys: the staged dQ kernel's longest history, and the flash
+# route rule's bound for a backward on a warpgroup device (route_wins)
+BWD_WARPGROUP_MAX_KEYS = 256
+BWD_WARPGROUP_STREAM_MAX_KEYS = 4096  # kTiledBwdWarpgroupMaxKeys: with the streaming dQ kernel
 BWD_WARPGROUP_CHUNK = 16         # kTiledBwdWarpgroupChunk
 BWD_WARPGROUP_DQ_WARPGROUPS = 2  # kTiledBwdWarpgroupDqWarpgroups
 BWD_DQ_TMA_BUFFERS = 3           # tiled_bwd_warpgroup_tma_kernel.h kTiledBwdDqTmaBuffers
+BWD_DQ_STREAM_STAGES = 4         # tiled_bwd_warpgroup_dq_stream_kernel.h kTiledBwdDqStreamStages
 BWD_TWO_TILE_ROWS = 128          # tiled_bwd_warpgroup_two_tile_kernel.h kTiledBwdTwoTileRows
 
 
@@ -173,6 +177,12 @@ def bwd_warpgroup_dq_tma_smem_bytes(d: int, max_seqlen_kv: int) -> int:
         + BWD_DQ_TMA_BUFFERS * 2 * WARPGROUP_ROWS * d * 2 + 1024 + 64
 
 
+def bwd_warpgroup_dq_stream_smem_bytes(d: int) -> int:
+    """tiled_bwd_warpgroup_dq_stream_smem_bytes<D>: the ring of K / V steps, Q / dO buffers."""
+    return BWD_DQ_STREAM_STAGES * 2 * BWD_WARPGROUP_BLOCK_KEYS * d * 2 \
+        + BWD_WARPGROUP_DQ_WARPGROUPS * 2 * WARPGROUP_ROWS * d * 2 + 1024
+
+
 def bwd_two_tile_smem_bytes(d: int) -> int:
     """tiled_bwd_two_tile_smem_bytes<D>."""
     per_warpgroup = _ceil(2 * WARPGROUP_ROWS * d * 2 + WARPGROUP_ROWS * BWD_WARPGROUP_BLOCK_KEYS * 2
@@ -228,6 +238,7 @@ DEFAULT_TUNING: Dict[str, int] = {
     "small_seq_tiled_bwd_fused_delta": 2,
     "small_seq_tiled_bwd_one_tile": 1,
     "small_seq_tiled_bwd_two_tile": 1,
+    "small_seq_tiled_bwd_dq_stream": 1,
     "small_seq_tiled_bwd_stream": 1,
     "small_seq_tiled_bwd_row_tile": 1,
     "small_seq_flash_route": 1,
@@ -403,7 +414,7 @@ VARIANTS: Dict[str, Tuple[str, str]] = {
                          "at most 4 rows per (segment, kv head)"),
     "tiled_bwd_warpgroup": ("small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS, WITH_DQ, "
                             "FUSED_DELTA, TRANSPOSED>",
-                            "Hopper, 64+ rows per (segment, kv head), at most 256 keys"),
+                            "Hopper, 64+ rows per (segment, kv head), at most 4096 keys"),
     "tiled_bwd_warpgroup_tma": ("small_seq_tiled_bwd_warpgroup_tma_kernel<T, D, KEYS, WITH_DQ, "
                                 "FUSED_DELTA, TRANSPOSED>",
                                 "as tiled_bwd_warpgroup where tile copies serve"),
@@ -413,6 +424,8 @@ VARIANTS: Dict[str, Tuple[str, str]] = {
                                    "as tiled_bwd_warpgroup_dq where tile copies serve"),
     "tiled_bwd_warpgroup_two_tile": ("small_seq_tiled_bwd_warpgroup_two_tile_kernel<T, D>",
                                      "warpgroup backward, 65-128 rows, past one key block"),
+    "tiled_bwd_warpgroup_dq_stream": ("small_seq_tiled_bwd_warpgroup_dq_stream_kernel<T, D, "
+                                      "DELTA>", "warpgroup backward past 256 keys"),
     # not kernels of hip_src/small_seq
     "flash": ("torch flash varlen + small_seq_flash_contract_{fwd,bwd}",
               "NVIDIA, THD, many candidates over long enough histories"),
@@ -684,15 +697,36 @@ def plan_tiled_forward(call: Call, device: Device, t: Mapping[str, int]) -> Plan
 # -- tiled backward (tiled_bwd_launch.hip) -------------------------------------------------------
 
 
+def _bwd_dq_streams(call: Call, device: Device, t: Mapping[str, int]) -> bool:
+    """Whether the warpgroup backward's dQ kernel (past one key block) streams K / V through a
+    ring (tuning small_seq_tiled_bwd_dq_stream: 1 where the staged kernel cannot hold the
+    history, 2 always, 0 never)."""
+    mode = t["small_seq_tiled_bwd_dq_stream"]
+    if mode != 1:
+        return mode >= 2
+    return (call.max_seqlen_kv > BWD_WARPGROUP_MAX_KEYS or bwd_warpgroup_dq_smem_bytes(
+        call.head_dim, call.max_seqlen_kv) > device.max_shared_per_block)
+
+
 def _bwd_uses_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> bool:
+    """B1: the warpgroup backward, d 64 / 128, 64+ rows per kv head (any with tuning
+    small_seq_tiled_bwd_warpgroup 2), up to BWD_WARPGROUP_STREAM_MAX_KEYS keys where the dQ
+    kernel may stream (else the staged dQ kernel's BWD_WARPGROUP_MAX_KEYS), shared memory
+    permitting."""
     d, kv = call.head_dim, call.max_seqlen_kv
     mode = t["small_seq_tiled_bwd_warpgroup"]
-    if mode <= 0 or d not in (64, 128) or kv > BWD_WARPGROUP_MAX_KEYS or not device.warpgroup_mma:
+    max_keys = (BWD_WARPGROUP_STREAM_MAX_KEYS if t["small_seq_tiled_bwd_dq_stream"] >= 1
+                else BWD_WARPGROUP_MAX_KEYS)
+    if mode <= 0 or d not in (64, 128) or kv > max_keys or not device.warpgroup_mma:
         return False
     limit = device.max_shared_per_block
-    if bwd_warpgroup_smem_bytes(d, BWD_WARPGROUP_BLOCK_KEYS) > limit or (
-            kv > BWD_WARPGROUP_BLOCK_KEYS and bwd_warpgroup_dq_smem_bytes(d, kv) > limit):
+    if bwd_warpgroup_smem_bytes(d, BWD_WARPGROUP_BLOCK_KEYS) > limit:
         return False
+    if kv > BWD_WARPGROUP_BLOCK_KEYS:
+        dq_smem = (bwd_warpgroup_dq_stream_smem_bytes(d) if _bwd_dq_streams(call, device, t)
+                   else bwd_warpgroup_dq_smem_bytes(d, kv))
+        if dq_smem > limit:
+            return False
     return mode >= 2 or call.rows >= WARPGROUP_ROWS
 
 
@@ -730,6 +764,10 @@ def _bwd_warpgroup(call: Call, device: Device, t: Mapping[str, int],
     key_blocks = dkdv(BWD_WARPGROUP_BLOCK_KEYS, False, False, True)
 
     def dq(delta: bool) -> Launch:
+        if _bwd_dq_streams(call, device, t):
+            return _launch("tiled_bwd_warpgroup_dq_stream", D=d, DELTA=delta,
+                           threads=BWD_WARPGROUP_DQ_WARPGROUPS * 128,
+                           smem=bwd_warpgroup_dq_stream_smem_bytes(d))
         tma_smem = bwd_warpgroup_dq_tma_smem_bytes(d, kv)
         if tma and tma_smem <= device.max_shared_per_block:
             return _launch("tiled_bwd_warpgroup_dq_tma", D=d, DELTA=delta,
@@ -880,6 +918,7 @@ KERNEL_IDS: Dict[str, int] = {
     "tiled_bwd_warpgroup_dq": 18,
     "tiled_bwd_warpgroup_dq_tma": 19,
     "tiled_bwd_warpgroup_two_tile": 20,
+    "tiled_bwd_warpgroup_dq_stream": 21,
 }
 _KERNEL_ENUM = {
     "tiled_fwd_wave": "kTiledFwdWave",
@@ -899,6 +938,7 @@ _KERNEL_ENUM = {
     "tiled_bwd_warpgroup_dq": "kTiledBwdWarpgroupDq",
     "tiled_bwd_warpgroup_dq_tma": "kTiledBwdWarpgroupDqTma",
     "tiled_bwd_warpgroup_two_tile": "kTiledBwdWarpgroupTwoTile",
+    "tiled_bwd_warpgroup_dq_stream": "kTiledBwdWarpgroupDqStream",
 }
 LAUNCH_PARAMS: Dict[str, Tuple[str, ...]] = {
     "tiled_fwd_wave": ("D", "ONE_TILE", "grid_factor"),
@@ -919,6 +959,7 @@ LAUNCH_PARAMS: Dict[str, Tuple[str, ...]] = {
     "tiled_bwd_warpgroup_dq": ("D", "DELTA"),
     "tiled_bwd_warpgroup_dq_tma": ("D", "DELTA"),
     "tiled_bwd_warpgroup_two_tile": ("D",),
+    "tiled_bwd_warpgroup_dq_stream": ("D", "DELTA"),
 }
 # The streaming backward's items: one per wave or per block by the launcher's occupancy rule, or
 # forced (tuning small_seq_tiled_bwd_stream 2 / 3).
@@ -1064,7 +1105,9 @@ def static_checks() -> str:
             ("small_seq::kTiledBwdStreamMaxRows", BWD_STREAM_MAX_ROWS),
             ("small_seq::kTiledBwdStreamThreads", BWD_STREAM_THREADS),
             ("small_seq::kTiledBwdWarpgroupBlockKeys", BWD_WARPGROUP_BLOCK_KEYS),
-            ("small_seq::kTiledBwdWarpgroupMaxKeys", BWD_WARPGROUP_MAX_KEYS),
+            ("small_seq::kTiledBwdWarpgroupStagedMaxKeys", BWD_WARPGROUP_MAX_KEYS),
+            ("small_seq::kTiledBwdWarpgroupMaxKeys", BWD_WARPGROUP_STREAM_MAX_KEYS),
+            ("small_seq::kTiledBwdDqStreamStages", BWD_DQ_STREAM_STAGES),
             ("small_seq::kTiledBwdWarpgroupChunk", BWD_WARPGROUP_CHUNK),
             ("small_seq::kTiledBwdWarpgroupDqWarpgroups", BWD_WARPGROUP_DQ_WARPGROUPS),
             ("small_seq::kTiledBwdTwoTileRows", BWD_TWO_TILE_ROWS),
@@ -1097,6 +1140,8 @@ def static_checks() -> str:
     for d in (64, 128):
         eq(f"small_seq::tiled_bwd_two_tile_smem_bytes<{d}>()", bwd_two_tile_smem_bytes(d),
            "bwd_two_tile_smem_bytes")
+        eq(f"small_seq::tiled_bwd_warpgroup_dq_stream_smem_bytes<{d}>()",
+           bwd_warpgroup_dq_stream_smem_bytes(d), "bwd_warpgroup_dq_stream_smem_bytes")
         for keys in (16, 64):
             eq(f"small_seq::tiled_bwd_warpgroup_smem_bytes<{d}>({keys})",
                bwd_warpgroup_smem_bytes(d, keys), "bwd_warpgroup_smem_bytes")

@@ -219,6 +219,8 @@ NVIDIA_ONLY_KERNELS = {
         "Hopper warpgroup MMA (sm_90a); tests/test_small_seq_tiled_bwd_gpu.py runs it on a GPU",
     "small_seq_tiled_bwd_warpgroup_dq_tma_kernel":
         "Hopper warpgroup MMA and tensor tile copies (CUDA sm_90a); tests/test_small_seq_tiled_bwd_gpu.py runs it on a GPU",
+    "small_seq_tiled_bwd_warpgroup_dq_stream_kernel":
+        "Hopper warpgroup MMA (sm_90a); tests/test_small_seq_tiled_bwd_long_gpu.py runs it on a GPU",
 }
 
 

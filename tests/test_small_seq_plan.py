@@ -7,6 +7,7 @@ fails here; the CLI `rocm-attn plan` for every arch; the tuning knobs' effect on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -143,7 +144,8 @@ CASES = [
       "tiled_bwd_warpgroup(KEYS=64, WITH_DQ=false, TRANSPOSED=true)"]),
     ("sm_90a", C(128, 8, 8, 512, 257, layout="bshd", backward=True),
      ["tiled_fwd_warpgroup(WARPGROUPS=2, KEYS=64)"],
-     ["tiled_bwd_delta", "tiled_bwd_dkv_block", "tiled_bwd_dq_block"]),  # past 256 keys
+     ["tiled_bwd_warpgroup_dq_stream(D=128, DELTA=true, threads=256)",  # past 256 keys
+      "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=false, FUSED_DELTA=false, TRANSPOSED=true)"]),
     # other paths
     ("sm_90a", C(128, 8, 8, 512, 512, backward=True), ["flash"], ["flash"]),
     ("sm_100", C(128, 8, 8, 64, 128), ["flash"], None),
@@ -188,6 +190,70 @@ def test_tuning_knobs_change_the_plan():
     assert plan.launches[1].param("ONE_ROW_TILE") is False
     grid = sp.plan_call(call, gfx, dict(t, small_seq_tiled_fwd_grid=0))[0]
     assert grid.launches[0].param("grid_factor") == 0
+
+
+def test_warpgroup_backward_long_histories():
+    """B1 up to the tiled kernels' 4096 keys (d 64 / 128, MHA / GQA / MQA): past the staged dQ
+    kernel's 256 keys the dQ kernel streams K / V (its shared memory independent of the
+    history), the one- and two-tile walks and the per-key-block dK / dV kernel serve any length;
+    tuning small_seq_tiled_bwd_dq_stream 0 restores the 256-key bound, 2 streams at every
+    length past one key block; the flash route's rule keeps its own 256-key backward bound."""
+    hopper = sp.ARCHS["sm_90a"]
+    t = dict(sp.DEFAULT_TUNING)
+
+    def bwd(call, **knobs):
+        return sp.plan_tiled_backward(call, hopper, dict(t, **knobs))
+
+    for d in (64, 128):
+        smem = sp.bwd_warpgroup_dq_stream_smem_bytes(d)
+        assert smem == (4 * 2 * 64 * d * 2 + 2 * 2 * 64 * d * 2 + 1024)
+        assert smem <= hopper.max_shared_per_block
+        for kv in (257, 300, 1000, 4095, 4096):
+            for hq, hkv in ((8, 8), (8, 2), (8, 1)):
+                call = C(d, hq, hkv, 300, kv, layout="bshd", backward=True)
+                plan = bwd(call)
+                assert plan.kernels == ("tiled_bwd_warpgroup_dq_stream",
+                                        "tiled_bwd_warpgroup_tma"), str(plan)
+                dq, dkdv = plan.launches
+                assert dq.param("DELTA") is True and dq.param("smem") == smem
+                assert dkdv.param("TRANSPOSED") is True and dkdv.param("WITH_DQ") is False
+                # without tile copies (the launcher's fallback) the dK / dV kernel by cp.async
+                assert sp.plan_tiled_backward(
+                    call, dataclasses.replace(hopper, tile_copies=False), t).kernels == (
+                    "tiled_bwd_warpgroup_dq_stream", "tiled_bwd_warpgroup")
+                # Delta from pass 1 with fused Delta off
+                assert bwd(call, small_seq_tiled_bwd_fused_delta=1).kernels == (
+                    "tiled_bwd_delta", "tiled_bwd_warpgroup_tma", "tiled_bwd_warpgroup_dq_stream")
+                # the bound of before: the mma.sync block passes
+                assert bwd(call, small_seq_tiled_bwd_dq_stream=0).kernels == (
+                    "tiled_bwd_delta", "tiled_bwd_dkv_block", "tiled_bwd_dq_block")
+        # the staged dQ kernel keeps 65-256 keys; tuning 2 streams there too
+        call = C(d, 8, 2, 300, 256, layout="bshd", backward=True)
+        assert bwd(call).kernels[0] == "tiled_bwd_warpgroup_dq_tma"
+        assert bwd(call, small_seq_tiled_bwd_dq_stream=2).kernels[0] == (
+            "tiled_bwd_warpgroup_dq_stream")
+        assert bwd(C(d, 8, 2, 300, 64, layout="bshd", backward=True),
+                   small_seq_tiled_bwd_dq_stream=2).kernels == ("tiled_bwd_warpgroup_tma",)
+    # rows of one and two 64-row tiles walk their key blocks, any length
+    assert bwd(C(128, 8, 2, 16, 4096, backward=True, layout="bshd")).kernels == (
+        "tiled_bwd_delta", "tiled_bwd_warpgroup_tma")
+    assert bwd(C(128, 8, 2, 32, 4096, backward=True, layout="bshd")).kernels == (
+        "tiled_bwd_delta", "tiled_bwd_warpgroup_two_tile")
+    # past the tiled kernels: no tiled plan at all
+    assert sp.plan_call(C(128, 8, 2, 300, 4097, layout="bshd", backward=True), hopper,
+                        t)[1].path == "varlen"
+    # the route's rule is unchanged: THD calls of 64+ candidates past 256 keys take the route by
+    # default, the warpgroup backward with the route off (the A/B of the two)
+    assert not sp.route_wins(128, 300, 256, True, warpgroup=True, group=4)
+    assert sp.route_wins(128, 300, 257, True, warpgroup=True, group=4)
+    thd = C(128, 8, 2, 300, 1000, backward=True)
+    assert sp.plan_call(thd, hopper, t)[1].path == "flash"
+    plan = sp.plan_call(thd, hopper, dict(t, small_seq_flash_route=0))[1]
+    assert plan.kernels[0] == "tiled_bwd_warpgroup_dq_stream"
+    # the launch record: the kernel id, then D and DELTA
+    ints = sp.tiled_bwd_ints(C(64, 8, 1, 300, 1000, layout="bshd", backward=True), hopper, {})
+    record = ints[2:2 + sp.LAUNCH_INTS]
+    assert record == [sp.KERNEL_IDS["tiled_bwd_warpgroup_dq_stream"], 64, 1, 0, 0, 0, 0, 0]
 
 
 def test_plan_is_pure_and_reads_no_device():

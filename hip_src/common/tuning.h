@@ -94,9 +94,9 @@ struct RaTuning {
   // 2 = every call (tests).
   int small_seq_tiled_bwd_block = 1;
   // tiled small-seq backward on Hopper (sm_90a builds): 1 = calls of at least one 64-row tile
-  // per (segment, kv head) over at most 256 keys take the warpgroup-MMA kernels
-  // (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never; 2 = every call it can serve, fewer
-  // rows included (tests, A/B runs).
+  // per (segment, kv head) over at most 4096 keys (256 with small_seq_tiled_bwd_dq_stream 0)
+  // take the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never;
+  // 2 = every call it can serve, fewer rows included (tests, A/B runs).
   int small_seq_tiled_bwd_warpgroup = 1;
   // tiled small-seq backward without the Delta pass (one launch and one read of dO and out
   // less): Delta = rowsum(dO O) - dlse computed by the kernels themselves. The warpgroup kernels:
@@ -120,6 +120,13 @@ struct RaTuning {
   // (tiled_bwd_warpgroup_two_tile_kernel.h; Delta from pass 1); 0 = the dK / dV kernel per key
   // block and the dQ kernel.
   int small_seq_tiled_bwd_two_tile = 1;
+  // tiled small-seq backward on Hopper, the warpgroup backward's dQ kernel (histories past one
+  // 64-key block where the one- and two-tile walks do not serve): 1 = K / V staged whole up to
+  // 256 keys, streamed through a ring of 64-key steps past that
+  // (tiled_bwd_warpgroup_dq_stream_kernel.h), so that the warpgroup backward serves up to 4096
+  // keys; 2 = streamed always (A/B runs); 0 = never streamed: the warpgroup backward serves at
+  // most 256 keys.
+  int small_seq_tiled_bwd_dq_stream = 1;
   // tiled small-seq backward: 1 = calls of at most 4 rows per (segment, kv head) (one query
   // with a GQA group of at most 4) take the streaming kernel (tiled_bwd_stream_kernel.h) in
   // place of the dK / dV and dQ passes, one (segment, kv head) per wave or per block by the
@@ -184,6 +191,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_bwd_fused_delta", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_FUSED_DELTA", &RaTuning::small_seq_tiled_bwd_fused_delta},
     {"small_seq_tiled_bwd_one_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_ONE_TILE", &RaTuning::small_seq_tiled_bwd_one_tile},
     {"small_seq_tiled_bwd_two_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_TWO_TILE", &RaTuning::small_seq_tiled_bwd_two_tile},
+    {"small_seq_tiled_bwd_dq_stream", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_DQ_STREAM", &RaTuning::small_seq_tiled_bwd_dq_stream},
     {"small_seq_tiled_bwd_stream", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_STREAM", &RaTuning::small_seq_tiled_bwd_stream},
     {"small_seq_tiled_bwd_row_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_ROW_TILE", &RaTuning::small_seq_tiled_bwd_row_tile},
     {"small_seq_flash_route", "ROCM_ATTN_SMALL_SEQ_FLASH_ROUTE", &RaTuning::small_seq_flash_route},

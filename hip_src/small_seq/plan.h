@@ -28,6 +28,7 @@ enum class SmallSeqKernel : int32_t {
   kTiledBwdWarpgroupDq = 18,        // small_seq_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA>
   kTiledBwdWarpgroupDqTma = 19,     // its tile-copy instance
   kTiledBwdWarpgroupTwoTile = 20,   // small_seq_tiled_bwd_warpgroup_two_tile_kernel<T, D>
+  kTiledBwdWarpgroupDqStream = 21,  // small_seq_tiled_bwd_warpgroup_dq_stream_kernel<T, D, DELTA>
 };
 
 // One launch: the kernel's id and its parameters in the plan's LAUNCH_PARAMS order.

@@ -5,14 +5,15 @@
 // (tiled_bwd_kernel.h), their block variants (tiled_bwd_block_kernel.h), the streaming kernel
 // for a few rows per (segment, kv head) (tiled_bwd_stream_kernel.h), and on Hopper (sm_90a
 // builds) the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h, their tile-copy instances,
-// tiled_bwd_warpgroup_two_tile_kernel.h). The launcher checks the plan against what this build
-// compiled and chooses nothing else, except the plan's fallback where a tile-copy kernel's
-// tensor maps cannot be made. Dispatch over dtype x head dim (one translation unit: no kv
-// bucket, no generated files).
+// tiled_bwd_warpgroup_two_tile_kernel.h, tiled_bwd_warpgroup_dq_stream_kernel.h). The launcher
+// checks the plan against what this build compiled and chooses nothing else, except the plan's
+// fallback where a tile-copy kernel's tensor maps cannot be made. Dispatch over dtype x head
+// dim (one translation unit: no kv bucket, no generated files).
 #include "../common/launch.h"
 #include "plan.h"
 #include "tiled_bwd_block_kernel.h"
 #include "tiled_bwd_stream_kernel.h"
+#include "tiled_bwd_warpgroup_dq_stream_kernel.h"
 #include "tiled_bwd_warpgroup_kernel.h"
 #include "tiled_bwd_warpgroup_tma_kernel.h"
 #include "tiled_bwd_warpgroup_two_tile_kernel.h"
@@ -120,6 +121,17 @@ hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, bool tma,
   }
   return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA>>(
       p, pairs, kThreads, tiled_bwd_warpgroup_dq_smem_bytes<D>(p.max_seqlen_kv), stream);
+}
+
+// The warpgroup dQ kernel with K / V streamed through a ring, over (segment, kv head, pair of
+// row tiles) items. DELTA as run_tiled_bwd_warpgroup_dq's.
+template <typename T, int D, bool DELTA>
+hipError_t run_tiled_bwd_warpgroup_dq_stream(const SmallSeqTiledParams& p, hipStream_t stream) {
+  constexpr int kThreads = kTiledBwdWarpgroupDqWarpgroups * 128;
+  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv *
+                        tiled_bwd_dq_stream_groups(tiled_max_rows(p));
+  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_stream_kernel<T, D, DELTA>>(
+      p, items, kThreads, tiled_bwd_warpgroup_dq_stream_smem_bytes<D>(), stream);
 }
 
 // A warpgroup dK / dV record (KEYS, WITH_DQ, FUSED_DELTA, TRANSPOSED): the instances the plan
@@ -294,10 +306,14 @@ hipError_t run_tiled_bwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
       case SmallSeqKernel::kTiledBwdWarpgroupDq:
       case SmallSeqKernel::kTiledBwdWarpgroupDqTma: {
         const bool tma = kernel == SmallSeqKernel::kTiledBwdWarpgroupDqTma;
-        if (p.max_seqlen_kv > kTiledBwdWarpgroupMaxKeys) return kBadPlan;
+        if (p.max_seqlen_kv > kTiledBwdWarpgroupStagedMaxKeys) return kBadPlan;
         return a[1] != 0 ? run_tiled_bwd_warpgroup_dq<T, D, true>(p, tma, stream)
                          : run_tiled_bwd_warpgroup_dq<T, D, false>(p, tma, stream);
       }
+      case SmallSeqKernel::kTiledBwdWarpgroupDqStream:
+        if (p.max_seqlen_kv > kTiledBwdWarpgroupMaxKeys) return kBadPlan;
+        return a[1] != 0 ? run_tiled_bwd_warpgroup_dq_stream<T, D, true>(p, stream)
+                         : run_tiled_bwd_warpgroup_dq_stream<T, D, false>(p, stream);
       case SmallSeqKernel::kTiledBwdWarpgroupTwoTile: {
         const int64_t rows = tiled_max_rows(p);
         if (rows > kTiledBwdTwoTileRows || p.max_seqlen_kv > kTiledBwdWarpgroupMaxKeys)

@@ -30,9 +30,11 @@
 // accumulators unused, which costs matrix-unit time the bytes hide. Those rows come from
 // columns 16..63 of the P / dS buffers, which 16-key products never write (stale shared
 // memory): they must never be stored.
-// dQ kernel (histories past one block), work item = (segment, kv head), two warpgroups per
-// block sharing all of the segment's K / V: per 64-row tile, every key block's S, dP, dS
-// (registers only) and dQ += dS K, stored once.
+// dQ kernel (histories past one block, up to kTiledBwdWarpgroupStagedMaxKeys), work item =
+// (segment, kv head), two warpgroups per block sharing all of the segment's K / V: per 64-row
+// tile, every key block's S, dP, dS (registers only) and dQ += dS K, stored once. Longer
+// histories stream K / V through a ring (tiled_bwd_warpgroup_dq_stream_kernel.h, the same sums
+// in the same order).
 //
 // Numerics are tiled_bwd_kernel.h's: P, dP, dS fp32; P, dS rounded to the input dtype only as
 // product operands; every gradient accumulates in fp32 and is rounded once. Each gradient
@@ -56,8 +58,14 @@ namespace small_seq {
 // Keys of one key block: the keys of one m64n64 score product, and the rows (M) of the dK / dV
 // products. A history of at most one block is served whole by one item (dQ included).
 constexpr int kTiledBwdWarpgroupBlockKeys = kTiledWarpgroupKeys;
-// Longest history of the kernels: the dQ kernel stages all of a segment's keys.
-constexpr int kTiledBwdWarpgroupMaxKeys = 4 * kTiledBwdWarpgroupBlockKeys;
+// Longest history of the staged dQ kernel (small_seq_tiled_bwd_warpgroup_dq_kernel and its
+// tile-copy instance), which holds all of a segment's keys: 225 KiB with three tile-copy
+// buffers at d = 128. Past it the dQ kernel streams K / V (tiled_bwd_warpgroup_dq_stream_kernel.h).
+constexpr int kTiledBwdWarpgroupStagedMaxKeys = 4 * kTiledBwdWarpgroupBlockKeys;
+// Longest history of the warpgroup backward, the tiled kernels' own: every other kernel of it
+// (the dK / dV kernel per key block, the one- and two-tile walks, the streaming dQ kernel)
+// stages one 64-key block at a time.
+constexpr int kTiledBwdWarpgroupMaxKeys = kSmallSeqTiledMaxSeqlenKv;
 // Warpgroups per block of the dQ kernel: two, sharing the staged K / V, so that one's products
 // run while the other loads or computes its softmax terms.
 constexpr int kTiledBwdWarpgroupDqWarpgroups = 2;
