@@ -182,6 +182,9 @@ VARIANT_CASES: List[VariantCase] = [
     _case("bwd_warpgroup_dq", B, _c(128, 12, 4, 171, 256), ("sm_90a",),
           "tiled_bwd_warpgroup_dq(DELTA=true)",
           "tiled_bwd_warpgroup(KEYS=64, WITH_DQ=false, TRANSPOSED=true)"),
+    _case("bwd_warpgroup_dq_stream", B, _c(128, 8, 2, 256, 1000, layout="bshd"), ("sm_90a",),
+          "tiled_bwd_warpgroup_dq_stream(DELTA=true)",
+          "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=false, TRANSPOSED=true)"),
     # -- not kernels of hip_src/small_seq (the CPU test only) --
     _case("flash", F, _c(128, 8, 8, 512, 512), ("sm_90a", "sm_100"), "flash"),
     _case("varlen", F, _c(128, 8, 8, 64, 5000), AMD, "varlen"),
