@@ -322,6 +322,14 @@ LONG_Q = [1, 1000, 0, 17, 250, 64, 3, 500, 16, 1, 129, 7, 33, 2]
 LONG_KV = [4096, 1000, 300, 0, 1, 4096, 63, 300, 1000, 4095, 65, 2048, 4033, 0]
 
 
+def tiled_forward_plan(d, h_q, h_kv, max_q, max_kv):
+    """The tiled forward's plan of a THD bf16 call on this device with this process's tuning
+    (what small_seq_tiled_fwd runs: no flash route)."""
+    tuning = dict(small_seq_plan.DEFAULT_TUNING, **small_seq_plan.current_tuning())
+    return small_seq_plan.plan_tiled_forward(small_seq_plan.Call(d, h_q, h_kv, max_q, max_kv),
+                                             small_seq_plan.device_of(), tuning)
+
+
 @pytest.mark.parametrize("stream", [pytest.param(1, id="auto"), pytest.param(2, id="forced")])
 @pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 2, id="g4"), pytest.param(8, 1, id="mqa"),
                                       pytest.param(8, 8, id="g1")])
@@ -333,9 +341,7 @@ def test_warpgroup_stream_ragged_long_histories(dev, d, h_q, h_kv, stream):
     to be the streaming instance, so that a change of the rule cannot leave this test
     exercising another kernel."""
     with rocm_attn.tuning.override(small_seq_tiled_warpgroup_stream=stream):
-        plan = small_seq_plan.plan_call(
-            small_seq_plan.Call(d, h_q, h_kv, max(LONG_Q), max(LONG_KV)),
-            small_seq_plan.device_of())[0]
+        plan = tiled_forward_plan(d, h_q, h_kv, max(LONG_Q), max(LONG_KV))
         if plan.kernels != ("tiled_fwd_warpgroup_tma",):
             pytest.skip(f"no streaming warpgroup forward here: {plan}")
         assert plan.launches[0].param("STREAM")
@@ -437,9 +443,8 @@ def test_warpgroup_ws_long_histories(dev, h_q, h_kv):
     one block per multiprocessor: against the float64 reference, and bitwise equal to the
     streaming one-warpgroup instance (the same products and softmax steps in the same order per
     tile); fp16 and BSHD against the reference."""
-    plan = small_seq_plan.plan_call(
-        small_seq_plan.Call(128, h_q, h_kv, max(LONG_Q), max(LONG_KV)), small_seq_plan.device_of(),
-        dict(small_seq_plan.current_tuning(), small_seq_tiled_warpgroup_ws=2))[0]
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=2):
+        plan = tiled_forward_plan(128, h_q, h_kv, max(LONG_Q), max(LONG_KV))
     if plan.kernels != ("tiled_fwd_warpgroup_ws",):
         pytest.skip(f"no warp-specialized forward here: {plan}")
     case = C.thd_case(120 + h_q + h_kv, LONG_Q, LONG_KV, h_q, h_kv, 128, torch.bfloat16,
