@@ -474,7 +474,11 @@ class Call:
 # 0.78x over 64-384 keys and 0.18-0.32x over 1000-4096 keys: performance.md "Ragged requests"), as
 # does (with the warp-specialized kernel on) one at d 128 over 129-256 keys with two
 # whole 64-row tiles, and a call to be differentiated at d <= 128 up to the warpgroup
-# backward's last key (BWD_WARPGROUP_MAX_KEYS).
+# backward's last key (BWD_WARPGROUP_MAX_KEYS). With a streaming warpgroup forward forced
+# (tuning small_seq_tiled_warpgroup_stream 2, or small_seq_tiled_warpgroup_ws 2: it streams
+# histories past its ring) a forward alone at d <= 128 stays tiled at any history up to the
+# tiled kernels' last key: the A/B of those kernels against flash varlen on the ragged-request
+# rows, which the rule sends to the route until they are measured.
 ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128
@@ -485,12 +489,17 @@ ROUTE_WS_MIN_ROWS = 2 * WARPGROUP_ROWS
 
 
 def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: bool,
-               warpgroup: bool = False, group: int = 1, warp_specialized: bool = False) -> bool:
+               warpgroup: bool = False, group: int = 1, warp_specialized: bool = False,
+               stream_forced: bool = False) -> bool:
     """The flash route's rule (tuning small_seq_flash_route 1); ``warpgroup``: the device runs
     the tiled kernels' warpgroup-MMA variants; ``warp_specialized``: tuning
-    small_seq_tiled_warpgroup_ws is on."""
+    small_seq_tiled_warpgroup_ws is on; ``stream_forced``: tuning
+    small_seq_tiled_warpgroup_stream or small_seq_tiled_warpgroup_ws is 2 (a kernel that streams
+    K / V takes every forward alone)."""
     if warpgroup and head_dim <= 128:
         if backward and max_seqlen_kv <= BWD_WARPGROUP_MAX_KEYS:
+            return False
+        if not backward and stream_forced and max_seqlen_kv <= TILED_MAX_SEQLEN_KV:
             return False
         rows = max_seqlen_q * group
         if (not backward and rows >= ROUTE_WARPGROUP_MIN_ROWS
@@ -519,7 +528,9 @@ def route_selects(call: Call, warpgroup: bool, tuning: Mapping[str, int],
     return long_history or route_wins(
         call.head_dim, call.max_seqlen_q, call.max_seqlen_kv, call.backward,
         warpgroup=warpgroup, group=call.group,
-        warp_specialized=tuning["small_seq_tiled_warpgroup_ws"] > 0)
+        warp_specialized=tuning["small_seq_tiled_warpgroup_ws"] > 0,
+        stream_forced=(tuning["small_seq_tiled_warpgroup_stream"] >= 2
+                       or tuning["small_seq_tiled_warpgroup_ws"] >= 2))
 
 
 # -- one-query kernels (launch_impl.h) -----------------------------------------------------------
@@ -558,16 +569,35 @@ def _tma_q_box_fits(call: Call) -> bool:
     return WARPGROUP_ROWS % call.group == 0
 
 
+def _fwd_streams(call: Call, device: Device, t: Mapping[str, int], staged_fits: bool,
+                 staged_alone: bool, warpgroups: int) -> bool:
+    """Whether the warpgroup forward takes the tile-copy kernel's streaming instance
+    (tuning small_seq_tiled_warpgroup_stream: 2 every call it can serve, 1 the rule below, 0
+    never): K / V through a ring of 64-key steps, one row tile per work item, two blocks per
+    multiprocessor, so any history up to the tiled kernels' last key. The rule: histories whose
+    K / V a block cannot stage whole (past 384 keys at d 128, 832 at d 64), and histories whose
+    staging would fill a multiprocessor with one block of ``warpgroups`` warpgroups, where that
+    block is one warpgroup (four warps on the multiprocessor) or its (segment, kv head) has one
+    row tile (its staged history would serve only that tile)."""
+    d, kv, rows = call.head_dim, call.max_seqlen_kv, call.rows
+    mode = t["small_seq_tiled_warpgroup_stream"]
+    if (mode <= 0 or warpgroup_step_keys(kv) != WARPGROUP_KEYS or not device.tile_copies
+            or t["small_seq_tiled_warpgroup_tma"] <= 0 or not _tma_q_box_fits(call)
+            or stream_smem_bytes(d) + tma_static_bytes(1) > device.max_shared_per_block):
+        return False
+    return mode >= 2 or not staged_fits or (
+        staged_alone and (rows <= WARPGROUP_ROWS or warpgroups == 1))
+
+
 def _fwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional[Launch]:
     """The warpgroup-MMA forward (tiled_use_warpgroup and what follows it), or None."""
     d, kv, rows = call.head_dim, call.max_seqlen_kv, call.rows
     mode = t["small_seq_tiled_warpgroup"]
     if mode <= 0 or d not in (64, 128) or call.return_softmax or not device.warpgroup_mma:
         return None
-    if warpgroup_smem_bytes(d, kv, 1) > device.max_shared_per_block:
-        return None
     if not (mode >= 2 or rows >= WARPGROUP_ROWS):
         return None
+    staged_fits = warpgroup_smem_bytes(d, kv, 1) <= device.max_shared_per_block
     one_block = warpgroup_smem_bytes(d, kv, 1) + SHARED_RESERVE
     staged_alone = 2 * one_block > device.shared_per_multiprocessor
     two_fit = warpgroup_smem_bytes(d, kv, 2) <= device.max_shared_per_block
@@ -578,6 +608,19 @@ def _fwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional
         warpgroups = 2
     else:
         warpgroups = 2 if staged_alone else 1
+    ws_mode = t["small_seq_tiled_warpgroup_ws"]
+    ws_fits = (d == 128 and device.tile_copies and t["small_seq_tiled_warpgroup_tma"] > 0
+               and _tma_q_box_fits(call) and warpgroup_step_keys(kv) == WARPGROUP_KEYS
+               and ws_smem_bytes(d) + SHARED_RESERVE <= device.max_shared_per_block)
+    if ws_fits and ws_mode >= 2 and kv > WS_RING_KEYS:
+        # forced past its ring: K / V streamed, items of a pair of row tiles
+        return _launch("tiled_fwd_warpgroup_ws", D=d, threads=WS_THREADS, smem=ws_smem_bytes(d))
+    if _fwd_streams(call, device, t, staged_fits, staged_alone, warpgroups):
+        return _launch("tiled_fwd_warpgroup_tma", D=d, WARPGROUPS=1, KEYS=WARPGROUP_KEYS,
+                       CAPPED=False, PAIR=False, STREAM=True, threads=128,
+                       smem=stream_smem_bytes(d))
+    if not staged_fits:
+        return None
     tma_ok = device.tile_copies and t["small_seq_tiled_warpgroup_tma"] > 0 and \
         _tma_q_box_fits(call)
 
@@ -597,20 +640,9 @@ def _fwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional
 
     if warpgroup_step_keys(kv) == 16:
         return staged(16, True)
-    if d == 128 and device.tile_copies:
-        stream_mode = t["small_seq_tiled_warpgroup_stream"]
-        streams = stream_mode > 0 and (stream_mode >= 2 or (staged_alone
-                                                            and rows <= WARPGROUP_ROWS))
-        if (streams and tma_ok
-                and stream_smem_bytes(d) + tma_static_bytes(1) <= device.max_shared_per_block):
-            return _launch("tiled_fwd_warpgroup_tma", D=d, WARPGROUPS=1, KEYS=WARPGROUP_KEYS,
-                           CAPPED=False, PAIR=False, STREAM=True, threads=128,
-                           smem=stream_smem_bytes(d))
-        ws_mode = t["small_seq_tiled_warpgroup_ws"]
-        ws = ws_mode > 0 and kv <= WS_RING_KEYS and (
-            ws_mode >= 2 or (warpgroups == 2 and rows > WARPGROUP_ROWS))
-        if ws and tma_ok and ws_smem_bytes(d) + SHARED_RESERVE <= device.max_shared_per_block:
-            return _launch("tiled_fwd_warpgroup_ws", D=d, threads=WS_THREADS, smem=ws_smem_bytes(d))
+    if ws_fits and ws_mode > 0 and kv <= WS_RING_KEYS and (
+            ws_mode >= 2 or (warpgroups == 2 and rows > WARPGROUP_ROWS)):
+        return _launch("tiled_fwd_warpgroup_ws", D=d, threads=WS_THREADS, smem=ws_smem_bytes(d))
     if warpgroups == 2:
         return staged(WARPGROUP_KEYS, True)
     # one-warpgroup blocks of 64-key steps: the register cap for three blocks only where three

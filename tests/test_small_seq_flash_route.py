@@ -227,6 +227,21 @@ def test_takes_route_rules(monkeypatch):
         assert small_seq_flash.route_wins(256, 512, last_kv, True, warpgroup=True,
                                           group=group), "wide heads"
     assert small_seq_flash.route_wins(256, 512, bwd_kv, False, warpgroup=True), "wide heads"
+    # the streaming warpgroup forward forced (tuning small_seq_tiled_warpgroup_stream 2) keeps
+    # every forward alone at d <= 128 tiled up to the tiled kernels' last key: the A/B of the
+    # ragged-request rows (1000-4096 keys) that the rule otherwise sends to the route
+    last_tiled = small_seq_plan.TILED_MAX_SEQLEN_KV
+    for kv in (wg_kv + 1, 1000, last_tiled):
+        assert not small_seq_flash.route_wins(128, 300, kv, False, warpgroup=True, group=4,
+                                              stream_forced=True)
+        assert not small_seq_flash.route_wins(64, 64, kv, False, warpgroup=True,
+                                              stream_forced=True)
+        assert small_seq_flash.route_wins(128, 300, kv, True, warpgroup=True, group=4,
+                                          stream_forced=True), "a backward follows"
+        assert small_seq_flash.route_wins(256, 300, kv, False, warpgroup=True,
+                                          stream_forced=True), "wide heads"
+        assert small_seq_flash.route_wins(128, 300, kv, False, stream_forced=True), \
+            "no warpgroup"
 
     class FakeCuda:  # a tensor stand-in on a CUDA device
         is_cuda = True

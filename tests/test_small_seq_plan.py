@@ -95,6 +95,18 @@ CASES = [
     ("sm_90a", C(128, 8, 8, 64, 256, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
     ("sm_90a", C(128, 8, 8, 128, 256, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
+    # histories no block can stage whole (past 384 keys at d 128, 832 at d 64): streamed
+    ("sm_90a", C(128, 8, 2, 300, 4096, layout="bshd"),
+     ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, CAPPED=false, PAIR=false, "
+      "STREAM=true)"], None),
+    ("sm_90a", C(128, 8, 2, 300, 385, layout="bshd"),
+     ["tiled_fwd_warpgroup_tma(D=128, STREAM=true)"], None),
+    ("sm_90a", C(64, 8, 1, 1000, 833, layout="bshd"),
+     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
+    ("sm_90a", C(64, 8, 1, 1000, 832, layout="bshd"),
+     ["tiled_fwd_warpgroup_tma(D=64, STREAM=true)"], None),   # staged: one warpgroup alone
+    ("sm_90a", C(64, 8, 1, 1000, 640, layout="bshd"),
+     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=2, KEYS=64, PAIR=true, STREAM=false)"], None),
     ("sm_90a", C(128, 8, 8, 512, 320, layout="bshd"),
      ["tiled_fwd_warpgroup(D=128, WARPGROUPS=2, KEYS=64, CAPPED=true)"], None),  # no room for
     # the tile-copy kernel's barriers beside 320 staged keys
@@ -184,6 +196,28 @@ def test_tuning_knobs_change_the_plan():
         "tiled_fwd_resident",)
     assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_tma=0))[0].kernels == (
         "tiled_fwd_warpgroup",)
+    # the streaming warpgroup forward: 0 never (long histories fall back to the kernels that
+    # stream per row tile), 2 every call it can serve, ragged-request rows routed to flash
+    # varlen by default included
+    call = C(128, 8, 2, 300, 4096, layout="bshd")
+    assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=0))[0].kernels \
+        == ("tiled_fwd_block",)
+    call = C(128, 8, 2, 300, 4096)
+    assert sp.plan_call(call, hopper, t)[0].kernels == ("flash",)
+    plan = sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=2))[0]
+    assert plan.kernels == ("tiled_fwd_warpgroup_tma",) and plan.launches[0].param("STREAM")
+    # the warp-specialized kernel forced past its ring (d 128): streamed in pairs of row tiles,
+    # also kept off the route; d 64 has no such kernel and streams on the one-warpgroup instance
+    call = C(128, 8, 2, 300, 4096)
+    assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_ws=2))[0].kernels == (
+        "tiled_fwd_warpgroup_ws",)
+    call = C(64, 8, 2, 300, 4096, layout="bshd")
+    assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_ws=2))[0].launches[0] \
+        .param("STREAM")
+    call = C(64, 8, 8, 64, 256)  # staged fits, one tile: stages unless forced
+    assert not sp.plan_call(call, hopper, t)[0].launches[0].param("STREAM")
+    assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=2))[0] \
+        .launches[0].param("STREAM")
     call = C(128, 8, 2, 4, 100, backward=True)
     plan = sp.plan_call(call, gfx, dict(t, small_seq_tiled_bwd_row_tile=0))[1]
     assert plan.kernels == ("tiled_bwd_delta", "tiled_bwd_dkv")  # 16 rows: no dQ pass

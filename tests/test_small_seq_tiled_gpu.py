@@ -296,6 +296,61 @@ def test_warpgroup_stream_long_histories(dev, h_q, h_kv):
     assert torch.equal(out, staged_out) and torch.equal(lse, staged_lse)
 
 
+# Ragged requests over long histories (300 to 4096 keys, the tiled kernels' last): histories no
+# block can stage whole, which the plan's rule streams (small_seq_plan._fwd_streams), with
+# segments of none, one and up to a thousand candidates and histories of none, one key and ends
+# inside a 64-key step.
+LONG_Q = [1, 1000, 0, 17, 250, 64, 3, 500, 16, 1, 129, 7, 33, 2]
+LONG_KV = [4096, 1000, 300, 0, 1, 4096, 63, 300, 1000, 4095, 65, 2048, 4033, 0]
+
+
+def tiled_forward_plan(d, h_q, h_kv, max_q, max_kv):
+    """The tiled forward's plan of a THD bf16 call on this device with this process's tuning
+    (what small_seq_tiled_fwd runs: no flash route)."""
+    tuning = dict(small_seq_plan.DEFAULT_TUNING, **small_seq_plan.current_tuning())
+    return small_seq_plan.plan_tiled_forward(small_seq_plan.Call(d, h_q, h_kv, max_q, max_kv),
+                                             small_seq_plan.device_of(), tuning)
+
+
+@pytest.mark.parametrize("stream", [pytest.param(1, id="auto"), pytest.param(2, id="forced")])
+@pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 2, id="g4"), pytest.param(8, 1, id="mqa"),
+                                      pytest.param(8, 8, id="g1")])
+@pytest.mark.parametrize("d", [64, 128])
+def test_warpgroup_stream_ragged_long_histories(dev, d, h_q, h_kv, stream):
+    """The streaming instance on ragged segments over 300, 1000 and 4096 keys (1 to 1000
+    candidates, none and one key, histories ending inside a step): bf16 with int64 offsets,
+    strided inputs, padding rows and NaN rows around k / v; fp16; BSHD. Its plan is checked
+    to be the streaming instance, so that a change of the rule cannot leave this test
+    exercising another kernel."""
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_stream=stream):
+        plan = tiled_forward_plan(d, h_q, h_kv, max(LONG_Q), max(LONG_KV))
+        if plan.kernels != ("tiled_fwd_warpgroup_tma",):
+            pytest.skip(f"no streaming warpgroup forward here: {plan}")
+        assert plan.launches[0].param("STREAM")
+        case = C.thd_case(110 + d + h_q + h_kv, LONG_Q, LONG_KV, h_q, h_kv, d, torch.bfloat16,
+                          offsets=torch.int64, strided=True, pad_before=3, pad_after=2, kv_pad=3,
+                          device=dev)
+        check_valid(case, return_softmax=False)
+        gen = torch.Generator().manual_seed(d + h_q)
+        q_lens = [int(x) for x in lens(gen, 40, 0, 300)]
+        kv_lens = [int(x) for x in lens(gen, 40, 0, 4096)]
+        case = C.thd_case(111 + d + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, d, torch.float16,
+                          max_q=300, max_kv=4096, device=dev)
+        check_valid(case, return_softmax=False)
+        case = C.bshd_case(112 + d + h_q, 70, [4096, 0, 1, 1000, 2500, 4033], 4096, h_q, h_kv,
+                           d, torch.bfloat16, device=dev)
+        check_valid(case, return_softmax=False)
+
+
+def test_warpgroup_stream_long_bad_segments(dev):
+    """Garbage int64 offsets under the streaming instance over histories of up to 4096 keys
+    (the rule's choice: no block stages them whole): flagged, NaN, no out-of-bounds access,
+    every other segment exact."""
+    case = garbage_case(dev, 37, [3, 300, 17, 2, 400, 16, 1, 100, 4], max_q=300,
+                        kv_lens=(5, 4096, 1000, 3, 4000, 1, 0, 2049, 9), max_kv=4096)
+    check_garbage_flagged(case, return_softmax=False)
+
+
 @pytest.mark.parametrize("stream", [pytest.param(2, id="forced"), pytest.param(1, id="auto")])
 def test_warpgroup_stream_bad_segments(dev, stream):
     """Garbage int64 offsets under the streaming instance (histories up to 256 keys, 2 kv heads
@@ -360,6 +415,48 @@ def test_warpgroup_ws_matches_staged(dev, h_q, h_kv):
                                    small_seq_tiled_warpgroups=1):
         staged_out, staged_lse, _ = check_valid(case, return_softmax=False)
     assert torch.equal(out, staged_out) and torch.equal(lse, staged_lse)
+
+
+@pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 2, id="g4"), pytest.param(8, 1, id="mqa"),
+                                      pytest.param(8, 8, id="g1")])
+def test_warpgroup_ws_long_histories(dev, h_q, h_kv):
+    """The warp-specialized kernel forced past its ring (d 128, 300-4096 keys: K / V streamed
+    through the four slots, items of a pair of row tiles) on the ragged long-history segments,
+    one block per multiprocessor: against the float64 reference, and bitwise equal to the
+    streaming one-warpgroup instance (the same products and softmax steps in the same order per
+    tile); fp16 and BSHD against the reference."""
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=2):
+        plan = tiled_forward_plan(128, h_q, h_kv, max(LONG_Q), max(LONG_KV))
+    if plan.kernels != ("tiled_fwd_warpgroup_ws",):
+        pytest.skip(f"no warp-specialized forward here: {plan}")
+    case = C.thd_case(120 + h_q + h_kv, LONG_Q, LONG_KV, h_q, h_kv, 128, torch.bfloat16,
+                      offsets=torch.int64, strided=True, pad_before=3, pad_after=2, kv_pad=3,
+                      device=dev)
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=2, small_seq_tiled_fwd_grid=1):
+        out, lse, _ = check_valid(case, return_softmax=False)
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=0,
+                                   small_seq_tiled_warpgroup_stream=2):
+        stream_out, stream_lse, _ = check_valid(case, return_softmax=False)
+    assert torch.equal(out, stream_out) and torch.equal(lse, stream_lse)
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=2):
+        gen = torch.Generator().manual_seed(h_q + h_kv + 7)
+        q_lens = [int(x) for x in lens(gen, 60, 0, 300)]
+        kv_lens = [int(x) for x in lens(gen, 60, 0, 4096)]
+        case = C.thd_case(121 + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, 128, torch.float16,
+                          max_q=300, max_kv=4096, device=dev)
+        check_valid(case, return_softmax=False)
+        case = C.bshd_case(122 + h_q, 70, [4096, 0, 1, 1000, 2500, 4033], 4096, h_q, h_kv, 128,
+                           torch.bfloat16, device=dev)
+        check_valid(case, return_softmax=False)
+
+
+def test_warpgroup_ws_long_bad_segments(dev):
+    """Garbage int64 offsets under the warp-specialized kernel forced past its ring (histories
+    up to 4096 keys): flagged, NaN, no out-of-bounds access, every other segment exact."""
+    case = garbage_case(dev, 39, [3, 300, 17, 2, 400, 16, 1, 100, 4], max_q=300,
+                        kv_lens=(5, 4096, 1000, 3, 4000, 1, 0, 2049, 9), max_kv=4096)
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=2, small_seq_tiled_fwd_grid=1):
+        check_garbage_flagged(case, return_softmax=False)
 
 
 @pytest.mark.parametrize("ws", list(WS))

@@ -7,6 +7,8 @@ import random
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "diag"))
 
@@ -25,9 +27,27 @@ def test_protocol_holds_in_every_order_of_small_sequences():
         assert not proto.explore(seq), seq
 
 
+def test_streamed_histories_reuse_slots_in_every_order():
+    """Histories past the ring (five, six and nine 64-key steps: slots refilled within the item,
+    items of one tile per warpgroup) alone and beside an item of several tiles per warpgroup:
+    every order holds."""
+    for seq in ([Item(True, 6, 2, True)], [Item(True, 9, 1, True)],
+                [Item(True, 5, 1, False), Item(True, 2, 3, True)],
+                [Item(True, 2, 3, False), Item(True, 5, 2, True)]):
+        assert not proto.explore(seq), seq
+
+
+def test_a_streamed_item_has_one_tile_per_warpgroup():
+    """A warpgroup's second tile would read steps the ring has since refilled: the model (like
+    the launcher, tiled_ws_tiles_per_item) refuses such an item."""
+    with pytest.raises(ValueError):
+        Item(True, 5, 3, False)
+
+
 def test_protocol_holds_in_random_orders_of_longer_sequences():
     """Random sequences of three and five items of every kind (no rows, no keys, one to four
-    steps with and without a tail step, one to three tiles), random orders each; the seed is
+    steps with and without a tail step, one to three tiles; five and nine steps streamed through
+    the ring with one or two tiles), random orders each; the seed is
     fresh per run and printed on failure."""
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)

@@ -46,9 +46,13 @@
 // streamed through a ring of two 64-key steps instead of staged whole, so that two blocks fit a
 // multiprocessor where one block holding a 256-key history (d 128) would fill it: the two
 // blocks' items then start and end independently, each one's staging and epilogue under the
-// other's products. For (segment, kv head)s of one row tile (the launcher's rule), whose history
-// staged whole would serve only that tile; where a segment has more (tests, A/B runs) its tiles
-// are consecutive items, so their K / V crosses DRAM once and L2 once per tile. Thread 0
+// other's products. Its shared memory does not grow with the history, so it serves any history
+// up to the tiled kernels' last key (kSmallSeqTiledMaxSeqlenKv): the plan's rule
+// (small_seq_plan._fwd_streams) takes it for histories a block cannot stage whole and, at d 128,
+// for (segment, kv head)s of one row tile whose history staged whole would serve only that tile.
+// A segment's tiles are consecutive items, so its K / V crosses DRAM once and L2 once per tile.
+// Nothing in the ring depends on the history's length: the slots' barriers and the release
+// barriers flip one phase per step, whatever the number of steps. Thread 0
 // copies steps 0 and 1 at the item's start and step j + 1 into step j - 1's slot once every
 // warp is past step j - 1's P . V (an mbarrier per slot counting one arrival per warp). The
 // step where a history ends inside it takes its V by cp.async into a third V slot (live keys,
@@ -89,7 +93,8 @@ inline bool tiled_tma_q_map(CUtensorMap* map, const SmallSeqTiledParams& p, cons
 }
 
 // Barriers for the K / V steps of the longest history a block's shared memory can hold (d 64,
-// 64-key steps, within 227 KiB beside one warpgroup's Q buffers: 13).
+// 64-key steps, within 227 KiB beside one warpgroup's Q buffers: 13). The streaming instance
+// uses four of them (its two slots and their release barriers) at any history.
 constexpr int kTiledTmaMaxSteps = 16;
 // Static shared memory of a block: the barriers (one per step, the tail's, two per warpgroup
 // for two warpgroups) and, in blocks of two warpgroups, the row maxima and partial sums a split

@@ -30,10 +30,16 @@
 // computing warpgroups (tiled_item_writes: their 256 threads and registers): the padding rows,
 // and a bad segment's report and NaN rows, for which nothing is copied and no barrier armed.
 //
-// Shared memory: K and V rings of four 64-key slots (step st of an item in slot st: histories of
-// at most 256 keys, so an item never reuses a slot), two Q buffers per computing warpgroup (a
-// tile's out leaves through its Q buffer by a tile store, as in the tile-copy kernel), the item
-// ring.
+// Shared memory: K and V rings of four 64-key slots (step st of an item in slot st % 4), two Q
+// buffers per computing warpgroup (a tile's out leaves through its Q buffer by a tile store, as
+// in the tile-copy kernel), the item ring.
+// Histories of at most 256 keys never reuse a slot within an item, so a warpgroup may compute
+// several tiles of an item against its steps (the first waits for each step, the last releases
+// it). Longer histories (up to the tiled kernels' 4096 keys) stream through the ring: the copy
+// warp refills a slot with step st + 4 once every computing warp has released step st, so each
+// warpgroup must read each step once: the launcher makes their items a pair of row tiles (one
+// per computing warpgroup; tiled_ws_tiles_per_item), whose K / V then crosses L2 once per pair,
+// as flash-attention 3's forward does per 128-row tile.
 // Barriers (mbarriers, each phase one use):
 // - full(slot): the slot's K and V have landed. The copy warp's lane 0 arms it with the tile
 //   copies' bytes; each of its 32 lanes arrives once. The step where the history ends inside it
@@ -59,9 +65,11 @@
 // phases later. tools/diag/ws_ring_protocol.py model-checks this protocol (tests/
 // test_ws_ring_protocol.py): keep the two in step when either changes.
 //
-// Selected by the launcher (tiled_warpgroup_ws) for d 128 where the tile-copy kernel would run
-// blocks of two warpgroups over 64-key steps, max_seqlen_kv <= 256 and a (segment, kv head) may
-// hold more than one row tile. An item of one tile leaves warpgroup 1 idle.
+// Selected by the plan (small_seq_plan._fwd_warpgroup) for d 128 where the tile-copy kernel would
+// run blocks of two warpgroups over 64-key steps, max_seqlen_kv <= 256 and a (segment, kv head)
+// may hold more than one row tile; tuning small_seq_tiled_warpgroup_ws 2 takes it for every
+// call of 64-key steps it can serve at d 128, histories past 256 keys included (streamed). An
+// item of one tile leaves warpgroup 1 idle.
 #pragma once
 
 #include "tiled_fwd_warpgroup_tma_kernel.h"
@@ -70,7 +78,8 @@
 
 namespace small_seq {
 
-// Keys of the K and V rings (four 64-key steps): the longest history the kernel serves.
+// Keys of the K and V rings (four 64-key steps): the longest history an item of several row
+// tiles per warpgroup may have; longer ones stream through the ring in items of a pair of tiles.
 constexpr int kTiledWsRingKeys = 256;
 constexpr int kTiledWsSlots = kTiledWsRingKeys / kTiledWarpgroupKeys;
 // Warpgroups 0 and 1 compute, warpgroup 2 decodes the items and copies.
@@ -106,6 +115,13 @@ constexpr int kTiledWsComputeRegs = 216;
 static_assert(kTiledWsCopyRegs + kTiledWsComputeWarpgroups * kTiledWsComputeRegs <=
                   (kTiledWsComputeWarpgroups + 1) * (65536 / kTiledWsThreads / 8 * 8),
               "the register budgets exceed the block's pool");
+
+// Row tiles per work item for histories of up to max_seqlen_kv keys: one per computing
+// warpgroup where the ring cannot hold the whole history (each warpgroup reads each step once),
+// else 0 (the launcher's splits: tiled_splits).
+RA_HOST_DEVICE constexpr int tiled_ws_tiles_per_item(int max_seqlen_kv) {
+  return max_seqlen_kv > kTiledWsRingKeys ? kTiledWsComputeWarpgroups : 0;
+}
 
 // Dynamic shared memory: the K and V rings, two Q buffers per computing warpgroup, and 1024
 // bytes to align the start.
@@ -247,37 +263,44 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
           q_free_parity ^= 1u << bit;
           q_next ^= 1u << w;
         };
-        // Step st's K and V into slot st, once every computing warp has released the slot. The
-        // step where the history ends inside it takes its V by cp.async (live keys, then zeros),
-        // each lane arriving once its copies have landed; the copy warp does not wait for them.
+        // Step st's K and V into slot st % kSlots, once every computing warp has released the
+        // slot (its previous use: an earlier step of this item past kSlots steps, else one of an
+        // earlier item). The step where the history ends inside it takes its V by cp.async (live
+        // keys, then zeros), each lane arriving once its copies have landed; the copy warp does
+        // not wait for them.
         const auto copy_step = [&](int st) {
-          ra_mbar_wait(free_bar(st), ((free_parity >> st) & 1u) ^ 1u);
-          free_parity ^= 1u << st;
+          const int slot = st % kSlots;
+          ra_mbar_wait(free_bar(slot), ((free_parity >> slot) & 1u) ^ 1u);
+          free_parity ^= 1u << slot;
           const bool v_tail = st == steps - 1 && nk % KEYS != 0;
           if (lane == 0) {
-            ra_mbar_arrive_expect_tx(full_bar(st), (v_tail ? 1 : 2) * PANELS * kKvPanelBytes);
+            ra_mbar_arrive_expect_tx(full_bar(slot), (v_tail ? 1 : 2) * PANELS * kKvPanelBytes);
 #pragma unroll
             for (int c = 0; c < PANELS; ++c) {
-              ra_tma_load(smem.k + (c * kRing + st * KEYS) * 128, &maps.k, full_bar(st), 64 * c,
-                          hk, kv_token0 + st * KEYS, kv_batch);
+              ra_tma_load(smem.k + (c * kRing + slot * KEYS) * 128, &maps.k, full_bar(slot),
+                          64 * c, hk, kv_token0 + st * KEYS, kv_batch);
               if (!v_tail)
-                ra_tma_load(smem.v + (c * kRing + st * KEYS) * 128, &maps.v, full_bar(st),
+                ra_tma_load(smem.v + (c * kRing + slot * KEYS) * 128, &maps.v, full_bar(slot),
                             64 * c, hk, kv_token0 + st * KEYS, kv_batch);
             }
           }
           if (v_tail) {
+            // Each lane keeps one 16-byte column chunk (kVecs divides 32) and walks the rows;
+            // the slot's first row is a whole swizzle period, so its offset adds to the row's.
             constexpr int kVecs = D / 8;
-            for (int idx = lane; idx < KEYS * kVecs; idx += 32) {
-              const int row = st * KEYS + idx / kVecs;
-              const int vec = idx % kVecs;
-              const bool live = row < nk;
-              ra_cp_async16(smem.v + ra_wgmma_offset(row, 8 * vec, kRing),
-                            live ? it.vbase + row * p.v_token_stride + 8 * vec : p.v,
+            static_assert(32 % kVecs == 0, "a lane's chunk of the row is fixed");
+            const int vec = lane % kVecs;
+            const int k0 = st * KEYS;
+            const uint32_t v_slot = smem.v + slot * KEYS * 128;
+            for (int row = lane / kVecs; row < KEYS; row += 32 / kVecs) {
+              const bool live = k0 + row < nk;
+              ra_cp_async16(v_slot + ra_wgmma_offset(row, 8 * vec, kRing),
+                            live ? it.vbase + (k0 + row) * p.v_token_stride + 8 * vec : p.v,
                             live ? 16 : 0);
             }
-            ra_mbar_arrive_cp_async(full_bar(st));
+            ra_mbar_arrive_cp_async(full_bar(slot));
           } else {
-            ra_mbar_arrive(full_bar(st));
+            ra_mbar_arrive(full_bar(slot));
           }
         };
         for (int64_t t = it.tile0; t < it.tile1 && t < it.tile0 + kCompute; ++t) copy_q(t);
@@ -293,7 +316,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
 
   // The computing warpgroups.
   ra_warpgroup_regs_raise<kTiledWsComputeRegs>();
-  uint32_t full_parity = 0;  // bit s: full_bar(s)'s next phase
+  uint32_t full_parity = 0;  // bit s: full_bar(s)'s next phase (flipped by each wait)
   uint32_t q_parity = 0;     // bit b: q_full_bar(wg, b)'s next phase
   int64_t tiles_done = 0;    // this warpgroup's tiles so far (tile n in buffer n % 2)
   for (uint32_t taken = 0;; ++taken) {
@@ -309,10 +332,16 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
     const int64_t tile1 = it.tile1;
     const int nk = s.nk;
     const int steps = (nk + KEYS - 1) / KEYS;
+    // Step st sits in slot st % kSlots. A warpgroup waits for each step of an item once (its
+    // first tile, or below where it has none), so each wait flips the slot's parity.
     const auto release = [&](int st) {
-      if (wtid % 32 == 0) ra_mbar_arrive(free_bar(st));
+      if (wtid % 32 == 0) ra_mbar_arrive(free_bar(st % kSlots));
     };
-    const auto wait_step = [&](int st) { ra_mbar_wait(full_bar(st), (full_parity >> st) & 1u); };
+    const auto wait_step = [&](int st) {
+      const int slot = st % kSlots;
+      ra_mbar_wait(full_bar(slot), (full_parity >> slot) & 1u);
+      full_parity ^= 1u << slot;
+    };
     bool first = true;
     for (int64_t tile = it.tile0 + wg; tile < tile1; tile += kCompute) {
       const bool last = tile + kCompute >= tile1;
@@ -362,7 +391,6 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
         release(st);
       }
     }
-    full_parity ^= (1u << steps) - 1u;
   }
   if (wtid == 0) ra_tma_store_wait();
 #endif

@@ -8,7 +8,7 @@
 // CUDA builds: staged through registers and by cp.async), resident kernels of 128 and 256
 // threads and key steps of 16 and 64 for d 64 and 128, and warpgroup kernels of one and two
 // warpgroups and key steps of 16 and 64 for d 64 and 128 (CUDA sm_90a builds add their
-// tile-copy instances, and at d 128 the streaming instance and the warp-specialized kernel);
+// tile-copy instances and their streaming instance, and at d 128 the warp-specialized kernel);
 // one translation unit: the kernels have no kv bucket, so the variant count stays small and
 // needs no generated instantiation files.
 #include "plan.h"
@@ -53,10 +53,12 @@ inline int64_t tiled_splits(const SmallSeqTiledParams& p, int64_t tiles, int wor
 // with `smem` bytes of shared memory (arguments p, splits, then `extra`): as many blocks as stay
 // resident (capped at `factor` x them), each (segment, kv head) split over tiled_splits items
 // of row tiles of `tile_rows` among the block's `workers` (waves or warpgroups), or with
-// TILE_ITEMS into one item per row tile (the warpgroup kernel's streaming instance).
-template <auto KERNEL, int THREADS, bool TILE_ITEMS = false, typename... Extra>
+// tiles_per_item > 0 into items of that many row tiles (kernels that stream K/V per item: the
+// warpgroup kernel's streaming instance, one; the warp-specialized kernel over long histories,
+// one per computing warpgroup).
+template <auto KERNEL, int THREADS, typename... Extra>
 hipError_t run_tiled_fwd_staged(const SmallSeqTiledParams& p, int64_t smem, int tile_rows,
-                                int workers, int factor, hipStream_t stream,
+                                int workers, int tiles_per_item, int factor, hipStream_t stream,
                                 const Extra&... extra) {
   if (smem > ra_device_max_shared_per_block()) return kBadPlan;
   const hipError_t err = tiled_allow_shared<KERNEL>(smem);
@@ -67,7 +69,8 @@ hipError_t run_tiled_fwd_staged(const SmallSeqTiledParams& p, int64_t smem, int 
       ra_device_multiprocessors();
   const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   const int64_t tiles = tiled_row_tiles(p, tile_rows);
-  const int64_t splits = TILE_ITEMS ? tiles : tiled_splits(p, tiles, workers, resident);
+  const int64_t splits = tiles_per_item > 0 ? (tiles + tiles_per_item - 1) / tiles_per_item
+                                            : tiled_splits(p, tiles, workers, resident);
   const dim3 grid = tiled_capped_grid(pairs * splits, resident, factor);
   hipLaunchKernelGGL(KERNEL, grid, dim3(THREADS), static_cast<size_t>(smem), stream, p,
                      static_cast<int>(splits), extra...);
@@ -79,7 +82,7 @@ hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int factor, hipS
   return run_tiled_fwd_staged<small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>,
                               THREADS>(p, tiled_resident_smem_bytes<D>(p.max_seqlen_kv),
                                        kTiledResidentRows, THREADS / ra_device_wave_size(),
-                                       factor, stream);
+                                       0, factor, stream);
 }
 
 template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED>
@@ -88,7 +91,7 @@ hipError_t run_tiled_fwd_warpgroup(const SmallSeqTiledParams& p, int factor,
   return run_tiled_fwd_staged<
       small_seq_tiled_fwd_warpgroup_kernel<T, D, WARPGROUPS, KEYS, CAPPED>, WARPGROUPS * 128>(
       p, tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS), kTiledWarpgroupRows,
-      WARPGROUPS, factor, stream);
+      WARPGROUPS, 0, factor, stream);
 }
 
 #if RA_TMA_BUILD
@@ -130,18 +133,20 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, int factor, hipSt
   if (!tiled_tma_maps<D, KEYS>(p, &maps)) return false;
   *err = run_tiled_fwd_staged<
       small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, KEYS, CAPPED, PAIR, STREAM>,
-      WARPGROUPS * 128, STREAM>(p, smem, kTiledWarpgroupRows, WARPGROUPS, factor, stream, maps);
+      WARPGROUPS * 128>(p, smem, kTiledWarpgroupRows, WARPGROUPS, STREAM ? 1 : 0, factor, stream,
+                        maps);
   return true;
 }
 
 // The warp-specialized kernel (tiled_fwd_warpgroup_ws_kernel.h); false (nothing launched) where
-// the tensors have no tensor maps.
+// the tensors have no tensor maps. Histories past its ring stream in items of a pair of row
+// tiles (tiled_ws_tiles_per_item).
 template <typename T, int D>
 bool run_tiled_fwd_warpgroup_ws(const SmallSeqTiledParams& p, int factor, hipStream_t stream,
                                 hipError_t* err) {
   const int group = p.num_heads_q / p.num_heads_kv;
   const int64_t smem = tiled_ws_smem_bytes<D>();
-  if (kTiledWarpgroupRows % group != 0 || p.max_seqlen_kv > kTiledWsRingKeys ||
+  if (kTiledWarpgroupRows % group != 0 ||
       smem + kTiledSharedReserve > ra_device_max_shared_per_block()) {
     *err = kBadPlan;
     return true;
@@ -149,7 +154,8 @@ bool run_tiled_fwd_warpgroup_ws(const SmallSeqTiledParams& p, int factor, hipStr
   TiledTmaMaps maps;
   if (!tiled_tma_maps<D, kTiledWarpgroupKeys>(p, &maps)) return false;
   *err = run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_ws_kernel<T, D>, kTiledWsThreads>(
-      p, smem, kTiledWarpgroupRows, kTiledWsComputeWarpgroups, factor, stream, maps);
+      p, smem, kTiledWarpgroupRows, kTiledWsComputeWarpgroups,
+      tiled_ws_tiles_per_item(p.max_seqlen_kv), factor, stream, maps);
   return true;
 }
 #endif
@@ -221,11 +227,8 @@ bool run_tiled_fwd_warpgroup_tma_record(const SmallSeqTiledParams& p, const int3
   const int wg = a[1], keys = a[2];
   const bool capped = a[3] != 0, pair = a[4] != 0, stream_items = a[5] != 0;
   if (stream_items) {
-    if constexpr (D == 128) {
-      if (wg == 1 && keys == 64 && !capped && !pair)
-        return run_tiled_fwd_warpgroup_tma<T, D, 1, 64, false, false, true>(p, factor, stream,
-                                                                            err);
-    }
+    if (wg == 1 && keys == 64 && !capped && !pair)
+      return run_tiled_fwd_warpgroup_tma<T, D, 1, 64, false, false, true>(p, factor, stream, err);
   } else if (pair) {
     if (wg == 2 && keys == 64 && capped)
       return run_tiled_fwd_warpgroup_tma<T, D, 2, 64, true, true, false>(p, factor, stream, err);

@@ -3,7 +3,8 @@
 small_seq_tiled_fwd_warpgroup_ws_kernel (hip_src/small_seq/tiled_fwd_warpgroup_ws_kernel.h) runs
 four actors per block: a decode warp that writes each work item into a ring of four entries, a
 copy warp that takes every entry and copies the item's Q tiles and K / V steps (step st into
-slot st; the V of a tail step, where the history ends inside it, by cp.async whose lanes arrive
+slot st % 4, once every computing warp has released the slot's previous step: items of more
+than four steps reuse slots, and have at most one row tile per warpgroup; the V of a tail step, where the history ends inside it, by cp.async whose lanes arrive
 when their copies land), and two computing warpgroups that take every entry, compute their row
 tiles (tile0 + wg, + 2, ...) and release the slots and Q buffers. mbarriers pair them: full /
 free per slot, q_full / q_free per warpgroup and Q buffer, item_full / item_free per ring entry.
@@ -41,17 +42,20 @@ import itertools
 import random
 import sys
 
-SLOTS = 4        # K / V slots: step st of an item in slot st
+SLOTS = 4        # K / V slots: step st of an item in slot st % SLOTS
 ENTRIES = 4      # item ring entries
 WARPGROUPS = 2   # computing warpgroups
 WARPS = 4        # warps per computing warpgroup (one arrival each on free / item_free)
 
 
 class Item:
-    """A published entry: whether it has rows to compute, its K / V steps (0..4), its row tiles,
-    whether its last step is a tail step."""
+    """A published entry: whether it has rows to compute, its K / V steps (any number; past
+    SLOTS the launcher's items hold at most one row tile per warpgroup), its row tiles, whether
+    its last step is a tail step."""
 
     def __init__(self, rows, steps, tiles, tail):
+        if steps > SLOTS and tiles > WARPGROUPS:
+            raise ValueError("an item streamed through the ring has one tile per warpgroup")
         self.rows, self.steps, self.tiles, self.tail = rows, steps, tiles, tail and steps > 0
 
     def __repr__(self):
@@ -110,17 +114,18 @@ def programs(items, tail_warp=False, unlanded=False):
         q_free_par ^= 1 << bit
         q_next ^= 1 << w
 
-    def copy_step(n, it, st):  # step st's K and V into slot st
+    def copy_step(n, it, st):  # step st's K and V into slot st % SLOTS
         nonlocal free_par
-        copy.append(("wait", ("free", st), ((free_par >> st) & 1) ^ 1, ()))
-        free_par ^= 1 << st
+        slot = st % SLOTS
+        copy.append(("wait", ("free", slot), ((free_par >> slot) & 1) ^ 1, ()))
+        free_par ^= 1 << slot
         if it.tail and st == it.steps - 1:
-            copy.append(("tma", ("full", st), (("k", st),), (n, st)))
+            copy.append(("tma", ("full", slot), (("k", slot),), (n, st)))
             if not tail_warp:
-                copy.append(("cp", ("full", st), ("v", st), (n, st)))
+                copy.append(("cp", ("full", slot), ("v", slot), (n, st)))
         else:
-            copy.append(("tma", ("full", st), (("k", st), ("v", st)), (n, st)))
-            copy.append(("arrive", ("full", st), 32, ()))
+            copy.append(("tma", ("full", slot), (("k", slot), ("v", slot)), (n, st)))
+            copy.append(("arrive", ("full", slot), 32, ()))
 
     for n, it in enumerate(seq):
         take(copy, n, 1)
@@ -141,11 +146,12 @@ def programs(items, tail_warp=False, unlanded=False):
             take(tail, n, 1)
             if it is None or not it.rows:
                 continue
-            if it.tail:
-                st = it.steps - 1
-                tail.append(("wait", ("free", st), ((free_par >> st) & 1) ^ 1, ()))
-                tail.append(("cp", ("full", st), ("v", st), (n, st)))
-            free_par ^= (1 << it.steps) - 1
+            for st in range(it.steps):
+                slot = st % SLOTS
+                if it.tail and st == it.steps - 1:
+                    tail.append(("wait", ("free", slot), ((free_par >> slot) & 1) ^ 1, ()))
+                    tail.append(("cp", ("full", slot), ("v", slot), (n, st)))
+                free_par ^= 1 << slot
         actors["tail"] = tail
 
     for w in range(WARPGROUPS):
@@ -165,28 +171,33 @@ def programs(items, tail_warp=False, unlanded=False):
                             ((("q", w, b), (n, tile)),)))
                 q_par ^= 1 << b
                 for st in range(it.steps):
-                    reads = ((("k", st), (n, st)), (("v", st), (n, st)))
-                    # a tile after the first reads what the first one waited for
-                    ops.append(("wait", ("full", st) if first else None,
-                                (full_par >> st) & 1, reads))
+                    slot = st % SLOTS
+                    reads = ((("k", slot), (n, st)), (("v", slot), (n, st)))
+                    # a tile after the first reads what the first one waited for; each wait
+                    # flips its slot's parity
+                    ops.append(("wait", ("full", slot) if first else None,
+                                (full_par >> slot) & 1, reads))
+                    if first:
+                        full_par ^= 1 << slot
                     # the last tile releases step st - 1 once step st's scores and step
                     # st - 1's P . V are waited for, and its last step after its last P . V
                     if last and st >= 1:
-                        ops.append(("arrive", ("free", st - 1), WARPS,
-                                    (("k", st - 1), ("v", st - 1))))
+                        prev = (st - 1) % SLOTS
+                        ops.append(("arrive", ("free", prev), WARPS, (("k", prev), ("v", prev))))
                 if last and it.steps > 0:
-                    ops.append(("arrive", ("free", it.steps - 1), WARPS,
-                                (("k", it.steps - 1), ("v", it.steps - 1))))
+                    prev = (it.steps - 1) % SLOTS
+                    ops.append(("arrive", ("free", prev), WARPS, (("k", prev), ("v", prev))))
                 first = False
                 tiles_done += 1
             # with no tile here, every step, each once it has landed (a last tile released its
             # steps)
             if first:
                 for st in range(it.steps):
+                    slot = st % SLOTS
                     if not unlanded:
-                        ops.append(("wait", ("full", st), (full_par >> st) & 1, ()))
-                    ops.append(("arrive", ("free", st), WARPS, (("k", st), ("v", st))))
-            full_par ^= (1 << it.steps) - 1
+                        ops.append(("wait", ("full", slot), (full_par >> slot) & 1, ()))
+                    full_par ^= 1 << slot
+                    ops.append(("arrive", ("free", slot), WARPS, (("k", slot), ("v", slot))))
         actors[f"wg{w}"] = ops
     return actors
 
@@ -326,10 +337,14 @@ def simulate(items, tail_warp=False, unlanded=False, runs=200, seed=0):
 
 def item_kinds():
     """Items covering the protocol's cases: rows to write only, no keys, one to four steps with
-    and without a tail step, zero to three row tiles."""
+    and without a tail step, zero to three row tiles; histories streamed through the ring (five
+    and nine steps, slots reused within the item) with one and two row tiles."""
     kinds = [Item(False, 0, 0, False), Item(True, 0, 1, False)]
     for steps in (1, 2, 4):
         for tiles in (1, 2, 3):
+            kinds += [Item(True, steps, tiles, False), Item(True, steps, tiles, True)]
+    for steps in (5, 9):
+        for tiles in (1, 2):
             kinds += [Item(True, steps, tiles, False), Item(True, steps, tiles, True)]
     return kinds
 
