@@ -474,11 +474,17 @@ class Call:
 # 0.78x over 64-384 keys and 0.18-0.32x over 1000-4096 keys: performance.md "Ragged requests"), as
 # does (with the warp-specialized kernel on) one at d 128 over 129-256 keys with two
 # whole 64-row tiles, and a call to be differentiated at d <= 128 up to the warpgroup
-# backward's last key (BWD_WARPGROUP_MAX_KEYS). With a streaming warpgroup forward forced
-# (tuning small_seq_tiled_warpgroup_stream 2, or small_seq_tiled_warpgroup_ws 2: it streams
-# histories past its ring) a forward alone at d <= 128 stays tiled at any history up to the
-# tiled kernels' last key: the A/B of those kernels against flash varlen on the ragged-request
-# rows, which the rule sends to the route until they are measured.
+# backward's last key (BWD_WARPGROUP_MAX_KEYS). Where a GQA group of ROUTE_TILED_MIN_GROUP or more
+# q heads shares each kv head, the tiled kernels read a history's K / V once for the whole group
+# while flash reads it per q head (and sums dK / dV over the group in an extra pass): a call to
+# be differentiated stays tiled at any history up to the tiled kernels' last key (the streaming
+# dQ kernel past 256 keys), and so does a forward alone past ROUTE_STREAM_MIN_SEQLEN_KV keys,
+# where the streaming warpgroup forward takes it (performance.md "Ragged requests": the GQA rows
+# over up to 1000-4096 keys and the MQA d 64 row; the MHA rows and shorter GQA forwards measured
+# faster on flash). With a streaming warpgroup forward forced (tuning
+# small_seq_tiled_warpgroup_stream 2, or small_seq_tiled_warpgroup_ws 2: it streams histories
+# past its ring) a forward alone at d <= 128 stays tiled at any history up to the tiled kernels'
+# last key: the A/B of those kernels against flash varlen.
 ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128
@@ -486,6 +492,8 @@ ROUTE_WARPGROUP_MIN_ROWS = 512
 ROUTE_WARPGROUP_MAX_SEQLEN_KV = 256
 ROUTE_WS_SEQLEN_KV = (2 * WARPGROUP_KEYS + 1, WS_RING_KEYS)
 ROUTE_WS_MIN_ROWS = 2 * WARPGROUP_ROWS
+ROUTE_TILED_MIN_GROUP = 4
+ROUTE_STREAM_MIN_SEQLEN_KV = 384
 
 
 def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: bool,
@@ -500,6 +508,9 @@ def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: b
         if backward and max_seqlen_kv <= BWD_WARPGROUP_MAX_KEYS:
             return False
         if not backward and stream_forced and max_seqlen_kv <= TILED_MAX_SEQLEN_KV:
+            return False
+        if (group >= ROUTE_TILED_MIN_GROUP and max_seqlen_kv <= TILED_MAX_SEQLEN_KV
+                and (backward or max_seqlen_kv > ROUTE_STREAM_MIN_SEQLEN_KV)):
             return False
         rows = max_seqlen_q * group
         if (not backward and rows >= ROUTE_WARPGROUP_MIN_ROWS

@@ -194,7 +194,27 @@ def test_takes_route_rules(monkeypatch):
     assert small_seq_flash.route_wins(128, wg_rows, wg_kv, False)
     for kv in (wg_kv + 1, 384, 4096):  # the ragged-request rows' histories
         assert small_seq_flash.route_wins(128, wg_rows, kv, False, warpgroup=True)
-        assert small_seq_flash.route_wins(128, 300, kv, False, warpgroup=True, group=4)
+        assert small_seq_flash.route_wins(128, 300, kv, False, warpgroup=True, group=2)
+    # ... except that a GQA group of ROUTE_TILED_MIN_GROUP+ keeps a forward alone past
+    # ROUTE_STREAM_MIN_SEQLEN_KV keys tiled (the streaming warpgroup forward reads K / V once
+    # per group), up to the tiled kernels' last key
+    min_group = small_seq_plan.ROUTE_TILED_MIN_GROUP
+    stream_kv = small_seq_plan.ROUTE_STREAM_MIN_SEQLEN_KV
+    last_tiled = small_seq_plan.TILED_MAX_SEQLEN_KV
+    for group in (min_group, 8):
+        assert small_seq_flash.route_wins(128, 300, stream_kv, False, warpgroup=True, group=group)
+        for kv in (stream_kv + 1, 1000, last_tiled):
+            assert not small_seq_flash.route_wins(128, 300, kv, False, warpgroup=True,
+                                                  group=group)
+            assert not small_seq_flash.route_wins(64, 64, kv, False, warpgroup=True,
+                                                  group=group)
+            assert small_seq_flash.route_wins(128, 300, kv, False, group=group), "no warpgroup"
+            assert small_seq_flash.route_wins(256, 300, kv, False, warpgroup=True,
+                                              group=group), "wide heads"
+        assert small_seq_flash.route_wins(128, 300, last_tiled + 1, False, warpgroup=True,
+                                          group=group)
+    assert small_seq_flash.route_wins(128, 300, 1000, False, warpgroup=True,
+                                      group=min_group - 1)
     # ... and, with the warp-specialized kernel on, at d 128 over 129-256 keys where a segment
     # may hold two whole 64-row tiles
     lo, hi = small_seq_plan.ROUTE_WS_SEQLEN_KV
@@ -215,13 +235,16 @@ def test_takes_route_rules(monkeypatch):
     assert small_seq_flash.route_wins(128, ws_rows, hi, True, warpgroup=True,
                                       warp_specialized=True) == small_seq_flash.route_wins(
         128, ws_rows, hi, True, warpgroup=True), "forward alone"
-    # ... and so does a call to be differentiated up to the warpgroup backward's last key,
-    # whatever its GQA group
+    # ... and so does a call to be differentiated up to the staged warpgroup backward's last
+    # key, whatever its GQA group; with a group of ROUTE_TILED_MIN_GROUP+ up to the tiled
+    # kernels' last key (the streaming dQ kernel)
     last_kv = small_seq_plan.BWD_WARPGROUP_MAX_KEYS
     for group in (1, 4):
         assert not small_seq_flash.route_wins(128, 512, last_kv, True, warpgroup=True,
                                               group=group)
         assert small_seq_flash.route_wins(128, 512, last_kv + 1, True, warpgroup=True,
+                                          group=group) == (group < min_group)
+        assert small_seq_flash.route_wins(128, 512, last_tiled + 1, True, warpgroup=True,
                                           group=group)
         assert small_seq_flash.route_wins(128, 512, last_kv, True, group=group), "no warpgroup"
         assert small_seq_flash.route_wins(256, 512, last_kv, True, warpgroup=True,
@@ -236,7 +259,7 @@ def test_takes_route_rules(monkeypatch):
                                               stream_forced=True)
         assert not small_seq_flash.route_wins(64, 64, kv, False, warpgroup=True,
                                               stream_forced=True)
-        assert small_seq_flash.route_wins(128, 300, kv, True, warpgroup=True, group=4,
+        assert small_seq_flash.route_wins(128, 300, kv, True, warpgroup=True, group=2,
                                           stream_forced=True), "a backward follows"
         assert small_seq_flash.route_wins(256, 300, kv, False, warpgroup=True,
                                           stream_forced=True), "wide heads"
@@ -270,10 +293,11 @@ def test_takes_route_rules(monkeypatch):
         assert got == want, (mode, thd, softmax, max_q, max_kv, long)
     # the GQA group comes from the tensors' head counts: where the warpgroup kernels run, a
     # forward alone of 128 candidates stays tiled over 256 keys with q 8 heads over k 2 (512
-    # rows per kv head) and takes the route over 512 keys (past the warpgroup kernel's measured
-    # wins) and over 8 kv heads (128 rows); over 256 keys the
+    # rows per kv head) and over 512 keys too (the streaming forward past
+    # ROUTE_STREAM_MIN_SEQLEN_KV keys with a group of 4), and takes the route over 512 keys with
+    # 8 kv heads (128 rows); over 256 keys the
     # warp-specialized kernel (on by default) keeps 128 rows tiled too; a differentiated call
-    # stays tiled up to 256 keys with either group
+    # stays tiled up to 256 keys with either group, and past it with a group of 4
     monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: 1)
     monkeypatch.setattr(small_seq_flash, "warpgroup_kernels", lambda: True)
 
@@ -284,14 +308,18 @@ def test_takes_route_rules(monkeypatch):
         shape = (4, 8, 128)
 
     assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 128, 256, False)
-    assert small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 128, 512, False)
+    # past ROUTE_STREAM_MIN_SEQLEN_KV keys a group of 4 keeps the streaming forward
+    assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 128, 512, False)
     assert small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 512, False)
     assert not small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 256, False)
     with rocm_attn_tuning_ws_off(monkeypatch):
         assert small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 256, False)
     for kv in (FakeK(), FakeK8()):
         assert not small_seq_flash.takes_route(FakeCudaLeaf(), kv, kv, True, 512, 256, False)
-        assert small_seq_flash.takes_route(FakeCudaLeaf(), kv, kv, True, 512, 257, False)
+    # past the staged backward's 256 keys: the route for MHA, the streaming dQ kernel for GQA
+    assert not small_seq_flash.takes_route(FakeCudaLeaf(), FakeK(), FakeK(), True, 512, 257,
+                                           False)
+    assert small_seq_flash.takes_route(FakeCudaLeaf(), FakeK8(), FakeK8(), True, 512, 257, False)
     monkeypatch.setattr(small_seq_flash, "_route_mode", lambda: 2)
     monkeypatch.setattr(small_seq_flash.errors, "exporting", lambda: True)
     assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 512, 64, False), \

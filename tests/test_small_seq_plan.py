@@ -202,9 +202,12 @@ def test_tuning_knobs_change_the_plan():
     call = C(128, 8, 2, 300, 4096, layout="bshd")
     assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=0))[0].kernels \
         == ("tiled_fwd_block",)
-    call = C(128, 8, 2, 300, 4096)
+    call = C(128, 8, 8, 300, 4096)  # MHA: the route by default
     assert sp.plan_call(call, hopper, t)[0].kernels == ("flash",)
     plan = sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=2))[0]
+    assert plan.kernels == ("tiled_fwd_warpgroup_tma",) and plan.launches[0].param("STREAM")
+    call = C(128, 8, 2, 300, 4096)  # a group of 4: the streaming forward by default
+    plan = sp.plan_call(call, hopper, t)[0]
     assert plan.kernels == ("tiled_fwd_warpgroup_tma",) and plan.launches[0].param("STREAM")
     # the warp-specialized kernel forced past its ring (d 128): streamed in pairs of row tiles,
     # also kept off the route; d 64 has no such kernel and streams on the one-warpgroup instance
@@ -276,13 +279,17 @@ def test_warpgroup_backward_long_histories():
     # past the tiled kernels: no tiled plan at all
     assert sp.plan_call(C(128, 8, 2, 300, 4097, layout="bshd", backward=True), hopper,
                         t)[1].path == "varlen"
-    # the route's rule is unchanged: THD calls of 64+ candidates past 256 keys take the route by
-    # default, the warpgroup backward with the route off (the A/B of the two)
+    # the route's rule: THD calls of 64+ candidates past 256 keys take the warpgroup backward
+    # (the streaming dQ kernel) with a GQA group of 4+, the route with MHA (and with the route
+    # off, the warpgroup backward too)
     assert not sp.route_wins(128, 300, 256, True, warpgroup=True, group=4)
-    assert sp.route_wins(128, 300, 257, True, warpgroup=True, group=4)
+    assert not sp.route_wins(128, 300, 257, True, warpgroup=True, group=4)
+    assert sp.route_wins(128, 300, 257, True, warpgroup=True, group=1)
     thd = C(128, 8, 2, 300, 1000, backward=True)
-    assert sp.plan_call(thd, hopper, t)[1].path == "flash"
-    plan = sp.plan_call(thd, hopper, dict(t, small_seq_flash_route=0))[1]
+    assert sp.plan_call(thd, hopper, t)[1].kernels[0] == "tiled_bwd_warpgroup_dq_stream"
+    mha = C(128, 8, 8, 300, 1000, backward=True)
+    assert sp.plan_call(mha, hopper, t)[1].path == "flash"
+    plan = sp.plan_call(mha, hopper, dict(t, small_seq_flash_route=0))[1]
     assert plan.kernels[0] == "tiled_bwd_warpgroup_dq_stream"
     # the launch record: the kernel id, then D and DELTA
     ints = sp.tiled_bwd_ints(C(64, 8, 1, 300, 1000, layout="bshd", backward=True), hopper, {})
