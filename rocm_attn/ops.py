@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext, small_seq_plan
+from . import _ext, small_seq_plan, tuning
 
 # rocm_attn._C.small_seq_fwd_direct, when the extension is loaded (None otherwise).
 _fwd_direct = None
@@ -34,7 +34,7 @@ if _ext.HAS_EXTENSION:
 
 
 def _small_seq_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
-                        softmax_scale, return_softmax):
+                        softmax_scale, return_softmax, plan, backward_plan):
     batch = q.shape[0]
     h_q = q.shape[-2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -44,7 +44,7 @@ def _small_seq_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_se
 
 
 def _small_seq_bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
-                        max_seqlen_kv, softmax_scale):
+                        max_seqlen_kv, softmax_scale, plan):
     return (
         torch.empty_like(q, memory_format=torch.contiguous_format),
         torch.empty_like(k, memory_format=torch.contiguous_format),
@@ -56,9 +56,31 @@ def _needs_autograd(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
+# The one-query plans of each call shape (rocm_attn.small_seq_plan.one_query_plans) by
+# (tuning generation, device index, head dim, q heads, kv heads, max_seqlen_kv): one dict look-up
+# per eager call, where planning (the tuning's values, the plan's own cache) cost several
+# microseconds of a path whose GPU time is 20-30 us.
+_one_query_plans: dict = {}
+
+
+def _plans(q, k, max_seqlen_kv):
+    """(plan, backward_plan) of a one-query call."""
+    if torch.compiler.is_compiling():
+        return small_seq_plan.one_query_plans(q, k, max_seqlen_kv)  # a constant of the trace
+    key = (tuning.generation(), q.get_device(), q.shape[-1], q.shape[-2], k.shape[-2],
+           max_seqlen_kv)
+    plans = _one_query_plans.get(key)
+    if plans is None:
+        if len(_one_query_plans) >= 4096:
+            _one_query_plans.clear()
+        plans = _one_query_plans[key] = small_seq_plan.one_query_plans(q, k, max_seqlen_kv)
+    return plans
+
+
 def small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
                       softmax_scale, return_softmax):
-    """``rocm_attn::small_seq_fwd`` (out, lse, probs), with the least host work per call.
+    """``rocm_attn::small_seq_fwd`` (out, lse, probs) with the plan of the call, with the least
+    host work per call.
 
     Skipping the autograd layer is exact when no input needs a gradient: that layer would only
     redispatch. Calls that need a gradient, and every call while torch.compile traces or
@@ -66,7 +88,7 @@ def small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seql
     """
     op = torch.ops.rocm_attn.small_seq_fwd.default
     args = (q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale,
-            return_softmax)
+            return_softmax, *_plans(q, k, max_seqlen_kv))
     if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
             or _needs_autograd(q, k, v)):
         return op(*args)
