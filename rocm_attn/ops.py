@@ -10,11 +10,13 @@ autograd (calling the backward op) are registered here, only when a build has th
 (:data:`HAS_TILED_OPS`).
 
 Host cost matters: a small-seq call can take 20-30 us on the GPU, about what Python dispatch
-costs. :func:`small_seq_forward` therefore skips what it can: when nothing needs a gradient it
-calls the op's C++ function directly (``_C.small_seq_fwd_direct``: no schema boxing, no
-dispatcher), or the op below the autograd layer where that cannot serve (tensor subclasses,
-dispatch modes, the profiler); when something needs a gradient it calls the op, whose C++
-autograd runs the backward on the autograd engine's thread without Python. (A Python autograd
+costs. :func:`small_seq_forward` therefore skips what it can: the call's plan (the kernels the
+op runs, rocm_attn.small_seq_plan) is one dict look-up per call shape; when nothing needs a
+gradient it calls the op's C++ function directly (``_C.small_seq_fwd_direct``: no schema
+boxing, no dispatcher), or the op below the autograd layer where that cannot serve (tensor
+subclasses, dispatch modes, the profiler); when something needs a gradient it calls the op,
+whose C++ autograd runs the backward (with the backward's plan, given at the forward) on the
+autograd engine's thread without Python. (A Python autograd
 layer, register_autograd or an autograd.Function, cost 60-300 us of host time per
 forward+backward step on an H200 host: docs/kernels.md#small-seq-host-path.)
 """
@@ -67,8 +69,8 @@ def _plans(q, k, max_seqlen_kv):
     """(plan, backward_plan) of a one-query call."""
     if torch.compiler.is_compiling():
         return small_seq_plan.one_query_plans(q, k, max_seqlen_kv)  # a constant of the trace
-    key = (tuning.generation(), q.get_device(), q.shape[-1], q.shape[-2], k.shape[-2],
-           max_seqlen_kv)
+    shape = q.shape
+    key = (tuning.generation(), q.get_device(), shape[-1], shape[-2], k.shape[-2], max_seqlen_kv)
     plans = _one_query_plans.get(key)
     if plans is None:
         if len(_one_query_plans) >= 4096:
