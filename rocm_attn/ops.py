@@ -66,7 +66,11 @@ _one_query_plans: dict = {}
 
 
 def _plans(q, k, max_seqlen_kv):
-    """(plan, backward_plan) of a one-query call."""
+    """(plan, backward_plan) of a one-query call; empty where q or k has no heads dim (the op
+    then refuses the call by its own checks, as for any call the one-query kernels do not
+    take)."""
+    if q.dim() < 2 or k.dim() < 2:
+        return (), ()
     if torch.compiler.is_compiling():
         return small_seq_plan.one_query_plans(q, k, max_seqlen_kv)  # a constant of the trace
     shape = q.shape

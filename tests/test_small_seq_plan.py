@@ -327,6 +327,7 @@ def test_one_query_plans_of_a_process(monkeypatch):
                              (q, torch.zeros(3, 3, 128), 5), (torch.zeros(3, 8, 0), k, 5)]:
         assert sp.one_query_plans(bad_q, bad_k, kv) == ((), ())
         assert ops._plans(bad_q, bad_k, kv) == ((), ())
+    assert ops._plans(q, torch.zeros(3), 5) == ((), ())  # k without a heads dim
     # under torch.compile the plans are a constant of the trace (no graph break)
     compiled = torch.compile(lambda q, k: q * ops._plans(q, k, 5)[1][2], fullgraph=True,
                              backend="eager")
@@ -339,3 +340,24 @@ def test_one_query_plans_of_a_process(monkeypatch):
     monkeypatch.setattr(ops.tuning, "generation", lambda: -1)  # a tuning value changed
     ops._plans(q, k, 7)
     assert len(calls) == 2
+
+
+def test_plans_of_bad_calls_leave_the_refusal_to_the_op():
+    """Calls that go to the op before the Python checks (small_seq._kernels_unchecked: a shape
+    the kernels already served) plan first: every bad input of the CPU suite whose bound is an
+    int plans without raising (empty plans where the one-query kernels take no such call), so
+    the op's RuntimeError, which sends the call back to the checks naming the argument, is what
+    the caller sees."""
+    import torch
+    from test_small_seq import BSHD_BAD, THD_BAD, _good_bshd_args, _good_thd_args
+
+    from rocm_attn import ops
+
+    for good, bad in ((_good_thd_args, THD_BAD), (_good_bshd_args, BSHD_BAD)):
+        for name, change, _ in bad:
+            args = dict(good(), **change)
+            q, k, kv = args["q"], args["k"], args["max_seqlen_kv"]
+            if type(kv) is not int or not all(isinstance(t, torch.Tensor) for t in (q, k)):
+                continue  # _kernels_unchecked does not take these to the op
+            plan, backward_plan = ops._plans(q, k, kv)
+            assert len(plan) in (0, 2 + sp.LAUNCH_INTS), name
