@@ -47,8 +47,8 @@ dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int factor, int (&resident
 
 // One kernel on the grid of `factor`.
 // NOTE: the occupancy cache is a static of this instantiation, one per kernel. Every kernel
-// here has the same type (void(*)(SmallSeqParams)), so a static keyed by that type alone was
-// one cache shared by all of them: the first kernel launched set the residency of the others.
+// here has the same type (void(*)(SmallSeqParams)), so a static keyed by that type alone would
+// be one cache shared by all of them, the first kernel launched setting the others' residency.
 template <auto KERNEL>
 hipError_t launch_one_query(const SmallSeqParams& p, int factor, hipStream_t stream) {
   static int resident_per_mp[64] = {};
@@ -65,6 +65,11 @@ inline bool pipe_fits(int32_t pipe, bool pipelinable, int group) {
   return pipe == 0 || (pipe == 1 && pipelinable && group == 1);
 }
 
+// NOTE: in run_fwd / run_bwd the matrix-unit cases come first: a unit instantiates its kernels
+// in the order it names them, and that order moves clang's gfx942 register assignment of the
+// d 512 matrix-unit kernels (same counts, other registers). tools/compare_device_code.py shows
+// such a change; this order keeps the device code of the generated units as it was.
+
 // Record a = {D, KV, PIPE, grid_factor} (fwd) or {D, KV, grid_factor} (fwd_mma); the caller
 // (launch.hip) has matched D and KV to this variant. The matrix-unit forward serves GQA groups
 // (two or more q heads per kv head); on targets without matrix units it compiles the general
@@ -74,6 +79,10 @@ hipError_t run_fwd(const SmallSeqParams& p, const SmallSeqLaunch& l, hipStream_t
   const int32_t* a = l.p;
   const int group = p.num_heads_q / p.num_heads_kv;
   switch (static_cast<SmallSeqKernel>(l.kernel)) {
+    case SmallSeqKernel::kFwdMma:
+      if (group < 2 || a[2] < 0) return kOneQueryBadPlan;
+      if (p.batch == 0) return hipSuccess;
+      return launch_one_query<small_seq_fwd_mma_kernel<T, D, KV>>(p, a[2], stream);
     case SmallSeqKernel::kFwd:
       if (!pipe_fits(a[2], kFwdPipelinable<D, KV>, group) || a[3] < 0) return kOneQueryBadPlan;
       if (p.batch == 0) return hipSuccess;
@@ -82,10 +91,6 @@ hipError_t run_fwd(const SmallSeqParams& p, const SmallSeqLaunch& l, hipStream_t
           return launch_one_query<small_seq_fwd_kernel<T, D, KV, true>>(p, a[3], stream);
       }
       return launch_one_query<small_seq_fwd_kernel<T, D, KV, false>>(p, a[3], stream);
-    case SmallSeqKernel::kFwdMma:
-      if (group < 2 || a[2] < 0) return kOneQueryBadPlan;
-      if (p.batch == 0) return hipSuccess;
-      return launch_one_query<small_seq_fwd_mma_kernel<T, D, KV>>(p, a[2], stream);
     default:
       return kOneQueryNoKernel;
   }
@@ -101,14 +106,6 @@ hipError_t run_bwd(const SmallSeqParams& p, const SmallSeqLaunch& l, hipStream_t
   const int32_t* a = l.p;
   const int group = p.num_heads_q / p.num_heads_kv;
   switch (static_cast<SmallSeqKernel>(l.kernel)) {
-    case SmallSeqKernel::kBwd:
-      if (!pipe_fits(a[2], kBwdPipelinable<D, KV>, group) || a[3] < 0) return kOneQueryBadPlan;
-      if (p.batch == 0) return hipSuccess;
-      if constexpr (kBwdPipelinable<D, KV>) {
-        if (a[2] == 1)
-          return launch_one_query<small_seq_bwd_kernel<T, D, KV, true>>(p, a[3], stream);
-      }
-      return launch_one_query<small_seq_bwd_kernel<T, D, KV, false>>(p, a[3], stream);
     case SmallSeqKernel::kBwdMma:
       if (group < 2 || group > kBwdMmaMaxGroup || a[2] < 0) return kOneQueryBadPlan;
       if (p.batch == 0) return hipSuccess;
@@ -117,6 +114,14 @@ hipError_t run_bwd(const SmallSeqParams& p, const SmallSeqLaunch& l, hipStream_t
       if (group <= kBwdMmaMaxGroup || a[2] < 0) return kOneQueryBadPlan;
       if (p.batch == 0) return hipSuccess;
       return launch_one_query<small_seq_bwd_mma_wide_kernel<T, D, KV>>(p, a[2], stream);
+    case SmallSeqKernel::kBwd:
+      if (!pipe_fits(a[2], kBwdPipelinable<D, KV>, group) || a[3] < 0) return kOneQueryBadPlan;
+      if (p.batch == 0) return hipSuccess;
+      if constexpr (kBwdPipelinable<D, KV>) {
+        if (a[2] == 1)
+          return launch_one_query<small_seq_bwd_kernel<T, D, KV, true>>(p, a[3], stream);
+      }
+      return launch_one_query<small_seq_bwd_kernel<T, D, KV, false>>(p, a[3], stream);
     default:
       return kOneQueryNoKernel;
   }
