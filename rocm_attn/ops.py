@@ -10,11 +10,13 @@ autograd (calling the backward op) are registered here, only when a build has th
 (:data:`HAS_TILED_OPS`).
 
 Host cost matters: a small-seq call can take 20-30 us on the GPU, about what Python dispatch
-costs. :func:`small_seq_forward` therefore skips what it can: when nothing needs a gradient it
-calls the op's C++ function directly (``_C.small_seq_fwd_direct``: no schema boxing, no
-dispatcher), or the op below the autograd layer where that cannot serve (tensor subclasses,
-dispatch modes, the profiler); when something needs a gradient it calls the op, whose C++
-autograd runs the backward on the autograd engine's thread without Python. (A Python autograd
+costs. :func:`small_seq_forward` therefore skips what it can: the call's plan (the kernels the
+op runs, rocm_attn.small_seq_plan) is one dict look-up per call shape; when nothing needs a
+gradient it calls the op's C++ function directly (``_C.small_seq_fwd_direct``: no schema
+boxing, no dispatcher), or the op below the autograd layer where that cannot serve (tensor
+subclasses, dispatch modes, the profiler); when something needs a gradient it calls the op,
+whose C++ autograd runs the backward (with the backward's plan, given at the forward) on the
+autograd engine's thread without Python. (A Python autograd
 layer, register_autograd or an autograd.Function, cost 60-300 us of host time per
 forward+backward step on an H200 host: docs/kernels.md#small-seq-host-path.)
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext, small_seq_plan
+from . import _ext, small_seq_plan, tuning
 
 # rocm_attn._C.small_seq_fwd_direct, when the extension is loaded (None otherwise).
 _fwd_direct = None
@@ -34,7 +36,7 @@ if _ext.HAS_EXTENSION:
 
 
 def _small_seq_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
-                        softmax_scale, return_softmax):
+                        softmax_scale, return_softmax, plan, backward_plan):
     batch = q.shape[0]
     h_q = q.shape[-2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -44,7 +46,7 @@ def _small_seq_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_se
 
 
 def _small_seq_bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
-                        max_seqlen_kv, softmax_scale):
+                        max_seqlen_kv, softmax_scale, plan):
     return (
         torch.empty_like(q, memory_format=torch.contiguous_format),
         torch.empty_like(k, memory_format=torch.contiguous_format),
@@ -56,9 +58,35 @@ def _needs_autograd(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
+# The one-query plans of each call shape (rocm_attn.small_seq_plan.one_query_plans) by
+# (tuning generation, device index, head dim, q heads, kv heads, max_seqlen_kv): one dict look-up
+# per eager call, where planning (the tuning's values, the plan's own cache) cost several
+# microseconds of a path whose GPU time is 20-30 us.
+_one_query_plans: dict = {}
+
+
+def _plans(q, k, max_seqlen_kv):
+    """(plan, backward_plan) of a one-query call; empty where q or k has no heads dim (the op
+    then refuses the call by its own checks, as for any call the one-query kernels do not
+    take)."""
+    if q.dim() < 2 or k.dim() < 2:
+        return (), ()
+    if torch.compiler.is_compiling():
+        return small_seq_plan.one_query_plans(q, k, max_seqlen_kv)  # a constant of the trace
+    shape = q.shape
+    key = (tuning.generation(), q.get_device(), shape[-1], shape[-2], k.shape[-2], max_seqlen_kv)
+    plans = _one_query_plans.get(key)
+    if plans is None:
+        if len(_one_query_plans) >= 4096:
+            _one_query_plans.clear()
+        plans = _one_query_plans[key] = small_seq_plan.one_query_plans(q, k, max_seqlen_kv)
+    return plans
+
+
 def small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
                       softmax_scale, return_softmax):
-    """``rocm_attn::small_seq_fwd`` (out, lse, probs), with the least host work per call.
+    """``rocm_attn::small_seq_fwd`` (out, lse, probs) with the plan of the call, with the least
+    host work per call.
 
     Skipping the autograd layer is exact when no input needs a gradient: that layer would only
     redispatch. Calls that need a gradient, and every call while torch.compile traces or
@@ -66,7 +94,7 @@ def small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seql
     """
     op = torch.ops.rocm_attn.small_seq_fwd.default
     args = (q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale,
-            return_softmax)
+            return_softmax, *_plans(q, k, max_seqlen_kv))
     if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
             or _needs_autograd(q, k, v)):
         return op(*args)

@@ -18,13 +18,12 @@ tools/check_kernels.py compile, so a kernel header that changes one of them fail
 until this module agrees. The same unit checks the defaults of :data:`DEFAULT_TUNING` against
 hip_src/common/tuning.h.
 
-The tiled ops take their plan as ints (:func:`tiled_fwd_plan`, :func:`tiled_bwd_plan`:
-records of hip_src/small_seq/plan.h) and their launchers (tiled_launch.hip,
-tiled_bwd_launch.hip) only switch on them and check them. The one-query launcher
-(launch_impl.h) still makes the same choices in C++ from the same tuning (small_seq_mma,
-small_seq_pipe, the grid factors). tests/test_small_seq_plan.py pins the plan's choice for a
-grid of shapes x archs to what the C++ launchers picked with the default tuning before they
-took the plan. Left to the launchers at run
+The ops take their plan as ints (records of hip_src/small_seq/plan.h: :func:`one_query_plans`
+for ``small_seq_fwd`` / ``small_seq_bwd``, :func:`tiled_fwd_plan`, :func:`tiled_bwd_plan`) and
+their launchers (launch_impl.h, tiled_launch.hip, tiled_bwd_launch.hip) only switch on them and
+check them; no launcher reads the tuning. tests/test_small_seq_plan.py pins the plan's choice
+for a grid of shapes x archs to what the C++ launchers picked with the default tuning before
+they took the plan. Left to the launchers at run
 time, because the host shape cannot know them: the grid (a multiple of the blocks the
 occupancy API says are resident, which depends on the compiled kernel's registers), the splits
 of the staged kernels (from that residency), the backward streaming kernel's item per wave or
@@ -944,6 +943,11 @@ def log_plan(logger, q, k, max_seqlen_q: int, max_seqlen_kv: int, layout: str,
 # record (the generated unit checks the ids).
 LAUNCH_INTS = 8
 KERNEL_IDS: Dict[str, int] = {
+    "fwd": 40,
+    "fwd_mma": 41,
+    "bwd": 42,
+    "bwd_mma": 43,
+    "bwd_mma_wide": 44,
     "tiled_fwd_wave": 1,
     "tiled_fwd_block": 2,
     "tiled_fwd_resident": 3,
@@ -964,6 +968,11 @@ KERNEL_IDS: Dict[str, int] = {
     "tiled_bwd_warpgroup_dq_stream": 21,
 }
 _KERNEL_ENUM = {
+    "fwd": "kFwd",
+    "fwd_mma": "kFwdMma",
+    "bwd": "kBwd",
+    "bwd_mma": "kBwdMma",
+    "bwd_mma_wide": "kBwdMmaWide",
     "tiled_fwd_wave": "kTiledFwdWave",
     "tiled_fwd_block": "kTiledFwdBlock",
     "tiled_fwd_resident": "kTiledFwdResident",
@@ -984,6 +993,11 @@ _KERNEL_ENUM = {
     "tiled_bwd_warpgroup_dq_stream": "kTiledBwdWarpgroupDqStream",
 }
 LAUNCH_PARAMS: Dict[str, Tuple[str, ...]] = {
+    "fwd": ("D", "KV", "PIPE", "grid_factor"),
+    "fwd_mma": ("D", "KV", "grid_factor"),
+    "bwd": ("D", "KV", "PIPE", "grid_factor"),
+    "bwd_mma": ("D", "KV", "grid_factor"),
+    "bwd_mma_wide": ("D", "KV", "grid_factor"),
     "tiled_fwd_wave": ("D", "ONE_TILE", "grid_factor"),
     "tiled_fwd_block": ("D", "THREADS", "CP_ASYNC", "grid_factor"),
     "tiled_fwd_resident": ("D", "THREADS", "KSTEP", "grid_factor"),
@@ -1084,6 +1098,36 @@ def _process_plan_ints(direction: str, head_dim: int, heads_q: int, heads_kv: in
     return tuple(encode_ints(call, device, current_tuning()))
 
 
+def one_query_ints(call: Call, device: Device,
+                   tuning: Mapping[str, int]) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """The ``plan`` and ``backward_plan`` arguments of ``rocm_attn::small_seq_fwd`` for a
+    one-query call on a device (the backward's is ``rocm_attn::small_seq_bwd``'s ``plan``): the
+    encoded :func:`plan_one_query` of each direction."""
+    return _one_query_ints(call, device, tuple(sorted({**DEFAULT_TUNING, **tuning}.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _one_query_ints(call: Call, device: Device, tuning: Tuple[Tuple[str, int], ...]
+                    ) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    t = dict(tuning)
+    return tuple(tuple(encode(plan_one_query(call, device, t, direction)))
+                 for direction in ("forward", "backward"))
+
+
+def _process_one_query_ints(head_dim: int, heads_q: int, heads_kv: int, max_seqlen_kv: int,
+                            device_index: int) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """:func:`one_query_ints` for a call on a device of this process (device_index -1: no GPU,
+    the gfx942 table) with this process's tuning: host ints in and out, a constant of the trace
+    under torch.compile, as :func:`_process_plan_ints`. No plan (empty ints) for a call the
+    one-query kernels do not take: the op refuses it by its own checks, before the plan's."""
+    if (head_dim not in ONE_QUERY_HEAD_DIMS or heads_kv <= 0 or heads_q % heads_kv
+            or not 1 <= max_seqlen_kv <= ONE_QUERY_MAX_SEQLEN_KV):
+        return (), ()
+    call = Call(head_dim, heads_q, heads_kv, 1, max_seqlen_kv)
+    device = device_of(device_index) if device_index >= 0 else ARCHS["gfx942"]
+    return one_query_ints(call, device, current_tuning())
+
+
 def _mark_constant(fn):
     """fn as torch.compile's constant of a trace (it runs once, outside the traced code); fn
     itself where torch is not importable (tools/generate_kernels.py loads this module alone)."""
@@ -1095,6 +1139,18 @@ def _mark_constant(fn):
 
 
 _process_plan_ints_constant = _mark_constant(_process_plan_ints)
+
+
+_process_one_query_ints_constant = _mark_constant(_process_one_query_ints)
+
+
+def one_query_plans(q, k, max_seqlen_kv: int) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """The ``plan`` and ``backward_plan`` arguments of ``rocm_attn::small_seq_fwd`` for a call
+    on q's device with this process's tuning (host ints only: no sync; cached per call shape).
+    rocm_attn/ops.py small_seq_forward keeps its own per-shape cache in front of this for the
+    eager path's host time."""
+    return _process_one_query_ints_constant(q.shape[-1], q.shape[-2], k.shape[-2], max_seqlen_kv,
+                                            q.device.index if q.is_cuda else -1)
 
 
 def tiled_bwd_plan(q, k, max_seqlen_q: int, max_seqlen_kv: int) -> List[int]:

@@ -5,7 +5,9 @@ pipelined loops, grid sizes, wide-row THD kernels, the L2 prefetch, overlapped l
 in one structure, ``hip_src/common/tuning.h``. Each value is read from its ``ROCM_ATTN_*``
 environment variable once, when the extension loads; after that only :func:`override` (or
 :func:`set_value`) changes it, for every later launch in this process. A captured graph keeps
-the values of its capture. The README's table of switches lists every name with its variable.
+the values of its capture. The small-seq values are read by the kernel plan
+(rocm_attn.small_seq_plan), which passes the launchers what to run (a compiled graph keeps the
+plan of its trace). The README's table of switches lists every name with its variable.
 
 Without the compiled extension there is nothing to tune: :func:`values` is empty and setting a
 value raises.

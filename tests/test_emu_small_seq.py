@@ -240,3 +240,82 @@ def test_schedule_order_does_not_matter(lib, monkeypatch, h_q, h_kv, d):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
         for name, a, b in zip(("dq", "dk", "dv"), first[3], other[3]):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+
+
+def _record(kernel, *params):
+    """A one-launch plan of kernel with params in LAUNCH_PARAMS order (small_seq_plan)."""
+    from rocm_attn import small_seq_plan as sp
+
+    ints = [sp.KERNEL_IDS[kernel], *params]
+    return [1, 0] + ints + [0] * (sp.LAUNCH_INTS - len(ints))
+
+
+def test_launcher_runs_the_plan_not_the_tuning(lib64):
+    """The launcher runs the kernel its plan names, whatever the library's tuning says: with the
+    library's small_seq_mma at 0 (the general kernels, where the launcher chose by the tuning)
+    a plan naming the MFMA forward still runs it (swapped MFMA operands fail the check), and a
+    plan naming the general kernel passes with the faults on."""
+    rng = Rng(4, "emuplan")
+    case = thd_case(rng, 16, 8, 2, 128, 16, torch.bfloat16)
+    q, k, v = case.qkv()
+    args = (case.cu_q, case.cu_kv, None, case.max_kv, _scale(q, None))
+    rout, rlse, _, _ = run_ref(case, grads=False)
+    lib64.lib.ra_emu_set_faults(1)  # swapped MFMA operands: only the MFMA path is affected
+    try:
+        with emu.tuning(small_seq_mma=0):
+            out, _, _ = emu.small_seq_fwd(lib64, q, k, v, *args,
+                                          plan=_record("fwd_mma", 128, 16, 4))
+            assert rel_err(out, rout) > 0.1, "the MFMA forward did not run"
+        with emu.tuning(small_seq_mma=3):
+            out, lse, _ = emu.small_seq_fwd(lib64, q, k, v, *args,
+                                            plan=_record("fwd", 128, 16, 0, 4))
+            assert rel_err(out, rout) < 1e-2
+            assert_lse(lse, rlse, 1e-4, "the general kernel's plan, faults on")
+    finally:
+        lib64.lib.ra_emu_set_faults(0)
+
+
+# (direction, q heads (kv heads 2), head dim, plan, the launcher's code)
+BAD_PLANS = [
+    ("fwd", 8, 128, _record("bwd", 128, 16, 0, 4), emu.HIP_ERROR_NOT_SUPPORTED),
+    ("bwd", 8, 128, _record("fwd_mma", 128, 16, 4), emu.HIP_ERROR_NOT_SUPPORTED),
+    ("fwd", 8, 128, _record("tiled_fwd_wave", 128, 16, 4), emu.HIP_ERROR_NOT_SUPPORTED),
+    ("fwd", 8, 128, _record("fwd", 64, 16, 0, 4), emu.HIP_ERROR_INVALID_VALUE),     # head dim
+    ("fwd", 8, 128, _record("fwd", 128, 8, 0, 4), emu.HIP_ERROR_INVALID_VALUE),     # bucket < 13
+    ("fwd", 8, 128, _record("fwd", 128, 12, 0, 4), emu.HIP_ERROR_INVALID_VALUE),    # no bucket
+    ("fwd", 8, 128, _record("fwd", 128, 16, 1, 4), emu.HIP_ERROR_INVALID_VALUE),    # PIPE, GQA
+    ("fwd", 2, 512, _record("fwd", 512, 16, 1, 4), emu.HIP_ERROR_INVALID_VALUE),    # 2 chunks
+    ("fwd", 2, 128, _record("fwd", 128, 16, 2, 4), emu.HIP_ERROR_INVALID_VALUE),    # PIPE 2
+    ("fwd", 2, 128, _record("fwd_mma", 128, 16, 4), emu.HIP_ERROR_INVALID_VALUE),   # group 1
+    ("fwd", 2, 128, _record("fwd", 128, 16, 0, -1), emu.HIP_ERROR_INVALID_VALUE),   # factor
+    ("bwd", 2, 128, _record("bwd_mma", 128, 16, 4), emu.HIP_ERROR_INVALID_VALUE),   # group 1
+    ("bwd", 32, 128, _record("bwd_mma", 128, 16, 4), emu.HIP_ERROR_INVALID_VALUE),  # group 16
+    ("bwd", 16, 128, _record("bwd_mma_wide", 128, 16, 4), emu.HIP_ERROR_INVALID_VALUE),  # 8
+    ("bwd", 8, 128, _record("bwd", 128, 16, 1, 4), emu.HIP_ERROR_INVALID_VALUE),    # PIPE, GQA
+    ("bwd", 2, 128, _record("bwd", 128, 16, 1, 4)[:-1], emu.HIP_ERROR_INVALID_VALUE),  # short
+    ("fwd", 2, 128, [2, 0] + _record("fwd", 128, 16, 0, 4)[2:] * 2,
+     emu.HIP_ERROR_INVALID_VALUE),                                                # two launches
+]
+
+
+@pytest.mark.parametrize("direction,h_q,d,plan,code", BAD_PLANS,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_PLANS)])
+def test_invalid_plans_launch_nothing(lib64, direction, h_q, d, plan, code):
+    """A plan the launcher cannot run as given (another direction's kernel, another head dim, a
+    kv bucket that does not hold the history, a kernel of another GQA group, PIPE where the
+    variant has no pipelined loop or the call a GQA group) is refused with the code the
+    bindings turn into their errors ('no kernel for the plan', 'does not fit'), and nothing
+    runs: the outputs stay NaN."""
+    rng = Rng(7, f"emubadplan{h_q}{d}")
+    case = thd_case(rng, 16, h_q, 2, d, 13, torch.bfloat16)
+    q, k, v = case.qkv()
+    args = (case.cu_q, case.cu_kv, None, case.max_kv, _scale(q, None))
+    rc = []
+    if direction == "fwd":
+        outputs = emu.small_seq_fwd(lib64, q, k, v, *args, plan=plan, rc=rc)
+    else:
+        out, lse, _ = emu.small_seq_fwd(lib64, q, k, v, *args)
+        outputs = emu.small_seq_bwd(lib64, case.dout, q, k, v, out, lse, None, *args, plan=plan,
+                                    rc=rc)
+    assert rc == [code]
+    assert all(torch.isnan(t.float()).all() for t in outputs[:2])

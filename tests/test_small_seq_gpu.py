@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rocm_attn  # noqa: E402
+from rocm_attn import small_seq_plan  # noqa: E402
 from rocm_attn import SmallSeqContractError, check_errors, fused_attn_small_seq  # noqa: E402
 from rocm_attn.errors import read_errors  # noqa: E402
 from helpers.gpu import gpu_marks, poison_allocator, why_no_kernels  # noqa: E402
@@ -744,6 +745,11 @@ def test_cuda_graph_capture(dev, layout):
     del graph
 
 
+def _plans(q, k, max_kv):
+    """The op's plan and backward_plan for a call (as lists, the schema's int[])."""
+    return tuple(list(p) for p in small_seq_plan.one_query_plans(q, k, max_kv))
+
+
 def _opcheck_case(dev, layout, seed=0):
     rng = Rng(seed, f"opcheck{layout}")
     if layout == THD:
@@ -756,7 +762,8 @@ def _opcheck_case(dev, layout, seed=0):
 def test_opcheck_fwd(dev, layout, return_softmax):
     case = _opcheck_case(dev, layout)
     q, k, v = (t.detach().clone().requires_grad_() for t in case.leaves)
-    args = (q, k, v, case.cu_q, case.cu_kv, case.seqlens, case.max_kv, 0.125, return_softmax)
+    args = (q, k, v, case.cu_q, case.cu_kv, case.seqlens, case.max_kv, 0.125, return_softmax,
+            *_plans(q, k, case.max_kv))
     torch.library.opcheck(torch.ops.rocm_attn.small_seq_fwd.default, args)
 
 
@@ -764,11 +771,12 @@ def test_opcheck_fwd(dev, layout, return_softmax):
 def test_opcheck_bwd(dev, layout):
     case = _opcheck_case(dev, layout)
     q, k, v = case.leaves
+    plan, backward_plan = _plans(q, k, case.max_kv)
     out, lse, _ = torch.ops.rocm_attn.small_seq_fwd(q, k, v, case.cu_q, case.cu_kv, case.seqlens,
-                                                    case.max_kv, 0.125, False)
+                                                    case.max_kv, 0.125, False, plan, backward_plan)
     dlse = torch.randn_like(lse)
     args = (case.dout, q, k, v, out, lse, dlse, case.cu_q, case.cu_kv, case.seqlens, case.max_kv,
-            0.125)
+            0.125, backward_plan)
     torch.library.opcheck(torch.ops.rocm_attn.small_seq_bwd.default, args)
 
 
@@ -852,7 +860,8 @@ def test_direct_entry_point_matches_op(dev):
     rng = Rng(0, "direct")
     case = thd_case(rng, 301, 8, 2, 128, 13, torch.bfloat16, device=dev)
     q, k, v = case.leaves
-    args = (q, k, v, case.cu_q, case.cu_kv, None, case.max_kv, 0.125, True)
+    plans = small_seq_plan.one_query_plans(q, k, case.max_kv)
+    args = (q, k, v, case.cu_q, case.cu_kv, None, case.max_kv, 0.125, True, *plans)
     direct = _C.small_seq_fwd_direct(*args)
     with torch._C._AutoDispatchBelowAutograd():
         via_op = torch.ops.rocm_attn.small_seq_fwd.default(*args)
@@ -863,10 +872,79 @@ def test_direct_entry_point_matches_op(dev):
         pass
 
     assert _C.small_seq_fwd_direct(q.as_subclass(Sub), *args[1:]) is None
-    assert _C.small_seq_fwd_direct(*args[:7], 1, True) is None  # int scale: the op's business
+    assert _C.small_seq_fwd_direct(*args[:7], 1, True, *plans) is None  # int scale: the op's
+    assert _C.small_seq_fwd_direct(*args[:9], iter(plans[0]), plans[1]) is None  # not a sequence
+    assert _C.small_seq_fwd_direct(*args[:9], plans[0], (1.0,)) is None  # not ints
+    lists = _C.small_seq_fwd_direct(*args[:9], *(list(p) for p in plans))
+    assert all(torch.equal(a, b) for a, b in zip(lists, direct))
     with pytest.raises(RuntimeError, match="cu_seqlens_kv"):
         _C.small_seq_fwd_direct(q, k, v, case.cu_q, case.cu_kv.long(), None, case.max_kv, 0.125,
-                                False)
+                                False, *plans)
+    with pytest.raises(RuntimeError, match="no kernel for the plan"):
+        _C.small_seq_fwd_direct(*args[:9], plans[1], plans[1])  # the backward's kernel
+
+
+def _record(kernel, *params):
+    """A one-launch plan of kernel (small_seq_plan.KERNEL_IDS), params in LAUNCH_PARAMS order."""
+    ints = [small_seq_plan.KERNEL_IDS[kernel], *params]
+    return [1, 0] + ints + [0] * (small_seq_plan.LAUNCH_INTS - len(ints))
+
+
+@pytest.mark.parametrize("direction,h_q,d,max_kv,plan,word", [
+    # (h_kv 2: h_q 2 is one q head per kv head, 8 a GQA group of 4)
+    # a record of another direction's kernel, or a tiled kernel's
+    ("fwd", 8, 128, 13, _record("bwd", 128, 16, 0, 4), "no kernel for the plan"),
+    ("bwd", 8, 128, 13, _record("fwd_mma", 128, 16, 4), "no kernel for the plan"),
+    ("fwd", 8, 128, 13, _record("tiled_fwd_wave", 128, 16, 4), "no kernel for the plan"),
+    # records that do not fit the call
+    ("fwd", 8, 128, 13, _record("fwd", 64, 16, 0, 4), "does not fit"),          # head dim
+    ("fwd", 8, 128, 13, _record("fwd", 128, 8, 0, 4), "does not fit"),          # kv bucket < 13
+    ("fwd", 8, 128, 13, _record("fwd", 128, 12, 0, 4), "does not fit"),         # no such bucket
+    ("fwd", 8, 128, 13, _record("fwd", 128, 16, 1, 4), "does not fit"),         # PIPE, group 4
+    ("fwd", 2, 512, 13, _record("fwd", 512, 16, 1, 4), "does not fit"),         # not pipelinable
+    ("fwd", 2, 128, 13, _record("fwd", 128, 16, 2, 4), "does not fit"),         # PIPE not 0 / 1
+    ("fwd", 2, 128, 13, _record("fwd_mma", 128, 16, 4), "does not fit"),        # group 1
+    ("fwd", 2, 128, 13, _record("fwd", 128, 16, 0, -1), "does not fit"),        # grid factor
+    ("bwd", 2, 128, 13, _record("bwd_mma", 128, 16, 4), "does not fit"),        # group 1
+    ("bwd", 32, 128, 13, _record("bwd_mma", 128, 16, 4), "does not fit"),       # group 16 > 8
+    ("bwd", 16, 128, 13, _record("bwd_mma_wide", 128, 16, 4), "does not fit"),  # group 8
+    ("bwd", 8, 128, 13, _record("bwd", 128, 16, 1, 4), "does not fit"),         # PIPE, group 4
+    ("fwd", 2, 128, 13, [1, 0, 40, 128], "plan must be the ints"),
+    ("fwd", 2, 128, 13, [2, 0] + _record("fwd", 128, 16, 0, 4)[2:] * 2, "does not fit"),
+])
+def test_invalid_plans_raise(dev, direction, h_q, d, max_kv, plan, word):
+    """A plan the launcher cannot run as given (another direction's kernel, another head dim, a
+    kv bucket that does not hold the history, a kernel of another GQA group, PIPE where the
+    variant has no pipelined loop) raises naming the plan and launches nothing."""
+    rng = Rng(0, "badplan")
+    case = thd_case(rng, 301, h_q, 2, d, max_kv, torch.bfloat16, device=dev)
+    q, k, v = (t.detach() for t in case.leaves)
+    good = small_seq_plan.one_query_plans(q, k, max_kv)
+    args = (q, k, v, case.cu_q, case.cu_kv, None, max_kv, 0.125)
+    torch.cuda.synchronize()
+    with pytest.raises(RuntimeError, match=word) as info:
+        if direction == "fwd":
+            torch.ops.rocm_attn.small_seq_fwd(*args, False, plan, list(good[1]))
+        else:
+            out, lse, _ = torch.ops.rocm_attn.small_seq_fwd(*args, False, *map(list, good))
+            torch.ops.rocm_attn.small_seq_bwd(case.dout, q, k, v, out, lse, None, case.cu_q,
+                                              case.cu_kv, None, max_kv, 0.125, plan)
+    assert str(plan).replace(" ", "")[:-1] in str(info.value).replace(" ", ""), str(info.value)
+    torch.cuda.synchronize()  # nothing launched that faults
+
+
+def test_autograd_runs_the_backward_plan(dev):
+    """The op's C++ autograd runs the backward_plan its forward was given (saved at the
+    forward): a backward_plan that does not fit raises at backward, naming that plan."""
+    rng = Rng(0, "autogradplan")
+    case = thd_case(rng, 301, 8, 2, 128, 13, torch.bfloat16, device=dev)
+    leaves = [t.detach().clone().requires_grad_() for t in case.leaves]
+    plan, _ = small_seq_plan.one_query_plans(leaves[0], leaves[1], case.max_kv)
+    bad = _record("bwd", 128, 16, 1, 4)  # PIPE at group 4
+    out, _, _ = torch.ops.rocm_attn.small_seq_fwd(*leaves, case.cu_q, case.cu_kv, None,
+                                                  case.max_kv, 0.125, False, list(plan), bad)
+    with pytest.raises(RuntimeError, match="does not fit"):
+        out.float().sum().backward()
 
 
 def test_modes_and_profiler_see_the_op(dev):
@@ -945,11 +1023,13 @@ cu = torch.arange(5, dtype=torch.int32, device="cuda")
 q72 = torch.randn(4, 2, 72, device="cuda", dtype=torch.bfloat16)
 k128 = torch.randn(8, 2, 128, device="cuda", dtype=torch.bfloat16)
 fwd = torch.ops.rocm_attn.small_seq_fwd
+P = [list(p) for p in rocm_attn.small_seq_plan.one_query_plans(q, k, 4)]
 calls = {
-    "max_seqlen_kv": lambda: fwd(q, k, k, cu, cu, None, 40, 1.0, False),
-    "k head dim": lambda: fwd(q, k128, k128, cu, cu, None, 4, 1.0, False),
-    "head dim": lambda: fwd(q72, q72, q72, cu, cu, None, 4, 1.0, False),
-    "cu_seqlens_kv": lambda: fwd(q, k, k, cu, cu.long(), None, 4, 1.0, False),
+    "max_seqlen_kv": lambda: fwd(q, k, k, cu, cu, None, 40, 1.0, False, *P),
+    "k head dim": lambda: fwd(q, k128, k128, cu, cu, None, 4, 1.0, False, *P),
+    "head dim": lambda: fwd(q72, q72, q72, cu, cu, None, 4, 1.0, False, *P),
+    "cu_seqlens_kv": lambda: fwd(q, k, k, cu, cu.long(), None, 4, 1.0, False, *P),
+    "plan": lambda: fwd(q, k, k, cu, cu, None, 4, 1.0, False, [1, 0, 40], P[1]),
 }
 word = sys.argv[1]
 try:
@@ -962,7 +1042,8 @@ print("RAISED")
 """
 
 
-@pytest.mark.parametrize("word", ["max_seqlen_kv", "k head dim", "head dim", "cu_seqlens_kv"])
+@pytest.mark.parametrize("word", ["max_seqlen_kv", "k head dim", "head dim", "cu_seqlens_kv",
+                                  "plan"])
 def test_raw_op_checks_raise_not_crash(word):
     """Direct torch.ops callers get a RuntimeError naming the argument; each in a subprocess so
     that a crash fails one case. (On the GPU image, checks whose message held a number

@@ -379,3 +379,92 @@ def test_forward_plan_ints():
         ints = sp.tiled_fwd_ints(call, sp.ARCHS[arch], {})
         assert ints[2] == sp.KERNEL_IDS[plan.launches[0].kernel], (arch, call)
         assert ints[1] == (1 if plan.launches[0].kernel.endswith(("_tma", "_ws")) else 0)
+
+
+def test_one_query_plan_ints():
+    """What rocm_attn::small_seq_fwd receives as plan and backward_plan (the backward op's
+    plan): one record each, [1, 0, kernel id, D, KV, (PIPE,) grid_factor, zeros], the choices
+    launch_impl.h made from the tuning before it took the plan."""
+    gfx, hopper = sp.ARCHS["gfx942"], sp.ARCHS["sm_90a"]
+    ids = sp.KERNEL_IDS
+    fwd, bwd = sp.one_query_ints(C(128, 8, 8, 1, 16), gfx, {})
+    assert fwd == (1, 0, ids["fwd"], 128, 16, 1, 4, 0, 0, 0)        # group 1: pipelined
+    assert bwd == (1, 0, ids["bwd"], 128, 16, 1, 4, 0, 0, 0)
+    fwd, bwd = sp.one_query_ints(C(512, 8, 8, 1, 16), hopper, {"small_seq_bwd_grid": 0})
+    assert fwd == (1, 0, ids["fwd"], 512, 16, 0, 4, 0, 0, 0)        # not pipelinable
+    assert bwd == (1, 0, ids["bwd"], 512, 16, 0, 0, 0, 0, 0)        # grid factor 0
+    fwd, bwd = sp.one_query_ints(C(64, 8, 2, 1, 5), gfx, {})
+    assert fwd == (1, 0, ids["fwd_mma"], 64, 8, 4, 0, 0, 0, 0)      # GQA group 4, bucket 8
+    assert bwd == (1, 0, ids["bwd_mma"], 64, 8, 4, 0, 0, 0, 0)
+    fwd, bwd = sp.one_query_ints(C(256, 32, 2, 1, 3), gfx, {"small_seq_fwd_grid": 2})
+    assert fwd == (1, 0, ids["fwd_mma"], 256, 4, 2, 0, 0, 0, 0)
+    assert bwd == (1, 0, ids["bwd_mma_wide"], 256, 4, 4, 0, 0, 0, 0)  # group 16 > 8
+    # small_seq_mma / small_seq_pipe bit masks: GQA on the general kernels keeps the plain loop
+    fwd, bwd = sp.one_query_ints(C(64, 8, 2, 1, 5), gfx, {"small_seq_mma": 2})
+    assert fwd[2:6] == (ids["fwd"], 64, 8, 0) and bwd[2] == ids["bwd_mma"]
+    fwd, bwd = sp.one_query_ints(C(128, 8, 8, 1, 16), gfx, {"small_seq_pipe": 1})
+    assert fwd[5] == 1 and bwd[5] == 0
+    # every record is what decode reads: [launches, fallbacks, LAUNCH_INTS per launch]
+    for call in (C(d, hq, 2, 1, kv) for d in sp.ONE_QUERY_HEAD_DIMS for hq in (2, 8, 16, 18, 32)
+                 for kv in (1, 4, 5, 8, 9, 16)):
+        for arch in sp.ARCHS.values():
+            for ints, plan in zip(sp.one_query_ints(call, arch, {}),
+                                  (sp.plan_one_query(call, arch, sp.DEFAULT_TUNING, s)
+                                   for s in ("forward", "backward"))):
+                assert len(ints) == 2 + sp.LAUNCH_INTS and ints[:2] == (1, 0)
+                launch = plan.launches[0]
+                assert ints[2] == ids[launch.kernel]
+                assert ints[3:5] == (call.head_dim, sp.kv_bucket(call.max_seqlen_kv))
+                assert ints[-1] == 0
+
+
+def test_one_query_plans_of_a_process(monkeypatch):
+    """one_query_plans: the plans of a call on q's device with this process's tuning (no GPU:
+    the gfx942 table), empty for a call the one-query kernels do not take (the op's own checks
+    refuse it first); ops._plans caches them per shape and tuning generation."""
+    import torch
+
+    from rocm_attn import ops
+
+    q, k = torch.zeros(3, 8, 128), torch.zeros(3, 2, 128)
+    expected = sp.one_query_ints(C(128, 8, 2, 1, 5), sp.ARCHS["gfx942"], sp.current_tuning())
+    assert sp.one_query_plans(q, k, 5) == expected
+    assert ops._plans(q, k, 5) == expected
+    for bad_q, bad_k, kv in [(q, k, 17), (q, k, 0), (torch.zeros(3, 8, 96), k, 5),
+                             (q, torch.zeros(3, 3, 128), 5), (torch.zeros(3, 8, 0), k, 5)]:
+        assert sp.one_query_plans(bad_q, bad_k, kv) == ((), ())
+        assert ops._plans(bad_q, bad_k, kv) == ((), ())
+    assert ops._plans(q, torch.zeros(3), 5) == ((), ())  # k without a heads dim
+    # under torch.compile the plans are a constant of the trace (no graph break)
+    compiled = torch.compile(lambda q, k: q * ops._plans(q, k, 5)[1][2], fullgraph=True,
+                             backend="eager")
+    assert torch.equal(compiled(q, k), q * sp.KERNEL_IDS["bwd_mma"])
+    calls = []
+    monkeypatch.setattr(sp, "one_query_plans", lambda *a: calls.append(a) or ((1,), (2,)))
+    monkeypatch.setattr(ops, "_one_query_plans", {})
+    assert ops._plans(q, k, 7) == ((1,), (2,)) and ops._plans(q, k, 7) == ((1,), (2,))
+    assert len(calls) == 1
+    monkeypatch.setattr(ops.tuning, "generation", lambda: -1)  # a tuning value changed
+    ops._plans(q, k, 7)
+    assert len(calls) == 2
+
+
+def test_plans_of_bad_calls_leave_the_refusal_to_the_op():
+    """Calls that go to the op before the Python checks (small_seq._kernels_unchecked: a shape
+    the kernels already served) plan first: every bad input of the CPU suite whose bound is an
+    int plans without raising (empty plans where the one-query kernels take no such call), so
+    the op's RuntimeError, which sends the call back to the checks naming the argument, is what
+    the caller sees."""
+    import torch
+    from test_small_seq import BSHD_BAD, THD_BAD, _good_bshd_args, _good_thd_args
+
+    from rocm_attn import ops
+
+    for good, bad in ((_good_thd_args, THD_BAD), (_good_bshd_args, BSHD_BAD)):
+        for name, change, _ in bad:
+            args = dict(good(), **change)
+            q, k, kv = args["q"], args["k"], args["max_seqlen_kv"]
+            if type(kv) is not int or not all(isinstance(t, torch.Tensor) for t in (q, k)):
+                continue  # _kernels_unchecked does not take these to the op
+            plan, backward_plan = ops._plans(q, k, kv)
+            assert len(plan) in (0, 2 + sp.LAUNCH_INTS), name

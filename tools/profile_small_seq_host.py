@@ -64,16 +64,18 @@ def main(argv=None) -> int:
     def engine_only():
         torch.autograd.grad(x2 * 2, (x2,), g2)
 
-    out_ref, lse_ref, _ = op(q, k, v, cu_q, cu_kv, None, 4, scale, False)
+    plan, backward_plan = ops._plans(q, k, 4)
+    out_ref, lse_ref, _ = op(q, k, v, cu_q, cu_kv, None, 4, scale, False, plan, backward_plan)
 
     def bwd_below_autograd():
         with torch._C._AutoDispatchBelowAutograd():
             torch.ops.rocm_attn.small_seq_bwd.default(dout, q, k, v, out_ref, lse_ref, None,
-                                                      cu_q, cu_kv, None, 4, scale)
+                                                      cu_q, cu_kv, None, 4, scale,
+                                                      backward_plan)
 
     def below_autograd():
         with torch._C._AutoDispatchBelowAutograd():
-            op(q, k, v, cu_q, cu_kv, None, 4, scale, False)
+            op(q, k, v, cu_q, cu_kv, None, 4, scale, False, plan, backward_plan)
 
     pieces = {
         "fused_attn_small_seq fwd (public API)": lambda: rocm_attn.fused_attn_small_seq(
@@ -85,7 +87,9 @@ def main(argv=None) -> int:
         "  ops.small_seq_forward": lambda: ops.small_seq_forward(q, k, v, cu_q, cu_kv, None, 4,
                                                                  scale, False),
         "  op below autograd": below_autograd,
-        "  op through dispatch": lambda: op(q, k, v, cu_q, cu_kv, None, 4, scale, False),
+        "  ops._plans (cached plan)": lambda: ops._plans(q, k, 4),
+        "  op through dispatch": lambda: op(q, k, v, cu_q, cu_kv, None, 4, scale, False, plan,
+                                            backward_plan),
         "fwd with grad (autograd node)": lambda: rocm_attn.fused_attn_small_seq(
             qg, kg, vg, cu_q, cu_kv, 1, 4),
         "fwd + autograd.grad": step,

@@ -7,7 +7,8 @@
 namespace rocm_attn::bindings {
 
 // small_seq_fwd_direct(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
-// softmax_scale, return_softmax) -> (out, lse, probs) or None (METH_FASTCALL).
+// softmax_scale, return_softmax, plan, backward_plan) -> (out, lse, probs) or None
+// (METH_FASTCALL).
 PyObject* small_seq_fwd_direct(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 
 // overlapped_launch() -> bool; warpgroup_mma() -> bool;

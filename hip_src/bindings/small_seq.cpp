@@ -1,12 +1,14 @@
 // The small-seq ops (rocm_attn::small_seq_fwd / small_seq_bwd): tensor checks, params, stream,
-// launch. User-facing validation with ValueErrors naming the argument lives in Python
-// (rocm_attn/small_seq.py); the checks here guard direct torch.ops callers and the small-seq
-// calls that go to the op first (a shape the kernels have already served), whose RuntimeError
-// sends Python back to its own checks.
+// launch of the plan's kernel (`plan`: rocm_attn/small_seq_plan.py one_query_plans, whose
+// records hip_src/small_seq/launch_impl.h switches on). User-facing validation with ValueErrors
+// naming the argument lives in Python (rocm_attn/small_seq.py); the checks here guard direct
+// torch.ops callers and the small-seq calls that go to the op first (a shape the kernels have
+// already served), whose RuntimeError sends Python back to its own checks.
 
 #include <limits>
 
 #include "bindings/small_seq.h"
+#include "bindings/small_seq_plan_arg.h"
 #include "common/error_state.h"
 
 namespace {
@@ -19,6 +21,11 @@ void check_index(const std::optional<at::Tensor>& t, const at::Tensor& q, int64_
               "small_seq: ", name, " must be a contiguous int32 [", numel,
               "] tensor on the device of q");
 }
+
+// What a one-query plan record must match (hip_src/small_seq/launch.hip, launch_impl.h).
+constexpr const char* kOneQueryMisfit =
+    "one launch of the call's head dim over a kv bucket that holds max_seqlen_kv, of a kernel "
+    "for its GQA group, PIPE only where the variant has a pipelined loop, grid factor >= 0";
 
 // Token / head strides of a [.., h, d] tensor viewed as rows of q (THD dim 0, BSHD dim 0).
 void row_strides(const at::Tensor& t, int64_t& token, int64_t& head) {
@@ -106,9 +113,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
     const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale,
-    bool return_softmax) {
+    bool return_softmax, at::IntArrayRef plan_ints, at::IntArrayRef backward_plan_ints) {
   SmallSeqParams p =
       make_params(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale);
+  const SmallSeqPlan plan = decode_plan(plan_ints, "small_seq", "one_query_plans");
+  decode_plan(backward_plan_ints, "small_seq", "one_query_plans", "backward_plan");
   const c10::DeviceGuard guard(q.device());
   at::Tensor out = at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({p.num_heads_q, p.batch}, q.options().dtype(at::kFloat));
@@ -119,9 +128,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_fwd(
   row_strides(out, p.o_token_stride, p.o_head_stride);
   p.lse = lse.data_ptr<float>();
   p.probs = return_softmax ? probs.data_ptr<float>() : nullptr;
-  check_launch(small_seq_fwd_launch(p, small_seq_dtype(q), static_cast<int>(q.size(-1)),
-                                    current_stream(q.device())),
-               "small_seq forward");
+  check_plan_launch(small_seq_fwd_launch(p, plan, small_seq_dtype(q),
+                                         static_cast<int>(q.size(-1)),
+                                         current_stream(q.device())),
+                    plan_ints, "small_seq", "not a one-query forward kernel", kOneQueryMisfit,
+                    "small_seq forward");
   return {out, lse, probs};
 }
 
@@ -129,9 +140,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_bwd(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& dlse,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
-    const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale) {
+    const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale,
+    at::IntArrayRef plan_ints) {
   SmallSeqParams p =
       make_params(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale);
+  const SmallSeqPlan plan = decode_plan(plan_ints, "small_seq backward", "one_query_plans");
   const c10::DeviceGuard guard(q.device());
   TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes() &&
                   dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
@@ -162,9 +175,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_bwd(
   p.dkv_head_stride = dk.stride(-2);
   p.dkv_token_stride = q.dim() == 3 ? dk.stride(0) : dk.stride(1);
   p.dkv_batch_stride = q.dim() == 3 ? 0 : dk.stride(0);
-  check_launch(small_seq_bwd_launch(p, small_seq_dtype(q), static_cast<int>(q.size(-1)),
-                                    current_stream(q.device())),
-               "small_seq backward");
+  check_plan_launch(small_seq_bwd_launch(p, plan, small_seq_dtype(q),
+                                         static_cast<int>(q.size(-1)),
+                                         current_stream(q.device())),
+                    plan_ints, "small_seq backward", "not a one-query backward kernel",
+                    kOneQueryMisfit, "small_seq backward");
   return {dq, dk, dv};
 }
 
@@ -173,12 +188,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_bwd(
 TORCH_LIBRARY_FRAGMENT(rocm_attn, m) {
   m.def(
       "small_seq_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, "
-      "Tensor? seqlens_kv, int max_seqlen_kv, float softmax_scale, bool return_softmax) "
-      "-> (Tensor out, Tensor lse, Tensor probs)");
+      "Tensor? seqlens_kv, int max_seqlen_kv, float softmax_scale, bool return_softmax, "
+      "int[] plan, int[] backward_plan) -> (Tensor out, Tensor lse, Tensor probs)");
   m.def(
       "small_seq_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-      "Tensor? dlse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? seqlens_kv, int max_seqlen_kv, "
-      "float softmax_scale) -> (Tensor dq, Tensor dk, Tensor dv)");
+      "Tensor? dlse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? seqlens_kv, "
+      "int max_seqlen_kv, float softmax_scale, int[] plan) -> (Tensor dq, Tensor dk, Tensor dv)");
 }
 
 TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) {

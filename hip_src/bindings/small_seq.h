@@ -25,17 +25,20 @@ SmallSeqParams make_params(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv,
                            double softmax_scale);
 
-// The ops rocm_attn::small_seq_fwd / small_seq_bwd (their CUDA kernels).
+// The ops rocm_attn::small_seq_fwd / small_seq_bwd (their CUDA kernels). `plan`: the launch
+// the op runs; the forward's `backward_plan`: the one its autograd passes to small_seq_bwd (both
+// from rocm_attn.small_seq_plan.one_query_plans, checked to be plans by the forward).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
     const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale,
-    bool return_softmax);
+    bool return_softmax, at::IntArrayRef plan, at::IntArrayRef backward_plan);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_bwd(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& dlse,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
-    const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale);
+    const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale,
+    at::IntArrayRef plan);
 
 }  // namespace rocm_attn::bindings

@@ -4,7 +4,8 @@
 // Both ops are re-dispatched, never called directly, so fake tensors (torch.compile)
 // reach their fake impls. Gradients are not materialised: an output the loss does not use
 // arrives undefined (dout undefined reads as zeros; dlse undefined adds no LSE term). The
-// weights output is not differentiable.
+// weights output is not differentiable. The backward runs the forward's `backward_plan` (made
+// with the forward's plan in Python: the backward needs no Python).
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -39,13 +40,15 @@ struct SmallSeqFunction : public torch::autograd::Function<SmallSeqFunction> {
       torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
       const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q,
       const std::optional<at::Tensor>& cu_seqlens_kv, const std::optional<at::Tensor>& seqlens_kv,
-      int64_t max_seqlen_kv, double softmax_scale, bool return_softmax) {
+      int64_t max_seqlen_kv, double softmax_scale, bool return_softmax, at::IntArrayRef plan,
+      at::IntArrayRef backward_plan) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("rocm_attn::small_seq_fwd", "")
                                .typed<decltype(small_seq_fwd)>();
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [out, lse, probs] = op.call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
-                                     max_seqlen_kv, softmax_scale, return_softmax);
+                                     max_seqlen_kv, softmax_scale, return_softmax, plan,
+                                     backward_plan);
     ctx->set_materialize_grads(false);
     ctx->mark_non_differentiable({probs});
     ctx->save_for_backward({q, k, v, out, lse});
@@ -54,6 +57,7 @@ struct SmallSeqFunction : public torch::autograd::Function<SmallSeqFunction> {
     ctx->saved_data["seqlens_kv"] = seqlens_kv;
     ctx->saved_data["max_seqlen_kv"] = max_seqlen_kv;
     ctx->saved_data["softmax_scale"] = softmax_scale;
+    ctx->saved_data["backward_plan"] = backward_plan.vec();
     return {out, lse, probs};
   }
 
@@ -64,7 +68,7 @@ struct SmallSeqFunction : public torch::autograd::Function<SmallSeqFunction> {
                                .typed<decltype(small_seq_bwd)>();
     const at::Tensor& dout = grads[0];
     const at::Tensor& dlse = grads[1];
-    torch::autograd::variable_list result(9);  // one per forward input; only q, k, v get one
+    torch::autograd::variable_list result(11);  // one per forward input; only q, k, v get one
     if (!dout.defined() && !dlse.defined()) return result;
     const auto saved = ctx->get_saved_variables();  // q, k, v, out, lse
     auto optional = [&](const char* name) {
@@ -78,7 +82,8 @@ struct SmallSeqFunction : public torch::autograd::Function<SmallSeqFunction> {
                 dlse.defined() ? std::optional<at::Tensor>(dlse.contiguous()) : std::nullopt,
                 optional("cu_seqlens_q"), optional("cu_seqlens_kv"), optional("seqlens_kv"),
                 ctx->saved_data["max_seqlen_kv"].toInt(),
-                ctx->saved_data["softmax_scale"].toDouble());
+                ctx->saved_data["softmax_scale"].toDouble(),
+                ctx->saved_data["backward_plan"].toIntVector());
     if (create_graph) {
       at::AutoGradMode grad_mode(true);
       auto guarded = NoSecondDerivative::apply(dq, dk, dv, saved[0], saved[1], saved[2]);
@@ -97,9 +102,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_fwd_autograd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
     const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale,
-    bool return_softmax) {
+    bool return_softmax, at::IntArrayRef plan, at::IntArrayRef backward_plan) {
   auto outputs = SmallSeqFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
-                                         max_seqlen_kv, softmax_scale, return_softmax);
+                                         max_seqlen_kv, softmax_scale, return_softmax, plan,
+                                         backward_plan);
   return {outputs[0], outputs[1], outputs[2]};
 }
 

@@ -17,14 +17,16 @@
 #include <tuple>
 
 #include "common/error_state.h"
+#include "bindings/small_seq_plan_arg.h"
 #include "bindings/small_seq_tiled.h"
 #include "small_seq/tiled_params.h"
 
 namespace {
 
-using rocm_attn::bindings::check_launch;
+using rocm_attn::bindings::check_plan_launch;
 using rocm_attn::bindings::check_rows_16b;
 using rocm_attn::bindings::current_stream;
+using rocm_attn::bindings::decode_plan;
 using rocm_attn::bindings::fill_tiled_segments;
 using rocm_attn::bindings::kTiledInt32Max;
 using rocm_attn::bindings::tiled_row_strides;
@@ -69,11 +71,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
   check_rows_16b(q, "small_seq_tiled", "q");
   check_rows_16b(k, "small_seq_tiled", "k");
   check_rows_16b(v, "small_seq_tiled", "v");
-  SmallSeqPlan plan;
-  TORCH_CHECK(small_seq_plan_decode(plan_ints.data(), static_cast<int64_t>(plan_ints.size()),
-                                    &plan),
-              "small_seq_tiled: plan must be the ints of rocm_attn.small_seq_plan.tiled_fwd_plan, "
-              "got ", plan_ints);
+  const SmallSeqPlan plan = decode_plan(plan_ints, "small_seq_tiled", "tiled_fwd_plan");
 
   SmallSeqTiledParams p{};
   p.num_heads_q = static_cast<int32_t>(h_q);
@@ -114,13 +112,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
                                        : SmallSeqTiledDtype::kFloat16;
   const hipError_t err = small_seq_tiled_fwd_launch(p, plan, dtype, static_cast<int>(d),
                                                     current_stream(q.device()));
-  TORCH_CHECK(err != hipErrorNotSupported, "small_seq_tiled: this build has no kernel for the "
-              "plan ", plan_ints, " (the Hopper warpgroup kernels need an sm_90a build on a 9.0 "
-              "device; cp.async staging a CUDA build)");
-  TORCH_CHECK(err != hipErrorInvalidValue, "small_seq_tiled: the plan ", plan_ints,
-              " does not fit this call or device (its head dim, GQA group, history or shared "
-              "memory)");
-  check_launch(err, "small_seq tiled forward launch");
+  check_plan_launch(err, plan_ints, "small_seq_tiled",
+                    "the Hopper warpgroup kernels need an sm_90a build on a 9.0 device; cp.async "
+                    "staging a CUDA build",
+                    "its head dim, GQA group, history or shared memory",
+                    "small_seq tiled forward launch");
   return {out, lse, probs};
 }
 

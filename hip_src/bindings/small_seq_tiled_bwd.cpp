@@ -16,14 +16,16 @@
 #include <optional>
 #include <tuple>
 
+#include "bindings/small_seq_plan_arg.h"
 #include "bindings/small_seq_tiled.h"
 #include "small_seq/tiled_params.h"
 
 namespace {
 
-using rocm_attn::bindings::check_launch;
+using rocm_attn::bindings::check_plan_launch;
 using rocm_attn::bindings::check_rows_16b;
 using rocm_attn::bindings::current_stream;
+using rocm_attn::bindings::decode_plan;
 using rocm_attn::bindings::fill_tiled_segments;
 using rocm_attn::bindings::kTiledInt32Max;
 using rocm_attn::bindings::tiled_row_strides;
@@ -78,11 +80,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
   check_rows_16b(q, "small_seq_tiled_bwd", "q");
   check_rows_16b(k, "small_seq_tiled_bwd", "k");
   check_rows_16b(v, "small_seq_tiled_bwd", "v");
-  SmallSeqPlan plan;
-  TORCH_CHECK(small_seq_plan_decode(plan_ints.data(), static_cast<int64_t>(plan_ints.size()),
-                                    &plan),
-              "small_seq_tiled_bwd: plan must be the ints of "
-              "rocm_attn.small_seq_plan.tiled_bwd_plan, got ", plan_ints);
+  const SmallSeqPlan plan = decode_plan(plan_ints, "small_seq_tiled_bwd", "tiled_bwd_plan");
   check_rows_16b(dout, "small_seq_tiled_bwd", "dout");
   check_rows_16b(out, "small_seq_tiled_bwd", "out");
 
@@ -143,13 +141,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
                                        : SmallSeqTiledDtype::kFloat16;
   const hipError_t err =
       small_seq_tiled_bwd_launch(p, plan, dtype, static_cast<int>(d), current_stream(q.device()));
-  TORCH_CHECK(err != hipErrorNotSupported, "small_seq_tiled_bwd: this build has no kernel for "
-              "the plan ", plan_ints, " (the Hopper warpgroup kernels need an sm_90a build on a "
-              "9.0 device)");
-  TORCH_CHECK(err != hipErrorInvalidValue, "small_seq_tiled_bwd: the plan ", plan_ints,
-              " does not fit this call or device (its head dim, GQA group, rows, history or "
-              "shared memory)");
-  check_launch(err, "small_seq tiled backward launch");
+  check_plan_launch(err, plan_ints, "small_seq_tiled_bwd",
+                    "the Hopper warpgroup kernels need an sm_90a build on a 9.0 device",
+                    "its head dim, GQA group, rows, history or shared memory",
+                    "small_seq tiled backward launch");
   return {dq, dk, dv};
 }
 

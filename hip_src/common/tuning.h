@@ -9,9 +9,9 @@
 // bindings expose it as rocm_attn.tuning). Launchers read ra_tuning() and never the
 // environment: a getenv per launch costs host time on a path that is 5-20 us long, and a value
 // that changes under a running process would make two launches of one graph disagree.
-// A captured graph keeps the choices made at capture time. The tiled small-seq knobs
-// (small_seq_tiled_*, small_seq_flash_route) are read by the kernel plan in Python
-// (rocm_attn/small_seq_plan.py), which passes the tiled launchers the kernels to run; no tiled
+// A captured graph keeps the choices made at capture time. The small-seq knobs (small_seq_*)
+// are read by the kernel plan in Python (rocm_attn/small_seq_plan.py, through
+// rocm_attn.tuning), which passes the small-seq launchers the kernels to run; no small-seq
 // launcher reads them. Comments below that name a launcher function name the plan's function
 // of the same rule.
 //
@@ -20,7 +20,8 @@
 
 struct RaTuning {
   // small-seq: grid = this many times the blocks resident at once; 0 = one wave per item;
-  // -1 = the compiled default (small_seq/tiling.h kFwdResidencyFactor / kBwdResidencyFactor).
+  // -1 = the plan's default (small_seq_plan.py FWD_RESIDENCY_FACTOR / BWD_RESIDENCY_FACTOR,
+  // checked equal to small_seq/tiling.h kFwdResidencyFactor / kBwdResidencyFactor).
   int small_seq_fwd_grid = -1;
   int small_seq_bwd_grid = -1;
   // tiled small-seq forward: the same factor for its grid; -1 = the compiled default

@@ -443,8 +443,9 @@ RA_DEVICE void bwd_pipelined(const SmallSeqParams& p) {
   }
 }
 
-// Whether a shape can take the pipelined backward (all of an item's K/V in one chunk); the
-// launcher also requires one q head per kv head and the backward bit of ROCM_ATTN_SMALL_SEQ_PIPE.
+// Whether a shape can take the pipelined backward (all of an item's K/V in one chunk); the plan
+// also requires one q head per kv head and the backward bit of tuning small_seq_pipe, and the
+// launcher refuses a PIPE record where either fails.
 template <int D, int KV>
 constexpr bool kBwdPipelinable =
     Tiling<D, KV, RA_WAVE_SIZE>::kSlots * Tiling<D, KV, RA_WAVE_SIZE>::kVecsPerLane <= 8;

@@ -4,16 +4,19 @@
 
 #include "../common/compat.h"
 #include "params.h"
+#include "plan.h"
 
 namespace small_seq {
 
+// One plan record of the variant (launch_impl.h).
 template <typename T, int D, int KV>
-hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream);
+hipError_t run_fwd(const SmallSeqParams& p, const SmallSeqLaunch& launch, hipStream_t stream);
 template <typename T, int D, int KV>
-hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream);
+hipError_t run_bwd(const SmallSeqParams& p, const SmallSeqLaunch& launch, hipStream_t stream);
 
-// Smallest kv bucket holding max_seqlen_kv. Rows past a segment's length are never loaded, so
-// a bucket only sets how many registers a wave reserves; three buckets keep the build small.
+// The kv bucket of a plan record (4, 8 or 16; a value between maps to the next bucket). Rows
+// past a segment's length are never loaded, so a bucket only sets how many registers a wave
+// reserves; three buckets keep the build small.
 #define SMALL_SEQ_KV_SWITCH(max_kv, KV, ...)        \
   [&] {                                             \
     if ((max_kv) <= 4) {                            \

@@ -427,8 +427,9 @@ RA_DEVICE void fwd_pipelined(const SmallSeqParams& p) {
   }
 }
 
-// Whether a shape can take the pipelined loop (all of an item's K/V in one chunk); the launcher
-// also requires one q head per kv head and ROCM_ATTN_SMALL_SEQ_PIPE != 0.
+// Whether a shape can take the pipelined loop (all of an item's K/V in one chunk); the plan
+// also requires one q head per kv head and the forward bit of tuning small_seq_pipe, and the
+// launcher refuses a PIPE record where either fails.
 template <int D, int KV>
 constexpr bool kFwdPipelinable = FwdShape<D, KV>::kChunks == 1;
 

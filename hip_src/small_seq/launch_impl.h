@@ -1,5 +1,8 @@
-// Launch of one small-seq kernel variant. Included only by the generated instantiation files
-// (tools/generate_kernels.py), one (direction, dtype, head dim, kv bucket) per file.
+// Launch of one small-seq kernel variant: a switch on the call's plan record (plan.h; made by
+// rocm_attn/small_seq_plan.py plan_one_query, which chooses the kernel, PIPE and the grid
+// factor from the tuning). The launcher checks the record against the call and what this
+// variant compiled, and chooses nothing else. Included only by the generated instantiation
+// files (tools/generate_kernels.py), one (direction, dtype, head dim, kv bucket) per file.
 #pragma once
 
 #include "bwd_kernel.h"
@@ -7,45 +10,30 @@
 #include "dispatch.h"
 #include "fwd_kernel.h"
 #include "fwd_mma_kernel.h"
-
-#include "../common/tuning.h"
+#include "plan.h"
 
 namespace small_seq {
 
+// A record naming no one-query kernel of this direction, or one that does not fit the call
+// (its head dim, kv bucket, GQA group, PIPE or grid factor): the bindings raise on these.
+constexpr hipError_t kOneQueryNoKernel = hipErrorNotSupported;
+constexpr hipError_t kOneQueryBadPlan = hipErrorInvalidValue;
+
 inline dim3 block_for() { return dim3(kWavesPerBlock * ra_device_wave_size()); }
 
-// How many resident waves per multiprocessor the grid-stride loop is sized for, as a multiple
-// of what fits at once: the tuning value (common/tuning.h small_seq_fwd_grid / _bwd_grid) or,
-// at -1, the compiled default (0: one wave per item, i.e. no grid-stride reuse).
-inline int grid_residency_factor(int default_factor, int tuned) {
-  return tuned >= 0 ? tuned : default_factor;
-}
-
-// Which passes take the matrix-unit GQA kernels (fwd_mma_kernel.h, bwd_mma_kernel.h) and the
-// software-pipelined general loops (fwd_kernel.h fwd_pipelined, bwd_kernel.h bwd_pipelined):
-// bit masks of the tuning values small_seq_mma / small_seq_pipe.
-constexpr int kPassForward = 1;
-constexpr int kPassBackward = 2;
-inline bool mma_enabled(int pass) { return (ra_tuning().small_seq_mma & pass) != 0; }
-inline bool pipe_enabled(int pass) { return (ra_tuning().small_seq_pipe & pass) != 0; }
-
-// Blocks for `items` (segment, kv head) work items: at most `factor` x the blocks that are
-// resident at once (from the occupancy API, cached per device in `resident_per_mp`), at least
-// one.
-// NOTE: the cache belongs to the caller, one per kernel. Every kernel here has the same type
-// (void(*)(SmallSeqParams)), so a static inside this template was one cache shared by all of
-// them: the first kernel launched set the residency used for every other one.
+// Blocks for the (segment, kv head) work items: at most `factor` x the blocks that are resident
+// at once (from the occupancy API, cached per device in `resident_per_mp`), at least one;
+// factor 0: one wave per item (no grid-stride reuse).
 template <typename Kernel>
-dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor,
-              int (&resident_per_mp)[64], int tuned_factor) {
+dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int factor, int (&resident_per_mp)[64]) {
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   int64_t blocks = (items + kWavesPerBlock - 1) / kWavesPerBlock;
-  const int factor = grid_residency_factor(default_factor, tuned_factor);
   if (factor > 0) {
     const int device = ra_device_index();
     if (device >= 0 && device < 64 && resident_per_mp[device] == 0) {
       int n = 0;
-      if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_for().x, 0) != hipSuccess ||
+      if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_for().x, 0) !=
+              hipSuccess ||
           n <= 0)
         n = 1;
       resident_per_mp[device] = n;
@@ -57,87 +45,86 @@ dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int default_factor,
   return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
 }
 
-// GQA groups (two or more q heads per kv head) take the matrix-unit forward; one q head per kv
-// head keeps the general kernel (a 16-row tile for one row would waste 15/16 of the unit, and
-// that kernel is already near the byte floor there). On targets without matrix units the MMA
-// kernel compiles the general body, so the choice is always safe.
-template <typename T, int D, int KV, bool PIPE>
-hipError_t launch_fwd_general(const SmallSeqParams& p, hipStream_t stream) {
-  static int resident[64] = {};
-  const dim3 grid =
-      grid_for(p, small_seq_fwd_kernel<T, D, KV, PIPE>, kFwdResidencyFactor, resident,
-               ra_tuning().small_seq_fwd_grid);
-  hipLaunchKernelGGL((small_seq_fwd_kernel<T, D, KV, PIPE>), grid, block_for(), 0, stream, p);
+// One kernel on the grid of `factor`.
+// NOTE: the occupancy cache is a static of this instantiation, one per kernel. Every kernel
+// here has the same type (void(*)(SmallSeqParams)), so a static keyed by that type alone would
+// be one cache shared by all of them, the first kernel launched setting the others' residency.
+template <auto KERNEL>
+hipError_t launch_one_query(const SmallSeqParams& p, int factor, hipStream_t stream) {
+  static int resident_per_mp[64] = {};
+  const dim3 grid = grid_for(p, KERNEL, factor, resident_per_mp);
+  hipLaunchKernelGGL(KERNEL, grid, block_for(), 0, stream, p);
   return hipGetLastError();
 }
 
-// GQA groups (two or more q heads per kv head) take the matrix-unit forward; one q head per kv
-// head keeps the general kernel (a 16-row tile for one row would waste 15/16 of the unit, and
-// that kernel is already near the byte floor there), in its software-pipelined loop where the
-// shape allows. On targets without matrix units the MMA kernel compiles the general body, so
-// the choice is always safe.
-// NOTE: a pipelined loop for the matrix-unit forward gained nothing at d=128 and lost at d=64,
-// so it was removed (docs/kernels.md#small-seq-forward).
-template <typename T, int D, int KV>
-hipError_t run_fwd(const SmallSeqParams& p, hipStream_t stream) {
-  if (p.batch == 0) return hipSuccess;
-  const int group = p.num_heads_q / p.num_heads_kv;
-  if (group >= 2 && mma_enabled(kPassForward)) {
-    static int resident_mma[64] = {};
-    const dim3 grid = grid_for(p, small_seq_fwd_mma_kernel<T, D, KV>, kFwdResidencyFactor,
-                               resident_mma, ra_tuning().small_seq_fwd_grid);
-    hipLaunchKernelGGL((small_seq_fwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
-    return hipGetLastError();
-  }
-  // The pipelined loop serves one q head per kv head (GQA groups on the general kernel, i.e.
-  // matrix units off or absent, keep the plain loop, which re-uses K/V across the group).
-  if constexpr (kFwdPipelinable<D, KV>) {
-    if (group == 1 && pipe_enabled(kPassForward))
-      return launch_fwd_general<T, D, KV, true>(p, stream);
-  }
-  return launch_fwd_general<T, D, KV, false>(p, stream);
+// Whether a record's PIPE flag can run on this variant: 0 (the plain loop), or 1 (the
+// software-pipelined loop) where the variant's K/V fit one chunk (kFwdPipelinable /
+// kBwdPipelinable, which the plan's fwd_pipelinable / bwd_pipelinable mirror) and the call has
+// one q head per kv head (the pipelined loops take the kv head's own q head only).
+inline bool pipe_fits(int32_t pipe, bool pipelinable, int group) {
+  return pipe == 0 || (pipe == 1 && pipelinable && group == 1);
 }
 
-template <typename T, int D, int KV, bool PIPE>
-hipError_t launch_bwd_general(const SmallSeqParams& p, hipStream_t stream) {
-  static int resident[64] = {};
-  const dim3 grid = grid_for(p, small_seq_bwd_kernel<T, D, KV, PIPE>, kBwdResidencyFactor,
-                             resident, ra_tuning().small_seq_bwd_grid);
-  hipLaunchKernelGGL((small_seq_bwd_kernel<T, D, KV, PIPE>), grid, block_for(), 0, stream, p);
-  return hipGetLastError();
+// NOTE: in run_fwd / run_bwd the matrix-unit cases come first: a unit instantiates its kernels
+// in the order it names them, and that order moves clang's gfx942 register assignment of the
+// d 512 matrix-unit kernels (same counts, other registers). tools/compare_device_code.py shows
+// such a change; this order keeps the device code of the generated units as it was.
+
+// Record a = {D, KV, PIPE, grid_factor} (fwd) or {D, KV, grid_factor} (fwd_mma); the caller
+// (launch.hip) has matched D and KV to this variant. The matrix-unit forward serves GQA groups
+// (two or more q heads per kv head); on targets without matrix units it compiles the general
+// body, so the record is always runnable.
+template <typename T, int D, int KV>
+hipError_t run_fwd(const SmallSeqParams& p, const SmallSeqLaunch& l, hipStream_t stream) {
+  const int32_t* a = l.p;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  switch (static_cast<SmallSeqKernel>(l.kernel)) {
+    case SmallSeqKernel::kFwdMma:
+      if (group < 2 || a[2] < 0) return kOneQueryBadPlan;
+      if (p.batch == 0) return hipSuccess;
+      return launch_one_query<small_seq_fwd_mma_kernel<T, D, KV>>(p, a[2], stream);
+    case SmallSeqKernel::kFwd:
+      if (!pipe_fits(a[2], kFwdPipelinable<D, KV>, group) || a[3] < 0) return kOneQueryBadPlan;
+      if (p.batch == 0) return hipSuccess;
+      if constexpr (kFwdPipelinable<D, KV>) {
+        if (a[2] == 1)
+          return launch_one_query<small_seq_fwd_kernel<T, D, KV, true>>(p, a[3], stream);
+      }
+      return launch_one_query<small_seq_fwd_kernel<T, D, KV, false>>(p, a[3], stream);
+    default:
+      return kOneQueryNoKernel;
+  }
 }
 
-// GQA groups (two or more q heads per kv head) take the matrix-unit backward, as they take the
-// matrix-unit forward: groups of 2..kBwdMmaMaxGroup (one tile of q heads on every vendor) its
-// one-tile kernel, wider groups its blocked kernel, which walks the group in tiles of q heads
-// inside the wave (bwd_mma_kernel.h). Two kernels, so that the blocked one's dK/dV accumulators
-// do not raise the one-tile kernel's registers (occupancy of groups 2..8). One q head per kv
-// head keeps the general kernel, in its software-pipelined loop where the shape allows.
+// Record a = {D, KV, PIPE, grid_factor} (bwd) or {D, KV, grid_factor} (bwd_mma, bwd_mma_wide).
+// The matrix-unit backward has two kernels, so that the blocked one's dK/dV accumulators do not
+// raise the one-tile kernel's registers: bwd_mma for groups of 2..kBwdMmaMaxGroup (one tile of
+// q heads on every vendor), bwd_mma_wide for wider groups (it walks the group in tiles of q
+// heads inside the wave, bwd_mma_kernel.h).
 template <typename T, int D, int KV>
-hipError_t run_bwd(const SmallSeqParams& p, hipStream_t stream) {
-  if (p.batch == 0) return hipSuccess;
+hipError_t run_bwd(const SmallSeqParams& p, const SmallSeqLaunch& l, hipStream_t stream) {
+  const int32_t* a = l.p;
   const int group = p.num_heads_q / p.num_heads_kv;
-  if (group >= 2 && mma_enabled(kPassBackward)) {
-    if (group <= kBwdMmaMaxGroup) {
-      static int resident_mma[64] = {};
-      const dim3 grid = grid_for(p, small_seq_bwd_mma_kernel<T, D, KV>, kBwdResidencyFactor,
-                                 resident_mma, ra_tuning().small_seq_bwd_grid);
-      hipLaunchKernelGGL((small_seq_bwd_mma_kernel<T, D, KV>), grid, block_for(), 0, stream, p);
-    } else {
-      static int resident_wide[64] = {};
-      const dim3 grid = grid_for(p, small_seq_bwd_mma_wide_kernel<T, D, KV>,
-                                 kBwdResidencyFactor, resident_wide,
-                                 ra_tuning().small_seq_bwd_grid);
-      hipLaunchKernelGGL((small_seq_bwd_mma_wide_kernel<T, D, KV>), grid, block_for(), 0, stream,
-                         p);
-    }
-    return hipGetLastError();
+  switch (static_cast<SmallSeqKernel>(l.kernel)) {
+    case SmallSeqKernel::kBwdMma:
+      if (group < 2 || group > kBwdMmaMaxGroup || a[2] < 0) return kOneQueryBadPlan;
+      if (p.batch == 0) return hipSuccess;
+      return launch_one_query<small_seq_bwd_mma_kernel<T, D, KV>>(p, a[2], stream);
+    case SmallSeqKernel::kBwdMmaWide:
+      if (group <= kBwdMmaMaxGroup || a[2] < 0) return kOneQueryBadPlan;
+      if (p.batch == 0) return hipSuccess;
+      return launch_one_query<small_seq_bwd_mma_wide_kernel<T, D, KV>>(p, a[2], stream);
+    case SmallSeqKernel::kBwd:
+      if (!pipe_fits(a[2], kBwdPipelinable<D, KV>, group) || a[3] < 0) return kOneQueryBadPlan;
+      if (p.batch == 0) return hipSuccess;
+      if constexpr (kBwdPipelinable<D, KV>) {
+        if (a[2] == 1)
+          return launch_one_query<small_seq_bwd_kernel<T, D, KV, true>>(p, a[3], stream);
+      }
+      return launch_one_query<small_seq_bwd_kernel<T, D, KV, false>>(p, a[3], stream);
+    default:
+      return kOneQueryNoKernel;
   }
-  if constexpr (kBwdPipelinable<D, KV>) {
-    if (group == 1 && pipe_enabled(kPassBackward))
-      return launch_bwd_general<T, D, KV, true>(p, stream);
-  }
-  return launch_bwd_general<T, D, KV, false>(p, stream);
 }
 
 }  // namespace small_seq

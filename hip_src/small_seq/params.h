@@ -4,6 +4,8 @@
 #include <hip/hip_runtime.h>
 #include <stdint.h>
 
+#include "plan.h"
+
 // Where segment i finds its query row and its key/value rows.
 //  THD : q row cu_seqlens_q[i] (cu_seqlens_q[i+1]-cu_seqlens_q[i] must be 1);
 //        kv rows cu_seqlens_kv[i] .. cu_seqlens_kv[i+1]-1.
@@ -50,11 +52,15 @@ struct SmallSeqParams {
 
 enum class SmallSeqDtype : int { kFloat16 = 0, kBFloat16 = 1 };
 
-// Launchers (small_seq_launch.hip). Return hipSuccess or the launch error.
-hipError_t small_seq_fwd_launch(const SmallSeqParams& p, SmallSeqDtype dtype, int head_dim,
-                                hipStream_t stream);
-hipError_t small_seq_bwd_launch(const SmallSeqParams& p, SmallSeqDtype dtype, int head_dim,
-                                hipStream_t stream);
+// Launchers (launch.hip): run the plan's one launch (plan.h; rocm_attn/small_seq_plan.py
+// one_query_plans). Return hipSuccess, the launch error, hipErrorNotSupported where the record
+// names no one-query kernel of the direction, or hipErrorInvalidValue where the plan does not
+// fit the call (not one launch, another head dim, a kv bucket that does not hold
+// max_seqlen_kv, a kernel of another GQA group, PIPE where the variant has no pipelined loop).
+hipError_t small_seq_fwd_launch(const SmallSeqParams& p, const SmallSeqPlan& plan,
+                                SmallSeqDtype dtype, int head_dim, hipStream_t stream);
+hipError_t small_seq_bwd_launch(const SmallSeqParams& p, const SmallSeqPlan& plan,
+                                SmallSeqDtype dtype, int head_dim, hipStream_t stream);
 
 // Supported head dims and kv buckets; the launcher rejects others loudly.
 // Inline: the bindings and the launchers share it without a call across translation units.

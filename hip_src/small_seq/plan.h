@@ -1,8 +1,9 @@
-// The kernel plan of a tiled small-seq call as the launchers receive it. The plan is made in
-// Python (rocm_attn/small_seq_plan.py: which kernel, its template parameters, its grid factor,
-// from the call's host bounds, the device's capabilities and the tuning) and passed to the op
-// as ints; the launchers (tiled_launch.hip) switch on it, check it against what this build
-// compiled, and choose nothing themselves. The ids here and the plan's KERNEL_IDS are the same
+// The kernel plan of a small-seq call as the launchers receive it. The plan is made in Python
+// (rocm_attn/small_seq_plan.py: which kernel, its template parameters, its grid factor, from the
+// call's host bounds, the device's capabilities and the tuning) and passed to the op as ints;
+// the launchers (launch_impl.h for the one-query kernels, tiled_launch.hip,
+// tiled_bwd_launch.hip) switch on it, check it against what this build compiled, and choose
+// nothing themselves. The ids here and the plan's KERNEL_IDS are the same
 // numbers (the generated plan unit static_asserts them).
 //
 // Plain host data: the bindings, compiled without the GPU compiler, include it.
@@ -11,6 +12,11 @@
 #include <stdint.h>
 
 enum class SmallSeqKernel : int32_t {
+  kFwd = 40,                  // small_seq_fwd_kernel<T, D, KV, PIPE> (one query per segment)
+  kFwdMma = 41,               // small_seq_fwd_mma_kernel<T, D, KV>
+  kBwd = 42,                  // small_seq_bwd_kernel<T, D, KV, PIPE>
+  kBwdMma = 43,               // small_seq_bwd_mma_kernel<T, D, KV>
+  kBwdMmaWide = 44,           // small_seq_bwd_mma_wide_kernel<T, D, KV>
   kTiledFwdWave = 1,          // small_seq_tiled_fwd_kernel<T, D, ONE_TILE>
   kTiledFwdBlock = 2,         // small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC>
   kTiledFwdResident = 3,      // small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>

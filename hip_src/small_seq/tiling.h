@@ -100,8 +100,9 @@ RA_DEVICE float ra_nan() { return __int_as_float(0x7fc00000); }
 // wave slots fill (e.g. 10 warps/SM instead of 8 at 183 registers on sm_90).
 constexpr int kWavesPerBlock = 2;
 constexpr int kMaxThreadsPerBlock = 128;
-// Grid = this many times the blocks resident at once (launch_impl.h grid_for); 0 = one wave
-// per item. Re-using resident waves raises both directions towards the byte floor on the
+// The plan's default grid factor (small_seq_plan.py FWD_RESIDENCY_FACTOR /
+// BWD_RESIDENCY_FACTOR, static_asserted equal): grid = this many times the blocks resident at
+// once (launch_impl.h grid_for); 0 = one wave per item. Re-using resident waves raises both directions towards the byte floor on the
 // benchmark cases (docs/kernels.md#small-seq-grid-and-residency has the measurements).
 // NOTE: d=256/512 kv=16 measured the other way round in the backward: a per-shape factor is
 // the open next step (same section).

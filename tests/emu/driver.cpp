@@ -48,12 +48,19 @@ int32_t* emu_error_state_ptr() { return ra_error_state_ptr(); }
 int emu_error_state_read(int32_t* out, int reset) { return ra_error_state_read(out, reset != 0); }
 
 #if defined(RA_EMU_SMALL_SEQ)
-int emu_small_seq_fwd(const SmallSeqParams* p, int bf16, int head_dim) {
-  return small_seq_fwd_launch(*p, bf16 ? SmallSeqDtype::kBFloat16 : SmallSeqDtype::kFloat16,
+// plan: the ints of rocm_attn.small_seq_plan.one_query_ints (one direction's), as the op takes.
+int emu_small_seq_fwd(const SmallSeqParams* p, int bf16, int head_dim, const int64_t* plan_ints,
+                      int64_t plan_len) {
+  SmallSeqPlan plan;
+  if (!small_seq_plan_decode(plan_ints, plan_len, &plan)) return hipErrorInvalidValue;
+  return small_seq_fwd_launch(*p, plan, bf16 ? SmallSeqDtype::kBFloat16 : SmallSeqDtype::kFloat16,
                               head_dim, nullptr);
 }
-int emu_small_seq_bwd(const SmallSeqParams* p, int bf16, int head_dim) {
-  return small_seq_bwd_launch(*p, bf16 ? SmallSeqDtype::kBFloat16 : SmallSeqDtype::kFloat16,
+int emu_small_seq_bwd(const SmallSeqParams* p, int bf16, int head_dim, const int64_t* plan_ints,
+                      int64_t plan_len) {
+  SmallSeqPlan plan;
+  if (!small_seq_plan_decode(plan_ints, plan_len, &plan)) return hipErrorInvalidValue;
+  return small_seq_bwd_launch(*p, plan, bf16 ? SmallSeqDtype::kBFloat16 : SmallSeqDtype::kFloat16,
                               head_dim, nullptr);
 }
 #endif

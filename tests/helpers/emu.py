@@ -72,6 +72,7 @@ CONFIGS = {
 
 HIP_SUCCESS = 0
 HIP_ERROR_NOT_SUPPORTED = 801
+HIP_ERROR_INVALID_VALUE = 1
 
 
 class EmulationUnavailable(Exception):
@@ -120,7 +121,8 @@ def _small_seq_sources(wave: int, out: Path) -> List[Path]:
             continue
         stubs.append(
             f"template <> hipError_t small_seq::run_{direction}<{generate_kernels.DTYPES[dtype]}, "
-            f"{d}, {kv}>(const SmallSeqParams&, hipStream_t) {{ return hipErrorNotSupported; }}\n")
+            f"{d}, {kv}>(const SmallSeqParams&, const SmallSeqLaunch&, hipStream_t) "
+            "{ return hipErrorNotSupported; }\n")
     files.append(_write(out / "small_seq_stubs.cpp", "".join(stubs)))
     files.append(HIP_SRC / "small_seq" / "launch.hip")
     return files
@@ -442,8 +444,11 @@ def small_seq_params(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale) -> 
     return p
 
 
-def small_seq_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale, return_softmax=True):
-    """(out, lse, probs) of the emulated forward; outputs start as NaN (unwritten shows)."""
+def small_seq_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale, return_softmax=True,
+                  plan=None, rc=None):
+    """(out, lse, probs) of the emulated forward; outputs start as NaN (unwritten shows).
+    plan: the launcher's plan ints (default: the plan's, one_query_plan); rc: a list that takes
+    the launcher's return code instead of raising on an error."""
     p = small_seq_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale)
     out = _nan(q.shape, q.dtype)
     lse = _nan((p.num_heads_q, p.batch), torch.float32)
@@ -452,13 +457,32 @@ def small_seq_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale, return
     p.lse = ptr(lse)
     p.probs = ptr(probs) if return_softmax else None
     lib.apply_tuning()
-    lib.check(lib.lib.emu_small_seq_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
-                                        q.shape[-1]), "small_seq forward")
+    if plan is None:
+        plan = one_query_plan(lib, q, k, max_kv, "forward")
+    ints = (ctypes.c_int64 * len(plan))(*plan)
+    code = lib.lib.emu_small_seq_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
+                                     q.shape[-1], ints, ctypes.c_int64(len(plan)))
+    if rc is not None:
+        rc.append(code)
+    else:
+        lib.check(code, "small_seq forward")
     return out, lse, probs
 
 
-def small_seq_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens, max_kv, scale):
-    """(dq, dk, dv) of the emulated backward; outputs start as NaN."""
+def one_query_plan(lib: Emu, q, k, max_kv, direction: str) -> List[int]:
+    """The plan ints of an emulated one-query launch (rocm_attn.small_seq_plan.one_query_plans',
+    for the emulated device and tuning())."""
+    from rocm_attn import small_seq_plan as sp
+
+    call = sp.Call(q.shape[-1], q.shape[-2], k.shape[-2], 1, max_kv)
+    fwd, bwd = sp.one_query_ints(call, plan_device(lib), plan_tuning(lib))
+    return list(fwd if direction == "forward" else bwd)
+
+
+def small_seq_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens, max_kv, scale,
+                  plan=None, rc=None):
+    """(dq, dk, dv) of the emulated backward; outputs start as NaN. plan, rc: as
+    small_seq_fwd's."""
     p = small_seq_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale)
     dq, dk, dv = _nan(q.shape, q.dtype), _nan(k.shape, k.dtype), _nan(v.shape, v.dtype)
     p.dout, p.out, p.lse, p.dlse = ptr(dout), ptr(out), ptr(lse), ptr(dlse)
@@ -470,8 +494,15 @@ def small_seq_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens,
     p.dkv_token_stride = dk.stride(0) if q.dim() == 3 else dk.stride(1)
     p.dkv_batch_stride = 0 if q.dim() == 3 else dk.stride(0)
     lib.apply_tuning()
-    lib.check(lib.lib.emu_small_seq_bwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
-                                        q.shape[-1]), "small_seq backward")
+    if plan is None:
+        plan = one_query_plan(lib, q, k, max_kv, "backward")
+    ints = (ctypes.c_int64 * len(plan))(*plan)
+    code = lib.lib.emu_small_seq_bwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
+                                     q.shape[-1], ints, ctypes.c_int64(len(plan)))
+    if rc is not None:
+        rc.append(code)
+    else:
+        lib.check(code, "small_seq backward")
     return dq, dk, dv
 
 
