@@ -9,6 +9,11 @@ int64 offsets) are defined in C++ too (hip_src/bindings/); their fake impls and 
 autograd (calling the backward op) are registered here, only when a build has them
 (:data:`HAS_TILED_OPS`).
 
+``small_seq_fwd_row_max`` / ``small_seq_tiled_fwd_row_max`` are the two forwards with one more
+output, each row's maximum scaled logit (``fused_attn_small_seq(return_max_logit=True)``);
+their fakes and autograd (the same backward ops) are registered here, in Python: only calls
+asking for max_logit pay that layer's host cost.
+
 Host cost matters: a small-seq call can take 20-30 us on the GPU, about what Python dispatch
 costs. :func:`small_seq_forward` therefore skips what it can: when nothing needs a gradient it
 calls the op's C++ function directly (``_C.small_seq_fwd_direct``: no schema boxing, no

@@ -559,9 +559,9 @@ def fused_attn_small_seq(
     if validating:
         # Earlier calls' errors are kept for check_errors(); this call raises for its own only.
         errors.set_aside_errors()
-    # the kernels write each row's maximum logit beside its LSE (GPU tensors only: on the CPU
-    # the torch path serves every call)
-    row_max = bool(return_max_logit) and isinstance(q, torch.Tensor) and q.is_cuda
+    # the one-query and tiled kernels write each row's maximum logit beside its LSE; the other
+    # paths return None for it (below: the sharpened pass on a GPU, the exact pass on the CPU)
+    row_max = bool(return_max_logit)
     outputs = _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                                  max_seqlen_kv, softmax_scale, qkv_layout, return_softmax,
                                  backend, row_max)
