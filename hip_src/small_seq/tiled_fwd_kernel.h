@@ -280,15 +280,15 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
 
   // m: running max (log2 domain, the same in every lane of a row); l: this lane's part of the
   // running sum (summed across the row's lanes once, at the end: all parts share m).
-  // mx: the exact running max of the row's scores (m lags it by up to the lazy threshold),
-  // written when the caller asks for each row's maximum logit (p.row_max).
-  float m[SLOTS], l[SLOTS], mx[SLOTS];
+  float m[SLOTS], l[SLOTS];
 #pragma unroll
   for (int r = 0; r < SLOTS; ++r) {
     m[r] = -INFINITY;
     l[r] = 0.f;
-    mx[r] = -INFINITY;
   }
+  // Where the caller asks for each row's maximum logit (p.row_max), m moves with every new
+  // maximum (threshold 0), so that it ends as the row's exact maximum; otherwise lazily.
+  const float lazy = p.row_max != nullptr ? 0.f : kTiledLazyRescaleLog2;
   ra_mma_out<DS, ROWS> o[NSL];
 #pragma unroll
   for (int c = 0; c < NSL; ++c) ra_mma_zero(o[c]);
@@ -330,10 +330,9 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       alpha[r] = 1.f;
       if (ra_mma_slot_row0(r) >= ROWS) continue;
       const float tile_max = ra_mma_row_max(mt[r]);
-      mx[r] = fmaxf(mx[r], tile_max);
       if (m[r] == -INFINITY) {
         m[r] = tile_max;  // nothing accumulated yet (l and O are 0): no rescale
-      } else if (tile_max > m[r] + kTiledLazyRescaleLog2) {
+      } else if (tile_max > m[r] + lazy) {
         alpha[r] = exp2f(m[r] - tile_max);
         m[r] = tile_max;
         l[r] *= alpha[r];
@@ -562,7 +561,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     p.lse[tiled_row_term_at(p, s, hq, j)] = v == -INFINITY ? -INFINITY : v * kTiledLn2;
     if (p.row_max != nullptr)
       p.row_max[tiled_row_term_at(p, s, hq, j)] =
-          v == -INFINITY ? -INFINITY : mx[ra_mma_acc_slot(i)] * kTiledLn2;
+          v == -INFINITY ? -INFINITY : m[ra_mma_acc_slot(i)] * kTiledLn2;
   }
 
   if (p.probs == nullptr) return;
