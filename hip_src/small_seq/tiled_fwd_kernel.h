@@ -38,7 +38,8 @@
 //   kTiledLazyRescaleLog2, so P may reach 2^8 (exact in every 16-bit format's range; its
 //   relative rounding is the same at any scale). The O rescale, a multiply per accumulator,
 //   is then skipped by the whole wave on most tiles. O / l and m + log2 l do not depend on
-//   which reference was used.
+//   which reference was used. A call that asks for each row's maximum (p.row_max) sets the
+//   threshold to 0, so m ends as the row's exact maximum (one more rescale per new maximum).
 // - Keys past the segment's length are never read: their K/V rows are exact zeros and their
 //   scores -inf, so they contribute exactly 0 (never 0 * garbage).
 // - return_softmax: a second pass over the key tiles recomputes S (the same products, so the
