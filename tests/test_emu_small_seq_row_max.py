@@ -18,9 +18,9 @@ import math
 
 import pytest
 import torch
-
 from helpers import emu
 from helpers import small_seq_tiled_cases as C
+
 from rocm_attn.small_seq import max_logit_from_row_max
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

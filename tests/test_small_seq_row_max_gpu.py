@@ -21,15 +21,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import rocm_attn  # noqa: E402
-from rocm_attn import small_seq as small_seq_mod  # noqa: E402
-from rocm_attn import small_seq_plan  # noqa: E402
-from rocm_attn.errors import read_errors  # noqa: E402
-from rocm_attn.reference import reference_max_logit  # noqa: E402
-from helpers.gpu import gpu_marks, poison_allocator  # noqa: E402
-from helpers.small_seq_tiled_gpu import lens, tiled_device  # noqa: E402
-from helpers import small_seq_tiled_cases as C  # noqa: E402
-from test_emu_small_seq_row_max import _check_heads, _check_rows, _oracle_rows  # noqa: E402
+from helpers import small_seq_tiled_cases as C
+from helpers.gpu import gpu_marks, poison_allocator
+from helpers.small_seq_tiled_gpu import lens, tiled_device
+from test_emu_small_seq_row_max import _check_heads, _check_rows, _oracle_rows
+
+import rocm_attn
+from rocm_attn import small_seq as small_seq_mod
+from rocm_attn import small_seq_plan
+from rocm_attn.errors import read_errors
+from rocm_attn.reference import reference_max_logit
 
 pytestmark = [*gpu_marks(thd_ops=False), pytest.mark.usefixtures("clean_error_counter")]
 
