@@ -212,9 +212,12 @@ def _tiled_problems(q, k, v) -> List[str]:
 
 
 def _pick_path(q, k, v, one_query: bool, max_seqlen_q: int, max_seqlen_kv: int, thd: bool,
-               return_softmax: bool, return_lse: bool, backend: str) -> str:
+               return_softmax: bool, return_lse: bool, backend: str,
+               max_logit: bool = False) -> str:
     """"kernel" (small_seq_fwd), "tiled", "flash" (small_seq_flash.flash_route), "varlen"
-    (rocm_attn.attention) or "torch"."""
+    (rocm_attn.attention) or "torch". ``max_logit``: the call returns max_logit, which the
+    tiled kernels write in the same pass, while the flash route would run its flash kernels
+    twice (the sharpened pass), so such a call stays on the tiled kernels."""
     if backend not in ("auto", "kernel", "torch"):
         raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")
     if backend == "torch":
@@ -253,8 +256,9 @@ def _pick_path(q, k, v, one_query: bool, max_seqlen_q: int, max_seqlen_kv: int, 
                             "limit): rocm_attn.attention (varlen) serves the call",
                             max_seqlen_kv, KERNEL_MAX_SEQLEN_KV)
         return "varlen"
-    if not one_query and small_seq_flash.takes_route(q, k, v, thd, max_seqlen_q, max_seqlen_kv,
-                                                     return_softmax):
+    if not one_query and not (max_logit and ops.HAS_TILED_ROW_MAX_OP) \
+            and small_seq_flash.takes_route(q, k, v, thd, max_seqlen_q, max_seqlen_kv,
+                                            return_softmax):
         _logging.log_choice(log, ("small_seq", "flash", q.device.type, q.dtype, q.shape[-1]),
                             "fused_attn_small_seq: flash route (up to %d rows per segment and "
                             "kv head over up to %d keys: torch's flash varlen kernels, "
@@ -349,7 +353,7 @@ def _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q
                    q.new_zeros((rows, q.shape[-2], max_seqlen_kv), dtype=torch.float32))
         return outputs + (lse.clone(),) if row_max else outputs
     path = _pick_path(q, k, v, one_query, max_seqlen_q, max_seqlen_kv, thd, return_softmax,
-                      return_lse, backend)
+                      return_lse, backend, row_max)
     if row_max and (ops.HAS_ROW_MAX_OP if path == "kernel"
                     else path == "tiled" and ops.HAS_TILED_ROW_MAX_OP):
         outputs = _row_max_op(path, q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,

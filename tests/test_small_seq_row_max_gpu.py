@@ -160,14 +160,17 @@ def test_one_query_row_max(dev, d, h_q, h_kv):
     _check_heads(rmax.cpu(), ref)
 
 
+@pytest.mark.parametrize("route", [0, 2], ids=["no_flash_route", "flash_route_everywhere"])
 @pytest.mark.parametrize("lens_q,lens_kv,max_kv,d", [
     ([1, 1, 1, 1], [16, 3, 0, 9], 16, 128),  # one-query kernels
     ([3, 0, 5, 2], [40, 7, 200, 0], 200, 64),  # tiled kernels
 ])
-def test_fused_call_reads_the_kernels_rows(dev, monkeypatch, lens_q, lens_kv, max_kv, d):
+def test_fused_call_reads_the_kernels_rows(dev, monkeypatch, lens_q, lens_kv, max_kv, d, route):
     """fused_attn_small_seq(return_max_logit=True) where the kernels serve the call: exact (no
     sharpening bound), no second pass, and out / LSE those of the plain call up to rounding;
-    also under torch.compile(fullgraph=True) and with gradients."""
+    also under torch.compile(fullgraph=True) and with gradients. A call asking for max_logit
+    stays on the tiled kernels even where the flash route would take the plain call
+    (``route`` 2: every call it can serve)."""
     def forbidden(*_args, **_kw):
         raise AssertionError("the sharpened second pass ran")
 
@@ -187,8 +190,7 @@ def test_fused_call_reads_the_kernels_rows(dev, monkeypatch, lens_q, lens_kv, ma
         return rocm_attn.fused_attn_small_seq(q_, k_, v_, cq, ck, max(lens_q), max_kv,
                                               return_lse=True, return_max_logit=True)
 
-    # the flash route (CUDA builds) runs torch's kernels, which keep the sharpened pass
-    with rocm_attn.tuning.override(small_seq_flash_route=0):
+    with rocm_attn.tuning.override(small_seq_flash_route=route):
         out0, lse0 = rocm_attn.fused_attn_small_seq(qd, kd, vd, cq, ck, max(lens_q), max_kv,
                                                     return_lse=True)
         for runner in (fn, torch.compile(fn, fullgraph=True)):
