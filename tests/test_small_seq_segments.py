@@ -586,7 +586,8 @@ def test_tiled_op_glue_autograd_and_compile(emulated_tiled_ops, with_lse_grad):
 def test_tiled_op_glue_max_logit_from_row_max(emulated_tiled_ops, monkeypatch):
     """return_max_logit on the tiled path reads the row_max op's rows (no sharpened second
     pass, no exact CPU pass): eager and torch.compile(fullgraph=True), with gradients through
-    out; padding rows and a segment without keys drop out; equal to the float64 oracle."""
+    out; padding rows and a segment without keys drop out; equal to the float64 oracle. The
+    call stays on the tiled kernels where the flash route would take the plain call."""
     import torch._dynamo
     from rocm_attn.reference import reference_max_logit
 
@@ -595,6 +596,8 @@ def test_tiled_op_glue_max_logit_from_row_max(emulated_tiled_ops, monkeypatch):
 
     monkeypatch.setattr(small_seq_mod, "_sharpened_max_logit", forbidden)
     monkeypatch.setattr(small_seq_mod, "_max_logit", forbidden)
+    monkeypatch.setattr(small_seq_mod.small_seq_flash, "takes_route", lambda *a, **k: True)
+    monkeypatch.setattr(small_seq_mod.small_seq_flash, "flash_route", forbidden)
     monkeypatch.setattr(small_seq_mod.ops, "HAS_TILED_OPS", True)
     rng = Rng(0, "rowmax")
     call = Call(rng, [3, 1, 0, 4], [5, 0, 2, 40], 4, 2, 64, torch.float32, q_lead=2, q_tail=1)
