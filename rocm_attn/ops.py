@@ -9,6 +9,11 @@ int64 offsets) are defined in C++ too (hip_src/bindings/); their fake impls and 
 autograd (calling the backward op) are registered here, only when a build has them
 (:data:`HAS_TILED_OPS`).
 
+``small_seq_fwd_row_max`` / ``small_seq_tiled_fwd_row_max`` are the two forwards with one more
+output, each row's maximum scaled logit (``fused_attn_small_seq(return_max_logit=True)``);
+their fakes and autograd (the same backward ops) are registered here, in Python: only calls
+asking for max_logit pay that layer's host cost.
+
 Host cost matters: a small-seq call can take 20-30 us on the GPU, about what Python dispatch
 costs. :func:`small_seq_forward` therefore skips what it can: the call's plan (the kernels the
 op runs, rocm_attn.small_seq_plan) is one dict look-up per call shape; when nothing needs a
@@ -119,9 +124,63 @@ def _fwd_below_autograd(*args):
         return torch.ops.rocm_attn.small_seq_fwd.default(*args)
 
 
+def _small_seq_fwd_row_max_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                                max_seqlen_kv, softmax_scale, return_softmax, plan,
+                                backward_plan):
+    out, lse, probs = _small_seq_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                                          max_seqlen_kv, softmax_scale, return_softmax, plan,
+                                          backward_plan)
+    return out, lse, probs, torch.empty_like(lse)
+
+
+def _row_max_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_kv, scale, _, _, backward_plan = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], cu_seqlens_q, cu_seqlens_kv,
+                          seqlens_kv)
+    ctx.bounds = (max_kv, scale, backward_plan)
+    ctx.set_materialize_grads(False)
+
+
+def _row_max_backward(ctx, dout, dlse, *_not_differentiable):
+    """Gradients of (out, lse) of ``small_seq_fwd_row_max`` by the one-query backward op;
+    probs and row_max are not differentiable."""
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv = ctx.saved_tensors
+    if dout is None and dlse is None:
+        return (None,) * 11
+    dq, dk, dv = torch.ops.rocm_attn.small_seq_bwd(
+        (dout if dout is not None else torch.zeros_like(out)).contiguous(), q, k, v, out, lse,
+        None if dlse is None else dlse.contiguous(), cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+        *ctx.bounds)
+    grads = (dq, dk, dv)
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        from .second_derivative import no_second_derivative
+
+        grads = no_second_derivative("fused_attn_small_seq", grads, (q, k, v))
+    return (*grads, None, None, None, None, None, None, None, None)
+
+
+def _has_op(name: str) -> bool:
+    try:
+        return hasattr(torch.ops.rocm_attn, name)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+# Whether this build has the forward ops that also write each row's maximum logit
+# (``small_seq_fwd_row_max``; the tiled one, ``small_seq_tiled_fwd_row_max``, is registered with
+# the tiled ops below); without them return_max_logit takes the sharpened-LSE pass.
+HAS_ROW_MAX_OP = False
+HAS_TILED_ROW_MAX_OP = False
+
 if _ext.HAS_EXTENSION:
     torch.library.register_fake("rocm_attn::small_seq_fwd")(_small_seq_fwd_fake)
     torch.library.register_fake("rocm_attn::small_seq_bwd")(_small_seq_bwd_fake)
+    if _has_op("small_seq_fwd_row_max"):
+        HAS_ROW_MAX_OP = True
+        torch.library.register_fake("rocm_attn::small_seq_fwd_row_max")(
+            _small_seq_fwd_row_max_fake)
+        torch.library.register_autograd("rocm_attn::small_seq_fwd_row_max", _row_max_backward,
+                                        setup_context=_row_max_setup_context)
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,6 +213,14 @@ def _tiled_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen
     return out, lse, probs
 
 
+def _tiled_fwd_row_max_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                            max_seqlen_kv, softmax_scale, return_softmax, plan):
+    out, lse, probs = _tiled_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                                      max_seqlen_q, max_seqlen_kv, softmax_scale, return_softmax,
+                                      plan)
+    return out, lse, probs, torch.empty_like(lse)
+
+
 def _tiled_bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
                     max_seqlen_q, max_seqlen_kv, softmax_scale, plan):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
@@ -161,14 +228,15 @@ def _tiled_bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_kv, 
 
 def _tiled_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_q, max_kv, scale, _, _plan = inputs
-    out, lse, _probs = output
+    out, lse = output[0], output[1]  # then probs (and row_max): not differentiable
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv)
     ctx.bounds = (max_q, max_kv, scale)
     ctx.set_materialize_grads(False)
 
 
-def _tiled_backward(ctx, dout, dlse, _dprobs):
-    """Gradients of (out, lse) by the tiled backward op; probs are not differentiable."""
+def _tiled_backward(ctx, dout, dlse, *_not_differentiable):
+    """Gradients of (out, lse) by the tiled backward op; probs (and row_max) are not
+    differentiable."""
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, seqlens_kv = ctx.saved_tensors
     if dout is None and dlse is None:
         return (None,) * 11
@@ -193,7 +261,7 @@ _tiled_registered = False
 def register_tiled_ops() -> bool:
     """Register the tiled ops' fakes and autograd once, when the ops exist; returns whether
     they are registered. Runs at import; a test that defines the ops later calls it again."""
-    global _tiled_registered, HAS_TILED_OPS
+    global _tiled_registered, HAS_TILED_OPS, HAS_TILED_ROW_MAX_OP
     if _tiled_registered:
         return True
     if not tiled_ops_registered():
@@ -202,6 +270,12 @@ def register_tiled_ops() -> bool:
     torch.library.register_fake("rocm_attn::small_seq_tiled_bwd")(_tiled_bwd_fake)
     torch.library.register_autograd("rocm_attn::small_seq_tiled_fwd", _tiled_backward,
                                     setup_context=_tiled_setup_context)
+    if _has_op("small_seq_tiled_fwd_row_max"):
+        HAS_TILED_ROW_MAX_OP = True
+        torch.library.register_fake("rocm_attn::small_seq_tiled_fwd_row_max")(
+            _tiled_fwd_row_max_fake)
+        torch.library.register_autograd("rocm_attn::small_seq_tiled_fwd_row_max",
+                                        _tiled_backward, setup_context=_tiled_setup_context)
     _tiled_registered = HAS_TILED_OPS = True
     return True
 

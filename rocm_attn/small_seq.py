@@ -212,9 +212,12 @@ def _tiled_problems(q, k, v) -> List[str]:
 
 
 def _pick_path(q, k, v, one_query: bool, max_seqlen_q: int, max_seqlen_kv: int, thd: bool,
-               return_softmax: bool, return_lse: bool, backend: str) -> str:
+               return_softmax: bool, return_lse: bool, backend: str,
+               max_logit: bool = False) -> str:
     """"kernel" (small_seq_fwd), "tiled", "flash" (small_seq_flash.flash_route), "varlen"
-    (rocm_attn.attention) or "torch"."""
+    (rocm_attn.attention) or "torch". ``max_logit``: the call returns max_logit, which the
+    tiled kernels write in the same pass, while the flash route would run its flash kernels
+    twice (the sharpened pass), so such a call stays on the tiled kernels."""
     if backend not in ("auto", "kernel", "torch"):
         raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")
     if backend == "torch":
@@ -253,8 +256,9 @@ def _pick_path(q, k, v, one_query: bool, max_seqlen_q: int, max_seqlen_kv: int, 
                             "limit): rocm_attn.attention (varlen) serves the call",
                             max_seqlen_kv, KERNEL_MAX_SEQLEN_KV)
         return "varlen"
-    if not one_query and small_seq_flash.takes_route(q, k, v, thd, max_seqlen_q, max_seqlen_kv,
-                                                     return_softmax):
+    if not one_query and not (max_logit and ops.HAS_TILED_ROW_MAX_OP) \
+            and small_seq_flash.takes_route(q, k, v, thd, max_seqlen_q, max_seqlen_kv,
+                                            return_softmax):
         _logging.log_choice(log, ("small_seq", "flash", q.device.type, q.dtype, q.shape[-1]),
                             "fused_attn_small_seq: flash route (up to %d rows per segment and "
                             "kv head over up to %d keys: torch's flash varlen kernels, "
@@ -281,8 +285,11 @@ def _scale(q, softmax_scale) -> float:
 
 
 def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
-                       max_seqlen_kv, softmax_scale, qkv_layout, return_softmax, backend):
-    """The kernels' (out, lse, probs) with the C++ op as the only argument check, or None.
+                       max_seqlen_kv, softmax_scale, qkv_layout, return_softmax, backend,
+                       row_max=False):
+    """The kernels' (out, lse, probs) with the C++ op as the only argument check, or None
+    (``row_max``: (out, lse, probs, row_max) from the op that also writes each row's maximum
+    logit, :func:`_row_max_op`).
 
     Host cost: a small batch runs 25 us on the GPU, and _validate plus _pick_path cost about
     20 us of Python per call on the GPU machines' hosts. The op checks the same arguments
@@ -311,6 +318,12 @@ def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seq
     except AttributeError:  # not a tensor
         return None
     try:
+        if row_max:
+            if not ops.HAS_ROW_MAX_OP:
+                return None
+            return torch.ops.rocm_attn.small_seq_fwd_row_max(
+                q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
+                _scale(q, softmax_scale), return_softmax, *ops._plans(q, k, max_seqlen_kv))
         return ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
                                      max_seqlen_kv, _scale(q, softmax_scale), return_softmax)
     except (RuntimeError, TypeError, ValueError):  # the op refused the arguments
@@ -319,8 +332,11 @@ def _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seq
 
 def _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                   max_seqlen_kv, softmax_scale, qkv_layout, return_softmax, return_lse,
-                  backend):
-    """(out, lse, probs) after every Python check, from the path that serves the call."""
+                  backend, row_max=False):
+    """(out, lse, probs) after every Python check, from the path that serves the call;
+    ``row_max``: (out, lse, probs, row_max), row_max ``[h_q, rows]`` (each row's maximum scaled
+    logit, written by the kernels) where the one-query or tiled kernels serve the call, else
+    None."""
     batch = _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                       max_seqlen_kv, softmax_scale, qkv_layout)
     scale = _scale(q, softmax_scale)
@@ -332,16 +348,47 @@ def _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q
             raise ValueError(f"backend must be 'auto', 'kernel' or 'torch', got {backend!r}")
         # no segment: every q row is padding (out 0, lse -inf)
         rows = q.shape[0] if thd else 0
-        return (torch.zeros_like(q), q.new_full((q.shape[-2], rows), float("-inf"),
-                                                dtype=torch.float32),
-                q.new_zeros((rows, q.shape[-2], max_seqlen_kv), dtype=torch.float32))
+        lse = q.new_full((q.shape[-2], rows), float("-inf"), dtype=torch.float32)
+        outputs = (torch.zeros_like(q), lse,
+                   q.new_zeros((rows, q.shape[-2], max_seqlen_kv), dtype=torch.float32))
+        return outputs + (lse.clone(),) if row_max else outputs
     path = _pick_path(q, k, v, one_query, max_seqlen_q, max_seqlen_kv, thd, return_softmax,
-                      return_lse, backend)
+                      return_lse, backend, row_max)
+    if row_max and (ops.HAS_ROW_MAX_OP if path == "kernel"
+                    else path == "tiled" and ops.HAS_TILED_ROW_MAX_OP):
+        outputs = _row_max_op(path, q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                              max_seqlen_q, max_seqlen_kv, scale, return_softmax)
+    else:
+        outputs = _path_call(path, q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                             max_seqlen_q, max_seqlen_kv, scale, thd, one_query, return_softmax,
+                             return_lse)
+        outputs = outputs + (None,) if row_max else outputs
     if path == "kernel":
-        outputs = ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
-                                        max_seqlen_kv, scale, return_softmax)
         _served_by_kernels.add(_call_shape(q, qkv_layout))
-        return outputs
+    return outputs
+
+
+def _row_max_op(path, q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+                max_seqlen_kv, scale, return_softmax):
+    """(out, lse, probs, row_max) of the kernels' ops that also write each row's maximum
+    scaled logit (``small_seq_fwd_row_max``: one-query, ``small_seq_tiled_fwd_row_max``:
+    tiled); the same launch as the plain op plus one float per row and q head."""
+    if path == "kernel":
+        return torch.ops.rocm_attn.small_seq_fwd_row_max(
+            q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, scale,
+            return_softmax, *ops._plans(q, k, max_seqlen_kv))
+    return torch.ops.rocm_attn.small_seq_tiled_fwd_row_max(
+        q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv, scale,
+        return_softmax,
+        small_seq_plan.tiled_fwd_plan(q, k, max_seqlen_q, max_seqlen_kv, return_softmax))
+
+
+def _path_call(path, q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
+               max_seqlen_kv, scale, thd, one_query, return_softmax, return_lse):
+    """(out, lse, probs) of the path _pick_path chose."""
+    if path == "kernel":
+        return ops.small_seq_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,
+                                     max_seqlen_kv, scale, return_softmax)
     if path == "flash":
         return small_seq_flash.flash_route(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
                                            max_seqlen_kv, scale, return_lse)
@@ -491,11 +538,16 @@ def fused_attn_small_seq(
 
     return_max_logit : also return, last, the per-head maximum of the scaled logits over every
         segment's (query, key) pairs: float32 ``[h_q]``, ``-inf`` for a head with none; not
-        differentiable, no host sync. On a GPU the call's own path runs once more at
-        ``softmax_scale * 2^16`` and the maximum is read from that LSE (the sharpened-LSE pass
-        of ``rocm_attn.varlen.max_logit``: at most ``ln(max_seqlen_kv) / 2^16`` above the exact
-        value, plus float32 rounding; ``+inf`` past ``|max logit|`` ~11,000); on the CPU an
-        exact blocked pass over the same segments.
+        differentiable, no host sync. Where the one-query or tiled kernels serve the call they
+        write each row's maximum beside its LSE (the running maximum their online softmax keeps
+        anyway; one float per row and q head) and the call reduces it per head: exact (the
+        kernels' float32 scores). Where torch's flash kernels serve it (the flash route) or
+        the varlen attention does (histories past the tiled kernels' limit), which expose no
+        scores, the call's own path runs once more at ``softmax_scale * 2^16`` and the maximum
+        is read from that LSE (the sharpened-LSE pass of ``rocm_attn.varlen.max_logit``: at
+        most ``ln(max_seqlen_kv) / 2^16`` above the exact value, plus float32 rounding;
+        ``+inf`` past ``|max logit|`` ~11,000); on the CPU an exact blocked pass over the same
+        segments.
 
     Returns
     -------
@@ -511,23 +563,41 @@ def fused_attn_small_seq(
     if validating:
         # Earlier calls' errors are kept for check_errors(); this call raises for its own only.
         errors.set_aside_errors()
+    # the one-query and tiled kernels write each row's maximum logit beside its LSE; the other
+    # paths return None for it (below: the sharpened pass on a GPU, the exact pass on the CPU)
+    row_max = bool(return_max_logit)
     outputs = _kernels_unchecked(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                                  max_seqlen_kv, softmax_scale, qkv_layout, return_softmax,
-                                 backend)
+                                 backend, row_max)
     if outputs is None:
         outputs = _checked_call(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,
                                 max_seqlen_kv, softmax_scale, qkv_layout, return_softmax,
-                                return_lse, backend)
-    out, lse, probs = outputs
+                                return_lse, backend, row_max)
+    out, lse, probs = outputs[:3]
     if validating:
         errors.check_call_errors()
     result = (out,) + ((lse,) if return_lse else ()) + ((probs,) if return_softmax else ())
     if return_max_logit:
-        args = (q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,
-                softmax_scale, qkv_layout)
-        result += ((_sharpened_max_logit(v, backend, *args) if q.is_cuda
-                    else _max_logit(*args)),)
+        rows = outputs[3] if row_max else None
+        if rows is not None:
+            result += (max_logit_from_row_max(rows),)
+        else:
+            args = (q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,
+                    softmax_scale, qkv_layout)
+            result += ((_sharpened_max_logit(v, backend, *args) if q.is_cuda
+                        else _max_logit(*args)),)
     return result[0] if len(result) == 1 else result
+
+
+def max_logit_from_row_max(row_max: torch.Tensor) -> torch.Tensor:
+    """float32 ``[h_q]`` max logit from the kernels' per-row maxima ``[h_q, rows]``: the max over
+    rows, on the device (no sync). Rows without keys and padding rows hold ``-inf`` and drop
+    out (``-inf`` for a head with no key anywhere); a contract-breaking segment's rows hold NaN,
+    which propagates, as its LSE does through the sharpened pass. Not differentiable."""
+    row_max = row_max.detach()
+    if row_max.shape[1] == 0:
+        return row_max.new_full((row_max.shape[0],), float("-inf"))
+    return row_max.amax(dim=1)
 
 
 def _sharpened_max_logit(v, backend, q, k, cu_seqlens_q, cu_seqlens_kv, seqlens_kv,

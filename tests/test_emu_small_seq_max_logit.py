@@ -1,6 +1,7 @@
 """The small-seq kernels at ``softmax_scale * T`` on the CPU emulation (tests/helpers/emu.py):
-what ``fused_attn_small_seq(return_max_logit=True)`` reads on a GPU (the sharpened-LSE pass of
-rocm_attn.varlen.max_logit). Their online softmax subtracts the running maximum in float32, so
+the sharpened-LSE pass of rocm_attn.varlen.max_logit on our kernels (``fused_attn_small_seq``
+reads the kernels' own row maxima instead, tests/test_emu_small_seq_row_max.py; the sharpened
+pass serves its flash route, whose kernels are torch's). Their online softmax subtracts the running maximum in float32, so
 the LSE at ``T = 2^16`` stays finite, and ``max LSE_T / T`` over the rows with keys is within
 ``ln(max_seqlen_kv) / T`` plus float32 rounding of the float64 oracle; rows without keys write
 ``-inf`` and padding rows are never written (NaN here: they must drop out by the key mask)."""

@@ -213,8 +213,9 @@ def test_gpu_attention_torch_flash_large_logits(scale):
     ([3, 0, 5, 2], [40, 7, 200, 0], 200, 64),  # tiled kernels (or the flash route)
     ([2, 4], [3000, 700], 3000, 128)])  # past the tiled kernels: flash route / varlen attention
 def test_gpu_small_seq_max_logit_sharpened(lens_q, lens_kv, max_kv, d):
-    """fused_attn_small_seq(return_max_logit=True) on a GPU: its own path at scale * T, against
-    the float64 oracle within the bound; rows without keys never enter; never NaN."""
+    """fused_attn_small_seq(return_max_logit=True) on a GPU (the kernels' row maxima, or on the
+    flash route / varlen path its own path at scale * T), against the float64 oracle within the
+    sharpened bound; rows without keys never enter; never NaN."""
     dev = _gpu()
     q, k, v, cu_q, cu_kv = _problem(lens_q, lens_kv, h_q=8, h_kv=2, d=d, seed=8,
                                     dtype=torch.bfloat16, scale=2.0)

@@ -497,9 +497,33 @@ def _define_emulated_tiled_ops():
             return tuple(g.contiguous() for g in torch.autograd.grad(
                 outs, leaves, grads, allow_unused=True, materialize_grads=True))
 
+    lib.define("small_seq_tiled_fwd_row_max(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, "
+               "Tensor? cu_seqlens_kv, Tensor? seqlens_kv, int max_seqlen_q, int max_seqlen_kv, "
+               "float softmax_scale, bool return_softmax, int[] plan) -> (Tensor, Tensor, "
+               "Tensor, Tensor)")
+
+    def fwd_row_max(q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale, return_softmax, plan):
+        """THD only: each row's max logit (float64 scores), -inf without keys / on padding."""
+        _ROW_MAX_CALLS.append(1)
+        out, lse, probs = fwd(q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale,
+                              return_softmax, plan)
+        g = q.shape[1] // k.shape[1]
+        rmax = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float64)
+        for i in range(cu_q.numel() - 1):
+            q0, q1, k0, k1 = int(cu_q[i]), int(cu_q[i + 1]), int(cu_kv[i]), int(cu_kv[i + 1])
+            if q1 > q0 and k1 > k0:
+                ks = k[k0:k1].double().repeat_interleave(g, dim=1)
+                sc = torch.einsum("nhd,mhd->hnm", q[q0:q1].double(), ks) * scale
+                rmax[:, q0:q1] = sc.amax(dim=2)
+        return out, lse, probs, rmax.float()
+
     lib.impl("small_seq_tiled_fwd", fwd, "CPU")
     lib.impl("small_seq_tiled_bwd", bwd, "CPU")
+    lib.impl("small_seq_tiled_fwd_row_max", fwd_row_max, "CPU")
     return lib
+
+
+_ROW_MAX_CALLS = []
 
 
 _EMULATED = []
@@ -557,6 +581,44 @@ def test_tiled_op_glue_autograd_and_compile(emulated_tiled_ops, with_lse_grad):
         rg = torch.autograd.grad(routs, rleaves, rcots, retain_graph=True)
         for name, x, r in zip(("dq", "dk", "dv"), g, rg):
             assert_rel(name, x, r, TOL_FP32, str(call))
+
+
+def test_tiled_op_glue_max_logit_from_row_max(emulated_tiled_ops, monkeypatch):
+    """return_max_logit on the tiled path reads the row_max op's rows (no sharpened second
+    pass, no exact CPU pass): eager and torch.compile(fullgraph=True), with gradients through
+    out; padding rows and a segment without keys drop out; equal to the float64 oracle. The
+    call stays on the tiled kernels where the flash route would take the plain call."""
+    import torch._dynamo
+    from rocm_attn.reference import reference_max_logit
+
+    def forbidden(*_a, **_k):
+        raise AssertionError("a second max_logit pass ran")
+
+    monkeypatch.setattr(small_seq_mod, "_sharpened_max_logit", forbidden)
+    monkeypatch.setattr(small_seq_mod, "_max_logit", forbidden)
+    monkeypatch.setattr(small_seq_mod.small_seq_flash, "takes_route", lambda *a, **k: True)
+    monkeypatch.setattr(small_seq_mod.small_seq_flash, "flash_route", forbidden)
+    monkeypatch.setattr(small_seq_mod.ops, "HAS_TILED_OPS", True)
+    rng = Rng(0, "rowmax")
+    call = Call(rng, [3, 1, 0, 4], [5, 0, 2, 40], 4, 2, 64, torch.float32, q_lead=2, q_tail=1)
+    leaves = [t.detach().clone().requires_grad_() for t in (call.q, call.k, call.v)]
+    valid_cu_q = call.cu_q - call.cu_q[0]
+    want = reference_max_logit(call.q[2:-1].double(), call.k.double(), valid_cu_q, call.cu_kv,
+                               "no_mask")
+
+    def fn(q, k, v, cu_q, cu_kv):
+        return fused_attn_small_seq(q, k, v, cu_q, cu_kv, call.max_q, call.max_kv,
+                                    return_max_logit=True)
+
+    for runner in (fn, torch.compile(fn, fullgraph=True)):
+        torch._dynamo.reset()
+        _ROW_MAX_CALLS.clear()
+        out, ml = runner(*leaves, call.cu_q, call.cu_kv)
+        assert _ROW_MAX_CALLS, "the row_max op did not serve the call"
+        assert ml.shape == (4,) and ml.dtype == torch.float32 and not ml.requires_grad
+        assert ((ml.double() - want).abs() <= 1e-5 * (1 + want.abs())).all(), (ml, want)
+        g = torch.autograd.grad(out, leaves, call.dout)
+        assert all(torch.isfinite(x).all() for x in g)
 
 
 def test_tiled_op_no_second_derivative(emulated_tiled_ops):

@@ -22,11 +22,6 @@ void check_index(const std::optional<at::Tensor>& t, const at::Tensor& q, int64_
               "] tensor on the device of q");
 }
 
-// What a one-query plan record must match (hip_src/small_seq/launch.hip, launch_impl.h).
-constexpr const char* kOneQueryMisfit =
-    "one launch of the call's head dim over a kv bucket that holds max_seqlen_kv, of a kernel "
-    "for its GQA group, PIPE only where the variant has a pipelined loop, grid factor >= 0";
-
 // Token / head strides of a [.., h, d] tensor viewed as rows of q (THD dim 0, BSHD dim 0).
 void row_strides(const at::Tensor& t, int64_t& token, int64_t& head) {
   token = t.stride(0);

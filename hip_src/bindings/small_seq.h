@@ -11,6 +11,11 @@
 
 namespace rocm_attn::bindings {
 
+// What a one-query plan record must match (hip_src/small_seq/launch.hip, launch_impl.h).
+inline constexpr const char* kOneQueryMisfit =
+    "one launch of the call's head dim over a kv bucket that holds max_seqlen_kv, of a kernel "
+    "for its GQA group, PIPE only where the variant has a pipelined loop, grid factor >= 0";
+
 inline SmallSeqDtype small_seq_dtype(const at::Tensor& t) {
   TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
               "small_seq: expected float16 or bfloat16, got ", t.scalar_type());

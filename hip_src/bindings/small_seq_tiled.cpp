@@ -1,6 +1,9 @@
 // rocm_attn::small_seq_tiled_fwd: the tiled small-seq forward (any number of queries per
 // segment, long histories, int32 or int64 offsets) as a torch op. Checks the tensors, allocates
 // out / lse / probs, takes the current stream and launches (hip_src/small_seq/tiled_launch.hip).
+// rocm_attn::small_seq_tiled_fwd_row_max: the same launch that also writes each query row's
+// maximum scaled logit (row_max, indexed as the LSE), for return_max_logit: a separate op so
+// that the plain op's schema, outputs and callers stay as they are.
 // User-facing validation with ValueErrors naming the argument lives in Python
 // (rocm_attn/small_seq.py); the checks here guard direct torch.ops callers, each message naming
 // the argument. Offsets are never read on the host (no sync): a segment that breaks the
@@ -31,11 +34,13 @@ using rocm_attn::bindings::fill_tiled_segments;
 using rocm_attn::bindings::kTiledInt32Max;
 using rocm_attn::bindings::tiled_row_strides;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
+// (out, lse, probs, row_max); row_max is [h_q, total_q] when want_row_max, else empty and the
+// kernels write none (a null pointer).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tiled_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
     const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_q, int64_t max_seqlen_kv,
-    double softmax_scale, bool return_softmax, at::IntArrayRef plan_ints) {
+    double softmax_scale, bool return_softmax, at::IntArrayRef plan_ints, bool want_row_max) {
   const bool thd = q.dim() == 3;
   TORCH_CHECK(thd || q.dim() == 4,
               "small_seq_tiled: q must be [total_q, h_q, d] (THD) or [b, s_q, h_q, d] (BSHD), "
@@ -89,12 +94,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
   at::Tensor lse = at::empty({h_q, total_q}, q.options().dtype(at::kFloat));
   at::Tensor probs = return_softmax ? at::empty({total_q, h_q, max_seqlen_kv}, lse.options())
                                     : at::empty({0}, lse.options());
+  at::Tensor row_max = want_row_max ? at::empty({h_q, total_q}, lse.options())
+                                    : at::empty({0}, lse.options());
   if (p.batch == 0) {
     // No segment: every row of q is padding (the kernel has no work item to write it).
     out.zero_();
     lse.fill_(-std::numeric_limits<float>::infinity());
     probs.zero_();
-    return {out, lse, probs};
+    row_max.fill_(-std::numeric_limits<float>::infinity());
+    return {out, lse, probs, row_max};
   }
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -104,6 +112,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
   p.lse = lse.data_ptr<float>();
   p.lse_head_stride = total_q;
   p.probs = return_softmax ? probs.data_ptr<float>() : nullptr;
+  p.row_max = want_row_max ? row_max.data_ptr<float>() : nullptr;
   p.error_state = ra_error_state_ptr();
   TORCH_CHECK(p.error_state != nullptr,
               "small_seq_tiled: could not reach the device error counter");
@@ -117,7 +126,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
                     "staging a CUDA build",
                     "its head dim, GQA group, history or shared memory",
                     "small_seq tiled forward launch");
+  return {out, lse, probs, row_max};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
+    const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_q, int64_t max_seqlen_kv,
+    double softmax_scale, bool return_softmax, at::IntArrayRef plan_ints) {
+  auto [out, lse, probs, row_max] =
+      tiled_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,
+                softmax_scale, return_softmax, plan_ints, false);
   return {out, lse, probs};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_fwd_row_max(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
+    const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_q, int64_t max_seqlen_kv,
+    double softmax_scale, bool return_softmax, at::IntArrayRef plan_ints) {
+  return tiled_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv,
+                   softmax_scale, return_softmax, plan_ints, true);
 }
 
 }  // namespace
@@ -128,6 +157,14 @@ TORCH_LIBRARY_FRAGMENT(rocm_attn, m) {
       "Tensor? cu_seqlens_kv, Tensor? seqlens_kv, int max_seqlen_q, int max_seqlen_kv, "
       "float softmax_scale, bool return_softmax, int[] plan) -> (Tensor out, Tensor lse, "
       "Tensor probs)");
+  m.def(
+      "small_seq_tiled_fwd_row_max(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, "
+      "Tensor? cu_seqlens_kv, Tensor? seqlens_kv, int max_seqlen_q, int max_seqlen_kv, "
+      "float softmax_scale, bool return_softmax, int[] plan) -> (Tensor out, Tensor lse, "
+      "Tensor probs, Tensor row_max)");
 }
 
-TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) { m.impl("small_seq_tiled_fwd", &small_seq_tiled_fwd); }
+TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) {
+  m.impl("small_seq_tiled_fwd", &small_seq_tiled_fwd);
+  m.impl("small_seq_tiled_fwd_row_max", &small_seq_tiled_fwd_row_max);
+}

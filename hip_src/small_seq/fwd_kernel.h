@@ -125,7 +125,10 @@ RA_DEVICE void fwd_write_invalid(const SmallSeqParams& p, const int seg, const i
   if (hk == 0 && lane == 0) report_bad_segment(p, seg);
   for (int g = 0; g < group; ++g) {
     const int hq = hk * group + g;
-    if (lane == 0) p.lse[static_cast<int64_t>(hq) * p.batch + seg] = ra_nan();
+    if (lane == 0) {
+      p.lse[static_cast<int64_t>(hq) * p.batch + seg] = ra_nan();
+      if (p.row_max != nullptr) p.row_max[static_cast<int64_t>(hq) * p.batch + seg] = ra_nan();
+    }
     if (s.q_row >= 0 && row_group == 0) {
       float nan_row[VPL][8];
 #pragma unroll
@@ -234,9 +237,13 @@ RA_DEVICE void fwd_compute(const SmallSeqParams& p, FwdStage<D, KV>& st, const i
     if (row_group == 0)
       store_row_f32<T, VPL>(o + s.q_row * p.o_token_stride + hq * p.o_head_stride, acc, col_lane,
                             LPR);
-    if (lane == 0)
+    if (lane == 0) {
       p.lse[static_cast<int64_t>(hq) * p.batch + seg] =
           l_total > 0.f ? (m + log2f(l_total)) * kLn2 : -INFINITY;
+      // m is the exact maximum of the row's scores (log2 domain)
+      if (p.row_max != nullptr)
+        p.row_max[static_cast<int64_t>(hq) * p.batch + seg] = l_total > 0.f ? m * kLn2 : -INFINITY;
+    }
     if (p.probs != nullptr && col_lane == 0) {
       float* prow = p.probs + (static_cast<int64_t>(seg) * p.num_heads_q + hq) * p.max_seqlen_kv;
 #pragma unroll
@@ -407,9 +414,14 @@ RA_DEVICE void fwd_pipelined(const SmallSeqParams& p) {
       if (row_group == 0)
         store_row_f32<T, VPL>(o + s.q_row * p.o_token_stride + hk * p.o_head_stride, acc,
                               col_lane, LPR);
-      if (lane == 0)
+      if (lane == 0) {
         p.lse[static_cast<int64_t>(hk) * p.batch + seg] =
             l_total > 0.f ? (m + log2f(l_total)) * kLn2 : -INFINITY;
+        // m is the exact maximum of the row's scores (log2 domain)
+        if (p.row_max != nullptr)
+          p.row_max[static_cast<int64_t>(hk) * p.batch + seg] =
+              l_total > 0.f ? m * kLn2 : -INFINITY;
+      }
       if (p.probs != nullptr && col_lane == 0) {
         float* prow = p.probs + (static_cast<int64_t>(seg) * p.num_heads_q + hk) * p.max_seqlen_kv;
 #pragma unroll

@@ -89,10 +89,14 @@ RA_DEVICE void mma_softmax(const SmallSeqParams& p, ra_mma_acc<NS>& s, const int
     const int col = ra_mma_acc_col(lane, i);
     if (row < nh) {
       const int hq = hq0 + row;
-      // One lane per row holds column 0: it writes the row's LSE.
-      if (col == 0)
+      // One lane per row holds column 0: it writes the row's LSE (and its maximum: mx is exact).
+      if (col == 0) {
         p.lse[static_cast<int64_t>(hq) * p.batch + seg] =
             sum[slot] > 0.f ? (mx[slot] + log2f(sum[slot])) * kLn2 : -INFINITY;
+        if (p.row_max != nullptr)
+          p.row_max[static_cast<int64_t>(hq) * p.batch + seg] =
+              sum[slot] > 0.f ? mx[slot] * kLn2 : -INFINITY;
+      }
       if (p.probs != nullptr && col < p.max_seqlen_kv)
         p.probs[(static_cast<int64_t>(seg) * p.num_heads_q + hq) * p.max_seqlen_kv + col] = s.x[i];
     }

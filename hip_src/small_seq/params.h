@@ -19,6 +19,9 @@ struct SmallSeqParams {
   const void* v;
   void* o;        // forward output
   float* lse;     // [h_q, b] natural-log LSE
+  // forward, or nullptr (nothing written): [h_q, b] each row's maximum scaled logit
+  // scale * max_j q.k_j (natural units; -inf without keys, NaN for a bad segment, as the LSE)
+  float* row_max;
   float* probs;   // [b, h_q, max_seqlen_kv] or nullptr
   const void* dout;  // backward only
   const void* out;   // backward only (forward output, for rowsum(dO * O))

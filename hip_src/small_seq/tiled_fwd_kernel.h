@@ -38,7 +38,8 @@
 //   kTiledLazyRescaleLog2, so P may reach 2^8 (exact in every 16-bit format's range; its
 //   relative rounding is the same at any scale). The O rescale, a multiply per accumulator,
 //   is then skipped by the whole wave on most tiles. O / l and m + log2 l do not depend on
-//   which reference was used.
+//   which reference was used. A call that asks for each row's maximum (p.row_max) sets the
+//   threshold to 0, so m ends as the row's exact maximum (one more rescale per new maximum).
 // - Keys past the segment's length are never read: their K/V rows are exact zeros and their
 //   scores -inf, so they contribute exactly 0 (never 0 * garbage).
 // - return_softmax: a second pass over the key tiles recomputes S (the same products, so the
@@ -102,8 +103,9 @@ RA_HOST_DEVICE int64_t tiled_fwd_items(const SmallSeqTiledParams& p, int rows) {
 }
 
 // Flattened rows r0 .. r1 - 1 (r = j * group + h) of query rows starting at (batch, token0),
-// LSE row lse_row0, q heads hq0 + h: out = out_value, lse = lse_value, probs = probs_value
-// (every column). Used for padding rows (0, -inf, 0) and bad segments (NaN, NaN, NaN).
+// LSE row lse_row0, q heads hq0 + h: out = out_value, lse and row_max = lse_value, probs =
+// probs_value (every column). Used for padding rows (0, -inf, 0) and bad segments (NaN, NaN,
+// NaN).
 template <typename T, int D>
 RA_DEVICE void tiled_fill_rows(const SmallSeqTiledParams& p, int64_t batch, int64_t token0,
                                int64_t lse_row0, int64_t r0, int64_t r1, int hq0, int group,
@@ -126,6 +128,7 @@ RA_DEVICE void tiled_fill_rows(const SmallSeqTiledParams& p, int64_t batch, int6
     const int64_t j = r / group;
     const int h = static_cast<int>(r - j * group);
     p.lse[(hq0 + h) * p.lse_head_stride + lse_row0 + j] = lse_value;
+    if (p.row_max != nullptr) p.row_max[(hq0 + h) * p.lse_head_stride + lse_row0 + j] = lse_value;
   }
   if (p.probs != nullptr) {
     const int64_t cols = p.max_seqlen_kv;
@@ -284,6 +287,9 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     m[r] = -INFINITY;
     l[r] = 0.f;
   }
+  // Where the caller asks for each row's maximum logit (p.row_max), m moves with every new
+  // maximum (threshold 0), so that it ends as the row's exact maximum; otherwise lazily.
+  const float lazy = p.row_max != nullptr ? 0.f : kTiledLazyRescaleLog2;
   ra_mma_out<DS, ROWS> o[NSL];
 #pragma unroll
   for (int c = 0; c < NSL; ++c) ra_mma_zero(o[c]);
@@ -327,7 +333,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       const float tile_max = ra_mma_row_max(mt[r]);
       if (m[r] == -INFINITY) {
         m[r] = tile_max;  // nothing accumulated yet (l and O are 0): no rescale
-      } else if (tile_max > m[r] + kTiledLazyRescaleLog2) {
+      } else if (tile_max > m[r] + lazy) {
         alpha[r] = exp2f(m[r] - tile_max);
         m[r] = tile_max;
         l[r] *= alpha[r];
@@ -554,6 +560,9 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     const int64_t hq = hq0 + h;
     const float v = lse2[ra_mma_acc_slot(i)];
     p.lse[tiled_row_term_at(p, s, hq, j)] = v == -INFINITY ? -INFINITY : v * kTiledLn2;
+    if (p.row_max != nullptr)
+      p.row_max[tiled_row_term_at(p, s, hq, j)] =
+          v == -INFINITY ? -INFINITY : m[ra_mma_acc_slot(i)] * kTiledLn2;
   }
 
   if (p.probs == nullptr) return;
@@ -716,8 +725,12 @@ RA_DEVICE void tiled_fwd_tile_scalar(const SmallSeqTiledParams& p, const int hk,
         ra_store16(orow + 8 * (col_lane + vi * LPR), ra_pack8<T>(out[vi]));
     }
     const float lse2 = sum > 0.f ? mall + log2f(sum) : -INFINITY;
-    if (lane == 0)
+    if (lane == 0) {
       p.lse[tiled_row_term_at(p, s, hq, j)] = sum > 0.f ? lse2 * kTiledLn2 : -INFINITY;
+      // mall is the exact maximum of the row's scores (no lazy reference here)
+      if (p.row_max != nullptr)
+        p.row_max[tiled_row_term_at(p, s, hq, j)] = sum > 0.f ? mall * kTiledLn2 : -INFINITY;
+    }
     if (p.probs == nullptr) continue;
     for (int base = 0; base < p.max_seqlen_kv; base += RPP) {
       const int key = base + row_group;

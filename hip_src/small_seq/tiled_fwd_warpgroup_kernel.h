@@ -329,6 +329,9 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
+  // Where the caller asks for each row's maximum logit (p.row_max), m moves with every new
+  // maximum (threshold 0), so that it ends as the row's exact maximum; otherwise lazily.
+  const float lazy = p.row_max != nullptr ? 0.f : kTiledLazyRescaleLog2;
   // The score product of the step at key k0 into acc, Q from the buffer q_buf (this tile's, or
   // in a pair the next tile's), asynchronous: committed, not waited.
   // Each operand's descriptor is made once per step and advanced to each k step by one add
@@ -390,7 +393,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       alpha[r] = 1.f;
       if (m[r] == -INFINITY) {
         m[r] = mx[r];  // nothing accumulated yet (l and O are 0)
-      } else if (mx[r] > m[r] + kTiledLazyRescaleLog2) {
+      } else if (mx[r] > m[r] + lazy) {
         alpha[r] = exp2f(m[r] - mx[r]);
         m[r] = mx[r];
         l[r] *= alpha[r];
@@ -515,7 +518,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   // selects, shared stores), then their LSE under the rows' conditions. kPart 1: the first part
   // runs under the next tile's first scores, which are waited for before the divergent part.
   ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free
-  float lse[2];
+  float lse[2], row_max[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = l[r];
@@ -523,6 +526,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     tiled_warpgroup_acc_row_to_buffer<T, D>(sq_ptr, o, r, sum > 0.f ? 1.f / sum : 0.f, wtid);
     lse[r] = sum > 0.f ? (m[r] + log2f(sum)) * kTiledLn2 : -INFINITY;
+    row_max[r] = sum > 0.f ? m[r] * kTiledLn2 : -INFINITY;
   }
   if constexpr (kPart == 1) {
     ra_wgmma_wait<0>();
@@ -538,6 +542,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       int h;
       map.at(i, j, h);
       p.lse[tiled_row_term_at(p, s, hk * group + h, j)] = lse[r];
+      if (p.row_max != nullptr) p.row_max[tiled_row_term_at(p, s, hk * group + h, j)] = row_max[r];
     }
   }
   store_out(map);

@@ -23,6 +23,10 @@ struct SmallSeqTiledParams {
   const void* v;
   void* o;           // forward output
   float* lse;        // [h_q, total_q] natural-log LSE (forward writes, backward reads)
+  // forward, or nullptr (nothing written): [h_q, total_q] (lse_head_stride, the LSE's rows)
+  // each row's maximum scaled logit scale * max_j q.k_j in natural units; -inf for rows
+  // without keys and padding rows, NaN for a bad segment's rows, as the LSE
+  float* row_max;
   float* probs;      // [total_q, h_q, max_seqlen_kv] (forward, return_softmax) or nullptr
   const void* dout;  // backward: gradient of o
   const void* out;   // backward: the forward output (rowsum(dO * O))

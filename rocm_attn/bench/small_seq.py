@@ -75,6 +75,7 @@ MODE_FLAGS = {
     "dtype": ("grid", "ranking"),
     "no_anchors": ("grid", "ranking", "ragged"),
     "ab": ("grid", "ranking"),
+    "max_logit": ("grid", "ranking"),
     "plot": ("grid",),
     "fwd_only": ("ranking", "ragged"),
     "ragged": ("ragged",),
@@ -122,10 +123,12 @@ def floor_bytes(batch, h_q, h_kv, d, total, elem=2):
     return fwd, fwd + bwd
 
 
-def ours(x, backward):
+def ours(x, backward, max_logit=False):
     def fwd():
-        return rocm_attn.fused_attn_small_seq(x["q"], x["k"], x["v"], x["cu_q"], x["cu_kv"], 1,
-                                              x["max_kv"], backend="kernel")
+        res = rocm_attn.fused_attn_small_seq(x["q"], x["k"], x["v"], x["cu_q"], x["cu_kv"], 1,
+                                             x["max_kv"], backend="kernel",
+                                             return_max_logit=max_logit)
+        return res[0] if max_logit else res
 
     if not backward:
         return fwd
@@ -196,7 +199,7 @@ def _with_tuning(setting, fn):
         return fn()
 
 
-def bench_case(name, spec, batch, dtype, bw, seed, anchors=True, ab=()):
+def bench_case(name, spec, batch, dtype, bw, seed, anchors=True, ab=(), max_logit=False):
     h_q, h_kv, d, kv = spec
     gen = torch.Generator().manual_seed(seed)
     probe = make_inputs(batch, h_q, h_kv, d, kv, dtype, gen)
@@ -221,6 +224,10 @@ def bench_case(name, spec, batch, dtype, bw, seed, anchors=True, ab=()):
             ta = _with_tuning(setting, lambda: time_ms(
                 rotating([ours(x, backward) for x in sets]), name=f"{name}/{mode}/{setting}"))
             row[mode].setdefault("ab", {})[setting] = {"ms": ta, "pct_floor": 100 * floor / ta}
+        if max_logit:  # --max-logit: ours with return_max_logit=True on the same inputs
+            tm = time_ms(rotating([ours(x, backward, True) for x in sets]),
+                         name=f"{name}/{mode}/max_logit")
+            row[mode]["max_logit"] = {"ms": tm, "cost_pct": 100 * (tm - t) / t}
         for aname, make in (ANCHORS.items() if anchors else ()):
             try:
                 # NOTE: anchors are timed eagerly (one call, host dispatch included; they run
@@ -265,6 +272,9 @@ def main(argv=None) -> int:
                              "rocm_attn.tuning name or its ROCM_ATTN_* variable), on the same "
                              "inputs (repeatable; several values of one run joined by '+', "
                              "e.g. small_seq_pipe=0+small_seq_mma=0)")
+    parser.add_argument("--max-logit", action="store_true",
+                        help="also time our call with return_max_logit=True on the same inputs "
+                             "(fwd and fwd+bwd) and print its cost over the plain call")
     parser.add_argument("--plot", type=Path,
                         help="write a PNG of %% of floor per case (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
@@ -322,7 +332,8 @@ def main(argv=None) -> int:
                        "anchors: one call at a time, host dispatch included", "rows": rows}
     for name in progress(args.cases.split(","), "small-seq", not args.no_progress):
         rows.append(bench_case(name, CASES[name], args.batch, dtype, bw, args.seed,
-                               anchors=not args.no_anchors, ab=args.ab))
+                               anchors=not args.no_anchors, ab=args.ab,
+                               max_logit=args.max_logit))
         report["eager_fallbacks"] = eager_fallbacks()
         if args.json:  # after every case: a sweep cut short still leaves its finished rows
             args.json.write_text(json.dumps(report, indent=1))
@@ -342,6 +353,12 @@ def main(argv=None) -> int:
         print(f"{r['case']:24s} {f['ms']:8.3f} {f['eager_ms']:7.3f} {f['pct_floor']:5.0f}% "
               f"{sp(f):>7s} {se(f):>7s} {gen:>14s} {fb['ms']:10.3f} {fb['pct_floor']:5.0f}% "
               f"{sp(fb):>7s} {se(fb):>7s}  {anchors}")
+    if args.max_logit:
+        print("\nreturn_max_logit: fwd ms (cost) / fwd+bwd ms (cost), over the plain call")
+        for r in rows:
+            f, fb = r["fwd"]["max_logit"], r["fwdbwd"]["max_logit"]
+            print(f"{r['case']:24s} {f['ms']:.3f} ({f['cost_pct']:+.1f}%)   "
+                  f"{fb['ms']:.3f} ({fb['cost_pct']:+.1f}%)")
     for setting in args.ab:
         print(f"\nA/B {setting}: fwd ms (% floor) / fwd+bwd ms (% floor), default first")
         for r in rows:
@@ -430,7 +447,8 @@ def _main_ranking(args) -> int:
     for r in progress(grid, "small-seq ranking", not args.no_progress):
         rows.append(bench_rank_row(r, bw, dtype, args.seed, anchors=not args.no_anchors,
                                    ab=args.ab, with_tuning=_with_tuning,
-                                   fwd_only=args.fwd_only, matmul_flops=mm))
+                                   fwd_only=args.fwd_only, matmul_flops=mm,
+                                   max_logit=args.max_logit))
         report["eager_fallbacks"] = eager_fallbacks()
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))

@@ -138,10 +138,13 @@ def floor_bytes(x: dict, elem: int = 2):
     return fwd, fwd + bwd
 
 
-def _ours(x, backward: bool):
+def _ours(x, backward: bool, max_logit: bool = False):
+    """Our call on input set x; ``max_logit``: with return_max_logit=True (its out is what the
+    backward differentiates)."""
     def fwd():
-        return rocm_attn.fused_attn_small_seq(x["q"], x["k"], x["v"], x["cu_q"], x["cu_kv"],
-                                              x["cands"], x["hist"])
+        res = rocm_attn.fused_attn_small_seq(x["q"], x["k"], x["v"], x["cu_q"], x["cu_kv"],
+                                             x["cands"], x["hist"], return_max_logit=max_logit)
+        return res[0] if max_logit else res
 
     return _with_backward(fwd, (x["q"], x["k"], x["v"])) if backward else fwd
 
@@ -240,9 +243,11 @@ def _device_ms(fn, floor_ms: float, name: str) -> float:
 
 
 def bench_rank_row(r: dict, bw: float, dtype, seed: int, anchors: bool = True, ab=(),
-                   with_tuning=None, fwd_only: bool = False, matmul_flops: float = 0.0) -> dict:
+                   with_tuning=None, fwd_only: bool = False, matmul_flops: float = 0.0,
+                   max_logit: bool = False) -> dict:
     """One row timed (see the module's docstring); `matmul_flops` (FLOP/s, this run's
-    common.matmul_throughput) adds the matrix floor and % roof, left out where it is 0."""
+    common.matmul_throughput) adds the matrix floor and % roof, left out where it is 0;
+    `max_logit` times ours again with return_max_logit=True on the same inputs (its cost)."""
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     probe = make_rank_inputs(r, dtype, "cuda", gen)
@@ -271,6 +276,10 @@ def bench_rank_row(r: dict, bw: float, dtype, seed: int, anchors: bool = True, a
             ta = with_tuning(setting, lambda: _device_ms(
                 rotating([_ours(x, backward) for x in sets]), floor, f"{out['case']}/{mode}"))
             res.setdefault("ab", {})[setting] = {"ms": ta, "pct_floor": 100 * floor / ta}
+        if max_logit and t:
+            tm = _device_ms(rotating([_ours(x, backward, True) for x in sets]), floor,
+                            f"{out['case']}/{mode}/max_logit")
+            res["max_logit"] = {"ms": tm, "cost_pct": 100 * (tm - t) / t}
         try:
             per_set = [_anchors(x, backward) for x in sets[:2]] if anchors else []
             names = list(per_set[0]) if per_set else []
@@ -332,6 +341,11 @@ def print_rank_rows(rows, device: str, bw: float, matmul_flops: float = 0.0) -> 
               f"{cell(fb, 'ms', '.0f', 1e3):>8s} {cell(fb, 'pct_floor', '.0f'):>4s} "
               f"{cell(fb, 'pct_roof', '.0f'):>4s} {cell(fb, 'speedup_vs_best', '.2f'):>6s}"
               f"  {anchors}")
+        if "max_logit" in f:
+            b = fb.get("max_logit")
+            back = (f", fwd+bwd {b['ms'] * 1e3:.0f} us ({b['cost_pct']:+.1f}%)" if b else "")
+            print(f"{'':28s} return_max_logit: fwd {f['max_logit']['ms'] * 1e3:.0f} us "
+                  f"({f['max_logit']['cost_pct']:+.1f}%){back}")
         for setting, a in f.get("ab", {}).items():
             b = fb.get("ab", {}).get(setting)
             back = f", fwd+bwd {b['ms'] * 1e3:.0f} us ({b['pct_floor']:.0f}%)" if b else ""

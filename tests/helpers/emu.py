@@ -223,7 +223,8 @@ I32 = ctypes.c_int32
 
 
 class SmallSeqParams(ctypes.Structure):
-    _fields_ = [(n, P) for n in ("q", "k", "v", "o", "lse", "probs", "dout", "out", "dlse", "dq",
+    _fields_ = [(n, P) for n in ("q", "k", "v", "o", "lse", "row_max", "probs", "dout", "out",
+                                 "dlse", "dq",
                                  "dk", "dv", "cu_seqlens_q", "cu_seqlens_kv", "seqlens_kv",
                                  "error_state")] + \
         [(n, I64) for n in ("q_token_stride", "q_head_stride", "k_token_stride", "k_head_stride",
@@ -237,7 +238,8 @@ class SmallSeqParams(ctypes.Structure):
 
 
 class SmallSeqTiledParams(ctypes.Structure):
-    _fields_ = [(n, P) for n in ("q", "k", "v", "o", "lse", "probs", "dout", "out", "dlse", "dq",
+    _fields_ = [(n, P) for n in ("q", "k", "v", "o", "lse", "row_max", "probs", "dout", "out",
+                                 "dlse", "dq",
                                  "dk", "dv", "cu_seqlens_q", "cu_seqlens_kv", "seqlens_kv")] + \
         [(n, ctypes.c_bool) for n in ("cu_seqlens_q_int64", "cu_seqlens_kv_int64",
                                       "seqlens_kv_int64")] + \
@@ -445,10 +447,11 @@ def small_seq_params(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale) -> 
 
 
 def small_seq_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale, return_softmax=True,
-                  plan=None, rc=None):
+                  plan=None, rc=None, row_max=False):
     """(out, lse, probs) of the emulated forward; outputs start as NaN (unwritten shows).
     plan: the launcher's plan ints (default: the plan's, one_query_plan); rc: a list that takes
-    the launcher's return code instead of raising on an error."""
+    the launcher's return code instead of raising on an error; ``row_max``: also each row's
+    maximum scaled logit ``[h_q, b]`` (params.h row_max), last."""
     p = small_seq_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale)
     out = _nan(q.shape, q.dtype)
     lse = _nan((p.num_heads_q, p.batch), torch.float32)
@@ -456,6 +459,8 @@ def small_seq_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale, return
     p.o, p.o_token_stride, p.o_head_stride = ptr(out), out.stride(0), out.stride(-2)
     p.lse = ptr(lse)
     p.probs = ptr(probs) if return_softmax else None
+    rmax = _nan((p.num_heads_q, p.batch), torch.float32) if row_max else None
+    p.row_max = ptr(rmax)
     lib.apply_tuning()
     if plan is None:
         plan = one_query_plan(lib, q, k, max_kv, "forward")
@@ -466,7 +471,7 @@ def small_seq_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale, return
         rc.append(code)
     else:
         lib.check(code, "small_seq forward")
-    return out, lse, probs
+    return (out, lse, probs) + ((rmax,) if row_max else ())
 
 
 def one_query_plan(lib: Emu, q, k, max_kv, direction: str) -> List[int]:
@@ -786,9 +791,10 @@ def small_seq_tiled_params(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_k
 
 
 def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale,
-                        return_softmax=True):
+                        return_softmax=True, row_max=False):
     """(out, lse, probs) of the emulated tiled forward; outputs start as NaN (unwritten shows).
-    lse [h_q, total_q], probs [total_q, h_q, max_kv] (total_q = b * s_q for BSHD q)."""
+    lse [h_q, total_q], probs [total_q, h_q, max_kv] (total_q = b * s_q for BSHD q).
+    ``row_max``: also each row's maximum scaled logit, indexed as lse (tiled_params.h), last."""
     p = small_seq_tiled_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale)
     out = _nan(q.shape, q.dtype)
     lse = _nan((p.num_heads_q, p.total_q), torch.float32)
@@ -800,13 +806,15 @@ def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, 
         p.o_batch_stride, p.o_token_stride, p.o_head_stride = out.stride(0), out.stride(1), out.stride(2)
     p.lse = ptr(lse)
     p.probs = ptr(probs) if return_softmax else None
+    rmax = _nan((p.num_heads_q, p.total_q), torch.float32) if row_max else None
+    p.row_max = ptr(rmax)
     lib.apply_tuning()
     plan = tiled_fwd_plan(lib, q, k, max_q, max_kv, return_softmax)
     ints = (ctypes.c_int64 * len(plan))(*plan)
     lib.check(lib.lib.emu_small_seq_tiled_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
                                               q.shape[-1], ints, ctypes.c_int64(len(plan))),
               "small_seq tiled forward")
-    return out, lse, probs
+    return (out, lse, probs) + ((rmax,) if row_max else ())
 
 
 def plan_device(lib: Emu):
