@@ -733,7 +733,7 @@ def test_host_checks_name_the_argument(dev):
         # a kernel id no build has, in a record of the call's head dim (a record of another
         # head dim does not fit the call, whatever its kernel)
         (dict(plan=[1, 0, 99, case.q.shape[-1]] + [0] * 6), "no kernel for the plan"),
-        (dict(plan=[1, 0, 1, 64] + [0] * 4), "does not fit this call"),
+        (dict(plan=[1, 0, 1, 64] + [0] * 6), "does not fit this call"),
     ]:
         with pytest.raises(RuntimeError, match=word):
             call(**kw)
