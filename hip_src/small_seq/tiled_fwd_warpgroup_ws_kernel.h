@@ -7,9 +7,9 @@
 // Why: over 129-256 keys with two or more row tiles per (segment, kv head) the tile-copy kernel
 // stages the whole history in a block that fills its multiprocessor, so each item's first
 // steps and Q land while nothing else runs there, and its out store drains the same way. Copying
-// the next item ahead from inside those warpgroups measured slower (docs/kernels.md, "Rejected
-// or not yet done": the thread that issues the copies waits for the other warps, and every warp
-// stalls at barriers). Here no computing thread ever waits for a copy to be issued: the copy
+// the next item ahead from inside those warpgroups measured slower (docs/kernels_not_kept.md:
+// the thread that issues the copies waits for the other warps, and every warp stalls at
+// barriers). Here no computing thread ever waits for a copy to be issued: the copy
 // warp does the waiting.
 //
 // Block: three warpgroups (384 threads, one block per multiprocessor). Warpgroups 0 and 1 take
