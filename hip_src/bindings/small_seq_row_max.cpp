@@ -1,6 +1,6 @@
 // rocm_attn::small_seq_fwd_row_max: the one-query small-seq forward (rocm_attn::small_seq_fwd's
 // checks, params and launch) that also writes each segment's maximum scaled logit per q head
-// (row_max [h_q, b], indexed as the LSE; hip_src/small_seq/params.h), for
+// (row_max [h_q, b], indexed as the LSE; hip_src/small_seq/params.h small_seq_fwd_launch), for
 // fused_attn_small_seq(return_max_logit=True). A separate op, so that small_seq_fwd's schema,
 // outputs, autograd kernel and direct entry point stay as they are; its autograd (the same
 // backward op) and fake impl are registered in rocm_attn/ops.py.
@@ -31,11 +31,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> small_seq_fwd_row_max
   p.o_token_stride = out.stride(0);
   p.o_head_stride = out.stride(-2);
   p.lse = lse.data_ptr<float>();
-  p.row_max = row_max.data_ptr<float>();
   p.probs = return_softmax ? probs.data_ptr<float>() : nullptr;
   check_plan_launch(small_seq_fwd_launch(p, plan, small_seq_dtype(q),
                                          static_cast<int>(q.size(-1)),
-                                         current_stream(q.device())),
+                                         current_stream(q.device()), row_max.data_ptr<float>()),
                     plan_ints, "small_seq", "not a one-query forward kernel", kOneQueryMisfit,
                     "small_seq forward (row_max)");
   return {out, lse, probs, row_max};

@@ -12,6 +12,9 @@ namespace small_seq {
 template <typename T, int D, int KV>
 hipError_t run_fwd(const SmallSeqParams& p, const SmallSeqLaunch& launch, hipStream_t stream);
 template <typename T, int D, int KV>
+hipError_t run_fwd_row_max(const SmallSeqParams& p, const SmallSeqLaunch& launch,
+                           hipStream_t stream, float* row_max);
+template <typename T, int D, int KV>
 hipError_t run_bwd(const SmallSeqParams& p, const SmallSeqLaunch& launch, hipStream_t stream);
 
 // The kv bucket of a plan record (4, 8 or 16; a value between maps to the next bucket). Rows

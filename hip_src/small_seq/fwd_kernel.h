@@ -111,9 +111,9 @@ RA_DEVICE void fwd_load(const SmallSeqParams& p, const int64_t item, const Segme
 
 // A segment that breaks the contract: counted once (by the wave of kv head 0), and every output
 // of the group's q heads is NaN (o rows when the q row is in bounds, lse, probs).
-template <typename T, int D, int KV>
+template <typename T, int D, int KV, bool ROW_MAX = false>
 RA_DEVICE void fwd_write_invalid(const SmallSeqParams& p, const int seg, const int hk,
-                                 const Segment& s, const int lane) {
+                                 const Segment& s, const int lane, float* row_max = nullptr) {
   constexpr int WAVE = RA_WAVE_SIZE;
   using S = FwdShape<D, KV>;
   constexpr int VPL = S::kVPL;
@@ -127,7 +127,7 @@ RA_DEVICE void fwd_write_invalid(const SmallSeqParams& p, const int seg, const i
     const int hq = hk * group + g;
     if (lane == 0) {
       p.lse[static_cast<int64_t>(hq) * p.batch + seg] = ra_nan();
-      if (p.row_max != nullptr) p.row_max[static_cast<int64_t>(hq) * p.batch + seg] = ra_nan();
+      if constexpr (ROW_MAX) row_max[static_cast<int64_t>(hq) * p.batch + seg] = ra_nan();
     }
     if (s.q_row >= 0 && row_group == 0) {
       float nan_row[VPL][8];
@@ -145,8 +145,9 @@ RA_DEVICE void fwd_write_invalid(const SmallSeqParams& p, const int seg, const i
 }
 
 // Softmax(q K^T) V for every q head of the item's GQA group, from a loaded stage.
-template <typename T, int D, int KV>
-RA_DEVICE void fwd_compute(const SmallSeqParams& p, FwdStage<D, KV>& st, const int lane) {
+template <typename T, int D, int KV, bool ROW_MAX = false>
+RA_DEVICE void fwd_compute(const SmallSeqParams& p, FwdStage<D, KV>& st, const int lane,
+                           float* row_max = nullptr) {
   constexpr int WAVE = RA_WAVE_SIZE;
   using S = FwdShape<D, KV>;
   constexpr int VPL = S::kVPL;
@@ -165,7 +166,7 @@ RA_DEVICE void fwd_compute(const SmallSeqParams& p, FwdStage<D, KV>& st, const i
 
   uint16_t* o = static_cast<uint16_t*>(p.o);
   if (!s.valid) {
-    fwd_write_invalid<T, D, KV>(p, seg, hk, s, lane);
+    fwd_write_invalid<T, D, KV, ROW_MAX>(p, seg, hk, s, lane, row_max);
     return;
   }
 
@@ -241,8 +242,8 @@ RA_DEVICE void fwd_compute(const SmallSeqParams& p, FwdStage<D, KV>& st, const i
       p.lse[static_cast<int64_t>(hq) * p.batch + seg] =
           l_total > 0.f ? (m + log2f(l_total)) * kLn2 : -INFINITY;
       // m is the exact maximum of the row's scores (log2 domain)
-      if (p.row_max != nullptr)
-        p.row_max[static_cast<int64_t>(hq) * p.batch + seg] = l_total > 0.f ? m * kLn2 : -INFINITY;
+      if constexpr (ROW_MAX)
+        row_max[static_cast<int64_t>(hq) * p.batch + seg] = l_total > 0.f ? m * kLn2 : -INFINITY;
     }
     if (p.probs != nullptr && col_lane == 0) {
       float* prow = p.probs + (static_cast<int64_t>(seg) * p.num_heads_q + hq) * p.max_seqlen_kv;
@@ -257,8 +258,8 @@ RA_DEVICE void fwd_compute(const SmallSeqParams& p, FwdStage<D, KV>& st, const i
 
 // Grid-stride over (segment, kv head) items: the launcher sizes the grid to what stays
 // resident, so waves are not re-launched per item and block scheduling drops out of the loop.
-template <typename T, int D, int KV>
-RA_DEVICE void fwd_persistent(const SmallSeqParams& p) {
+template <typename T, int D, int KV, bool ROW_MAX = false>
+RA_DEVICE void fwd_persistent(const SmallSeqParams& p, float* row_max = nullptr) {
   constexpr int WAVE = RA_WAVE_SIZE;
   const int lane = threadIdx.x % WAVE;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * (blockDim.x / WAVE);
@@ -272,12 +273,12 @@ RA_DEVICE void fwd_persistent(const SmallSeqParams& p) {
     while (item < items) {
       int64_t next = item + stride;
       if (next < items) fwd_load<D, KV>(p, next, bounds_of(next), lane, b);
-      fwd_compute<T, D, KV>(p, a, lane);
+      fwd_compute<T, D, KV, ROW_MAX>(p, a, lane, row_max);
       item = next;
       if (item >= items) break;
       next = item + stride;
       if (next < items) fwd_load<D, KV>(p, next, bounds_of(next), lane, a);
-      fwd_compute<T, D, KV>(p, b, lane);
+      fwd_compute<T, D, KV, ROW_MAX>(p, b, lane, row_max);
       item = next;
     }
   } else {
@@ -288,7 +289,7 @@ RA_DEVICE void fwd_persistent(const SmallSeqParams& p) {
       FwdStage<D, KV> st;
       fwd_load<D, KV>(p, item, bounds, lane, st);
       if (item + stride < items) bounds = bounds_of(item + stride);
-      fwd_compute<T, D, KV>(p, st, lane);
+      fwd_compute<T, D, KV, ROW_MAX>(p, st, lane, row_max);
     }
   }
 }
@@ -300,8 +301,8 @@ RA_DEVICE void fwd_persistent(const SmallSeqParams& p) {
 // stores, with the registers of one stage (the double buffer needs two, and at d=128 kv=16 it
 // lost more warps per SM than it gained: docs/kernels.md#small-seq-forward). The arithmetic is fwd_compute's, in the
 // same order, so both loops give bitwise equal results.
-template <typename T, int D, int KV>
-RA_DEVICE void fwd_pipelined(const SmallSeqParams& p) {
+template <typename T, int D, int KV, bool ROW_MAX = false>
+RA_DEVICE void fwd_pipelined(const SmallSeqParams& p, float* row_max = nullptr) {
   constexpr int WAVE = RA_WAVE_SIZE;
   using S = FwdShape<D, KV>;
   static_assert(S::kChunks == 1, "the pipelined loop holds all of an item's K/V at once");
@@ -354,7 +355,7 @@ RA_DEVICE void fwd_pipelined(const SmallSeqParams& p) {
       nb = fetch_bounds(p, static_cast<int>((next + stride) / p.num_heads_kv));
 
     if (!s.valid) {
-      fwd_write_invalid<T, D, KV>(p, seg, hk, s, lane);
+      fwd_write_invalid<T, D, KV, ROW_MAX>(p, seg, hk, s, lane, row_max);
       if (has_next) {
         load_rows<SLOTS, VPL, LPR, RPP>(kr, k_of(ns, nhk), p.k_token_stride, 0, row_group,
                                         col_lane, ns.len);
@@ -418,8 +419,8 @@ RA_DEVICE void fwd_pipelined(const SmallSeqParams& p) {
         p.lse[static_cast<int64_t>(hk) * p.batch + seg] =
             l_total > 0.f ? (m + log2f(l_total)) * kLn2 : -INFINITY;
         // m is the exact maximum of the row's scores (log2 domain)
-        if (p.row_max != nullptr)
-          p.row_max[static_cast<int64_t>(hk) * p.batch + seg] =
+        if constexpr (ROW_MAX)
+          row_max[static_cast<int64_t>(hk) * p.batch + seg] =
               l_total > 0.f ? m * kLn2 : -INFINITY;
       }
       if (p.probs != nullptr && col_lane == 0) {
@@ -451,6 +452,19 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_kernel(cons
     fwd_pipelined<T, D, KV>(p);
   } else {
     fwd_persistent<T, D, KV>(p);
+  }
+}
+
+// The same forward that also writes each row's maximum scaled logit to row_max ([h_q, b],
+// indexed as the LSE: return_max_logit). A kernel of its own with row_max beside the params, so
+// that the default kernel and SmallSeqParams carry nothing of it.
+template <typename T, int D, int KV, bool PIPE>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    small_seq_fwd_row_max_kernel(const SmallSeqParams p, float* row_max) {
+  if constexpr (PIPE && kFwdPipelinable<D, KV>) {
+    fwd_pipelined<T, D, KV, true>(p, row_max);
+  } else {
+    fwd_persistent<T, D, KV, true>(p, row_max);
   }
 }
 

@@ -43,9 +43,10 @@ struct MmaShape {
 
 // Softmax of one pass's score tile in place (S -> normalised P, fp32), LSE and probabilities
 // of its q heads hq0 .. hq0 + nh - 1. `len`: kv rows of the segment (columns >= len masked).
-template <int NS, int HB>
+template <int NS, int HB, bool ROW_MAX = false>
 RA_DEVICE void mma_softmax(const SmallSeqParams& p, ra_mma_acc<NS>& s, const int seg,
-                           const int hq0, const int nh, const int len, const int lane) {
+                           const int hq0, const int nh, const int len, const int lane,
+                           float* row_max = nullptr) {
   constexpr int E = ra_mma_acc<NS>::kElems;
   // Scores are kept in the log2 domain: exp2 is one instruction on both vendors.
   const float qscale = p.softmax_scale * kLog2e;
@@ -93,8 +94,8 @@ RA_DEVICE void mma_softmax(const SmallSeqParams& p, ra_mma_acc<NS>& s, const int
       if (col == 0) {
         p.lse[static_cast<int64_t>(hq) * p.batch + seg] =
             sum[slot] > 0.f ? (mx[slot] + log2f(sum[slot])) * kLn2 : -INFINITY;
-        if (p.row_max != nullptr)
-          p.row_max[static_cast<int64_t>(hq) * p.batch + seg] =
+        if constexpr (ROW_MAX)
+          row_max[static_cast<int64_t>(hq) * p.batch + seg] =
               sum[slot] > 0.f ? mx[slot] * kLn2 : -INFINITY;
       }
       if (p.probs != nullptr && col < p.max_seqlen_kv)
@@ -104,9 +105,9 @@ RA_DEVICE void mma_softmax(const SmallSeqParams& p, ra_mma_acc<NS>& s, const int
 }
 
 // One (segment, kv head) work item.
-template <typename T, int D, int KV>
+template <typename T, int D, int KV, bool ROW_MAX = false>
 RA_DEVICE void fwd_mma_item(const SmallSeqParams& p, const int seg, const int hk,
-                            const Segment& s, const int lane) {
+                            const Segment& s, const int lane, float* row_max = nullptr) {
   using M = MmaShape<D, KV>;
   constexpr int DS = M::kSliceD;
   constexpr int NSL = M::kSlices;
@@ -114,7 +115,7 @@ RA_DEVICE void fwd_mma_item(const SmallSeqParams& p, const int seg, const int hk
   constexpr int HB = M::kHeads;
 
   if (!s.valid) {
-    fwd_write_invalid<T, D, KV>(p, seg, hk, s, lane);
+    fwd_write_invalid<T, D, KV, ROW_MAX>(p, seg, hk, s, lane, row_max);
     return;
   }
   const int group = p.num_heads_q / p.num_heads_kv;
@@ -144,7 +145,7 @@ RA_DEVICE void fwd_mma_item(const SmallSeqParams& p, const int seg, const int hk
       ra_mma_acc<NS> sc;
       ra_mma_zero(sc);
       ra_mma_dot<T>(sc, qr, kr);
-      mma_softmax<NS, HB>(p, sc, seg, hk * group + h0, nh, len, lane);
+      mma_softmax<NS, HB, ROW_MAX>(p, sc, seg, hk * group + h0, nh, len, lane, row_max);
       const ra_mma_pfrag<HB> pf = ra_mma_to_pfrag<T, HB>(sc);
       ra_mma_out<DS, HB> out;
       ra_mma_zero(out);
@@ -174,7 +175,7 @@ RA_DEVICE void fwd_mma_item(const SmallSeqParams& p, const int seg, const int hk
         }
         ra_mma_dot<T>(sc, qr[c & 1], kr[c & 1]);
       }
-      mma_softmax<NS, HB>(p, sc, seg, hk * group + h0, nh, len, lane);
+      mma_softmax<NS, HB, ROW_MAX>(p, sc, seg, hk * group + h0, nh, len, lane, row_max);
       const ra_mma_pfrag<HB> pf = ra_mma_to_pfrag<T, HB>(sc);
 #pragma unroll
       for (int c = 0; c < NSL; ++c) {
@@ -194,8 +195,9 @@ RA_DEVICE void fwd_mma_item(const SmallSeqParams& p, const int seg, const int hk
 
 // Grid-stride over (segment, kv head) items like the general forward (launch_impl.h picks this
 // kernel for GQA groups). Targets without matrix units compile the general forward's body here.
-template <typename T, int D, int KV>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_mma_kernel(const SmallSeqParams p) {
+// ROW_MAX: also each row's maximum scaled logit (small_seq_fwd_mma_row_max_kernel).
+template <typename T, int D, int KV, bool ROW_MAX>
+RA_DEVICE void fwd_mma_persistent(const SmallSeqParams& p, float* row_max) {
 #if RA_HAS_MMA
   constexpr int WAVE = RA_WAVE_SIZE;
   const int lane = threadIdx.x % WAVE;
@@ -212,11 +214,24 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_mma_kernel(
     const Segment s = resolve_segment(p, seg, bounds);
     if (item + stride < items)
       bounds = fetch_bounds(p, static_cast<int>((item + stride) / p.num_heads_kv));
-    fwd_mma_item<T, D, KV>(p, seg, hk, s, lane);
+    fwd_mma_item<T, D, KV, ROW_MAX>(p, seg, hk, s, lane, row_max);
   }
 #else
-  fwd_persistent<T, D, KV>(p);
+  fwd_persistent<T, D, KV, ROW_MAX>(p, row_max);
 #endif
+}
+
+template <typename T, int D, int KV>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock) small_seq_fwd_mma_kernel(const SmallSeqParams p) {
+  fwd_mma_persistent<T, D, KV, false>(p, nullptr);
+}
+
+// The same forward that also writes each row's maximum scaled logit to row_max (as
+// small_seq_fwd_row_max_kernel).
+template <typename T, int D, int KV>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    small_seq_fwd_mma_row_max_kernel(const SmallSeqParams p, float* row_max) {
+  fwd_mma_persistent<T, D, KV, true>(p, row_max);
 }
 
 }  // namespace small_seq

@@ -23,13 +23,17 @@ const SmallSeqLaunch* one_query_record(const SmallSeqParams& p, const SmallSeqPl
 }  // namespace
 
 hipError_t small_seq_fwd_launch(const SmallSeqParams& p, const SmallSeqPlan& plan,
-                                SmallSeqDtype dtype, int head_dim, hipStream_t stream) {
+                                SmallSeqDtype dtype, int head_dim, hipStream_t stream,
+                                float* row_max) {
   const SmallSeqLaunch* l = one_query_record(p, plan, head_dim);
   if (l == nullptr) return hipErrorInvalidValue;
   return SMALL_SEQ_DTYPE_SWITCH(dtype, T, [&] {
     return SMALL_SEQ_HEAD_DIM_SWITCH(head_dim, D, [&] {
-      return SMALL_SEQ_KV_SWITCH(l->p[1], KV,
-                                 [&] { return small_seq::run_fwd<T, D, KV>(p, *l, stream); });
+      return SMALL_SEQ_KV_SWITCH(l->p[1], KV, [&] {
+        return row_max != nullptr
+                   ? small_seq::run_fwd_row_max<T, D, KV>(p, *l, stream, row_max)
+                   : small_seq::run_fwd<T, D, KV>(p, *l, stream);
+      });
     });
   });
 }

@@ -57,6 +57,17 @@ hipError_t launch_one_query(const SmallSeqParams& p, int factor, hipStream_t str
   return hipGetLastError();
 }
 
+// A row_max kernel (fwd_kernel.h small_seq_fwd_row_max_kernel, fwd_mma_kernel.h
+// small_seq_fwd_mma_row_max_kernel) on the grid of `factor`, with its row_max argument.
+template <auto KERNEL>
+hipError_t launch_one_query_row_max(const SmallSeqParams& p, float* row_max, int factor,
+                                    hipStream_t stream) {
+  static int resident_per_mp[64] = {};
+  const dim3 grid = grid_for(p, KERNEL, factor, resident_per_mp);
+  hipLaunchKernelGGL(KERNEL, grid, block_for(), 0, stream, p, row_max);
+  return hipGetLastError();
+}
+
 // Whether a record's PIPE flag can run on this variant: 0 (the plain loop), or 1 (the
 // software-pipelined loop) where the variant's K/V fit one chunk (kFwdPipelinable /
 // kBwdPipelinable, which the plan's fwd_pipelinable / bwd_pipelinable mirror) and the call has
@@ -91,6 +102,36 @@ hipError_t run_fwd(const SmallSeqParams& p, const SmallSeqLaunch& l, hipStream_t
           return launch_one_query<small_seq_fwd_kernel<T, D, KV, true>>(p, a[3], stream);
       }
       return launch_one_query<small_seq_fwd_kernel<T, D, KV, false>>(p, a[3], stream);
+    default:
+      return kOneQueryNoKernel;
+  }
+}
+
+// run_fwd's record on the kernels that also write each row's maximum scaled logit to row_max
+// ([h_q, b], indexed as the LSE: return_max_logit). Kernels of their own, taking row_max beside
+// the params, so that SmallSeqParams and the default kernels' device code stay as they are;
+// instantiated after run_fwd in each generated unit (the NOTE above on the order).
+template <typename T, int D, int KV>
+hipError_t run_fwd_row_max(const SmallSeqParams& p, const SmallSeqLaunch& l, hipStream_t stream,
+                           float* row_max) {
+  const int32_t* a = l.p;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  switch (static_cast<SmallSeqKernel>(l.kernel)) {
+    case SmallSeqKernel::kFwdMma:
+      if (group < 2 || a[2] < 0) return kOneQueryBadPlan;
+      if (p.batch == 0) return hipSuccess;
+      return launch_one_query_row_max<small_seq_fwd_mma_row_max_kernel<T, D, KV>>(p, row_max,
+                                                                                   a[2], stream);
+    case SmallSeqKernel::kFwd:
+      if (!pipe_fits(a[2], kFwdPipelinable<D, KV>, group) || a[3] < 0) return kOneQueryBadPlan;
+      if (p.batch == 0) return hipSuccess;
+      if constexpr (kFwdPipelinable<D, KV>) {
+        if (a[2] == 1)
+          return launch_one_query_row_max<small_seq_fwd_row_max_kernel<T, D, KV, true>>(
+              p, row_max, a[3], stream);
+      }
+      return launch_one_query_row_max<small_seq_fwd_row_max_kernel<T, D, KV, false>>(
+          p, row_max, a[3], stream);
     default:
       return kOneQueryNoKernel;
   }

@@ -19,9 +19,6 @@ struct SmallSeqParams {
   const void* v;
   void* o;        // forward output
   float* lse;     // [h_q, b] natural-log LSE
-  // forward, or nullptr (nothing written): [h_q, b] each row's maximum scaled logit
-  // scale * max_j q.k_j (natural units; -inf without keys, NaN for a bad segment, as the LSE)
-  float* row_max;
   float* probs;   // [b, h_q, max_seqlen_kv] or nullptr
   const void* dout;  // backward only
   const void* out;   // backward only (forward output, for rowsum(dO * O))
@@ -60,8 +57,12 @@ enum class SmallSeqDtype : int { kFloat16 = 0, kBFloat16 = 1 };
 // names no one-query kernel of the direction, or hipErrorInvalidValue where the plan does not
 // fit the call (not one launch, another head dim, a kv bucket that does not hold
 // max_seqlen_kv, a kernel of another GQA group, PIPE where the variant has no pipelined loop).
+// row_max: nullptr, or [h_q, b] that the forward fills with each row's maximum scaled logit
+// scale * max_j q.k_j (natural units; -inf without keys, NaN for a bad segment, as the LSE),
+// by kernels of their own (launch_impl.h run_fwd_row_max).
 hipError_t small_seq_fwd_launch(const SmallSeqParams& p, const SmallSeqPlan& plan,
-                                SmallSeqDtype dtype, int head_dim, hipStream_t stream);
+                                SmallSeqDtype dtype, int head_dim, hipStream_t stream,
+                                float* row_max = nullptr);
 hipError_t small_seq_bwd_launch(const SmallSeqParams& p, const SmallSeqPlan& plan,
                                 SmallSeqDtype dtype, int head_dim, hipStream_t stream);
 

@@ -50,11 +50,11 @@ int emu_error_state_read(int32_t* out, int reset) { return ra_error_state_read(o
 #if defined(RA_EMU_SMALL_SEQ)
 // plan: the ints of rocm_attn.small_seq_plan.one_query_ints (one direction's), as the op takes.
 int emu_small_seq_fwd(const SmallSeqParams* p, int bf16, int head_dim, const int64_t* plan_ints,
-                      int64_t plan_len) {
+                      int64_t plan_len, float* row_max) {
   SmallSeqPlan plan;
   if (!small_seq_plan_decode(plan_ints, plan_len, &plan)) return hipErrorInvalidValue;
   return small_seq_fwd_launch(*p, plan, bf16 ? SmallSeqDtype::kBFloat16 : SmallSeqDtype::kFloat16,
-                              head_dim, nullptr);
+                              head_dim, nullptr, row_max);
 }
 int emu_small_seq_bwd(const SmallSeqParams* p, int bf16, int head_dim, const int64_t* plan_ints,
                       int64_t plan_len) {

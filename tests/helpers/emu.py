@@ -112,17 +112,13 @@ def _small_seq_sources(wave: int, out: Path) -> List[Path]:
     files = []
     for (direction, dtype, d), kvs in groups.items():
         ctype = generate_kernels.DTYPES[dtype]
-        text = "".join(generate_kernels.TEMPLATE.format(direction=direction, ctype=ctype,
-                                                        head_dim=d, kv=kv) for kv in kvs)
+        text = "".join(generate_kernels.unit_text(direction, ctype, d, kv) for kv in kvs)
         files.append(_write(out / f"small_seq_{direction}_{dtype}_d{d}.cpp", text))
     stubs = ['#include "small_seq/dispatch.h"\n']
     for direction, dtype, d, kv in generate_kernels.small_seq_variants():
         if (direction, dtype, d, kv) in chosen:
             continue
-        stubs.append(
-            f"template <> hipError_t small_seq::run_{direction}<{generate_kernels.DTYPES[dtype]}, "
-            f"{d}, {kv}>(const SmallSeqParams&, const SmallSeqLaunch&, hipStream_t) "
-            "{ return hipErrorNotSupported; }\n")
+        stubs.append(generate_kernels.stub_text(direction, generate_kernels.DTYPES[dtype], d, kv))
     files.append(_write(out / "small_seq_stubs.cpp", "".join(stubs)))
     files.append(HIP_SRC / "small_seq" / "launch.hip")
     return files
@@ -223,7 +219,7 @@ I32 = ctypes.c_int32
 
 
 class SmallSeqParams(ctypes.Structure):
-    _fields_ = [(n, P) for n in ("q", "k", "v", "o", "lse", "row_max", "probs", "dout", "out",
+    _fields_ = [(n, P) for n in ("q", "k", "v", "o", "lse", "probs", "dout", "out",
                                  "dlse", "dq",
                                  "dk", "dv", "cu_seqlens_q", "cu_seqlens_kv", "seqlens_kv",
                                  "error_state")] + \
@@ -451,7 +447,7 @@ def small_seq_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale, return
     """(out, lse, probs) of the emulated forward; outputs start as NaN (unwritten shows).
     plan: the launcher's plan ints (default: the plan's, one_query_plan); rc: a list that takes
     the launcher's return code instead of raising on an error; ``row_max``: also each row's
-    maximum scaled logit ``[h_q, b]`` (params.h row_max), last."""
+    maximum scaled logit ``[h_q, b]`` (params.h small_seq_fwd_launch's row_max), last."""
     p = small_seq_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale)
     out = _nan(q.shape, q.dtype)
     lse = _nan((p.num_heads_q, p.batch), torch.float32)
@@ -460,13 +456,13 @@ def small_seq_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale, return
     p.lse = ptr(lse)
     p.probs = ptr(probs) if return_softmax else None
     rmax = _nan((p.num_heads_q, p.batch), torch.float32) if row_max else None
-    p.row_max = ptr(rmax)
     lib.apply_tuning()
     if plan is None:
         plan = one_query_plan(lib, q, k, max_kv, "forward")
     ints = (ctypes.c_int64 * len(plan))(*plan)
     code = lib.lib.emu_small_seq_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
-                                     q.shape[-1], ints, ctypes.c_int64(len(plan)))
+                                     q.shape[-1], ints, ctypes.c_int64(len(plan)),
+                                     ptr(rmax))
     if rc is not None:
         rc.append(code)
     else:
