@@ -1,9 +1,9 @@
-// The small-seq ops (rocm_attn::small_seq_fwd / small_seq_bwd): tensor checks, params, stream,
-// launch of the plan's kernel (`plan`: rocm_attn/small_seq_plan.py one_query_plans, whose
-// records hip_src/small_seq/launch_impl.h switches on). User-facing validation with ValueErrors
-// naming the argument lives in Python (rocm_attn/small_seq.py); the checks here guard direct
-// torch.ops callers and the small-seq calls that go to the op first (a shape the kernels have
-// already served), whose RuntimeError sends Python back to its own checks.
+// The small-seq ops (rocm_attn::small_seq_fwd / small_seq_bwd / small_seq_fwd_row_max): tensor
+// checks, params, stream, launch of the plan's kernel (`plan`: rocm_attn/small_seq_plan.py
+// one_query_plans, whose records hip_src/small_seq/launch_impl.h switches on). User-facing
+// validation with ValueErrors naming the argument lives in Python (rocm_attn/small_seq.py); the
+// checks here guard direct torch.ops callers and the small-seq calls that go to the op first (a
+// shape the kernels have already served), whose RuntimeError sends Python back to its own checks.
 
 #include <limits>
 
@@ -104,11 +104,17 @@ SmallSeqParams make_params(const at::Tensor& q, const at::Tensor& k, const at::T
   return p;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_fwd(
+namespace {
+
+// small_seq_fwd's work; row_max_out: nullptr (the plain forward), or where the [h_q, b] row
+// maxima (each row's maximum scaled logit, indexed as the LSE) go, filled by the row_max
+// kernels (small_seq_fwd_launch's row_max).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> one_query_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
     const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale,
-    bool return_softmax, at::IntArrayRef plan_ints, at::IntArrayRef backward_plan_ints) {
+    bool return_softmax, at::IntArrayRef plan_ints, at::IntArrayRef backward_plan_ints,
+    at::Tensor* row_max_out) {
   SmallSeqParams p =
       make_params(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv, softmax_scale);
   const SmallSeqPlan plan = decode_plan(plan_ints, "small_seq", "one_query_plans");
@@ -119,16 +125,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_fwd(
   at::Tensor probs = return_softmax
                          ? at::empty({p.batch, p.num_heads_q, max_seqlen_kv}, lse.options())
                          : at::empty({0}, lse.options());
+  float* row_max = nullptr;
+  if (row_max_out != nullptr) {
+    *row_max_out = at::empty({p.num_heads_q, p.batch}, lse.options());
+    row_max = row_max_out->data_ptr<float>();
+  }
   p.o = out.data_ptr();
   row_strides(out, p.o_token_stride, p.o_head_stride);
   p.lse = lse.data_ptr<float>();
   p.probs = return_softmax ? probs.data_ptr<float>() : nullptr;
   check_plan_launch(small_seq_fwd_launch(p, plan, small_seq_dtype(q),
                                          static_cast<int>(q.size(-1)),
-                                         current_stream(q.device())),
+                                         current_stream(q.device()), row_max),
                     plan_ints, "small_seq", "not a one-query forward kernel", kOneQueryMisfit,
-                    "small_seq forward");
+                    row_max != nullptr ? "small_seq forward (row_max)" : "small_seq forward");
   return {out, lse, probs};
+}
+
+// rocm_attn::small_seq_fwd_row_max: small_seq_fwd that also returns the row maxima, for
+// fused_attn_small_seq(return_max_logit=True). An op of its own, so that small_seq_fwd's schema,
+// outputs, autograd kernel and direct entry point stay as they are; its autograd (the same
+// backward op) and fake impl are registered in rocm_attn/ops.py.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> small_seq_fwd_row_max(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
+    const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale,
+    bool return_softmax, at::IntArrayRef plan_ints, at::IntArrayRef backward_plan_ints) {
+  at::Tensor row_max;
+  auto [out, lse, probs] =
+      one_query_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
+                    softmax_scale, return_softmax, plan_ints, backward_plan_ints, &row_max);
+  return {out, lse, probs, row_max};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_fwd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
+    const std::optional<at::Tensor>& seqlens_kv, int64_t max_seqlen_kv, double softmax_scale,
+    bool return_softmax, at::IntArrayRef plan_ints, at::IntArrayRef backward_plan_ints) {
+  return one_query_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_kv,
+                       softmax_scale, return_softmax, plan_ints, backward_plan_ints, nullptr);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_bwd(
@@ -189,9 +227,15 @@ TORCH_LIBRARY_FRAGMENT(rocm_attn, m) {
       "small_seq_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor? dlse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? seqlens_kv, "
       "int max_seqlen_kv, float softmax_scale, int[] plan) -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def(
+      "small_seq_fwd_row_max(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, "
+      "Tensor? cu_seqlens_kv, Tensor? seqlens_kv, int max_seqlen_kv, float softmax_scale, "
+      "bool return_softmax, int[] plan, int[] backward_plan) -> (Tensor out, Tensor lse, "
+      "Tensor probs, Tensor row_max)");
 }
 
 TORCH_LIBRARY_IMPL(rocm_attn, CUDA, m) {
   m.impl("small_seq_fwd", &rocm_attn::bindings::small_seq_fwd);
   m.impl("small_seq_bwd", &rocm_attn::bindings::small_seq_bwd);
+  m.impl("small_seq_fwd_row_max", &rocm_attn::bindings::small_seq_fwd_row_max);
 }

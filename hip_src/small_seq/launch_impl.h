@@ -45,26 +45,17 @@ dim3 grid_for(const SmallSeqParams& p, Kernel kernel, int factor, int (&resident
   return dim3(static_cast<unsigned>(blocks > 0 ? blocks : 1));
 }
 
-// One kernel on the grid of `factor`.
+// One kernel on the grid of `factor`, with the params and any further kernel arguments (the
+// row_max kernels' row_max).
 // NOTE: the occupancy cache is a static of this instantiation, one per kernel. Every kernel
 // here has the same type (void(*)(SmallSeqParams)), so a static keyed by that type alone would
 // be one cache shared by all of them, the first kernel launched setting the others' residency.
-template <auto KERNEL>
-hipError_t launch_one_query(const SmallSeqParams& p, int factor, hipStream_t stream) {
+template <auto KERNEL, typename... Args>
+hipError_t launch_one_query(const SmallSeqParams& p, int factor, hipStream_t stream,
+                            Args... args) {
   static int resident_per_mp[64] = {};
   const dim3 grid = grid_for(p, KERNEL, factor, resident_per_mp);
-  hipLaunchKernelGGL(KERNEL, grid, block_for(), 0, stream, p);
-  return hipGetLastError();
-}
-
-// A row_max kernel (fwd_kernel.h small_seq_fwd_row_max_kernel, fwd_mma_kernel.h
-// small_seq_fwd_mma_row_max_kernel) on the grid of `factor`, with its row_max argument.
-template <auto KERNEL>
-hipError_t launch_one_query_row_max(const SmallSeqParams& p, float* row_max, int factor,
-                                    hipStream_t stream) {
-  static int resident_per_mp[64] = {};
-  const dim3 grid = grid_for(p, KERNEL, factor, resident_per_mp);
-  hipLaunchKernelGGL(KERNEL, grid, block_for(), 0, stream, p, row_max);
+  hipLaunchKernelGGL(KERNEL, grid, block_for(), 0, stream, p, args...);
   return hipGetLastError();
 }
 
@@ -84,57 +75,56 @@ inline bool pipe_fits(int32_t pipe, bool pipelinable, int group) {
 // Record a = {D, KV, PIPE, grid_factor} (fwd) or {D, KV, grid_factor} (fwd_mma); the caller
 // (launch.hip) has matched D and KV to this variant. The matrix-unit forward serves GQA groups
 // (two or more q heads per kv head); on targets without matrix units it compiles the general
-// body, so the record is always runnable.
-template <typename T, int D, int KV>
-hipError_t run_fwd(const SmallSeqParams& p, const SmallSeqLaunch& l, hipStream_t stream) {
+// body, so the record is always runnable. ROW_MAX: the same record on the kernels that also
+// write each row's maximum scaled logit to row_max ([h_q, b], indexed as the LSE:
+// return_max_logit), kernels of their own that take row_max beside the params, so that
+// SmallSeqParams and the default kernels' device code stay as they are.
+template <typename T, int D, int KV, bool ROW_MAX>
+hipError_t run_fwd_record(const SmallSeqParams& p, const SmallSeqLaunch& l, hipStream_t stream,
+                          float* row_max) {
   const int32_t* a = l.p;
   const int group = p.num_heads_q / p.num_heads_kv;
   switch (static_cast<SmallSeqKernel>(l.kernel)) {
     case SmallSeqKernel::kFwdMma:
       if (group < 2 || a[2] < 0) return kOneQueryBadPlan;
       if (p.batch == 0) return hipSuccess;
-      return launch_one_query<small_seq_fwd_mma_kernel<T, D, KV>>(p, a[2], stream);
+      if constexpr (ROW_MAX)
+        return launch_one_query<small_seq_fwd_mma_row_max_kernel<T, D, KV>>(p, a[2], stream,
+                                                                            row_max);
+      else
+        return launch_one_query<small_seq_fwd_mma_kernel<T, D, KV>>(p, a[2], stream);
     case SmallSeqKernel::kFwd:
       if (!pipe_fits(a[2], kFwdPipelinable<D, KV>, group) || a[3] < 0) return kOneQueryBadPlan;
       if (p.batch == 0) return hipSuccess;
       if constexpr (kFwdPipelinable<D, KV>) {
-        if (a[2] == 1)
-          return launch_one_query<small_seq_fwd_kernel<T, D, KV, true>>(p, a[3], stream);
+        if (a[2] == 1) {
+          if constexpr (ROW_MAX)
+            return launch_one_query<small_seq_fwd_row_max_kernel<T, D, KV, true>>(
+                p, a[3], stream, row_max);
+          else
+            return launch_one_query<small_seq_fwd_kernel<T, D, KV, true>>(p, a[3], stream);
+        }
       }
-      return launch_one_query<small_seq_fwd_kernel<T, D, KV, false>>(p, a[3], stream);
+      if constexpr (ROW_MAX)
+        return launch_one_query<small_seq_fwd_row_max_kernel<T, D, KV, false>>(p, a[3], stream,
+                                                                               row_max);
+      else
+        return launch_one_query<small_seq_fwd_kernel<T, D, KV, false>>(p, a[3], stream);
     default:
       return kOneQueryNoKernel;
   }
 }
 
-// run_fwd's record on the kernels that also write each row's maximum scaled logit to row_max
-// ([h_q, b], indexed as the LSE: return_max_logit). Kernels of their own, taking row_max beside
-// the params, so that SmallSeqParams and the default kernels' device code stay as they are;
-// instantiated after run_fwd in each generated unit (the NOTE above on the order).
+template <typename T, int D, int KV>
+hipError_t run_fwd(const SmallSeqParams& p, const SmallSeqLaunch& l, hipStream_t stream) {
+  return run_fwd_record<T, D, KV, false>(p, l, stream, nullptr);
+}
+
+// Instantiated after run_fwd in each generated unit (the NOTE above on the order).
 template <typename T, int D, int KV>
 hipError_t run_fwd_row_max(const SmallSeqParams& p, const SmallSeqLaunch& l, hipStream_t stream,
                            float* row_max) {
-  const int32_t* a = l.p;
-  const int group = p.num_heads_q / p.num_heads_kv;
-  switch (static_cast<SmallSeqKernel>(l.kernel)) {
-    case SmallSeqKernel::kFwdMma:
-      if (group < 2 || a[2] < 0) return kOneQueryBadPlan;
-      if (p.batch == 0) return hipSuccess;
-      return launch_one_query_row_max<small_seq_fwd_mma_row_max_kernel<T, D, KV>>(p, row_max,
-                                                                                   a[2], stream);
-    case SmallSeqKernel::kFwd:
-      if (!pipe_fits(a[2], kFwdPipelinable<D, KV>, group) || a[3] < 0) return kOneQueryBadPlan;
-      if (p.batch == 0) return hipSuccess;
-      if constexpr (kFwdPipelinable<D, KV>) {
-        if (a[2] == 1)
-          return launch_one_query_row_max<small_seq_fwd_row_max_kernel<T, D, KV, true>>(
-              p, row_max, a[3], stream);
-      }
-      return launch_one_query_row_max<small_seq_fwd_row_max_kernel<T, D, KV, false>>(
-          p, row_max, a[3], stream);
-    default:
-      return kOneQueryNoKernel;
-  }
+  return run_fwd_record<T, D, KV, true>(p, l, stream, row_max);
 }
 
 // Record a = {D, KV, PIPE, grid_factor} (bwd) or {D, KV, grid_factor} (bwd_mma, bwd_mma_wide).
