@@ -28,11 +28,11 @@ import rocm_attn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from rocm_attn import fused_attn_small_seq, small_seq_plan  # noqa: E402
-from rocm_attn.errors import read_errors  # noqa: E402
-from helpers.gpu import gpu_marks, poison_allocator  # noqa: E402
+from helpers.gpu import gpu_marks  # noqa: E402
 from helpers.small_seq_tiled_gpu import DTYPES, lens, tiled_device  # noqa: E402
 from helpers import small_seq_tiled_bwd_cases as G  # noqa: E402
 from helpers import small_seq_tiled_cases as C  # noqa: E402
+from test_small_seq_tiled_bwd_gpu import check, op  # noqa: E402  (the short-history file's)
 
 # every test starts and ends with a clean device error counter (tests/conftest.py)
 pytestmark = [*gpu_marks(thd_ops=False), pytest.mark.usefixtures("clean_error_counter")]
@@ -62,25 +62,6 @@ def dev():
     if not rocm_attn.small_seq_flash.warpgroup_kernels():
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     return device
-
-
-def op(case: C.TiledCase, dout, out, lse, dlse):
-    poison_allocator(case.q.device)
-    return torch.ops.rocm_attn.small_seq_tiled_bwd(
-        dout, case.q, case.k, case.v, out, lse, dlse, case.cu_q, case.cu_kv, case.seqlens,
-        case.max_q, case.max_kv, case.scale,
-        small_seq_plan.tiled_bwd_plan(case.q, case.k, case.max_q, case.max_kv))
-
-
-def check(case, seed, dlse=False):
-    """Gradients against the oracle (the backward leaves the error counter alone); returns the
-    inputs and the gradients."""
-    dout, out, lse, dl = G.inputs(case, seed, dlse)
-    grads = op(case, dout, out, lse, dl)
-    torch.cuda.synchronize()
-    G.check_grads(case, dout, dl, *grads)
-    assert read_errors(reset=True) == (0, -1), "the backward touched the error counter"
-    return (dout, out, lse, dl), grads
 
 
 def ran_kernels(case, seed, dlse=False):
