@@ -6,6 +6,7 @@ JaggedTensor's accessors covers the same paths everywhere."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import warnings
@@ -17,6 +18,9 @@ import torch.nn.functional as F
 import rocm_attn
 from rocm_attn.jagged import fused_attn_small_seq_jagged, is_jagged
 from rocm_attn.nn import TargetAttention
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_nn import _request_reference  # noqa: E402  (the float64 per-user oracle)
 
 
 class StandIn:
@@ -37,24 +41,6 @@ class StandIn:
 
 def _torchrec():
     return pytest.importorskip("torchrec.sparse.jagged_tensor")
-
-
-def _reference(module, candidate, offsets, histories):
-    """Float64 per-user loop: user u's candidates attend to user u's history rows."""
-    h, hk, d = module.num_heads, module.num_kv_heads, module.head_dim
-    lin = lambda x, layer: F.linear(x.double(), layer.weight.double(), layer.bias.double())  # noqa: E731
-    outs = []
-    for u, hist in enumerate(histories):
-        q = lin(candidate[int(offsets[u]):int(offsets[u + 1])], module.q_proj).view(-1, h, d)
-        kv = lin(hist, module.kv_proj).view(-1, 2, hk, d)
-        k, v = (kv[:, i].repeat_interleave(h // hk, dim=1) for i in (0, 1))
-        if k.shape[0] == 0:
-            att = q.new_zeros(q.shape)
-        else:
-            w = torch.einsum("qhd,khd->hqk", q, k).mul(d ** -0.5).softmax(-1)
-            att = torch.einsum("hqk,khd->qhd", w, v)
-        outs.append(lin(att.reshape(-1, h * d), module.out_proj))
-    return torch.cat(outs)
 
 
 def _problem(seed, users=6, e=32, max_hist=12, max_cand=5, dtype=torch.float64):
@@ -82,12 +68,12 @@ def test_lengths_only_packed_history(lengths_dtype):
     module = _module()
     candidate, offsets, histories, lens = _problem(1)
     packed, lens = torch.cat(histories), lens.to(lengths_dtype)
-    want = _reference(module, candidate, offsets, histories)
+    want = _request_reference(module, candidate, offsets, histories)
     got = module(candidate, packed, lengths=lens, candidate_offsets=offsets)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     # one candidate per user
     pairs = torch.randn(len(histories), 32, dtype=torch.float64)
-    want = _reference(module, pairs, torch.arange(len(histories) + 1), histories)
+    want = _request_reference(module, pairs, torch.arange(len(histories) + 1), histories)
     torch.testing.assert_close(module(pairs, packed, lengths=lens), want, rtol=1e-10, atol=1e-10)
 
 
@@ -96,7 +82,7 @@ def test_lengths_only_packed_history(lengths_dtype):
 def test_jagged_history_and_candidates_stand_in(carries, offset_dtype):
     module = _module(num_kv_heads=1)
     candidate, offsets, histories, lens = _problem(2)
-    want = _reference(module, candidate, offsets, histories)
+    want = _request_reference(module, candidate, offsets, histories)
     cu = F.pad(lens.cumsum(0), (1, 0)).to(offset_dtype)
     parts = {"offsets": dict(offsets=cu), "lengths": dict(lengths=lens.to(offset_dtype)),
              "both": dict(offsets=cu, lengths=lens.to(offset_dtype))}[carries]
@@ -113,7 +99,7 @@ def test_torchrec_jagged_tensor_inputs():
     jt = _torchrec()
     module = _module(num_kv_heads=4)
     candidate, offsets, histories, lens = _problem(3)
-    want = _reference(module, candidate, offsets, histories)
+    want = _request_reference(module, candidate, offsets, histories)
     packed = torch.cat(histories)
     for history in (jt.JaggedTensor(values=packed, lengths=lens),
                     jt.JaggedTensor(values=packed, offsets=F.pad(lens.cumsum(0), (1, 0))),
@@ -133,7 +119,7 @@ def test_fbgemm_int64_offsets_as_they_come():
     cand_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(offsets.diff())
     assert cu.dtype == cand_offsets.dtype == torch.int64
     got = module(candidate, torch.cat(histories), cu_seqlens=cu, candidate_offsets=cand_offsets)
-    torch.testing.assert_close(got, _reference(module, candidate, offsets, histories),
+    torch.testing.assert_close(got, _request_reference(module, candidate, offsets, histories),
                                rtol=1e-10, atol=1e-10)
 
 
