@@ -88,10 +88,6 @@ WS_THREADS = 384                 # kTiledWsThreads
 BWD_KEYS = 16                    # tiled_bwd_kernel.h kTiledBwdKeys
 BWD_ROWS = 16                    # kTiledBwdRows
 BWD_WAVES_PER_BLOCK = 2          # kTiledBwdWavesPerBlock
-# The backward's block variants of passes 2 and 3 where a (segment, kv head) may have more than
-# one key tile and at least this many row tiles: the waves then share every row tile's (pass 2)
-# or key tile's (pass 3) staging; fewer rows leave the barriers little to amortise.
-BWD_BLOCK_MIN_ROW_TILES = 4
 BWD_BLOCK_THREADS = 256          # tiled_bwd_block_kernel.h kTiledBwdBlockThreads
 BWD_DQ_BLOCK_THREADS = 128       # kTiledBwdDqBlockThreads
 BWD_ROW_TILE_THREADS = 128       # tiled_bwd_launch.hip kTiledBwdRowTileThreads
@@ -164,12 +160,6 @@ def bwd_warpgroup_smem_bytes(d: int, keys: int) -> int:
         + 2 * WARPGROUP_ROWS * WARPGROUP_KEYS * 2 + 1024
 
 
-def bwd_warpgroup_dq_smem_bytes(d: int, max_seqlen_kv: int) -> int:
-    """tiled_bwd_warpgroup_dq_smem_bytes<D>: the cp.async dQ block."""
-    return 2 * bwd_warpgroup_blocks(max_seqlen_kv) * BWD_WARPGROUP_BLOCK_KEYS * d * 2 \
-        + BWD_WARPGROUP_DQ_WARPGROUPS * 2 * WARPGROUP_ROWS * d * 2 + 1024
-
-
 def bwd_warpgroup_dq_tma_smem_bytes(d: int, max_seqlen_kv: int) -> int:
     """tiled_bwd_warpgroup_dq_tma_smem_bytes<D>: the tile-copy dQ block."""
     return 2 * bwd_warpgroup_blocks(max_seqlen_kv) * BWD_WARPGROUP_BLOCK_KEYS * d * 2 \
@@ -232,10 +222,7 @@ DEFAULT_TUNING: Dict[str, int] = {
     "small_seq_tiled_warpgroup_tma": 1,
     "small_seq_tiled_warpgroup_stream": 1,
     "small_seq_tiled_warpgroup_ws": 1,
-    "small_seq_tiled_bwd_block": 1,
     "small_seq_tiled_bwd_warpgroup": 1,
-    "small_seq_tiled_bwd_fused_delta": 2,
-    "small_seq_tiled_bwd_one_tile": 1,
     "small_seq_tiled_bwd_two_tile": 1,
     "small_seq_tiled_bwd_dq_stream": 1,
     "small_seq_tiled_bwd_stream": 1,
@@ -405,26 +392,21 @@ VARIANTS: Dict[str, Tuple[str, str]] = {
                         "pass 1 (Delta = rowsum(dO O) - dlse) where no later kernel fuses it"),
     "tiled_bwd_dkv": ("small_seq_tiled_bwd_dkv_kernel<T, D, ONE_ROW_TILE, FUSED_DELTA>",
                       "pass 2; its one-row-tile instance for at most 16 rows"),
-    "tiled_bwd_dq": ("small_seq_tiled_bwd_dq_kernel<T, D>", "pass 3"),
     "tiled_bwd_dkv_block": ("small_seq_tiled_bwd_dkv_block_kernel<T, D>",
-                            "4+ row tiles over more than one key tile"),
+                            "more than one row tile over more than one key tile"),
     "tiled_bwd_dq_block": ("small_seq_tiled_bwd_dq_block_kernel<T, D>", "as tiled_bwd_dkv_block"),
     "tiled_bwd_stream": ("small_seq_tiled_bwd_stream_kernel<T, D, ROWS>",
                          "at most 4 rows per (segment, kv head)"),
-    "tiled_bwd_warpgroup": ("small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS, WITH_DQ, "
-                            "FUSED_DELTA, TRANSPOSED>",
-                            "Hopper, 64+ rows per (segment, kv head), at most 4096 keys"),
     "tiled_bwd_warpgroup_tma": ("small_seq_tiled_bwd_warpgroup_tma_kernel<T, D, KEYS, WITH_DQ, "
                                 "FUSED_DELTA, TRANSPOSED>",
-                                "as tiled_bwd_warpgroup where tile copies serve"),
-    "tiled_bwd_warpgroup_dq": ("small_seq_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA>",
-                               "warpgroup backward past one key block"),
-    "tiled_bwd_warpgroup_dq_tma": ("small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D, DELTA>",
-                                   "as tiled_bwd_warpgroup_dq where tile copies serve"),
+                                "Hopper, 64+ rows per (segment, kv head), at most 4096 keys, "
+                                "where tile copies serve"),
+    "tiled_bwd_warpgroup_dq_tma": ("small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D>",
+                                   "warpgroup backward past one key block, at most 256 keys"),
     "tiled_bwd_warpgroup_two_tile": ("small_seq_tiled_bwd_warpgroup_two_tile_kernel<T, D>",
                                      "warpgroup backward, 65-128 rows, past one key block"),
-    "tiled_bwd_warpgroup_dq_stream": ("small_seq_tiled_bwd_warpgroup_dq_stream_kernel<T, D, "
-                                      "DELTA>", "warpgroup backward past 256 keys"),
+    "tiled_bwd_warpgroup_dq_stream": ("small_seq_tiled_bwd_warpgroup_dq_stream_kernel<T, D>",
+                                      "warpgroup backward past 256 keys"),
     # not kernels of hip_src/small_seq
     "flash": ("torch flash varlen + small_seq_flash_contract_{fwd,bwd}",
               "NVIDIA, THD, many candidates over long enough histories"),
@@ -746,7 +728,7 @@ def _bwd_dq_streams(call: Call, device: Device, t: Mapping[str, int]) -> bool:
     mode = t["small_seq_tiled_bwd_dq_stream"]
     if mode != 1:
         return mode >= 2
-    return (call.max_seqlen_kv > BWD_WARPGROUP_MAX_KEYS or bwd_warpgroup_dq_smem_bytes(
+    return (call.max_seqlen_kv > BWD_WARPGROUP_MAX_KEYS or bwd_warpgroup_dq_tma_smem_bytes(
         call.head_dim, call.max_seqlen_kv) > device.max_shared_per_block)
 
 
@@ -766,75 +748,66 @@ def _bwd_uses_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> boo
         return False
     if kv > BWD_WARPGROUP_BLOCK_KEYS:
         dq_smem = (bwd_warpgroup_dq_stream_smem_bytes(d) if _bwd_dq_streams(call, device, t)
-                   else bwd_warpgroup_dq_smem_bytes(d, kv))
+                   else bwd_warpgroup_dq_tma_smem_bytes(d, kv))
         if dq_smem > limit:
             return False
     return mode >= 2 or call.rows >= WARPGROUP_ROWS
 
 
-def _bwd_warpgroup_fuses_delta(call: Call, t: Mapping[str, int]) -> bool:
-    mode, kv = t["small_seq_tiled_bwd_fused_delta"], call.max_seqlen_kv
-    if kv <= BWD_WARPGROUP_CHUNK:
-        return mode >= 1
-    if kv <= BWD_WARPGROUP_BLOCK_KEYS:
-        return mode >= 2
-    walked = BWD_TWO_TILE_ROWS if t["small_seq_tiled_bwd_two_tile"] >= 1 else WARPGROUP_ROWS
-    return mode >= 2 and call.rows > walked
-
-
-def _bwd_warpgroup(call: Call, device: Device, t: Mapping[str, int],
-                   fused: bool) -> List[Launch]:
+def _bwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional[List[Launch]]:
+    """The warpgroup backward's launches, or None where the call needs tile copies that the
+    device, the tuning (small_seq_tiled_warpgroup_tma 0) or the GQA group (one not dividing a
+    64-row tile) does not give: every dK / dV kernel but the two-tile one moves its row tiles
+    by tile copies, and the wave / block kernels serve those calls. Histories of one key block:
+    one kernel, dQ included, Delta from its own products (no Delta pass). Past one block:
+    the one-tile walk for at most one 64-row tile per (segment, kv head), the two-tile kernel
+    for at most two (tuning small_seq_tiled_bwd_two_tile), both after the Delta pass; more rows
+    take the dQ kernel (Delta from dO and O, run first; K / V staged up to 256 keys, streamed
+    past that) and the dK / dV kernel per key block."""
     d, kv, rows = call.head_dim, call.max_seqlen_kv, call.rows
     tma = device.tile_copies and t["small_seq_tiled_warpgroup_tma"] > 0 and _tma_q_box_fits(call)
 
     def dkdv(keys: int, with_dq: bool, fused_delta: bool, transposed: bool) -> Launch:
-        return _launch("tiled_bwd_warpgroup_tma" if tma else "tiled_bwd_warpgroup", D=d,
-                       KEYS=keys, WITH_DQ=with_dq, FUSED_DELTA=fused_delta,
-                       TRANSPOSED=transposed, threads=128,
+        return _launch("tiled_bwd_warpgroup_tma", D=d, KEYS=keys, WITH_DQ=with_dq,
+                       FUSED_DELTA=fused_delta, TRANSPOSED=transposed, threads=128,
                        smem=bwd_warpgroup_smem_bytes(d, keys))
 
-    if kv <= 16:
-        return [dkdv(16, True, fused, False)]
-    if kv <= BWD_WARPGROUP_BLOCK_KEYS:
-        return [dkdv(BWD_WARPGROUP_BLOCK_KEYS, True, fused, False)]
-    if not fused and t["small_seq_tiled_bwd_one_tile"] >= 1 and rows <= WARPGROUP_ROWS:
-        return [dkdv(BWD_WARPGROUP_BLOCK_KEYS, True, False, True)]
-    if (not fused and t["small_seq_tiled_bwd_two_tile"] >= 1
+    delta = _launch("tiled_bwd_delta", D=d, threads=BWD_WAVES_PER_BLOCK * device.wave)
+    if (t["small_seq_tiled_bwd_two_tile"] >= 1 and kv > BWD_WARPGROUP_BLOCK_KEYS
             and WARPGROUP_ROWS < rows <= BWD_TWO_TILE_ROWS):
-        return [_launch("tiled_bwd_warpgroup_two_tile", D=d, threads=256,
-                        smem=bwd_two_tile_smem_bytes(d))]
-    key_blocks = dkdv(BWD_WARPGROUP_BLOCK_KEYS, False, False, True)
-
-    def dq(delta: bool) -> Launch:
-        if _bwd_dq_streams(call, device, t):
-            return _launch("tiled_bwd_warpgroup_dq_stream", D=d, DELTA=delta,
-                           threads=BWD_WARPGROUP_DQ_WARPGROUPS * 128,
-                           smem=bwd_warpgroup_dq_stream_smem_bytes(d))
-        tma_smem = bwd_warpgroup_dq_tma_smem_bytes(d, kv)
-        if tma and tma_smem <= device.max_shared_per_block:
-            return _launch("tiled_bwd_warpgroup_dq_tma", D=d, DELTA=delta,
-                           threads=BWD_WARPGROUP_DQ_WARPGROUPS * 128, smem=tma_smem)
-        return _launch("tiled_bwd_warpgroup_dq", D=d, DELTA=delta,
-                       threads=BWD_WARPGROUP_DQ_WARPGROUPS * 128,
-                       smem=bwd_warpgroup_dq_smem_bytes(d, kv))
-
-    return [dq(True), key_blocks] if fused else [key_blocks, dq(False)]
+        return [delta, _launch("tiled_bwd_warpgroup_two_tile", D=d, threads=256,
+                               smem=bwd_two_tile_smem_bytes(d))]
+    if not tma:
+        return None
+    if kv <= 16:
+        return [dkdv(16, True, True, False)]
+    if kv <= BWD_WARPGROUP_BLOCK_KEYS:
+        return [dkdv(BWD_WARPGROUP_BLOCK_KEYS, True, True, False)]
+    if rows <= WARPGROUP_ROWS:
+        return [delta, dkdv(BWD_WARPGROUP_BLOCK_KEYS, True, False, True)]
+    if _bwd_dq_streams(call, device, t):
+        dq = _launch("tiled_bwd_warpgroup_dq_stream", D=d,
+                     threads=BWD_WARPGROUP_DQ_WARPGROUPS * 128,
+                     smem=bwd_warpgroup_dq_stream_smem_bytes(d))
+    else:
+        dq = _launch("tiled_bwd_warpgroup_dq_tma", D=d, threads=BWD_WARPGROUP_DQ_WARPGROUPS * 128,
+                     smem=bwd_warpgroup_dq_tma_smem_bytes(d, kv))
+    return [dq, dkdv(BWD_WARPGROUP_BLOCK_KEYS, False, False, True)]
 
 
 def plan_tiled_backward(call: Call, device: Device, t: Mapping[str, int]) -> Plan:
     d, kv, rows, wave = call.head_dim, call.max_seqlen_kv, call.rows, device.wave
     threads = BWD_WAVES_PER_BLOCK * wave
-    warpgroup = d <= 128 and _bwd_uses_warpgroup(call, device, t)
-    stream = not warpgroup and t["small_seq_tiled_bwd_stream"] > 0 and rows <= BWD_STREAM_MAX_ROWS
-    row_tile = (not warpgroup and not stream and t["small_seq_tiled_bwd_row_tile"] > 0
-                and rows <= BWD_ROWS)
-    mode = t["small_seq_tiled_bwd_fused_delta"]
-    fused = (warpgroup and _bwd_warpgroup_fuses_delta(call, t)) or (
-        row_tile and mode >= 1 and kv <= BWD_KEYS)
+    if d <= 128 and _bwd_uses_warpgroup(call, device, t):
+        launches = _bwd_warpgroup(call, device, t)
+        if launches is not None:
+            return Plan("tiled", "backward", tuple(launches))
+    stream = t["small_seq_tiled_bwd_stream"] > 0 and rows <= BWD_STREAM_MAX_ROWS
+    row_tile = not stream and t["small_seq_tiled_bwd_row_tile"] > 0 and rows <= BWD_ROWS
+    # the one-row-tile instance computes Delta itself where its items hold every key
+    fused = row_tile and kv <= BWD_KEYS
     launches: List[Launch] = [] if fused else [_launch("tiled_bwd_delta", D=d, threads=threads)]
-    if warpgroup:
-        launches += _bwd_warpgroup(call, device, t, fused)
-    elif stream:
+    if stream:
         # the one-row instance, else the four-row one (two or three rows run it partly empty)
         stream_rows = 1 if rows <= 1 else BWD_STREAM_MAX_ROWS
         per = {2: "wave", 3: "block"}.get(t["small_seq_tiled_bwd_stream"], "occupancy")
@@ -843,20 +816,14 @@ def plan_tiled_backward(call: Call, device: Device, t: Mapping[str, int]) -> Pla
     elif row_tile:
         launches.append(_launch("tiled_bwd_dkv", D=d, ONE_ROW_TILE=True, FUSED_DELTA=fused,
                                 threads=BWD_ROW_TILE_THREADS))
+    elif kv > BWD_KEYS and rows > BWD_ROWS:
+        # more than one key tile and more than one row tile: a dQ pass, by the block variants
+        launches.append(_launch("tiled_bwd_dkv_block", D=d, threads=BWD_BLOCK_THREADS))
+        launches.append(_launch("tiled_bwd_dq_block", D=d, threads=BWD_DQ_BLOCK_THREADS))
     else:
-        block_mode = t["small_seq_tiled_bwd_block"]
-        block = block_mode >= 2 or (block_mode == 1 and kv > BWD_KEYS
-                                    and _ceil(rows, BWD_ROWS) >= BWD_BLOCK_MIN_ROW_TILES)
-        needs_dq = kv > BWD_KEYS and rows > BWD_ROWS
-        if block:
-            launches.append(_launch("tiled_bwd_dkv_block", D=d, threads=BWD_BLOCK_THREADS))
-            if needs_dq:
-                launches.append(_launch("tiled_bwd_dq_block", D=d, threads=BWD_DQ_BLOCK_THREADS))
-        else:
-            launches.append(_launch("tiled_bwd_dkv", D=d, ONE_ROW_TILE=False, FUSED_DELTA=False,
-                                    threads=threads))
-            if needs_dq:
-                launches.append(_launch("tiled_bwd_dq", D=d, threads=threads))
+        # one key tile (or one row tile): pass 2 computes dQ too
+        launches.append(_launch("tiled_bwd_dkv", D=d, ONE_ROW_TILE=False, FUSED_DELTA=False,
+                                threads=threads))
     return Plan("tiled", "backward", tuple(launches))
 
 
@@ -956,13 +923,10 @@ KERNEL_IDS: Dict[str, int] = {
     "tiled_fwd_warpgroup_ws": 6,
     "tiled_bwd_delta": 10,
     "tiled_bwd_dkv": 11,
-    "tiled_bwd_dq": 12,
     "tiled_bwd_dkv_block": 13,
     "tiled_bwd_dq_block": 14,
     "tiled_bwd_stream": 15,
-    "tiled_bwd_warpgroup": 16,
     "tiled_bwd_warpgroup_tma": 17,
-    "tiled_bwd_warpgroup_dq": 18,
     "tiled_bwd_warpgroup_dq_tma": 19,
     "tiled_bwd_warpgroup_two_tile": 20,
     "tiled_bwd_warpgroup_dq_stream": 21,
@@ -981,13 +945,10 @@ _KERNEL_ENUM = {
     "tiled_fwd_warpgroup_ws": "kTiledFwdWarpgroupWs",
     "tiled_bwd_delta": "kTiledBwdDelta",
     "tiled_bwd_dkv": "kTiledBwdDkv",
-    "tiled_bwd_dq": "kTiledBwdDq",
     "tiled_bwd_dkv_block": "kTiledBwdDkvBlock",
     "tiled_bwd_dq_block": "kTiledBwdDqBlock",
     "tiled_bwd_stream": "kTiledBwdStream",
-    "tiled_bwd_warpgroup": "kTiledBwdWarpgroup",
     "tiled_bwd_warpgroup_tma": "kTiledBwdWarpgroupTma",
-    "tiled_bwd_warpgroup_dq": "kTiledBwdWarpgroupDq",
     "tiled_bwd_warpgroup_dq_tma": "kTiledBwdWarpgroupDqTma",
     "tiled_bwd_warpgroup_two_tile": "kTiledBwdWarpgroupTwoTile",
     "tiled_bwd_warpgroup_dq_stream": "kTiledBwdWarpgroupDqStream",
@@ -1007,16 +968,13 @@ LAUNCH_PARAMS: Dict[str, Tuple[str, ...]] = {
     "tiled_fwd_warpgroup_ws": ("D", "grid_factor"),
     "tiled_bwd_delta": ("D",),
     "tiled_bwd_dkv": ("D", "ONE_ROW_TILE", "FUSED_DELTA"),
-    "tiled_bwd_dq": ("D",),
     "tiled_bwd_dkv_block": ("D",),
     "tiled_bwd_dq_block": ("D",),
     "tiled_bwd_stream": ("D", "ROWS", "item_per"),
-    "tiled_bwd_warpgroup": ("D", "KEYS", "WITH_DQ", "FUSED_DELTA", "TRANSPOSED"),
     "tiled_bwd_warpgroup_tma": ("D", "KEYS", "WITH_DQ", "FUSED_DELTA", "TRANSPOSED"),
-    "tiled_bwd_warpgroup_dq": ("D", "DELTA"),
-    "tiled_bwd_warpgroup_dq_tma": ("D", "DELTA"),
+    "tiled_bwd_warpgroup_dq_tma": ("D",),
     "tiled_bwd_warpgroup_two_tile": ("D",),
-    "tiled_bwd_warpgroup_dq_stream": ("D", "DELTA"),
+    "tiled_bwd_warpgroup_dq_stream": ("D",),
 }
 # The streaming backward's items: one per wave or per block by the launcher's occupancy rule, or
 # forced (tuning small_seq_tiled_bwd_stream 2 / 3).
@@ -1251,8 +1209,6 @@ def static_checks() -> str:
             for wg in (1, 2):
                 eq(f"small_seq::tiled_warpgroup_smem_bytes<{d}>({kv}, {wg})",
                    warpgroup_smem_bytes(d, kv, wg), "warpgroup_smem_bytes")
-            eq(f"small_seq::tiled_bwd_warpgroup_dq_smem_bytes<{d}>({kv})",
-               bwd_warpgroup_dq_smem_bytes(d, kv), "bwd_warpgroup_dq_smem_bytes")
     for d in ONE_QUERY_HEAD_DIMS:
         for kv in ONE_QUERY_KV_BUCKETS:
             lines.append(f"static_assert(small_seq::kFwdPipelinable<{d}, {kv}> == "

@@ -63,22 +63,17 @@ def test_mixed_segments(lib, d, h_q, h_kv, passes):
 
 
 @pytest.mark.parametrize("h_q,h_kv", [(8, 2), (2, 2)], ids=["g4", "g1"])
-def test_block_pass_matches_wave_pass_bitwise(lib, h_q, h_kv):
-    """The block dK / dV and dQ passes sum the same terms in the same order as the wave
-    kernels: bitwise equal gradients (dQ of one-key-tile segments included), many row tiles
-    per segment."""
+def test_block_passes_many_row_tiles(lib, h_q, h_kv):
+    """A dQ pass (more than one key tile and more than one row tile) takes the block dK / dV
+    and dQ passes: many row tiles per segment, dQ of one-key-tile segments included."""
     case = C.thd_case(19, [40, 3, 70, 0, 33], [100, 16, 5, 9, 0], h_q, h_kv, 64, torch.bfloat16,
                       offsets=torch.int64)
-    dout, out, lse, dl = G.inputs(case, 19, True)
-    grads = {}
-    for name, knobs in G.BWD_PASSES.items():
-        with emu.tuning(**knobs):
-            grads[name] = run(lib, case, dout, out, lse, dl)
-    G.check_grads(case, dout, dl, *grads["block"], f"wave {lib.wave}")
-    run_names = "\n".join(lib.kernels_run())
+    lib.mark_kernels()
+    with emu.tuning(**G.BWD_PASSES["passes"]):
+        check(lib, case, seed=19, dlse=True)
+    run_names = "\n".join(lib.kernels_run(since_mark=True))
     assert "small_seq_tiled_bwd_dkv_block_kernel" in run_names
     assert "small_seq_tiled_bwd_dq_block_kernel" in run_names
-    G.assert_same_bits(grads["wave"], grads["block"])
 
 
 def test_one_key_tile_fp16_dlse(lib):
@@ -337,7 +332,7 @@ def test_stream_off_keeps_matrix_passes(lib):
         check(lib, case, seed=46)
     assert not ran_stream(lib)
     case = C.thd_case(47, [1, 1], [40, 17], 2, 2, 64, torch.bfloat16)
-    with emu.tuning(**G.BWD_PASSES["wave"]):
+    with emu.tuning(**G.BWD_PASSES["passes"]):
         check(lib, case, seed=47)
     assert not ran_stream(lib)
 
@@ -363,28 +358,26 @@ def ran_row_tile(lib):
 
 
 def check_row_tile(lib, case, seed, dlse=False):
-    """The instance with the default Delta (fused where max_seqlen_kv <= 16, else the Delta
-    pass) against the oracle and close to the instance with Delta from the Delta pass, which is
-    bitwise the general instance's one-row-tile items (the same item, the same Delta). At 32
-    lanes (the scalar item: Delta = rowsum(dO O) in pass 1's lane layout and order) fused and
-    Delta-pass gradients are bitwise equal too. The comparisons leave out the rows the contract
-    leaves open (k/v rows two garbage segments claim hold either writer's value, by schedule).
-    Returns the default's gradients."""
+    """The instance (Delta fused where max_seqlen_kv <= 16, else from the Delta pass) against
+    the oracle and against the general instance's one-row-tile items, Delta from the Delta pass:
+    bitwise where the instance takes the Delta pass too (the same item, the same Delta) and at
+    32 lanes (the scalar item's fused Delta = rowsum(dO O) in pass 1's lane layout and order),
+    else close. The comparisons leave out the rows the contract leaves open (k/v rows two garbage
+    segments claim hold either writer's value, by schedule). Returns the instance's
+    gradients."""
     lib.mark_kernels()
     with emu.tuning(**G.ROW_TILE_PASS):
         dout, out, lse, dl, grads = check(lib, case, seed=seed, dlse=dlse)
-    assert ran_row_tile(lib) == ("fused" if case.max_kv <= 16 else "delta_pass")
+    fused = case.max_kv <= 16
+    assert ran_row_tile(lib) == ("fused" if fused else "delta_pass")
     lib.mark_kernels()
-    with emu.tuning(**G.ROW_TILE_DELTA_PASS):
-        two_pass = run(lib, case, dout, out, lse, dl)
-    assert ran_row_tile(lib) == "delta_pass"
-    G.assert_close_grads(grads, two_pass, case)
-    if lib.wave == 32:
-        G.assert_same_bits(grads, two_pass, case)
-    lib.mark_kernels()
-    with emu.tuning(**G.BWD_PASSES["wave"]):
-        G.assert_same_bits(two_pass, run(lib, case, dout, out, lse, dl), case)
+    with emu.tuning(**G.BWD_PASSES["passes"]):
+        general = run(lib, case, dout, out, lse, dl)
     assert ran_row_tile(lib) is None
+    if fused and lib.wave == 64:
+        G.assert_close_grads(grads, general, case)
+    else:
+        G.assert_same_bits(grads, general, case)
     return grads
 
 
@@ -458,11 +451,11 @@ def test_row_tile_non_finite_dout_row(lib):
     for seg in poisoned:
         dout[q0[seg] + 1, 3, 7] = float("nan")
     grads = {}
-    for name, knobs in (("fused", G.ROW_TILE_PASS), ("delta_pass", G.ROW_TILE_DELTA_PASS)):
+    for name, knobs in (("fused", G.ROW_TILE_PASS), ("delta_pass", G.BWD_PASSES["passes"])):
         lib.mark_kernels()
         with emu.tuning(**knobs):
             grads[name] = run(lib, case, dout, out, lse, dl)
-        assert ran_row_tile(lib) == name
+        assert ran_row_tile(lib) == ("fused" if name == "fused" else None)
     dq, dk, dv = grads["fused"]
     for seg in poisoned:
         assert torch.isnan(dq[q0[seg] + 1]).any() and torch.isnan(dk[k0[seg]:k0[seg + 1]]).any()

@@ -211,10 +211,6 @@ NVIDIA_ONLY_KERNELS = {
         "Hopper warpgroup MMA, tensor tile copies and setmaxnreg (CUDA sm_90a); tests/test_small_seq_tiled_gpu.py runs it on a GPU",
     "small_seq_tiled_bwd_warpgroup_tma_kernel":
         "Hopper warpgroup MMA and tensor tile copies (CUDA sm_90a); tests/test_small_seq_tiled_bwd_gpu.py runs it on a GPU",
-    "small_seq_tiled_bwd_warpgroup_kernel":
-        "Hopper warpgroup MMA (sm_90a); tests/test_small_seq_tiled_bwd_gpu.py runs it on a GPU",
-    "small_seq_tiled_bwd_warpgroup_dq_kernel":
-        "Hopper warpgroup MMA (sm_90a); tests/test_small_seq_tiled_bwd_gpu.py runs it on a GPU",
     "small_seq_tiled_bwd_warpgroup_two_tile_kernel":
         "Hopper warpgroup MMA (sm_90a); tests/test_small_seq_tiled_bwd_gpu.py runs it on a GPU",
     "small_seq_tiled_bwd_warpgroup_dq_tma_kernel":

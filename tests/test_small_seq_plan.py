@@ -129,8 +129,8 @@ CASES = [
     ("gfx942", C(128, 8, 8, 64, 100, backward=True), ["tiled_fwd_block(THREADS=256)"],
      ["tiled_bwd_delta", "tiled_bwd_dkv_block(threads=256)", "tiled_bwd_dq_block(threads=128)"]),
     ("gfx942", C(128, 8, 8, 32, 100, backward=True), ["tiled_fwd_block(THREADS=256)"],
-     ["tiled_bwd_delta", "tiled_bwd_dkv(ONE_ROW_TILE=false, FUSED_DELTA=false, threads=128)",
-      "tiled_bwd_dq(threads=128)"]),
+     ["tiled_bwd_delta", "tiled_bwd_dkv_block(threads=256)",   # a dQ pass: the block variants
+      "tiled_bwd_dq_block(threads=128)"]),
     ("gfx942", C(128, 8, 8, 32, 16, backward=True), ["tiled_fwd_wave(ONE_TILE=true)"],
      ["tiled_bwd_delta", "tiled_bwd_dkv(ONE_ROW_TILE=false)"]),  # one key tile: no dQ pass
     ("sm_100", C(128, 8, 8, 64, 16, layout="bshd", backward=True),
@@ -148,15 +148,14 @@ CASES = [
      ["tiled_bwd_delta", "tiled_bwd_warpgroup_two_tile(D=128, threads=256)"]),
     ("sm_90a", C(128, 8, 8, 512, 256, backward=True),
      ["tiled_fwd_warpgroup_ws"],
-     ["tiled_bwd_warpgroup_dq_tma(DELTA=true)",
+     ["tiled_bwd_warpgroup_dq_tma(D=128, threads=256)",
       "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=false, FUSED_DELTA=false, TRANSPOSED=true)"]),
-    ("sm_90a", C(128, 12, 4, 171, 256, backward=True),
+    ("sm_90a", C(128, 12, 4, 171, 256, backward=True),   # group 3: no Q box, no tile copies
      ["tiled_fwd_warpgroup(WARPGROUPS=2, KEYS=64)"],
-     ["tiled_bwd_warpgroup_dq(DELTA=true)",
-      "tiled_bwd_warpgroup(KEYS=64, WITH_DQ=false, TRANSPOSED=true)"]),
+     ["tiled_bwd_delta", "tiled_bwd_dkv_block", "tiled_bwd_dq_block"]),
     ("sm_90a", C(128, 8, 8, 512, 257, layout="bshd", backward=True),
      ["tiled_fwd_warpgroup(WARPGROUPS=2, KEYS=64)"],
-     ["tiled_bwd_warpgroup_dq_stream(D=128, DELTA=true, threads=256)",  # past 256 keys
+     ["tiled_bwd_warpgroup_dq_stream(D=128, threads=256)",  # past 256 keys
       "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=false, FUSED_DELTA=false, TRANSPOSED=true)"]),
     # other paths
     ("sm_90a", C(128, 8, 8, 512, 512, backward=True), ["flash"], ["flash"]),
@@ -252,15 +251,12 @@ def test_warpgroup_backward_long_histories():
                 assert plan.kernels == ("tiled_bwd_warpgroup_dq_stream",
                                         "tiled_bwd_warpgroup_tma"), str(plan)
                 dq, dkdv = plan.launches
-                assert dq.param("DELTA") is True and dq.param("smem") == smem
+                assert dq.param("smem") == smem
                 assert dkdv.param("TRANSPOSED") is True and dkdv.param("WITH_DQ") is False
-                # without tile copies (the launcher's fallback) the dK / dV kernel by cp.async
+                # without tile copies (the launcher's fallback) the mma.sync block passes
                 assert sp.plan_tiled_backward(
                     call, dataclasses.replace(hopper, tile_copies=False), t).kernels == (
-                    "tiled_bwd_warpgroup_dq_stream", "tiled_bwd_warpgroup")
-                # Delta from pass 1 with fused Delta off
-                assert bwd(call, small_seq_tiled_bwd_fused_delta=1).kernels == (
-                    "tiled_bwd_delta", "tiled_bwd_warpgroup_tma", "tiled_bwd_warpgroup_dq_stream")
+                    "tiled_bwd_delta", "tiled_bwd_dkv_block", "tiled_bwd_dq_block")
                 # the bound of before: the mma.sync block passes
                 assert bwd(call, small_seq_tiled_bwd_dq_stream=0).kernels == (
                     "tiled_bwd_delta", "tiled_bwd_dkv_block", "tiled_bwd_dq_block")
@@ -291,10 +287,89 @@ def test_warpgroup_backward_long_histories():
     assert sp.plan_call(mha, hopper, t)[1].path == "flash"
     plan = sp.plan_call(mha, hopper, dict(t, small_seq_flash_route=0))[1]
     assert plan.kernels[0] == "tiled_bwd_warpgroup_dq_stream"
-    # the launch record: the kernel id, then D and DELTA
+    # the launch record: the kernel id, then D
     ints = sp.tiled_bwd_ints(C(64, 8, 1, 300, 1000, layout="bshd", backward=True), hopper, {})
     record = ints[2:2 + sp.LAUNCH_INTS]
-    assert record == [sp.KERNEL_IDS["tiled_bwd_warpgroup_dq_stream"], 64, 1, 0, 0, 0, 0, 0]
+    assert record == [sp.KERNEL_IDS["tiled_bwd_warpgroup_dq_stream"], 64, 0, 0, 0, 0, 0, 0]
+
+
+# Backward kernels deleted because no benchmark row picked them on any arch (the wave dQ pass,
+# the warpgroup dK / dV and staged dQ kernels without tile copies): no call may plan them.
+DELETED_BWD = ("tiled_bwd_dq", "tiled_bwd_warpgroup", "tiled_bwd_warpgroup_dq")
+# The warpgroup dK / dV instances the launcher compiles (KEYS, WITH_DQ, FUSED_DELTA,
+# TRANSPOSED): histories of one key block with dQ and Delta fused; past one block the one-tile
+# walk and the key-block items, Delta from pass 1 or the dQ kernel.
+KEPT_WARPGROUP_DKDV = {(16, True, True, False), (64, True, True, False),
+                       (64, True, False, True), (64, False, False, True)}
+# Launches that compute Delta themselves (no Delta pass ahead of them).
+_DELTA_FROM = ("tiled_bwd_warpgroup_dq_tma", "tiled_bwd_warpgroup_dq_stream")
+
+
+def _check_kept_backward(call: sp.Call, device: sp.Device, plan: sp.Plan) -> None:
+    """A backward plan names kept kernels only, each within what its launcher record accepts
+    (tiled_bwd_launch.hip), with Delta from pass 1 or from a kernel that computes it, and a dQ
+    for every row."""
+    kernels, kv, rows = plan.kernels, call.max_seqlen_kv, call.rows
+    assert kernels and not set(kernels) & set(DELETED_BWD), str(plan)
+    assert set(kernels) <= set(sp.VARIANTS), str(plan)
+    fused = any(launch.param("FUSED_DELTA") for launch in plan.launches)
+    assert (kernels[0] == "tiled_bwd_delta") != (fused or kernels[0] in _DELTA_FROM), str(plan)
+    for launch in plan.launches:
+        k = launch.kernel
+        if k.startswith("tiled_bwd_warpgroup"):
+            assert device.warpgroup_mma and call.head_dim <= 128, str(plan)
+        if k.endswith("_tma"):
+            assert device.tile_copies and sp.WARPGROUP_ROWS % call.group == 0, str(plan)
+        if k == "tiled_bwd_warpgroup_tma":
+            key = tuple(launch.param(n) for n in ("KEYS", "WITH_DQ", "FUSED_DELTA", "TRANSPOSED"))
+            assert key in KEPT_WARPGROUP_DKDV, str(plan)
+            keys, with_dq, _, transposed = key
+            assert kv <= (keys if with_dq and not transposed else sp.BWD_WARPGROUP_STREAM_MAX_KEYS)
+            assert not (with_dq and transposed) or rows <= sp.WARPGROUP_ROWS, str(plan)
+            assert with_dq or len(kernels) == 2, str(plan)   # beside a dQ kernel
+        if k == "tiled_bwd_warpgroup_dq_tma":
+            assert kv <= sp.BWD_WARPGROUP_MAX_KEYS, str(plan)
+        if k == "tiled_bwd_warpgroup_two_tile":
+            assert rows <= sp.BWD_TWO_TILE_ROWS, str(plan)
+        if k == "tiled_bwd_stream":
+            assert rows <= launch.param("ROWS"), str(plan)
+        if k == "tiled_bwd_dkv" and launch.param("ONE_ROW_TILE"):
+            assert rows <= sp.BWD_ROWS and (kv <= sp.BWD_KEYS or not launch.param("FUSED_DELTA"))
+    if "tiled_bwd_dkv" in kernels and not plan.launches[-1].param("ONE_ROW_TILE"):
+        # the general dK / dV pass writes dQ only where there is no dQ pass to run
+        assert kv <= sp.BWD_KEYS or rows <= sp.BWD_ROWS, str(plan)
+    if "tiled_bwd_dkv_block" in kernels:
+        assert kernels[-1] == "tiled_bwd_dq_block", str(plan)
+
+
+def test_every_backward_call_gets_a_kept_kernel():
+    """Every call the tiled backward takes, on every arch (and on Hopper without tile copies:
+    the launcher's fallback, tuning small_seq_tiled_warpgroup_tma 0, a GQA group not dividing a
+    64-row tile), under the default tuning and each remaining backward knob, gets kept kernels:
+    the calls the deleted variants served (unaligned tensors, a group of 3, few rows over many
+    keys, tunings that forced them) now go to the wave / block kernels or a kept warpgroup
+    instance, and the plan's fallback never needs tile copies."""
+    tunings = [{}, {"small_seq_tiled_warpgroup_tma": 0}, {"small_seq_tiled_bwd_two_tile": 0},
+               {"small_seq_tiled_bwd_dq_stream": 0}, {"small_seq_tiled_bwd_dq_stream": 2},
+               {"small_seq_tiled_bwd_warpgroup": 2}, {"small_seq_tiled_bwd_warpgroup": 0},
+               {"small_seq_tiled_bwd_row_tile": 0, "small_seq_tiled_bwd_stream": 0}]
+    devices = [*sp.ARCHS.values(), dataclasses.replace(sp.ARCHS["sm_90a"], tile_copies=False)]
+    for device in devices:
+        for knobs in tunings:
+            t = dict(sp.DEFAULT_TUNING, **knobs)
+            for d in sp.TILED_HEAD_DIMS:
+                for hq, hkv in ((8, 8), (8, 4), (12, 4), (8, 1)):
+                    for q in (1, 2, 4, 5, 16, 17, 48, 64, 65, 128, 129, 300):
+                        for kv in (1, 16, 17, 64, 65, 256, 257, 4096):
+                            call = C(d, hq, hkv, q, kv, backward=True)
+                            plan = sp.plan_tiled_backward(call, device, t)
+                            _check_kept_backward(call, device, plan)
+                            if any(k.endswith("_tma") for k in plan.kernels):
+                                fallback = sp.plan_tiled_backward(
+                                    call, dataclasses.replace(device, tile_copies=False), t)
+                                assert not any(k.endswith("_tma") for k in fallback.kernels)
+                                _check_kept_backward(call, device, fallback)
+                            sp.tiled_bwd_ints(call, device, t)  # every launch encodes
 
 
 def test_plan_is_pure_and_reads_no_device():

@@ -53,12 +53,9 @@ def op(case: C.TiledCase, dout, out, lse, dlse, poison=True):
 
 
 def _passes(name):
-    """Tuning values of a pass name: G.BWD_PASSES' or the warpgroup kernel's (Delta fused by
-    default, from the Delta pass with "warpgroup_delta_pass")."""
+    """Tuning values of a pass name: G.BWD_PASSES' or the warpgroup kernels'."""
     if name == "warpgroup":
         return G.WARPGROUP_PASS
-    if name == "warpgroup_delta_pass":
-        return G.WARPGROUP_DELTA_PASS
     return G.BWD_PASSES[name]
 
 
@@ -100,24 +97,6 @@ def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype, passes):
     case = C.thd_case(d + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, d, dtype, device=dev)
     with rocm_attn.tuning.override(**G.BWD_PASSES[passes]):
         check(case, seed=d, dlse=d == 128)
-
-
-@pytest.mark.parametrize("h_q,h_kv", GROUPS)
-@pytest.mark.parametrize("d", [64, 128, 256])
-def test_block_pass_matches_wave_pass_bitwise(dev, d, h_q, h_kv):
-    """The block variants of the dK / dV and dQ passes sum the same terms in the same order as
-    the wave kernels: bitwise equal gradients (dQ of one-key-tile segments included)."""
-    q_lens = [40, 3, 100, 0, 64, 17]
-    kv_lens = [300, 16, 5, 9, 0, 129]
-    case = C.thd_case(d + 7, q_lens, kv_lens, h_q, h_kv, d, torch.bfloat16, max_kv=300,
-                      device=dev)
-    inputs = G.inputs(case, d, True)
-    grads = {}
-    for name, knobs in G.BWD_PASSES.items():
-        with rocm_attn.tuning.override(**knobs):
-            grads[name] = op(case, *inputs)
-    G.check_grads(case, inputs[0], inputs[3], *grads["block"])
-    G.assert_same_bits(grads["wave"], grads["block"])
 
 
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
@@ -215,7 +194,7 @@ def corrupt_offsets(case, q_at: int, far: int = 2**40):
     case.cu_q[q_at] = -far
 
 
-@pytest.mark.parametrize("passes", [*G.BWD_PASSES, "warpgroup", "warpgroup_delta_pass"])
+@pytest.mark.parametrize("passes", [*G.BWD_PASSES, "warpgroup"])
 def test_garbage_offsets_no_oob(dev, passes):
     """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
     max_seqlen_kv): NaN dq on the bad segments' rows, zero dk / dv on their keys, no
@@ -339,9 +318,10 @@ def test_cuda_graph_capture(dev):
     del graph
 
 
-# The warpgroup kernels (tiled_bwd_warpgroup_kernel.h): histories of at most 256 keys (16-key
-# products up to 16 keys; one dK / dV / dQ kernel up to 64; past that the dK / dV kernel per
-# 64-key block and the dQ kernel), 64-row tiles of (query, q head) rows.
+# The warpgroup kernels (tiled_bwd_warpgroup_tma_kernel.h): histories of at most 256 keys here
+# (16-key products up to 16 keys; one dK / dV / dQ kernel up to 64; past that the one- and
+# two-tile walks, or the dK / dV kernel per 64-key block and the dQ kernel), 64-row tiles of
+# (query, q head) rows.
 WARPGROUP_KV_LENS = {
     16: [16, 1, 16, 16, 5, 0, 16, 3, 16, 9, 16],
     64: [17, 64, 63, 64, 5, 0, 1, 64, 17, 40, 64],
@@ -368,13 +348,14 @@ def test_warpgroup_many_candidates(dev, max_kv, d, h_q, h_kv, dtype):
 
 
 @pytest.mark.parametrize("h_q,h_kv,tma", [(8, 2, 0), (6, 2, 1), (16, 2, 1), (16, 1, 1)],
-                         ids=["g4-cp-async", "g3", "g8", "g16"])
+                         ids=["g4-no-tile-copies", "g3", "g8", "g16"])
 @pytest.mark.parametrize("max_kv", list(WARPGROUP_KV_LENS))
 def test_warpgroup_tile_copies(dev, max_kv, h_q, h_kv, tma):
     """The dK / dV kernel's row tiles by tile copies (CUDA sm_90a builds: GQA groups of 8 and 16,
     Q / dO boxes of 8 and 4 tokens; whole tiles copied, tiles cut by a segment's end by
-    cp.async) and by cp.async only (tuning small_seq_tiled_warpgroup_tma 0; a group of 3, whose
-    tiles hold no whole tokens): int64 offsets, padding q rows and NaN k/v rows around."""
+    cp.async), and the calls tile copies cannot serve (tuning small_seq_tiled_warpgroup_tma 0; a
+    group of 3, whose tiles hold no whole tokens), which the plan gives the wave / block
+    kernels and the two-tile kernel: int64 offsets, padding q rows and NaN k/v rows around."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     q_lens = [1, 2, 17, 512, 0, 64, 65, 17, 2, 512, 3]
@@ -389,16 +370,17 @@ def test_warpgroup_tile_copies(dev, max_kv, h_q, h_kv, tma):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("h_q,h_kv,tma", [(8, 8, 1), (8, 2, 1), (16, 2, 1), (6, 2, 1), (8, 2, 0)],
-                         ids=["g1", "g4", "g8", "g3-cp-async", "g4-cp-async"])
+                         ids=["g1", "g4", "g8", "g3-no-tile-copies", "g4-no-tile-copies"])
 def test_warpgroup_key_blocks(dev, h_q, h_kv, tma, d, dtype):
     """The backward of histories past one key block, its score products over whole 64-key
     blocks (the dK / dV kernel's transposed, S^T = K Q^T with P^T and dS^T as register
     operands; the dQ kernel's m64n64), against the float64 oracle: histories of 65..256 keys
     (one key past a block, whole blocks, 0 keys), row tiles cut by a segment's end and whole
-    ones, int64 offsets, dlse, padding q rows, NaN k/v rows around the segments; tile copies and
-    cp.async (tuning small_seq_tiled_warpgroup_tma; a GQA group of 3 does not divide a 64-row
-    tile and always takes cp.async). The CUDA profiler's kernel names show which instances ran:
-    the dK / dV kernel's last template argument (TRANSPOSED) is true."""
+    ones, int64 offsets, dlse, padding q rows, NaN k/v rows around the segments. Without tile
+    copies (tuning small_seq_tiled_warpgroup_tma 0; a GQA group of 3 does not divide a 64-row
+    tile) the calls take the wave / block kernels: no warpgroup kernel runs (512 rows per
+    segment: past the two-tile walk). The CUDA profiler's kernel names show which instances
+    ran: with tile copies the dK / dV kernel's last template argument (TRANSPOSED) is true."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     q_lens = [64, 1, 17, 130, 0, 33, 512, 2, 16, 5]
@@ -415,7 +397,9 @@ def test_warpgroup_key_blocks(dev, h_q, h_kv, tma, d, dtype):
         found = re.search(r"(true|false)>\s*\(", name)
         return found.group(1) == "true" if found else re.findall(r"Lb([01])E", name)[-1] == "1"
 
-    if names is not None:  # else no CUPTI (check_profiled)
+    if names is not None and not (tma and 64 % (h_q // h_kv) == 0):
+        assert not names, names
+    elif names is not None:  # else no CUPTI (check_profiled)
         assert any("_dq_" in n for n in names), names
         dkdv = [n for n in names if "bwd_warpgroup" in n and "_dq_" not in n
                 and "two_tile" not in n]
@@ -427,26 +411,19 @@ def test_warpgroup_dq_tile_copies_bshd(dev, h_kv):
     """The dQ kernel (histories past one 64-key block) copying whole row tiles by tile copies:
     BSHD q of 100 queries, so that the last tile of each (user, kv head) runs past s_q (rows
     the copies fill with zeros), histories of 0..256 keys with NaN k/v past each length; against
-    the float64 oracle, and bit-identical to the cp.async kernels (tuning
-    small_seq_tiled_warpgroup_tma 0), which compute each row alone in the same order."""
+    the float64 oracle."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     case = C.bshd_case(93 + h_kv, 100, [256, 65, 0, 200, 129, 1], 256, 8, h_kv, 128,
                        torch.bfloat16, device=dev)
-    grads = {}
-    for tma in (1, 0):
-        with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma):
-            _, grads[tma] = check(case, seed=94, dlse=True)
-    for name, x, y in zip(("dq", "dk", "dv"), grads[1], grads[0]):
-        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
-                                   msg=f"{name}: tile copies != cp.async")
+    with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
+        check(case, seed=94, dlse=True)
 
 
 def test_warpgroup_dq_tile_copies_many_items(dev):
     """The tile-copy dQ kernel over more (segment, kv head) items than its grid has blocks, so
     that each block runs several items of 0..7 row tiles and its buffers' barriers carry their
-    phases from item to item: against the float64 oracle, and bit-identical to the cp.async
-    kernels (tuning small_seq_tiled_warpgroup_tma 0)."""
+    phases from item to item: against the float64 oracle, and bitwise the same run to run."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     gen = torch.Generator().manual_seed(95)
@@ -454,19 +431,14 @@ def test_warpgroup_dq_tile_copies_many_items(dev):
     case = C.thd_case(95, lens(gen, b, 0, 112), lens(gen, b, 65, 256), 8, 2, 128,
                       torch.bfloat16, max_q=112, max_kv=256, pad_before=2, pad_after=3,
                       device=dev)
-    grads = {}
-    for tma in (1, 0):
-        with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_warpgroup_tma=tma):
-            _, grads[tma] = check(case, seed=96)
-    for name, x, y in zip(("dq", "dk", "dv"), grads[1], grads[0]):
-        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
-                                   msg=f"{name}: tile copies != cp.async")
+    with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
+        inputs, first = check(case, seed=96)
+        G.assert_same_bits(first, op(case, *inputs))
 
 
-@pytest.mark.parametrize("passes", ["warpgroup", "warpgroup_delta_pass"])
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
 @pytest.mark.parametrize("max_kv", list(WARPGROUP_KV_LENS))
-def test_warpgroup_ragged_strided(dev, max_kv, offsets, passes):
+def test_warpgroup_ragged_strided(dev, max_kv, offsets):
     """Many ragged segments (empty ones included), strided q / k / v views, padding q rows (dq
     0, written by the kernel that computes Delta where pass 1 does not run: the dK / dV kernel up
     to 64 keys, the dQ kernel past that) and unread NaN k/v rows around the segments (dk = dv =
@@ -478,7 +450,7 @@ def test_warpgroup_ragged_strided(dev, max_kv, offsets, passes):
     case = C.thd_case(40 + max_kv, lens(gen, b, 0, 80), lens(gen, b, 0, max_kv), 8, 2, 128,
                       torch.bfloat16, offsets=offsets, max_q=80, max_kv=max_kv, strided=True,
                       pad_before=7, pad_after=9, kv_pad=5, device=dev)
-    with rocm_attn.tuning.override(**_passes(passes)):
+    with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
         _, (dq, dk, dv) = check(case, seed=41, dlse=offsets == torch.int64)
     assert (dq[:7] == 0).all() and (dq[-9:] == 0).all()
     assert (dk[:5] == 0).all() and (dv[-5:] == 0).all()
@@ -489,9 +461,9 @@ def test_warpgroup_ragged_strided(dev, max_kv, offsets, passes):
 def test_warpgroup_fused_delta(dev, max_kv, d):
     """Delta computed by the kernels (no Delta pass: up to 64 keys the dK / dV kernel as
     rowsum(P dP) - dlse, past that the dQ kernel as rowsum(dO O) - dlse, whose tile copies also
-    bring other segments' rows into a tile) against the oracle and against Delta from the Delta
-    pass: dlse, GQA, segments without keys or queries, a non-finite dO row (NaN on its own
-    segment only, as with the Delta pass)."""
+    bring other segments' rows into a tile) against the oracle and against the wave / block
+    kernels (Delta from the Delta pass): dlse, GQA, segments without keys or queries, a
+    non-finite dO row (NaN on its own segment only, as with the Delta pass)."""
     if not warpgroup_device(dev):
         pytest.skip("needs the Hopper warpgroup kernels (sm_90a build on a 9.0 device)")
     q_lens = [16, 1, 0, 70, 5, 64, 3]
@@ -500,7 +472,7 @@ def test_warpgroup_fused_delta(dev, max_kv, d):
                       max_kv=max_kv, pad_before=3, pad_after=2, device=dev)
     with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
         inputs, fused = check(case, seed=50 + d, dlse=True)
-    with rocm_attn.tuning.override(**G.WARPGROUP_DELTA_PASS):
+    with rocm_attn.tuning.override(**G.BWD_PASSES["passes"]):
         two_pass = op(case, *inputs)
     assert not any(torch.isnan(g).any() for g in two_pass)
     G.assert_close_grads(fused, two_pass)  # within the oracle's bound of each other
@@ -625,7 +597,7 @@ def test_stream_deterministic_and_default(dev, b):
     default = op(case, *inputs)
     assert any(all(torch.equal(a.view(torch.uint8), d.view(torch.uint8))
                    for a, d in zip(grads, default)) for _, grads in layouts.values())
-    with rocm_attn.tuning.override(**G.BWD_PASSES["wave"]):
+    with rocm_attn.tuning.override(**G.BWD_PASSES["passes"]):
         wave = op(case, *inputs)
     assert not torch.equal(default[1].view(torch.uint8), wave[1].view(torch.uint8))
 
@@ -635,29 +607,25 @@ def test_stream_deterministic_and_default(dev, b):
 ROW_TILE_ROWS = [pytest.param(8, 8, 16, id="g1q16"), pytest.param(8, 8, 5, id="g1q5"),
                  pytest.param(8, 1, 2, id="g8q2"), pytest.param(16, 1, 1, id="g16q1"),
                  pytest.param(6, 2, 4, id="g3q4")]
-# The instance with the default Delta (computed by its items where every history fits one key
-# tile: no Delta pass; else from the Delta pass) and with Delta from the Delta pass always
-# (tuning small_seq_tiled_bwd_fused_delta 0).
-ROW_TILE_DELTA = {"fused": G.ROW_TILE_PASS, "delta_pass": G.ROW_TILE_DELTA_PASS}
 
 
-def assert_row_tile_matches_wave(case, inputs, grads, delta):
-    """The one-row-tile gradients against pass 2's general instance (its one-row-tile items):
-    bitwise with Delta from the Delta pass (the same item, the same Delta), within the oracle's
-    bound with Delta fused (other fp32 sums)."""
-    with rocm_attn.tuning.override(**G.BWD_PASSES["wave"]):
+def assert_row_tile_matches_wave(case, inputs, grads):
+    """The one-row-tile gradients against pass 2's general instance (its one-row-tile items,
+    Delta from the Delta pass): bitwise where the instance takes the Delta pass too (histories
+    past one key tile: the same item, the same Delta), within the oracle's bound where it fuses
+    Delta (other fp32 sums)."""
+    with rocm_attn.tuning.override(**G.BWD_PASSES["passes"]):
         wave = op(case, *inputs)
-    if delta == "delta_pass":
+    if case.max_kv > 16:
         G.assert_same_bits(grads, wave)
     else:
         G.assert_close_grads(grads, wave)
 
 
-@pytest.mark.parametrize("delta", list(ROW_TILE_DELTA))
 @pytest.mark.parametrize("h_q,h_kv,max_q", ROW_TILE_ROWS)
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("max_kv", [16, 17, 300, 4096])
-def test_row_tile_rows_and_histories(dev, max_kv, d, h_q, h_kv, max_q, delta):
+def test_row_tile_rows_and_histories(dev, max_kv, d, h_q, h_kv, max_q):
     """Ragged queries (0..max_q) and histories (0..max_kv, the longest included: one key tile,
     Delta fused from its products, and several, Delta from the Delta pass) against the float64
     oracle and against pass 2's one-row-tile items."""
@@ -670,20 +638,19 @@ def test_row_tile_rows_and_histories(dev, max_kv, d, h_q, h_kv, max_q, delta):
     q_lens[2] = max_q
     case = C.thd_case(max_kv + d + max_q, q_lens, kv_lens, h_q, h_kv, d, dtype, max_q=max_q,
                       max_kv=max_kv, device=dev)
-    with rocm_attn.tuning.override(**ROW_TILE_DELTA[delta]):
+    with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
         inputs, grads = check(case, seed=d + max_kv, dlse=max_q == 1 or d == 128)
-    assert_row_tile_matches_wave(case, inputs, grads, delta)
+    assert_row_tile_matches_wave(case, inputs, grads)
 
 
-@pytest.mark.parametrize("delta", list(ROW_TILE_DELTA))
 @pytest.mark.parametrize("offsets", [torch.int32, torch.int64], ids=["i32", "i64"])
-def test_row_tile_strided_garbage_bshd(dev, offsets, delta):
+def test_row_tile_strided_garbage_bshd(dev, offsets):
     """Strided views with padding q rows (dq 0: with Delta fused the instance writes them, no
     Delta pass runs) and unread NaN k/v rows around the segments (dk = dv = 0); garbage offsets
     (keys past the end of k/v, a negative key count, queries before the start of q): NaN dq on
     the bad segments' rows, zero dk / dv on their keys, no out-of-bounds access
     (compute-sanitizer); BSHD with a length past s_kv."""
-    knobs = ROW_TILE_DELTA[delta]
+    knobs = G.ROW_TILE_PASS
     gen = torch.Generator().manual_seed(60)
     case = C.thd_case(60, lens(gen, 200, 0, 16), lens(gen, 200, 0, 1000), 8, 8, 128,
                       torch.bfloat16, offsets=offsets, strided=True, pad_before=7, pad_after=9,
@@ -712,8 +679,9 @@ def test_row_tile_strided_garbage_bshd(dev, offsets, delta):
 def test_row_tile_fused_delta(dev, max_kv, d):
     """Delta computed by the one-row-tile items as rowsum(P dP) - dlse (no Delta pass) where
     every history fits one key tile, else from the Delta pass, against the oracle and against
-    Delta from the Delta pass always: dlse, GQA, segments without keys or queries, padding
-    rows; a non-finite dO row (NaN on its own segment only, as with the Delta pass)."""
+    pass 2's general instance (Delta from the Delta pass): dlse, GQA, segments without keys or
+    queries, padding rows; a non-finite dO row (NaN on its own segment only, as with the Delta
+    pass)."""
     q_lens = [4, 1, 0, 3, 4, 2, 4]
     kv_lens = [max_kv, 0, 3, max_kv - 1, 1, 9, max_kv]
     case = C.thd_case(80 + max_kv + d, q_lens, kv_lens, 8, 2, d, torch.bfloat16, max_q=4,
@@ -721,7 +689,7 @@ def test_row_tile_fused_delta(dev, max_kv, d):
     with rocm_attn.tuning.override(**G.ROW_TILE_PASS):
         inputs, fused = check(case, seed=80 + d, dlse=True)
     assert (fused[0][:3] == 0).all() and (fused[0][-2:] == 0).all()
-    with rocm_attn.tuning.override(**G.ROW_TILE_DELTA_PASS):
+    with rocm_attn.tuning.override(**G.BWD_PASSES["passes"]):
         two_pass = op(case, *inputs)
     G.assert_close_grads(fused, two_pass)
     if max_kv > 16:  # the default takes the Delta pass past one key tile: the same bits
@@ -754,7 +722,7 @@ def test_row_tile_default_and_deterministic(dev):
                       max_q=16, max_kv=256, device=dev)
     inputs, grads = repeated_bits(case, G.ROW_TILE_PASS, 63)
     G.assert_same_bits(grads, op(case, *inputs))
-    assert_row_tile_matches_wave(case, inputs, grads, "delta_pass")
+    assert_row_tile_matches_wave(case, inputs, grads)
     short = C.thd_case(64, [16] * 2000, lens(gen, 2000, 0, 16), 8, 8, 128, torch.bfloat16,
                        max_q=16, max_kv=16, device=dev)
     inputs, grads = repeated_bits(short, G.ROW_TILE_PASS, 64)

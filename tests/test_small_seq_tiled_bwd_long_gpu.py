@@ -51,10 +51,6 @@ KV_LENS = {
 # number of tiles per (segment, kv head) (one warpgroup of the last pair idle), none.
 Q_LENS = [64, 1, 17, 130, 0, 33, 200, 2, 16, 5]
 
-# The warpgroup backward for every call it can serve (fewer rows included), Delta computed by
-# the dQ kernel (G.WARPGROUP_PASS) or by the Delta pass.
-PASSES = {"delta_fused": G.WARPGROUP_PASS, "delta_pass": G.WARPGROUP_DELTA_PASS}
-
 
 @pytest.fixture(scope="module")
 def dev():
@@ -82,19 +78,19 @@ def bwd_kernels(case) -> tuple:
                                               small_seq_plan.current_tuning()).kernels
 
 
-@pytest.mark.parametrize("passes", list(PASSES))
 @pytest.mark.parametrize("h_q,h_kv", GROUPS)
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("max_kv", list(KV_LENS))
-def test_long_histories(dev, max_kv, d, h_q, h_kv, passes):
-    """The streaming dQ kernel and the per-key-block dK / dV kernel over 300, 1000 and 4096-key
-    calls against the float64 oracle (int64 offsets, dlse, NaN q padding and k/v rows around the
-    segments): the plan names the streaming kernel and the profiler sees it run."""
+def test_long_histories(dev, max_kv, d, h_q, h_kv):
+    """The streaming dQ kernel (Delta from dO and out) and the per-key-block dK / dV kernel over
+    300, 1000 and 4096-key calls, the warpgroup backward for every call it can serve (fewer rows
+    included), against the float64 oracle (int64 offsets, dlse, NaN q padding and k/v rows
+    around the segments): the plan names the streaming kernel and the profiler sees it run."""
     q_lens, kv_lens = Q_LENS, KV_LENS[max_kv]
     case = C.thd_case(max_kv + d + h_q + h_kv, q_lens, kv_lens, h_q, h_kv, d, torch.bfloat16,
                       offsets=torch.int64, max_kv=max_kv, pad_before=3, pad_after=2, kv_pad=2,
                       device=dev)
-    with rocm_attn.tuning.override(**PASSES[passes]):
+    with rocm_attn.tuning.override(**G.WARPGROUP_PASS):
         assert "tiled_bwd_warpgroup_dq_stream" in bwd_kernels(case)
         (dq, dk, dv), names = ran_kernels(case, seed=d + max_kv, dlse=True)
     assert (dq[:3] == 0).all() and (dq[-2:] == 0).all()
@@ -133,7 +129,7 @@ def test_long_histories_ragged_many_users(dev, d, dtype):
     assert (dk[:3] == 0).all() and (dv[-3:] == 0).all()
 
 
-ONE_TILE = ("tiled_bwd_warpgroup", "tiled_bwd_warpgroup_tma")  # WITH_DQ and TRANSPOSED
+ONE_TILE = ("tiled_bwd_warpgroup_tma",)  # WITH_DQ and TRANSPOSED
 TWO_TILE = ("tiled_bwd_warpgroup_two_tile",)
 
 
@@ -166,21 +162,18 @@ def test_deterministic(dev, d):
             G.assert_same_bits(first, op(case, *inputs))
 
 
-@pytest.mark.parametrize("tma", [1, 0], ids=["tile-copies", "cp-async"])
-@pytest.mark.parametrize("passes", list(PASSES))
 @pytest.mark.parametrize("d", [64, 128])
-def test_stream_equals_staged(dev, d, passes, tma):
+def test_stream_equals_staged(dev, d):
     """Over 65-256 keys, where the staged dQ kernel serves by default, the streaming one
     (tuning small_seq_tiled_bwd_dq_stream 2) computes the same sums in the same order: bitwise
-    equal gradients, against the staged kernel by tile copies and by cp.async."""
+    equal gradients."""
     q_lens = [64, 1, 17, 130, 0, 33, 512, 2, 16, 5]
     kv_lens = [256, 65, 129, 192, 77, 0, 200, 255, 128, 1]
     case = C.thd_case(90 + d, q_lens, kv_lens, 8, 2, d, torch.bfloat16, offsets=torch.int64,
                       max_kv=256, pad_before=3, pad_after=5, kv_pad=4, device=dev)
     grads = {}
     for stream in (1, 2):
-        with rocm_attn.tuning.override(**PASSES[passes], small_seq_tiled_warpgroup_tma=tma,
-                                       small_seq_tiled_bwd_dq_stream=stream):
+        with rocm_attn.tuning.override(**G.WARPGROUP_PASS, small_seq_tiled_bwd_dq_stream=stream):
             assert ("tiled_bwd_warpgroup_dq_stream" in bwd_kernels(case)) == (stream == 2)
             _, grads[stream] = check(case, seed=91 + d, dlse=True)
     G.assert_same_bits(grads[1], grads[2])

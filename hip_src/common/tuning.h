@@ -74,7 +74,8 @@ struct RaTuning {
   // warpgroup dQ kernel those of Q and dO, by tensor tile copies where the call allows
   // (tiled_fwd_warpgroup_tma_kernel.h, tiled_bwd_warpgroup_tma_kernel.h: GQA group dividing 64,
   // tile-copy layouts; forward 16-key steps only for single-tile items); 0 = cp.async staging
-  // always.
+  // always in the forward, and the backward takes the wave / block kernels (the warpgroup
+  // backward has no instance without tile copies but the two-tile kernel).
   int small_seq_tiled_warpgroup_tma = 1;
   // tiled small-seq forward on Hopper, CUDA sm_90a builds, d 128: 1 = calls of one 64-row tile
   // per (segment, kv head) over histories of 129-384 keys take the tile-copy warpgroup kernel's
@@ -90,30 +91,11 @@ struct RaTuning {
   // 2 = every call of 64-key steps over at most 256 keys it can serve (tests, A/B runs);
   // 0 = never.
   int small_seq_tiled_warpgroup_ws = 1;
-  // tiled small-seq backward: 1 = segments with many query rows over more than one key tile
-  // take the block variants of the dK / dV and dQ passes (tiled_bwd_block_kernel.h); 0 = never;
-  // 2 = every call (tests).
-  int small_seq_tiled_bwd_block = 1;
   // tiled small-seq backward on Hopper (sm_90a builds): 1 = calls of at least one 64-row tile
   // per (segment, kv head) over at most 4096 keys (256 with small_seq_tiled_bwd_dq_stream 0)
   // take the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never;
   // 2 = every call it can serve, fewer rows included (tests, A/B runs).
   int small_seq_tiled_bwd_warpgroup = 1;
-  // tiled small-seq backward without the Delta pass (one launch and one read of dO and out
-  // less): Delta = rowsum(dO O) - dlse computed by the kernels themselves. The warpgroup kernels:
-  // 1 = histories of at most 16 keys (the dK / dV kernel with dQ, as rowsum(P dP) from one chunk
-  // of products), 2 = up to 64 keys (the same with a second sweep of the score products) and
-  // longer ones where a (segment, kv head) may hold more rows than the one- and two-tile walks
-  // take (the dQ kernel, run first, from each tile's dO and O; tiled_bwd_launch.hip). The dK / dV
-  // pass's one-row-tile instance: 1 and 2 = histories of one 16-key tile (that tile's products).
-  // 0 = the Delta pass always.
-  int small_seq_tiled_bwd_fused_delta = 2;
-  // tiled small-seq backward on Hopper, histories past one 64-key block where every (segment,
-  // kv head) holds at most one 64-row tile (max_seqlen_q x group <= 64) and Delta comes from
-  // pass 1: 1 = one kernel walks each item's key blocks, dK / dV per block and dQ summed in
-  // fp32 across them (tiled_bwd_warpgroup_one_tile: K / V, Q and dO read once, no dQ kernel);
-  // 0 = the dK / dV kernel per key block and the dQ kernel.
-  int small_seq_tiled_bwd_one_tile = 1;
   // tiled small-seq backward on Hopper, histories past one 64-key block where every (segment,
   // kv head) holds at most two 64-row tiles but some more than one (64 < max_seqlen_q x group
   // <= 128): 1 = one kernel of two warpgroups walks each item's key blocks, each warpgroup one
@@ -187,10 +169,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_warpgroup_ws", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_WS", &RaTuning::small_seq_tiled_warpgroup_ws},
     {"small_seq_tiled_resident_threads", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_THREADS", &RaTuning::small_seq_tiled_resident_threads},
     {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
-    {"small_seq_tiled_bwd_block", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_BLOCK", &RaTuning::small_seq_tiled_bwd_block},
     {"small_seq_tiled_bwd_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WARPGROUP", &RaTuning::small_seq_tiled_bwd_warpgroup},
-    {"small_seq_tiled_bwd_fused_delta", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_FUSED_DELTA", &RaTuning::small_seq_tiled_bwd_fused_delta},
-    {"small_seq_tiled_bwd_one_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_ONE_TILE", &RaTuning::small_seq_tiled_bwd_one_tile},
     {"small_seq_tiled_bwd_two_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_TWO_TILE", &RaTuning::small_seq_tiled_bwd_two_tile},
     {"small_seq_tiled_bwd_dq_stream", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_DQ_STREAM", &RaTuning::small_seq_tiled_bwd_dq_stream},
     {"small_seq_tiled_bwd_stream", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_STREAM", &RaTuning::small_seq_tiled_bwd_stream},

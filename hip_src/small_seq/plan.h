@@ -25,16 +25,13 @@ enum class SmallSeqKernel : int32_t {
   kTiledFwdWarpgroupWs = 6,   // small_seq_tiled_fwd_warpgroup_ws_kernel<T, D>
   kTiledBwdDelta = 10,        // small_seq_tiled_bwd_delta_kernel<T, D>
   kTiledBwdDkv = 11,          // small_seq_tiled_bwd_dkv_kernel<T, D, ONE_ROW_TILE, FUSED_DELTA>
-  kTiledBwdDq = 12,           // small_seq_tiled_bwd_dq_kernel<T, D>
   kTiledBwdDkvBlock = 13,     // small_seq_tiled_bwd_dkv_block_kernel<T, D>
   kTiledBwdDqBlock = 14,      // small_seq_tiled_bwd_dq_block_kernel<T, D>
   kTiledBwdStream = 15,       // small_seq_tiled_bwd_stream_kernel<T, D, ROWS>
-  kTiledBwdWarpgroup = 16,    // small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS, ...>
-  kTiledBwdWarpgroupTma = 17,       // its tile-copy instance
-  kTiledBwdWarpgroupDq = 18,        // small_seq_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA>
-  kTiledBwdWarpgroupDqTma = 19,     // its tile-copy instance
+  kTiledBwdWarpgroupTma = 17,       // small_seq_tiled_bwd_warpgroup_tma_kernel<T, D, KEYS, ...>
+  kTiledBwdWarpgroupDqTma = 19,     // small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D>
   kTiledBwdWarpgroupTwoTile = 20,   // small_seq_tiled_bwd_warpgroup_two_tile_kernel<T, D>
-  kTiledBwdWarpgroupDqStream = 21,  // small_seq_tiled_bwd_warpgroup_dq_stream_kernel<T, D, DELTA>
+  kTiledBwdWarpgroupDqStream = 21,  // small_seq_tiled_bwd_warpgroup_dq_stream_kernel<T, D>
 };
 
 // One launch: the kernel's id and its parameters in the plan's LAUNCH_PARAMS order.

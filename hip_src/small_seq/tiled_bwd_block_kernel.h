@@ -15,10 +15,10 @@
 // Segments whose rows fit one row tile keep the wave kernel's per-(kv head, slice) walk
 // (tiled_bwd_row_tile_mma), run by the first waves of key group 0.
 //
-// Pass 3 likewise: the wave kernel's item (one row tile, one slice) walks all of the segment's
-// key tiles from L2; here a block item is (segment, kv head, group of RTG row tiles), one wave
-// per (row tile, slice), and the block stages each key tile's K and V once for all of them. The
-// wave's sums are tiled_bwd_dq_mma's, in the same order.
+// Pass 3 (dQ; it has no wave kernel: wherever a call needs a dQ pass, both passes take their
+// block variants): a block item is (segment, kv head, group of RTG row tiles), one wave per
+// (row tile, slice) walking all of the segment's key tiles, and the block stages each key
+// tile's K and V once for all of them.
 #pragma once
 
 #include "tiled_bwd_kernel.h"
@@ -364,7 +364,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdDqBlockThreads, 3)
     constexpr int E = ra_mma_acc<16>::kElems;
     constexpr int KT = kTiledBwdKeys;
     constexpr int S = TiledSmemStride<D>::kK;
-    // Q / dO held across the key tiles on 64-lane waves only, as in tiled_bwd_dq_mma.
+    // Q / dO held across the key tiles on 64-lane waves only: on sm_90 holding them at d = 64
+    // made ptxas spill.
     constexpr bool kResident = kTiledBwdResident<D> && WAVE == 64;
     const int hq0 = hk * group;
     const int64_t r0 = rt * kTiledBwdRows;

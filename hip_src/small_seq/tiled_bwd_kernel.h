@@ -19,16 +19,14 @@
 //      K / V are read once for all three gradients.
 //      It also writes every gradient that is not a valid segment's: zeros for kv rows no
 //      segment covers and for a bad segment's keys, NaN dq rows of a bad segment.
-//   3. small_seq_tiled_bwd_dq_kernel (launched only when max_seqlen_kv > kTiledBwdKeys and
-//      max_seqlen_q x group > kTiledBwdRows), work item = (segment, kv head, row tile,
-//      head-dim slice) of a segment with more than one key tile and more than one row tile:
-//      walks the key tiles (the tile's Q and dO held in registers on 64-lane waves,
-//      re-read per key tile from L1 on 32-lane warps), accumulating the slice of dQ in fp32,
-//      stored once.
+//   3. pass 3, dQ of a segment with more than one key tile and more than one row tile
+//      (launched only when max_seqlen_kv > kTiledBwdKeys and max_seqlen_q x group >
+//      kTiledBwdRows): its block variant only (tiled_bwd_block_kernel.h), which then serves
+//      pass 2 too. Its per-wave scalar sums (tiled_bwd_dq_scalar) live here.
 // Passes 2 and 3 give way to the streaming kernel (tiled_bwd_stream_kernel.h) where a (segment,
 // kv head) has at most 4 rows, to pass 2's one-row-tile instance (only the one-row-tile item
 // compiled; no pass 3) where it has at most 16, and on Hopper to the warpgroup kernels
-// (tiled_bwd_warpgroup_kernel.h) where it fills 64-row tiles over at most 256 keys. The
+// (tiled_bwd_warpgroup_kernel.h) where it fills 64-row tiles over at most 4096 keys. The
 // one-row-tile instance and the warpgroup kernels can compute Delta themselves (items holding
 // every key of a row as rowsum(P dP) - dlse; past one key block the warpgroup dQ kernel, run
 // first, as rowsum(dO O) - dlse), and pass 1 is then not run.
@@ -87,19 +85,11 @@ RA_HOST_DEVICE int64_t tiled_bwd_item_key_tiles(const SmallSeqTiledParams& p) {
 RA_HOST_DEVICE int64_t tiled_bwd_dkv_items(const SmallSeqTiledParams& p, int slices) {
   return static_cast<int64_t>(p.batch) * p.num_heads_kv * tiled_bwd_item_key_tiles(p) * slices;
 }
-RA_HOST_DEVICE int64_t tiled_bwd_dq_items(const SmallSeqTiledParams& p, int slices) {
-  return static_cast<int64_t>(p.batch) * p.num_heads_kv * tiled_bwd_row_tiles(p) * slices;
-}
 // Segments whose rows fit one row tile (q = 1 with a GQA group of at most 16, few candidates
 // without GQA) are served by one pass-2 item per (kv head, slice) walking all key tiles, dQ
 // included.
 RA_HOST_DEVICE bool tiled_bwd_one_row_tile(const SmallSeqTiledParams& p, const TiledSegment& s) {
   return static_cast<int64_t>(s.nq) * (p.num_heads_q / p.num_heads_kv) <= kTiledBwdRows;
-}
-// Whether pass 3 has work: only segments with more than one key tile and more than one row
-// tile need it.
-RA_HOST_DEVICE bool tiled_bwd_needs_dq_pass(const SmallSeqTiledParams& p) {
-  return p.max_seqlen_kv > kTiledBwdKeys && tiled_max_rows(p) > kTiledBwdRows;
 }
 // (query row, q head) pairs of pass 1 (one lane group each).
 RA_HOST_DEVICE int64_t tiled_bwd_delta_pairs(const SmallSeqTiledParams& p) {
@@ -706,111 +696,6 @@ RA_DEVICE void tiled_bwd_row_tile_mma(const SmallSeqTiledParams& p, const int hk
   ra_mma_store_rows_at<T>(dq, dq_row, nrows, lane);
 }
 
-// Pass 3 on matrix units: dQ of one valid (segment, kv head, row tile, slice) over all key tiles.
-template <typename T, int D>
-RA_DEVICE void tiled_bwd_dq_mma(const SmallSeqTiledParams& p, const int hk, const int64_t rt,
-                                const int slice, const TiledSegment& s, const int lane) {
-  constexpr int DS = tiled_bwd_slice(RA_WAVE_SIZE, D);
-  constexpr int W = DS;
-  constexpr int E = ra_mma_acc<16>::kElems;
-  // Q / dO held across the key tiles on 64-lane waves only: on sm_90 holding them at d = 64
-  // made ptxas spill (72 bytes at 168 registers).
-  constexpr bool kResident = kTiledBwdResident<D> && RA_WAVE_SIZE == 64;
-  constexpr int KT = kTiledBwdKeys;
-  const int group = p.num_heads_q / p.num_heads_kv;
-  const int hq0 = hk * group;
-  const int64_t r0 = rt * kTiledBwdRows;
-  const int64_t left = static_cast<int64_t>(s.nq) * group - r0;
-  const int nrows = left < kTiledBwdRows ? static_cast<int>(left) : kTiledBwdRows;
-  const int nk = s.nk;
-  const float qscale = p.softmax_scale * kTiledBwdLog2e;
-  const TiledBwdRows rw = tiled_bwd_rows(p, hk, s);
-  const TiledRowMap rows(r0, group);
-  auto q_row = [&](int i) {
-    int64_t j;
-    int h;
-    rows.at(i, j, h);
-    return rw.q + (s.q_token0 + j) * p.q_token_stride + (hq0 + h) * p.q_head_stride;
-  };
-  auto do_row = [&](int i) {
-    int64_t j;
-    int h;
-    rows.at(i, j, h);
-    return rw.dout + (s.q_token0 + j) * p.do_token_stride + (hq0 + h) * p.do_head_stride;
-  };
-  TiledBwdPanel<D, kResident ? W : D> qp, gp;  // Q and dO rows (unused unless resident)
-  if constexpr (kResident) {
-#pragma unroll
-    for (int c = 0; c < D / W; ++c) {
-      ra_mma_load_rows_at(qp.c[c], [&](int i) { return q_row(i) + c * W; }, nrows, lane);
-      ra_mma_load_rows_at(gp.c[c], [&](int i) { return do_row(i) + c * W; }, nrows, lane);
-    }
-  }
-  // The LSE and Delta of this lane's accumulator rows.
-  TiledBwdRowTerms terms[kRaMmaAccSlots];
-#pragma unroll
-  for (int i = 0; i < E; ++i) {
-    const int row = ra_mma_acc_row(lane, i);
-    terms[ra_mma_acc_slot(i)] =
-        row < nrows ? tiled_bwd_row_terms_at(p, s, hq0, rows, row) : TiledBwdRowTerms{0.f, 0.f};
-  }
-  ra_mma_out<DS, 16> dq;
-  ra_mma_zero(dq);
-  for (int k0 = 0; k0 < nk; k0 += KT) {
-    const uint16_t* kb = rw.k + static_cast<int64_t>(k0) * p.k_token_stride;
-    const uint16_t* vb = rw.v + static_cast<int64_t>(k0) * p.v_token_stride;
-    const int nkt = nk - k0;
-    ra_mma_acc<16> sc, dpa;
-    ra_mma_zero(sc);
-    ra_mma_zero(dpa);
-    if constexpr (kResident) {
-#pragma unroll
-      for (int c = 0; c < D / W; ++c) {
-        ra_mma_rows<W, 16> kr, vr;
-        ra_mma_load_rows(kr, kb + c * W, p.k_token_stride, nkt, lane);
-        ra_mma_load_rows(vr, vb + c * W, p.v_token_stride, nkt, lane);
-        ra_mma_dot<T>(sc, qp.c[c], kr);
-        ra_mma_dot<T>(dpa, gp.c[c], vr);
-      }
-    } else {
-#pragma unroll 1
-      for (int c = 0; c < D / W; ++c) {
-        ra_mma_rows<W, 16> qc, gc, kr, vr;
-        ra_mma_load_rows_at(qc, [&](int i) { return q_row(i) + c * W; }, nrows, lane);
-        ra_mma_load_rows_at(gc, [&](int i) { return do_row(i) + c * W; }, nrows, lane);
-        ra_mma_load_rows(kr, kb + c * W, p.k_token_stride, nkt, lane);
-        ra_mma_load_rows(vr, vb + c * W, p.v_token_stride, nkt, lane);
-        ra_mma_dot<T>(sc, qc, kr);
-        ra_mma_dot<T>(dpa, gc, vr);
-      }
-    }
-    ra_mma_vrows<DS, 16> kslice;
-    ra_mma_load_vrows(kslice, kb + slice * DS, p.k_token_stride, nkt, lane);
-#pragma unroll
-    for (int i = 0; i < E; ++i) {
-      const bool live = ra_mma_acc_col(lane, i) < nkt && ra_mma_acc_row(lane, i) < nrows;
-      const TiledBwdRowTerms t = terms[ra_mma_acc_slot(i)];
-      const float pr = live ? exp2f(sc.x[i] * qscale - t.lse2) : 0.f;
-      sc.x[i] = pr * (dpa.x[i] - t.delta);
-    }
-    const ra_mma_pfrag<16> ds_f = ra_mma_to_pfrag<T, 16>(sc);
-    ra_mma_pv<T>(dq, ds_f, kslice);
-  }
-#pragma unroll
-  for (int i = 0; i < DS / 16; ++i)
-#pragma unroll
-    for (int e = 0; e < static_cast<int>(sizeof(dq.x[0]) / sizeof(float)); ++e)
-      dq.x[i][e] *= p.softmax_scale;
-  auto dq_row = [&](int i) {
-    int64_t j;
-    int h;
-    rows.at(i, j, h);
-    return rw.dq + (s.q_token0 + j) * p.dq_token_stride + (hq0 + h) * p.dq_head_stride +
-           slice * DS;
-  };
-  ra_mma_store_rows_at<T>(dq, dq_row, nrows, lane);
-}
-
 #else  // !RA_HAS_MMA
 
 // LSE (log2 domain) and Delta of row r = j group + (hq - hq0) of a segment, for the scalar
@@ -1068,41 +953,6 @@ __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
   if constexpr (FUSED_DELTA)
     tiled_bwd_zero_padding_dq<D>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
                                  static_cast<int64_t>(gridDim.x) * blockDim.x);
-}
-
-// Pass 3: grid-stride over (segment, kv head, row tile, slice) items of segments with more than
-// one key tile.
-template <typename T, int D>
-__global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
-    small_seq_tiled_bwd_dq_kernel(const SmallSeqTiledParams p) {
-  constexpr int WAVE = RA_WAVE_SIZE;
-  constexpr int SLICES = tiled_bwd_slices(WAVE, D);
-  const int lane = threadIdx.x % WAVE;
-  const int waves = blockDim.x / WAVE;
-  const int64_t tiles = tiled_bwd_row_tiles(p);
-  const int64_t per_hk = tiles * SLICES;
-  const int64_t per_seg = per_hk * p.num_heads_kv;
-  const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * waves;
-  const int group = p.num_heads_q / p.num_heads_kv;
-  for (int64_t item = static_cast<int64_t>(blockIdx.x) * waves + threadIdx.x / WAVE; item < items;
-       item += stride) {
-    const int seg = static_cast<int>(item / per_seg);
-    int64_t rest = item - seg * per_seg;
-    const int hk = static_cast<int>(rest / per_hk);
-    rest -= hk * per_hk;
-    const int64_t rt = rest / SLICES;
-    const int slice = static_cast<int>(rest - rt * SLICES);
-    const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
-    // pass 2 wrote the dQ of segments with one key tile or one row tile
-    if (!s.valid || s.nk <= kTiledBwdKeys || tiled_bwd_one_row_tile(p, s)) continue;
-    if (rt * kTiledBwdRows >= static_cast<int64_t>(s.nq) * group) continue;
-#if RA_HAS_MMA
-    tiled_bwd_dq_mma<T, D>(p, hk, rt, slice, s, lane);
-#else
-    tiled_bwd_dq_scalar<T, D>(p, hk, rt, slice, s, lane);
-#endif
-  }
 }
 
 }  // namespace small_seq

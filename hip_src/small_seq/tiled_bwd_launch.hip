@@ -2,10 +2,11 @@
 // rocm_attn/small_seq_plan.py), its launches in stream order. The kernels a plan names: the
 // Delta pass, the dK/dV pass (its one-row-tile instance where every (segment, kv head) fits one
 // row tile, with Delta fused where every history fits one key tile) and the dQ pass
-// (tiled_bwd_kernel.h), their block variants (tiled_bwd_block_kernel.h), the streaming kernel
-// for a few rows per (segment, kv head) (tiled_bwd_stream_kernel.h), and on Hopper (sm_90a
-// builds) the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h, their tile-copy instances,
-// tiled_bwd_warpgroup_two_tile_kernel.h, tiled_bwd_warpgroup_dq_stream_kernel.h). The launcher
+// (tiled_bwd_kernel.h; pass 3 by its block variant only), the block variants
+// (tiled_bwd_block_kernel.h), the streaming kernel for a few rows per (segment, kv head)
+// (tiled_bwd_stream_kernel.h), and on Hopper (sm_90a builds) the warpgroup-MMA kernels
+// (tiled_bwd_warpgroup_tma_kernel.h, tiled_bwd_warpgroup_two_tile_kernel.h,
+// tiled_bwd_warpgroup_dq_stream_kernel.h). The launcher
 // checks the plan against what this build compiled and chooses nothing else, except the plan's
 // fallback where a tile-copy kernel's tensor maps cannot be made. Dispatch over dtype x head
 // dim (one translation unit: no kv bucket, no generated files).
@@ -14,7 +15,6 @@
 #include "tiled_bwd_block_kernel.h"
 #include "tiled_bwd_stream_kernel.h"
 #include "tiled_bwd_warpgroup_dq_stream_kernel.h"
-#include "tiled_bwd_warpgroup_kernel.h"
 #include "tiled_bwd_warpgroup_tma_kernel.h"
 #include "tiled_bwd_warpgroup_two_tile_kernel.h"
 #include "tiled_launch_util.h"
@@ -58,7 +58,7 @@ hipError_t run_tiled_bwd_staged(const SmallSeqTiledParams& p, int64_t items, int
 #if RA_TMA_BUILD
 // Tensor maps of q, dout and (with_dq) dq with the warpgroup kernels' Q box (tiled_tma_q_map);
 // false where the GQA group does not divide a 64-row tile or a map cannot be made (a pointer or
-// stride not a multiple of 16 bytes): the plan's fallback (cp.async kernels) serves.
+// stride not a multiple of 16 bytes): the plan's fallback (the wave / block kernels) serves.
 template <int D>
 bool tiled_bwd_tma_maps(const SmallSeqTiledParams& p, const bool with_dq, TiledBwdTmaMaps* maps) {
   const int group = p.num_heads_q / p.num_heads_kv;
@@ -76,91 +76,76 @@ bool tiled_bwd_tma_maps(const SmallSeqTiledParams& p, const bool with_dq, TiledB
 #endif
 
 // The warpgroup dK / dV kernel (WITH_DQ: over (segment, kv head) items, dQ included; else over
-// (segment, kv head, key block) items), its row tiles moved by tile copies (TMA: the
-// tile-copy instance, whose maps the caller has checked) or by cp.async.
+// (segment, kv head, key block) items), its whole row tiles moved by tile copies.
 template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, bool TRANSPOSED>
-hipError_t run_tiled_bwd_warpgroup_dkdv(const SmallSeqTiledParams& p, bool tma,
-                                        hipStream_t stream) {
+hipError_t run_tiled_bwd_warpgroup_dkdv(const SmallSeqTiledParams& p, hipStream_t stream) {
+#if RA_TMA_BUILD
   const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
   const int64_t items = WITH_DQ ? pairs : pairs * tiled_bwd_warpgroup_blocks(p.max_seqlen_kv);
-  const int64_t smem = tiled_bwd_warpgroup_smem_bytes<D>(KEYS);
-  if (tma) {
-#if RA_TMA_BUILD
-    TiledBwdTmaMaps maps;
-    if (!tiled_bwd_tma_maps<D>(p, WITH_DQ, &maps)) return kBadPlan;
-    return run_tiled_bwd_staged<
-        small_seq_tiled_bwd_warpgroup_tma_kernel<T, D, KEYS, WITH_DQ, FUSED_DELTA, TRANSPOSED>>(
-        p, items, 128, smem, stream, maps);
-#else
-    return kNoKernel;
-#endif
-  }
+  TiledBwdTmaMaps maps;
+  if (!tiled_bwd_tma_maps<D>(p, WITH_DQ, &maps)) return kBadPlan;
   return run_tiled_bwd_staged<
-      small_seq_tiled_bwd_warpgroup_kernel<T, D, KEYS, WITH_DQ, FUSED_DELTA, TRANSPOSED>>(
-      p, items, 128, smem, stream);
+      small_seq_tiled_bwd_warpgroup_tma_kernel<T, D, KEYS, WITH_DQ, FUSED_DELTA, TRANSPOSED>>(
+      p, items, 128, tiled_bwd_warpgroup_smem_bytes<D>(KEYS), stream, maps);
+#else
+  return kNoKernel;
+#endif
 }
 
 // The warpgroup dQ kernel over (segment, kv head) items, its score products m64n64 per key
-// block; tiles by tile copies (TMA) or by cp.async. DELTA: it computes Delta (run ahead of the
-// dK / dV kernel, pass 1 not launched).
-template <typename T, int D, bool DELTA>
-hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, bool tma,
-                                      hipStream_t stream) {
+// block, tiles by tile copies; it computes Delta (run ahead of the dK / dV kernel, pass 1 not
+// launched).
+template <typename T, int D>
+hipError_t run_tiled_bwd_warpgroup_dq(const SmallSeqTiledParams& p, hipStream_t stream) {
+#if RA_TMA_BUILD
   constexpr int kThreads = kTiledBwdWarpgroupDqWarpgroups * 128;
   const int64_t pairs = static_cast<int64_t>(p.batch) * p.num_heads_kv;
-  if (tma) {
-#if RA_TMA_BUILD
-    TiledBwdTmaMaps maps;
-    if (!tiled_bwd_tma_maps<D>(p, false, &maps)) return kBadPlan;
-    return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D, DELTA>>(
-        p, pairs, kThreads, tiled_bwd_warpgroup_dq_tma_smem_bytes<D>(p.max_seqlen_kv), stream,
-        maps);
+  TiledBwdTmaMaps maps;
+  if (!tiled_bwd_tma_maps<D>(p, false, &maps)) return kBadPlan;
+  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_tma_kernel<T, D>>(
+      p, pairs, kThreads, tiled_bwd_warpgroup_dq_tma_smem_bytes<D>(p.max_seqlen_kv), stream,
+      maps);
 #else
-    return kNoKernel;
+  return kNoKernel;
 #endif
-  }
-  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_kernel<T, D, DELTA>>(
-      p, pairs, kThreads, tiled_bwd_warpgroup_dq_smem_bytes<D>(p.max_seqlen_kv), stream);
 }
 
 // The warpgroup dQ kernel with K / V streamed through a ring, over (segment, kv head, pair of
-// row tiles) items. DELTA as run_tiled_bwd_warpgroup_dq's.
-template <typename T, int D, bool DELTA>
+// row tiles) items; it computes Delta as run_tiled_bwd_warpgroup_dq's.
+template <typename T, int D>
 hipError_t run_tiled_bwd_warpgroup_dq_stream(const SmallSeqTiledParams& p, hipStream_t stream) {
   constexpr int kThreads = kTiledBwdWarpgroupDqWarpgroups * 128;
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv *
                         tiled_bwd_dq_stream_groups(tiled_max_rows(p));
-  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_stream_kernel<T, D, DELTA>>(
+  return run_tiled_bwd_staged<small_seq_tiled_bwd_warpgroup_dq_stream_kernel<T, D>>(
       p, items, kThreads, tiled_bwd_warpgroup_dq_stream_smem_bytes<D>(), stream);
 }
 
 // A warpgroup dK / dV record (KEYS, WITH_DQ, FUSED_DELTA, TRANSPOSED): the instances the plan
-// can name. Histories of one key block: with dQ, 16- or 64-key products, Delta fused or from
-// pass 1; past one block: the one-tile walk (with dQ, transposed) or key-block items (no dQ,
-// transposed, the dQ kernel beside them).
+// can name. Histories of one key block: with dQ, 16- or 64-key products, Delta fused; past one
+// block (Delta from pass 1 or the dQ kernel): the one-tile walk (with dQ, transposed) or
+// key-block items (no dQ, transposed, the dQ kernel beside them).
 template <typename T, int D>
 hipError_t run_tiled_bwd_warpgroup_record(const SmallSeqTiledParams& p, const int32_t* a,
-                                          bool tma, hipStream_t stream) {
+                                          hipStream_t stream) {
   const int keys = a[1];
   const bool with_dq = a[2] != 0, fused = a[3] != 0, transposed = a[4] != 0;
-  if (keys == 16 && with_dq && !transposed) {
-    if (p.max_seqlen_kv > 16) return kBadPlan;
-    return fused ? run_tiled_bwd_warpgroup_dkdv<T, D, 16, true, true, false>(p, tma, stream)
-                 : run_tiled_bwd_warpgroup_dkdv<T, D, 16, true, false, false>(p, tma, stream);
-  }
-  if (keys != kTiledBwdWarpgroupBlockKeys) return kNoKernel;
-  if (with_dq && !transposed) {
+  if (with_dq && fused && !transposed) {
+    if (keys == 16) {
+      if (p.max_seqlen_kv > 16) return kBadPlan;
+      return run_tiled_bwd_warpgroup_dkdv<T, D, 16, true, true, false>(p, stream);
+    }
+    if (keys != kTiledBwdWarpgroupBlockKeys) return kNoKernel;
     if (p.max_seqlen_kv > kTiledBwdWarpgroupBlockKeys) return kBadPlan;
-    return fused ? run_tiled_bwd_warpgroup_dkdv<T, D, 64, true, true, false>(p, tma, stream)
-                 : run_tiled_bwd_warpgroup_dkdv<T, D, 64, true, false, false>(p, tma, stream);
+    return run_tiled_bwd_warpgroup_dkdv<T, D, 64, true, true, false>(p, stream);
   }
-  if (fused || !transposed) return kNoKernel;
+  if (keys != kTiledBwdWarpgroupBlockKeys || fused || !transposed) return kNoKernel;
   if (p.max_seqlen_kv > kTiledBwdWarpgroupMaxKeys) return kBadPlan;
   if (with_dq) {  // the one-tile walk: every item at most one row tile
     if (tiled_max_rows(p) > kTiledWarpgroupRows) return kBadPlan;
-    return run_tiled_bwd_warpgroup_dkdv<T, D, 64, true, false, true>(p, tma, stream);
+    return run_tiled_bwd_warpgroup_dkdv<T, D, 64, true, false, true>(p, stream);
   }
-  return run_tiled_bwd_warpgroup_dkdv<T, D, 64, false, false, true>(p, tma, stream);
+  return run_tiled_bwd_warpgroup_dkdv<T, D, 64, false, false, true>(p, stream);
 }
 
 // The streaming kernel: work items (segment, kv head) one per wave where there are at least
@@ -233,7 +218,7 @@ hipError_t run_tiled_bwd_delta(const SmallSeqTiledParams& p, hipStream_t stream)
   return hipGetLastError();
 }
 
-// Passes 2 and 3 (general instances and block variants).
+// Pass 2's general instance and the block variants of passes 2 and 3.
 template <typename T, int D>
 hipError_t run_tiled_bwd_pass(const SmallSeqTiledParams& p, SmallSeqKernel kernel,
                               hipStream_t stream) {
@@ -246,12 +231,6 @@ hipError_t run_tiled_bwd_pass(const SmallSeqTiledParams& p, SmallSeqKernel kerne
       hipLaunchKernelGGL((small_seq_tiled_bwd_dkv_kernel<T, D>),
                          (tiled_bwd_grid<small_seq_tiled_bwd_dkv_kernel<T, D>>(
                              tiled_bwd_dkv_items(p, slices), threads / wave, threads)),
-                         dim3(threads), 0, stream, p);
-      break;
-    case SmallSeqKernel::kTiledBwdDq:
-      hipLaunchKernelGGL((small_seq_tiled_bwd_dq_kernel<T, D>),
-                         (tiled_bwd_grid<small_seq_tiled_bwd_dq_kernel<T, D>>(
-                             tiled_bwd_dq_items(p, slices), threads / wave, threads)),
                          dim3(threads), 0, stream, p);
       break;
     case SmallSeqKernel::kTiledBwdDkvBlock: {
@@ -290,7 +269,6 @@ hipError_t run_tiled_bwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
       if (a[1] == 0) return a[2] != 0 ? kNoKernel : run_tiled_bwd_pass<T, D>(p, kernel, stream);
       return a[2] != 0 ? run_tiled_bwd_row_tile<T, D, true>(p, stream)
                        : run_tiled_bwd_row_tile<T, D, false>(p, stream);
-    case SmallSeqKernel::kTiledBwdDq:
     case SmallSeqKernel::kTiledBwdDkvBlock:
     case SmallSeqKernel::kTiledBwdDqBlock: return run_tiled_bwd_pass<T, D>(p, kernel, stream);
     case SmallSeqKernel::kTiledBwdStream: return run_tiled_bwd_stream<T, D>(p, a[1], a[2], stream);
@@ -299,21 +277,14 @@ hipError_t run_tiled_bwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
   if constexpr (D <= 128) {
     if (!ra_device_warpgroup_mma()) return kNoKernel;
     switch (kernel) {
-      case SmallSeqKernel::kTiledBwdWarpgroup:
       case SmallSeqKernel::kTiledBwdWarpgroupTma:
-        return run_tiled_bwd_warpgroup_record<T, D>(
-            p, a, kernel == SmallSeqKernel::kTiledBwdWarpgroupTma, stream);
-      case SmallSeqKernel::kTiledBwdWarpgroupDq:
-      case SmallSeqKernel::kTiledBwdWarpgroupDqTma: {
-        const bool tma = kernel == SmallSeqKernel::kTiledBwdWarpgroupDqTma;
+        return run_tiled_bwd_warpgroup_record<T, D>(p, a, stream);
+      case SmallSeqKernel::kTiledBwdWarpgroupDqTma:
         if (p.max_seqlen_kv > kTiledBwdWarpgroupStagedMaxKeys) return kBadPlan;
-        return a[1] != 0 ? run_tiled_bwd_warpgroup_dq<T, D, true>(p, tma, stream)
-                         : run_tiled_bwd_warpgroup_dq<T, D, false>(p, tma, stream);
-      }
+        return run_tiled_bwd_warpgroup_dq<T, D>(p, stream);
       case SmallSeqKernel::kTiledBwdWarpgroupDqStream:
         if (p.max_seqlen_kv > kTiledBwdWarpgroupMaxKeys) return kBadPlan;
-        return a[1] != 0 ? run_tiled_bwd_warpgroup_dq_stream<T, D, true>(p, stream)
-                         : run_tiled_bwd_warpgroup_dq_stream<T, D, false>(p, stream);
+        return run_tiled_bwd_warpgroup_dq_stream<T, D>(p, stream);
       case SmallSeqKernel::kTiledBwdWarpgroupTwoTile: {
         const int64_t rows = tiled_max_rows(p);
         if (rows > kTiledBwdTwoTileRows || p.max_seqlen_kv > kTiledBwdWarpgroupMaxKeys)

@@ -2,8 +2,7 @@
 // sm_90a): the dQ of tiled_bwd_warpgroup_kernel.h's dQ kernel for histories of any length up
 // to kTiledBwdWarpgroupMaxKeys (docs/kernels.md#warpgroup-backward, "Long histories").
 //
-// Why: the staged dQ kernel (small_seq_tiled_bwd_warpgroup_dq_kernel and its tile-copy
-// instance) holds a (segment, kv head)'s whole K and V in shared memory, 225 KiB at 256 keys
+// Why: the staged dQ kernel (small_seq_tiled_bwd_warpgroup_dq_tma_kernel) holds a (segment, kv head)'s whole K and V in shared memory, 225 KiB at 256 keys
 // and d 128, so past 256 keys the warpgroup backward could not run and its calls went to the
 // flash route (whose dQ is an atomic sum) or to the mma.sync passes. Here shared memory does not
 // depend on the history: its K / V pass through a ring of kTiledBwdDqStreamStages 64-key steps.
@@ -15,9 +14,9 @@
 //   1. Each warpgroup copies its tile's Q and dO (cp.async, rows past the segment as zeros)
 //      and issues its rows' lse / dlse loads; all 256 threads copy the first STAGES - 1 steps of
 //      K and V (keys past the history as zeros: exact tails, as every staging copy).
-//   2. Once Q / dO and step 0 have landed: each row's lse and Delta (DELTA: rowsum(dO O) - dlse
-//      from the tile's dO and the row's out, written to the workspace for the dK / dV kernel
-//      launched after this one, as the staged dQ kernel does; else pass 1's).
+//   2. Once Q / dO and step 0 have landed: each row's lse and Delta (rowsum(dO O) - dlse from
+//      the tile's dO and the row's out, written to the workspace for the dK / dV kernel
+//      launched after this one, as the staged dQ kernel does; pass 1 does not run).
 //   3. Per step j: wait for step j's copies (cp.async group j) and one block barrier, after
 //      which every warpgroup is done with step j - 1, so step j + STAGES - 1 is copied into its
 //      slot; then S, dP, dS of the step in registers (tiled_bwd_warpgroup_scores, P = 0 past
@@ -27,7 +26,7 @@
 // Each dQ element has one writer summing the steps in key order: deterministic, and the same
 // sums in the same order as the staged kernel (bitwise equal gradients). A segment without keys
 // runs no step: dQ 0 (its Delta still written). Segments the forward flagged are left to the
-// dK / dV kernel (NaN dq), rows of q padding to pass 1 or, with DELTA, to this kernel's end.
+// dK / dV kernel (NaN dq); this kernel zeroes the dq of q padding rows at its end.
 //
 // Shared memory (dynamic, tiled_bwd_warpgroup_dq_stream_smem_bytes): the ring's slots (K then V
 // of one step each), then one Q / dO buffer per warpgroup, 1024-byte aligned (the operand
@@ -66,7 +65,7 @@ RA_HOST_DEVICE constexpr int64_t tiled_bwd_dq_stream_groups(int64_t max_rows) {
 // holding at least one of its rows) by the whole block (tid < 256). `smem` / `smem_ptr`: the
 // 1024-byte aligned start of the dynamic shared memory. Returns with every copy landed and the
 // calling thread done with the buffers; the caller's block barrier comes before the next item.
-template <typename T, int D, bool DELTA>
+template <typename T, int D>
 RA_DEVICE void tiled_bwd_warpgroup_dq_stream_item(const SmallSeqTiledParams& p,
                                                   const TiledSegment& s, const int hk,
                                                   const int group, const int64_t pair,
@@ -104,7 +103,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_stream_item(const SmallSeqTiledParams& p,
   TiledBwdDqRowLoads l;
   if (mine) {
     tiled_bwd_warpgroup_load_tile<D>(p, at, group, r0, seg_rows, tile_at, wtid);
-    tiled_bwd_warpgroup_dq_load_rows<D, DELTA>(p, s, hq0, at, map, r0, seg_rows, l, wtid);
+    tiled_bwd_warpgroup_dq_load_rows<D>(p, s, hq0, at, map, r0, seg_rows, l, wtid);
   }
   // cp.async groups 0 .. STAGES - 2 hold steps 0 .. STAGES - 2 (Q / dO join group 0); a group
   // past the last step is committed empty, so that group j is always step j's.
@@ -122,7 +121,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_stream_item(const SmallSeqTiledParams& p,
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
   if (mine)
-    tiled_bwd_warpgroup_dq_row_terms<T, D, DELTA>(p, s, hq0, map, r0, seg_rows, l, at.out,
+    tiled_bwd_warpgroup_dq_row_terms<T, D>(p, s, hq0, map, r0, seg_rows, l, at.out,
                                                   tile_ptr + kTileBytes, lse2, delta, wtid);
   for (int j = 0; j < steps; ++j) {
     if (j > 0) {
@@ -160,10 +159,10 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_stream_item(const SmallSeqTiledParams& p,
 
 // dQ kernel over histories of up to kTiledBwdWarpgroupMaxKeys keys (launched where the staged
 // dQ kernel's shared memory would not hold the history): grid-stride over (segment, kv head,
-// tile pair) items, two warpgroups per block. DELTA: launched ahead of the dK / dV kernel
-// without pass 1, it computes each row's Delta, writes it to the workspace for the dK / dV
-// kernel, and zeroes the dq of q padding rows (pass 1's other part).
-template <typename T, int D, bool DELTA>
+// tile pair) items, two warpgroups per block. Launched ahead of the dK / dV kernel without
+// pass 1, it computes each row's Delta, writes it to the workspace for the dK / dV kernel, and
+// zeroes the dq of q padding rows (pass 1's other part).
+template <typename T, int D>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
     small_seq_tiled_bwd_warpgroup_dq_stream_kernel(const SmallSeqTiledParams p) {
 #if RA_HAS_WGMMA
@@ -184,13 +183,11 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
     const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
     // a flagged segment's dq (NaN) is the dK / dV kernel's; pairs past the rows hold none
     if (!s.valid || pair * kTiledBwdDqStreamRows >= static_cast<int64_t>(s.nq) * group) continue;
-    tiled_bwd_warpgroup_dq_stream_item<T, D, DELTA>(p, s, hk, group, pair, smem_ptr, raw + pad,
-                                                    tid);
+    tiled_bwd_warpgroup_dq_stream_item<T, D>(p, s, hk, group, pair, smem_ptr, raw + pad, tid);
     __syncthreads();  // every warpgroup is done with the ring and the Q / dO buffers
   }
-  if constexpr (DELTA)
-    tiled_bwd_zero_padding_dq<D>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + tid,
-                                 static_cast<int64_t>(gridDim.x) * blockDim.x);
+  tiled_bwd_zero_padding_dq<D>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + tid,
+                               static_cast<int64_t>(gridDim.x) * blockDim.x);
 #endif
 }
 

@@ -41,13 +41,16 @@
 // element has one writer summing in a fixed order (row tiles, key blocks in order):
 // deterministic. Bad segments, padding rows and K/V rows no segment covers are handled as in
 // pass 2 (tiled_bwd_edges); Delta and the dq of q padding rows come from pass 1, except where
-// the launcher fuses Delta: where the dK / dV block holds every key of the history (WITH_DQ,
-// FUSED_DELTA) as rowsum(P dP) - dlse from its own products, past one key block from the dQ
-// kernel (DELTA), launched first, as rowsum(dO O) - dlse.
+// the plan fuses Delta: where the dK / dV block holds every key of the history (WITH_DQ,
+// FUSED_DELTA) as rowsum(P dP) - dlse from its own products, past one key block (more rows
+// than the one- and two-tile walks take) from the dQ kernel, launched first, as
+// rowsum(dO O) - dlse.
 //
-// Shared memory (dynamic): tiled_bwd_warpgroup_smem_bytes, tiled_bwd_warpgroup_dq_smem_bytes.
-// Where the arch-specific features are missing (RA_HAS_WGMMA 0) the kernel bodies are empty and
-// the launcher never selects them.
+// This header holds the items and products; the kernels, which move whole row tiles by tensor
+// tile copies, are in tiled_bwd_warpgroup_tma_kernel.h (with the staged dQ kernel), and
+// tiled_bwd_warpgroup_two_tile_kernel.h and tiled_bwd_warpgroup_dq_stream_kernel.h. Where the
+// arch-specific features are missing (RA_HAS_WGMMA 0) the kernel bodies are empty and the plan
+// never names them. Shared memory (dynamic): tiled_bwd_warpgroup_smem_bytes.
 #pragma once
 
 #include "tiled_bwd_kernel.h"
@@ -58,9 +61,8 @@ namespace small_seq {
 // Keys of one key block: the keys of one m64n64 score product, and the rows (M) of the dK / dV
 // products. A history of at most one block is served whole by one item (dQ included).
 constexpr int kTiledBwdWarpgroupBlockKeys = kTiledWarpgroupKeys;
-// Longest history of the staged dQ kernel (small_seq_tiled_bwd_warpgroup_dq_kernel and its
-// tile-copy instance), which holds all of a segment's keys: 225 KiB with three tile-copy
-// buffers at d = 128. Past it the dQ kernel streams K / V (tiled_bwd_warpgroup_dq_stream_kernel.h).
+// Longest history of the staged dQ kernel (small_seq_tiled_bwd_warpgroup_dq_tma_kernel),
+// which holds all of a segment's keys: 225 KiB with three tile-copy buffers at d = 128. Past it the dQ kernel streams K / V (tiled_bwd_warpgroup_dq_stream_kernel.h).
 constexpr int kTiledBwdWarpgroupStagedMaxKeys = 4 * kTiledBwdWarpgroupBlockKeys;
 // Longest history of the warpgroup backward, the tiled kernels' own: every other kernel of it
 // (the dK / dV kernel per key block, the one- and two-tile walks, the streaming dQ kernel)
@@ -87,17 +89,6 @@ RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_smem_bytes(int keys) {
   return 2 * static_cast<int64_t>(keys) * D * 2 +
          2 * 2 * static_cast<int64_t>(kTiledWarpgroupRows) * D * 2 +
          2 * static_cast<int64_t>(kTiledWarpgroupRows) * kTiledWarpgroupKeys * 2 + 1024;
-}
-
-// Dynamic shared memory of a dQ block: K and V of max_seqlen_kv keys (whole key blocks), one
-// Q and dO buffer per warpgroup, alignment.
-template <int D>
-RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_dq_smem_bytes(int max_seqlen_kv) {
-  return 2 * static_cast<int64_t>(tiled_bwd_warpgroup_blocks(max_seqlen_kv)) *
-             kTiledBwdWarpgroupBlockKeys * D * 2 +
-         static_cast<int64_t>(kTiledBwdWarpgroupDqWarpgroups) * 2 * kTiledWarpgroupRows * D *
-             2 +
-         1024;
 }
 
 #if RA_HAS_WGMMA
@@ -134,32 +125,6 @@ RA_DEVICE void tiled_bwd_warpgroup_load_tile(const SmallSeqTiledParams& p,
   tiled_warpgroup_load_rows<D>(at.dout, p.dout, p.do_token_stride, p.do_head_stride, group, r0,
                                seg_rows, sq + kTiledWarpgroupRows * D * 2, wtid);
 }
-
-// How the dK / dV kernel moves a tile's Q / dO in and its dQ out (one warpgroup, every thread
-// calls each member): here per-thread cp.async copies and 16-byte stores, the tile's copies
-// committed by the caller as one cp.async group;
-// tiled_bwd_warpgroup_tma_kernel.h has the tile-copy version. load(...) issues tile `tile`'s
-// copies into the buffer at `dst`, wait(...) returns once they may be read (beside the caller's
-// cp.async wait, fence and barrier), store_dq(...) writes the tile's dQ rows from its Q buffer
-// once every thread has written them there.
-struct TiledBwdCpAsyncCopies {
-  template <int D>
-  RA_DEVICE void load(const SmallSeqTiledParams& p, const TiledBwdWarpgroupRows& at,
-                      const TiledSegment&, const int, const int group, const int64_t r0,
-                      const int64_t seg_rows, const uint32_t dst, const int, const int tid) {
-    tiled_bwd_warpgroup_load_tile<D>(p, at, group, r0, seg_rows, dst, tid);
-  }
-  RA_DEVICE void wait(const int64_t, const int64_t, const int) {}
-  template <int D>
-  RA_DEVICE void store_dq(const SmallSeqTiledParams& p, const TiledBwdWarpgroupRows& at,
-                          const TiledSegment&, const int, const int, const TiledRowMap& map,
-                          const int64_t r0, const int64_t seg_rows, const uint8_t* sq_ptr,
-                          const uint32_t, const int tid) {
-    __syncthreads();
-    tiled_warpgroup_store_rows<D>(at.dq, p.dq_token_stride, p.dq_head_stride, map, r0,
-                                  seg_rows, sq_ptr, tid);
-  }
-};
 
 // LSE (log2 domain) and Delta of this thread's rows 16 warp + g and + 8 of the tile at r0; a
 // row past the segment gets lse +inf (P = 0) and Delta 0 (its Q and dO are zeros). With
@@ -433,7 +398,7 @@ RA_DEVICE void tiled_bwd_warpgroup_walk_tiles(const SmallSeqTiledParams& p,
 // all of the segment's rows, and, where the block holds the whole history (WITH_DQ), the dQ of
 // every row (the whole block: one warpgroup); FUSED_DELTA (WITH_DQ only): each row's Delta
 // from its P and dP, pass 1 not run. `smem` / `smem_ptr`: the 1024-byte aligned start of the
-// block's buffers. `copies` moves the tiles' Q / dO in and dQ out (TiledBwdCpAsyncCopies).
+// block's buffers. `copies` moves the tiles' Q / dO in and dQ out (TiledBwdTmaCopies).
 template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, typename Copies>
 RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
                                              const TiledSegment& s, const int hk,
@@ -626,7 +591,7 @@ RA_DEVICE void tiled_bwd_warpgroup_transposed_scores(
 // (tiled_bwd_warpgroup_stage_row_terms): dS^T = 0, and P^T = 1 meets zero dO rows. Shared
 // memory: the layout of
 // tiled_bwd_warpgroup_key_block (tiled_bwd_warpgroup_smem_bytes), so that both instances
-// launch alike. `copies` moves the tiles' Q / dO in (TiledBwdCpAsyncCopies or tile copies).
+// launch alike. `copies` moves the tiles' Q / dO in (TiledBwdTmaCopies).
 template <typename T, int D, typename Copies>
 RA_DEVICE void tiled_bwd_warpgroup_key_block_transposed(const SmallSeqTiledParams& p,
                                                         const TiledSegment& s, const int hk,
@@ -821,18 +786,18 @@ RA_DEVICE void tiled_bwd_warpgroup_one_tile(const SmallSeqTiledParams& p, const 
 }
 
 // The scalars the dQ kernel reads from global memory for a row tile's rows, this thread's rows
-// 16 warp + g and + 8: each row's lse (natural log) and pass 1's Delta, or with DELTA (pass 1
-// not run) its lse and dlse (0 without). The dQ kernels load a warpgroup's next tile's while it
-// computes the tile before (as they stand: converted only where used), and with DELTA ask L2
-// for that tile's O rows, which a tile's Delta reads first thing (holding them in registers
-// across a tile would spill at d = 128), so that no tile starts by waiting on DRAM. A row past
-// the segment reads nothing (its fields are undefined and never read).
+// 16 warp + g and + 8: each row's lse (natural log) and dlse (0 without; pass 1 does not run:
+// the dQ kernel computes Delta). The dQ kernels load a warpgroup's next tile's while it
+// computes the tile before (as they stand: converted only where used), and ask L2 for that
+// tile's O rows, which a tile's Delta reads first thing (holding them in registers across a
+// tile would spill at d = 128), so that no tile starts by waiting on DRAM. A row past the
+// segment reads nothing (its fields are undefined and never read).
 struct TiledBwdDqRowLoads {
   float lse[2];
-  float delta_or_dlse[2];
+  float dlse[2];
 };
 
-template <int D, bool DELTA>
+template <int D>
 RA_DEVICE void tiled_bwd_warpgroup_dq_load_rows(const SmallSeqTiledParams& p,
                                                 const TiledSegment& s, const int hq0,
                                                 const TiledBwdWarpgroupRows& at,
@@ -851,24 +816,20 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_load_rows(const SmallSeqTiledParams& p,
     const int64_t hq = hq0 + h;
     const int64_t term = tiled_row_term_at(p, s, hq, j);
     l.lse[r] = p.lse[term];
-    if constexpr (DELTA) {
-      l.delta_or_dlse[r] = p.dlse != nullptr ? p.dlse[hq * p.dlse_head_stride + row] : 0.f;
-      const uint16_t* o = at.out + (s.q_token0 + j) * p.out_token_stride + hq * p.out_head_stride;
-      // the row's D / 64 lines of 128 bytes, among its four threads
-      for (int line = t; line < D / 64; line += 4) ra_prefetch_l2(o + 64 * line);
-    } else {
-      l.delta_or_dlse[r] = p.workspace[term];
-    }
+    l.dlse[r] = p.dlse != nullptr ? p.dlse[hq * p.dlse_head_stride + row] : 0.f;
+    const uint16_t* o = at.out + (s.q_token0 + j) * p.out_token_stride + hq * p.out_head_stride;
+    // the row's D / 64 lines of 128 bytes, among its four threads
+    for (int line = t; line < D / 64; line += 4) ra_prefetch_l2(o + 64 * line);
   }
 }
 
 // LSE (log2 domain) and Delta of this thread's rows 16 warp + g and + 8 of the tile at r0 from
-// its loads (tiled_bwd_warpgroup_dq_load_rows), the tile's dO landed at `sdo_ptr` (generic). With
-// DELTA: Delta = rowsum(dO * O) - dlse, O from global memory (`out`: the q batch's rows, each
+// its loads (tiled_bwd_warpgroup_dq_load_rows), the tile's dO landed at `sdo_ptr` (generic):
+// Delta = rowsum(dO * O) - dlse, O from global memory (`out`: the q batch's rows, each
 // tensor's own strides), each row's four threads summing 16 of every 64 columns, the first of
 // them writing the row's Delta to the workspace, where the dK / dV kernel reads it. A row past
 // the segment gets lse +inf and Delta 0 and reads nothing.
-template <typename T, int D, bool DELTA>
+template <typename T, int D>
 RA_DEVICE void tiled_bwd_warpgroup_dq_row_terms(const SmallSeqTiledParams& p,
                                                 const TiledSegment& s, const int hq0,
                                                 const TiledRowMap& map, const int64_t r0,
@@ -881,32 +842,28 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_row_terms(const SmallSeqTiledParams& p,
   for (int r = 0; r < 2; ++r) {
     const int i = 16 * (wtid / 32) + (wtid % 32) / 4 + 8 * r;
     const bool live = r0 + i < seg_rows;  // the same for a row's four threads
-    if constexpr (DELTA) {
-      int64_t j;
-      int h;
-      map.at(i, j, h);
-      float part = 0.f;
-      if (live) {
-        const uint16_t* o =
-            out + (s.q_token0 + j) * p.out_token_stride + (hq0 + h) * p.out_head_stride;
+    int64_t j;
+    int h;
+    map.at(i, j, h);
+    float part = 0.f;
+    if (live) {
+      const uint16_t* o =
+          out + (s.q_token0 + j) * p.out_token_stride + (hq0 + h) * p.out_head_stride;
 #pragma unroll
-        for (int c = 0; c < D / 8; c += 4) {
-          float of[8], gf[8];
-          ra_unpack8<T>(ra_load16(o + 8 * (c + t)), of);
-          ra_unpack8<T>(*reinterpret_cast<const ra_vec8*>(
-                            sdo_ptr + ra_wgmma_offset(i, 8 * (c + t), kTiledWarpgroupRows)),
-                        gf);
+      for (int c = 0; c < D / 8; c += 4) {
+        float of[8], gf[8];
+        ra_unpack8<T>(ra_load16(o + 8 * (c + t)), of);
+        ra_unpack8<T>(*reinterpret_cast<const ra_vec8*>(
+                          sdo_ptr + ra_wgmma_offset(i, 8 * (c + t), kTiledWarpgroupRows)),
+                      gf);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) part = fmaf(gf[e], of[e], part);
-        }
+        for (int e = 0; e < 8; ++e) part = fmaf(gf[e], of[e], part);
       }
-      const float dot = ra_group_sum<4>(part);  // every lane of the warp takes part
-      if (live) {
-        delta[r] = dot - l.delta_or_dlse[r];
-        if (t == 0) p.workspace[tiled_row_term_at(p, s, hq0 + h, j)] = delta[r];
-      }
-    } else {
-      if (live) delta[r] = l.delta_or_dlse[r];
+    }
+    const float dot = ra_group_sum<4>(part);  // every lane of the warp takes part
+    if (live) {
+      delta[r] = dot - l.dlse[r];
+      if (t == 0) p.workspace[tiled_row_term_at(p, s, hq0 + h, j)] = delta[r];
     }
     lse2[r] = live ? l.lse[r] * kTiledBwdLog2e : INFINITY;
     if (!live) delta[r] = 0.f;
@@ -918,10 +875,10 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_row_terms(const SmallSeqTiledParams& p,
 // it) landed and its other loads `l` issued: per key block dQ += dS K in fp32 registers, written
 // once through the Q buffer (`tile_ptr`, the same bytes) and stored row by row, rows past
 // seg_rows not stored. Each row's dQ depends on that row's Q and dO only, so a Q / dO row past
-// the segment may hold anything. DELTA: the tile's Delta from its dO and O (pass 1 not run),
-// else pass 1's. Returns after this thread's last read of the buffer; the caller syncs the
-// warpgroup before the buffer takes other rows.
-template <typename T, int D, bool DELTA>
+// the segment may hold anything. The tile's Delta from its dO and O (pass 1 not run). Returns
+// after this thread's last read of the buffer; the caller syncs the warpgroup before the
+// buffer takes other rows.
+template <typename T, int D>
 RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                            const TiledBwdWarpgroupRows& at, const int hq0,
                                            const int group, const int64_t r0,
@@ -937,8 +894,8 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const T
   const uint32_t sdo = tile_at + kTileBytes;
   const TiledRowMap map(r0, group);
   float lse2[2], delta[2];
-  tiled_bwd_warpgroup_dq_row_terms<T, D, DELTA>(p, s, hq0, map, r0, seg_rows, l, at.out,
-                                                tile_ptr + kTileBytes, lse2, delta, wtid);
+  tiled_bwd_warpgroup_dq_row_terms<T, D>(p, s, hq0, map, r0, seg_rows, l, at.out,
+                                         tile_ptr + kTileBytes, lse2, delta, wtid);
   float dq[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
@@ -960,64 +917,10 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const T
                                 tile_ptr, wtid);
 }
 
-// The dQ of one valid segment (kv head hk): the block stages all of its keys in `sk` / `sv`
-// (kp rows each, all threads) together with each warpgroup's first row tile (tile wg), then
-// each warpgroup takes row tiles round robin, copying each one's Q and dO by cp.async (rows
-// past the segment as zeros) into its one buffer at `tile_at`; each tile's other loads
-// (tiled_bwd_warpgroup_dq_load_rows) are issued one tile ahead, under the tile before.
-template <typename T, int D, bool DELTA>
-RA_DEVICE void tiled_bwd_warpgroup_dq_segment(const SmallSeqTiledParams& p,
-                                              const TiledSegment& s, const int hk,
-                                              const int group, const uint32_t sk,
-                                              const uint32_t sv, const int kp,
-                                              uint8_t* tile_ptr, const uint32_t tile_at,
-                                              const int wg, const int tid) {
-  constexpr int THREADS = kTiledBwdWarpgroupDqWarpgroups * 128;
-  constexpr int ROWS = kTiledWarpgroupRows;
-  const int wtid = tid % 128;
-  const int64_t seg_rows = static_cast<int64_t>(s.nq) * group;
-  const int64_t tiles = (seg_rows + ROWS - 1) / ROWS;
-  const int hq0 = hk * group;
-  const TiledBwdRows rows = tiled_bwd_rows(p, hk, s);
-  const TiledBwdWarpgroupRows at = tiled_bwd_warpgroup_rows(p, s, rows, hq0);
-  TiledBwdDqRowLoads l;
-  // K, V and each warpgroup's first tile of Q and dO in one batch of copies.
-  tiled_warpgroup_stage<D, kTiledBwdWarpgroupBlockKeys, THREADS>(sk, sv, p, rows.k, rows.v,
-                                                                 s.nk, kp, tid);
-  if (wg < tiles) {
-    tiled_bwd_warpgroup_load_tile<D>(p, at, group, wg * ROWS, seg_rows, tile_at, wtid);
-    tiled_bwd_warpgroup_dq_load_rows<D, DELTA>(p, s, hq0, at, TiledRowMap(wg * ROWS, group),
-                                               wg * ROWS, seg_rows, l, wtid);
-  }
-  ra_cp_async_commit();
-  ra_cp_async_wait<0>();
-  ra_fence_proxy_async();
-  __syncthreads();
-  for (int64_t tile = wg; tile < tiles; tile += kTiledBwdWarpgroupDqWarpgroups) {
-    const int64_t r0 = tile * ROWS;
-    if (tile != wg) {  // the first tile came with K / V
-      tiled_bwd_warpgroup_load_tile<D>(p, at, group, r0, seg_rows, tile_at, wtid);
-      ra_cp_async_commit();
-      ra_cp_async_wait<0>();
-      ra_fence_proxy_async();
-      ra_warpgroup_sync(wg);
-    }
-    TiledBwdDqRowLoads next;
-    const int64_t next_r0 = r0 + kTiledBwdWarpgroupDqWarpgroups * ROWS;
-    if (next_r0 < seg_rows)
-      tiled_bwd_warpgroup_dq_load_rows<D, DELTA>(p, s, hq0, at, TiledRowMap(next_r0, group),
-                                                 next_r0, seg_rows, next, wtid);
-    tiled_bwd_warpgroup_dq_tile<T, D, DELTA>(p, s, at, hq0, group, r0, seg_rows, l, sk,
-                                                   sv, kp, tile_ptr, tile_at, wg, wtid);
-    l = next;
-    ra_warpgroup_sync(wg);  // the buffer is refilled by the next tile's copies
-  }
-}
-
 // The dK / dV kernel's items: grid-stride over (segment, kv head, key block), numbered
 // segment-major so that the key blocks of one segment run at once and share its Q / dO rows
 // through L2. WITH_DQ (launched where every history fits one key block): each item also writes
-// its rows' dQ; else small_seq_tiled_bwd_warpgroup_dq_kernel does. Item (block 0) also writes
+// its rows' dQ; else the dQ kernel (staged or streaming) does. Item (block 0) also writes
 // what pass 2 writes besides a valid segment's gradients (tiled_bwd_edges, warp 0). KEYS: keys
 // of the products, 16 where every history fits them, else 64. FUSED_DELTA (WITH_DQ only):
 // launched without pass 1, the kernel computes each row's Delta from its P and dP and zeroes
@@ -1025,7 +928,7 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_segment(const SmallSeqTiledParams& p,
 // each item by tiled_bwd_warpgroup_key_block_transposed; with dQ (launched where every item
 // holds at most one row tile, over histories past one block), one item per (segment, kv head)
 // walking all its key blocks (tiled_bwd_warpgroup_one_tile). `copies` moves the row tiles
-// (TiledBwdCpAsyncCopies or the tile-copy kernel's).
+// (TiledBwdTmaCopies).
 template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, bool TRANSPOSED,
           typename Copies>
 RA_DEVICE void tiled_bwd_warpgroup_items(const SmallSeqTiledParams& p, Copies& copies) {
@@ -1074,48 +977,5 @@ RA_DEVICE void tiled_bwd_warpgroup_items(const SmallSeqTiledParams& p, Copies& c
 }
 
 #endif  // RA_HAS_WGMMA
-
-// dK / dV kernel (tiled_bwd_warpgroup_items), the tiles moved by cp.async.
-template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, bool TRANSPOSED = false>
-__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 2)
-    small_seq_tiled_bwd_warpgroup_kernel(const SmallSeqTiledParams p) {
-#if RA_HAS_WGMMA
-  TiledBwdCpAsyncCopies copies;
-  tiled_bwd_warpgroup_items<T, D, KEYS, WITH_DQ, FUSED_DELTA, TRANSPOSED>(p, copies);
-#endif
-}
-
-// dQ kernel (launched where max_seqlen_kv exceeds one key block): grid-stride over (segment,
-// kv head) items of valid segments; all threads stage the segment's K / V once, then each of
-// the block's warpgroups walks its row tiles (a segment without keys gets dQ 0). DELTA: launched
-// ahead of the dK / dV kernel without pass 1, it computes each row's Delta, writes it to the
-// workspace for the dK / dV kernel, and zeroes the dq of q padding rows (pass 1's other part).
-template <typename T, int D, bool DELTA>
-__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
-    small_seq_tiled_bwd_warpgroup_dq_kernel(const SmallSeqTiledParams p) {
-#if RA_HAS_WGMMA
-  const int tid = threadIdx.x;
-  const int wg = tid / 128;
-  const int group = p.num_heads_q / p.num_heads_kv;
-  const int kp = tiled_bwd_warpgroup_blocks(p.max_seqlen_kv) * kTiledBwdWarpgroupBlockKeys;
-  RA_DYNAMIC_SHARED(ra_vec8, tiled_bwd_warpgroup_dq_smem);
-  // The forward's layout (tiled_bwd_warpgroup_dq_smem_bytes): K and V, then per warpgroup its
-  // tile's Q in the forward's Q buffer 0 and dO in buffer 1.
-  const TiledWarpgroupSmem<D> sm(tiled_bwd_warpgroup_dq_smem, kp, wg);
-  const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int seg = static_cast<int>(item / p.num_heads_kv);
-    const int hk = static_cast<int>(item - static_cast<int64_t>(seg) * p.num_heads_kv);
-    const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
-    if (!s.valid) continue;  // the dK / dV kernel writes its dq (NaN)
-    tiled_bwd_warpgroup_dq_segment<T, D, DELTA>(p, s, hk, group, sm.k, sm.v, kp,
-                                                      sm.q_ptr, sm.q, wg, tid);
-    __syncthreads();  // every warpgroup is done with this segment's K / V
-  }
-  if constexpr (DELTA)
-    tiled_bwd_zero_padding_dq<D>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + tid,
-                                 static_cast<int64_t>(gridDim.x) * blockDim.x);
-#endif
-}
 
 }  // namespace small_seq

@@ -2,7 +2,10 @@
 // copies (Hopper, CUDA sm_90a builds): tiled_bwd_warpgroup_kernel.h's items and products, with
 // each whole 64-row tile's Q and dO copied in, and its dQ (where the kernel computes it) copied
 // out, by one thread (common/tma.h), instead of per-thread cp.async and 16-byte stores
-// (docs/kernels.md#warpgroup-backward, "Tile copies").
+// (docs/kernels.md#warpgroup-backward, "Tile copies"). There is no instance without tile
+// copies: where they cannot serve (no tile-copy build, tuning small_seq_tiled_warpgroup_tma 0,
+// a GQA group that does not divide a 64-row tile, an address or stride not a multiple of 16
+// bytes) the plan and its fallback take the wave / block kernels (tiled_bwd_kernel.h).
 //
 // Why: as in the forward (tiled_fwd_warpgroup_tma_kernel.h), each tile's GQA-mapped Q and dO
 // rows cost every thread address arithmetic and copies per 16 bytes, a large part of the
@@ -44,7 +47,12 @@ struct TiledBwdTmaMaps {
 
 #if RA_HAS_WGMMA
 
-// TiledBwdCpAsyncCopies' members for a block of one warpgroup, whole tiles by tile copies.
+// How the dK / dV kernel moves a tile's Q / dO in and its dQ out (a block of one warpgroup,
+// every thread calls each member): whole tiles by tile copies, a tile the segment's end cuts by
+// per-thread cp.async copies (committed by the caller as one cp.async group) and 16-byte
+// stores. load(...) issues tile `tile`'s copies into the buffer at `dst`, wait(...) returns
+// once they may be read (beside the caller's cp.async wait, fence and barrier), store_dq(...)
+// writes the tile's dQ rows from its Q buffer once every thread has written them there.
 struct TiledBwdTmaCopies {
   const TiledBwdTmaMaps* maps;
   uint32_t bar0;        // buffer b's barrier at bar0 + 8 b
@@ -157,10 +165,11 @@ RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_dq_tma_smem_bytes(int max_s
          64;
 }
 
-// dQ kernel with tile copies (the cp.async kernel's items: (segment, kv head), K / V staged
-// once by cp.async, each tile's dQ by tiled_bwd_warpgroup_dq_tile, its other loads one tile
-// ahead), the tiles' Q and dO copied whole by one thread into kTiledBwdDqTmaBuffers buffers
-// that the warpgroups take in turn.
+// The staged dQ kernel (launched where max_seqlen_kv exceeds one key block, up to
+// kTiledBwdWarpgroupStagedMaxKeys): grid-stride over (segment, kv head) items of valid
+// segments, K / V staged once by cp.async, each tile's dQ by tiled_bwd_warpgroup_dq_tile, its
+// other loads one tile ahead, the tiles' Q and dO copied whole by one thread into
+// kTiledBwdDqTmaBuffers buffers that the warpgroups take in turn.
 //
 // Each buffer has two barriers: `full` completes when a tile's copies have landed, `released`
 // when the warpgroup that computed the buffer's previous tile is done with it. A phase-parity
@@ -171,8 +180,10 @@ RA_HOST_DEVICE constexpr int64_t tiled_bwd_warpgroup_dq_tma_smem_bytes(int max_s
 // tile t's are issued; the release before that (tile t - 6's) was its own. Every thread derives
 // both parities from the tile's index and the tiles the buffer took in earlier items
 // (`base_parity`: one copy and one release each). tools/diag/dq_buffer_protocol.py model-checks
-// this protocol. DELTA as the cp.async kernel's.
-template <typename T, int D, bool DELTA>
+// this protocol. Launched ahead of the dK / dV kernel without pass 1, it computes each row's
+// Delta, writes it to the workspace for the dK / dV kernel, and zeroes the dq of q padding
+// rows (pass 1's other part).
+template <typename T, int D>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128, 1)
     small_seq_tiled_bwd_warpgroup_dq_tma_kernel(const SmallSeqTiledParams p,
                                                 const __grid_constant__ TiledBwdTmaMaps maps) {
@@ -234,7 +245,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
     // this warpgroup's tile t's row scalars and O prefetch (TiledBwdDqRowLoads), one tile ahead
     const auto load_rows = [&](int64_t t, TiledBwdDqRowLoads& l) {
       if (t < tiles)
-        tiled_bwd_warpgroup_dq_load_rows<D, DELTA>(p, s, hq0, at, TiledRowMap(t * ROWS, group),
+        tiled_bwd_warpgroup_dq_load_rows<D>(p, s, hq0, at, TiledRowMap(t * ROWS, group),
                                                    t * ROWS, seg_rows, l, wtid);
     };
     // K / V by cp.async (zeros past the history), the first tiles by tile copies beside them.
@@ -255,7 +266,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
       ra_mbar_wait(full(b), n & 1u);
       TiledBwdDqRowLoads next;
       load_rows(t + WARPGROUPS, next);
-      tiled_bwd_warpgroup_dq_tile<T, D, DELTA>(p, s, at, hq0, group, t * ROWS, seg_rows,
+      tiled_bwd_warpgroup_dq_tile<T, D>(p, s, at, hq0, group, t * ROWS, seg_rows,
                                                      l, sk, sv, kp,
                                                      smem_ptr + buf_off + b * kBufBytes,
                                                      raw + buf_off + b * kBufBytes, wg, wtid);
@@ -274,9 +285,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdWarpgroupDqWarpgroups * 128
       if (tiles > b) base_parity ^= static_cast<uint32_t>(((tiles - 1 - b) / BUFS + 1) & 1) << b;
     __syncthreads();  // every warpgroup is done with this segment's K / V and the buffers
   }
-  if constexpr (DELTA)
-    tiled_bwd_zero_padding_dq<D>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + tid,
-                                 static_cast<int64_t>(gridDim.x) * blockDim.x);
+  tiled_bwd_zero_padding_dq<D>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + tid,
+                               static_cast<int64_t>(gridDim.x) * blockDim.x);
 #endif
 }
 

@@ -20,30 +20,24 @@ import torch
 from . import segment_attention as SA
 from . import small_seq_tiled_cases as C
 
-# The dK / dV and dQ passes by their wave kernels and by their block variants
-# (tiled_bwd_block_kernel.h: row / key tiles staged in shared memory), for every call: tuning
-# values for rocm_attn.tuning.override (GPU) and helpers.emu.tuning (CPU emulation). Both keep
-# the Hopper warpgroup kernel off (it would take the calls of at most 64 keys on an sm_90a GPU),
-# the streaming kernel (it would take the calls of at most 4 rows per (segment, kv head)) and the
+# The dK / dV and dQ passes for every call: the wave kernel of pass 2 where there is no dQ pass
+# (one key tile, or one row tile), else the block variants of both passes
+# (tiled_bwd_block_kernel.h: row / key tiles staged in shared memory); tuning values for
+# rocm_attn.tuning.override (GPU) and helpers.emu.tuning (CPU emulation). They keep the Hopper
+# warpgroup kernel off (it would take the calls of 64+ rows per (segment, kv head) on an sm_90a
+# GPU), the streaming kernel (calls of at most 4 rows per (segment, kv head)) and the
 # one-row-tile instance of the dK / dV pass (calls of at most 16).
 BWD_PASSES = {
-    "wave": {"small_seq_tiled_bwd_block": 0, "small_seq_tiled_bwd_warpgroup": 0,
-             "small_seq_tiled_bwd_stream": 0, "small_seq_tiled_bwd_row_tile": 0},
-    "block": {"small_seq_tiled_bwd_block": 2, "small_seq_tiled_bwd_warpgroup": 0,
-              "small_seq_tiled_bwd_stream": 0, "small_seq_tiled_bwd_row_tile": 0},
+    "passes": {"small_seq_tiled_bwd_warpgroup": 0, "small_seq_tiled_bwd_stream": 0,
+               "small_seq_tiled_bwd_row_tile": 0},
 }
 # The dK / dV pass's one-row-tile instance (tiled_bwd_kernel.h) for the calls it serves (at most
 # 16 rows per (segment, kv head), more than the streaming kernel's 4); calls of more rows fall
-# back to the wave passes.
-# Delta fused where every history fits one key tile (max_seqlen_kv <= 16), else from the Delta
-# pass (the default).
+# back to BWD_PASSES. Delta fused where every history fits one key tile (max_seqlen_kv <= 16:
+# the instance computes each row's Delta itself, rowsum(P dP) - dlse, and the Delta pass is not
+# launched), else from the Delta pass.
 ROW_TILE_PASS = {"small_seq_tiled_bwd_row_tile": 1, "small_seq_tiled_bwd_stream": 0,
-                 "small_seq_tiled_bwd_warpgroup": 0, "small_seq_tiled_bwd_block": 0,
-                 "small_seq_tiled_bwd_fused_delta": 2}
-# The same with Delta from the Delta pass: with Delta fused the instance computes each row's
-# Delta itself (rowsum(P dP) - dlse, its items hold every key of their rows) and the Delta pass
-# is not launched.
-ROW_TILE_DELTA_PASS = {**ROW_TILE_PASS, "small_seq_tiled_bwd_fused_delta": 0}
+                 "small_seq_tiled_bwd_warpgroup": 0}
 # The streaming kernel (tiled_bwd_stream_kernel.h) for the calls it serves (at most 4 rows per
 # (segment, kv head)), on every target, with one (segment, kv head) per wave and per block (the
 # launcher picks by the number of them); calls of more rows fall back to the passes above.
@@ -51,13 +45,12 @@ STREAM_PASSES = {
     "stream_wave": {"small_seq_tiled_bwd_stream": 2, "small_seq_tiled_bwd_warpgroup": 0},
     "stream_block": {"small_seq_tiled_bwd_stream": 3, "small_seq_tiled_bwd_warpgroup": 0},
 }
-# The warpgroup kernel (tiled_bwd_warpgroup_kernel.h) for every call it can serve (histories of
-# at most 64 keys, d 64 / 128, on an sm_90a build on Hopper; elsewhere the calls fall back to
-# the passes above): GPU tests only.
+# The warpgroup kernels (tiled_bwd_warpgroup_tma_kernel.h and the two-tile and streaming dQ
+# kernels) for every call they can serve (d 64 / 128, on an sm_90a build on Hopper, tile copies
+# permitting; elsewhere the calls fall back to the passes above): GPU tests only. Delta comes
+# from the kernels themselves (the dK / dV kernel from its own P and dP up to 64 keys, past that
+# the dQ kernel from dO and out) or, for the one- and two-tile walks, from the Delta pass.
 WARPGROUP_PASS = {"small_seq_tiled_bwd_warpgroup": 2}
-# The same with Delta from the Delta pass: by default the kernels compute it themselves (the dK /
-# dV kernel from its own P and dP up to 64 keys, past that the dQ kernel from dO and out).
-WARPGROUP_DELTA_PASS = {"small_seq_tiled_bwd_warpgroup": 2, "small_seq_tiled_bwd_fused_delta": 0}
 
 # Relative (norm) error of a 16-bit gradient: the rounding of the output and of P / dS as
 # product operands (as flash-attention does).

@@ -12,7 +12,7 @@ example, the warpgroup forward on 4096 users x 128 candidates x 256 keys with 2 
 ``times``: the last call runs under torch's profiler, and each GPU kernel's device time is
 printed (which kernels a call launches and what share of it each takes, e.g. the backward's
 Delta pass, dQ and dK / dV kernels). NAME=VALUE: launch tuning values for the calls
-(rocm_attn.tuning names, e.g. small_seq_tiled_bwd_fused_delta=0).
+(rocm_attn.tuning names, e.g. small_seq_tiled_bwd_two_tile=0).
 
 Needs a GPU build of the extension.
 """
