@@ -779,8 +779,8 @@ def _bwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional
                                smem=bwd_two_tile_smem_bytes(d))]
     if not tma:
         return None
-    if kv <= 16:
-        return [dkdv(16, True, True, False)]
+    if kv <= BWD_WARPGROUP_CHUNK:
+        return [dkdv(BWD_WARPGROUP_CHUNK, True, True, False)]
     if kv <= BWD_WARPGROUP_BLOCK_KEYS:
         return [dkdv(BWD_WARPGROUP_BLOCK_KEYS, True, True, False)]
     if rows <= WARPGROUP_ROWS:

@@ -904,9 +904,9 @@ RA_DEVICE void tiled_bwd_row_tile_item(const SmallSeqTiledParams& p, const int h
 // <= kTiledBwdRows; the launcher's one-row-tile instance, docs/kernels.md#one-row-tile-backward):
 // only the one-row-tile item is compiled, so the kernel takes that item's registers (220 on
 // sm_90 at d = 128, against 246 with the general item beside it). FUSED_DELTA (ROW_TILE_CALL
-// only; the launcher's choice, tuning small_seq_tiled_bwd_fused_delta): launched without pass
-// 1, the items compute each row's Delta themselves and the kernel zeroes the dq of q padding
-// rows, grid-strided after its items.
+// only; the plan's choice where every history fits one key tile): launched without pass 1, the
+// items compute each row's Delta themselves and the kernel zeroes the dq of q padding rows,
+// grid-strided after its items.
 template <typename T, int D, bool ROW_TILE_CALL = false, bool FUSED_DELTA = false>
 __global__ void __launch_bounds__(kTiledBwdMaxThreadsPerBlock)
     small_seq_tiled_bwd_dkv_kernel(const SmallSeqTiledParams p) {
