@@ -478,18 +478,21 @@ class Call:
 # while flash reads it per q head (and sums dK / dV over the group in an extra pass): a call to
 # be differentiated stays tiled at any history up to the tiled kernels' last key (the streaming
 # dQ kernel past 256 keys), and so does a forward alone past ROUTE_STREAM_MIN_SEQLEN_KV keys,
-# where the streaming warpgroup forward takes it (performance.md "Ragged requests": the GQA rows
-# over up to 1000-4096 keys and the MQA d 64 row; the MHA rows and shorter GQA forwards measured
-# faster on flash). With a streaming warpgroup forward forced (tuning
-# small_seq_tiled_warpgroup_stream 2, or small_seq_tiled_warpgroup_ws 2: it streams histories
-# past its ring) a forward alone at d <= 128 stays tiled at any history up to the tiled kernels'
-# last key: the A/B of those kernels against flash varlen.
+# where the streaming warpgroup forward takes it, or past WS_RING_KEYS where the warp-specialized
+# kernel streams it (two row tiles or more per kv head at d 128): performance.md "Ragged
+# requests", the GQA rows over 64-384 and up to 1000-4096 keys and the MQA d 64 row. With the
+# warp-specialized kernel streaming past its ring, a forward alone at d 128 of at least
+# ROUTE_WS_MIN_ROWS rows per kv head stays tiled up to ROUTE_WS_SEQLEN_KV's last key at any group
+# (the MHA row of 16-512 keys), and every forward alone at d 64 stays tiled (the d 64 rows, MHA
+# over 8-128 keys and MQA up to 1024). The MHA rows with longer tails (Zipf keys up to 4096), the
+# d 256 rows and the MHA backwards measured faster on flash. With a streaming warpgroup forward
+# forced (tuning
 ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128
 ROUTE_WARPGROUP_MIN_ROWS = 512
 ROUTE_WARPGROUP_MAX_SEQLEN_KV = 256
-ROUTE_WS_SEQLEN_KV = (2 * WARPGROUP_KEYS + 1, WS_RING_KEYS)
+ROUTE_WS_SEQLEN_KV = (2 * WARPGROUP_KEYS + 1, 2 * WS_RING_KEYS)
 ROUTE_WS_MIN_ROWS = 2 * WARPGROUP_ROWS
 ROUTE_TILED_MIN_GROUP = 4
 ROUTE_STREAM_MIN_SEQLEN_KV = 384
@@ -508,10 +511,14 @@ def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: b
             return False
         if not backward and stream_forced and max_seqlen_kv <= TILED_MAX_SEQLEN_KV:
             return False
-        if (group >= ROUTE_TILED_MIN_GROUP and max_seqlen_kv <= TILED_MAX_SEQLEN_KV
-                and (backward or max_seqlen_kv > ROUTE_STREAM_MIN_SEQLEN_KV)):
-            return False
         rows = max_seqlen_q * group
+        if not backward and head_dim == 64 and max_seqlen_kv <= TILED_MAX_SEQLEN_KV:
+            return False
+        ws_streams = warp_specialized and head_dim == 128 and rows > WARPGROUP_ROWS
+        if (group >= ROUTE_TILED_MIN_GROUP and max_seqlen_kv <= TILED_MAX_SEQLEN_KV
+                and (backward or max_seqlen_kv > (WS_RING_KEYS if ws_streams
+                                                  else ROUTE_STREAM_MIN_SEQLEN_KV))):
+            return False
         if (not backward and rows >= ROUTE_WARPGROUP_MIN_ROWS
                 and max_seqlen_kv <= ROUTE_WARPGROUP_MAX_SEQLEN_KV):
             return False
@@ -622,8 +629,12 @@ def _fwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional
     ws_fits = (d == 128 and device.tile_copies and t["small_seq_tiled_warpgroup_tma"] > 0
                and _tma_q_box_fits(call) and warpgroup_step_keys(kv) == WARPGROUP_KEYS
                and ws_smem_bytes(d) + SHARED_RESERVE <= device.max_shared_per_block)
-    if ws_fits and ws_mode >= 2 and kv > WS_RING_KEYS:
-        # forced past its ring: K / V streamed, items of a pair of row tiles
+    if ws_fits and kv > WS_RING_KEYS and (ws_mode >= 2 or (
+            ws_mode == 1 and rows > WARPGROUP_ROWS and t["small_seq_tiled_warpgroup_stream"] < 2)):
+        # past its ring K / V stream through it in items of a pair of row tiles, one per
+        # computing warpgroup: where a (segment, kv head) may hold two row tiles this ran 1.10-1.19x
+        # the streaming instance on the long-history GQA ragged rows (H200); one tile would leave
+        # a warpgroup idle, so such calls keep the streaming instance
         return _launch("tiled_fwd_warpgroup_ws", D=d, threads=WS_THREADS, smem=ws_smem_bytes(d))
     if _fwd_streams(call, device, t, staged_fits, staged_alone, warpgroups):
         return _launch("tiled_fwd_warpgroup_tma", D=d, WARPGROUPS=1, KEYS=WARPGROUP_KEYS,

@@ -95,21 +95,21 @@ CASES = [
     ("sm_90a", C(128, 8, 8, 64, 256, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
     ("sm_90a", C(128, 8, 8, 128, 256, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
-    # histories no block can stage whole (past 384 keys at d 128, 832 at d 64): streamed
-    ("sm_90a", C(128, 8, 2, 300, 4096, layout="bshd"),
+    # histories past the warp-specialized kernel's ring at d 128 with two row tiles per kv
+    # head: streamed through its ring in pairs of tiles; one row tile: the streaming instance
+    ("sm_90a", C(128, 8, 2, 300, 4096, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
+    ("sm_90a", C(128, 8, 2, 300, 385, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
+    ("sm_90a", C(128, 8, 8, 64, 4096, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, CAPPED=false, PAIR=false, "
       "STREAM=true)"], None),
-    ("sm_90a", C(128, 8, 2, 300, 385, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=128, STREAM=true)"], None),
+    # histories no block can stage whole (past 832 keys at d 64): streamed
     ("sm_90a", C(64, 8, 1, 1000, 833, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
     ("sm_90a", C(64, 8, 1, 1000, 832, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=64, STREAM=true)"], None),   # staged: one warpgroup alone
     ("sm_90a", C(64, 8, 1, 1000, 640, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=2, KEYS=64, PAIR=true, STREAM=false)"], None),
-    ("sm_90a", C(128, 8, 8, 512, 320, layout="bshd"),
-     ["tiled_fwd_warpgroup(D=128, WARPGROUPS=2, KEYS=64, CAPPED=true)"], None),  # no room for
-    # the tile-copy kernel's barriers beside 320 staged keys
+    ("sm_90a", C(128, 8, 8, 512, 320, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
     ("sm_90a", C(64, 8, 8, 512, 512, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=2, KEYS=64, CAPPED=true, PAIR=true)"], None),
     ("sm_90a", C(128, 12, 4, 64, 16),
@@ -155,7 +155,7 @@ CASES = [
      ["tiled_bwd_warpgroup_dq(DELTA=true)",
       "tiled_bwd_warpgroup(KEYS=64, WITH_DQ=false, TRANSPOSED=true)"]),
     ("sm_90a", C(128, 8, 8, 512, 257, layout="bshd", backward=True),
-     ["tiled_fwd_warpgroup(WARPGROUPS=2, KEYS=64)"],
+     ["tiled_fwd_warpgroup_ws"],
      ["tiled_bwd_warpgroup_dq_stream(D=128, DELTA=true, threads=256)",  # past 256 keys
       "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=false, FUSED_DELTA=false, TRANSPOSED=true)"]),
     # other paths
@@ -200,18 +200,20 @@ def test_tuning_knobs_change_the_plan():
     # stream per row tile), 2 every call it can serve, ragged-request rows routed to flash
     # varlen by default included
     call = C(128, 8, 2, 300, 4096, layout="bshd")
-    assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=0))[0].kernels \
+    assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=0,
+                                           small_seq_tiled_warpgroup_ws=0))[0].kernels \
         == ("tiled_fwd_block",)
     call = C(128, 8, 8, 300, 4096)  # MHA: the route by default
     assert sp.plan_call(call, hopper, t)[0].kernels == ("flash",)
     plan = sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=2))[0]
     assert plan.kernels == ("tiled_fwd_warpgroup_tma",) and plan.launches[0].param("STREAM")
-    call = C(128, 8, 2, 300, 4096)  # a group of 4: the streaming forward by default
-    plan = sp.plan_call(call, hopper, t)[0]
-    assert plan.kernels == ("tiled_fwd_warpgroup_tma",) and plan.launches[0].param("STREAM")
-    # the warp-specialized kernel forced past its ring (d 128): streamed in pairs of row tiles,
-    # also kept off the route; d 64 has no such kernel and streams on the one-warpgroup instance
+    # a group of 4 at d 128: the warp-specialized kernel streams past its ring by default (pairs
+    # of row tiles), kept off the route; with the streaming instance forced, that instance; d 64
+    # has no such kernel and streams on the one-warpgroup instance
     call = C(128, 8, 2, 300, 4096)
+    assert sp.plan_call(call, hopper, t)[0].kernels == ("tiled_fwd_warpgroup_ws",)
+    plan = sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=2))[0]
+    assert plan.kernels == ("tiled_fwd_warpgroup_tma",) and plan.launches[0].param("STREAM")
     assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_ws=2))[0].kernels == (
         "tiled_fwd_warpgroup_ws",)
     call = C(64, 8, 2, 300, 4096, layout="bshd")
