@@ -53,14 +53,14 @@ GROUPS = [pytest.param(2, 2, id="g1"), pytest.param(4, 2, id="g2"), pytest.param
 
 
 # the plan's choice (here the block kernel: many rows over histories longer than a block's
-# shared memory holds), the wave kernel for the same calls and the block kernel of 128 threads
-# (tuning of the variant table, tests/helpers/small_seq_variants.py FWD_FORCINGS)
-KERNELS = V.forcings("auto", "wave", "block128")
+# shared memory holds), the wave kernel for the same calls and the block kernel forced (tuning
+# of the variant table, tests/helpers/small_seq_variants.py FWD_FORCINGS)
+KERNELS = V.forcings("auto", "wave", "block")
 # The resident kernel (a segment's whole K/V in shared memory; the emulation gives a block
 # 64 KiB, as gfx942 has): the plan's choice for many rows over histories that fit, and
-# forced on every call (2) with four waves and with 128 threads (two waves), with softmax steps
-# of four key tiles (the plan's choice here: histories reach 64 keys) and of one.
-RESIDENT = V.forcings("auto", "resident", "resident128", "resident_step16")
+# forced on every call (2), with softmax steps of four key tiles (the plan's choice here:
+# histories reach 64 keys) and of one.
+RESIDENT = V.forcings("auto", "resident", "resident_step16")
 # histories that fit 64 KiB at d 128 (K and V of 96 keys, rows padded: 57 KiB)
 KV_LENS_RESIDENT = [96, 64, 17, 1, 0, 17, 96, 64, 5, 0, 1]
 
