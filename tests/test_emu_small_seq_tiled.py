@@ -14,7 +14,6 @@ mixed-segment cases also run on the wave kernel alone.
 
 from __future__ import annotations
 
-import re
 
 import pytest
 import torch
@@ -94,12 +93,11 @@ def test_resident_kernel(lib, d, h_q, h_kv, kernel):
 
 
 @pytest.mark.parametrize("max_q", [2, 3])
-def test_small_blocks_for_few_rows_over_long_histories(lib, max_q):
+def test_few_rows_over_long_histories_take_the_wave_kernel(lib, max_q):
     """A (segment, kv head) of 16 or 24 rows (8 q heads per kv head) over histories past 64
-    keys: more rows than one wave's tile, fewer than half a default block. The launcher gives
-    the block kernel blocks of just enough waves for them (at least two): 64 threads for 16 rows
-    of 32-lane waves' 8-row tiles, 128 for 24 rows; none where one wave's tile holds them all
-    (16 rows on 64-lane waves: the wave kernel)."""
+    keys: more rows than a 32-lane wave's tile, fewer than half a default block. The block
+    kernel's small blocks stage by cp.async, which the emulated device (as HIP builds) has
+    not: the wave kernel serves them, and no block kernel runs."""
     q_lens = [max_q, 1, max_q, 0, 2, max_q, 1]
     kv_lens = [300, 65, 17, 100, 0, 1, 200]
     case = C.thd_case(50 + max_q, q_lens, kv_lens, 8, 1, 128, torch.bfloat16, max_q=max_q,
@@ -107,15 +105,7 @@ def test_small_blocks_for_few_rows_over_long_histories(lib, max_q):
     lib.mark_kernels()
     check_valid(lib, case)
     ran = [k for k in lib.kernels_run(since_mark=True) if "small_seq_tiled_fwd" in k]
-    rows, tile = max_q * 8, (16 if lib.wave == 64 else 8)
-    want = None if rows <= tile else next(t for t in (2 * lib.wave, 4 * lib.wave)
-                                          if t // lib.wave * tile >= rows)
-    if want is None:
-        assert not any("block_kernel" in k for k in ran), ran
-    else:
-        # the block kernel's last template argument, its staging, follows the threads
-        assert any(re.search(rf"block_kernel<[^>]*, {want}(, (true|false))?>", k) for k in ran), \
-            (want, ran)
+    assert ran and not any("block_kernel" in k for k in ran), ran
 
 
 def test_resident_kernel_bad_segments(lib):
