@@ -60,25 +60,18 @@ TILED_MAX_SEQLEN_KV = 4096
 TILED_KEYS = 16                  # tiled_fwd_kernel.h kTiledKeys: keys of a key tile
 TILED_WAVES_PER_BLOCK = 2        # tiled_fwd_kernel.h kTiledWavesPerBlock
 TILED_FWD_RESIDENCY_FACTOR = 4   # kTiledFwdResidencyFactor
-# Histories longer than this take the block kernel even for a (segment, kv head) of fewer rows
-# than half a default block, in blocks of just enough waves (at least two) for its rows: the
-# wave kernel's row tiles of one item each stream the whole history, and past about 64 keys
-# (32 KiB of K/V per kv head at d = 128) the later tiles no longer find it in L2 with the whole
-# machine streaming (16 candidates of one q head per kv head over 256 keys: 1.35-1.6x, 83-84% of
-# the byte floor). Where the block kernel stages by cp.async (three key tiles in flight, none in
-# registers) it wins from the second key tile on, so the bound is one key tile there (16 rows
-# over 64 keys, 4096 users, 8 kv heads, H100: 567 -> 470 us fixed, 346 -> 331 ragged, where
-# the register staging lost on the ragged row). Tuning small_seq_tiled_small_block_keys sets it.
-SMALL_BLOCK_MIN_KEYS = 64
+# Few rows over long histories take the block kernel's small instance in CUDA builds (two warps,
+# 16 rows, three key tiles in flight by cp.async, none in registers), which wins over the wave
+# kernel from the second key tile on (16 rows over 64 keys, 4096 users, 8 kv heads, H100: 567 ->
+# 470 us fixed, 346 -> 331 ragged); tuning small_seq_tiled_small_block_keys moves that bound.
 RESIDENT_ROWS = 16               # tiled_fwd_resident_kernel.h kTiledResidentRows
 # The resident kernel where a (segment, kv head) has at least this many row tiles of 16 (fewer
-# leave most of a block's waves idle: the wave kernel serves those) ...
+# leave most of a block's waves idle: the wave kernel serves those), in blocks of 256 threads
+# (four waves on AMD, eight warps on NVIDIA), several per multiprocessor where their K/V fit,
+# so that one stages its next segment while the others compute.
 RESIDENT_MIN_TILES = 4
-# ... in blocks of four waves (64 rows on NVIDIA), several per multiprocessor, so that one
-# stages its next segment while the others compute; where one block's K/V fill a
-# multiprocessor's shared memory (long histories), eight warps on NVIDIA instead, so that the
-# multiprocessor is not left with four.
-RESIDENT_WAVES = 4
+RESIDENT_THREADS = 256
+BLOCK_THREADS = 256              # tiled_fwd_kernel.h kTiledBlockThreads: many rows
 SHARED_RESERVE = 1024            # kTiledSharedReserve: the runtime's per-block reserve
 WARPGROUP_ROWS = 64              # tiled_fwd_warpgroup_kernel.h kTiledWarpgroupRows
 WARPGROUP_KEYS = 64              # kTiledWarpgroupKeys: keys of the longest softmax step
@@ -210,15 +203,11 @@ DEFAULT_TUNING: Dict[str, int] = {
     "small_seq_bwd_grid": -1,
     "small_seq_tiled_fwd_grid": -1,
     "small_seq_tiled_block": 1,
-    "small_seq_tiled_block_threads": 256,
-    "small_seq_tiled_block_cp_async": 1,
     "small_seq_tiled_small_block_keys": 0,
     "small_seq_tiled_one_tile": 1,
-    "small_seq_tiled_resident_threads": 0,
     "small_seq_tiled_resident_key_step": 0,
     "small_seq_tiled_resident": 1,
     "small_seq_tiled_warpgroup": 1,
-    "small_seq_tiled_warpgroups": 0,
     "small_seq_tiled_warpgroup_tma": 1,
     "small_seq_tiled_warpgroup_stream": 1,
     "small_seq_tiled_warpgroup_ws": 1,
@@ -381,10 +370,12 @@ VARIANTS: Dict[str, Tuple[str, str]] = {
     "tiled_fwd_resident": ("small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>",
                            "4+ row tiles per (segment, kv head) whose K/V fit shared memory"),
     "tiled_fwd_warpgroup": ("small_seq_tiled_fwd_warpgroup_kernel<T, D, WARPGROUPS, KEYS, "
-                            "CAPPED>", "Hopper, 64+ rows per (segment, kv head), d 64 / 128"),
+                            "CAPPED>", "Hopper, 64+ rows per (segment, kv head), d 64 / 128, "
+                            "at most 16 keys, where tile copies do not serve"),
     "tiled_fwd_warpgroup_tma": ("small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, "
                                 "KEYS, CAPPED, PAIR, STREAM>",
-                                "as tiled_fwd_warpgroup where tile copies serve"),
+                                "Hopper, 64+ rows per (segment, kv head), d 64 / 128, where "
+                                "tile copies serve"),
     "tiled_fwd_warpgroup_ws": ("small_seq_tiled_fwd_warpgroup_ws_kernel<T, D>",
                                "Hopper d 128, 129-256 keys, more than one 64-row tile"),
     # tiled backward (tiled_bwd_launch.hip)
@@ -460,18 +451,21 @@ class Call:
 # while flash reads it per q head (and sums dK / dV over the group in an extra pass): a call to
 # be differentiated stays tiled at any history up to the tiled kernels' last key (the streaming
 # dQ kernel past 256 keys), and so does a forward alone past ROUTE_STREAM_MIN_SEQLEN_KV keys,
-# where the streaming warpgroup forward takes it (performance.md "Ragged requests": the GQA rows
-# over up to 1000-4096 keys and the MQA d 64 row; the MHA rows and shorter GQA forwards measured
-# faster on flash). With a streaming warpgroup forward forced (tuning
-# small_seq_tiled_warpgroup_stream 2, or small_seq_tiled_warpgroup_ws 2: it streams histories
-# past its ring) a forward alone at d <= 128 stays tiled at any history up to the tiled kernels'
-# last key: the A/B of those kernels against flash varlen.
+# where the streaming warpgroup forward takes it, or past WS_RING_KEYS where the warp-specialized
+# kernel streams it (two row tiles or more per kv head at d 128): performance.md "Ragged
+# requests", the GQA rows over 64-384 and up to 1000-4096 keys and the MQA d 64 row. With the
+# warp-specialized kernel streaming past its ring, a forward alone at d 128 of at least
+# ROUTE_WS_MIN_ROWS rows per kv head stays tiled up to ROUTE_WS_SEQLEN_KV's last key at any group
+# (the MHA row of 16-512 keys), and every forward alone at d 64 stays tiled (the d 64 rows, MHA
+# over 8-128 keys and MQA up to 1024). The MHA rows with longer tails (Zipf keys up to 4096), the
+# d 256 rows and the MHA backwards measured faster on flash. With a streaming warpgroup forward
+# forced (tuning
 ROUTE_MIN_QUERIES = 64
 ROUTE_MIN_SEQLEN_KV_BACKWARD = 64
 ROUTE_MIN_SEQLEN_KV_FORWARD = 128
 ROUTE_WARPGROUP_MIN_ROWS = 512
 ROUTE_WARPGROUP_MAX_SEQLEN_KV = 256
-ROUTE_WS_SEQLEN_KV = (2 * WARPGROUP_KEYS + 1, WS_RING_KEYS)
+ROUTE_WS_SEQLEN_KV = (2 * WARPGROUP_KEYS + 1, 2 * WS_RING_KEYS)
 ROUTE_WS_MIN_ROWS = 2 * WARPGROUP_ROWS
 ROUTE_TILED_MIN_GROUP = 4
 ROUTE_STREAM_MIN_SEQLEN_KV = 384
@@ -490,10 +484,14 @@ def route_wins(head_dim: int, max_seqlen_q: int, max_seqlen_kv: int, backward: b
             return False
         if not backward and stream_forced and max_seqlen_kv <= TILED_MAX_SEQLEN_KV:
             return False
-        if (group >= ROUTE_TILED_MIN_GROUP and max_seqlen_kv <= TILED_MAX_SEQLEN_KV
-                and (backward or max_seqlen_kv > ROUTE_STREAM_MIN_SEQLEN_KV)):
-            return False
         rows = max_seqlen_q * group
+        if not backward and head_dim == 64 and max_seqlen_kv <= TILED_MAX_SEQLEN_KV:
+            return False
+        ws_streams = warp_specialized and head_dim == 128 and rows > WARPGROUP_ROWS
+        if (group >= ROUTE_TILED_MIN_GROUP and max_seqlen_kv <= TILED_MAX_SEQLEN_KV
+                and (backward or max_seqlen_kv > (WS_RING_KEYS if ws_streams
+                                                  else ROUTE_STREAM_MIN_SEQLEN_KV))):
+            return False
         if (not backward and rows >= ROUTE_WARPGROUP_MIN_ROWS
                 and max_seqlen_kv <= ROUTE_WARPGROUP_MAX_SEQLEN_KV):
             return False
@@ -561,85 +559,93 @@ def _tma_q_box_fits(call: Call) -> bool:
     return WARPGROUP_ROWS % call.group == 0
 
 
+def _fwd_can_stream(call: Call, device: Device, t: Mapping[str, int]) -> bool:
+    """Whether the tile-copy kernel's streaming instance can take the call (tuning
+    small_seq_tiled_warpgroup_stream not 0): K / V through a ring of 64-key steps, one row tile
+    per work item, two blocks per multiprocessor, so any history up to the tiled kernels' last
+    key."""
+    return (t["small_seq_tiled_warpgroup_stream"] > 0
+            and warpgroup_step_keys(call.max_seqlen_kv) == WARPGROUP_KEYS
+            and device.tile_copies and t["small_seq_tiled_warpgroup_tma"] > 0
+            and _tma_q_box_fits(call)
+            and stream_smem_bytes(call.head_dim) + tma_static_bytes(1)
+            <= device.max_shared_per_block)
+
+
 def _fwd_streams(call: Call, device: Device, t: Mapping[str, int], staged_fits: bool,
-                 staged_alone: bool, warpgroups: int) -> bool:
-    """Whether the warpgroup forward takes the tile-copy kernel's streaming instance
-    (tuning small_seq_tiled_warpgroup_stream: 2 every call it can serve, 1 the rule below, 0
-    never): K / V through a ring of 64-key steps, one row tile per work item, two blocks per
-    multiprocessor, so any history up to the tiled kernels' last key. The rule: histories whose
-    K / V a block cannot stage whole (past 384 keys at d 128, 832 at d 64), and histories whose
-    staging would fill a multiprocessor with one block of ``warpgroups`` warpgroups, where that
-    block is one warpgroup (four warps on the multiprocessor) or its (segment, kv head) has one
-    row tile (its staged history would serve only that tile)."""
-    d, kv, rows = call.head_dim, call.max_seqlen_kv, call.rows
-    mode = t["small_seq_tiled_warpgroup_stream"]
-    if (mode <= 0 or warpgroup_step_keys(kv) != WARPGROUP_KEYS or not device.tile_copies
-            or t["small_seq_tiled_warpgroup_tma"] <= 0 or not _tma_q_box_fits(call)
-            or stream_smem_bytes(d) + tma_static_bytes(1) > device.max_shared_per_block):
+                 staged_alone: bool, shares: bool) -> bool:
+    """Whether the warpgroup forward takes the streaming instance (tuning
+    small_seq_tiled_warpgroup_stream: 2 every call it can serve, 1 the rule below, 0 never).
+    The rule: histories whose K / V a block cannot stage whole (past 384 keys at d 128, 832 at
+    d 64), and histories whose staging would fill a multiprocessor with one block, unless
+    ``shares``: two warpgroups' blocks would fit and the (segment, kv head) has more than one row
+    tile, which the warp-specialized kernel serves with its two computing warpgroups."""
+    if not _fwd_can_stream(call, device, t):
         return False
-    return mode >= 2 or not staged_fits or (
-        staged_alone and (rows <= WARPGROUP_ROWS or warpgroups == 1))
+    return (t["small_seq_tiled_warpgroup_stream"] >= 2 or not staged_fits
+            or (staged_alone and not shares))
 
 
 def _fwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional[Launch]:
-    """The warpgroup-MMA forward (tiled_use_warpgroup and what follows it), or None."""
+    """The warpgroup-MMA forward (tiled_use_warpgroup and what follows it), or None. Blocks of
+    one warpgroup; its 64-key steps only by tile copies (where they cannot serve: the GQA group
+    does not divide a 64-row tile, tuning small_seq_tiled_warpgroup_tma 0, or, the plan's
+    fallback, tensors whose address or stride is not a multiple of 16 bytes, the kernels below
+    take the call); its 16-key steps (histories of at most 16 keys) by cp.async where a
+    (segment, kv head) has more than one row tile or tile copies cannot serve."""
     d, kv, rows = call.head_dim, call.max_seqlen_kv, call.rows
     mode = t["small_seq_tiled_warpgroup"]
     if mode <= 0 or d not in (64, 128) or call.return_softmax or not device.warpgroup_mma:
         return None
     if not (mode >= 2 or rows >= WARPGROUP_ROWS):
         return None
-    staged_fits = warpgroup_smem_bytes(d, kv, 1) <= device.max_shared_per_block
-    one_block = warpgroup_smem_bytes(d, kv, 1) + SHARED_RESERVE
+    smem = warpgroup_smem_bytes(d, kv, 1)
+    staged_fits = smem <= device.max_shared_per_block
+    one_block = smem + SHARED_RESERVE
     staged_alone = 2 * one_block > device.shared_per_multiprocessor
-    two_fit = warpgroup_smem_bytes(d, kv, 2) <= device.max_shared_per_block
-    tuned = t["small_seq_tiled_warpgroups"]
-    if tuned == 1 or not two_fit:
-        warpgroups = 1
-    elif tuned == 2:
-        warpgroups = 2
-    else:
-        warpgroups = 2 if staged_alone else 1
-    ws_mode = t["small_seq_tiled_warpgroup_ws"]
-    ws_fits = (d == 128 and device.tile_copies and t["small_seq_tiled_warpgroup_tma"] > 0
-               and _tma_q_box_fits(call) and warpgroup_step_keys(kv) == WARPGROUP_KEYS
-               and ws_smem_bytes(d) + SHARED_RESERVE <= device.max_shared_per_block)
-    if ws_fits and ws_mode >= 2 and kv > WS_RING_KEYS:
-        # forced past its ring: K / V streamed, items of a pair of row tiles
-        return _launch("tiled_fwd_warpgroup_ws", D=d, threads=WS_THREADS, smem=ws_smem_bytes(d))
-    if _fwd_streams(call, device, t, staged_fits, staged_alone, warpgroups):
-        return _launch("tiled_fwd_warpgroup_tma", D=d, WARPGROUPS=1, KEYS=WARPGROUP_KEYS,
-                       CAPPED=False, PAIR=False, STREAM=True, threads=128,
-                       smem=stream_smem_bytes(d))
-    if not staged_fits:
-        return None
+    # a block of two warpgroups would share one staging of the history: the warp-specialized
+    # kernel's case (d 128, up to its ring)
+    shares = (staged_alone and warpgroup_smem_bytes(d, kv, 2) <= device.max_shared_per_block
+              and rows > WARPGROUP_ROWS)
     tma_ok = device.tile_copies and t["small_seq_tiled_warpgroup_tma"] > 0 and \
         _tma_q_box_fits(call)
-
-    def staged(keys: int, capped: bool) -> Launch:
-        # run_tiled_fwd_warpgroup_any: tile copies for 64-key steps, and for 16-key steps
-        # where a (segment, kv head) has one row tile
-        smem = warpgroup_smem_bytes(d, kv, warpgroups)
-        if (tma_ok and (keys == WARPGROUP_KEYS or rows <= WARPGROUP_ROWS)
-                and warpgroup_keys(kv) // keys <= TMA_MAX_STEPS
-                and smem + tma_static_bytes(warpgroups) <= device.max_shared_per_block):
-            pair = warpgroups > 1 and keys == WARPGROUP_KEYS and rows > warpgroups * WARPGROUP_ROWS
-            return _launch("tiled_fwd_warpgroup_tma", D=d, WARPGROUPS=warpgroups, KEYS=keys,
-                           CAPPED=capped, PAIR=pair, STREAM=False, threads=warpgroups * 128,
-                           smem=smem)
-        return _launch("tiled_fwd_warpgroup", D=d, WARPGROUPS=warpgroups, KEYS=keys,
-                       CAPPED=capped, threads=warpgroups * 128, smem=smem)
-
-    if warpgroup_step_keys(kv) == 16:
-        return staged(16, True)
-    if ws_fits and ws_mode > 0 and kv <= WS_RING_KEYS and (
-            ws_mode >= 2 or (warpgroups == 2 and rows > WARPGROUP_ROWS)):
+    ws_mode = t["small_seq_tiled_warpgroup_ws"]
+    ws_fits = (d == 128 and tma_ok and warpgroup_step_keys(kv) == WARPGROUP_KEYS
+               and ws_smem_bytes(d) + SHARED_RESERVE <= device.max_shared_per_block)
+    stream = _launch("tiled_fwd_warpgroup_tma", D=d, WARPGROUPS=1, KEYS=WARPGROUP_KEYS,
+                     CAPPED=False, PAIR=False, STREAM=True, threads=128,
+                     smem=stream_smem_bytes(d))
+    if ws_fits and kv > WS_RING_KEYS and (ws_mode >= 2 or (
+            ws_mode == 1 and rows > WARPGROUP_ROWS and t["small_seq_tiled_warpgroup_stream"] < 2)):
+        # past its ring K / V stream through it in items of a pair of row tiles, one per
+        # computing warpgroup: where a (segment, kv head) may hold two row tiles this ran 1.10-1.19x
+        # the streaming instance on the long-history GQA ragged rows (H200); one tile would leave
+        # a warpgroup idle, so such calls keep the streaming instance
         return _launch("tiled_fwd_warpgroup_ws", D=d, threads=WS_THREADS, smem=ws_smem_bytes(d))
-    if warpgroups == 2:
-        return staged(WARPGROUP_KEYS, True)
-    # one-warpgroup blocks of 64-key steps: the register cap for three blocks only where three
-    # fit the shared memory
-    return staged(WARPGROUP_KEYS, 3 * one_block <= device.shared_per_multiprocessor)
+    if _fwd_streams(call, device, t, staged_fits, staged_alone, shares):
+        return stream
+    if not staged_fits:
+        return None
+    tma_fits = tma_ok and smem + tma_static_bytes(1) <= device.max_shared_per_block
+    if warpgroup_step_keys(kv) == 16:
+        # tile copies where a (segment, kv head) has one row tile, else cp.async
+        if tma_fits and rows <= WARPGROUP_ROWS:
+            return _launch("tiled_fwd_warpgroup_tma", D=d, WARPGROUPS=1, KEYS=16, CAPPED=True,
+                           PAIR=False, STREAM=False, threads=128, smem=smem)
+        return _launch("tiled_fwd_warpgroup", D=d, WARPGROUPS=1, KEYS=16, CAPPED=True,
+                       threads=128, smem=smem)
+    if ws_fits and ws_mode > 0 and kv <= WS_RING_KEYS and (ws_mode >= 2 or shares):
+        return _launch("tiled_fwd_warpgroup_ws", D=d, threads=WS_THREADS, smem=ws_smem_bytes(d))
+    if shares and _fwd_can_stream(call, device, t):
+        # no warp-specialized kernel here (d 64, past its ring, or off): stream the history
+        return stream
+    # blocks of one warpgroup staging the history, over 64-key steps; their registers capped
+    # for three blocks per multiprocessor (the instance's spill-free cap), also where fewer fit
+    # the shared memory
+    if tma_fits and warpgroup_keys(kv) // WARPGROUP_KEYS <= TMA_MAX_STEPS:
+        return _launch("tiled_fwd_warpgroup_tma", D=d, WARPGROUPS=1, KEYS=WARPGROUP_KEYS,
+                       CAPPED=True, PAIR=False, STREAM=False, threads=128, smem=smem)
+    return None
 
 
 def _fwd_resident(call: Call, device: Device, t: Mapping[str, int]) -> Optional[Launch]:
@@ -652,46 +658,31 @@ def _fwd_resident(call: Call, device: Device, t: Mapping[str, int]) -> Optional[
         return None
     if not (mode >= 2 or _ceil(call.rows, RESIDENT_ROWS) >= RESIDENT_MIN_TILES):
         return None
-    threads = RESIDENT_WAVES * device.wave
-    if device.wave == 32 and 2 * (smem + SHARED_RESERVE) > device.shared_per_multiprocessor:
-        threads = 256
-    if t["small_seq_tiled_resident_threads"] in (128, 256):
-        threads = t["small_seq_tiled_resident_threads"]
     step = t["small_seq_tiled_resident_key_step"]
     if step not in (TILED_KEYS, 4 * TILED_KEYS):
         step = 4 * TILED_KEYS if kv >= 4 * TILED_KEYS else TILED_KEYS
-    return _launch("tiled_fwd_resident", D=d, THREADS=threads, KSTEP=step // TILED_KEYS,
-                   smem=smem)
+    return _launch("tiled_fwd_resident", D=d, THREADS=RESIDENT_THREADS,
+                   KSTEP=step // TILED_KEYS, smem=smem)
 
 
 def _fwd_block_threads(call: Call, device: Device, t: Mapping[str, int]) -> int:
-    """tiled_block_threads: the block kernel's threads, 0 where the call does not take it."""
+    """tiled_block_threads: the block kernel's threads (BLOCK_THREADS for many rows, two waves
+    for few rows over long histories in CUDA builds), 0 where the call does not take it."""
     wave, rows, kv = device.wave, call.rows, call.max_seqlen_kv
-    tuned = t["small_seq_tiled_block_threads"]
-    threads = tuned if tuned in (64, 128) else 256
     mode = t["small_seq_tiled_block"]
     if mode > 0 and call.head_dim <= 128:
-        block_rows = (threads // wave) * rows_for_wave(wave)
+        block_rows = (BLOCK_THREADS // wave) * rows_for_wave(wave)
         if mode >= 2 or (kv > TILED_KEYS and 2 * rows >= block_rows):
-            return threads
-    # small blocks of just enough waves for few rows over long histories
-    if mode != 1:
+            return BLOCK_THREADS
+    # small blocks of two warps for at most their 16 rows over long histories (cp.async only)
+    if mode != 1 or not device.cp_async:
         return 0
     min_keys = t["small_seq_tiled_small_block_keys"]
     if min_keys <= 0:
-        min_keys = TILED_KEYS if _block_cp_async(device, t) else SMALL_BLOCK_MIN_KEYS
-    if kv <= min_keys or rows <= rows_for_wave(wave):
+        min_keys = TILED_KEYS
+    if kv <= min_keys or not rows_for_wave(wave) < rows <= 2 * rows_for_wave(wave):
         return 0
-    threads = 2 * wave
-    while threads < 256:
-        if (threads // wave) * rows_for_wave(wave) >= rows:
-            return threads
-        threads *= 2
-    return 0
-
-
-def _block_cp_async(device: Device, t: Mapping[str, int]) -> bool:
-    return device.cp_async and t["small_seq_tiled_block_cp_async"] > 0
+    return 2 * wave
 
 
 def plan_tiled_forward(call: Call, device: Device, t: Mapping[str, int]) -> Plan:
@@ -706,8 +697,9 @@ def plan_tiled_forward(call: Call, device: Device, t: Mapping[str, int]) -> Plan
                 return Plan("tiled", "forward", (launch,))
         threads = _fwd_block_threads(call, device, t)
         if threads:
+            # the many-row instance stages through registers, the small one by cp.async
             return Plan("tiled", "forward", (_launch(
-                "tiled_fwd_block", D=d, THREADS=threads, CP_ASYNC=_block_cp_async(device, t),
+                "tiled_fwd_block", D=d, THREADS=threads, CP_ASYNC=threads != BLOCK_THREADS,
                 grid_factor=grid),))
         if call.max_seqlen_kv <= TILED_KEYS and t["small_seq_tiled_one_tile"] != 0:
             return Plan("tiled", "forward", (_launch(
@@ -1152,6 +1144,7 @@ def static_checks() -> str:
             ("small_seq::kTiledWavesPerBlock", TILED_WAVES_PER_BLOCK),
             ("small_seq::kTiledFwdResidencyFactor", TILED_FWD_RESIDENCY_FACTOR),
             ("small_seq::kTiledResidentRows", RESIDENT_ROWS),
+            ("small_seq::kTiledBlockThreads", BLOCK_THREADS),
             ("small_seq::kTiledWarpgroupRows", WARPGROUP_ROWS),
             ("small_seq::kTiledWarpgroupKeys", WARPGROUP_KEYS),
             ("small_seq::kTiledBwdKeys", BWD_KEYS),

@@ -14,7 +14,6 @@ mixed-segment cases also run on the wave kernel alone.
 
 from __future__ import annotations
 
-import re
 
 import pytest
 import torch
@@ -53,14 +52,14 @@ GROUPS = [pytest.param(2, 2, id="g1"), pytest.param(4, 2, id="g2"), pytest.param
 
 
 # the plan's choice (here the block kernel: many rows over histories longer than a block's
-# shared memory holds), the wave kernel for the same calls and the block kernel of 128 threads
-# (tuning of the variant table, tests/helpers/small_seq_variants.py FWD_FORCINGS)
-KERNELS = V.forcings("auto", "wave", "block128")
+# shared memory holds), the wave kernel for the same calls and the block kernel forced (tuning
+# of the variant table, tests/helpers/small_seq_variants.py FWD_FORCINGS)
+KERNELS = V.forcings("auto", "wave", "block")
 # The resident kernel (a segment's whole K/V in shared memory; the emulation gives a block
 # 64 KiB, as gfx942 has): the plan's choice for many rows over histories that fit, and
-# forced on every call (2) with four waves and with 128 threads (two waves), with softmax steps
-# of four key tiles (the plan's choice here: histories reach 64 keys) and of one.
-RESIDENT = V.forcings("auto", "resident", "resident128", "resident_step16")
+# forced on every call (2), with softmax steps of four key tiles (the plan's choice here:
+# histories reach 64 keys) and of one.
+RESIDENT = V.forcings("auto", "resident", "resident_step16")
 # histories that fit 64 KiB at d 128 (K and V of 96 keys, rows padded: 57 KiB)
 KV_LENS_RESIDENT = [96, 64, 17, 1, 0, 17, 96, 64, 5, 0, 1]
 
@@ -94,12 +93,11 @@ def test_resident_kernel(lib, d, h_q, h_kv, kernel):
 
 
 @pytest.mark.parametrize("max_q", [2, 3])
-def test_small_blocks_for_few_rows_over_long_histories(lib, max_q):
+def test_few_rows_over_long_histories_take_the_wave_kernel(lib, max_q):
     """A (segment, kv head) of 16 or 24 rows (8 q heads per kv head) over histories past 64
-    keys: more rows than one wave's tile, fewer than half a default block. The launcher gives
-    the block kernel blocks of just enough waves for them (at least two): 64 threads for 16 rows
-    of 32-lane waves' 8-row tiles, 128 for 24 rows; none where one wave's tile holds them all
-    (16 rows on 64-lane waves: the wave kernel)."""
+    keys: more rows than a 32-lane wave's tile, fewer than half a default block. The block
+    kernel's small blocks stage by cp.async, which the emulated device (as HIP builds) has
+    not: the wave kernel serves them, and no block kernel runs."""
     q_lens = [max_q, 1, max_q, 0, 2, max_q, 1]
     kv_lens = [300, 65, 17, 100, 0, 1, 200]
     case = C.thd_case(50 + max_q, q_lens, kv_lens, 8, 1, 128, torch.bfloat16, max_q=max_q,
@@ -107,15 +105,7 @@ def test_small_blocks_for_few_rows_over_long_histories(lib, max_q):
     lib.mark_kernels()
     check_valid(lib, case)
     ran = [k for k in lib.kernels_run(since_mark=True) if "small_seq_tiled_fwd" in k]
-    rows, tile = max_q * 8, (16 if lib.wave == 64 else 8)
-    want = None if rows <= tile else next(t for t in (2 * lib.wave, 4 * lib.wave)
-                                          if t // lib.wave * tile >= rows)
-    if want is None:
-        assert not any("block_kernel" in k for k in ran), ran
-    else:
-        # the block kernel's last template argument, its staging, follows the threads
-        assert any(re.search(rf"block_kernel<[^>]*, {want}(, (true|false))?>", k) for k in ran), \
-            (want, ran)
+    assert ran and not any("block_kernel" in k for k in ran), ran
 
 
 def test_resident_kernel_bad_segments(lib):

@@ -197,16 +197,20 @@ def test_takes_route_rules(monkeypatch):
         assert small_seq_flash.route_wins(128, 300, kv, False, warpgroup=True, group=2)
     # ... except that a GQA group of ROUTE_TILED_MIN_GROUP+ keeps a forward alone past
     # ROUTE_STREAM_MIN_SEQLEN_KV keys tiled (the streaming warpgroup forward reads K / V once
-    # per group), up to the tiled kernels' last key
+    # per group), and past WS_RING_KEYS where the warp-specialized kernel streams it (d 128, two
+    # row tiles), up to the tiled kernels' last key
     min_group = small_seq_plan.ROUTE_TILED_MIN_GROUP
     stream_kv = small_seq_plan.ROUTE_STREAM_MIN_SEQLEN_KV
+    ring_kv = small_seq_plan.WS_RING_KEYS
     last_tiled = small_seq_plan.TILED_MAX_SEQLEN_KV
     for group in (min_group, 8):
         assert small_seq_flash.route_wins(128, 300, stream_kv, False, warpgroup=True, group=group)
+        assert not small_seq_flash.route_wins(128, 300, ring_kv + 1, False, warpgroup=True,
+                                              group=group, warp_specialized=True)
+        assert small_seq_flash.route_wins(128, 300, ring_kv + 1, False, warpgroup=True,
+                                          group=group), "no warp-specialized kernel"
         for kv in (stream_kv + 1, 1000, last_tiled):
             assert not small_seq_flash.route_wins(128, 300, kv, False, warpgroup=True,
-                                                  group=group)
-            assert not small_seq_flash.route_wins(64, 64, kv, False, warpgroup=True,
                                                   group=group)
             assert small_seq_flash.route_wins(128, 300, kv, False, group=group), "no warpgroup"
             assert small_seq_flash.route_wins(256, 300, kv, False, warpgroup=True,
@@ -230,8 +234,11 @@ def test_takes_route_rules(monkeypatch):
                                           warp_specialized=True)
     assert small_seq_flash.route_wins(128, ws_rows - 1, hi, False, warpgroup=True,
                                       warp_specialized=True), "a part-empty second tile"
-    assert small_seq_flash.route_wins(64, ws_rows, hi, False, warpgroup=True,
-                                      warp_specialized=True), "d 64"
+    # every forward alone at d 64 stays tiled (up to the tiled kernels' last key)
+    for kv in (128, hi, last_tiled):
+        assert not small_seq_flash.route_wins(64, 512, kv, False, warpgroup=True)
+        assert small_seq_flash.route_wins(64, 512, kv, False), "no warpgroup"
+    assert small_seq_flash.route_wins(64, 512, last_tiled + 1, False, warpgroup=True)
     assert small_seq_flash.route_wins(128, ws_rows, hi, True, warpgroup=True,
                                       warp_specialized=True) == small_seq_flash.route_wins(
         128, ws_rows, hi, True, warpgroup=True), "forward alone"
@@ -308,9 +315,9 @@ def test_takes_route_rules(monkeypatch):
         shape = (4, 8, 128)
 
     assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 128, 256, False)
-    # past ROUTE_STREAM_MIN_SEQLEN_KV keys a group of 4 keeps the streaming forward
+    # a group of 4 keeps the forward tiled past the ring of the warp-specialized kernel
     assert not small_seq_flash.takes_route(FakeCuda(), FakeK(), FakeK(), True, 128, 512, False)
-    assert small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 512, False)
+    assert small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 1024, False)
     assert not small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 256, False)
     with rocm_attn_tuning_ws_off(monkeypatch):
         assert small_seq_flash.takes_route(FakeCuda(), FakeK8(), FakeK8(), True, 128, 256, False)

@@ -8,6 +8,7 @@ fails here; the CLI `rocm-attn plan` for every arch; the tuning knobs' effect on
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -69,16 +70,20 @@ CASES = [
      ["tiled_fwd_wave(D=128, ONE_TILE=false)"], None),           # 4 rows: one wave's tile
     ("gfx942", C(128, 8, 2, 8, 100), ["tiled_fwd_block(D=128, THREADS=256, CP_ASYNC=false)"],
      None),                                                      # 2 x 32 rows >= a 256 block
-    ("gfx942", C(128, 8, 2, 6, 100), ["tiled_fwd_block(D=128, THREADS=128, CP_ASYNC=false)"],
-     None),                                                      # 24 rows over > 64 keys
+    ("gfx942", C(128, 8, 2, 6, 100), ["tiled_fwd_wave(D=128, ONE_TILE=false)"],
+     None),                                                      # 24 rows: no small block
     ("gfx942", C(64, 8, 8, 64, 128), ["tiled_fwd_resident(D=64, THREADS=256, KSTEP=4)"],
      None),                                                      # 4 row tiles, 42 KiB of K/V
     ("gfx942", C(128, 8, 8, 64, 256), ["tiled_fwd_block(D=128, THREADS=256)"], None),
     ("gfx950", C(128, 8, 8, 64, 256), ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=4)"],
      None),                                                      # 148 KiB fit 160 KiB of LDS
     # tiled forward on NVIDIA without the warpgroup kernels
-    ("sm_100", C(128, 8, 8, 64, 32), ["tiled_fwd_resident(D=128, THREADS=128, KSTEP=1)"],
-     None),                                                      # four warps, 16-key steps
+    ("sm_100", C(128, 8, 8, 64, 32), ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=1)"],
+     None),                                                      # eight warps, 16-key steps
+    ("sm_100", C(128, 8, 8, 32, 100), ["tiled_fwd_block(D=128, THREADS=256, CP_ASYNC=false)"],
+     None),                                                      # many rows: registers
+    ("sm_100", C(128, 8, 2, 6, 100), ["tiled_fwd_wave(D=128, ONE_TILE=false)"],
+     None),                                                      # 24 rows: no small block
     ("sm_100", C(128, 8, 8, 64, 256, layout="bshd"),
      ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=4)"], None),  # one block fills an SM
     ("sm_100", C(128, 8, 2, 2, 64), ["tiled_fwd_wave(D=128, ONE_TILE=false)"], None),
@@ -91,31 +96,35 @@ CASES = [
      ["tiled_fwd_warpgroup(D=128, WARPGROUPS=1, KEYS=16, CAPPED=true)"], None),  # 16-key steps:
     # tile copies only for one row tile
     ("sm_90a", C(128, 8, 8, 64, 100), ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, "
-                                       "CAPPED=false, PAIR=false, STREAM=false)"], None),
+                                       "CAPPED=true, PAIR=false, STREAM=false)"], None),
     ("sm_90a", C(128, 8, 8, 64, 256, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
     ("sm_90a", C(128, 8, 8, 128, 256, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
-    # histories no block can stage whole (past 384 keys at d 128, 832 at d 64): streamed
-    ("sm_90a", C(128, 8, 2, 300, 4096, layout="bshd"),
+    # histories past the warp-specialized kernel's ring at d 128 with two row tiles per kv
+    # head: streamed through its ring in pairs of tiles; one row tile: the streaming instance
+    ("sm_90a", C(128, 8, 2, 300, 4096, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
+    ("sm_90a", C(128, 8, 2, 300, 385, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
+    ("sm_90a", C(128, 8, 8, 64, 4096, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, CAPPED=false, PAIR=false, "
       "STREAM=true)"], None),
-    ("sm_90a", C(128, 8, 2, 300, 385, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=128, STREAM=true)"], None),
+    # histories no block can stage whole (past 832 keys at d 64): streamed
     ("sm_90a", C(64, 8, 1, 1000, 833, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
     ("sm_90a", C(64, 8, 1, 1000, 832, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=64, STREAM=true)"], None),   # staged: one warpgroup alone
+    # staging that fills a multiprocessor, many row tiles, no warp-specialized kernel (d 64, or
+    # past its ring): streamed
     ("sm_90a", C(64, 8, 1, 1000, 640, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=2, KEYS=64, PAIR=true, STREAM=false)"], None),
-    ("sm_90a", C(128, 8, 8, 512, 320, layout="bshd"),
-     ["tiled_fwd_warpgroup(D=128, WARPGROUPS=2, KEYS=64, CAPPED=true)"], None),  # no room for
-    # the tile-copy kernel's barriers beside 320 staged keys
+     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
+    ("sm_90a", C(128, 8, 8, 512, 320, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
     ("sm_90a", C(64, 8, 8, 512, 512, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=2, KEYS=64, CAPPED=true, PAIR=true)"], None),
+     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=1, KEYS=64, CAPPED=false, STREAM=true)"], None),
     ("sm_90a", C(128, 12, 4, 64, 16),
      ["tiled_fwd_warpgroup(D=128, WARPGROUPS=1, KEYS=16)"], None),  # group 3: no Q box
+    ("sm_90a", C(128, 12, 4, 64, 100),                              # ... past 16 keys: no
+     ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=4)"], None),    # warpgroup kernel
     ("sm_90a", C(128, 8, 8, 64, 16, return_softmax=True),
-     ["tiled_fwd_resident(D=128, THREADS=128, KSTEP=1)"], None),
+     ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=1)"], None),
     # tiled backward, every target
     ("gfx942", C(128, 8, 8, 1, 100, int32_offsets=False, backward=True),
      ["tiled_fwd_wave(D=128, ONE_TILE=false)"],
@@ -134,7 +143,7 @@ CASES = [
     ("gfx942", C(128, 8, 8, 32, 16, backward=True), ["tiled_fwd_wave(ONE_TILE=true)"],
      ["tiled_bwd_delta", "tiled_bwd_dkv(ONE_ROW_TILE=false)"]),  # one key tile: no dQ pass
     ("sm_100", C(128, 8, 8, 64, 16, layout="bshd", backward=True),
-     ["tiled_fwd_resident(THREADS=128, KSTEP=1)"],
+     ["tiled_fwd_resident(THREADS=256, KSTEP=1)"],
      ["tiled_bwd_delta(threads=64)", "tiled_bwd_dkv(ONE_ROW_TILE=false, threads=64)"]),
     # warpgroup backward (sm_90a)
     ("sm_90a", C(128, 8, 8, 64, 16, backward=True), ["tiled_fwd_warpgroup_tma(KEYS=16)"],
@@ -151,10 +160,10 @@ CASES = [
      ["tiled_bwd_warpgroup_dq_tma(D=128, threads=256)",
       "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=false, FUSED_DELTA=false, TRANSPOSED=true)"]),
     ("sm_90a", C(128, 12, 4, 171, 256, backward=True),   # group 3: no Q box, no tile copies
-     ["tiled_fwd_warpgroup(WARPGROUPS=2, KEYS=64)"],
+     ["tiled_fwd_resident(THREADS=256, KSTEP=4)"],
      ["tiled_bwd_delta", "tiled_bwd_dkv_block", "tiled_bwd_dq_block"]),
     ("sm_90a", C(128, 8, 8, 512, 257, layout="bshd", backward=True),
-     ["tiled_fwd_warpgroup(WARPGROUPS=2, KEYS=64)"],
+     ["tiled_fwd_warpgroup_ws"],
      ["tiled_bwd_warpgroup_dq_stream(D=128, threads=256)",  # past 256 keys
       "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=false, FUSED_DELTA=false, TRANSPOSED=true)"]),
     # other paths
@@ -184,6 +193,56 @@ def test_every_variant_is_planned_somewhere():
     assert seen == set(sp.VARIANTS), sorted(set(sp.VARIANTS) - seen)
 
 
+# The tiled forward's instances (tiled_launch.hip), by their identifying parameters (the
+# LAUNCH_PARAMS but D and the grid factor), and what a device must have to run each.
+TILED_FWD_INSTANCES = {
+    ("tiled_fwd_wave", (False,)): lambda dev, d: True,
+    ("tiled_fwd_wave", (True,)): lambda dev, d: d <= 128,
+    ("tiled_fwd_block", (256, False)): lambda dev, d: d <= 128,
+    ("tiled_fwd_block", (64, True)): lambda dev, d: d <= 128 and dev.cp_async,
+    ("tiled_fwd_resident", (256, 1)): lambda dev, d: d <= 128,
+    ("tiled_fwd_resident", (256, 4)): lambda dev, d: d <= 128,
+    ("tiled_fwd_warpgroup", (1, 16, True)): lambda dev, d: d <= 128 and dev.warpgroup_mma,
+    ("tiled_fwd_warpgroup_tma", (1, 16, True, False, False)):
+        lambda dev, d: d <= 128 and dev.tile_copies,
+    ("tiled_fwd_warpgroup_tma", (1, 64, True, False, False)):
+        lambda dev, d: d <= 128 and dev.tile_copies,
+    ("tiled_fwd_warpgroup_tma", (1, 64, False, False, True)):
+        lambda dev, d: d <= 128 and dev.tile_copies,
+    ("tiled_fwd_warpgroup_ws", ()): lambda dev, d: d == 128 and dev.tile_copies,
+}
+FORCED_TUNINGS = [{}, {"small_seq_tiled_warpgroup": 2}, {"small_seq_tiled_warpgroup_tma": 0},
+                  {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroup_tma": 0},
+                  {"small_seq_tiled_warpgroup_stream": 0}, {"small_seq_tiled_warpgroup_stream": 2},
+                  {"small_seq_tiled_warpgroup_ws": 0}, {"small_seq_tiled_warpgroup_ws": 2},
+                  {"small_seq_tiled_block": 2}, {"small_seq_tiled_resident": 2},
+                  {"small_seq_tiled_warpgroup": 0, "small_seq_tiled_resident": 0},
+                  {"small_seq_tiled_resident_key_step": 16},
+                  {"small_seq_tiled_small_block_keys": 64}, {"small_seq_tiled_one_tile": 0}]
+
+
+def test_every_tiled_forward_call_gets_a_compiled_instance():
+    """Every call the tiled forward takes (every head dim, GQA groups whose Q tiles hold whole
+    tokens and ones that do not, one row to many over one key to the last, THD and BSHD,
+    probabilities returned or not), on every arch, under the default and the forcing tunings,
+    and the plan's fallback where tile copies cannot serve (unaligned tensors: the same call on
+    the device without them), gets an instance the launcher compiles for that device: the
+    variants deleted for winning no benchmark row left no call without a kernel."""
+    for arch, device in sp.ARCHS.items():
+        devices = [device, dataclasses.replace(device, tile_copies=False)]
+        for dev, t, d, (hq, hkv), q, kv, layout, probs in itertools.product(
+                devices, FORCED_TUNINGS, sp.TILED_HEAD_DIMS, [(8, 8), (12, 4), (8, 2), (8, 1)],
+                [1, 4, 6, 16, 64, 128, 512], [5, 16, 17, 100, 256, 320, 833, 4096],
+                ["thd", "bshd"], [False, True]):
+            call = C(d, hq, hkv, q, kv, layout=layout, return_softmax=probs)
+            plan = sp.plan_tiled_forward(call, dev, dict(sp.DEFAULT_TUNING, **t))
+            (launch,) = plan.launches
+            ident = tuple(launch.param(name) for name in sp.LAUNCH_PARAMS[launch.kernel]
+                          if name not in ("D", "grid_factor"))
+            runs = TILED_FWD_INSTANCES.get((launch.kernel, ident))
+            assert runs is not None and runs(dev, d), (arch, dev.tile_copies, t, call, str(plan))
+
+
 def test_tuning_knobs_change_the_plan():
     gfx, hopper = sp.ARCHS["gfx942"], sp.ARCHS["sm_90a"]
     t = dict(sp.DEFAULT_TUNING)
@@ -199,18 +258,20 @@ def test_tuning_knobs_change_the_plan():
     # stream per row tile), 2 every call it can serve, ragged-request rows routed to flash
     # varlen by default included
     call = C(128, 8, 2, 300, 4096, layout="bshd")
-    assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=0))[0].kernels \
+    assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=0,
+                                           small_seq_tiled_warpgroup_ws=0))[0].kernels \
         == ("tiled_fwd_block",)
     call = C(128, 8, 8, 300, 4096)  # MHA: the route by default
     assert sp.plan_call(call, hopper, t)[0].kernels == ("flash",)
     plan = sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=2))[0]
     assert plan.kernels == ("tiled_fwd_warpgroup_tma",) and plan.launches[0].param("STREAM")
-    call = C(128, 8, 2, 300, 4096)  # a group of 4: the streaming forward by default
-    plan = sp.plan_call(call, hopper, t)[0]
-    assert plan.kernels == ("tiled_fwd_warpgroup_tma",) and plan.launches[0].param("STREAM")
-    # the warp-specialized kernel forced past its ring (d 128): streamed in pairs of row tiles,
-    # also kept off the route; d 64 has no such kernel and streams on the one-warpgroup instance
+    # a group of 4 at d 128: the warp-specialized kernel streams past its ring by default (pairs
+    # of row tiles), kept off the route; with the streaming instance forced, that instance; d 64
+    # has no such kernel and streams on the one-warpgroup instance
     call = C(128, 8, 2, 300, 4096)
+    assert sp.plan_call(call, hopper, t)[0].kernels == ("tiled_fwd_warpgroup_ws",)
+    plan = sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_stream=2))[0]
+    assert plan.kernels == ("tiled_fwd_warpgroup_tma",) and plan.launches[0].param("STREAM")
     assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_ws=2))[0].kernels == (
         "tiled_fwd_warpgroup_ws",)
     call = C(64, 8, 2, 300, 4096, layout="bshd")
@@ -440,8 +501,8 @@ def test_forward_plan_ints():
     ints = sp.tiled_fwd_ints(C(128, 8, 8, 128, 256, layout="bshd"), hopper, {})
     assert ints[:2] == [1, 1] and len(ints) == 2 + 2 * sp.LAUNCH_INTS
     assert ints[2:4] == [sp.KERNEL_IDS["tiled_fwd_warpgroup_ws"], 128]
-    # without tile copies: blocks of two warpgroups staging the whole history
-    assert ints[10:16] == [sp.KERNEL_IDS["tiled_fwd_warpgroup"], 128, 2, 64, 1, 4]
+    # without tile copies: no warpgroup kernel of 64-key steps, the resident kernel
+    assert ints[10:16] == [sp.KERNEL_IDS["tiled_fwd_resident"], 128, 256, 4, 4, 0]
     ints = sp.tiled_fwd_ints(C(64, 8, 8, 64, 64), hopper, {"small_seq_tiled_fwd_grid": 0})
     kernel, d, wg, keys, capped, pair, stream, factor = ints[2:10]
     assert (kernel, d, pair, stream, factor) == (sp.KERNEL_IDS["tiled_fwd_warpgroup_tma"], 64,

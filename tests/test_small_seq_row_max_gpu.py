@@ -39,11 +39,8 @@ KERNELS = {
     "auto": {},
     "wave": {**_NO_WG, "small_seq_tiled_block": 0, "small_seq_tiled_resident": 0},
     "block": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0},
-    "block_regs": {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
-                   "small_seq_tiled_block_cp_async": 0},
     "resident": {**_NO_WG, "small_seq_tiled_resident": 2},
-    "warpgroup2": {"small_seq_tiled_warpgroup": 2},
-    "warpgroup1": {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroups": 1},
+    "warpgroup": {"small_seq_tiled_warpgroup": 2},
     "warpgroup_cp_async": {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroup_tma": 0},
     "warpgroup_stream": {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroup_stream": 2},
     "warpgroup_ws": {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroup_ws": 2},
@@ -121,7 +118,7 @@ def test_tiled_row_max_every_kernel(dev, d, h_q, h_kv, kernel):
         _check_case(case)
 
 
-@pytest.mark.parametrize("kernel", ["auto", "wave", "warpgroup2", "warpgroup_ws"])
+@pytest.mark.parametrize("kernel", ["auto", "wave", "warpgroup", "warpgroup_ws"])
 def test_tiled_row_max_bad_segment(dev, kernel):
     """A segment past max_seqlen_kv: its rows NaN (as its LSE), the others exact."""
     with rocm_attn.tuning.override(**KERNELS[kernel]):

@@ -72,9 +72,7 @@ def test_many_queries_per_segment(dev, d, h_q, h_kv, dtype):
 # resident kernel (a segment's whole K/V in shared memory) for every d <= 128 call they take:
 # tuning of the variant table (tests/helpers/small_seq_variants.py FWD_FORCINGS)
 _NO_WG = {"small_seq_tiled_warpgroup": 0}
-KERNELS = V.forcings("auto", "wave", "block", "block128", "block64", "block_regs",
-                     "block64_regs", "resident", "resident_step16", "resident_step64",
-                     "resident256")
+KERNELS = V.forcings("auto", "wave", "block", "resident", "resident_step16", "resident_step64")
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
@@ -96,16 +94,13 @@ def test_wave_and_block_kernels(dev, d, h_q, h_kv, kernel):
 
 # The warpgroup-MMA kernel (Hopper, sm_90a builds: tiled_fwd_warpgroup_kernel.h) serves calls
 # without probabilities; tuning 2 sends every such call of d 64 / 128 whose K/V fit there, in
-# blocks of two or of one warpgroup. Over 64-key steps CUDA builds stage it by tensor tile
-# copies (tiled_fwd_warpgroup_tma_kernel.h) unless small_seq_tiled_warpgroup_tma is 0 (the
-# cp.async staging). Devices without it take the other kernels, and the checks still hold.
-WARPGROUP = {"warpgroup2": {"small_seq_tiled_warpgroup": 2},
-             "warpgroup1": {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroups": 1},
-             "warpgroup2_cp_async": {"small_seq_tiled_warpgroup": 2,
-                                     "small_seq_tiled_warpgroup_tma": 0},
-             "warpgroup1_cp_async": {"small_seq_tiled_warpgroup": 2,
-                                     "small_seq_tiled_warpgroups": 1,
-                                     "small_seq_tiled_warpgroup_tma": 0},
+# blocks of one warpgroup. Over 64-key steps CUDA builds stage it by tensor tile copies
+# (tiled_fwd_warpgroup_tma_kernel.h); with small_seq_tiled_warpgroup_tma 0 only histories of at
+# most 16 keys take it (cp.async staging), longer ones the other kernels. Devices without it
+# take the other kernels, and the checks still hold.
+WARPGROUP = {"warpgroup": {"small_seq_tiled_warpgroup": 2},
+             "warpgroup_cp_async": {"small_seq_tiled_warpgroup": 2,
+                                    "small_seq_tiled_warpgroup_tma": 0},
              "warpgroup_stream": {"small_seq_tiled_warpgroup": 2,
                                   "small_seq_tiled_warpgroup_stream": 2}}
 
@@ -138,10 +133,11 @@ def test_warpgroup_kernel(dev, d, h_q, h_kv, dtype, kernel):
         check_valid(case, return_softmax=False)
 
 
-@pytest.mark.parametrize("kernel", ["warpgroup2", "warpgroup1"])
+@pytest.mark.parametrize("kernel", ["warpgroup"])
 @pytest.mark.parametrize("h_q,h_kv", [(6, 2), (16, 2), (16, 1), (2, 2)])
 def test_warpgroup_staging_groups(dev, h_q, h_kv, kernel):
-    """GQA groups of 3 (no whole tokens in a 64-row tile: the cp.async staging), 8 and 16 (Q
+    """GQA groups of 3 (no whole tokens in a 64-row tile: 16-key steps by cp.async, longer
+    histories the kernels without warpgroups), 8 and 16 (Q
     tile copies of 8 and 4 tokens) and 1, over histories ending inside and at the end of a
     64-key step and of a 16-key one, between NaN rows no segment owns (a tile copy brings the neighbours' rows into
     shared memory: K's are masked, V's zeroed, Q's never stored), THD int64 offsets and BSHD."""
@@ -215,13 +211,13 @@ def test_warpgroup_kernel_bad_segments(dev, kernel):
         check_garbage_flagged(case, return_softmax=False)
 
 
-def test_warpgroup_pairs_bad_segments(dev):
-    """Garbage int64 offsets where the tile-copy kernel takes a warpgroup's tiles in pairs
-    (two-warpgroup blocks over histories past 128 keys, up to 400 rows per (segment, kv head)):
-    flagged, NaN, no out-of-bounds access, every other segment exact."""
+def test_warpgroup_long_history_bad_segments(dev):
+    """Garbage int64 offsets under the warpgroup forward over histories past 128 keys (up to
+    400 rows per (segment, kv head): the plan's kernel for staging that fills a
+    multiprocessor): flagged, NaN, no out-of-bounds access, every other segment exact."""
     case = garbage_case(dev, 23, [3, 100, 17, 2, 140, 65, 1, 70, 4], max_q=100,
                         kv_lens=(5, 17, 200, 3, 10, 1, 0, 7, 9), max_kv=256)
-    with rocm_attn.tuning.override(small_seq_tiled_warpgroup=2, small_seq_tiled_warpgroups=2):
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup=2):
         check_garbage_flagged(case, return_softmax=False)
 
 
@@ -290,8 +286,7 @@ def test_warpgroup_stream_long_histories(dev, h_q, h_kv):
                       device=dev)
     with rocm_attn.tuning.override(small_seq_tiled_warpgroup_stream=2):
         out, lse, _ = check_valid(case, return_softmax=False)
-    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_stream=0,
-                                   small_seq_tiled_warpgroups=1):
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_stream=0):
         staged_out, staged_lse, _ = check_valid(case, return_softmax=False)
     assert torch.equal(out, staged_out) and torch.equal(lse, staged_lse)
 
@@ -411,8 +406,7 @@ def test_warpgroup_ws_matches_staged(dev, h_q, h_kv):
     with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=2, small_seq_tiled_fwd_grid=1):
         out, lse, _ = check_valid(case, return_softmax=False)
     with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=0, small_seq_tiled_warpgroup=2,
-                                   small_seq_tiled_warpgroup_stream=0,
-                                   small_seq_tiled_warpgroups=1):
+                                   small_seq_tiled_warpgroup_stream=0):
         staged_out, staged_lse, _ = check_valid(case, return_softmax=False)
     assert torch.equal(out, staged_out) and torch.equal(lse, staged_lse)
 
@@ -470,28 +464,26 @@ def test_warpgroup_ws_bad_segments(dev, ws):
         check_garbage_flagged(case, return_softmax=False)
 
 
-# The block kernel's two stagings of its key tiles (tiled_fwd_kernel.h): 1 = cp.async into a
-# ring of kTiledAsyncStages buffers (CUDA builds; HIP builds stage through registers either way),
-# 0 = through registers. Blocks: 64 threads (two NVIDIA warps, the launcher's choice for 16 rows
-# per (segment, kv head) past 64 keys) and the default 256.
-BLOCK_STAGING = [pytest.param(1, id="cp_async"), pytest.param(0, id="regs")]
-BLOCK_THREADS = [pytest.param(64, id="t64"), pytest.param(256, id="t256")]
+# The block kernel's two instances (tiled_fwd_kernel.h): 256 threads staging key tiles through
+# registers (forced: small_seq_tiled_block 2), and, in CUDA builds, two warps copying them by
+# cp.async into a ring of kTiledAsyncStages buffers (the plan's choice for 9-16 rows per
+# (segment, kv head) over 17+ keys; HIP builds take the wave kernel there).
+BLOCK_INSTANCES = [pytest.param(256, id="t256_regs"), pytest.param(64, id="t64_cp_async")]
 # Histories at and around the edges of 16-key tiles and of the ring (three and four tiles).
 EDGE_KV = [0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 80, 255, 256]
 
 
-def block_tuning(cp_async, threads):
-    return {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0,
-            "small_seq_tiled_block_threads": threads, "small_seq_tiled_block_cp_async": cp_async}
+def block_tuning(threads):
+    return {**_NO_WG, "small_seq_tiled_block": 2 if threads == 256 else 1,
+            "small_seq_tiled_resident": 0}
 
 
-@pytest.mark.parametrize("threads", BLOCK_THREADS)
-@pytest.mark.parametrize("cp_async", BLOCK_STAGING)
+@pytest.mark.parametrize("threads", BLOCK_INSTANCES)
 @pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 8, id="g1"), pytest.param(16, 8, id="g2"),
                                       pytest.param(8, 1, id="g8mqa")])
-def test_block_staging_16_rows(dev, h_q, h_kv, cp_async, threads):
+def test_block_staging_16_rows(dev, h_q, h_kv, threads):
     """16 query rows per (segment, kv head) (16, 8 or 2 queries per segment by the GQA group)
-    under the block kernel, forced, with each staging: ragged histories of 0..256 keys and every
+    under each instance of the block kernel: ragged histories of 0..256 keys and every
     tile / ring edge, int64 offsets, strided q / k / v between unread NaN rows (the last
     segment's keys end next to them: a read past a segment shows), and padding q rows; bf16
     and fp16, with and without probabilities."""
@@ -501,7 +493,7 @@ def test_block_staging_16_rows(dev, h_q, h_kv, cp_async, threads):
     kv_lens = EDGE_KV + lens(gen, b - len(EDGE_KV) - 1, 0, 256) + [49]
     q_lens = lens(gen, b, 0, max_q)
     q_lens[:len(EDGE_KV)] = [max_q] * len(EDGE_KV)
-    with rocm_attn.tuning.override(**block_tuning(cp_async, threads)):
+    with rocm_attn.tuning.override(**block_tuning(threads)):
         case = C.thd_case(81 + h_q, q_lens, kv_lens, h_q, h_kv, 128, torch.bfloat16,
                           offsets=torch.int64, strided=True, pad_before=2, pad_after=3,
                           kv_pad=4, max_q=max_q, max_kv=256, device=dev)
@@ -512,27 +504,23 @@ def test_block_staging_16_rows(dev, h_q, h_kv, cp_async, threads):
         check_valid(case, return_softmax=False)
 
 
-@pytest.mark.parametrize("cp_async", BLOCK_STAGING)
 @pytest.mark.parametrize("max_kv", [32, 64, 256])
-def test_block_routing_16_rows(dev, max_kv, cp_async):
-    """16 rows per (segment, kv head) under the launcher's own choice with
-    small_seq_tiled_small_block_keys = 16 (the default bound of CUDA builds with the cp.async
-    staging): histories of 17..64 keys take the block kernel's two-warp blocks too, under both
-    stagings (NVIDIA; the default with the register staging leaves them to the wave kernel)."""
+def test_block_routing_16_rows(dev, max_kv):
+    """16 rows per (segment, kv head) under the plan's own choice with
+    small_seq_tiled_small_block_keys = 16 (the default bound): histories of 17..256 keys take
+    the block kernel's two-warp cp.async blocks (CUDA builds; HIP builds the wave kernel)."""
     gen = torch.Generator().manual_seed(90 + max_kv)
     b = 300
     case = C.thd_case(90 + max_kv, lens(gen, b, 0, 2), lens(gen, b, 0, max_kv), 8, 1, 128,
                       torch.bfloat16, offsets=torch.int64, kv_pad=2, max_q=2, max_kv=max_kv,
                       device=dev)
-    with rocm_attn.tuning.override(**_NO_WG, small_seq_tiled_small_block_keys=16,
-                                   small_seq_tiled_block_cp_async=cp_async):
+    with rocm_attn.tuning.override(**_NO_WG, small_seq_tiled_small_block_keys=16):
         check_valid(case, return_softmax=False)
 
 
-@pytest.mark.parametrize("threads", BLOCK_THREADS)
-@pytest.mark.parametrize("cp_async", BLOCK_STAGING)
-def test_block_staging_bad_segments(dev, cp_async, threads):
-    """Garbage int64 offsets under the block kernel with each staging (16 rows per segment and
+@pytest.mark.parametrize("threads", BLOCK_INSTANCES)
+def test_block_staging_bad_segments(dev, threads):
+    """Garbage int64 offsets under each instance of the block kernel (16 rows per segment and
     kv head: 2 queries of 8 q heads per kv head; histories up to 256 keys whose last tile is
     partial), as garbage_case: segment 4 holds more queries than max_q, segment 5 -1 keys,
     segments 7 and 8 keys past the end of k/v: flagged, NaN, no out-of-bounds access, every
@@ -545,7 +533,7 @@ def test_block_staging_bad_segments(dev, cp_async, threads):
     case.cu_kv[6] = case.cu_kv[5] - 1
     case.cu_kv[8] = 2**40
     case.cu_kv[9] = -(2**40)
-    with rocm_attn.tuning.override(**block_tuning(cp_async, threads)):
+    with rocm_attn.tuning.override(**block_tuning(threads)):
         check_garbage_flagged(case)
 
 
@@ -673,8 +661,7 @@ def test_bshd(dev, s_q, offsets):
     check_valid(case)
 
 
-@pytest.mark.parametrize("kernel", ["auto", "resident_step16", "resident256", "block", "block64",
-                                    "wave"])
+@pytest.mark.parametrize("kernel", ["auto", "resident_step16", "block", "wave"])
 def test_bad_segments_flagged_no_oob(dev, kernel):
     """Garbage int64 offsets (2^40, negative, more queries than max_seqlen_q, more keys than
     max_seqlen_kv) under each tiled kernel: each bad segment counted once (lowest index

@@ -165,7 +165,9 @@ def split_ptx(text: str) -> dict:
         body = text[start:i + 1]
         if body.rstrip().endswith(";") and "{" not in body[:80]:  # a declaration
             continue
-        funcs[m.group(1)] = _renumber(body, r"\$L__\w+")
+        # $L__ labels are the compiler's; RA_*_N ones come from inline asm's %= (hip_src/common/
+        # tma.h), which numbers asm statements across the whole unit
+        funcs[m.group(1)] = _renumber(body, r"\$L__\w+|\bRA_[A-Z_]+_\d+\b")
     return funcs
 
 

@@ -31,29 +31,15 @@ struct RaTuning {
   // block kernel (K/V staged in shared memory, tiled_fwd_kernel.h), d <= 128; 0 = never;
   // 2 = every d <= 128 call (tests).
   int small_seq_tiled_block = 1;
-  // tiled small-seq forward: threads of a block-kernel block where many rows take that kernel,
-  // 256, 128 or 64 (64, 32 or 16 rows on NVIDIA); few rows over a long history get blocks of
-  // just enough waves from the launcher (small_seq/tiled_launch.hip).
-  int small_seq_tiled_block_threads = 256;
-  // tiled small-seq forward, CUDA builds: 1 = the block kernel copies its key tiles into
-  // shared memory by cp.async, a ring of several tiles in flight that hold no registers
-  // (tiled_fwd_kernel.h kTiledSharedAsync; sm_80+); 0 = through registers, one tile in flight
-  // (what HIP builds always do).
-  int small_seq_tiled_block_cp_async = 1;
-  // tiled small-seq forward: histories (max_seqlen_kv) longer than this take the block kernel
-  // for a (segment, kv head) of fewer rows than half a default block, in blocks of just enough
-  // waves; 0 = the launcher's bound (small_seq/tiled_launch.hip tiled_small_block_min_keys:
-  // 16, one key tile, where the block kernel stages by cp.async, else 64).
+  // tiled small-seq forward, CUDA builds: histories (max_seqlen_kv) longer than this take the
+  // block kernel's two-warp instance (key tiles staged by cp.async) for a (segment, kv head) of
+  // 9-16 rows; 0 = the plan's bound (rocm_attn/small_seq_plan.py: 16, one key tile).
   int small_seq_tiled_small_block_keys = 0;
   // tiled small-seq forward: 1 = calls whose histories fit one key tile (max_seqlen_kv <= 16,
   // d <= 128) that take the wave kernel run its one-tile instance (K/V held in registers, no
   // streaming path, fewer registers: small_seq/tiled_fwd_kernel.h kTiledOneTileMinBlocks);
   // 0 = the general wave kernel.
   int small_seq_tiled_one_tile = 1;
-  // tiled small-seq forward: threads of a resident-kernel block, 128 or 256; 0 = the
-  // launcher's choice (small_seq/tiled_launch.hip: four waves, eight NVIDIA warps where one
-  // block fills a multiprocessor's shared memory).
-  int small_seq_tiled_resident_threads = 0;
   // tiled small-seq forward: keys per online-softmax step of the resident kernel, 16 or 64;
   // 0 = the launcher's choice (small_seq/tiled_launch.hip: 64 where histories reach 64 keys).
   int small_seq_tiled_resident_key_step = 0;
@@ -66,16 +52,14 @@ struct RaTuning {
   // (tiled_fwd_warpgroup_kernel.h), d 64 / 128, no return_softmax; 0 = never; 2 = every call
   // it can serve, fewer rows included (tests, A/B runs).
   int small_seq_tiled_warpgroup = 1;
-  // tiled small-seq forward: warpgroups per block of the warpgroup-MMA kernel, 1 or 2; 0 = the
-  // launcher's choice (small_seq/tiled_launch.hip).
-  int small_seq_tiled_warpgroups = 0;
   // tiled small-seq on Hopper, CUDA sm_90a builds: 1 = the warpgroup-MMA forward stages K, V, Q
   // and out, the warpgroup dK / dV kernel moves whole row tiles of Q, dO and dQ, and the
   // warpgroup dQ kernel those of Q and dO, by tensor tile copies where the call allows
   // (tiled_fwd_warpgroup_tma_kernel.h, tiled_bwd_warpgroup_tma_kernel.h: GQA group dividing 64,
   // tile-copy layouts; forward 16-key steps only for single-tile items); 0 = cp.async staging
-  // always in the forward, and the backward takes the wave / block kernels (the warpgroup
-  // backward has no instance without tile copies but the two-tile kernel).
+  // always (the forward's warpgroup kernel then takes only histories of at most 16 keys), and
+  // the backward takes the wave / block kernels (the warpgroup backward has no instance without
+  // tile copies but the two-tile kernel).
   int small_seq_tiled_warpgroup_tma = 1;
   // tiled small-seq forward on Hopper, CUDA sm_90a builds, d 128: 1 = calls of one 64-row tile
   // per (segment, kv head) over histories of 129-384 keys take the tile-copy warpgroup kernel's
@@ -157,17 +141,13 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_bwd_grid", "ROCM_ATTN_SMALL_SEQ_BWD_GRID", &RaTuning::small_seq_bwd_grid},
     {"small_seq_tiled_fwd_grid", "ROCM_ATTN_SMALL_SEQ_TILED_GRID", &RaTuning::small_seq_tiled_fwd_grid},
     {"small_seq_tiled_block", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK", &RaTuning::small_seq_tiled_block},
-    {"small_seq_tiled_block_threads", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK_THREADS", &RaTuning::small_seq_tiled_block_threads},
-    {"small_seq_tiled_block_cp_async", "ROCM_ATTN_SMALL_SEQ_TILED_BLOCK_CP_ASYNC", &RaTuning::small_seq_tiled_block_cp_async},
     {"small_seq_tiled_one_tile", "ROCM_ATTN_SMALL_SEQ_TILED_ONE_TILE", &RaTuning::small_seq_tiled_one_tile},
     {"small_seq_tiled_small_block_keys", "ROCM_ATTN_SMALL_SEQ_TILED_SMALL_BLOCK_KEYS", &RaTuning::small_seq_tiled_small_block_keys},
     {"small_seq_tiled_resident", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT", &RaTuning::small_seq_tiled_resident},
     {"small_seq_tiled_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP", &RaTuning::small_seq_tiled_warpgroup},
-    {"small_seq_tiled_warpgroups", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUPS", &RaTuning::small_seq_tiled_warpgroups},
     {"small_seq_tiled_warpgroup_tma", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_TMA", &RaTuning::small_seq_tiled_warpgroup_tma},
     {"small_seq_tiled_warpgroup_stream", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_STREAM", &RaTuning::small_seq_tiled_warpgroup_stream},
     {"small_seq_tiled_warpgroup_ws", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_WS", &RaTuning::small_seq_tiled_warpgroup_ws},
-    {"small_seq_tiled_resident_threads", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_THREADS", &RaTuning::small_seq_tiled_resident_threads},
     {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
     {"small_seq_tiled_bwd_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WARPGROUP", &RaTuning::small_seq_tiled_bwd_warpgroup},
     {"small_seq_tiled_bwd_two_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_TWO_TILE", &RaTuning::small_seq_tiled_bwd_two_tile},

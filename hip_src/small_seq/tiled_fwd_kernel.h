@@ -221,9 +221,9 @@ struct TiledResidentKv {
   const uint16_t* k;
   const uint16_t* v;
 };
-// Threads of the block kernel: 256 (64 rows, 8 warps / 4 waves) by default; 128 and 64 are
-// compiled too, for a (segment, kv head) of few rows over a long history (tiled_launch.hip:
-// 16 rows on NVIDIA in two warps) and for tuning (small_seq_tiled_block_threads).
+// Threads of the block kernel where many rows take it: 256 (64 rows, 8 warps / 4 waves); CUDA
+// builds also compile 64 (two warps, 16 rows, staged by cp.async) for a (segment, kv head) of
+// few rows over a long history (rocm_attn/small_seq_plan.py BLOCK_THREADS, _fwd_block_threads).
 constexpr int kTiledBlockThreads = 256;
 
 #if RA_HAS_MMA

@@ -61,7 +61,8 @@
 //
 // Selected by the launcher for d 64 / 128 where the GQA group divides 64 and the tensors have
 // tile-copy layouts (tensor maps of q, k, v, out made per call); tuning
-// small_seq_tiled_warpgroup_tma 0 keeps the cp.async kernel.
+// small_seq_tiled_warpgroup_tma 0 keeps the cp.async kernel for 16-key steps (longer histories
+// then take the kernels without warpgroups).
 #pragma once
 
 #include "../common/tma.h"

@@ -65,11 +65,11 @@
 // phases later. tools/diag/ws_ring_protocol.py model-checks this protocol (tests/
 // test_ws_ring_protocol.py): keep the two in step when either changes.
 //
-// Selected by the plan (small_seq_plan._fwd_warpgroup) for d 128 where the tile-copy kernel would
-// run blocks of two warpgroups over 64-key steps, max_seqlen_kv <= 256 and a (segment, kv head)
-// may hold more than one row tile; tuning small_seq_tiled_warpgroup_ws 2 takes it for every
-// call of 64-key steps it can serve at d 128, histories past 256 keys included (streamed). An
-// item of one tile leaves warpgroup 1 idle.
+// Selected by the plan (small_seq_plan._fwd_warpgroup) at d 128 where a (segment, kv head) may
+// hold more than one row tile: up to 256 keys where the tile-copy kernel would run blocks of
+// two warpgroups over 64-key steps, and past 256 keys (streamed, ahead of the tile-copy kernel's
+// streaming instance); tuning small_seq_tiled_warpgroup_ws 2 takes it for every call of 64-key
+// steps it can serve at d 128. An item of one tile leaves warpgroup 1 idle.
 #pragma once
 
 #include "tiled_fwd_warpgroup_tma_kernel.h"

@@ -4,13 +4,13 @@
 // parameters and its grid factor), the grid sized from occupancy. The launcher checks the plan
 // against what this build compiled and the device allows, and chooses nothing else, except the
 // plan's fallback where a tile-copy kernel's tensor maps cannot be made. Per dtype: three wave
-// kernels (d 64, 128, 256), block kernels of 64, 128 and 256 threads for d 64 and 128 (twice in
-// CUDA builds: staged through registers and by cp.async), resident kernels of 128 and 256
-// threads and key steps of 16 and 64 for d 64 and 128, and warpgroup kernels of one and two
-// warpgroups and key steps of 16 and 64 for d 64 and 128 (CUDA sm_90a builds add their
-// tile-copy instances and their streaming instance, and at d 128 the warp-specialized kernel);
-// one translation unit: the kernels have no kv bucket, so the variant count stays small and
-// needs no generated instantiation files.
+// kernels (d 64, 128, 256) and, for d 64 and 128, the block kernel of 256 threads staged
+// through registers (CUDA builds add its two-warp instance staged by cp.async), resident
+// kernels of 256 threads and key steps of 16 and 64, and the one-warpgroup kernel of 16-key
+// steps (CUDA sm_90a builds add the tile-copy instances of 16- and 64-key steps and the
+// streaming instance, and at d 128 the warp-specialized kernel); one translation unit: the
+// kernels have no kv bucket, so the variant count stays small and needs no generated
+// instantiation files.
 #include "plan.h"
 #include "tiled_fwd_warpgroup_kernel.h"
 #include "tiled_fwd_warpgroup_tma_kernel.h"
@@ -174,17 +174,6 @@ hipError_t run_tiled_fwd_block(const SmallSeqTiledParams& p, int wave, int facto
   return hipGetLastError();
 }
 
-template <typename T, int D, int THREADS>
-hipError_t run_tiled_fwd_block_staging(const SmallSeqTiledParams& p, bool cp_async, int wave,
-                                       int factor, hipStream_t stream) {
-#if RA_CP_ASYNC_BUILD
-  if (cp_async) return run_tiled_fwd_block<T, D, THREADS, true>(p, wave, factor, stream);
-#else
-  if (cp_async) return kNoKernel;  // HIP builds stage through registers
-#endif
-  return run_tiled_fwd_block<T, D, THREADS, false>(p, wave, factor, stream);
-}
-
 // The wave kernel; ONE_TILE: its instance for histories of one key tile.
 template <typename T, int D, bool ONE_TILE>
 hipError_t run_tiled_fwd_wave(const SmallSeqTiledParams& p, int wave, int factor,
@@ -200,49 +189,30 @@ hipError_t run_tiled_fwd_wave(const SmallSeqTiledParams& p, int wave, int factor
 }
 
 // The warpgroup kernels of a launch record (WARPGROUPS, KEYS, CAPPED[, PAIR, STREAM]): the
-// instances the plan can name.
+// instances the plan can name (blocks of one warpgroup; 16-key steps by cp.async).
 template <typename T, int D>
 hipError_t run_tiled_fwd_warpgroup_record(const SmallSeqTiledParams& p, const int32_t* a,
                                           int factor, hipStream_t stream) {
-  const int wg = a[1], keys = a[2];
-  const bool capped = a[3] != 0;
-  if (wg == 1 && keys == 16 && capped)
+  if (a[1] == 1 && a[2] == 16 && a[3] != 0)
     return run_tiled_fwd_warpgroup<T, D, 1, 16, true>(p, factor, stream);
-  if (wg == 2 && keys == 16 && capped)
-    return run_tiled_fwd_warpgroup<T, D, 2, 16, true>(p, factor, stream);
-  if (wg == 2 && keys == 64 && capped)
-    return run_tiled_fwd_warpgroup<T, D, 2, 64, true>(p, factor, stream);
-  if (wg == 1 && keys == 64) {
-    return capped ? run_tiled_fwd_warpgroup<T, D, 1, 64, true>(p, factor, stream)
-                  : run_tiled_fwd_warpgroup<T, D, 1, 64, false>(p, factor, stream);
-  }
   return kNoKernel;
 }
 
 #if RA_TMA_BUILD
-// ... and their tile-copy instances; false where the tensors have no tensor maps.
+// ... and their tile-copy instances (staged 16- and 64-key steps, capped; the streaming
+// instance); false where the tensors have no tensor maps.
 template <typename T, int D>
 bool run_tiled_fwd_warpgroup_tma_record(const SmallSeqTiledParams& p, const int32_t* a,
                                         int factor, hipStream_t stream, hipError_t* err) {
   const int wg = a[1], keys = a[2];
   const bool capped = a[3] != 0, pair = a[4] != 0, stream_items = a[5] != 0;
-  if (stream_items) {
-    if (wg == 1 && keys == 64 && !capped && !pair)
+  if (wg == 1 && !pair) {
+    if (stream_items && keys == 64 && !capped)
       return run_tiled_fwd_warpgroup_tma<T, D, 1, 64, false, false, true>(p, factor, stream, err);
-  } else if (pair) {
-    if (wg == 2 && keys == 64 && capped)
-      return run_tiled_fwd_warpgroup_tma<T, D, 2, 64, true, true, false>(p, factor, stream, err);
-  } else if (wg == 1 && keys == 16 && capped) {
-    return run_tiled_fwd_warpgroup_tma<T, D, 1, 16, true, false, false>(p, factor, stream, err);
-  } else if (wg == 2 && keys == 16 && capped) {
-    return run_tiled_fwd_warpgroup_tma<T, D, 2, 16, true, false, false>(p, factor, stream, err);
-  } else if (wg == 2 && keys == 64 && capped) {
-    return run_tiled_fwd_warpgroup_tma<T, D, 2, 64, true, false, false>(p, factor, stream, err);
-  } else if (wg == 1 && keys == 64) {
-    return capped ? run_tiled_fwd_warpgroup_tma<T, D, 1, 64, true, false, false>(p, factor,
-                                                                                 stream, err)
-                  : run_tiled_fwd_warpgroup_tma<T, D, 1, 64, false, false, false>(p, factor,
-                                                                                  stream, err);
+    if (!stream_items && keys == 16 && capped)
+      return run_tiled_fwd_warpgroup_tma<T, D, 1, 16, true, false, false>(p, factor, stream, err);
+    if (!stream_items && keys == 64 && capped)
+      return run_tiled_fwd_warpgroup_tma<T, D, 1, 64, true, false, false>(p, factor, stream, err);
   }
   *err = kNoKernel;
   return true;
@@ -270,17 +240,18 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
   if constexpr (D <= 128) {
     switch (static_cast<SmallSeqKernel>(l.kernel)) {
       case SmallSeqKernel::kTiledFwdBlock:
-        switch (a[1]) {
-          case 64: return run_tiled_fwd_block_staging<T, D, 64>(p, a[2] != 0, wave, a[3], stream);
-          case 128: return run_tiled_fwd_block_staging<T, D, 128>(p, a[2] != 0, wave, a[3], stream);
-          case 256: return run_tiled_fwd_block_staging<T, D, 256>(p, a[2] != 0, wave, a[3], stream);
-          default: return kNoKernel;
-        }
+        // many rows: 256 threads through registers; few rows (CUDA builds): two warps by cp.async
+        if (a[1] == 256 && a[2] == 0)
+          return run_tiled_fwd_block<T, D, 256, false>(p, wave, a[3], stream);
+#if RA_CP_ASYNC_BUILD
+        if (a[1] == 64 && a[2] != 0)
+          return run_tiled_fwd_block<T, D, 64, true>(p, wave, a[3], stream);
+#endif
+        return kNoKernel;
       case SmallSeqKernel::kTiledFwdResident:
-        if (a[1] == 128 && a[2] == 1) return run_tiled_fwd_resident<T, D, 128, 1>(p, a[3], stream);
-        if (a[1] == 256 && a[2] == 1) return run_tiled_fwd_resident<T, D, 256, 1>(p, a[3], stream);
-        if (a[1] == 128 && a[2] == 4) return run_tiled_fwd_resident<T, D, 128, 4>(p, a[3], stream);
-        if (a[1] == 256 && a[2] == 4) return run_tiled_fwd_resident<T, D, 256, 4>(p, a[3], stream);
+        if (a[1] != 256) return kNoKernel;
+        if (a[2] == 1) return run_tiled_fwd_resident<T, D, 256, 1>(p, a[3], stream);
+        if (a[2] == 4) return run_tiled_fwd_resident<T, D, 256, 4>(p, a[3], stream);
         return kNoKernel;
       case SmallSeqKernel::kTiledFwdWarpgroup:
         if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;

@@ -117,13 +117,10 @@ VARIANT_CASES: List[VariantCase] = [
     # 64 rows per (segment, kv head) over keys past the LDS of a resident block
     _case("block256", F, _c(128, 8, 8, 64, 256), ("gfx90a", "gfx942"),
           "tiled_fwd_block(THREADS=256, CP_ASYNC=false)"),
-    _case("block256_cp_async", F, _c(128, 8, 8, 32, 100), ("sm_90a", "sm_100"),
-          "tiled_fwd_block(THREADS=256, CP_ASYNC=true)"),
-    # small blocks: 17-32 rows over long histories (HIP), 9-16 rows over 17+ keys (cp.async)
-    _case("block128", F, _c(128, 8, 2, 6, 100), AMD,
-          "tiled_fwd_block(THREADS=128, CP_ASYNC=false)"),
-    _case("block128_cp_async", F, _c(128, 8, 2, 6, 100), ("sm_90a", "sm_100"),
-          "tiled_fwd_block(THREADS=128, CP_ASYNC=true)"),
+    _case("block256_nvidia", F, _c(128, 8, 8, 32, 100), ("sm_90a", "sm_100"),
+          "tiled_fwd_block(THREADS=256, CP_ASYNC=false)"),
+    # small blocks (cp.async): 9-16 rows over 17+ keys; 17-32 rows take the wave kernel
+    _case("wave_rows32", F, _c(128, 8, 2, 6, 100), ALL, "tiled_fwd_wave(ONE_TILE=false)"),
     _case("block64_cp_async", F, _c(128, 8, 2, 4, 64), ("sm_90a", "sm_100"),
           "tiled_fwd_block(THREADS=64, CP_ASYNC=true)"),
     # 4+ row tiles whose K/V fit shared memory
@@ -131,8 +128,8 @@ VARIANT_CASES: List[VariantCase] = [
           "tiled_fwd_resident(THREADS=256, KSTEP=4)"),
     _case("resident_step1", F, _c(128, 8, 8, 64, 48, return_softmax=True), AMD,
           "tiled_fwd_resident(THREADS=256, KSTEP=1)"),
-    _case("resident128", F, _c(128, 8, 8, 64, 48, return_softmax=True), ("sm_90a", "sm_100"),
-          "tiled_fwd_resident(THREADS=128, KSTEP=1)"),
+    _case("resident_nvidia", F, _c(128, 8, 8, 64, 48, return_softmax=True), ("sm_90a", "sm_100"),
+          "tiled_fwd_resident(THREADS=256, KSTEP=1)"),
     # Hopper warpgroup-MMA forward (sm_90a builds)
     _case("warpgroup_tma_16", F, _c(128, 8, 8, 64, 16), ("sm_90a",),
           "tiled_fwd_warpgroup_tma(WARPGROUPS=1, KEYS=16, STREAM=false)"),
@@ -142,10 +139,11 @@ VARIANT_CASES: List[VariantCase] = [
           "tiled_fwd_warpgroup_tma(WARPGROUPS=1, KEYS=64, STREAM=false)"),
     _case("warpgroup_tma_stream", F, _c(128, 8, 8, 64, 256, layout="bshd"), ("sm_90a",),
           "tiled_fwd_warpgroup_tma(KEYS=64, STREAM=true)"),
-    _case("warpgroup_tma_pair", F, _c(64, 8, 8, 512, 512, layout="bshd"), ("sm_90a",),
-          "tiled_fwd_warpgroup_tma(WARPGROUPS=2, PAIR=true)"),
-    _case("warpgroup_two", F, _c(128, 8, 8, 512, 320, layout="bshd"), ("sm_90a",),
-          "tiled_fwd_warpgroup(WARPGROUPS=2, KEYS=64)"),
+    # staging that fills a multiprocessor, no warp-specialized kernel (d 64): streamed
+    _case("warpgroup_tma_stream_d64", F, _c(64, 8, 8, 512, 512, layout="bshd"), ("sm_90a",),
+          "tiled_fwd_warpgroup_tma(WARPGROUPS=1, KEYS=64, STREAM=true)"),
+    _case("warpgroup_ws_stream", F, _c(128, 8, 2, 300, 1000, layout="bshd"), ("sm_90a",),
+          "tiled_fwd_warpgroup_ws"),
     _case("warpgroup_ws", F, _c(128, 8, 8, 128, 256, layout="bshd"), ("sm_90a",),
           "tiled_fwd_warpgroup_ws"),
     # -- tiled backward (tiled_bwd_launch.hip) --
@@ -186,7 +184,7 @@ VARIANT_CASES: List[VariantCase] = [
           "tiled_bwd_warpgroup_dq_stream",
           "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=false, TRANSPOSED=true)"),
     # -- not kernels of hip_src/small_seq (the CPU test only) --
-    _case("flash", F, _c(128, 8, 8, 512, 512), ("sm_90a", "sm_100"), "flash"),
+    _case("flash", F, _c(128, 8, 8, 512, 1024), ("sm_90a", "sm_100"), "flash"),
     _case("varlen", F, _c(128, 8, 8, 64, 5000), AMD, "varlen"),
     _case("torch_dtype", F, _c(128, 8, 8, 64, 64, dtype="float32"), ALL, "torch"),
 ]
@@ -195,9 +193,8 @@ VARIANT_CASES: List[VariantCase] = [
 # reads these values): the GPU and emulation files' grids over kernels (tests/
 # test_small_seq_tiled_gpu.py, test_emu_small_seq_tiled.py) take their entries from here. Every
 # entry but "auto" (the plan's own choice) turns the warpgroup kernel off (on Hopper it takes 64+
-# rows per kv head before the others are asked). The block kernel: blocks of 256, 128 and 64
-# threads, by cp.async in CUDA builds, "_regs" through registers (HIP builds always); the resident
-# kernel: 256 or 128 threads, softmax steps of one or four key tiles.
+# rows per kv head before the others are asked). The block kernel: its 256-thread instance
+# (through registers); the resident kernel: softmax steps of one or four key tiles.
 _NO_WG = {"small_seq_tiled_warpgroup": 0}
 _BLOCK = {**_NO_WG, "small_seq_tiled_block": 2, "small_seq_tiled_resident": 0}
 _RESIDENT = {**_NO_WG, "small_seq_tiled_resident": 2}
@@ -205,16 +202,9 @@ FWD_FORCINGS: Dict[str, Dict[str, int]] = {
     "auto": {},
     "wave": {**_NO_WG, "small_seq_tiled_block": 0, "small_seq_tiled_resident": 0},
     "block": _BLOCK,
-    "block128": {**_BLOCK, "small_seq_tiled_block_threads": 128},
-    "block64": {**_BLOCK, "small_seq_tiled_block_threads": 64},
-    "block_regs": {**_BLOCK, "small_seq_tiled_block_cp_async": 0},
-    "block64_regs": {**_BLOCK, "small_seq_tiled_block_threads": 64,
-                     "small_seq_tiled_block_cp_async": 0},
     "resident": _RESIDENT,
     "resident_step16": {**_RESIDENT, "small_seq_tiled_resident_key_step": 16},
     "resident_step64": {**_RESIDENT, "small_seq_tiled_resident_key_step": 64},
-    "resident128": {**_RESIDENT, "small_seq_tiled_resident_threads": 128},
-    "resident256": {**_RESIDENT, "small_seq_tiled_resident_threads": 256},
 }
 
 
