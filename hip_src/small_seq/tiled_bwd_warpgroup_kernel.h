@@ -13,15 +13,14 @@
 //      tiled_warpgroup_stage: KEYS rows, zeros past the history).
 //   2. The segment's rows (r = j * group + h, as in every tiled kernel) in tiles of 64; each
 //      tile's Q and dO are copied one tile ahead (two buffers), rows past the segment as zeros.
-//      Per tile, with the forward's LSE and Delta (pass 1's, or rowsum(P dP) - dlse with FUSED_DELTA)
-//      of the thread's two rows:
+//      Per tile, with the forward's LSE and Delta = rowsum(P dP) - dlse of the thread's two rows
+//      (the block holds their whole history, so pass 1 does not run):
 //        S = Q K^T, dP = dO V^T           (m64nKEYS in chunks of 16 keys, from shared memory)
 //        P = exp2(S * scale log2e - lse log2e), dS = P (dP - Delta)   (fp32, in registers)
 //        dV += P^T dO, dK += dS^T Q       (m64nD, P / dS / dO / Q read transposed from shared
 //                                          memory: P and dS are stored there as [rows][keys])
-//      Where every history fits one block (WITH_DQ) the tile's dQ = scale dS K follows (dS and
-//      K from shared memory; complete, since the block holds every key), out through the
-//      tile's Q buffer in 16-byte pieces.
+//      The tile's dQ = scale dS K follows (dS and K from shared memory; complete, since the
+//      block holds every key), out through the tile's Q buffer in 16-byte pieces.
 //   3. dK (times the scale) and dV of the block's keys from the fp32 accumulators, once.
 // Past one key block (no dQ here) tiled_bwd_warpgroup_key_block_transposed serves instead:
 // S^T = K Q^T and dP^T = V dO^T as m64n64 products whose accumulators, rows being keys, are the
@@ -126,11 +125,10 @@ RA_DEVICE void tiled_bwd_warpgroup_load_tile(const SmallSeqTiledParams& p,
                                seg_rows, sq + kTiledWarpgroupRows * D * 2, wtid);
 }
 
-// LSE (log2 domain) and Delta of this thread's rows 16 warp + g and + 8 of the tile at r0; a
-// row past the segment gets lse +inf (P = 0) and Delta 0 (its Q and dO are zeros). With
-// FUSED_DELTA, pass 1 did not run: `delta` gets -dlse (0 without dlse), to which
-// tiled_bwd_warpgroup_scores adds rowsum(P dP).
-template <bool FUSED_DELTA>
+// LSE (log2 domain) and the start of Delta of this thread's rows 16 warp + g and + 8 of the tile
+// at r0, for a block that holds the rows' whole history (pass 1 did not run): `delta` gets
+// -dlse (0 without dlse), to which tiled_bwd_warpgroup_scores adds rowsum(P dP). A row past the
+// segment gets lse +inf (P = 0) and Delta 0 (its Q and dO are zeros).
 RA_DEVICE void tiled_bwd_warpgroup_row_terms(const SmallSeqTiledParams& p,
                                              const TiledSegment& s, const int hq0,
                                              const TiledRowMap& map, const int64_t r0,
@@ -143,7 +141,7 @@ RA_DEVICE void tiled_bwd_warpgroup_row_terms(const SmallSeqTiledParams& p,
       lse2[r] = INFINITY;
       delta[r] = 0.f;
     } else {
-      const TiledBwdRowTerms terms = tiled_bwd_row_terms_at<FUSED_DELTA>(p, s, hq0, map, i);
+      const TiledBwdRowTerms terms = tiled_bwd_row_terms_at<true>(p, s, hq0, map, i);
       lse2[r] = terms.lse2;
       delta[r] = terms.delta;
     }
@@ -394,12 +392,13 @@ RA_DEVICE void tiled_bwd_warpgroup_walk_tiles(const SmallSeqTiledParams& p,
   }
 }
 
-// The dK / dV of one key block (keys kb0 .. kb0 + KEYS - 1 of a valid segment, kv head hk) over
-// all of the segment's rows, and, where the block holds the whole history (WITH_DQ), the dQ of
-// every row (the whole block: one warpgroup); FUSED_DELTA (WITH_DQ only): each row's Delta
-// from its P and dP, pass 1 not run. `smem` / `smem_ptr`: the 1024-byte aligned start of the
-// block's buffers. `copies` moves the tiles' Q / dO in and dQ out (TiledBwdTmaCopies).
-template <typename T, int D, int KEYS, bool WITH_DQ, bool FUSED_DELTA, typename Copies>
+// The whole backward of one key block that holds the whole history (keys kb0 .. kb0 + KEYS - 1
+// of a valid segment, kv head hk, launched where every history fits one block): the dK / dV of
+// the block's keys over all of the segment's rows and the dQ of every row (the whole block: one
+// warpgroup), each row's Delta from its P and dP (pass 1 not run). `smem` / `smem_ptr`: the
+// 1024-byte aligned start of the block's buffers. `copies` moves the tiles' Q / dO in and dQ
+// out (TiledBwdTmaCopies).
+template <typename T, int D, int KEYS, typename Copies>
 RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
                                              const TiledSegment& s, const int hk,
                                              const int group, const int kb0, uint8_t* smem_ptr,
@@ -433,9 +432,9 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
         uint8_t* const sq_ptr = smem_ptr + (sq - smem);
         const TiledRowMap map(r0, group);
         float lse2[2], delta[2];
-        tiled_bwd_warpgroup_row_terms<FUSED_DELTA>(p, s, hq0, map, r0, seg_rows, lse2, delta, tid);
+        tiled_bwd_warpgroup_row_terms(p, s, hq0, map, r0, seg_rows, lse2, delta, tid);
         uint32_t dsa[KEYS / 16][4];
-        tiled_bwd_warpgroup_scores<T, D, KEYS, true, FUSED_DELTA>(
+        tiled_bwd_warpgroup_scores<T, D, KEYS, true, true>(
             sq, sdo, sk, sv, KEYS, 0, live, scale2, lse2, delta, sp_ptr, sds_ptr, dsa, tid);
         ra_fence_proxy_async();
         __syncthreads();  // every warp's P and dS rows are in shared memory
@@ -449,37 +448,33 @@ RA_DEVICE void tiled_bwd_warpgroup_key_block(const SmallSeqTiledParams& p,
           ra_wgmma_ss_tt<T, D>(dk, ra_wgmma_desc_n_major(sds + st * 16 * 128, ROWS * 128),
                                ra_wgmma_desc_n_major(sq + st * 16 * 128, ROWS * 128), 1);
         ra_wgmma_commit();
-        if constexpr (WITH_DQ) {
-          // dQ = scale dS K in 64-column halves (32 accumulator registers at a time beside dK and
-          // dV), dS read from its buffer (K-major) and K N-major; each half goes into the Q
-          // buffer once every product before it is done (dK's reads Q).
+        // dQ = scale dS K in 64-column halves (32 accumulator registers at a time beside dK and
+        // dV), dS read from its buffer (K-major) and K N-major; each half goes into the Q
+        // buffer once every product before it is done (dK's reads Q).
 #pragma unroll
-          for (int col0 = 0; col0 < D; col0 += 64) {
-            float dq[32];
+        for (int col0 = 0; col0 < D; col0 += 64) {
+          float dq[32];
 #pragma unroll
-            for (int i = 0; i < 32; ++i) dq[i] = 0.f;
-            ra_wgmma_fence();
+          for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+          ra_wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < KEYS / 16; ++kk)
-              ra_wgmma_ss_bt<T, 64>(
-                  dq, ra_wgmma_desc(ra_wgmma_step_address(sds, kk, ROWS, 0)),
-                  ra_wgmma_desc_n_major(sk + (col0 / 64) * KEYS * 128 + 16 * kk * 128,
-                                        KEYS * 128),
-                  1);
-            ra_wgmma_commit();
-            ra_wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < 32; ++i) ra_wgmma_pin(dq[i]);
-            if (col0 == 0) __syncthreads();  // every warp's dK product is done: Q's buffer is free
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-              tiled_warpgroup_acc_row_to_buffer<T, 64>(sq_ptr + (col0 / 64) * ROWS * 128, dq, r,
-                                                       p.softmax_scale, tid);
-          }
-          copies.template store_dq<D>(p, at, s, hq0, group, map, r0, seg_rows, sq_ptr, sq, tid);
-        } else {
+          for (int kk = 0; kk < KEYS / 16; ++kk)
+            ra_wgmma_ss_bt<T, 64>(
+                dq, ra_wgmma_desc(ra_wgmma_step_address(sds, kk, ROWS, 0)),
+                ra_wgmma_desc_n_major(sk + (col0 / 64) * KEYS * 128 + 16 * kk * 128,
+                                      KEYS * 128),
+                1);
+          ra_wgmma_commit();
           ra_wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 32; ++i) ra_wgmma_pin(dq[i]);
+          if (col0 == 0) __syncthreads();  // every warp's dK product is done: Q's buffer is free
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            tiled_warpgroup_acc_row_to_buffer<T, 64>(sq_ptr + (col0 / 64) * ROWS * 128, dq, r,
+                                                     p.softmax_scale, tid);
         }
+        copies.template store_dq<D>(p, at, s, hq0, group, map, r0, seg_rows, sq_ptr, sq, tid);
         __syncthreads();  // the buffers are refilled by the copies of the tile after next
       });
   tiled_bwd_warpgroup_store_dkdv<T, D>(p, it.rows, kb0, live, dk, dv, warp, g, t);
@@ -922,9 +917,10 @@ RA_DEVICE void tiled_bwd_warpgroup_dq_tile(const SmallSeqTiledParams& p, const T
 // through L2. WITH_DQ (launched where every history fits one key block): each item also writes
 // its rows' dQ; else the dQ kernel (staged or streaming) does. Item (block 0) also writes
 // what pass 2 writes besides a valid segment's gradients (tiled_bwd_edges, warp 0). KEYS: keys
-// of the products, 16 where every history fits them, else 64. FUSED_DELTA (WITH_DQ only):
-// launched without pass 1, the kernel computes each row's Delta from its P and dP and zeroes
-// the dq of q padding rows itself. TRANSPOSED (64-key blocks, Delta from pass 1): without dQ,
+// of the products, 16 where every history fits them, else 64. FUSED_DELTA (exactly the
+// instances without TRANSPOSED, which have dQ: the plan's only ones): launched without pass 1,
+// the kernel computes each row's Delta from its P and dP and zeroes the dq of q padding rows
+// itself. TRANSPOSED (64-key blocks, Delta from pass 1 or the dQ kernel): without dQ,
 // each item by tiled_bwd_warpgroup_key_block_transposed; with dQ (launched where every item
 // holds at most one row tile, over histories past one block), one item per (segment, kv head)
 // walking all its key blocks (tiled_bwd_warpgroup_one_tile). `copies` moves the row tiles
@@ -937,6 +933,8 @@ RA_DEVICE void tiled_bwd_warpgroup_items(const SmallSeqTiledParams& p, Copies& c
                 "the transposed products serve 64-key blocks, Delta from pass 1");
   static_assert(WITH_DQ || TRANSPOSED,
                 "key-block items (past one key block, no dQ) take the transposed products");
+  static_assert(TRANSPOSED || FUSED_DELTA,
+                "a history of one key block: Delta from the item's own products, no pass 1");
   // one-tile items (TRANSPOSED with dQ): an item per (segment, kv head), walking its blocks
   constexpr bool kWalk = WITH_DQ && TRANSPOSED;
   const int tid = threadIdx.x;
@@ -966,9 +964,8 @@ RA_DEVICE void tiled_bwd_warpgroup_items(const SmallSeqTiledParams& p, Copies& c
       tiled_bwd_warpgroup_key_block_transposed<T, D>(p, s, hk, group, kb0, smem_ptr, raw + pad,
                                                      tid, copies);
     else
-      tiled_bwd_warpgroup_key_block<T, D, KEYS, WITH_DQ, FUSED_DELTA>(p, s, hk, group, kb0,
-                                                                      smem_ptr, raw + pad, tid,
-                                                                      copies);
+      tiled_bwd_warpgroup_key_block<T, D, KEYS>(p, s, hk, group, kb0, smem_ptr, raw + pad, tid,
+                                                copies);
     __syncthreads();  // every warp is done with this item's K / V
   }
   if constexpr (FUSED_DELTA)
