@@ -90,37 +90,35 @@ CASES = [
     ("sm_100", C(128, 8, 2, 4, 64), ["tiled_fwd_block(D=128, THREADS=64, CP_ASYNC=true)"],
      None),                                                      # cp.async: bound one key tile
     # tiled forward on Hopper (sm_90a build)
-    ("sm_90a", C(128, 8, 8, 64, 16), ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=16, "
-                                      "CAPPED=true, PAIR=false, STREAM=false)"], None),
-    ("sm_90a", C(128, 8, 8, 128, 16),
-     ["tiled_fwd_warpgroup(D=128, WARPGROUPS=1, KEYS=16, CAPPED=true)"], None),  # 16-key steps:
+    ("sm_90a", C(128, 8, 8, 64, 16), ["tiled_fwd_warpgroup_tma(D=128, KEYS=16, CAPPED=true, "
+                                      "STREAM=false)"], None),
+    ("sm_90a", C(128, 8, 8, 128, 16), ["tiled_fwd_warpgroup(D=128)"], None),  # 16-key steps:
     # tile copies only for one row tile
-    ("sm_90a", C(128, 8, 8, 64, 100), ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, "
-                                       "CAPPED=true, PAIR=false, STREAM=false)"], None),
+    ("sm_90a", C(128, 8, 8, 64, 100), ["tiled_fwd_warpgroup_tma(D=128, KEYS=64, "
+                                       "CAPPED=true, STREAM=false)"], None),
     ("sm_90a", C(128, 8, 8, 64, 256, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
+     ["tiled_fwd_warpgroup_tma(D=128, KEYS=64, STREAM=true)"], None),
     ("sm_90a", C(128, 8, 8, 128, 256, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
     # histories past the warp-specialized kernel's ring at d 128 with two row tiles per kv
     # head: streamed through its ring in pairs of tiles; one row tile: the streaming instance
     ("sm_90a", C(128, 8, 2, 300, 4096, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
     ("sm_90a", C(128, 8, 2, 300, 385, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
     ("sm_90a", C(128, 8, 8, 64, 4096, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, CAPPED=false, PAIR=false, "
-      "STREAM=true)"], None),
+     ["tiled_fwd_warpgroup_tma(D=128, KEYS=64, CAPPED=false, STREAM=true)"], None),
     # histories no block can stage whole (past 832 keys at d 64): streamed
     ("sm_90a", C(64, 8, 1, 1000, 833, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
+     ["tiled_fwd_warpgroup_tma(D=64, KEYS=64, STREAM=true)"], None),
     ("sm_90a", C(64, 8, 1, 1000, 832, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=64, STREAM=true)"], None),   # staged: one warpgroup alone
     # staging that fills a multiprocessor, many row tiles, no warp-specialized kernel (d 64, or
     # past its ring): streamed
     ("sm_90a", C(64, 8, 1, 1000, 640, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
+     ["tiled_fwd_warpgroup_tma(D=64, KEYS=64, STREAM=true)"], None),
     ("sm_90a", C(128, 8, 8, 512, 320, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
     ("sm_90a", C(64, 8, 8, 512, 512, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=1, KEYS=64, CAPPED=false, STREAM=true)"], None),
+     ["tiled_fwd_warpgroup_tma(D=64, KEYS=64, CAPPED=false, STREAM=true)"], None),
     ("sm_90a", C(128, 12, 4, 64, 16),
-     ["tiled_fwd_warpgroup(D=128, WARPGROUPS=1, KEYS=16)"], None),  # group 3: no Q box
+     ["tiled_fwd_warpgroup(D=128)"], None),  # group 3: no Q box
     ("sm_90a", C(128, 12, 4, 64, 100),                              # ... past 16 keys: no
      ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=4)"], None),    # warpgroup kernel
     ("sm_90a", C(128, 8, 8, 64, 16, return_softmax=True),
@@ -203,13 +201,10 @@ TILED_FWD_INSTANCES = {
     ("tiled_fwd_block", (64, True)): lambda dev, d: d <= 128 and dev.cp_async,
     ("tiled_fwd_resident", (256, 1)): lambda dev, d: d <= 128,
     ("tiled_fwd_resident", (256, 4)): lambda dev, d: d <= 128,
-    ("tiled_fwd_warpgroup", (1, 16, True)): lambda dev, d: d <= 128 and dev.warpgroup_mma,
-    ("tiled_fwd_warpgroup_tma", (1, 16, True, False, False)):
-        lambda dev, d: d <= 128 and dev.tile_copies,
-    ("tiled_fwd_warpgroup_tma", (1, 64, True, False, False)):
-        lambda dev, d: d <= 128 and dev.tile_copies,
-    ("tiled_fwd_warpgroup_tma", (1, 64, False, False, True)):
-        lambda dev, d: d <= 128 and dev.tile_copies,
+    ("tiled_fwd_warpgroup", ()): lambda dev, d: d <= 128 and dev.warpgroup_mma,
+    ("tiled_fwd_warpgroup_tma", (16, True, False)): lambda dev, d: d <= 128 and dev.tile_copies,
+    ("tiled_fwd_warpgroup_tma", (64, True, False)): lambda dev, d: d <= 128 and dev.tile_copies,
+    ("tiled_fwd_warpgroup_tma", (64, False, True)): lambda dev, d: d <= 128 and dev.tile_copies,
     ("tiled_fwd_warpgroup_ws", ()): lambda dev, d: d == 128 and dev.tile_copies,
 }
 FORCED_TUNINGS = [{}, {"small_seq_tiled_warpgroup": 2}, {"small_seq_tiled_warpgroup_tma": 0},
@@ -242,6 +237,8 @@ def test_every_tiled_forward_call_gets_a_compiled_instance():
                           if name not in ("D", "grid_factor"))
             runs = TILED_FWD_INSTANCES.get((launch.kernel, ident))
             assert runs is not None and runs(dev, d), (arch, dev.tile_copies, t, call, str(plan))
+            if launch.kernel == "tiled_fwd_warpgroup":  # its one instance takes 16-key steps
+                assert sp.warpgroup_step_keys(kv) == 16, (arch, t, call, str(plan))
 
 
 def test_tuning_knobs_change_the_plan():
