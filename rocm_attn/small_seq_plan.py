@@ -70,7 +70,7 @@ RESIDENT_ROWS = 16               # tiled_fwd_resident_kernel.h kTiledResidentRow
 # (four waves on AMD, eight warps on NVIDIA), several per multiprocessor where their K/V fit,
 # so that one stages its next segment while the others compute.
 RESIDENT_MIN_TILES = 4
-RESIDENT_THREADS = 256
+RESIDENT_THREADS = 256           # kTiledResidentThreads
 BLOCK_THREADS = 256              # tiled_fwd_kernel.h kTiledBlockThreads: many rows
 SHARED_RESERVE = 1024            # kTiledSharedReserve: the runtime's per-block reserve
 WARPGROUP_ROWS = 64              # tiled_fwd_warpgroup_kernel.h kTiledWarpgroupRows
@@ -380,7 +380,7 @@ VARIANTS: Dict[str, Tuple[str, str]] = {
     "tiled_fwd_block": ("small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC>",
                         "many rows per (segment, kv head) over more than one key tile, or few "
                         "rows over long histories"),
-    "tiled_fwd_resident": ("small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>",
+    "tiled_fwd_resident": ("small_seq_tiled_fwd_resident_kernel<T, D, KSTEP>",
                            "4+ row tiles per (segment, kv head) whose K/V fit shared memory"),
     "tiled_fwd_warpgroup": ("small_seq_tiled_fwd_warpgroup_kernel<T, D>",
                             "Hopper, 64+ rows per (segment, kv head), d 64 / 128, "
@@ -677,8 +677,8 @@ def _fwd_resident(call: Call, device: Device, t: Mapping[str, int]) -> Optional[
     step = t["small_seq_tiled_resident_key_step"]
     if step not in (TILED_KEYS, 4 * TILED_KEYS):
         step = 4 * TILED_KEYS if kv >= 4 * TILED_KEYS else TILED_KEYS
-    return _launch("tiled_fwd_resident", D=d, THREADS=RESIDENT_THREADS,
-                   KSTEP=step // TILED_KEYS, smem=smem)
+    return _launch("tiled_fwd_resident", D=d, KSTEP=step // TILED_KEYS,
+                   threads=RESIDENT_THREADS, smem=smem)
 
 
 def _fwd_block_threads(call: Call, device: Device, t: Mapping[str, int]) -> int:
@@ -990,7 +990,7 @@ LAUNCH_PARAMS: Dict[str, Tuple[str, ...]] = {
     "bwd_mma_wide": ("D", "KV", "grid_factor"),
     "tiled_fwd_wave": ("D", "ONE_TILE", "grid_factor"),
     "tiled_fwd_block": ("D", "THREADS", "CP_ASYNC", "grid_factor"),
-    "tiled_fwd_resident": ("D", "THREADS", "KSTEP", "grid_factor"),
+    "tiled_fwd_resident": ("D", "KSTEP", "grid_factor"),
     "tiled_fwd_warpgroup": ("D", "grid_factor"),
     "tiled_fwd_warpgroup_tma": ("D", "KEYS", "CAPPED", "STREAM", "grid_factor"),
     "tiled_fwd_warpgroup_ws": ("D", "grid_factor"),
@@ -1183,6 +1183,7 @@ def static_checks() -> str:
             ("small_seq::kTiledWavesPerBlock", TILED_WAVES_PER_BLOCK),
             ("small_seq::kTiledFwdResidencyFactor", TILED_FWD_RESIDENCY_FACTOR),
             ("small_seq::kTiledResidentRows", RESIDENT_ROWS),
+            ("small_seq::kTiledResidentThreads", RESIDENT_THREADS),
             ("small_seq::kTiledBlockThreads", BLOCK_THREADS),
             ("small_seq::kTiledWarpgroupRows", WARPGROUP_ROWS),
             ("small_seq::kTiledWarpgroupKeys", WARPGROUP_KEYS),

@@ -72,20 +72,20 @@ CASES = [
      None),                                                      # 2 x 32 rows >= a 256 block
     ("gfx942", C(128, 8, 2, 6, 100), ["tiled_fwd_wave(D=128, ONE_TILE=false)"],
      None),                                                      # 24 rows: no small block
-    ("gfx942", C(64, 8, 8, 64, 128), ["tiled_fwd_resident(D=64, THREADS=256, KSTEP=4)"],
+    ("gfx942", C(64, 8, 8, 64, 128), ["tiled_fwd_resident(D=64, KSTEP=4)"],
      None),                                                      # 4 row tiles, 42 KiB of K/V
     ("gfx942", C(128, 8, 8, 64, 256), ["tiled_fwd_block(D=128, THREADS=256)"], None),
-    ("gfx950", C(128, 8, 8, 64, 256), ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=4)"],
+    ("gfx950", C(128, 8, 8, 64, 256), ["tiled_fwd_resident(D=128, KSTEP=4)"],
      None),                                                      # 148 KiB fit 160 KiB of LDS
     # tiled forward on NVIDIA without the warpgroup kernels
-    ("sm_100", C(128, 8, 8, 64, 32), ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=1)"],
+    ("sm_100", C(128, 8, 8, 64, 32), ["tiled_fwd_resident(D=128, KSTEP=1)"],
      None),                                                      # eight warps, 16-key steps
     ("sm_100", C(128, 8, 8, 32, 100), ["tiled_fwd_block(D=128, THREADS=256, CP_ASYNC=false)"],
      None),                                                      # many rows: registers
     ("sm_100", C(128, 8, 2, 6, 100), ["tiled_fwd_wave(D=128, ONE_TILE=false)"],
      None),                                                      # 24 rows: no small block
     ("sm_100", C(128, 8, 8, 64, 256, layout="bshd"),
-     ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=4)"], None),  # one block fills an SM
+     ["tiled_fwd_resident(D=128, KSTEP=4)"], None),  # one block fills an SM
     ("sm_100", C(128, 8, 2, 2, 64), ["tiled_fwd_wave(D=128, ONE_TILE=false)"], None),
     ("sm_100", C(128, 8, 2, 4, 64), ["tiled_fwd_block(D=128, THREADS=64, CP_ASYNC=true)"],
      None),                                                      # cp.async: bound one key tile
@@ -120,9 +120,9 @@ CASES = [
     ("sm_90a", C(128, 12, 4, 64, 16),
      ["tiled_fwd_warpgroup(D=128)"], None),  # group 3: no Q box
     ("sm_90a", C(128, 12, 4, 64, 100),                              # ... past 16 keys: no
-     ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=4)"], None),    # warpgroup kernel
+     ["tiled_fwd_resident(D=128, KSTEP=4)"], None),    # warpgroup kernel
     ("sm_90a", C(128, 8, 8, 64, 16, return_softmax=True),
-     ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=1)"], None),
+     ["tiled_fwd_resident(D=128, KSTEP=1)"], None),
     # tiled backward, every target
     ("gfx942", C(128, 8, 8, 1, 100, int32_offsets=False, backward=True),
      ["tiled_fwd_wave(D=128, ONE_TILE=false)"],
@@ -141,7 +141,7 @@ CASES = [
     ("gfx942", C(128, 8, 8, 32, 16, backward=True), ["tiled_fwd_wave(ONE_TILE=true)"],
      ["tiled_bwd_delta", "tiled_bwd_dkv(ONE_ROW_TILE=false)"]),  # one key tile: no dQ pass
     ("sm_100", C(128, 8, 8, 64, 16, layout="bshd", backward=True),
-     ["tiled_fwd_resident(THREADS=256, KSTEP=1)"],
+     ["tiled_fwd_resident(KSTEP=1)"],
      ["tiled_bwd_delta(threads=64)", "tiled_bwd_dkv(ONE_ROW_TILE=false, threads=64)"]),
     # warpgroup backward (sm_90a)
     ("sm_90a", C(128, 8, 8, 64, 16, backward=True), ["tiled_fwd_warpgroup_tma(KEYS=16)"],
@@ -158,7 +158,7 @@ CASES = [
      ["tiled_bwd_warpgroup_dq_tma(DELTA=true)",
       "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=false, FUSED_DELTA=false, TRANSPOSED=true)"]),
     ("sm_90a", C(128, 12, 4, 171, 256, backward=True),
-     ["tiled_fwd_resident(THREADS=256, KSTEP=4)"],
+     ["tiled_fwd_resident(KSTEP=4)"],
      ["tiled_bwd_warpgroup_dq(DELTA=true)",
       "tiled_bwd_warpgroup(KEYS=64, WITH_DQ=false, TRANSPOSED=true)"]),
     ("sm_90a", C(128, 8, 8, 512, 257, layout="bshd", backward=True),
@@ -199,8 +199,8 @@ TILED_FWD_INSTANCES = {
     ("tiled_fwd_wave", (True,)): lambda dev, d: d <= 128,
     ("tiled_fwd_block", (256, False)): lambda dev, d: d <= 128,
     ("tiled_fwd_block", (64, True)): lambda dev, d: d <= 128 and dev.cp_async,
-    ("tiled_fwd_resident", (256, 1)): lambda dev, d: d <= 128,
-    ("tiled_fwd_resident", (256, 4)): lambda dev, d: d <= 128,
+    ("tiled_fwd_resident", (1,)): lambda dev, d: d <= 128,
+    ("tiled_fwd_resident", (4,)): lambda dev, d: d <= 128,
     ("tiled_fwd_warpgroup", ()): lambda dev, d: d <= 128 and dev.warpgroup_mma,
     ("tiled_fwd_warpgroup_tma", (16, True, False)): lambda dev, d: d <= 128 and dev.tile_copies,
     ("tiled_fwd_warpgroup_tma", (64, True, False)): lambda dev, d: d <= 128 and dev.tile_copies,
@@ -424,11 +424,11 @@ def test_forward_plan_ints():
     assert ints[:2] == [1, 1] and len(ints) == 2 + 2 * sp.LAUNCH_INTS
     assert ints[2:4] == [sp.KERNEL_IDS["tiled_fwd_warpgroup_ws"], 128]
     # without tile copies: no warpgroup kernel of 64-key steps, the resident kernel
-    assert ints[10:16] == [sp.KERNEL_IDS["tiled_fwd_resident"], 128, 256, 4, 4, 0]
+    assert ints[10:16] == [sp.KERNEL_IDS["tiled_fwd_resident"], 128, 4, 4, 0, 0]
     ints = sp.tiled_fwd_ints(C(64, 8, 8, 64, 64), hopper, {"small_seq_tiled_fwd_grid": 0})
-    kernel, d, wg, keys, capped, pair, stream, factor = ints[2:10]
-    assert (kernel, d, pair, stream, factor) == (sp.KERNEL_IDS["tiled_fwd_warpgroup_tma"], 64,
-                                                 0, 0, 0)
+    assert ints[2:10] == [sp.KERNEL_IDS["tiled_fwd_warpgroup_tma"], 64, 64, 1, 0, 0, 0, 0]
+    ints = sp.tiled_fwd_ints(C(128, 8, 8, 128, 16), hopper, {})
+    assert ints[2:10] == [sp.KERNEL_IDS["tiled_fwd_warpgroup"], 128, 4, 0, 0, 0, 0, 0]
     for case in CASES:
         arch, call = case[0], case[1]
         plan = sp.plan_call(call, sp.ARCHS[arch], sp.DEFAULT_TUNING)[0]

@@ -97,10 +97,6 @@ struct TiledWarpgroupSmem {
     q = raw + q_off;
     q_ptr = static_cast<uint8_t*>(dynamic_smem) + q_off;
   }
-  // Warpgroup `other`'s Q buffer 0, generic.
-  RA_DEVICE uint8_t* q_ptr_of(int other) const {
-    return q_ptr + static_cast<ptrdiff_t>(other - wg) * 2 * kQBytes;
-  }
 };
 
 // Issues the cp.async copies of keys [0, nk) of one kv head into the K and V buffers (both
@@ -226,9 +222,11 @@ struct TiledNoStepDone {
 // One 64-row tile of a valid segment against the staged K / V (one warpgroup): scores,
 // online softmax, P . V, then out and the LSE of its live rows (out through the tile's Q
 // buffer `sq`, which holds Q on entry and is free again once every warp of the warpgroup
-// passed its last score product). The steps cover the history's k_end keys (the caller's copy
-// of s.nk: a value the caller has in a register, whose range the compiler may know better than
-// a reload of s.nk's; whole steps of KEYS keys). The caller decides three things through hooks: before_step(k0) returns once the step's K and
+// passed its last score product). The steps cover keys [k_begin, k_end) in whole steps of KEYS
+// keys: every caller passes 0 and the history's length (s.nk); as parameters, the compiler
+// treats them as it always has (with a literal 0 it loses that the warp-specialized kernel's ring
+// index is non-negative and emits signed modulo arithmetic, so the kernels' code would change).
+// The caller decides three things through hooks: before_step(k0) returns once the step's K and
 // V may be read (the cp.async kernel stages all keys before its first tile: nothing to wait
 // for); store_out(map) publishes the buffer holding O / l to the warpgroup and writes the
 // tile's live rows out; step_done(k0) runs once this thread has waited for every product of
@@ -252,8 +250,9 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
                                     const int hk, const int group, const int64_t r0,
                                     const int64_t seg_rows, uint8_t* sq_ptr, const uint32_t sq,
                                     const uint32_t sk, const uint32_t sv, const int kp,
-                                    const int wg, const int wtid, const int k_begin, const int k_end,
-                                    const BeforeStep& before_step, const StoreOut& store_out,
+                                    const int wg, const int wtid, const int k_begin,
+                                    const int k_end, const BeforeStep& before_step,
+                                    const StoreOut& store_out,
                                     const StepDone& step_done = StepDone{}) {
   static_assert(RING == 0 || (RING % KEYS == 0 && (RING & (RING - 1)) == 0),
                 "a ring of whole steps, a power of two keys");

@@ -160,7 +160,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, CAPPED ? 3 : 2)
   RA_DYNAMIC_SHARED(ra_vec8, tiled_warpgroup_smem);
   const TiledWarpgroupSmem<D> smem(tiled_warpgroup_smem, kp, STREAM ? KEYS : 0, wg);
   constexpr uint32_t kQBytes = TiledWarpgroupSmem<D>::kQBytes;
-  // Barriers: one per K / V step, the tail step's cp.async V, the two Q buffers (kTiledTmaBarriers).
+  // Barriers: one per K / V step, the tail step's cp.async V, the Q buffers' (kTiledTmaBarriers).
   __shared__ alignas(8) uint64_t bars[kTiledTmaBarriers];
   const uint32_t bar0 = ra_smem_address(bars);
   const auto kv_bar = [&](int step) { return bar0 + 8 * step; };

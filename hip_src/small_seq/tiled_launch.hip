@@ -77,12 +77,12 @@ hipError_t run_tiled_fwd_staged(const SmallSeqTiledParams& p, int64_t smem, int 
   return hipGetLastError();
 }
 
-template <typename T, int D, int THREADS, int KSTEP>
+template <typename T, int D, int KSTEP>
 hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int factor, hipStream_t stream) {
-  return run_tiled_fwd_staged<small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>,
-                              THREADS>(p, tiled_resident_smem_bytes<D>(p.max_seqlen_kv),
-                                       kTiledResidentRows, THREADS / ra_device_wave_size(),
-                                       0, factor, stream);
+  return run_tiled_fwd_staged<small_seq_tiled_fwd_resident_kernel<T, D, KSTEP>,
+                              kTiledResidentThreads>(
+      p, tiled_resident_smem_bytes<D>(p.max_seqlen_kv), kTiledResidentRows,
+      kTiledResidentThreads / ra_device_wave_size(), 0, factor, stream);
 }
 
 // The cp.async warpgroup kernel (16-key steps).
@@ -235,9 +235,8 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
 #endif
         return kNoKernel;
       case SmallSeqKernel::kTiledFwdResident:
-        if (a[1] != 256) return kNoKernel;
-        if (a[2] == 1) return run_tiled_fwd_resident<T, D, 256, 1>(p, a[3], stream);
-        if (a[2] == 4) return run_tiled_fwd_resident<T, D, 256, 4>(p, a[3], stream);
+        if (a[1] == 1) return run_tiled_fwd_resident<T, D, 1>(p, a[2], stream);
+        if (a[1] == 4) return run_tiled_fwd_resident<T, D, 4>(p, a[2], stream);
         return kNoKernel;
       case SmallSeqKernel::kTiledFwdWarpgroup:
         if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;

@@ -125,11 +125,11 @@ VARIANT_CASES: List[VariantCase] = [
           "tiled_fwd_block(THREADS=64, CP_ASYNC=true)"),
     # 4+ row tiles whose K/V fit shared memory
     _case("resident_step4", F, _c(64, 8, 8, 64, 128), AMD,
-          "tiled_fwd_resident(THREADS=256, KSTEP=4)"),
+          "tiled_fwd_resident(KSTEP=4)"),
     _case("resident_step1", F, _c(128, 8, 8, 64, 48, return_softmax=True), AMD,
-          "tiled_fwd_resident(THREADS=256, KSTEP=1)"),
+          "tiled_fwd_resident(KSTEP=1)"),
     _case("resident_nvidia", F, _c(128, 8, 8, 64, 48, return_softmax=True), ("sm_90a", "sm_100"),
-          "tiled_fwd_resident(THREADS=256, KSTEP=1)"),
+          "tiled_fwd_resident(KSTEP=1)"),
     # Hopper warpgroup-MMA forward (sm_90a builds)
     _case("warpgroup_tma_16", F, _c(128, 8, 8, 64, 16), ("sm_90a",),
           "tiled_fwd_warpgroup_tma(KEYS=16, STREAM=false)"),
