@@ -219,6 +219,19 @@ struct TiledNoStepDone {
   RA_DEVICE void operator()(int) const {}
 };
 
+// tiled_warpgroup_tile's step schedule, a tag argument. Serial (the default): scores, softmax,
+// P . V, each waited for before the next starts; blocks of one warpgroup take it (overlapped,
+// they timed a tie uncapped over 64-key steps and would spill capped for three per
+// multiprocessor; over 16-key steps most histories are one step, with nothing to overlap).
+// Overlapped: each step's softmax under the previous step's P . V (the warp-specialized
+// kernel's computing warpgroups).
+struct TiledSerialSteps {
+  static constexpr bool kOverlap = false;
+};
+struct TiledOverlappedSteps {
+  static constexpr bool kOverlap = true;
+};
+
 // One 64-row tile of a valid segment against the staged K / V (one warpgroup): scores,
 // online softmax, P . V, then out and the LSE of its live rows (out through the tile's Q
 // buffer `sq`, which holds Q on entry and is free again once every warp of the warpgroup
@@ -233,10 +246,7 @@ struct TiledNoStepDone {
 // this tile that reads the step at k0 (its scores and P . V), with no product in flight (a
 // caller whose steps sit in a ring frees the step's slot there: its last steps before the
 // epilogue rather than after it).
-// OVERLAP picks the step schedule: serial (blocks of one warpgroup: overlapped, they timed a
-// tie uncapped over 64-key steps and would spill capped for three per multiprocessor; over
-// 16-key steps most histories are one step, with nothing to overlap), or each step's softmax
-// under the previous step's P . V (the warp-specialized kernel's computing warpgroups).
+// `schedule` picks the step schedule (TiledSerialSteps, TiledOverlappedSteps).
 // Where the keys sit: RING 0, the whole history, key k at row k of K and V (kp rows per panel
 // of both). RING > 0 (a power of two: the streaming instance of the tile-copy kernel), a ring of
 // RING keys: key k at row k % RING of K (kp = RING rows per panel) and of V, whose panels hold
@@ -244,8 +254,9 @@ struct TiledNoStepDone {
 // copied apart, zeros past the history), so that step reads rows RING .. of V. TAIL_APART false
 // (the warp-specialized kernel, whose copy warp writes that step's V into its own slot): V's
 // panels hold RING rows and every step reads its slot.
-template <typename T, int D, int KEYS, bool OVERLAP, int RING = 0, bool TAIL_APART = true,
-          typename BeforeStep, typename StoreOut, typename StepDone = TiledNoStepDone>
+template <typename T, int D, int KEYS, int RING = 0, bool TAIL_APART = true, typename BeforeStep,
+          typename StoreOut, typename Schedule = TiledSerialSteps,
+          typename StepDone = TiledNoStepDone>
 RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                     const int hk, const int group, const int64_t r0,
                                     const int64_t seg_rows, uint8_t* sq_ptr, const uint32_t sq,
@@ -253,7 +264,9 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
                                     const int wg, const int wtid, const int k_begin,
                                     const int k_end, const BeforeStep& before_step,
                                     const StoreOut& store_out,
+                                    const Schedule& /*schedule*/ = Schedule{},
                                     const StepDone& step_done = StepDone{}) {
+  constexpr bool OVERLAP = Schedule::kOverlap;
   static_assert(RING == 0 || (RING % KEYS == 0 && (RING & (RING - 1)) == 0),
                 "a ring of whole steps, a power of two keys");
   constexpr int kSteps = D / 16;  // k steps of the score product
@@ -511,7 +524,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 3)
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
       const int64_t r0 = tile * ROWS;
-      tiled_warpgroup_tile<T, D, KEYS, false>(
+      tiled_warpgroup_tile<T, D, KEYS>(
           p, s, hk, group, r0, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v, kp, wg,
           wtid, 0, s.nk, [](int) {}, [&](const TiledRowMap& map) {
             ra_warpgroup_sync(wg);

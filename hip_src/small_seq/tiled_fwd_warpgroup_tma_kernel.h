@@ -292,7 +292,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, CAPPED ? 3 : 2)
           ra_fence_proxy_async();  // cp.async wrote V's tail: publish it to the products
         }
       };
-      tiled_warpgroup_tile<T, D, KEYS, false, kRing>(
+      tiled_warpgroup_tile<T, D, KEYS, kRing>(
           p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr, smem.q, smem.k, smem.v, kp, wg,
           wtid, 0, nk, stream_step, store_out_of(tile, 0));
       if (tail) tail_parity ^= 1u;
@@ -307,7 +307,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, CAPPED ? 3 : 2)
         q_parity ^= 1u << buf;
         const uint32_t off = buf * kQBytes;
         const int64_t r0 = tile * ROWS;
-        tiled_warpgroup_tile<T, D, KEYS, false>(
+        tiled_warpgroup_tile<T, D, KEYS>(
             p, s, hk, group, r0, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v, kp, wg,
             wtid, 0, nk, before_step, store_out_of(tile, off));
         first = false;
