@@ -70,7 +70,7 @@ RESIDENT_ROWS = 16               # tiled_fwd_resident_kernel.h kTiledResidentRow
 # (four waves on AMD, eight warps on NVIDIA), several per multiprocessor where their K/V fit,
 # so that one stages its next segment while the others compute.
 RESIDENT_MIN_TILES = 4
-RESIDENT_THREADS = 256
+RESIDENT_THREADS = 256           # kTiledResidentThreads
 BLOCK_THREADS = 256              # tiled_fwd_kernel.h kTiledBlockThreads: many rows
 SHARED_RESERVE = 1024            # kTiledSharedReserve: the runtime's per-block reserve
 WARPGROUP_ROWS = 64              # tiled_fwd_warpgroup_kernel.h kTiledWarpgroupRows
@@ -128,9 +128,9 @@ def warpgroup_smem_bytes(d: int, max_seqlen_kv: int, warpgroups: int) -> int:
         + 1024
 
 
-def tma_static_bytes(warpgroups: int) -> int:
-    """tiled_tma_static_bytes: the tile-copy kernel's barriers and hand-over arrays."""
-    return (TMA_MAX_STEPS + 1 + 2 * 2) * 8 + (4 * 128 * 4 if warpgroups == 2 else 4) + 64
+def tma_static_bytes() -> int:
+    """tiled_tma_static_bytes: the tile-copy kernel's barriers and room for their alignment."""
+    return (TMA_MAX_STEPS + 1 + 2 * 2) * 8 + 64
 
 
 def stream_smem_bytes(d: int) -> int:
@@ -367,13 +367,13 @@ VARIANTS: Dict[str, Tuple[str, str]] = {
     "tiled_fwd_block": ("small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC>",
                         "many rows per (segment, kv head) over more than one key tile, or few "
                         "rows over long histories"),
-    "tiled_fwd_resident": ("small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>",
+    "tiled_fwd_resident": ("small_seq_tiled_fwd_resident_kernel<T, D, KSTEP>",
                            "4+ row tiles per (segment, kv head) whose K/V fit shared memory"),
-    "tiled_fwd_warpgroup": ("small_seq_tiled_fwd_warpgroup_kernel<T, D, WARPGROUPS, KEYS, "
-                            "CAPPED>", "Hopper, 64+ rows per (segment, kv head), d 64 / 128, "
+    "tiled_fwd_warpgroup": ("small_seq_tiled_fwd_warpgroup_kernel<T, D>",
+                            "Hopper, 64+ rows per (segment, kv head), d 64 / 128, "
                             "at most 16 keys, where tile copies do not serve"),
-    "tiled_fwd_warpgroup_tma": ("small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, "
-                                "KEYS, CAPPED, PAIR, STREAM>",
+    "tiled_fwd_warpgroup_tma": ("small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, KEYS, CAPPED, "
+                                "STREAM>",
                                 "Hopper, 64+ rows per (segment, kv head), d 64 / 128, where "
                                 "tile copies serve"),
     "tiled_fwd_warpgroup_ws": ("small_seq_tiled_fwd_warpgroup_ws_kernel<T, D>",
@@ -568,7 +568,7 @@ def _fwd_can_stream(call: Call, device: Device, t: Mapping[str, int]) -> bool:
             and warpgroup_step_keys(call.max_seqlen_kv) == WARPGROUP_KEYS
             and device.tile_copies and t["small_seq_tiled_warpgroup_tma"] > 0
             and _tma_q_box_fits(call)
-            and stream_smem_bytes(call.head_dim) + tma_static_bytes(1)
+            and stream_smem_bytes(call.head_dim) + tma_static_bytes()
             <= device.max_shared_per_block)
 
 
@@ -612,9 +612,8 @@ def _fwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional
     ws_mode = t["small_seq_tiled_warpgroup_ws"]
     ws_fits = (d == 128 and tma_ok and warpgroup_step_keys(kv) == WARPGROUP_KEYS
                and ws_smem_bytes(d) + SHARED_RESERVE <= device.max_shared_per_block)
-    stream = _launch("tiled_fwd_warpgroup_tma", D=d, WARPGROUPS=1, KEYS=WARPGROUP_KEYS,
-                     CAPPED=False, PAIR=False, STREAM=True, threads=128,
-                     smem=stream_smem_bytes(d))
+    stream = _launch("tiled_fwd_warpgroup_tma", D=d, KEYS=WARPGROUP_KEYS, CAPPED=False,
+                     STREAM=True, threads=128, smem=stream_smem_bytes(d))
     if ws_fits and kv > WS_RING_KEYS and (ws_mode >= 2 or (
             ws_mode == 1 and rows > WARPGROUP_ROWS and t["small_seq_tiled_warpgroup_stream"] < 2)):
         # past its ring K / V stream through it in items of a pair of row tiles, one per
@@ -626,14 +625,13 @@ def _fwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional
         return stream
     if not staged_fits:
         return None
-    tma_fits = tma_ok and smem + tma_static_bytes(1) <= device.max_shared_per_block
+    tma_fits = tma_ok and smem + tma_static_bytes() <= device.max_shared_per_block
     if warpgroup_step_keys(kv) == 16:
         # tile copies where a (segment, kv head) has one row tile, else cp.async
         if tma_fits and rows <= WARPGROUP_ROWS:
-            return _launch("tiled_fwd_warpgroup_tma", D=d, WARPGROUPS=1, KEYS=16, CAPPED=True,
-                           PAIR=False, STREAM=False, threads=128, smem=smem)
-        return _launch("tiled_fwd_warpgroup", D=d, WARPGROUPS=1, KEYS=16, CAPPED=True,
-                       threads=128, smem=smem)
+            return _launch("tiled_fwd_warpgroup_tma", D=d, KEYS=16, CAPPED=True, STREAM=False,
+                           threads=128, smem=smem)
+        return _launch("tiled_fwd_warpgroup", D=d, threads=128, smem=smem)
     if ws_fits and ws_mode > 0 and kv <= WS_RING_KEYS and (ws_mode >= 2 or shares):
         return _launch("tiled_fwd_warpgroup_ws", D=d, threads=WS_THREADS, smem=ws_smem_bytes(d))
     if shares and _fwd_can_stream(call, device, t):
@@ -643,8 +641,8 @@ def _fwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional
     # for three blocks per multiprocessor (the instance's spill-free cap), also where fewer fit
     # the shared memory
     if tma_fits and warpgroup_keys(kv) // WARPGROUP_KEYS <= TMA_MAX_STEPS:
-        return _launch("tiled_fwd_warpgroup_tma", D=d, WARPGROUPS=1, KEYS=WARPGROUP_KEYS,
-                       CAPPED=True, PAIR=False, STREAM=False, threads=128, smem=smem)
+        return _launch("tiled_fwd_warpgroup_tma", D=d, KEYS=WARPGROUP_KEYS, CAPPED=True,
+                       STREAM=False, threads=128, smem=smem)
     return None
 
 
@@ -661,8 +659,8 @@ def _fwd_resident(call: Call, device: Device, t: Mapping[str, int]) -> Optional[
     step = t["small_seq_tiled_resident_key_step"]
     if step not in (TILED_KEYS, 4 * TILED_KEYS):
         step = 4 * TILED_KEYS if kv >= 4 * TILED_KEYS else TILED_KEYS
-    return _launch("tiled_fwd_resident", D=d, THREADS=RESIDENT_THREADS,
-                   KSTEP=step // TILED_KEYS, smem=smem)
+    return _launch("tiled_fwd_resident", D=d, KSTEP=step // TILED_KEYS,
+                   threads=RESIDENT_THREADS, smem=smem)
 
 
 def _fwd_block_threads(call: Call, device: Device, t: Mapping[str, int]) -> int:
@@ -953,10 +951,9 @@ LAUNCH_PARAMS: Dict[str, Tuple[str, ...]] = {
     "bwd_mma_wide": ("D", "KV", "grid_factor"),
     "tiled_fwd_wave": ("D", "ONE_TILE", "grid_factor"),
     "tiled_fwd_block": ("D", "THREADS", "CP_ASYNC", "grid_factor"),
-    "tiled_fwd_resident": ("D", "THREADS", "KSTEP", "grid_factor"),
-    "tiled_fwd_warpgroup": ("D", "WARPGROUPS", "KEYS", "CAPPED", "grid_factor"),
-    "tiled_fwd_warpgroup_tma": ("D", "WARPGROUPS", "KEYS", "CAPPED", "PAIR", "STREAM",
-                                "grid_factor"),
+    "tiled_fwd_resident": ("D", "KSTEP", "grid_factor"),
+    "tiled_fwd_warpgroup": ("D", "grid_factor"),
+    "tiled_fwd_warpgroup_tma": ("D", "KEYS", "CAPPED", "STREAM", "grid_factor"),
     "tiled_fwd_warpgroup_ws": ("D", "grid_factor"),
     "tiled_bwd_delta": ("D",),
     "tiled_bwd_dkv": ("D", "ONE_ROW_TILE", "FUSED_DELTA"),
@@ -1144,6 +1141,7 @@ def static_checks() -> str:
             ("small_seq::kTiledWavesPerBlock", TILED_WAVES_PER_BLOCK),
             ("small_seq::kTiledFwdResidencyFactor", TILED_FWD_RESIDENCY_FACTOR),
             ("small_seq::kTiledResidentRows", RESIDENT_ROWS),
+            ("small_seq::kTiledResidentThreads", RESIDENT_THREADS),
             ("small_seq::kTiledBlockThreads", BLOCK_THREADS),
             ("small_seq::kTiledWarpgroupRows", WARPGROUP_ROWS),
             ("small_seq::kTiledWarpgroupKeys", WARPGROUP_KEYS),
@@ -1177,8 +1175,7 @@ def static_checks() -> str:
     eq("small_seq::kTiledBwdDqTmaBuffers", BWD_DQ_TMA_BUFFERS, "kTiledBwdDqTmaBuffers")
     eq("small_seq::kTiledWsRingKeys", WS_RING_KEYS, "kTiledWsRingKeys")
     eq("small_seq::kTiledWsThreads", WS_THREADS, "kTiledWsThreads")
-    for wg in (1, 2):
-        eq(f"small_seq::tiled_tma_static_bytes({wg})", tma_static_bytes(wg), "tma_static_bytes")
+    eq("small_seq::tiled_tma_static_bytes()", tma_static_bytes(), "tma_static_bytes")
     for d in (64, 128):
         eq(f"small_seq::tiled_ws_smem_bytes<{d}>()", ws_smem_bytes(d), "ws_smem_bytes")
         eq(f"small_seq::tiled_stream_smem_bytes<{d}>()", stream_smem_bytes(d),

@@ -72,59 +72,57 @@ CASES = [
      None),                                                      # 2 x 32 rows >= a 256 block
     ("gfx942", C(128, 8, 2, 6, 100), ["tiled_fwd_wave(D=128, ONE_TILE=false)"],
      None),                                                      # 24 rows: no small block
-    ("gfx942", C(64, 8, 8, 64, 128), ["tiled_fwd_resident(D=64, THREADS=256, KSTEP=4)"],
+    ("gfx942", C(64, 8, 8, 64, 128), ["tiled_fwd_resident(D=64, KSTEP=4)"],
      None),                                                      # 4 row tiles, 42 KiB of K/V
     ("gfx942", C(128, 8, 8, 64, 256), ["tiled_fwd_block(D=128, THREADS=256)"], None),
-    ("gfx950", C(128, 8, 8, 64, 256), ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=4)"],
+    ("gfx950", C(128, 8, 8, 64, 256), ["tiled_fwd_resident(D=128, KSTEP=4)"],
      None),                                                      # 148 KiB fit 160 KiB of LDS
     # tiled forward on NVIDIA without the warpgroup kernels
-    ("sm_100", C(128, 8, 8, 64, 32), ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=1)"],
+    ("sm_100", C(128, 8, 8, 64, 32), ["tiled_fwd_resident(D=128, KSTEP=1)"],
      None),                                                      # eight warps, 16-key steps
     ("sm_100", C(128, 8, 8, 32, 100), ["tiled_fwd_block(D=128, THREADS=256, CP_ASYNC=false)"],
      None),                                                      # many rows: registers
     ("sm_100", C(128, 8, 2, 6, 100), ["tiled_fwd_wave(D=128, ONE_TILE=false)"],
      None),                                                      # 24 rows: no small block
     ("sm_100", C(128, 8, 8, 64, 256, layout="bshd"),
-     ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=4)"], None),  # one block fills an SM
+     ["tiled_fwd_resident(D=128, KSTEP=4)"], None),  # one block fills an SM
     ("sm_100", C(128, 8, 2, 2, 64), ["tiled_fwd_wave(D=128, ONE_TILE=false)"], None),
     ("sm_100", C(128, 8, 2, 4, 64), ["tiled_fwd_block(D=128, THREADS=64, CP_ASYNC=true)"],
      None),                                                      # cp.async: bound one key tile
     # tiled forward on Hopper (sm_90a build)
-    ("sm_90a", C(128, 8, 8, 64, 16), ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=16, "
-                                      "CAPPED=true, PAIR=false, STREAM=false)"], None),
-    ("sm_90a", C(128, 8, 8, 128, 16),
-     ["tiled_fwd_warpgroup(D=128, WARPGROUPS=1, KEYS=16, CAPPED=true)"], None),  # 16-key steps:
+    ("sm_90a", C(128, 8, 8, 64, 16), ["tiled_fwd_warpgroup_tma(D=128, KEYS=16, CAPPED=true, "
+                                      "STREAM=false)"], None),
+    ("sm_90a", C(128, 8, 8, 128, 16), ["tiled_fwd_warpgroup(D=128)"], None),  # 16-key steps:
     # tile copies only for one row tile
-    ("sm_90a", C(128, 8, 8, 64, 100), ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, "
-                                       "CAPPED=true, PAIR=false, STREAM=false)"], None),
+    ("sm_90a", C(128, 8, 8, 64, 100), ["tiled_fwd_warpgroup_tma(D=128, KEYS=64, "
+                                       "CAPPED=true, STREAM=false)"], None),
     ("sm_90a", C(128, 8, 8, 64, 256, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
+     ["tiled_fwd_warpgroup_tma(D=128, KEYS=64, STREAM=true)"], None),
     ("sm_90a", C(128, 8, 8, 128, 256, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
     # histories past the warp-specialized kernel's ring at d 128 with two row tiles per kv
     # head: streamed through its ring in pairs of tiles; one row tile: the streaming instance
     ("sm_90a", C(128, 8, 2, 300, 4096, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
     ("sm_90a", C(128, 8, 2, 300, 385, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
     ("sm_90a", C(128, 8, 8, 64, 4096, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=128, WARPGROUPS=1, KEYS=64, CAPPED=false, PAIR=false, "
-      "STREAM=true)"], None),
+     ["tiled_fwd_warpgroup_tma(D=128, KEYS=64, CAPPED=false, STREAM=true)"], None),
     # histories no block can stage whole (past 832 keys at d 64): streamed
     ("sm_90a", C(64, 8, 1, 1000, 833, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
+     ["tiled_fwd_warpgroup_tma(D=64, KEYS=64, STREAM=true)"], None),
     ("sm_90a", C(64, 8, 1, 1000, 832, layout="bshd"),
      ["tiled_fwd_warpgroup_tma(D=64, STREAM=true)"], None),   # staged: one warpgroup alone
     # staging that fills a multiprocessor, many row tiles, no warp-specialized kernel (d 64, or
     # past its ring): streamed
     ("sm_90a", C(64, 8, 1, 1000, 640, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=1, KEYS=64, STREAM=true)"], None),
+     ["tiled_fwd_warpgroup_tma(D=64, KEYS=64, STREAM=true)"], None),
     ("sm_90a", C(128, 8, 8, 512, 320, layout="bshd"), ["tiled_fwd_warpgroup_ws(D=128)"], None),
     ("sm_90a", C(64, 8, 8, 512, 512, layout="bshd"),
-     ["tiled_fwd_warpgroup_tma(D=64, WARPGROUPS=1, KEYS=64, CAPPED=false, STREAM=true)"], None),
+     ["tiled_fwd_warpgroup_tma(D=64, KEYS=64, CAPPED=false, STREAM=true)"], None),
     ("sm_90a", C(128, 12, 4, 64, 16),
-     ["tiled_fwd_warpgroup(D=128, WARPGROUPS=1, KEYS=16)"], None),  # group 3: no Q box
+     ["tiled_fwd_warpgroup(D=128)"], None),  # group 3: no Q box
     ("sm_90a", C(128, 12, 4, 64, 100),                              # ... past 16 keys: no
-     ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=4)"], None),    # warpgroup kernel
+     ["tiled_fwd_resident(D=128, KSTEP=4)"], None),    # warpgroup kernel
     ("sm_90a", C(128, 8, 8, 64, 16, return_softmax=True),
-     ["tiled_fwd_resident(D=128, THREADS=256, KSTEP=1)"], None),
+     ["tiled_fwd_resident(D=128, KSTEP=1)"], None),
     # tiled backward, every target
     ("gfx942", C(128, 8, 8, 1, 100, int32_offsets=False, backward=True),
      ["tiled_fwd_wave(D=128, ONE_TILE=false)"],
@@ -143,7 +141,7 @@ CASES = [
     ("gfx942", C(128, 8, 8, 32, 16, backward=True), ["tiled_fwd_wave(ONE_TILE=true)"],
      ["tiled_bwd_delta", "tiled_bwd_dkv(ONE_ROW_TILE=false)"]),  # one key tile: no dQ pass
     ("sm_100", C(128, 8, 8, 64, 16, layout="bshd", backward=True),
-     ["tiled_fwd_resident(THREADS=256, KSTEP=1)"],
+     ["tiled_fwd_resident(KSTEP=1)"],
      ["tiled_bwd_delta(threads=64)", "tiled_bwd_dkv(ONE_ROW_TILE=false, threads=64)"]),
     # warpgroup backward (sm_90a)
     ("sm_90a", C(128, 8, 8, 64, 16, backward=True), ["tiled_fwd_warpgroup_tma(KEYS=16)"],
@@ -160,7 +158,7 @@ CASES = [
      ["tiled_bwd_warpgroup_dq_tma(D=128, threads=256)",
       "tiled_bwd_warpgroup_tma(KEYS=64, WITH_DQ=false, FUSED_DELTA=false, TRANSPOSED=true)"]),
     ("sm_90a", C(128, 12, 4, 171, 256, backward=True),   # group 3: no Q box, no tile copies
-     ["tiled_fwd_resident(THREADS=256, KSTEP=4)"],
+     ["tiled_fwd_resident(KSTEP=4)"],
      ["tiled_bwd_delta", "tiled_bwd_dkv_block", "tiled_bwd_dq_block"]),
     ("sm_90a", C(128, 8, 8, 512, 257, layout="bshd", backward=True),
      ["tiled_fwd_warpgroup_ws"],
@@ -200,15 +198,12 @@ TILED_FWD_INSTANCES = {
     ("tiled_fwd_wave", (True,)): lambda dev, d: d <= 128,
     ("tiled_fwd_block", (256, False)): lambda dev, d: d <= 128,
     ("tiled_fwd_block", (64, True)): lambda dev, d: d <= 128 and dev.cp_async,
-    ("tiled_fwd_resident", (256, 1)): lambda dev, d: d <= 128,
-    ("tiled_fwd_resident", (256, 4)): lambda dev, d: d <= 128,
-    ("tiled_fwd_warpgroup", (1, 16, True)): lambda dev, d: d <= 128 and dev.warpgroup_mma,
-    ("tiled_fwd_warpgroup_tma", (1, 16, True, False, False)):
-        lambda dev, d: d <= 128 and dev.tile_copies,
-    ("tiled_fwd_warpgroup_tma", (1, 64, True, False, False)):
-        lambda dev, d: d <= 128 and dev.tile_copies,
-    ("tiled_fwd_warpgroup_tma", (1, 64, False, False, True)):
-        lambda dev, d: d <= 128 and dev.tile_copies,
+    ("tiled_fwd_resident", (1,)): lambda dev, d: d <= 128,
+    ("tiled_fwd_resident", (4,)): lambda dev, d: d <= 128,
+    ("tiled_fwd_warpgroup", ()): lambda dev, d: d <= 128 and dev.warpgroup_mma,
+    ("tiled_fwd_warpgroup_tma", (16, True, False)): lambda dev, d: d <= 128 and dev.tile_copies,
+    ("tiled_fwd_warpgroup_tma", (64, True, False)): lambda dev, d: d <= 128 and dev.tile_copies,
+    ("tiled_fwd_warpgroup_tma", (64, False, True)): lambda dev, d: d <= 128 and dev.tile_copies,
     ("tiled_fwd_warpgroup_ws", ()): lambda dev, d: d == 128 and dev.tile_copies,
 }
 FORCED_TUNINGS = [{}, {"small_seq_tiled_warpgroup": 2}, {"small_seq_tiled_warpgroup_tma": 0},
@@ -241,6 +236,8 @@ def test_every_tiled_forward_call_gets_a_compiled_instance():
                           if name not in ("D", "grid_factor"))
             runs = TILED_FWD_INSTANCES.get((launch.kernel, ident))
             assert runs is not None and runs(dev, d), (arch, dev.tile_copies, t, call, str(plan))
+            if launch.kernel == "tiled_fwd_warpgroup":  # its one instance takes 16-key steps
+                assert sp.warpgroup_step_keys(kv) == 16, (arch, t, call, str(plan))
 
 
 def test_tuning_knobs_change_the_plan():
@@ -502,11 +499,11 @@ def test_forward_plan_ints():
     assert ints[:2] == [1, 1] and len(ints) == 2 + 2 * sp.LAUNCH_INTS
     assert ints[2:4] == [sp.KERNEL_IDS["tiled_fwd_warpgroup_ws"], 128]
     # without tile copies: no warpgroup kernel of 64-key steps, the resident kernel
-    assert ints[10:16] == [sp.KERNEL_IDS["tiled_fwd_resident"], 128, 256, 4, 4, 0]
+    assert ints[10:16] == [sp.KERNEL_IDS["tiled_fwd_resident"], 128, 4, 4, 0, 0]
     ints = sp.tiled_fwd_ints(C(64, 8, 8, 64, 64), hopper, {"small_seq_tiled_fwd_grid": 0})
-    kernel, d, wg, keys, capped, pair, stream, factor = ints[2:10]
-    assert (kernel, d, pair, stream, factor) == (sp.KERNEL_IDS["tiled_fwd_warpgroup_tma"], 64,
-                                                 0, 0, 0)
+    assert ints[2:10] == [sp.KERNEL_IDS["tiled_fwd_warpgroup_tma"], 64, 64, 1, 0, 0, 0, 0]
+    ints = sp.tiled_fwd_ints(C(128, 8, 8, 128, 16), hopper, {})
+    assert ints[2:10] == [sp.KERNEL_IDS["tiled_fwd_warpgroup"], 128, 4, 0, 0, 0, 0, 0]
     for case in CASES:
         arch, call = case[0], case[1]
         plan = sp.plan_call(call, sp.ARCHS[arch], sp.DEFAULT_TUNING)[0]

@@ -19,8 +19,17 @@ every other unit is compiled in both trees. Functions (kernels and non-inlined d
 name across all compiled units, whichever file they came from, and compared after stripping
 comments, debug/line directives and function-local label numbering.
 
+A change that drops a template parameter made constant renames the kernels (their mangled
+names); --rename 'REGEX=REPLACEMENT' (repeatable) rewrites the base's device code (its function
+names and every reference to them: parameters, function-local shared arrays) with re.sub before
+the comparison, so that each kept kernel meets its renamed self and its body is compared, e.g.
+  --rename '(small_seq_tiled_fwd_warpgroup_kernelI\w+?Li\d+E)Li1ELi16ELb1E=\1'
+drops the <WARPGROUPS=1, KEYS=16, CAPPED=true> arguments of that kernel's instances. Base
+functions the rename does not reach are compared (or reported) under their own names.
+
 Usage: python tools/compare_device_code.py [--base REF] [--targets sm_90,gfx942] [--sass]
-       [--only SUBSTR,...] [--compile-all] [--jobs N] [--show-diff] [--keep DIR]
+       [--only SUBSTR,...] [--rename REGEX=REPLACEMENT ...] [--compile-all] [--jobs N]
+       [--show-diff] [--keep DIR]
 Prints one line per function (identical / DIFFERENT / only in base / only in tree) and exits
 non-zero when any function differs or exists on one side only.
 """
@@ -171,6 +180,14 @@ def split_ptx(text: str) -> dict:
     return funcs
 
 
+def _without_register_names(body: str) -> str:
+    """A PTX body with every virtual register (and the register declarations) named by its class
+    alone: two bodies equal under this differ only in how the compiler numbered registers, which
+    still changes what ptxas allocates, so such a pair stays DIFFERENT, with a note."""
+    body = re.sub(r"\.reg \.\w+\s+%\w+<\d+>;", "", body)
+    return re.sub(r"%(rd|rs|r|fd|f|p)\d+\b", r"%\1", body)
+
+
 def split_sass(text: str) -> dict:
     funcs = {}
     for chunk in re.split(r"\n\s*Function : ", text)[1:]:
@@ -221,6 +238,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sass", action="store_true", help="sm_90: compare SASS, not PTX")
     parser.add_argument("--cuobjdump", default="cuobjdump", help="cuobjdump for --sass")
     parser.add_argument("--only", default="", help="comma-separated unit-name substrings to keep")
+    parser.add_argument("--rename", action="append", default=[], metavar="REGEX=REPLACEMENT",
+                        help="rewrite the base's device code with re.sub before matching "
+                             "(renamed kernels; repeatable)")
     parser.add_argument("--compile-all", action="store_true",
                         help="compile units whose sources match too")
     parser.add_argument("--jobs", type=int, default=2)
@@ -228,6 +248,15 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", type=Path, help="keep the build products in this folder")
     args = parser.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
+    renames = []
+    for spec in args.rename:
+        old, sep, new = spec.partition("=")
+        if not sep or not old:
+            parser.error(f"--rename {spec!r}: expected REGEX=REPLACEMENT")
+        try:
+            renames.append((re.compile(old), new))
+        except re.error as exc:
+            parser.error(f"--rename {spec!r}: {exc}")
     global CUOBJDUMP
     CUOBJDUMP = args.cuobjdump
     bad = set(targets) - set(TARGETS) - set(EXTRA_TARGETS)
@@ -268,12 +297,19 @@ def main(argv=None) -> int:
             texts = list(pool.map(
                 lambda j: (j[0], j[1], compile_unit(target, j[2], j[3], j[4], args.sass)), jobs))
         funcs: dict = {"base": {}, "tree": {}}
+        renamed = 0
         for side, unit, text in texts:
+            if side == "base":
+                for pattern, new in renames:
+                    text, n = pattern.subn(new, text)
+                    renamed += n
             for fname, body in device_functions(target, text, args.sass).items():
                 funcs[side].setdefault(fname, {})[unit] = body
         print(f"\n[{target}] {len(same_units)} units whose sources and includes match up to "
               f"comments (not compiled); {len(jobs)} compiles of "
               f"{len({j[1] for j in jobs})} units: " + ", ".join(sorted({j[1] for j in jobs})))
+        if renames:
+            print(f"[{target}] --rename: {renamed} replacements in the base's device code")
         counts = {"identical": 0, "DIFFERENT": 0, "only in base": 0, "only in tree": 0}
         for fname in sorted(set(funcs["base"]) | set(funcs["tree"])):
             b, t = funcs["base"].get(fname), funcs["tree"].get(fname)
@@ -286,6 +322,9 @@ def main(argv=None) -> int:
                 moved = sorted(b) != sorted(t)
                 where = f"  ({','.join(sorted(b))} -> {','.join(sorted(t))})" if moved else \
                     f"  ({','.join(sorted(t))})"
+                if (verdict == "DIFFERENT" and target.startswith("sm_") and not args.sass
+                        and len({_without_register_names(x) for x in bodies_b | bodies_t}) == 1):
+                    where += "  [the same instructions; only virtual register numbers differ]"
                 if verdict == "DIFFERENT" and args.show_diff:
                     diff = difflib.unified_diff(sorted(bodies_b)[0].splitlines(),
                                                 sorted(bodies_t)[0].splitlines(), "base", "tree",

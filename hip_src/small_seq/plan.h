@@ -19,9 +19,10 @@ enum class SmallSeqKernel : int32_t {
   kBwdMmaWide = 44,           // small_seq_bwd_mma_wide_kernel<T, D, KV>
   kTiledFwdWave = 1,          // small_seq_tiled_fwd_kernel<T, D, ONE_TILE>
   kTiledFwdBlock = 2,         // small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC>
-  kTiledFwdResident = 3,      // small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>
-  kTiledFwdWarpgroup = 4,     // small_seq_tiled_fwd_warpgroup_kernel<T, D, WG, KEYS, CAPPED>
-  kTiledFwdWarpgroupTma = 5,  // small_seq_tiled_fwd_warpgroup_tma_kernel<..., PAIR, STREAM>
+  kTiledFwdResident = 3,      // small_seq_tiled_fwd_resident_kernel<T, D, KSTEP>
+  kTiledFwdWarpgroup = 4,     // small_seq_tiled_fwd_warpgroup_kernel<T, D>
+  kTiledFwdWarpgroupTma = 5,  // small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, KEYS, CAPPED,
+                              // STREAM>
   kTiledFwdWarpgroupWs = 6,   // small_seq_tiled_fwd_warpgroup_ws_kernel<T, D>
   kTiledBwdDelta = 10,        // small_seq_tiled_bwd_delta_kernel<T, D>
   kTiledBwdDkv = 11,          // small_seq_tiled_bwd_dkv_kernel<T, D, ONE_ROW_TILE, FUSED_DELTA>

@@ -25,8 +25,10 @@
 
 namespace small_seq {
 
-// Rows of a row tile in the resident kernel (both vendors).
+// Rows of a row tile in the resident kernel (both vendors), and its block's threads (four waves
+// on AMD, eight warps on NVIDIA).
 constexpr int kTiledResidentRows = 16;
+constexpr int kTiledResidentThreads = 256;
 
 // Keys the resident buffers hold for max_seqlen_kv (whole key tiles).
 RA_HOST_DEVICE constexpr int64_t tiled_resident_keys(int max_seqlen_kv) {
@@ -180,17 +182,15 @@ RA_DEVICE void tiled_resident_stage(uint16_t* sk, uint16_t* sv, const uint16_t* 
 
 #endif  // RA_HAS_MMA
 
-// NOTE (registers): with a softmax step of one key tile (KSTEP 1), blocks of 128 threads are
-// capped for three per multiprocessor (168 registers on sm_90; d = 128 then spills a few hundred
-// bytes per thread to L1): a tile is a chain of dependent matrix and softmax steps, and twelve
-// warps hide it better than eight unspilled ones. With four key tiles per step (KSTEP 4) the
-// step's four chains are the latency cover, and their scores need the registers: two blocks
-// (253 registers at d = 128, no spills). Blocks of 256 threads (long histories, one block per
-// multiprocessor) keep the registers they need (measured: docs/kernels.md#tiled-small-seq-kernels).
-template <typename T, int D, int THREADS, int KSTEP>
-__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, THREADS == 128 ? (KSTEP == 1 ? 3 : 2) : 1)
+// KSTEP: key tiles per softmax step (1, or 4: the step's four chains of dependent matrix and
+// softmax steps cover each other's latency).
+// NOTE (registers): the explicit minimum of one resident block lets the compiler use the
+// registers the tile needs (docs/kernels.md#tiled-small-seq-kernels).
+template <typename T, int D, int KSTEP>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledResidentThreads, 1)
     small_seq_tiled_fwd_resident_kernel(const SmallSeqTiledParams p, const int splits) {
   static_assert(TiledSlices<D>::kCount == 1, "the resident kernel serves head dims up to 128");
+  constexpr int THREADS = kTiledResidentThreads;
   constexpr int WAVE = RA_WAVE_SIZE;
   constexpr int WAVES = THREADS / WAVE;
   constexpr int ROWS = kTiledResidentRows;

@@ -49,26 +49,6 @@ RA_HOST_DEVICE constexpr int tiled_warpgroup_step_keys(int max_seqlen_kv) {
   return max_seqlen_kv <= 16 ? 16 : kTiledWarpgroupKeys;
 }
 
-// Whether a kernel instance overlaps each step's softmax with the previous step's P . V
-// (tiled_warpgroup_tile's OVERLAP): blocks of two warpgroups over 64-key steps (histories past
-// 128 keys at d = 128), where it measured 1.03-1.05x on 128-512 candidates over 256 keys (ties
-// within 1.5% on the split one-tile items). The overlap holds the next step's scores beside P in
-// flight: one-warpgroup blocks over 64-key steps timed a tie uncapped (65-128 keys) and would
-// spill 336-756 bytes capped for three per multiprocessor; over 16-key steps most histories are
-// one step, with nothing to overlap.
-template <int WARPGROUPS, int KEYS>
-constexpr bool kTiledWarpgroupOverlap = WARPGROUPS > 1 && KEYS == kTiledWarpgroupKeys;
-
-// Whether instances of these parameters have a variant that takes a warpgroup's tiles in pairs
-// (tile t and t + WARPGROUPS as one straight-line stream, tiled_warpgroup_tile's Link): the
-// second tile's first score product is issued right behind the first tile's last P . V and
-// runs under the first tile's epilogue (docs/kernels.md#warpgroup-kernel, "Tile pairs"). Only
-// the tile-copy kernel over the overlapped schedule, and only where a warpgroup may hold two
-// tiles of an item (the launcher's choice: the pair variant is 1.5 times the code, which cost
-// 1.5% where it takes no pair).
-template <int WARPGROUPS, int KEYS>
-constexpr bool kTiledWarpgroupPair = kTiledWarpgroupOverlap<WARPGROUPS, KEYS>;
-
 // Keys the K and V buffers hold for max_seqlen_kv: whole softmax steps (a multiple of 8 rows,
 // the swizzle's period).
 RA_HOST_DEVICE constexpr int64_t tiled_warpgroup_keys(int max_seqlen_kv) {
@@ -116,10 +96,6 @@ struct TiledWarpgroupSmem {
     v = k + kv_bytes;
     q = raw + q_off;
     q_ptr = static_cast<uint8_t*>(dynamic_smem) + q_off;
-  }
-  // Warpgroup `other`'s Q buffer 0, generic.
-  RA_DEVICE uint8_t* q_ptr_of(int other) const {
-    return q_ptr + static_cast<ptrdiff_t>(other - wg) * 2 * kQBytes;
   }
 };
 
@@ -238,61 +214,39 @@ RA_DEVICE void tiled_warpgroup_store_out(const SmallSeqTiledParams& p, const Til
                                 sq_ptr, wtid);
 }
 
-// How a tile links to its neighbour in a pair (tiled_warpgroup_tile's Link; kTiledWarpgroupPair):
-// kPart 0: a tile alone. kPart 1: the first tile of a pair: once its steps are done (nothing in
-// flight) it calls wait_next() (the second tile's Q has landed), issues its last P . V and then
-// the second tile's first score product (keys [0, KEYS), Q from buffer sq_next) into `carry`,
-// waits for its own P . V only, and writes O / l into its Q buffer under that product; the product
-// is waited for before anything divergent (the LSE stores under their row conditions, store_out),
-// since ptxas serializes every product of the kernel where one is in flight across a divergent
-// branch (C7518) or is issued under one (C7514). kPart 2: the second tile: its first step's
-// scores are `carry` (issued and waited for by the first tile), so it starts at that step's
-// softmax. A pair's tiles run the whole history (no combine: split items have one tile) of at
-// least one key (the caller's condition), so their products sit outside the `k_begin < k_end`
-// branch.
-struct TiledTileAlone {
-  static constexpr int kPart = 0;
-  static constexpr float* carry = nullptr;
-  static constexpr uint32_t sq_next = 0;
-  RA_DEVICE void wait_next() const {}
-};
-
 // tiled_warpgroup_tile's default step_done hook: nothing to release.
 struct TiledNoStepDone {
   RA_DEVICE void operator()(int) const {}
 };
-template <int PART, typename WaitNext>
-struct TiledTilePairLink {
-  static constexpr int kPart = PART;
-  float* carry;
-  uint32_t sq_next;  // kPart 1: the second tile's Q buffer
-  const WaitNext& wait_next;
+
+// tiled_warpgroup_tile's step schedule, a tag argument. Serial (the default): scores, softmax,
+// P . V, each waited for before the next starts; blocks of one warpgroup take it (overlapped,
+// they timed a tie uncapped over 64-key steps and would spill capped for three per
+// multiprocessor; over 16-key steps most histories are one step, with nothing to overlap).
+// Overlapped: each step's softmax under the previous step's P . V (the warp-specialized
+// kernel's computing warpgroups).
+struct TiledSerialSteps {
+  static constexpr bool kOverlap = false;
 };
-template <int PART, typename WaitNext>
-RA_DEVICE TiledTilePairLink<PART, WaitNext> tiled_tile_pair_link(float* carry, uint32_t sq_next,
-                                                                const WaitNext& wait_next) {
-  return {carry, sq_next, wait_next};
-}
+struct TiledOverlappedSteps {
+  static constexpr bool kOverlap = true;
+};
 
 // One 64-row tile of a valid segment against the staged K / V (one warpgroup): scores,
 // online softmax, P . V, then out and the LSE of its live rows (out through the tile's Q
 // buffer `sq`, which holds Q on entry and is free again once every warp of the warpgroup
-// passed its last score product). The steps cover keys [k_begin, k_end) (whole steps; k_end may
-// be the history's length). The caller decides four things through hooks:
-// before_step(k0) returns once the step's K and V may be read (the cp.async kernel stages all
-// keys before its first tile: nothing to wait for); combine(o, m, l) may merge another
-// warpgroup's partial result over other keys of the same tile into this one's (O, the row
-// maxima m and this thread's partial row sums l, all relative to m) and returns whether this
-// warpgroup writes the tile; store_out(map) publishes the buffer holding O / l to the
-// warpgroup and writes the tile's live rows out; step_done(k0) runs once this thread has waited
-// for every product of this tile that reads the step at k0 (its scores and P . V), with no
-// product in flight (a caller whose steps sit in a ring frees the step's slot there: its last
-// steps before the epilogue rather than after it). In a pair, the first tile runs its last
-// step's hook once the next tile's first scores are waited for, and those scores read step 0
-// again after the first tile's hook for it.
-// OVERLAP picks the step schedule (kTiledWarpgroupOverlap): serial, or each step's softmax
-// under the previous step's P . V. `link` makes it one tile of a pair (TiledTilePairLink; the
-// overlapped schedule only).
+// passed its last score product). The steps cover keys [k_begin, k_end) in whole steps of KEYS
+// keys: every caller passes 0 and the history's length (s.nk); as parameters, the compiler
+// treats them as it always has (with a literal 0 it loses that the warp-specialized kernel's ring
+// index is non-negative and emits signed modulo arithmetic, so the kernels' code would change).
+// The caller decides three things through hooks: before_step(k0) returns once the step's K and
+// V may be read (the cp.async kernel stages all keys before its first tile: nothing to wait
+// for); store_out(map) publishes the buffer holding O / l to the warpgroup and writes the
+// tile's live rows out; step_done(k0) runs once this thread has waited for every product of
+// this tile that reads the step at k0 (its scores and P . V), with no product in flight (a
+// caller whose steps sit in a ring frees the step's slot there: its last steps before the
+// epilogue rather than after it).
+// `schedule` picks the step schedule (TiledSerialSteps, TiledOverlappedSteps).
 // Where the keys sit: RING 0, the whole history, key k at row k of K and V (kp rows per panel
 // of both). RING > 0 (a power of two: the streaming instance of the tile-copy kernel), a ring of
 // RING keys: key k at row k % RING of K (kp = RING rows per panel) and of V, whose panels hold
@@ -300,9 +254,8 @@ RA_DEVICE TiledTilePairLink<PART, WaitNext> tiled_tile_pair_link(float* carry, u
 // copied apart, zeros past the history), so that step reads rows RING .. of V. TAIL_APART false
 // (the warp-specialized kernel, whose copy warp writes that step's V into its own slot): V's
 // panels hold RING rows and every step reads its slot.
-template <typename T, int D, int KEYS, bool OVERLAP, int RING = 0, bool TAIL_APART = true,
-          typename BeforeStep,
-          typename Combine, typename StoreOut, typename Link = TiledTileAlone,
+template <typename T, int D, int KEYS, int RING = 0, bool TAIL_APART = true, typename BeforeStep,
+          typename StoreOut, typename Schedule = TiledSerialSteps,
           typename StepDone = TiledNoStepDone>
 RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
                                     const int hk, const int group, const int64_t r0,
@@ -310,11 +263,10 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
                                     const uint32_t sk, const uint32_t sv, const int kp,
                                     const int wg, const int wtid, const int k_begin,
                                     const int k_end, const BeforeStep& before_step,
-                                    const Combine& combine, const StoreOut& store_out,
-                                    const Link& link = Link{},
+                                    const StoreOut& store_out,
+                                    const Schedule& /*schedule*/ = Schedule{},
                                     const StepDone& step_done = StepDone{}) {
-  constexpr int kPart = Link::kPart;
-  static_assert(kPart == 0 || OVERLAP, "tile pairs take the overlapped schedule");
+  constexpr bool OVERLAP = Schedule::kOverlap;
   static_assert(RING == 0 || (RING % KEYS == 0 && (RING & (RING - 1)) == 0),
                 "a ring of whole steps, a power of two keys");
   constexpr int kSteps = D / 16;  // k steps of the score product
@@ -332,14 +284,13 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   // Where the caller asks for each row's maximum logit (p.row_max), m moves with every new
   // maximum (threshold 0), so that it ends as the row's exact maximum; otherwise lazily.
   const float lazy = p.row_max != nullptr ? 0.f : kTiledLazyRescaleLog2;
-  // The score product of the step at key k0 into acc, Q from the buffer q_buf (this tile's, or
-  // in a pair the next tile's), asynchronous: committed, not waited.
+  // The score product of the step at key k0 into acc, asynchronous: committed, not waited.
   // Each operand's descriptor is made once per step and advanced to each k step by one add
   // (ra_wgmma_desc_advance) rather than rebuilt from the k step's address. (Q's, the same every
   // step, is still made per step: held across the steps it costs the capped one-warpgroup
   // blocks more spill.)
-  const auto issue_scores_from = [&](float* acc, uint32_t q_buf, int k0) {
-    const uint64_t q_desc = ra_wgmma_desc(q_buf);
+  const auto issue_scores = [&](float* acc, int k0) {
+    const uint64_t q_desc = ra_wgmma_desc(sq);
     const uint64_t k_desc = ra_wgmma_desc(sk + (RING > 0 ? k0 % RING : k0) * 128);
     ra_wgmma_fence();
 #pragma unroll
@@ -349,7 +300,6 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
           ra_wgmma_desc_advance(k_desc, ra_wgmma_step_address(0, st, kp, 0)), st > 0);
     ra_wgmma_commit();
   };
-  const auto issue_scores = [&](float* acc, int k0) { issue_scores_from(acc, sq, k0); };
   // Online softmax of one step's scores in place (sc becomes P, unrounded), with the lazy
   // reference max of the other tiled kernels (docs/kernels.md#numerics): a row's reference m
   // moves only when a step's max exceeds it by more than kTiledLazyRescaleLog2, so most steps
@@ -464,7 +414,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       pin_o();
       step_done(k0);
     }
-  } else if (kPart != 0 || k_begin < k_end) {
+  } else if (k_begin < k_end) {
     // Overlapped (flash-attention 3's schedule within a warpgroup): step j's scores are
     // issued, then step j - 1's P . V behind them; the softmax of step j runs once its scores
     // are in (products complete in order) while the matrix unit still computes P . V, which is
@@ -473,15 +423,10 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     // ptxas serialize every product of the kernel (warning C7514).
     float sc[KEYS / 2], alpha[2];
     int k0 = k_begin;
-    if constexpr (kPart == 2) {
-#pragma unroll
-      for (int i = 0; i < KEYS / 2; ++i) sc[i] = link.carry[i];  // issued and waited for
-    } else {
-      before_step(k0);
-      issue_scores(sc, k0);
-      ra_wgmma_wait<0>();
-      pin_scores(sc);
-    }
+    before_step(k0);
+    issue_scores(sc, k0);
+    ra_wgmma_wait<0>();
+    pin_scores(sc);
     softmax_any(sc, k0, alpha);  // the first step's factors meet O = 0
     pack_p(sc);
     for (k0 += KEYS; k0 < k_end; k0 += KEYS) {
@@ -497,26 +442,13 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       if (rescale) rescale_o(alpha);  // warp-uniform
       pack_p(sc);
     }
-    if constexpr (kPart == 1) {
-      // Nothing in flight: the next tile's Q may be waited for (a spin loop) here. Its first
-      // scores (step 0's keys, resident since this tile's first step) go behind the last P . V.
-      link.wait_next();
-      issue_pv(k0 - KEYS);
-      issue_scores_from(link.carry, link.sq_next, 0);
-      ra_wgmma_wait<1>();  // this tile's P . V is done; the next tile's scores may still run
-    } else {
-      issue_pv(k0 - KEYS);
-      ra_wgmma_wait<0>();
-    }
+    issue_pv(k0 - KEYS);
+    ra_wgmma_wait<0>();
     pin_o();
-    if constexpr (kPart != 1) step_done(k0 - KEYS);
-  }
-  if constexpr (kPart == 0) {
-    if (!combine(o, m, l)) return;
+    step_done(k0 - KEYS);
   }
   // O / l of this thread's two rows into the Q buffer, branch-free (a named barrier, shuffles,
-  // selects, shared stores), then their LSE under the rows' conditions. kPart 1: the first part
-  // runs under the next tile's first scores, which are waited for before the divergent part.
+  // selects, shared stores), then their LSE under the rows' conditions.
   ra_warpgroup_sync(wg);  // every warp is past its score products: the Q buffer is free
   float lse[2], row_max[2];
 #pragma unroll
@@ -527,11 +459,6 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     tiled_warpgroup_acc_row_to_buffer<T, D>(sq_ptr, o, r, sum > 0.f ? 1.f / sum : 0.f, wtid);
     lse[r] = sum > 0.f ? (m[r] + log2f(sum)) * kTiledLn2 : -INFINITY;
     row_max[r] = sum > 0.f ? m[r] * kTiledLn2 : -INFINITY;
-  }
-  if constexpr (kPart == 1) {
-    ra_wgmma_wait<0>();
-    pin_scores(link.carry);
-    step_done(k_end - 1 - (k_end - 1 - k_begin) % KEYS);  // the last step
   }
   const TiledRowMap map(r0, group);  // (a 64-bit division: not under a product)
 #pragma unroll
@@ -550,17 +477,16 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
 
 #endif  // RA_HAS_WGMMA
 
-// NOTE (registers): blocks of one warpgroup are capped for three per multiprocessor (168
-// registers; CAPPED) where three fit the shared memory, so that other blocks' products and
-// loads fill one block's softmax and staging; where only two fit, the cap would buy nothing but
-// spill code (d = 128, 64-key steps: 180 bytes), so those keep the registers they need, as do
-// blocks of two warpgroups (one per multiprocessor).
-template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED>
-__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
-                                            WARPGROUPS > 1 ? 1 : (CAPPED ? 3 : 2))
+// Blocks of one warpgroup over 16-key steps (histories of at most 16 keys; longer ones take the
+// tile-copy kernel or the kernels without warpgroups).
+// NOTE (registers): capped for three blocks per multiprocessor (168 registers), so that other
+// blocks' products and loads fill one block's softmax and staging.
+template <typename T, int D>
+__global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, 3)
     small_seq_tiled_fwd_warpgroup_kernel(const SmallSeqTiledParams p, const int splits) {
 #if RA_HAS_WGMMA
-  constexpr int THREADS = WARPGROUPS * 128;
+  constexpr int THREADS = 128;
+  constexpr int KEYS = 16;
   constexpr int ROWS = kTiledWarpgroupRows;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -588,20 +514,19 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(WARPGROUPS * 128,
     ra_cp_async_wait<0>();
     ra_fence_proxy_async();
     __syncthreads();
-    for (int buf = 0; tile < tile1; tile += WARPGROUPS, buf ^= 1) {
+    for (int buf = 0; tile < tile1; ++tile, buf ^= 1) {
       const uint32_t off = buf * kQBytes;
-      if (tile + WARPGROUPS < tile1)
-        tiled_warpgroup_load_q<D>(p, s, hk, group, (tile + WARPGROUPS) * ROWS, seg_rows,
+      if (tile + 1 < tile1)
+        tiled_warpgroup_load_q<D>(p, s, hk, group, (tile + 1) * ROWS, seg_rows,
                                   smem.q + (buf ^ 1) * kQBytes, wtid);
       ra_cp_async_commit();
       ra_cp_async_wait<1>();  // this tile's copies have landed (the next one's may not)
       ra_fence_proxy_async();
       ra_warpgroup_sync(wg);
       const int64_t r0 = tile * ROWS;
-      tiled_warpgroup_tile<T, D, KEYS, kTiledWarpgroupOverlap<WARPGROUPS, KEYS>>(
+      tiled_warpgroup_tile<T, D, KEYS>(
           p, s, hk, group, r0, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v, kp, wg,
-          wtid, 0, s.nk, [](int) {}, [](float*, float*, float*) { return true; },
-          [&](const TiledRowMap& map) {
+          wtid, 0, s.nk, [](int) {}, [&](const TiledRowMap& map) {
             ra_warpgroup_sync(wg);
             tiled_warpgroup_store_out<D>(p, s, hk, group, map, r0, seg_rows, smem.q_ptr + off,
                                          wtid);

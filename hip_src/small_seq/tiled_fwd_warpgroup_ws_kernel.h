@@ -372,10 +372,10 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
                                 static_cast<int>(s.q_batch), smem.q + off, smem.q_ptr + off, wg,
                                 wtid);
       };
-      tiled_warpgroup_tile<T, D, KEYS, true, kRing, false>(
+      tiled_warpgroup_tile<T, D, KEYS, kRing, false>(
           p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v,
-          kRing, wg, wtid, 0, nk, before_step, [](float*, float*, float*) { return true; },
-          store_out, TiledTileAlone{}, [&](int k0) {
+          kRing, wg, wtid, 0, nk, before_step, store_out, TiledOverlappedSteps{},
+          [&](int k0) {
             if (last) release(k0 / KEYS);
           });
       first = false;

@@ -77,21 +77,21 @@ hipError_t run_tiled_fwd_staged(const SmallSeqTiledParams& p, int64_t smem, int 
   return hipGetLastError();
 }
 
-template <typename T, int D, int THREADS, int KSTEP>
+template <typename T, int D, int KSTEP>
 hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int factor, hipStream_t stream) {
-  return run_tiled_fwd_staged<small_seq_tiled_fwd_resident_kernel<T, D, THREADS, KSTEP>,
-                              THREADS>(p, tiled_resident_smem_bytes<D>(p.max_seqlen_kv),
-                                       kTiledResidentRows, THREADS / ra_device_wave_size(),
-                                       0, factor, stream);
+  return run_tiled_fwd_staged<small_seq_tiled_fwd_resident_kernel<T, D, KSTEP>,
+                              kTiledResidentThreads>(
+      p, tiled_resident_smem_bytes<D>(p.max_seqlen_kv), kTiledResidentRows,
+      kTiledResidentThreads / ra_device_wave_size(), 0, factor, stream);
 }
 
-template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED>
+// The cp.async warpgroup kernel (16-key steps).
+template <typename T, int D>
 hipError_t run_tiled_fwd_warpgroup(const SmallSeqTiledParams& p, int factor,
                                    hipStream_t stream) {
-  return run_tiled_fwd_staged<
-      small_seq_tiled_fwd_warpgroup_kernel<T, D, WARPGROUPS, KEYS, CAPPED>, WARPGROUPS * 128>(
-      p, tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS), kTiledWarpgroupRows,
-      WARPGROUPS, 0, factor, stream);
+  return run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_kernel<T, D>, 128>(
+      p, tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1), kTiledWarpgroupRows, 1, 0, factor,
+      stream);
 }
 
 #if RA_TMA_BUILD
@@ -115,26 +115,24 @@ bool tiled_tma_maps(const SmallSeqTiledParams& p, TiledTmaMaps* maps) {
 #if RA_TMA_BUILD
 // The warpgroup kernel staged by tile copies (tiled_fwd_warpgroup_tma_kernel.h); false (nothing
 // launched) where q, k, v or out have no tensor map (an address or stride not a multiple of 16
-// bytes). STREAM: the streaming instance (one warpgroup, 64-key steps, one row tile per item);
-// PAIR: the instance that takes a warpgroup's tiles in pairs.
-template <typename T, int D, int WARPGROUPS, int KEYS, bool CAPPED, bool PAIR, bool STREAM>
+// bytes). STREAM: the streaming instance (64-key steps, one row tile per item).
+template <typename T, int D, int KEYS, bool CAPPED, bool STREAM>
 bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, int factor, hipStream_t stream,
                                  hipError_t* err) {
   const int group = p.num_heads_q / p.num_heads_kv;
   const int64_t smem = STREAM ? tiled_stream_smem_bytes<D>()
-                              : tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, WARPGROUPS);
+                              : tiled_warpgroup_smem_bytes<D>(p.max_seqlen_kv, 1);
   if (kTiledWarpgroupRows % group != 0 ||
       (!STREAM && tiled_warpgroup_keys(p.max_seqlen_kv) / KEYS > kTiledTmaMaxSteps) ||
-      smem + tiled_tma_static_bytes(WARPGROUPS) > ra_device_max_shared_per_block()) {
+      smem + tiled_tma_static_bytes() > ra_device_max_shared_per_block()) {
     *err = kBadPlan;
     return true;
   }
   TiledTmaMaps maps;
   if (!tiled_tma_maps<D, KEYS>(p, &maps)) return false;
-  *err = run_tiled_fwd_staged<
-      small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, WARPGROUPS, KEYS, CAPPED, PAIR, STREAM>,
-      WARPGROUPS * 128>(p, smem, kTiledWarpgroupRows, WARPGROUPS, STREAM ? 1 : 0, factor, stream,
-                        maps);
+  *err = run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, KEYS, CAPPED, STREAM>,
+                              128>(p, smem, kTiledWarpgroupRows, 1, STREAM ? 1 : 0, factor,
+                                   stream, maps);
   return true;
 }
 
@@ -188,32 +186,20 @@ hipError_t run_tiled_fwd_wave(const SmallSeqTiledParams& p, int wave, int factor
   return hipGetLastError();
 }
 
-// The warpgroup kernels of a launch record (WARPGROUPS, KEYS, CAPPED[, PAIR, STREAM]): the
-// instances the plan can name (blocks of one warpgroup; 16-key steps by cp.async).
-template <typename T, int D>
-hipError_t run_tiled_fwd_warpgroup_record(const SmallSeqTiledParams& p, const int32_t* a,
-                                          int factor, hipStream_t stream) {
-  if (a[1] == 1 && a[2] == 16 && a[3] != 0)
-    return run_tiled_fwd_warpgroup<T, D, 1, 16, true>(p, factor, stream);
-  return kNoKernel;
-}
-
 #if RA_TMA_BUILD
-// ... and their tile-copy instances (staged 16- and 64-key steps, capped; the streaming
-// instance); false where the tensors have no tensor maps.
+// The tile-copy warpgroup kernel of a launch record (KEYS, CAPPED, STREAM): staged 16- and
+// 64-key steps, capped; the streaming instance. False where the tensors have no tensor maps.
 template <typename T, int D>
 bool run_tiled_fwd_warpgroup_tma_record(const SmallSeqTiledParams& p, const int32_t* a,
                                         int factor, hipStream_t stream, hipError_t* err) {
-  const int wg = a[1], keys = a[2];
-  const bool capped = a[3] != 0, pair = a[4] != 0, stream_items = a[5] != 0;
-  if (wg == 1 && !pair) {
-    if (stream_items && keys == 64 && !capped)
-      return run_tiled_fwd_warpgroup_tma<T, D, 1, 64, false, false, true>(p, factor, stream, err);
-    if (!stream_items && keys == 16 && capped)
-      return run_tiled_fwd_warpgroup_tma<T, D, 1, 16, true, false, false>(p, factor, stream, err);
-    if (!stream_items && keys == 64 && capped)
-      return run_tiled_fwd_warpgroup_tma<T, D, 1, 64, true, false, false>(p, factor, stream, err);
-  }
+  const int keys = a[1];
+  const bool capped = a[2] != 0, stream_items = a[3] != 0;
+  if (stream_items && keys == 64 && !capped)
+    return run_tiled_fwd_warpgroup_tma<T, D, 64, false, true>(p, factor, stream, err);
+  if (!stream_items && keys == 16 && capped)
+    return run_tiled_fwd_warpgroup_tma<T, D, 16, true, false>(p, factor, stream, err);
+  if (!stream_items && keys == 64 && capped)
+    return run_tiled_fwd_warpgroup_tma<T, D, 64, true, false>(p, factor, stream, err);
   *err = kNoKernel;
   return true;
 }
@@ -249,18 +235,17 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
 #endif
         return kNoKernel;
       case SmallSeqKernel::kTiledFwdResident:
-        if (a[1] != 256) return kNoKernel;
-        if (a[2] == 1) return run_tiled_fwd_resident<T, D, 256, 1>(p, a[3], stream);
-        if (a[2] == 4) return run_tiled_fwd_resident<T, D, 256, 4>(p, a[3], stream);
+        if (a[1] == 1) return run_tiled_fwd_resident<T, D, 1>(p, a[2], stream);
+        if (a[1] == 4) return run_tiled_fwd_resident<T, D, 4>(p, a[2], stream);
         return kNoKernel;
       case SmallSeqKernel::kTiledFwdWarpgroup:
         if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;
-        return run_tiled_fwd_warpgroup_record<T, D>(p, a, a[4], stream);
+        return run_tiled_fwd_warpgroup<T, D>(p, a[1], stream);
 #if RA_TMA_BUILD
       case SmallSeqKernel::kTiledFwdWarpgroupTma: {
         if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;
         hipError_t err = hipSuccess;
-        *no_maps = !run_tiled_fwd_warpgroup_tma_record<T, D>(p, a, a[6], stream, &err);
+        *no_maps = !run_tiled_fwd_warpgroup_tma_record<T, D>(p, a, a[4], stream, &err);
         return err;
       }
       case SmallSeqKernel::kTiledFwdWarpgroupWs: {
