@@ -93,18 +93,17 @@ def _free_port() -> int:
 
 # The port _free_port found may be taken by another process before rank 0 binds it; such a
 # start is tried again on a fresh port (the block's own failures are not).
-PORT_TAKEN = ("EADDRINUSE", "address already in use")
+PORT_TAKEN = ("eaddrinuse", "address already in use")  # as the ranks' output reads, lowered
 
 
 def _run_distributed(block: Block, cwd: Path, attempts: int = 3) -> None:
-    for attempt in range(attempts):
+    for _ in range(attempts):
         failures = _start_ranks(block, cwd)
-        if not failures or attempt == attempts - 1 or not any(
-                taken in out.lower() for out in failures.values() for taken in
-                (t.lower() for t in PORT_TAKEN)):
+        port_taken = any(t in out.lower() for out in failures.values() for t in PORT_TAKEN)
+        if not port_taken:
             break
-    for rank, out in failures.items():
-        raise AssertionError(f"{block.where} failed on rank {rank}:\n{out}")
+    assert not failures, "\n".join(f"{block.where} failed on rank {rank}:\n{out}"
+                                    for rank, out in failures.items())
 
 
 def _start_ranks(block: Block, cwd: Path) -> dict:
