@@ -131,7 +131,8 @@ RA_HOST_DEVICE constexpr int64_t tiled_ws_smem_bytes() {
          2 * kTiledWsComputeWarpgroups * kTiledWarpgroupRows * D * 2 + 1024;
 }
 
-template <typename T, int D>
+// ROW_MAX: the instance for calls that ask for row_max (tiled_warpgroup_tile).
+template <typename T, int D, bool ROW_MAX = false>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
     small_seq_tiled_fwd_warpgroup_ws_kernel(const SmallSeqTiledParams p, const int splits,
                                             const __grid_constant__ TiledTmaMaps maps) {
@@ -372,7 +373,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
                                 static_cast<int>(s.q_batch), smem.q + off, smem.q_ptr + off, wg,
                                 wtid);
       };
-      tiled_warpgroup_tile<T, D, KEYS, kRing, false>(
+      tiled_warpgroup_tile<T, D, KEYS, kRing, false, ROW_MAX>(
           p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v,
           kRing, wg, wtid, 0, nk, before_step, store_out, TiledOverlappedSteps{},
           [&](int k0) {

@@ -805,7 +805,7 @@ def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, 
     rmax = _nan((p.num_heads_q, p.total_q), torch.float32) if row_max else None
     p.row_max = ptr(rmax)
     lib.apply_tuning()
-    plan = tiled_fwd_plan(lib, q, k, max_q, max_kv, return_softmax)
+    plan = tiled_fwd_plan(lib, q, k, max_q, max_kv, return_softmax, max_logit=row_max)
     ints = (ctypes.c_int64 * len(plan))(*plan)
     lib.check(lib.lib.emu_small_seq_tiled_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
                                               q.shape[-1], ints, ctypes.c_int64(len(plan))),
@@ -842,13 +842,15 @@ def tiled_bwd_plan(lib: Emu, q, k, max_q, max_kv) -> List[int]:
     return sp.tiled_bwd_ints(call, plan_device(lib), plan_tuning(lib))
 
 
-def tiled_fwd_plan(lib: Emu, q, k, max_q, max_kv, return_softmax) -> List[int]:
+def tiled_fwd_plan(lib: Emu, q, k, max_q, max_kv, return_softmax,
+                   max_logit=False) -> List[int]:
     """The plan ints of an emulated tiled forward (rocm_attn.small_seq_plan.tiled_fwd_plan's,
-    for the emulated device)."""
+    for the emulated device; ``max_logit``: a call that writes row_max, the ROW_MAX
+    instances)."""
     from rocm_attn import small_seq_plan as sp
 
     call = sp.Call(q.shape[-1], q.shape[-2], k.shape[-2], max_q, max_kv,
-                   return_softmax=return_softmax)
+                   return_softmax=return_softmax, max_logit=max_logit)
     return sp.tiled_fwd_ints(call, plan_device(lib), plan_tuning(lib))
 
 
