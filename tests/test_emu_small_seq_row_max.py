@@ -247,6 +247,37 @@ def test_tiled_row_max_rising_scores(tiled_lib, kernel, rise):
     assert torch.equal(lse1, lse0)
 
 
+def test_tiled_launcher_runs_the_records_instance(tiled_lib):
+    """The launcher runs the instance the plan's record names (its last parameter, ROW_MAX): for
+    a call that asks for row maxima the wave kernel's ROW_MAX twin (``<T, D, false, true>``),
+    else its plain instance, and for histories of one key tile the one-tile instance, which has
+    no twin; a record naming the one-tile instance's twin is refused (hipErrorNotSupported) and
+    nothing is written."""
+    from rocm_attn import small_seq_plan as sp
+
+    wave = {"small_seq_tiled_block": 0, "small_seq_tiled_resident": 0}
+    long = C.thd_case(21, [5, 9], [40, 33], 4, 2, 64, torch.bfloat16)
+    short = C.thd_case(22, [5, 9], [16, 3], 4, 2, 64, torch.bfloat16)
+    with emu.tuning(**wave):
+        for case, row_max, want in ((long, True, "false, true>"), (long, False, "false, false>"),
+                                    (short, True, "true, false>")):
+            tiled_lib.mark_kernels()
+            emu.small_seq_tiled_fwd(tiled_lib, *case.args(), return_softmax=False, row_max=row_max)
+            ran = [k for k in tiled_lib.kernels_run(since_mark=True) if "small_seq_tiled_fwd" in k]
+            assert ran and all(k.endswith(want) for k in ran), (row_max, ran)
+        plan = emu.tiled_fwd_plan(tiled_lib, short.q, short.k, short.max_q, short.max_kv, False,
+                                  max_logit=True)
+        record = plan[2:2 + sp.LAUNCH_INTS]  # id, D, ONE_TILE, grid_factor, ROW_MAX
+        assert record[:3] == [sp.KERNEL_IDS["tiled_fwd_wave"], 64, 1] and record[4] == 0
+        bad = list(plan)
+        bad[2 + 4] = 1
+        rc = []
+        out, lse, _, rmax = emu.small_seq_tiled_fwd(tiled_lib, *short.args(), return_softmax=False,
+                                                    row_max=True, plan=bad, rc=rc)
+    assert rc == [emu.HIP_ERROR_NOT_SUPPORTED]
+    assert out.isnan().all() and lse.isnan().all() and rmax.isnan().all()
+
+
 # --------------------------------------------------------------------------------------------
 # one-query kernels
 # --------------------------------------------------------------------------------------------
