@@ -193,51 +193,57 @@ hipError_t run_tiled_fwd_wave(const SmallSeqTiledParams& p, int wave, int factor
 }
 
 #if RA_TMA_BUILD
-// The tile-copy warpgroup kernel of a launch record (KEYS, CAPPED, STREAM, ROW_MAX): staged
-// 16- and 64-key steps, capped; the streaming instance; the 64-key ones' ROW_MAX twins. False
-// where the tensors have no tensor maps.
-template <typename T, int D>
+// The tile-copy warpgroup kernel of a launch record (KEYS, CAPPED, STREAM): staged 16- and
+// 64-key steps, capped; the streaming instance (ROW_MAX: the 64-key ones' twins). False where
+// the tensors have no tensor maps.
+template <typename T, int D, bool ROW_MAX>
 bool run_tiled_fwd_warpgroup_tma_record(const SmallSeqTiledParams& p, const int32_t* a,
                                         int factor, hipStream_t stream, hipError_t* err) {
   const int keys = a[1];
-  const bool capped = a[2] != 0, stream_items = a[3] != 0, row_max = a[5] != 0;
+  const bool capped = a[2] != 0, stream_items = a[3] != 0;
   if (stream_items && keys == 64 && !capped)
-    return row_max ? run_tiled_fwd_warpgroup_tma<T, D, 64, false, true, true>(p, factor, stream,
-                                                                               err)
-                   : run_tiled_fwd_warpgroup_tma<T, D, 64, false, true, false>(p, factor, stream,
-                                                                                err);
-  if (!stream_items && keys == 16 && capped && !row_max)
-    return run_tiled_fwd_warpgroup_tma<T, D, 16, true, false, false>(p, factor, stream, err);
+    return run_tiled_fwd_warpgroup_tma<T, D, 64, false, true, ROW_MAX>(p, factor, stream, err);
+  if constexpr (!ROW_MAX) {  // one step: no twin
+    if (!stream_items && keys == 16 && capped)
+      return run_tiled_fwd_warpgroup_tma<T, D, 16, true, false, false>(p, factor, stream, err);
+  }
   if (!stream_items && keys == 64 && capped)
-    return row_max ? run_tiled_fwd_warpgroup_tma<T, D, 64, true, false, true>(p, factor, stream,
-                                                                               err)
-                   : run_tiled_fwd_warpgroup_tma<T, D, 64, true, false, false>(p, factor, stream,
-                                                                                err);
+    return run_tiled_fwd_warpgroup_tma<T, D, 64, true, false, ROW_MAX>(p, factor, stream, err);
   *err = kNoKernel;
   return true;
 }
 #endif
 
-// One launch record of the plan. *no_maps: a tile-copy kernel whose tensor maps could not be
-// made (nothing launched; the caller runs the plan's fallback).
-template <typename T, int D>
+// A record's ROW_MAX (its last parameter; false for the kernel without one).
+inline bool tiled_fwd_record_row_max(const SmallSeqLaunch& l) {
+  const int32_t* a = l.p;
+  switch (static_cast<SmallSeqKernel>(l.kernel)) {
+    case SmallSeqKernel::kTiledFwdWave: return a[3] != 0;
+    case SmallSeqKernel::kTiledFwdBlock: return a[4] != 0;
+    case SmallSeqKernel::kTiledFwdResident: return a[3] != 0;
+    case SmallSeqKernel::kTiledFwdWarpgroupTma: return a[5] != 0;
+    case SmallSeqKernel::kTiledFwdWarpgroupWs: return a[2] != 0;
+    default: return false;
+  }
+}
+
+// One launch record of the plan (ROW_MAX: its flag, tiled_fwd_record_row_max). *no_maps: a
+// tile-copy kernel whose tensor maps could not be made (nothing launched; the caller runs the
+// plan's fallback).
+template <typename T, int D, bool ROW_MAX>
 hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaunch& l,
                                 hipStream_t stream, bool* no_maps) {
-  const int32_t* a = l.p;  // a[0] = D, then the kernel's parameters (ROW_MAX last)
+  const int32_t* a = l.p;  // a[0] = D, then the kernel's parameters
   if (a[0] != D) return kBadPlan;
   const int wave = ra_device_wave_size();
   switch (static_cast<SmallSeqKernel>(l.kernel)) {
     case SmallSeqKernel::kTiledFwdWave:
-      if constexpr (D <= 128) {
-        if (a[1] != 0) {
-          if (a[3] != 0) return kNoKernel;  // one tile: no ROW_MAX twin
-          return run_tiled_fwd_wave<T, D, true, false>(p, wave, a[2], stream);
-        }
+      if constexpr (D <= 128 && !ROW_MAX) {  // the one-tile instance has no twin
+        if (a[1] != 0) return run_tiled_fwd_wave<T, D, true, false>(p, wave, a[2], stream);
       } else {
         if (a[1] != 0) return kNoKernel;
       }
-      return a[3] != 0 ? run_tiled_fwd_wave<T, D, false, true>(p, wave, a[2], stream)
-                       : run_tiled_fwd_wave<T, D, false, false>(p, wave, a[2], stream);
+      return run_tiled_fwd_wave<T, D, false, ROW_MAX>(p, wave, a[2], stream);
     default: break;
   }
   if constexpr (D <= 128) {
@@ -245,21 +251,15 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
       case SmallSeqKernel::kTiledFwdBlock:
         // many rows: 256 threads through registers; few rows (CUDA builds): two warps by cp.async
         if (a[1] == 256 && a[2] == 0)
-          return a[4] != 0 ? run_tiled_fwd_block<T, D, 256, false, true>(p, wave, a[3], stream)
-                           : run_tiled_fwd_block<T, D, 256, false, false>(p, wave, a[3], stream);
+          return run_tiled_fwd_block<T, D, 256, false, ROW_MAX>(p, wave, a[3], stream);
 #if RA_CP_ASYNC_BUILD
         if (a[1] == 64 && a[2] != 0)
-          return a[4] != 0 ? run_tiled_fwd_block<T, D, 64, true, true>(p, wave, a[3], stream)
-                           : run_tiled_fwd_block<T, D, 64, true, false>(p, wave, a[3], stream);
+          return run_tiled_fwd_block<T, D, 64, true, ROW_MAX>(p, wave, a[3], stream);
 #endif
         return kNoKernel;
       case SmallSeqKernel::kTiledFwdResident:
-        if (a[1] == 1)
-          return a[3] != 0 ? run_tiled_fwd_resident<T, D, 1, true>(p, a[2], stream)
-                           : run_tiled_fwd_resident<T, D, 1, false>(p, a[2], stream);
-        if (a[1] == 4)
-          return a[3] != 0 ? run_tiled_fwd_resident<T, D, 4, true>(p, a[2], stream)
-                           : run_tiled_fwd_resident<T, D, 4, false>(p, a[2], stream);
+        if (a[1] == 1) return run_tiled_fwd_resident<T, D, 1, ROW_MAX>(p, a[2], stream);
+        if (a[1] == 4) return run_tiled_fwd_resident<T, D, 4, ROW_MAX>(p, a[2], stream);
         return kNoKernel;
       case SmallSeqKernel::kTiledFwdWarpgroup:
         if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;
@@ -268,15 +268,14 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
       case SmallSeqKernel::kTiledFwdWarpgroupTma: {
         if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;
         hipError_t err = hipSuccess;
-        *no_maps = !run_tiled_fwd_warpgroup_tma_record<T, D>(p, a, a[4], stream, &err);
+        *no_maps = !run_tiled_fwd_warpgroup_tma_record<T, D, ROW_MAX>(p, a, a[4], stream, &err);
         return err;
       }
       case SmallSeqKernel::kTiledFwdWarpgroupWs: {
         if constexpr (D == 128) {
           if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;
           hipError_t err = hipSuccess;
-          *no_maps = a[2] != 0 ? !run_tiled_fwd_warpgroup_ws<T, D, true>(p, a[1], stream, &err)
-                               : !run_tiled_fwd_warpgroup_ws<T, D, false>(p, a[1], stream, &err);
+          *no_maps = !run_tiled_fwd_warpgroup_ws<T, D, ROW_MAX>(p, a[1], stream, &err);
           return err;
         }
         return kNoKernel;
@@ -289,16 +288,24 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
 }
 
 template <typename T, int D>
+hipError_t run_tiled_fwd_any_record(const SmallSeqTiledParams& p, const SmallSeqLaunch& l,
+                                    hipStream_t stream, bool* no_maps) {
+  return tiled_fwd_record_row_max(l) ? run_tiled_fwd_record<T, D, true>(p, l, stream, no_maps)
+                                     : run_tiled_fwd_record<T, D, false>(p, l, stream, no_maps);
+}
+
+template <typename T, int D>
 hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, const SmallSeqPlan& plan,
                          hipStream_t stream) {
   if (plan.launches != 1 || plan.fallbacks > 1) return kBadPlan;
   if (p.batch == 0 || p.num_heads_kv == 0) return hipSuccess;
   bool no_maps = false;
-  const hipError_t err = run_tiled_fwd_record<T, D>(p, plan.launch[0], stream, &no_maps);
+  const hipError_t err = run_tiled_fwd_any_record<T, D>(p, plan.launch[0], stream, &no_maps);
   if (!no_maps) return err;
   if (plan.fallbacks != 1) return kBadPlan;  // the plan names no kernel for these tensors
   no_maps = false;
-  const hipError_t fallback = run_tiled_fwd_record<T, D>(p, plan.launch[1], stream, &no_maps);
+  const hipError_t fallback =
+      run_tiled_fwd_any_record<T, D>(p, plan.launch[1], stream, &no_maps);
   return no_maps ? kBadPlan : fallback;
 }
 
