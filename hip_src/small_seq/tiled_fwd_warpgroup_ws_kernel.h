@@ -85,7 +85,8 @@
 // hold more than one row tile: up to 256 keys where the tile-copy kernel would run blocks of
 // two warpgroups over 64-key steps, and past 256 keys (streamed, ahead of the tile-copy kernel's
 // streaming instance); tuning small_seq_tiled_warpgroup_ws 2 takes it for every call of 64-key
-// steps it can serve at d 128. An item of one tile leaves warpgroup 1 idle.
+// steps it can serve at d 128. An item of one tile leaves warpgroup 1 idle. The PINGPONG
+// instance where tuning small_seq_tiled_warpgroup_ws_pingpong is 1 (an A/B switch until measured).
 #pragma once
 
 #include "tiled_fwd_warpgroup_tma_kernel.h"

@@ -55,7 +55,6 @@ Usage: python3 tools/diag/ws_ring_protocol.py [--tail-warp | --unlanded] [--ping
 from __future__ import annotations
 
 import argparse
-import itertools
 import random
 import sys
 
@@ -185,7 +184,7 @@ def programs(items, tail_warp=False, unlanded=False, pingpong=False, order_unpai
         if pingpong and w == 1:  # warpgroup 0 takes the first turn
             ops.append(("narrive", ("turn", 0), False))
 
-        def turn(ordered):  # one issue of products
+        def turn(ordered, ops=ops, w=w):  # one issue of products
             if ordered:
                 ops.append(("nsync", ("turn", w)))
                 ops.append(("nblock", ("turn", w), True))
