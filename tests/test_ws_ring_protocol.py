@@ -128,3 +128,14 @@ def test_turns_without_the_last_wait_leave_an_arrival_pending():
     seq = [Item(True, 1, 2, False)]
     assert proto.explore(seq, pingpong=True, drain=False) == {
         ("arrivals left pending on a named barrier", ("turn", 0))}
+
+
+def test_an_unpaired_tile_passing_turns_reaches_a_phase_twice():
+    """A tile without a partner that passes each turn on without waiting for it arrives on the
+    other warpgroup's barrier twice before that warpgroup waits once: on a GPU the second
+    arrival would complete a phase meant for the other's next turn."""
+    seq = [Item(True, 1, 3, False), Item(True, 1, 2, False)]
+    assert not proto.explore(seq, pingpong=True)
+    found = proto.explore(seq, pingpong=True, pass_unpaired=True)
+    assert ("a warpgroup reaches one phase of a named barrier twice", "wg0", ("turn", 1)) \
+        in found, found

@@ -43,14 +43,17 @@ that is still being read.
 take turns too: its turns pair with the other warpgroup's turns of the next item, whose first
 step waits for a slot that the unpaired tile releases only after a turn that waits for it, and
 the last item's leave a warpgroup waiting for a turn that never comes: deadlocks. `--no-drain`
-leaves out warpgroup 0's last wait: warpgroup 1's last arrival stays pending.
+leaves out warpgroup 0's last wait: warpgroup 1's last arrival stays pending. `--pass-unpaired`
+lets a tile without a partner pass each turn on without taking it: its arrivals reach one phase
+of the other's barrier twice.
 
 The reads' windows are the programs' own: a region is read from the wait that admits it to the
 arrival that lets it go, so this checks the barriers against those windows, not the windows
 against the products that read the regions.
 
 Usage: python3 tools/diag/ws_ring_protocol.py [--tail-warp | --unlanded] [--pingpong
-       [--order-unpaired | --no-drain]] [--items 3] [--sequences 300] [--runs 200]
+       [--order-unpaired | --no-drain | --pass-unpaired]] [--items 3] [--sequences 300]
+       [--runs 200]
 """
 from __future__ import annotations
 
@@ -97,7 +100,7 @@ def barrier_counts(tail_warp):
 
 
 def programs(items, tail_warp=False, unlanded=False, pingpong=False, order_unpaired=False,
-             drain=True):
+             drain=True, pass_unpaired=False):
     """Each actor's operations, as tuples:
     ("wait", bar, parity, reads)  passes while the barrier's phase in progress has the other
                                   parity (bar None: no wait); then checks that each region in
@@ -189,6 +192,8 @@ def programs(items, tail_warp=False, unlanded=False, pingpong=False, order_unpai
                 ops.append(("nsync", ("turn", w)))
                 ops.append(("nblock", ("turn", w), True))
                 ops.append(("narrive", ("turn", w ^ 1), True))
+            elif pingpong and pass_unpaired:
+                ops.append(("narrive", ("turn", w ^ 1), False))
 
         for n, it in enumerate(seq):
             take(ops, n, WARPS)
@@ -247,8 +252,9 @@ class Model:
     """The actors' programs and barrier counts of one item sequence, and the rules of a step."""
 
     def __init__(self, items, tail_warp=False, unlanded=False, pingpong=False,
-                 order_unpaired=False, drain=True):
-        self.actors = programs(items, tail_warp, unlanded, pingpong, order_unpaired, drain)
+                 order_unpaired=False, drain=True, pass_unpaired=False):
+        self.actors = programs(items, tail_warp, unlanded, pingpong, order_unpaired, drain,
+                               pass_unpaired)
         self.names = sorted(self.actors)
         self.counts = barrier_counts(tail_warp)
         # the turn barriers (named barriers: the third field of their state is the mask of the
@@ -383,9 +389,9 @@ class Model:
 
 
 def explore(items, tail_warp=False, unlanded=False, limit=300_000, pingpong=False,
-            order_unpaired=False, drain=True):
+            order_unpaired=False, drain=True, pass_unpaired=False):
     """Violations over every order of one item sequence (small sequences: the orders grow fast)."""
-    m = Model(items, tail_warp, unlanded, pingpong, order_unpaired, drain)
+    m = Model(items, tail_warp, unlanded, pingpong, order_unpaired, drain, pass_unpaired)
     violations = set()
     seen = set()
     stack = [m.start()]
@@ -404,9 +410,9 @@ def explore(items, tail_warp=False, unlanded=False, limit=300_000, pingpong=Fals
 
 
 def simulate(items, tail_warp=False, unlanded=False, runs=200, seed=0, pingpong=False,
-             order_unpaired=False, drain=True):
+             order_unpaired=False, drain=True, pass_unpaired=False):
     """Violations over `runs` random orders of one item sequence."""
-    m = Model(items, tail_warp, unlanded, pingpong, order_unpaired, drain)
+    m = Model(items, tail_warp, unlanded, pingpong, order_unpaired, drain, pass_unpaired)
     rng = random.Random(seed)
     violations = set()
     for _ in range(runs):
@@ -445,6 +451,8 @@ def main(argv):
                     help="with --pingpong: a tile without a partner takes turns too (broken)")
     ap.add_argument("--no-drain", action="store_true",
                     help="with --pingpong: no last wait of warpgroup 0 (broken)")
+    ap.add_argument("--pass-unpaired", action="store_true",
+                    help="with --pingpong: a tile without a partner passes turns on (broken)")
     ap.add_argument("--items", type=int, default=3, help="items per random sequence")
     ap.add_argument("--sequences", type=int, default=300, help="random item sequences")
     ap.add_argument("--runs", type=int, default=200, help="random orders per sequence")
@@ -455,8 +463,10 @@ def main(argv):
     for i in range(args.sequences):
         seq = [rng.choice(kinds) for _ in range(args.items)]
         v = simulate(seq, args.tail_warp, args.unlanded, runs=args.runs, seed=i,
-                     pingpong=args.pingpong or args.order_unpaired or args.no_drain,
-                     order_unpaired=args.order_unpaired, drain=not args.no_drain)
+                     pingpong=(args.pingpong or args.order_unpaired or args.no_drain
+                               or args.pass_unpaired),
+                     order_unpaired=args.order_unpaired, drain=not args.no_drain,
+                     pass_unpaired=args.pass_unpaired)
         if v:
             bad += 1
             print(seq, sorted(v, key=repr)[:3])
