@@ -253,6 +253,7 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
       case SmallSeqKernel::kTiledFwdWarpgroupWs: {
         if constexpr (D == 128) {
           if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;
+          if (a[1] != 0 && a[1] != 1) return kNoKernel;  // PINGPONG
           hipError_t err = hipSuccess;
           *no_maps = a[1] != 0 ? !run_tiled_fwd_warpgroup_ws<T, D, true>(p, a[2], stream, &err)
                                : !run_tiled_fwd_warpgroup_ws<T, D, false>(p, a[2], stream, &err);
