@@ -264,7 +264,7 @@ def test_host_checks_name_the_argument(dev):
         (dict(v=case.v.half()), "dtype"),
         (dict(seqlens_kv=case.cu_kv[1:]), "seqlens_kv"),
         (dict(plan=[1, 0, 10]), "plan"),
-        (dict(plan=[1, 0, 99] + [0] * 7), "no kernel for the plan"),
+        (dict(plan=[1, 0, 99, 128] + [0] * 6), "no kernel for the plan"),
         (dict(plan=[1, 0, 10, 64] + [0] * 6), "does not fit this call"),
     ]:
         with pytest.raises(RuntimeError, match=word):
