@@ -72,7 +72,8 @@ def _plan(args) -> int:
     call = sp.Call(args.head_dim, args.heads[0], args.heads[1], args.max_seqlen_q,
                    args.max_seqlen_kv, dtype=args.dtype, layout=args.layout,
                    int32_offsets=not args.int64_offsets, return_softmax=args.return_softmax,
-                   return_lse=args.return_lse, backward=args.backward)
+                   return_lse=args.return_lse, backward=args.backward,
+                   max_logit=args.max_logit)
     device = sp.ARCHS[args.arch]
     if args.json:
         plans = sp.plan_call(call, device, tuning)
@@ -134,6 +135,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="int64 cu_seqlens / seqlens_kv (the one-query kernels take int32)")
     plan.add_argument("--return-softmax", action="store_true")
     plan.add_argument("--return-lse", action="store_true")
+    plan.add_argument("--max-logit", action="store_true",
+                      help="return_max_logit: the tiled forward's ROW_MAX instances")
     plan.add_argument("--backward", action="store_true",
                       help="the call is differentiated: plan the backward too")
     plan.add_argument("--tuning", action="append", default=[], metavar="NAME=VALUE",

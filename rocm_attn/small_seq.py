@@ -380,7 +380,8 @@ def _row_max_op(path, q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seql
     return torch.ops.rocm_attn.small_seq_tiled_fwd_row_max(
         q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q, max_seqlen_kv, scale,
         return_softmax,
-        small_seq_plan.tiled_fwd_plan(q, k, max_seqlen_q, max_seqlen_kv, return_softmax))
+        small_seq_plan.tiled_fwd_plan(q, k, max_seqlen_q, max_seqlen_kv, return_softmax,
+                                      max_logit=True))
 
 
 def _path_call(path, q, k, v, cu_seqlens_q, cu_seqlens_kv, seqlens_kv, max_seqlen_q,

@@ -363,21 +363,21 @@ VARIANTS: Dict[str, Tuple[str, str]] = {
     "bwd_mma": ("small_seq_bwd_mma_kernel<T, D, KV>", "GQA groups of 2..8"),
     "bwd_mma_wide": ("small_seq_bwd_mma_wide_kernel<T, D, KV>", "GQA groups wider than 8"),
     # tiled forward (tiled_launch.hip)
-    "tiled_fwd_wave": ("small_seq_tiled_fwd_kernel<T, D, ONE_TILE>",
+    "tiled_fwd_wave": ("small_seq_tiled_fwd_kernel<T, D, ONE_TILE, ROW_MAX>",
                        "d 256, and calls the other tiled kernels do not take"),
-    "tiled_fwd_block": ("small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC>",
+    "tiled_fwd_block": ("small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC, ROW_MAX>",
                         "many rows per (segment, kv head) over more than one key tile, or few "
                         "rows over long histories"),
-    "tiled_fwd_resident": ("small_seq_tiled_fwd_resident_kernel<T, D, KSTEP>",
+    "tiled_fwd_resident": ("small_seq_tiled_fwd_resident_kernel<T, D, KSTEP, ROW_MAX>",
                            "4+ row tiles per (segment, kv head) whose K/V fit shared memory"),
     "tiled_fwd_warpgroup": ("small_seq_tiled_fwd_warpgroup_kernel<T, D>",
                             "Hopper, 64+ rows per (segment, kv head), d 64 / 128, "
                             "at most 16 keys, where tile copies do not serve"),
     "tiled_fwd_warpgroup_tma": ("small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, KEYS, CAPPED, "
-                                "STREAM>",
+                                "STREAM, ROW_MAX>",
                                 "Hopper, 64+ rows per (segment, kv head), d 64 / 128, where "
                                 "tile copies serve"),
-    "tiled_fwd_warpgroup_ws": ("small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, PINGPONG>",
+    "tiled_fwd_warpgroup_ws": ("small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, PINGPONG, ROW_MAX>",
                                "Hopper d 128, 129-256 keys, more than one 64-row tile"),
     # tiled backward (tiled_bwd_launch.hip)
     "tiled_bwd_delta": ("small_seq_tiled_bwd_delta_kernel<T, D>",
@@ -422,6 +422,7 @@ class Call:
     return_softmax: bool = False
     return_lse: bool = False
     backward: bool = False           # the result will be differentiated
+    max_logit: bool = False          # the tiled forward also writes each row's maximum logit
 
     @property
     def group(self) -> int:
@@ -689,7 +690,29 @@ def _fwd_block_threads(call: Call, device: Device, t: Mapping[str, int]) -> int:
     return 2 * wave
 
 
+def _with_row_max(launch: Launch, call: Call) -> Launch:
+    """The launch with its ROW_MAX parameter (variants that have it): the instance that keeps the
+    lazy rescaling and each row's exact maximum apart (tiled_fwd_kernel.h's header NOTE) for a
+    call that asks for row maxima (``max_logit``), where the instance's histories may take more
+    than one key step. The one-step instances (the wave kernel's one-tile instance, 16-key
+    warpgroup steps) have no ROW_MAX twin: they write the exact maximum as they are, never
+    rescaling."""
+    if "ROW_MAX" not in LAUNCH_PARAMS[launch.kernel]:
+        return launch
+    one_step = launch.param("ONE_TILE") is True or launch.param("KEYS") == 16
+    return Launch(launch.kernel,
+                  launch.params + (("ROW_MAX", call.max_logit and not one_step),))
+
+
 def plan_tiled_forward(call: Call, device: Device, t: Mapping[str, int]) -> Plan:
+    """The tiled forward's launch (the table of docs/kernels.md, F1-F6), with its ROW_MAX
+    parameter (:func:`_with_row_max`)."""
+    plan = _plan_tiled_forward(call, device, t)
+    return dataclasses.replace(plan, launches=tuple(_with_row_max(launch, call)
+                                                    for launch in plan.launches))
+
+
+def _plan_tiled_forward(call: Call, device: Device, t: Mapping[str, int]) -> Plan:
     d, wave = call.head_dim, device.wave
     factor = t["small_seq_tiled_fwd_grid"]
     grid = factor if factor >= 0 else TILED_FWD_RESIDENCY_FACTOR
@@ -955,12 +978,12 @@ LAUNCH_PARAMS: Dict[str, Tuple[str, ...]] = {
     "bwd": ("D", "KV", "PIPE", "grid_factor"),
     "bwd_mma": ("D", "KV", "grid_factor"),
     "bwd_mma_wide": ("D", "KV", "grid_factor"),
-    "tiled_fwd_wave": ("D", "ONE_TILE", "grid_factor"),
-    "tiled_fwd_block": ("D", "THREADS", "CP_ASYNC", "grid_factor"),
-    "tiled_fwd_resident": ("D", "KSTEP", "grid_factor"),
+    "tiled_fwd_wave": ("D", "ONE_TILE", "grid_factor", "ROW_MAX"),
+    "tiled_fwd_block": ("D", "THREADS", "CP_ASYNC", "grid_factor", "ROW_MAX"),
+    "tiled_fwd_resident": ("D", "KSTEP", "grid_factor", "ROW_MAX"),
     "tiled_fwd_warpgroup": ("D", "grid_factor"),
-    "tiled_fwd_warpgroup_tma": ("D", "KEYS", "CAPPED", "STREAM", "grid_factor"),
-    "tiled_fwd_warpgroup_ws": ("D", "PINGPONG", "grid_factor"),
+    "tiled_fwd_warpgroup_tma": ("D", "KEYS", "CAPPED", "STREAM", "grid_factor", "ROW_MAX"),
+    "tiled_fwd_warpgroup_ws": ("D", "PINGPONG", "grid_factor", "ROW_MAX"),
     "tiled_bwd_delta": ("D",),
     "tiled_bwd_dkv": ("D", "ONE_ROW_TILE", "FUSED_DELTA"),
     "tiled_bwd_dkv_block": ("D",),
@@ -1038,14 +1061,14 @@ def _tiled_bwd_ints(call: Call, device: Device,
 
 def _process_plan_ints(direction: str, head_dim: int, heads_q: int, heads_kv: int,
                        max_seqlen_q: int, max_seqlen_kv: int, return_softmax: bool,
-                       device_index: int) -> Tuple[int, ...]:
+                       device_index: int, max_logit: bool = False) -> Tuple[int, ...]:
     """A tiled op's plan ints for a call on a device of this process (device_index -1: no GPU,
     the gfx942 table) with this process's tuning: host ints in, host ints out, so that
     torch.compile takes the result as a constant of the trace (the tuning and the device
     facts are read outside the traced code; a compiled graph keeps the plan of its trace, as a
     captured graph does)."""
     call = Call(head_dim, heads_q, heads_kv, max_seqlen_q, max_seqlen_kv,
-                return_softmax=return_softmax)
+                return_softmax=return_softmax, max_logit=max_logit)
     device = device_of(device_index) if device_index >= 0 else ARCHS["gfx942"]
     encode_ints = tiled_fwd_ints if direction == "forward" else tiled_bwd_ints
     return tuple(encode_ints(call, device, current_tuning()))
@@ -1115,12 +1138,13 @@ def tiled_bwd_plan(q, k, max_seqlen_q: int, max_seqlen_kv: int) -> List[int]:
 
 
 def tiled_fwd_plan(q, k, max_seqlen_q: int, max_seqlen_kv: int,
-                   return_softmax: bool = False) -> List[int]:
+                   return_softmax: bool = False, max_logit: bool = False) -> List[int]:
     """The ``plan`` argument of ``rocm_attn::small_seq_tiled_fwd`` for a call on q's device
-    with this process's tuning (host ints only: no sync; cached per call shape)."""
+    with this process's tuning (host ints only: no sync; cached per call shape); ``max_logit``:
+    of ``small_seq_tiled_fwd_row_max`` (the ROW_MAX instances)."""
     return list(_process_plan_ints_constant(
         "forward", q.shape[-1], q.shape[-2], k.shape[-2], max_seqlen_q, max_seqlen_kv,
-        return_softmax, q.device.index if q.is_cuda else -1))
+        return_softmax, q.device.index if q.is_cuda else -1, max_logit))
 
 
 # -- the generated compile-time checks -------------------------------------------------------------

@@ -3,13 +3,14 @@ what ``fused_attn_small_seq(return_max_logit=True)`` reduces per head on a GPU),
 emulation (tests/helpers/emu.py) at 64 lanes (MFMA code paths) and 32 lanes, against a float64
 max over each row's scores.
 
-Per row: ``scale * max_j q . k_j`` within float32 rounding (the tiled kernels' reference
-maximum then moves with every new maximum instead of lazily, so it ends exact), ``-inf`` for rows without keys and
-padding rows, NaN for a bad segment's rows (as its LSE), and never above the row's LSE (nor
-below ``LSE - ln(n_keys)``); per head, :func:`rocm_attn.small_seq.max_logit_from_row_max` is the
-oracle's max logit. Outputs start as NaN, so an unwritten row fails. Families: the one-query
-kernels (general and MFMA), the tiled wave, block and resident kernels (the warpgroup kernels
-are sm_90a only: tests/test_max_logit_sharpened.py runs them on a GPU).
+Per row: ``scale * max_j q . k_j`` within float32 rounding (the tiled kernels' ROW_MAX instances
+keep each row's exact running maximum apart from the softmax's lazy reference, which they leave
+as the plain instances have it), ``-inf`` for rows without keys and padding rows, NaN for a bad
+segment's rows (as its LSE), and never above the row's LSE (nor below ``LSE - ln(n_keys)``);
+per head, :func:`rocm_attn.small_seq.max_logit_from_row_max` is the oracle's max logit. Outputs
+start as NaN, so an unwritten row fails. Families: the one-query kernels (general and MFMA), the
+tiled wave, block and resident kernels (the warpgroup kernels are sm_90a only:
+tests/test_small_seq_row_max_gpu.py runs them on a GPU).
 """
 
 from __future__ import annotations
@@ -194,20 +195,87 @@ def test_tiled_row_max_bad_segment_is_nan_and_isolated(tiled_lib):
     tiled_lib.errors(reset=True)
 
 
-def test_tiled_out_and_lse_with_row_max(tiled_lib):
-    """With row_max asked the softmax's reference maximum moves with every new maximum (not
-    lazily), which changes only the rounding of out and LSE: both still match the oracle, and
-    the plain call's within rounding."""
-    case = C.thd_case(5, [3, 17], [40, 9], 4, 2, 64, torch.bfloat16, pad_before=1)
-    case.k[20:40] = (case.k[20:40].float() * 4).to(case.k.dtype)  # maxima rising mid-history
-    out0, lse0, _ = emu.small_seq_tiled_fwd(tiled_lib, *case.args(), return_softmax=False)
-    out1, lse1, _, _ = emu.small_seq_tiled_fwd(tiled_lib, *case.args(), return_softmax=False,
-                                               row_max=True)
+def _rising_case(seed, lens_q, lens_kv, h_q, h_kv, d, rise):
+    """A THD case whose scores rise along each segment's keys: every key gets ``t x`` a
+    direction shared by all queries (t from 0 to 1 along the segment) on top of its random
+    part, scaled so that each query's scores climb by about ``rise`` (natural units) over the
+    history. A rise below the lazy threshold (8 in the log2 domain: 5.5) never moves the
+    softmax's reference maximum after the first key tile; a larger one moves it every few
+    tiles (rescales)."""
+    case = C.thd_case(seed, lens_q, lens_kv, h_q, h_kv, d, torch.bfloat16, pad_before=1)
+    gen = torch.Generator().manual_seed(seed + 1)
+    u = torch.randn(d, generator=gen)
+    u = u / u.norm()
+    q = case.q.float()
+    q += (4.0 - q @ u).unsqueeze(-1) * u  # every query's component along u is 4 ...
+    case.q = q.to(case.q.dtype)
+    k0 = 0
+    for n in lens_kv:  # ... and the keys climb along u
+        t = torch.linspace(0.0, 1.0, n).view(n, 1, 1) if n > 1 else torch.zeros(n, 1, 1)
+        k = case.k[k0:k0 + n].float() * 0.25
+        case.k[k0:k0 + n] = (k + t * (rise / (4.0 * case.scale)) * u).to(case.k.dtype)
+        k0 += n
+    return case
+
+
+@pytest.mark.parametrize("kernel", list(TILED_KERNELS))
+@pytest.mark.parametrize("rise", [4.0, 60.0], ids=["no_rescale", "rescales"])
+def test_tiled_row_max_rising_scores(tiled_lib, kernel, rise):
+    """Scores rising along long histories (many key tiles): within the lazy threshold the
+    softmax's reference maximum stays at the first tile's (a row_max taken from it would be ~4
+    low), past it the reference moves every few tiles. The written row maxima are the exact
+    ones, and out and LSE are bit for bit those of the call without row_max (the ROW_MAX
+    instances rescale exactly as the plain ones: at 64 lanes, a reference that moved with every
+    new maximum would change their rounding)."""
+    case = _rising_case(3, [3, 17, 2], [300, 129, 40], 4, 2, 128, rise)
+    with emu.tuning(**TILED_KERNELS[kernel]):
+        tiled_lib.errors(reset=True)
+        out0, lse0, _ = emu.small_seq_tiled_fwd(tiled_lib, *case.args(), return_softmax=False)
+        out1, lse1, rmax = _run_tiled(tiled_lib, case)
+    assert tiled_lib.errors() == (0, 0)
+    segs = C.contract_segments(case)
+    q, k, _ = C.flat_heads(case)
+    ref = _oracle_rows(q, k, _tiled_rows_of(case, segs), case.scale)
+    fin = ref != -math.inf
+    first_tile = _oracle_rows(q, k, [(qr, kr[:16]) for qr, kr in _tiled_rows_of(case, segs)],
+                              case.scale)
+    assert (ref[fin] - first_tile[fin]).min() > 0.25 * rise  # the maxima do move
+    _check_rows(rmax, ref, lse1, n_keys=_tiled_n_keys(case, segs))
+    _check_heads(rmax, ref)
     C.check(case, out1, lse1, None, "row_max", expect_bad=[])
-    assert C.rel_err(out1, out0) < 1e-2
-    fin = torch.isfinite(lse0)
-    assert torch.equal(fin, torch.isfinite(lse1))
-    assert ((lse1[fin] - lse0[fin]).abs() <= 1e-5 * (1 + lse0[fin].abs())).all()
+    assert torch.equal(out1.view(torch.int16), out0.view(torch.int16))
+    assert torch.equal(lse1, lse0)
+
+
+def test_tiled_launcher_runs_the_records_instance(tiled_lib):
+    """The launcher runs the instance the plan's record names (its last parameter, ROW_MAX): for
+    a call that asks for row maxima the wave kernel's ROW_MAX twin (``<T, D, false, true>``),
+    else its plain instance, and for histories of one key tile the one-tile instance, which has
+    no twin; a record naming the one-tile instance's twin is refused (hipErrorNotSupported) and
+    nothing is written."""
+    from rocm_attn import small_seq_plan as sp
+
+    wave = {"small_seq_tiled_block": 0, "small_seq_tiled_resident": 0}
+    long = C.thd_case(21, [5, 9], [40, 33], 4, 2, 64, torch.bfloat16)
+    short = C.thd_case(22, [5, 9], [16, 3], 4, 2, 64, torch.bfloat16)
+    with emu.tuning(**wave):
+        for case, row_max, want in ((long, True, "false, true>"), (long, False, "false, false>"),
+                                    (short, True, "true, false>")):
+            tiled_lib.mark_kernels()
+            emu.small_seq_tiled_fwd(tiled_lib, *case.args(), return_softmax=False, row_max=row_max)
+            ran = [k for k in tiled_lib.kernels_run(since_mark=True) if "small_seq_tiled_fwd" in k]
+            assert ran and all(k.endswith(want) for k in ran), (row_max, ran)
+        plan = emu.tiled_fwd_plan(tiled_lib, short.q, short.k, short.max_q, short.max_kv, False,
+                                  max_logit=True)
+        record = plan[2:2 + sp.LAUNCH_INTS]  # id, D, ONE_TILE, grid_factor, ROW_MAX
+        assert record[:3] == [sp.KERNEL_IDS["tiled_fwd_wave"], 64, 1] and record[4] == 0
+        bad = list(plan)
+        bad[2 + 4] = 1
+        rc = []
+        out, lse, _, rmax = emu.small_seq_tiled_fwd(tiled_lib, *short.args(), return_softmax=False,
+                                                    row_max=True, plan=bad, rc=rc)
+    assert rc == [emu.HIP_ERROR_NOT_SUPPORTED]
+    assert out.isnan().all() and lse.isnan().all() and rmax.isnan().all()
 
 
 # --------------------------------------------------------------------------------------------

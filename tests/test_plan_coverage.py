@@ -60,12 +60,13 @@ def test_every_row_gets_a_plan_on_every_arch(cov):
 
 def test_instance_and_variant_names():
     launch = sp.Launch("tiled_fwd_block", (("D", 128), ("THREADS", 256), ("CP_ASYNC", False),
-                                           ("grid_factor", 4)))
+                                           ("grid_factor", 4), ("ROW_MAX", True)))
     assert plan_coverage.instance(launch, "bfloat16") == \
-        "small_seq_tiled_fwd_block_kernel<ra_bf16, 128, 256, false>"
+        "small_seq_tiled_fwd_block_kernel<ra_bf16, 128, 256, false, true>"
     assert plan_coverage.instance(launch, "float16").startswith(
         "small_seq_tiled_fwd_block_kernel<ra_fp16")
-    assert plan_coverage.variant(launch) == "tiled_fwd_block(THREADS=256, CP_ASYNC=false)"
+    assert plan_coverage.variant(launch) == \
+        "tiled_fwd_block(THREADS=256, CP_ASYNC=false, ROW_MAX=true)"
     assert plan_coverage.instance(sp.Launch("flash"), "bfloat16") == "flash"
 
 

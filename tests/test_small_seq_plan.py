@@ -193,19 +193,26 @@ def test_every_variant_is_planned_somewhere():
 
 # The tiled forward's instances (tiled_launch.hip), by their identifying parameters (the
 # LAUNCH_PARAMS but D and the grid factor), and what a device must have to run each.
-TILED_FWD_INSTANCES = {
+# The last parameter is ROW_MAX: every instance but the one-step ones (one-tile wave, 16-key
+# warpgroup steps) has a ROW_MAX twin (tiled_launch.hip).
+_TILED_FWD_PLAIN = {
     ("tiled_fwd_wave", (False,)): lambda dev, d: True,
     ("tiled_fwd_wave", (True,)): lambda dev, d: d <= 128,
     ("tiled_fwd_block", (256, False)): lambda dev, d: d <= 128,
     ("tiled_fwd_block", (64, True)): lambda dev, d: d <= 128 and dev.cp_async,
     ("tiled_fwd_resident", (1,)): lambda dev, d: d <= 128,
     ("tiled_fwd_resident", (4,)): lambda dev, d: d <= 128,
-    ("tiled_fwd_warpgroup", ()): lambda dev, d: d <= 128 and dev.warpgroup_mma,
     ("tiled_fwd_warpgroup_tma", (16, True, False)): lambda dev, d: d <= 128 and dev.tile_copies,
     ("tiled_fwd_warpgroup_tma", (64, True, False)): lambda dev, d: d <= 128 and dev.tile_copies,
     ("tiled_fwd_warpgroup_tma", (64, False, True)): lambda dev, d: d <= 128 and dev.tile_copies,
     ("tiled_fwd_warpgroup_ws", (False,)): lambda dev, d: d == 128 and dev.tile_copies,
     ("tiled_fwd_warpgroup_ws", (True,)): lambda dev, d: d == 128 and dev.tile_copies,
+}
+_ONE_STEP = {("tiled_fwd_wave", (True,)), ("tiled_fwd_warpgroup_tma", (16, True, False))}
+TILED_FWD_INSTANCES = {
+    **{(name, ident + (row_max,)): runs for (name, ident), runs in _TILED_FWD_PLAIN.items()
+       for row_max in (False, True) if not (row_max and (name, ident) in _ONE_STEP)},
+    ("tiled_fwd_warpgroup", ()): lambda dev, d: d <= 128 and dev.warpgroup_mma,
 }
 FORCED_TUNINGS = [{}, {"small_seq_tiled_warpgroup": 2}, {"small_seq_tiled_warpgroup_tma": 0},
                   {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroup_tma": 0},
@@ -227,11 +234,11 @@ def test_every_tiled_forward_call_gets_a_compiled_instance():
     variants deleted for winning no benchmark row left no call without a kernel."""
     for arch, device in sp.ARCHS.items():
         devices = [device, dataclasses.replace(device, tile_copies=False)]
-        for dev, t, d, (hq, hkv), q, kv, layout, probs in itertools.product(
+        for dev, t, d, (hq, hkv), q, kv, layout, probs, max_logit in itertools.product(
                 devices, FORCED_TUNINGS, sp.TILED_HEAD_DIMS, [(8, 8), (12, 4), (8, 2), (8, 1)],
                 [1, 4, 6, 16, 64, 128, 512], [5, 16, 17, 100, 256, 320, 833, 4096],
-                ["thd", "bshd"], [False, True]):
-            call = C(d, hq, hkv, q, kv, layout=layout, return_softmax=probs)
+                ["thd", "bshd"], [False, True], [False, True]):
+            call = C(d, hq, hkv, q, kv, layout=layout, return_softmax=probs, max_logit=max_logit)
             plan = sp.plan_tiled_forward(call, dev, dict(sp.DEFAULT_TUNING, **t))
             (launch,) = plan.launches
             ident = tuple(launch.param(name) for name in sp.LAUNCH_PARAMS[launch.kernel]
@@ -472,7 +479,11 @@ def test_cli_plan_rejects_bad_heads_and_tuning():
     assert bad.returncode == 2 and "small-seq tuning name" in bad.stderr
     ok = subprocess.run(base + ["--heads", "8/2", "--tuning", "small_seq_tiled_block=0"],
                         capture_output=True, text=True, cwd=ROOT, check=True)
-    assert "tiled_fwd_wave" in ok.stdout
+    assert "tiled_fwd_wave" in ok.stdout and "ROW_MAX=false" in ok.stdout
+    ok = subprocess.run(base + ["--heads", "8/2", "--tuning", "small_seq_tiled_block=0",
+                                "--max-logit"], capture_output=True, text=True, cwd=ROOT,
+                        check=True)
+    assert "tiled_fwd_wave" in ok.stdout and "ROW_MAX=true" in ok.stdout
 
 
 def test_log_plan_at_info(monkeypatch, caplog):
@@ -611,3 +622,36 @@ def test_plans_of_bad_calls_leave_the_refusal_to_the_op():
                 continue  # _kernels_unchecked does not take these to the op
             plan, backward_plan = ops._plans(q, k, kv)
             assert len(plan) in (0, 2 + sp.LAUNCH_INTS), name
+
+
+def test_max_logit_takes_the_row_max_twin_of_the_same_kernel():
+    """A tiled forward that writes each row's maximum logit (``max_logit``) runs the kernel the
+    same call without it runs, as its ROW_MAX instance wherever a history may take more than
+    one key step (lazy rescaling kept, each row's exact maximum carried apart), as the plain
+    instance where it is one step (the one-tile wave instance, 16-key warpgroup steps: they never
+    rescale); the record carries the flag last, where the launcher reads it."""
+    seen = set()
+    for arch, device in sp.ARCHS.items():
+        for d, (hq, hkv), q, kv in itertools.product(
+                sp.TILED_HEAD_DIMS, [(8, 8), (8, 2)], [1, 16, 128, 512], [5, 16, 100, 256, 4096]):
+            plain = sp.plan_tiled_forward(C(d, hq, hkv, q, kv), device, sp.DEFAULT_TUNING)
+            rows = sp.plan_tiled_forward(C(d, hq, hkv, q, kv, max_logit=True), device,
+                                         sp.DEFAULT_TUNING)
+            (a,), (b,) = plain.launches, rows.launches
+            assert a.kernel == b.kernel, (arch, str(plain), str(rows))
+            pa = {k: v for k, v in a.params if k != "ROW_MAX"}
+            pb = {k: v for k, v in b.params if k != "ROW_MAX"}
+            assert pa == pb, (arch, str(plain), str(rows))
+            if "ROW_MAX" not in sp.LAUNCH_PARAMS[a.kernel]:
+                assert a.kernel == "tiled_fwd_warpgroup" and sp.warpgroup_step_keys(kv) == 16
+                continue
+            assert a.param("ROW_MAX") is False, str(plain)
+            one_step = b.param("ONE_TILE") is True or b.param("KEYS") == 16
+            assert b.param("ROW_MAX") is (not one_step), (arch, str(rows))
+            assert sp.LAUNCH_PARAMS[b.kernel][-1] == "ROW_MAX"
+            record = sp.encode(rows)[2:]
+            assert record[len(sp.LAUNCH_PARAMS[b.kernel])] == int(not one_step)
+            seen.add((b.kernel, b.param("ROW_MAX")))
+    assert {k for k, row_max in seen if row_max} == {
+        "tiled_fwd_wave", "tiled_fwd_block", "tiled_fwd_resident", "tiled_fwd_warpgroup_tma",
+        "tiled_fwd_warpgroup_ws"}, seen

@@ -4,9 +4,10 @@
 For every arch of COVERAGE_ARCHS and every benchmark row (the one-query case grid of
 rocm_attn/bench/small_seq.py, the ranking grid of rocm_attn/bench/small_seq_ranking.py and the
 ragged rows of rocm_attn/bench/ragged_rows.py, the latter at the lengths the benchmark draws with
-its default seed), forward alone and forward+backward, the kernel instances
+its default seed), forward alone, forward+backward and (grid and ranking rows, which
+``--max-logit`` times) the forward with return_max_logit, the kernel instances
 rocm_attn/small_seq_plan.py picks with the default tuning. A kernel instance is the C++ template
-instance of a launch (``small_seq_tiled_fwd_block_kernel<ra_bf16, 128, 256, false>``), as
+instance of a launch (``small_seq_tiled_fwd_block_kernel<ra_bf16, 128, 256, false, false>``), as
 tools/check_kernels.py names it in docs/kernels_resources.md.
 
     python3 tools/plan_coverage.py                 # per arch: instance <- rows; the unpicked
@@ -68,6 +69,15 @@ def benchmark_rows() -> List[Tuple[str, sp.Call]]:
     return rows
 
 
+def max_logit_rows() -> List[str]:
+    """The rows whose benchmark also times the call with return_max_logit (``--max-logit``: the
+    one-query case grid and the ranking grid)."""
+    from rocm_attn.bench import small_seq, small_seq_ranking
+
+    return list(small_seq.CASES) + [small_seq_ranking.row_name(r)
+                                    for r in small_seq_ranking.grid_rows()]
+
+
 def instance(launch: sp.Launch, dtype: str) -> str:
     """The C++ template instance of a launch (VARIANTS' template with the launch's parameters),
     or the variant's name for what is not a kernel of hip_src/small_seq (flash, varlen, torch)."""
@@ -101,10 +111,12 @@ def coverage(archs=COVERAGE_ARCHS) -> Dict[str, Dict[str, List[str]]]:
     """{arch: {instance: [row (fwd) / row (fwd+bwd) / row (bwd), ...]}}: which runs pick each
     instance (fwd: the forward of a forward-alone run; f+b: the forward of a forward+backward
     run where it differs from the forward alone, only the flash route's rule reads the
-    direction; bwd: the backward)."""
+    direction; bwd: the backward; ml: the forward with return_max_logit where it differs from the
+    forward alone, on the rows that time it)."""
     import dataclasses
 
     rows = benchmark_rows()
+    ml_rows = set(max_logit_rows())
     out: Dict[str, Dict[str, List[str]]] = OrderedDict()
     for arch in archs:
         device = sp.ARCHS[arch]
@@ -116,6 +128,11 @@ def coverage(archs=COVERAGE_ARCHS) -> Dict[str, Dict[str, List[str]]]:
             runs = [(alone, "fwd"), (bwd, "bwd")]
             if fwd.launches != alone.launches:
                 runs.append((fwd, "f+b"))
+            if name in ml_rows:
+                ml = sp.plan_call(dataclasses.replace(call, backward=False, max_logit=True),
+                                  device, sp.DEFAULT_TUNING)[0]
+                if ml.launches != alone.launches:
+                    runs.append((ml, "ml"))
             for plan, mode in runs:
                 for launch in plan.launches:
                     who = picks.setdefault(instance(launch, call.dtype), [])
@@ -179,8 +196,10 @@ def doc_section(cov=None) -> str:
               "default tuning, for the benchmark runs (`python3 tools/plan_coverage.py`; the "
               "one-query case grid, the ranking grid and the ragged rows at the lengths of their "
               "default seed): `fwd` the forward alone, `f+b` the forward ahead of a backward "
-              "where it differs, `bwd` the backward. Instances not listed are picked by no "
-              "benchmark run on these archs (other dtypes, head dims and shapes take them).\n\n"),
+              "where it differs, `bwd` the backward, `ml` the forward with `return_max_logit` "
+              "where it differs (the rows `--max-logit` times). Instances not listed are picked "
+              "by no benchmark run on these archs (other dtypes, head dims and shapes take "
+              "them).\n\n"),
              "| kernel | archs | picked for |\n|---|---|---|\n"]
     instances = sorted({inst for arch in DOC_ARCHS for inst in cov[arch] if "<" in inst})
     for inst in instances:

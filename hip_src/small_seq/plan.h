@@ -17,13 +17,13 @@ enum class SmallSeqKernel : int32_t {
   kBwd = 42,                  // small_seq_bwd_kernel<T, D, KV, PIPE>
   kBwdMma = 43,               // small_seq_bwd_mma_kernel<T, D, KV>
   kBwdMmaWide = 44,           // small_seq_bwd_mma_wide_kernel<T, D, KV>
-  kTiledFwdWave = 1,          // small_seq_tiled_fwd_kernel<T, D, ONE_TILE>
-  kTiledFwdBlock = 2,         // small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC>
-  kTiledFwdResident = 3,      // small_seq_tiled_fwd_resident_kernel<T, D, KSTEP>
+  kTiledFwdWave = 1,          // small_seq_tiled_fwd_kernel<T, D, ONE_TILE, ROW_MAX>
+  kTiledFwdBlock = 2,         // small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC, ROW_MAX>
+  kTiledFwdResident = 3,      // small_seq_tiled_fwd_resident_kernel<T, D, KSTEP, ROW_MAX>
   kTiledFwdWarpgroup = 4,     // small_seq_tiled_fwd_warpgroup_kernel<T, D>
   kTiledFwdWarpgroupTma = 5,  // small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, KEYS, CAPPED,
-                              // STREAM>
-  kTiledFwdWarpgroupWs = 6,   // small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, PINGPONG>
+                              // STREAM, ROW_MAX>
+  kTiledFwdWarpgroupWs = 6,   // small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, PINGPONG, ROW_MAX>
   kTiledBwdDelta = 10,        // small_seq_tiled_bwd_delta_kernel<T, D>
   kTiledBwdDkv = 11,          // small_seq_tiled_bwd_dkv_kernel<T, D, ONE_ROW_TILE, FUSED_DELTA>
   kTiledBwdDkvBlock = 13,     // small_seq_tiled_bwd_dkv_block_kernel<T, D>

@@ -38,8 +38,13 @@
 //   kTiledLazyRescaleLog2, so P may reach 2^8 (exact in every 16-bit format's range; its
 //   relative rounding is the same at any scale). The O rescale, a multiply per accumulator,
 //   is then skipped by the whole wave on most tiles. O / l and m + log2 l do not depend on
-//   which reference was used. A call that asks for each row's maximum (p.row_max) sets the
-//   threshold to 0, so m ends as the row's exact maximum (one more rescale per new maximum).
+//   which reference was used.
+// - Each row's maximum logit (p.row_max, return_max_logit): the ROW_MAX instances keep m lazy
+//   and carry the row's exact running maximum apart (one fmax per row and key step, from the
+//   step's max that the softmax forms anyway), so O and l are rescaled exactly as without it.
+//   The other instances, given p.row_max, set the threshold to 0 so that m ends exact (one
+//   rescale per new maximum): the plan gives them row_max only where a history is one key
+//   step (the one-tile instance), which never rescales.
 // - Keys past the segment's length are never read: their K/V rows are exact zeros and their
 //   scores -inf, so they contribute exactly 0 (never 0 * garbage).
 // - return_softmax: a second pass over the key tiles recomputes S (the same products, so the
@@ -234,8 +239,9 @@ template <int D>
 using TiledHeldV = ra_mma_vrows<TiledSlices<D>::kWidth, kTiledKeys>;
 
 
+// ROW_MAX: the instance that writes row_max from the exact running maximum (header NOTE).
 template <typename T, int D, int ROWS, int MODE, int THREADS = kTiledBlockThreads,
-          int KSTEP = 1>
+          int KSTEP = 1, bool ROW_MAX = false>
 RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile,
                                   const TiledSegment& s, const int lane,
                                   const TiledHeldK<D>* held_k, const TiledHeldV<D>* held_v,
@@ -287,9 +293,13 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     m[r] = -INFINITY;
     l[r] = 0.f;
   }
-  // Where the caller asks for each row's maximum logit (p.row_max), m moves with every new
-  // maximum (threshold 0), so that it ends as the row's exact maximum; otherwise lazily.
-  const float lazy = p.row_max != nullptr ? 0.f : kTiledLazyRescaleLog2;
+  // Each row's maximum logit (header NOTE): ROW_MAX keeps the exact running max in m_exact
+  // (log2 domain, the same in every lane of a row) and m lazy; the other instances move m with
+  // every new maximum (threshold 0) where p.row_max is asked, so that it ends exact.
+  float m_exact[SLOTS];
+#pragma unroll
+  for (int r = 0; r < SLOTS; ++r) m_exact[r] = -INFINITY;
+  const float lazy = !ROW_MAX && p.row_max != nullptr ? 0.f : kTiledLazyRescaleLog2;
   ra_mma_out<DS, ROWS> o[NSL];
 #pragma unroll
   for (int c = 0; c < NSL; ++c) ra_mma_zero(o[c]);
@@ -331,6 +341,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
       alpha[r] = 1.f;
       if (ra_mma_slot_row0(r) >= ROWS) continue;
       const float tile_max = ra_mma_row_max(mt[r]);
+      if constexpr (ROW_MAX) m_exact[r] = fmaxf(m_exact[r], tile_max);
       if (m[r] == -INFINITY) {
         m[r] = tile_max;  // nothing accumulated yet (l and O are 0): no rescale
       } else if (tile_max > m[r] + lazy) {
@@ -562,7 +573,8 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
     p.lse[tiled_row_term_at(p, s, hq, j)] = v == -INFINITY ? -INFINITY : v * kTiledLn2;
     if (p.row_max != nullptr)
       p.row_max[tiled_row_term_at(p, s, hq, j)] =
-          v == -INFINITY ? -INFINITY : m[ra_mma_acc_slot(i)] * kTiledLn2;
+          v == -INFINITY ? -INFINITY
+                         : (ROW_MAX ? m_exact : m)[ra_mma_acc_slot(i)] * kTiledLn2;
   }
 
   if (p.probs == nullptr) return;
@@ -605,7 +617,7 @@ RA_DEVICE void tiled_fwd_tile_mma(const SmallSeqTiledParams& p, const int hk, co
 // 128) loads K and V once and serves every row tile from registers; longer ones stream.
 // ONE_TILE: the launch has max_seqlen_kv <= kTiledKeys, so every valid segment is one tile
 // (the contract bounds its keys by max_seqlen_kv) and the streaming path is not compiled.
-template <typename T, int D, int ROWS, bool ONE_TILE = false>
+template <typename T, int D, int ROWS, bool ONE_TILE = false, bool ROW_MAX = false>
 RA_DEVICE void tiled_fwd_item_mma(const SmallSeqTiledParams& p, const int hk, const int64_t tile0,
                                   const int64_t tile1, const TiledSegment& s, const int lane) {
   constexpr int DS = TiledSlices<D>::kWidth;
@@ -623,13 +635,15 @@ RA_DEVICE void tiled_fwd_item_mma(const SmallSeqTiledParams& p, const int hk, co
       ra_mma_load_vrows(vr, static_cast<const uint16_t*>(p.v) + v_off, p.v_token_stride, s.nk,
                         lane);
       for (int64_t tile = tile0; tile < tile1; ++tile)
-        tiled_fwd_tile_mma<T, D, ROWS, kTiledHeld>(p, hk, tile, s, lane, &kr, &vr);
+        tiled_fwd_tile_mma<T, D, ROWS, kTiledHeld, kTiledBlockThreads, 1, ROW_MAX>(
+            p, hk, tile, s, lane, &kr, &vr);
       return;
     }
   }
   if constexpr (!ONE_TILE) {
     for (int64_t tile = tile0; tile < tile1; ++tile)
-      tiled_fwd_tile_mma<T, D, ROWS, kTiledStream>(p, hk, tile, s, lane, nullptr, nullptr);
+      tiled_fwd_tile_mma<T, D, ROWS, kTiledStream, kTiledBlockThreads, 1, ROW_MAX>(
+          p, hk, tile, s, lane, nullptr, nullptr);
   }
 }
 
@@ -761,8 +775,9 @@ RA_DEVICE void tiled_fwd_tile_scalar(const SmallSeqTiledParams& p, const int hk,
 // Grid-stride loop over (segment, kv head, row-tile group) items.
 // ONE_TILE: the launch's histories fit one key tile (max_seqlen_kv <= kTiledKeys, d <= 128),
 // so every item holds its K/V in registers and the streaming path is not compiled; its
-// registers are capped for kTiledOneTileMinBlocks blocks (see there).
-template <typename T, int D, bool ONE_TILE = false>
+// registers are capped for kTiledOneTileMinBlocks blocks (see there). ROW_MAX: the instance
+// for calls that ask for row_max (header NOTE; the one-tile instance has none).
+template <typename T, int D, bool ONE_TILE = false, bool ROW_MAX = false>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledMaxThreadsPerBlock,
                                             ONE_TILE ? kTiledOneTileMinBlocks : 1)
     small_seq_tiled_fwd_kernel(const SmallSeqTiledParams p) {
@@ -794,7 +809,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledMaxThreadsPerBlock,
     const int64_t tile1 =
         tile0 + kTiledRowTilesPerItem < seg_tiles ? tile0 + kTiledRowTilesPerItem : seg_tiles;
 #if RA_HAS_MMA
-    tiled_fwd_item_mma<T, D, ROWS, ONE_TILE>(p, hk, tile0, tile1, s, lane);
+    tiled_fwd_item_mma<T, D, ROWS, ONE_TILE, ROW_MAX>(p, hk, tile0, tile1, s, lane);
 #else
     for (int64_t tile = tile0; tile < tile1; ++tile)
       tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);
@@ -810,10 +825,10 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledMaxThreadsPerBlock,
 // padding rows are handled as in the wave kernel.
 // CP_ASYNC: the key tiles are staged by cp.async into a ring (kTiledSharedAsync) where the
 // device pass has it (RA_HAS_CP_ASYNC), else through registers (kTiledShared); launchers
-// instantiate it only in CUDA builds (RA_CP_ASYNC_BUILD).
+// instantiate it only in CUDA builds (RA_CP_ASYNC_BUILD). ROW_MAX: as the wave kernel's.
 // NOTE: the explicit minimum of one resident block lets nvcc use the registers it needs; with
 // the thread bound alone it capped d = 64 at 128 registers and spilled.
-template <typename T, int D, int THREADS, bool CP_ASYNC = false>
+template <typename T, int D, int THREADS, bool CP_ASYNC = false, bool ROW_MAX = false>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, 1)
     small_seq_tiled_fwd_block_kernel(const SmallSeqTiledParams p) {
   static_assert(TiledSlices<D>::kCount == 1, "the block kernel serves head dims up to 128");
@@ -856,12 +871,13 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, 1)
     if (bg * WAVES * ROWS >= seg_rows) continue;  // no rows in this block (block-uniform)
 #if RA_HAS_MMA
     if (s.nk <= kTiledKeys) {  // block-uniform: one key tile, held in registers per wave
-      if (tile * ROWS < seg_rows) tiled_fwd_item_mma<T, D, ROWS>(p, hk, tile, tile + 1, s, lane);
+      if (tile * ROWS < seg_rows)
+        tiled_fwd_item_mma<T, D, ROWS, false, ROW_MAX>(p, hk, tile, tile + 1, s, lane);
       continue;
     }
     // Every wave, those past the segment's rows too (they stage and wait, and write nothing).
-    tiled_fwd_tile_mma<T, D, ROWS, MODE, THREADS>(p, hk, tile, s, lane, nullptr, nullptr, &stage,
-                                                  tid);
+    tiled_fwd_tile_mma<T, D, ROWS, MODE, THREADS, 1, ROW_MAX>(p, hk, tile, s, lane, nullptr,
+                                                              nullptr, &stage, tid);
 #else
     // Targets without matrix units: each wave its own tile, scalar (no staging).
     if (tile * ROWS < seg_rows) tiled_fwd_tile_scalar<T, D, ROWS>(p, hk, tile, s, lane);

@@ -185,8 +185,9 @@ RA_DEVICE void tiled_resident_stage(uint16_t* sk, uint16_t* sv, const uint16_t* 
 // KSTEP: key tiles per softmax step (1, or 4: the step's four chains of dependent matrix and
 // softmax steps cover each other's latency).
 // NOTE (registers): the explicit minimum of one resident block lets the compiler use the
-// registers the tile needs (docs/kernels.md#tiled-small-seq-kernels).
-template <typename T, int D, int KSTEP>
+// registers the tile needs (docs/kernels.md#tiled-small-seq-kernels). ROW_MAX: the instance for
+// calls that ask for row_max (tiled_fwd_kernel.h's header NOTE).
+template <typename T, int D, int KSTEP, bool ROW_MAX = false>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledResidentThreads, 1)
     small_seq_tiled_fwd_resident_kernel(const SmallSeqTiledParams p, const int splits) {
   static_assert(TiledSlices<D>::kCount == 1, "the resident kernel serves head dims up to 128");
@@ -212,7 +213,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledResidentThreads, 1)
     __syncthreads();
     const TiledResidentKv resident{sk, sv};
     for (int64_t tile = it.tile0 + w; tile < it.tile1; tile += WAVES)
-      tiled_fwd_tile_mma<T, D, ROWS, kTiledResident, THREADS, KSTEP>(
+      tiled_fwd_tile_mma<T, D, ROWS, kTiledResident, THREADS, KSTEP, ROW_MAX>(
           p, hk, tile, s, lane, nullptr, nullptr, nullptr, tid, &resident);
     __syncthreads();  // every wave is done with this segment's K/V before the next staging
 #else

@@ -260,7 +260,12 @@ struct TiledOverlappedSteps {
 // copied apart, zeros past the history), so that step reads rows RING .. of V. TAIL_APART false
 // (the warp-specialized kernel, whose copy warp writes that step's V into its own slot): V's
 // panels hold RING rows and every step reads its slot.
-template <typename T, int D, int KEYS, int RING = 0, bool TAIL_APART = true, typename BeforeStep,
+// ROW_MAX: the instance for calls that ask for row_max: m stays lazy and each row's exact running
+// maximum is kept apart (m_exact) for it (tiled_fwd_kernel.h's header NOTE); without it a call
+// that passes p.row_max moves m with every new maximum instead (threshold 0), so that m ends
+// exact, which costs nothing where the history is one step (the 16-key instances).
+template <typename T, int D, int KEYS, int RING = 0, bool TAIL_APART = true,
+          bool ROW_MAX = false, typename BeforeStep,
           typename StoreOut, typename Schedule = TiledSerialSteps,
           typename StepDone = TiledNoStepDone>
 RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSegment& s,
@@ -287,9 +292,8 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
-  // Where the caller asks for each row's maximum logit (p.row_max), m moves with every new
-  // maximum (threshold 0), so that it ends as the row's exact maximum; otherwise lazily.
-  const float lazy = p.row_max != nullptr ? 0.f : kTiledLazyRescaleLog2;
+  float m_exact[2] = {-INFINITY, -INFINITY};  // ROW_MAX: each row's exact running maximum
+  const float lazy = !ROW_MAX && p.row_max != nullptr ? 0.f : kTiledLazyRescaleLog2;
   // The score product of the step at key k0 into acc, asynchronous: committed, not waited.
   // Each operand's descriptor is made once per step and advanced to each k step by one add
   // (ra_wgmma_desc_advance) rather than rebuilt from the k step's address. (Q's, the same every
@@ -346,6 +350,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] *= scale;  // log2 domain
+      if constexpr (ROW_MAX) m_exact[r] = fmaxf(m_exact[r], mx[r]);
       alpha[r] = 1.f;
       if (m[r] == -INFINITY) {
         m[r] = mx[r];  // nothing accumulated yet (l and O are 0)
@@ -470,7 +475,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     tiled_warpgroup_acc_row_to_buffer<T, D>(sq_ptr, o, r, sum > 0.f ? 1.f / sum : 0.f, wtid);
     lse[r] = sum > 0.f ? (m[r] + log2f(sum)) * kTiledLn2 : -INFINITY;
-    row_max[r] = sum > 0.f ? m[r] * kTiledLn2 : -INFINITY;
+    row_max[r] = sum > 0.f ? (ROW_MAX ? m_exact : m)[r] * kTiledLn2 : -INFINITY;
   }
   const TiledRowMap map(r0, group);  // (a 64-bit division: not under a product)
 #pragma unroll

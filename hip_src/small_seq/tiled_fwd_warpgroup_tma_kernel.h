@@ -137,8 +137,8 @@ RA_DEVICE void tiled_tma_store_tile(const SmallSeqTiledParams& p, const TiledTma
 
 // NOTE (registers): as small_seq_tiled_fwd_warpgroup_kernel (CAPPED: three blocks per
 // multiprocessor where they fit). STREAM: the streaming instance (64-key steps, uncapped: two
-// blocks).
-template <typename T, int D, int KEYS, bool CAPPED, bool STREAM = false>
+// blocks). ROW_MAX: the instance for calls that ask for row_max (tiled_warpgroup_tile).
+template <typename T, int D, int KEYS, bool CAPPED, bool STREAM = false, bool ROW_MAX = false>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, CAPPED ? 3 : 2)
     small_seq_tiled_fwd_warpgroup_tma_kernel(const SmallSeqTiledParams p, const int splits,
                                              const __grid_constant__ TiledTmaMaps maps) {
@@ -292,7 +292,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, CAPPED ? 3 : 2)
           ra_fence_proxy_async();  // cp.async wrote V's tail: publish it to the products
         }
       };
-      tiled_warpgroup_tile<T, D, KEYS, kRing>(
+      tiled_warpgroup_tile<T, D, KEYS, kRing, true, ROW_MAX>(
           p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr, smem.q, smem.k, smem.v, kp, wg,
           wtid, 0, nk, stream_step, store_out_of(tile, 0));
       if (tail) tail_parity ^= 1u;
@@ -307,7 +307,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(128, CAPPED ? 3 : 2)
         q_parity ^= 1u << buf;
         const uint32_t off = buf * kQBytes;
         const int64_t r0 = tile * ROWS;
-        tiled_warpgroup_tile<T, D, KEYS>(
+        tiled_warpgroup_tile<T, D, KEYS, 0, true, ROW_MAX>(
             p, s, hk, group, r0, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v, kp, wg,
             wtid, 0, nk, before_step, store_out_of(tile, off));
         first = false;

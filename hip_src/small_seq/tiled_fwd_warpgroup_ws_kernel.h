@@ -177,8 +177,9 @@ RA_DEVICE auto tiled_ws_schedule(const int wg, const bool paired) {
 }
 #endif
 
-// PINGPONG: the computing warpgroups take turns issuing their products (see above).
-template <typename T, int D, bool PINGPONG>
+// PINGPONG: the computing warpgroups take turns issuing their products (see above). ROW_MAX: the
+// instance for calls that ask for row_max (tiled_warpgroup_tile).
+template <typename T, int D, bool PINGPONG, bool ROW_MAX = false>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
     small_seq_tiled_fwd_warpgroup_ws_kernel(const SmallSeqTiledParams p, const int splits,
                                             const __grid_constant__ TiledTmaMaps maps) {
@@ -423,7 +424,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
                                 static_cast<int>(s.q_batch), smem.q + off, smem.q_ptr + off, wg,
                                 wtid);
       };
-      tiled_warpgroup_tile<T, D, KEYS, kRing, false>(
+      tiled_warpgroup_tile<T, D, KEYS, kRing, false, ROW_MAX>(
           p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v,
           kRing, wg, wtid, 0, nk, before_step, store_out,
           tiled_ws_schedule<PINGPONG>(wg, paired),

@@ -10,7 +10,10 @@
 // steps (CUDA sm_90a builds add the tile-copy instances of 16- and 64-key steps and the
 // streaming instance, and at d 128 the warp-specialized kernel); one translation unit: the
 // kernels have no kv bucket, so the variant count stays small and needs no generated
-// instantiation files.
+// instantiation files. Every instance whose histories may take more than one key step has a
+// ROW_MAX twin (the record's last parameter: the plan's choice for calls that ask for each
+// row's maximum logit, tiled_fwd_kernel.h's header NOTE); the one-step instances (the wave
+// kernel's one-tile instance, the 16-key warpgroup instances) serve those calls as they are.
 #include "plan.h"
 #include "tiled_fwd_warpgroup_kernel.h"
 #include "tiled_fwd_warpgroup_tma_kernel.h"
@@ -77,9 +80,9 @@ hipError_t run_tiled_fwd_staged(const SmallSeqTiledParams& p, int64_t smem, int 
   return hipGetLastError();
 }
 
-template <typename T, int D, int KSTEP>
+template <typename T, int D, int KSTEP, bool ROW_MAX>
 hipError_t run_tiled_fwd_resident(const SmallSeqTiledParams& p, int factor, hipStream_t stream) {
-  return run_tiled_fwd_staged<small_seq_tiled_fwd_resident_kernel<T, D, KSTEP>,
+  return run_tiled_fwd_staged<small_seq_tiled_fwd_resident_kernel<T, D, KSTEP, ROW_MAX>,
                               kTiledResidentThreads>(
       p, tiled_resident_smem_bytes<D>(p.max_seqlen_kv), kTiledResidentRows,
       kTiledResidentThreads / ra_device_wave_size(), 0, factor, stream);
@@ -116,7 +119,7 @@ bool tiled_tma_maps(const SmallSeqTiledParams& p, TiledTmaMaps* maps) {
 // The warpgroup kernel staged by tile copies (tiled_fwd_warpgroup_tma_kernel.h); false (nothing
 // launched) where q, k, v or out have no tensor map (an address or stride not a multiple of 16
 // bytes). STREAM: the streaming instance (64-key steps, one row tile per item).
-template <typename T, int D, int KEYS, bool CAPPED, bool STREAM>
+template <typename T, int D, int KEYS, bool CAPPED, bool STREAM, bool ROW_MAX>
 bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, int factor, hipStream_t stream,
                                  hipError_t* err) {
   const int group = p.num_heads_q / p.num_heads_kv;
@@ -130,16 +133,16 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, int factor, hipSt
   }
   TiledTmaMaps maps;
   if (!tiled_tma_maps<D, KEYS>(p, &maps)) return false;
-  *err = run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, KEYS, CAPPED, STREAM>,
-                              128>(p, smem, kTiledWarpgroupRows, 1, STREAM ? 1 : 0, factor,
-                                   stream, maps);
+  *err = run_tiled_fwd_staged<
+      small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, KEYS, CAPPED, STREAM, ROW_MAX>, 128>(
+      p, smem, kTiledWarpgroupRows, 1, STREAM ? 1 : 0, factor, stream, maps);
   return true;
 }
 
 // The warp-specialized kernel (tiled_fwd_warpgroup_ws_kernel.h); false (nothing launched) where
 // the tensors have no tensor maps. Histories past its ring stream in items of a pair of row
 // tiles (tiled_ws_tiles_per_item). PINGPONG: its warpgroups take turns issuing products.
-template <typename T, int D, bool PINGPONG>
+template <typename T, int D, bool PINGPONG, bool ROW_MAX>
 bool run_tiled_fwd_warpgroup_ws(const SmallSeqTiledParams& p, int factor, hipStream_t stream,
                                 hipError_t* err) {
   const int group = p.num_heads_q / p.num_heads_kv;
@@ -151,7 +154,7 @@ bool run_tiled_fwd_warpgroup_ws(const SmallSeqTiledParams& p, int factor, hipStr
   }
   TiledTmaMaps maps;
   if (!tiled_tma_maps<D, kTiledWarpgroupKeys>(p, &maps)) return false;
-  *err = run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, PINGPONG>,
+  *err = run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, PINGPONG, ROW_MAX>,
                               kTiledWsThreads>(p, smem, kTiledWarpgroupRows,
                                                kTiledWsComputeWarpgroups,
                                                tiled_ws_tiles_per_item(p.max_seqlen_kv), factor,
@@ -160,56 +163,75 @@ bool run_tiled_fwd_warpgroup_ws(const SmallSeqTiledParams& p, int factor, hipStr
 }
 #endif
 
-template <typename T, int D, int THREADS, bool CP_ASYNC>
+template <typename T, int D, int THREADS, bool CP_ASYNC, bool ROW_MAX>
 hipError_t run_tiled_fwd_block(const SmallSeqTiledParams& p, int wave, int factor,
                                hipStream_t stream) {
   static TiledOccupancyCache occupancy;
   const int waves = THREADS / wave;
   const int64_t items = static_cast<int64_t>(p.batch) * p.num_heads_kv *
                         ((tiled_row_tiles(p, tiled_rows_for_wave(wave)) + waves - 1) / waves);
-  const dim3 grid = tiled_grid(small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC>, items,
-                               1, THREADS, factor, occupancy);
-  hipLaunchKernelGGL((small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC>), grid,
+  const dim3 grid = tiled_grid(
+      small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC, ROW_MAX>, items, 1, THREADS,
+      factor, occupancy);
+  hipLaunchKernelGGL((small_seq_tiled_fwd_block_kernel<T, D, THREADS, CP_ASYNC, ROW_MAX>), grid,
                      dim3(THREADS), 0, stream, p);
   return hipGetLastError();
 }
 
 // The wave kernel; ONE_TILE: its instance for histories of one key tile.
-template <typename T, int D, bool ONE_TILE>
+template <typename T, int D, bool ONE_TILE, bool ROW_MAX>
 hipError_t run_tiled_fwd_wave(const SmallSeqTiledParams& p, int wave, int factor,
                               hipStream_t stream) {
   if (ONE_TILE && p.max_seqlen_kv > kTiledKeys) return kBadPlan;
   static TiledOccupancyCache occupancy;
   const dim3 block(kTiledWavesPerBlock * wave);
-  const dim3 grid = tiled_grid(small_seq_tiled_fwd_kernel<T, D, ONE_TILE>,
+  const dim3 grid = tiled_grid(small_seq_tiled_fwd_kernel<T, D, ONE_TILE, ROW_MAX>,
                                tiled_fwd_items(p, tiled_rows_for_wave(wave)), kTiledWavesPerBlock,
                                static_cast<int>(block.x), factor, occupancy);
-  hipLaunchKernelGGL((small_seq_tiled_fwd_kernel<T, D, ONE_TILE>), grid, block, 0, stream, p);
+  hipLaunchKernelGGL((small_seq_tiled_fwd_kernel<T, D, ONE_TILE, ROW_MAX>), grid, block, 0,
+                     stream, p);
   return hipGetLastError();
 }
 
 #if RA_TMA_BUILD
 // The tile-copy warpgroup kernel of a launch record (KEYS, CAPPED, STREAM): staged 16- and
-// 64-key steps, capped; the streaming instance. False where the tensors have no tensor maps.
-template <typename T, int D>
+// 64-key steps, capped; the streaming instance (ROW_MAX: the 64-key ones' twins). False where
+// the tensors have no tensor maps.
+template <typename T, int D, bool ROW_MAX>
 bool run_tiled_fwd_warpgroup_tma_record(const SmallSeqTiledParams& p, const int32_t* a,
                                         int factor, hipStream_t stream, hipError_t* err) {
   const int keys = a[1];
   const bool capped = a[2] != 0, stream_items = a[3] != 0;
   if (stream_items && keys == 64 && !capped)
-    return run_tiled_fwd_warpgroup_tma<T, D, 64, false, true>(p, factor, stream, err);
-  if (!stream_items && keys == 16 && capped)
-    return run_tiled_fwd_warpgroup_tma<T, D, 16, true, false>(p, factor, stream, err);
+    return run_tiled_fwd_warpgroup_tma<T, D, 64, false, true, ROW_MAX>(p, factor, stream, err);
+  if constexpr (!ROW_MAX) {  // one step: no twin
+    if (!stream_items && keys == 16 && capped)
+      return run_tiled_fwd_warpgroup_tma<T, D, 16, true, false, false>(p, factor, stream, err);
+  }
   if (!stream_items && keys == 64 && capped)
-    return run_tiled_fwd_warpgroup_tma<T, D, 64, true, false>(p, factor, stream, err);
+    return run_tiled_fwd_warpgroup_tma<T, D, 64, true, false, ROW_MAX>(p, factor, stream, err);
   *err = kNoKernel;
   return true;
 }
 #endif
 
-// One launch record of the plan. *no_maps: a tile-copy kernel whose tensor maps could not be
-// made (nothing launched; the caller runs the plan's fallback).
-template <typename T, int D>
+// A record's ROW_MAX (its last parameter; false for the kernel without one).
+inline bool tiled_fwd_record_row_max(const SmallSeqLaunch& l) {
+  const int32_t* a = l.p;
+  switch (static_cast<SmallSeqKernel>(l.kernel)) {
+    case SmallSeqKernel::kTiledFwdWave: return a[3] != 0;
+    case SmallSeqKernel::kTiledFwdBlock: return a[4] != 0;
+    case SmallSeqKernel::kTiledFwdResident: return a[3] != 0;
+    case SmallSeqKernel::kTiledFwdWarpgroupTma: return a[5] != 0;
+    case SmallSeqKernel::kTiledFwdWarpgroupWs: return a[3] != 0;
+    default: return false;
+  }
+}
+
+// One launch record of the plan (ROW_MAX: its flag, tiled_fwd_record_row_max). *no_maps: a
+// tile-copy kernel whose tensor maps could not be made (nothing launched; the caller runs the
+// plan's fallback).
+template <typename T, int D, bool ROW_MAX>
 hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaunch& l,
                                 hipStream_t stream, bool* no_maps) {
   const int32_t* a = l.p;  // a[0] = D, then the kernel's parameters
@@ -217,12 +239,12 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
   const int wave = ra_device_wave_size();
   switch (static_cast<SmallSeqKernel>(l.kernel)) {
     case SmallSeqKernel::kTiledFwdWave:
-      if constexpr (D <= 128) {
-        if (a[1] != 0) return run_tiled_fwd_wave<T, D, true>(p, wave, a[2], stream);
+      if constexpr (D <= 128 && !ROW_MAX) {  // the one-tile instance has no twin
+        if (a[1] != 0) return run_tiled_fwd_wave<T, D, true, false>(p, wave, a[2], stream);
       } else {
         if (a[1] != 0) return kNoKernel;
       }
-      return run_tiled_fwd_wave<T, D, false>(p, wave, a[2], stream);
+      return run_tiled_fwd_wave<T, D, false, ROW_MAX>(p, wave, a[2], stream);
     default: break;
   }
   if constexpr (D <= 128) {
@@ -230,15 +252,15 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
       case SmallSeqKernel::kTiledFwdBlock:
         // many rows: 256 threads through registers; few rows (CUDA builds): two warps by cp.async
         if (a[1] == 256 && a[2] == 0)
-          return run_tiled_fwd_block<T, D, 256, false>(p, wave, a[3], stream);
+          return run_tiled_fwd_block<T, D, 256, false, ROW_MAX>(p, wave, a[3], stream);
 #if RA_CP_ASYNC_BUILD
         if (a[1] == 64 && a[2] != 0)
-          return run_tiled_fwd_block<T, D, 64, true>(p, wave, a[3], stream);
+          return run_tiled_fwd_block<T, D, 64, true, ROW_MAX>(p, wave, a[3], stream);
 #endif
         return kNoKernel;
       case SmallSeqKernel::kTiledFwdResident:
-        if (a[1] == 1) return run_tiled_fwd_resident<T, D, 1>(p, a[2], stream);
-        if (a[1] == 4) return run_tiled_fwd_resident<T, D, 4>(p, a[2], stream);
+        if (a[1] == 1) return run_tiled_fwd_resident<T, D, 1, ROW_MAX>(p, a[2], stream);
+        if (a[1] == 4) return run_tiled_fwd_resident<T, D, 4, ROW_MAX>(p, a[2], stream);
         return kNoKernel;
       case SmallSeqKernel::kTiledFwdWarpgroup:
         if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;
@@ -247,7 +269,7 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
       case SmallSeqKernel::kTiledFwdWarpgroupTma: {
         if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;
         hipError_t err = hipSuccess;
-        *no_maps = !run_tiled_fwd_warpgroup_tma_record<T, D>(p, a, a[4], stream, &err);
+        *no_maps = !run_tiled_fwd_warpgroup_tma_record<T, D, ROW_MAX>(p, a, a[4], stream, &err);
         return err;
       }
       case SmallSeqKernel::kTiledFwdWarpgroupWs: {
@@ -255,8 +277,9 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
           if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;
           if (a[1] != 0 && a[1] != 1) return kNoKernel;  // PINGPONG
           hipError_t err = hipSuccess;
-          *no_maps = a[1] != 0 ? !run_tiled_fwd_warpgroup_ws<T, D, true>(p, a[2], stream, &err)
-                               : !run_tiled_fwd_warpgroup_ws<T, D, false>(p, a[2], stream, &err);
+          *no_maps =
+              a[1] != 0 ? !run_tiled_fwd_warpgroup_ws<T, D, true, ROW_MAX>(p, a[2], stream, &err)
+                        : !run_tiled_fwd_warpgroup_ws<T, D, false, ROW_MAX>(p, a[2], stream, &err);
           return err;
         }
         return kNoKernel;
@@ -269,16 +292,24 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
 }
 
 template <typename T, int D>
+hipError_t run_tiled_fwd_any_record(const SmallSeqTiledParams& p, const SmallSeqLaunch& l,
+                                    hipStream_t stream, bool* no_maps) {
+  return tiled_fwd_record_row_max(l) ? run_tiled_fwd_record<T, D, true>(p, l, stream, no_maps)
+                                     : run_tiled_fwd_record<T, D, false>(p, l, stream, no_maps);
+}
+
+template <typename T, int D>
 hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, const SmallSeqPlan& plan,
                          hipStream_t stream) {
   if (plan.launches != 1 || plan.fallbacks > 1) return kBadPlan;
   if (p.batch == 0 || p.num_heads_kv == 0) return hipSuccess;
   bool no_maps = false;
-  const hipError_t err = run_tiled_fwd_record<T, D>(p, plan.launch[0], stream, &no_maps);
+  const hipError_t err = run_tiled_fwd_any_record<T, D>(p, plan.launch[0], stream, &no_maps);
   if (!no_maps) return err;
   if (plan.fallbacks != 1) return kBadPlan;  // the plan names no kernel for these tensors
   no_maps = false;
-  const hipError_t fallback = run_tiled_fwd_record<T, D>(p, plan.launch[1], stream, &no_maps);
+  const hipError_t fallback =
+      run_tiled_fwd_any_record<T, D>(p, plan.launch[1], stream, &no_maps);
   return no_maps ? kBadPlan : fallback;
 }
 

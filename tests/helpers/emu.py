@@ -787,10 +787,12 @@ def small_seq_tiled_params(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_k
 
 
 def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale,
-                        return_softmax=True, row_max=False):
+                        return_softmax=True, row_max=False, plan=None, rc=None):
     """(out, lse, probs) of the emulated tiled forward; outputs start as NaN (unwritten shows).
     lse [h_q, total_q], probs [total_q, h_q, max_kv] (total_q = b * s_q for BSHD q).
-    ``row_max``: also each row's maximum scaled logit, indexed as lse (tiled_params.h), last."""
+    ``row_max``: also each row's maximum scaled logit, indexed as lse (tiled_params.h), last.
+    plan: the launcher's plan ints (default: the plan's, tiled_fwd_plan); rc: a list that takes
+    the launcher's code instead of raising on an error (as small_seq_fwd)."""
     p = small_seq_tiled_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale)
     out = _nan(q.shape, q.dtype)
     lse = _nan((p.num_heads_q, p.total_q), torch.float32)
@@ -805,11 +807,15 @@ def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, 
     rmax = _nan((p.num_heads_q, p.total_q), torch.float32) if row_max else None
     p.row_max = ptr(rmax)
     lib.apply_tuning()
-    plan = tiled_fwd_plan(lib, q, k, max_q, max_kv, return_softmax)
+    if plan is None:
+        plan = tiled_fwd_plan(lib, q, k, max_q, max_kv, return_softmax, max_logit=row_max)
     ints = (ctypes.c_int64 * len(plan))(*plan)
-    lib.check(lib.lib.emu_small_seq_tiled_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
-                                              q.shape[-1], ints, ctypes.c_int64(len(plan))),
-              "small_seq tiled forward")
+    code = lib.lib.emu_small_seq_tiled_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
+                                           q.shape[-1], ints, ctypes.c_int64(len(plan)))
+    if rc is not None:
+        rc.append(code)
+    else:
+        lib.check(code, "small_seq tiled forward")
     return (out, lse, probs) + ((rmax,) if row_max else ())
 
 
@@ -842,13 +848,15 @@ def tiled_bwd_plan(lib: Emu, q, k, max_q, max_kv) -> List[int]:
     return sp.tiled_bwd_ints(call, plan_device(lib), plan_tuning(lib))
 
 
-def tiled_fwd_plan(lib: Emu, q, k, max_q, max_kv, return_softmax) -> List[int]:
+def tiled_fwd_plan(lib: Emu, q, k, max_q, max_kv, return_softmax,
+                   max_logit=False) -> List[int]:
     """The plan ints of an emulated tiled forward (rocm_attn.small_seq_plan.tiled_fwd_plan's,
-    for the emulated device)."""
+    for the emulated device; ``max_logit``: a call that writes row_max, the ROW_MAX
+    instances)."""
     from rocm_attn import small_seq_plan as sp
 
     call = sp.Call(q.shape[-1], q.shape[-2], k.shape[-2], max_q, max_kv,
-                   return_softmax=return_softmax)
+                   return_softmax=return_softmax, max_logit=max_logit)
     return sp.tiled_fwd_ints(call, plan_device(lib), plan_tuning(lib))
 
 
