@@ -211,7 +211,6 @@ DEFAULT_TUNING: Dict[str, int] = {
     "small_seq_tiled_warpgroup_tma": 1,
     "small_seq_tiled_warpgroup_stream": 1,
     "small_seq_tiled_warpgroup_ws": 1,
-    "small_seq_tiled_warpgroup_ws_pingpong": 0,
     "small_seq_tiled_bwd_warpgroup": 1,
     "small_seq_tiled_bwd_two_tile": 1,
     "small_seq_tiled_bwd_dq_stream": 1,
@@ -377,7 +376,7 @@ VARIANTS: Dict[str, Tuple[str, str]] = {
                                 "STREAM, ROW_MAX>",
                                 "Hopper, 64+ rows per (segment, kv head), d 64 / 128, where "
                                 "tile copies serve"),
-    "tiled_fwd_warpgroup_ws": ("small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, PINGPONG, ROW_MAX>",
+    "tiled_fwd_warpgroup_ws": ("small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, ROW_MAX>",
                                "Hopper d 128, 129-256 keys, more than one 64-row tile"),
     # tiled backward (tiled_bwd_launch.hip)
     "tiled_bwd_delta": ("small_seq_tiled_bwd_delta_kernel<T, D>",
@@ -614,11 +613,6 @@ def _fwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional
     ws_mode = t["small_seq_tiled_warpgroup_ws"]
     ws_fits = (d == 128 and tma_ok and warpgroup_step_keys(kv) == WARPGROUP_KEYS
                and ws_smem_bytes(d) + SHARED_RESERVE <= device.max_shared_per_block)
-    # PINGPONG: the computing warpgroups take turns issuing their products (tuning
-    # small_seq_tiled_warpgroup_ws_pingpong; off until an A/B on the ragged rows says otherwise)
-    ws = _launch("tiled_fwd_warpgroup_ws", D=d,
-                 PINGPONG=t["small_seq_tiled_warpgroup_ws_pingpong"] > 0, threads=WS_THREADS,
-                 smem=ws_smem_bytes(d))
     stream = _launch("tiled_fwd_warpgroup_tma", D=d, KEYS=WARPGROUP_KEYS, CAPPED=False,
                      STREAM=True, threads=128, smem=stream_smem_bytes(d))
     if ws_fits and kv > WS_RING_KEYS and (ws_mode >= 2 or (
@@ -627,7 +621,7 @@ def _fwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional
         # computing warpgroup: where a (segment, kv head) may hold two row tiles this ran 1.10-1.19x
         # the streaming instance on the long-history GQA ragged rows (H200); one tile would leave
         # a warpgroup idle, so such calls keep the streaming instance
-        return ws
+        return _launch("tiled_fwd_warpgroup_ws", D=d, threads=WS_THREADS, smem=ws_smem_bytes(d))
     if _fwd_streams(call, device, t, staged_fits, staged_alone, shares):
         return stream
     if not staged_fits:
@@ -640,7 +634,7 @@ def _fwd_warpgroup(call: Call, device: Device, t: Mapping[str, int]) -> Optional
                            threads=128, smem=smem)
         return _launch("tiled_fwd_warpgroup", D=d, threads=128, smem=smem)
     if ws_fits and ws_mode > 0 and kv <= WS_RING_KEYS and (ws_mode >= 2 or shares):
-        return ws
+        return _launch("tiled_fwd_warpgroup_ws", D=d, threads=WS_THREADS, smem=ws_smem_bytes(d))
     if shares and _fwd_can_stream(call, device, t):
         # no warp-specialized kernel here (d 64, past its ring, or off): stream the history
         return stream
@@ -983,7 +977,7 @@ LAUNCH_PARAMS: Dict[str, Tuple[str, ...]] = {
     "tiled_fwd_resident": ("D", "KSTEP", "grid_factor", "ROW_MAX"),
     "tiled_fwd_warpgroup": ("D", "grid_factor"),
     "tiled_fwd_warpgroup_tma": ("D", "KEYS", "CAPPED", "STREAM", "grid_factor", "ROW_MAX"),
-    "tiled_fwd_warpgroup_ws": ("D", "PINGPONG", "grid_factor", "ROW_MAX"),
+    "tiled_fwd_warpgroup_ws": ("D", "grid_factor", "ROW_MAX"),
     "tiled_bwd_delta": ("D",),
     "tiled_bwd_dkv": ("D", "ONE_ROW_TILE", "FUSED_DELTA"),
     "tiled_bwd_dkv_block": ("D",),

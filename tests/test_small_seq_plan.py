@@ -205,8 +205,7 @@ _TILED_FWD_PLAIN = {
     ("tiled_fwd_warpgroup_tma", (16, True, False)): lambda dev, d: d <= 128 and dev.tile_copies,
     ("tiled_fwd_warpgroup_tma", (64, True, False)): lambda dev, d: d <= 128 and dev.tile_copies,
     ("tiled_fwd_warpgroup_tma", (64, False, True)): lambda dev, d: d <= 128 and dev.tile_copies,
-    ("tiled_fwd_warpgroup_ws", (False,)): lambda dev, d: d == 128 and dev.tile_copies,
-    ("tiled_fwd_warpgroup_ws", (True,)): lambda dev, d: d == 128 and dev.tile_copies,
+    ("tiled_fwd_warpgroup_ws", ()): lambda dev, d: d == 128 and dev.tile_copies,
 }
 _ONE_STEP = {("tiled_fwd_wave", (True,)), ("tiled_fwd_warpgroup_tma", (16, True, False))}
 TILED_FWD_INSTANCES = {
@@ -218,7 +217,6 @@ FORCED_TUNINGS = [{}, {"small_seq_tiled_warpgroup": 2}, {"small_seq_tiled_warpgr
                   {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroup_tma": 0},
                   {"small_seq_tiled_warpgroup_stream": 0}, {"small_seq_tiled_warpgroup_stream": 2},
                   {"small_seq_tiled_warpgroup_ws": 0}, {"small_seq_tiled_warpgroup_ws": 2},
-                  {"small_seq_tiled_warpgroup_ws_pingpong": 1},
                   {"small_seq_tiled_block": 2}, {"small_seq_tiled_resident": 2},
                   {"small_seq_tiled_warpgroup": 0, "small_seq_tiled_resident": 0},
                   {"small_seq_tiled_resident_key_step": 16},
@@ -280,11 +278,6 @@ def test_tuning_knobs_change_the_plan():
     assert plan.kernels == ("tiled_fwd_warpgroup_tma",) and plan.launches[0].param("STREAM")
     assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_ws=2))[0].kernels == (
         "tiled_fwd_warpgroup_ws",)
-    # its ping-pong instance (the computing warpgroups take turns issuing products): off by
-    # default, the same kernel and call with the switch on
-    assert sp.plan_call(call, hopper, t)[0].launches[0].param("PINGPONG") is False
-    plan = sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_ws_pingpong=1))[0]
-    assert plan.kernels == ("tiled_fwd_warpgroup_ws",) and plan.launches[0].param("PINGPONG")
     call = C(64, 8, 2, 300, 4096, layout="bshd")
     assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_ws=2))[0].launches[0] \
         .param("STREAM")
@@ -515,10 +508,7 @@ def test_forward_plan_ints():
     assert ints == [1, 0, sp.KERNEL_IDS["tiled_fwd_block"], 128, 256, 0, 4, 0, 0, 0]
     ints = sp.tiled_fwd_ints(C(128, 8, 8, 128, 256, layout="bshd"), hopper, {})
     assert ints[:2] == [1, 1] and len(ints) == 2 + 2 * sp.LAUNCH_INTS
-    assert ints[2:10] == [sp.KERNEL_IDS["tiled_fwd_warpgroup_ws"], 128, 0, 4, 0, 0, 0, 0]
-    pingpong = sp.tiled_fwd_ints(C(128, 8, 8, 128, 256, layout="bshd"), hopper,
-                                 {"small_seq_tiled_warpgroup_ws_pingpong": 1})
-    assert pingpong[2:10] == [sp.KERNEL_IDS["tiled_fwd_warpgroup_ws"], 128, 1, 4, 0, 0, 0, 0]
+    assert ints[2:10] == [sp.KERNEL_IDS["tiled_fwd_warpgroup_ws"], 128, 4, 0, 0, 0, 0, 0]
     # without tile copies: no warpgroup kernel of 64-key steps, the resident kernel
     assert ints[10:16] == [sp.KERNEL_IDS["tiled_fwd_resident"], 128, 4, 4, 0, 0]
     ints = sp.tiled_fwd_ints(C(64, 8, 8, 64, 64), hopper, {"small_seq_tiled_fwd_grid": 0})

@@ -44,8 +44,6 @@ KERNELS = {
     "warpgroup_cp_async": {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroup_tma": 0},
     "warpgroup_stream": {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroup_stream": 2},
     "warpgroup_ws": {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroup_ws": 2},
-    "warpgroup_ws_pingpong": {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroup_ws": 2,
-                              "small_seq_tiled_warpgroup_ws_pingpong": 1},
 }
 
 

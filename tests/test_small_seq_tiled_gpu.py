@@ -360,11 +360,9 @@ def test_warpgroup_stream_bad_segments(dev, stream):
 # The warp-specialized kernel (tiled_fwd_warpgroup_ws_kernel.h: d 128, 64-key steps, at most
 # 256 keys; a copy warp brings each item's K / V steps and Q tiles while two warpgroups compute):
 # by default where blocks of two warpgroups would stage the history and a (segment, kv head) may
-# hold more than one row tile; tuning 2 takes every call it can serve; 0 never. "pingpong": its
-# instance whose computing warpgroups take turns issuing products (named barriers), forced.
-PINGPONG = {"small_seq_tiled_warpgroup_ws": 2, "small_seq_tiled_warpgroup_ws_pingpong": 1}
+# hold more than one row tile; tuning 2 takes every call it can serve; 0 never.
 WS = {"forced": {"small_seq_tiled_warpgroup_ws": 2},
-      "auto": {"small_seq_tiled_warpgroup_ws": 1}, "pingpong": PINGPONG}
+      "auto": {"small_seq_tiled_warpgroup_ws": 1}}
 
 
 def ws_runs_case(dev, seed, h_q, h_kv, dtype=torch.bfloat16, **kwargs):
@@ -444,34 +442,6 @@ def test_warpgroup_ws_long_histories(dev, h_q, h_kv):
         case = C.bshd_case(122 + h_q, 70, [4096, 0, 1, 1000, 2500, 4033], 4096, h_q, h_kv, 128,
                            torch.bfloat16, device=dev)
         check_valid(case, return_softmax=False)
-
-
-@pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 2, id="g4"), pytest.param(8, 8, id="g1"),
-                                      pytest.param(16, 1, id="g16")])
-def test_warpgroup_ws_pingpong_matches(dev, h_q, h_kv):
-    """The ping-pong instance bitwise equal to the warp-specialized kernel without turns (turns
-    order the two warpgroups' issues, not a tile's products): runs of ragged segments within the
-    ring (zero to five row tiles: odd last tiles and items where warpgroup 1 has none), one
-    block per multiprocessor and the default grid (blocks with no item); histories past the ring
-    (items of a pair of tiles, one where a segment's tiles are odd)."""
-    case = ws_runs_case(dev, 130 + h_q + h_kv, h_q, h_kv, offsets=torch.int64, strided=True,
-                        pad_before=3, pad_after=2, kv_pad=3)
-    long = C.thd_case(131 + h_q + h_kv, LONG_Q, LONG_KV, h_q, h_kv, 128, torch.bfloat16,
-                      device=dev)
-    gen = torch.Generator().manual_seed(h_q + h_kv + 9)
-    bshd = C.bshd_case(132 + h_q, 200, lens(gen, 12, 0, 256) + [0, 256], 256, h_q, h_kv, 128,
-                       torch.bfloat16, device=dev)
-    for grid in (1, -1):
-        for one in (case, long, bshd):
-            with rocm_attn.tuning.override(**PINGPONG, small_seq_tiled_fwd_grid=grid):
-                plan = tiled_forward_plan(128, h_q, h_kv, one.max_q, one.max_kv)
-                assert plan.launches[0].param("PINGPONG"), str(plan)
-                out, lse, _ = check_valid(one, return_softmax=False)
-            with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=2,
-                                           small_seq_tiled_warpgroup_ws_pingpong=0,
-                                           small_seq_tiled_fwd_grid=grid):
-                ref_out, ref_lse, _ = check_valid(one, return_softmax=False)
-            assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
 
 
 def test_warpgroup_ws_long_bad_segments(dev):

@@ -111,17 +111,6 @@ RA_DEVICE void ra_warpgroup_sync(int warpgroup) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warpgroup) : "memory");
 }
 
-// Named barrier `id` of `threads` threads (whole warps) that some warps wait on (sync) and
-// others only mark (arrive, no wait): one warpgroup lets another go on. Each phase completes
-// once `threads` threads have reached it, so every sync needs its arrivals from the other side
-// and no warp may reach one phase twice.
-RA_DEVICE void ra_named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-RA_DEVICE void ra_named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Per-thread register budget of the calling warpgroup (every thread of it executes the call):
 // a warp-specialized kernel hands the registers its copy warpgroup does not need to the
 // warpgroups that hold accumulators. REGS: a multiple of 8 in 24 .. 256; the block's total must

@@ -267,7 +267,7 @@ RA_DEVICE void fwd_persistent(const SmallSeqParams& p, float* row_max = nullptr)
   int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / WAVE) + threadIdx.x / WAVE;
   auto bounds_of = [&](int64_t it) { return fetch_bounds(p, static_cast<int>(it / p.num_heads_kv)); };
   if constexpr (FwdShape<D, KV>::kDoubleBuffer) {
-    // Ping-pong between two stages; written out twice so both stay in registers.
+    // Alternate between two stages (double buffering); written out twice so both stay in registers.
     FwdStage<D, KV> a, b;
     if (item < items) fwd_load<D, KV>(p, item, bounds_of(item), lane, a);
     while (item < items) {

@@ -224,17 +224,12 @@ struct TiledNoStepDone {
 // they timed a tie uncapped over 64-key steps and would spill capped for three per
 // multiprocessor; over 16-key steps most histories are one step, with nothing to overlap).
 // Overlapped: each step's softmax under the previous step's P . V (the warp-specialized
-// kernel's computing warpgroups). An overlapped schedule brackets each issue of products (the
-// first step's scores, each later step's scores and the previous P . V, the last P . V) with
-// take_turn() and pass_turn(): nothing here; the warp-specialized kernel's ping-pong schedule
-// (TiledWsTurns) orders its two warpgroups' issues there.
+// kernel's computing warpgroups).
 struct TiledSerialSteps {
   static constexpr bool kOverlap = false;
 };
 struct TiledOverlappedSteps {
   static constexpr bool kOverlap = true;
-  RA_DEVICE void take_turn() const {}
-  RA_DEVICE void pass_turn() const {}
 };
 
 // One 64-row tile of a valid segment against the staged K / V (one warpgroup): scores,
@@ -251,8 +246,7 @@ struct TiledOverlappedSteps {
 // this tile that reads the step at k0 (its scores and P . V), with no product in flight (a
 // caller whose steps sit in a ring frees the step's slot there: its last steps before the
 // epilogue rather than after it).
-// `schedule` picks the step schedule (TiledSerialSteps, TiledOverlappedSteps, or an
-// overlapped one with turns: TiledWsTurns).
+// `schedule` picks the step schedule (TiledSerialSteps, TiledOverlappedSteps).
 // Where the keys sit: RING 0, the whole history, key k at row k of K and V (kp rows per panel
 // of both). RING > 0 (a power of two: the streaming instance of the tile-copy kernel), a ring of
 // RING keys: key k at row k % RING of K (kp = RING rows per panel) and of V, whose panels hold
@@ -275,7 +269,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
                                     const int wg, const int wtid, const int k_begin,
                                     const int k_end, const BeforeStep& before_step,
                                     const StoreOut& store_out,
-                                    const Schedule& schedule = Schedule{},
+                                    const Schedule& /*schedule*/ = Schedule{},
                                     const StepDone& step_done = StepDone{}) {
   constexpr bool OVERLAP = Schedule::kOverlap;
   static_assert(RING == 0 || (RING % KEYS == 0 && (RING & (RING - 1)) == 0),
@@ -435,19 +429,15 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
     float sc[KEYS / 2], alpha[2];
     int k0 = k_begin;
     before_step(k0);
-    schedule.take_turn();
     issue_scores(sc, k0);
-    schedule.pass_turn();
     ra_wgmma_wait<0>();
     pin_scores(sc);
     softmax_any(sc, k0, alpha);  // the first step's factors meet O = 0
     pack_p(sc);
     for (k0 += KEYS; k0 < k_end; k0 += KEYS) {
       before_step(k0);
-      schedule.take_turn();
       issue_scores(sc, k0);
       issue_pv(k0 - KEYS);
-      schedule.pass_turn();
       ra_wgmma_wait<1>();  // the scores are in; P . V may still run
       pin_scores(sc);
       const bool rescale = softmax_any(sc, k0, alpha);
@@ -457,9 +447,7 @@ RA_DEVICE void tiled_warpgroup_tile(const SmallSeqTiledParams& p, const TiledSeg
       if (rescale) rescale_o(alpha);  // warp-uniform
       pack_p(sc);
     }
-    schedule.take_turn();
     issue_pv(k0 - KEYS);
-    schedule.pass_turn();
     ra_wgmma_wait<0>();
     pin_o();
     step_done(k0 - KEYS);

@@ -62,31 +62,14 @@
 // The copy and decode warps wait on the free barriers with the parity of the phase before (a
 // barrier's first wait passes at once); every thread keeps the parity of each barrier it uses.
 // Each waiter waits for every phase in turn, so that no wait can mistake a phase for the one two
-// phases later.
-// Ping-pong (PINGPONG, flash-attention 3's inter-warpgroup schedule): the two computing
-// warpgroups take turns issuing their products, so that one's softmax, first step and epilogue
-// run under the other's products instead of beside its own. A turn is one issue of
-// tiled_warpgroup_tile's overlapped schedule (the first step's scores; a step's scores and the
-// previous P . V; the last P . V): a tile of n steps takes n + 1 turns, one of no keys none.
-// Warpgroup w waits for its turn on named barrier kTiledWsTurnBarrier + w (bar.sync, 256
-// threads) once its step has landed, issues, and passes the turn with bar.arrive on the other's.
-// Strict alternation needs both to take the same turns, so only a pair of tiles takes turns: a
-// warpgroup's i-th tile of an item with the other's i-th tile (same steps). An item's odd last
-// tile (warpgroup 0's) and every item where warpgroup 1 has no tile take none, and the other
-// warpgroup goes on without them (it meets warpgroup 0 again at the next pair's first turn).
-// Ordering a tile without a partner would pair turns across items, where a step of the next
-// item waits for a slot that the unpaired tile releases only after a turn it waits for: a
-// deadlock. Warpgroup 1 arrives once before its first item (warpgroup 0 takes the first turn),
-// and warpgroup 0 takes one last wait after its last item, so that both barriers end with no
-// arrival pending. tools/diag/ws_ring_protocol.py model-checks this protocol, turns included
-// (tests/test_ws_ring_protocol.py): keep the two in step when either changes.
+// phases later. tools/diag/ws_ring_protocol.py model-checks this protocol (tests/
+// test_ws_ring_protocol.py): keep the two in step when either changes.
 //
 // Selected by the plan (small_seq_plan._fwd_warpgroup) at d 128 where a (segment, kv head) may
 // hold more than one row tile: up to 256 keys where the tile-copy kernel would run blocks of
 // two warpgroups over 64-key steps, and past 256 keys (streamed, ahead of the tile-copy kernel's
 // streaming instance); tuning small_seq_tiled_warpgroup_ws 2 takes it for every call of 64-key
-// steps it can serve at d 128. An item of one tile leaves warpgroup 1 idle. The PINGPONG
-// instance where tuning small_seq_tiled_warpgroup_ws_pingpong is 1 (an A/B switch until measured).
+// steps it can serve at d 128. An item of one tile leaves warpgroup 1 idle.
 #pragma once
 
 #include "tiled_fwd_warpgroup_tma_kernel.h"
@@ -111,9 +94,6 @@ constexpr int kTiledWsCopyWarp = 0;
 constexpr int kTiledWsDecodeWarp = 1;
 // Warps that take every entry of the item ring: the computing warpgroups' and the copy warp.
 constexpr int kTiledWsItemReaders = kTiledWsComputeWarpgroups * 4 + 1;
-// Named barriers of the ping-pong turns: computing warpgroup w waits for its turn on
-// kTiledWsTurnBarrier + w (0 is __syncthreads, 1 + w ra_warpgroup_sync's).
-constexpr int kTiledWsTurnBarrier = 1 + kTiledWsComputeWarpgroups + 1;
 
 // An entry of the item ring: a decoded item (tiled_decode_item's result, with its segment and
 // split), or the end of the block's items.
@@ -151,35 +131,8 @@ RA_HOST_DEVICE constexpr int64_t tiled_ws_smem_bytes() {
          2 * kTiledWsComputeWarpgroups * kTiledWarpgroupRows * D * 2 + 1024;
 }
 
-#if RA_HAS_WGMMA
-// The ping-pong step schedule of computing warpgroup `wg` for one tile (tiled_warpgroup_tile's
-// overlapped schedule with turns): where the tile is one of a pair (`paired`), each issue of
-// products waits for this warpgroup's turn and then passes it to the other warpgroup.
-struct TiledWsTurns {
-  static constexpr bool kOverlap = true;
-  int wg;
-  bool paired;
-  RA_DEVICE void take_turn() const {
-    if (paired) ra_named_barrier_sync(kTiledWsTurnBarrier + wg, 2 * 128);
-  }
-  RA_DEVICE void pass_turn() const {
-    if (paired) ra_named_barrier_arrive(kTiledWsTurnBarrier + (wg ^ 1), 2 * 128);
-  }
-};
-
-// The step schedule of a computing warpgroup's tile: with turns (PINGPONG) or without.
-template <bool PINGPONG>
-RA_DEVICE auto tiled_ws_schedule(const int wg, const bool paired) {
-  if constexpr (PINGPONG)
-    return TiledWsTurns{wg, paired};
-  else
-    return TiledOverlappedSteps{};
-}
-#endif
-
-// PINGPONG: the computing warpgroups take turns issuing their products (see above). ROW_MAX: the
-// instance for calls that ask for row_max (tiled_warpgroup_tile).
-template <typename T, int D, bool PINGPONG, bool ROW_MAX = false>
+// ROW_MAX: the instance for calls that ask for row_max (tiled_warpgroup_tile).
+template <typename T, int D, bool ROW_MAX = false>
 __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
     small_seq_tiled_fwd_warpgroup_ws_kernel(const SmallSeqTiledParams p, const int splits,
                                             const __grid_constant__ TiledTmaMaps maps) {
@@ -364,8 +317,6 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
 
   // The computing warpgroups.
   ra_warpgroup_regs_raise<kTiledWsComputeRegs>();
-  // Warpgroup 0 takes the first turn.
-  if (PINGPONG && wg == 1) ra_named_barrier_arrive(kTiledWsTurnBarrier, 2 * 128);
   uint32_t full_parity = 0;  // bit s: full_bar(s)'s next phase (flipped by each wait)
   uint32_t q_parity = 0;     // bit b: q_full_bar(wg, b)'s next phase
   int64_t tiles_done = 0;    // this warpgroup's tiles so far (tile n in buffer n % 2)
@@ -395,8 +346,6 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
     bool first = true;
     for (int64_t tile = it.tile0 + wg; tile < tile1; tile += kCompute) {
       const bool last = tile + kCompute >= tile1;
-      // the other warpgroup has the tile beside this one (the pair's other tile): turns
-      const bool paired = tile - wg + 1 < tile1;
       const int b = static_cast<int>(tiles_done & 1);
       const uint32_t off = b * kQBytes;
       // The previous tile's buffer goes back to the copy warp once its out store has read it.
@@ -426,8 +375,7 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
       };
       tiled_warpgroup_tile<T, D, KEYS, kRing, false, ROW_MAX>(
           p, s, hk, group, tile * ROWS, seg_rows, smem.q_ptr + off, smem.q + off, smem.k, smem.v,
-          kRing, wg, wtid, 0, nk, before_step, store_out,
-          tiled_ws_schedule<PINGPONG>(wg, paired),
+          kRing, wg, wtid, 0, nk, before_step, store_out, TiledOverlappedSteps{},
           [&](int k0) {
             if (last) release(k0 / KEYS);
           });
@@ -445,8 +393,6 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
       }
     }
   }
-  // Warpgroup 1's last turn (or its first arrival) leaves one arrival on warpgroup 0's barrier.
-  if (PINGPONG && wg == 0) ra_named_barrier_sync(kTiledWsTurnBarrier, 2 * 128);
   if (wtid == 0) ra_tma_store_wait();
 #endif
 }

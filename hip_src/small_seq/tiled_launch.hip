@@ -141,8 +141,8 @@ bool run_tiled_fwd_warpgroup_tma(const SmallSeqTiledParams& p, int factor, hipSt
 
 // The warp-specialized kernel (tiled_fwd_warpgroup_ws_kernel.h); false (nothing launched) where
 // the tensors have no tensor maps. Histories past its ring stream in items of a pair of row
-// tiles (tiled_ws_tiles_per_item). PINGPONG: its warpgroups take turns issuing products.
-template <typename T, int D, bool PINGPONG, bool ROW_MAX>
+// tiles (tiled_ws_tiles_per_item).
+template <typename T, int D, bool ROW_MAX>
 bool run_tiled_fwd_warpgroup_ws(const SmallSeqTiledParams& p, int factor, hipStream_t stream,
                                 hipError_t* err) {
   const int group = p.num_heads_q / p.num_heads_kv;
@@ -154,11 +154,10 @@ bool run_tiled_fwd_warpgroup_ws(const SmallSeqTiledParams& p, int factor, hipStr
   }
   TiledTmaMaps maps;
   if (!tiled_tma_maps<D, kTiledWarpgroupKeys>(p, &maps)) return false;
-  *err = run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, PINGPONG, ROW_MAX>,
-                              kTiledWsThreads>(p, smem, kTiledWarpgroupRows,
-                                               kTiledWsComputeWarpgroups,
-                                               tiled_ws_tiles_per_item(p.max_seqlen_kv), factor,
-                                               stream, maps);
+  *err = run_tiled_fwd_staged<small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, ROW_MAX>,
+                              kTiledWsThreads>(
+      p, smem, kTiledWarpgroupRows, kTiledWsComputeWarpgroups,
+      tiled_ws_tiles_per_item(p.max_seqlen_kv), factor, stream, maps);
   return true;
 }
 #endif
@@ -223,7 +222,7 @@ inline bool tiled_fwd_record_row_max(const SmallSeqLaunch& l) {
     case SmallSeqKernel::kTiledFwdBlock: return a[4] != 0;
     case SmallSeqKernel::kTiledFwdResident: return a[3] != 0;
     case SmallSeqKernel::kTiledFwdWarpgroupTma: return a[5] != 0;
-    case SmallSeqKernel::kTiledFwdWarpgroupWs: return a[3] != 0;
+    case SmallSeqKernel::kTiledFwdWarpgroupWs: return a[2] != 0;
     default: return false;
   }
 }
@@ -275,11 +274,8 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
       case SmallSeqKernel::kTiledFwdWarpgroupWs: {
         if constexpr (D == 128) {
           if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;
-          if (a[1] != 0 && a[1] != 1) return kNoKernel;  // PINGPONG
           hipError_t err = hipSuccess;
-          *no_maps =
-              a[1] != 0 ? !run_tiled_fwd_warpgroup_ws<T, D, true, ROW_MAX>(p, a[2], stream, &err)
-                        : !run_tiled_fwd_warpgroup_ws<T, D, false, ROW_MAX>(p, a[2], stream, &err);
+          *no_maps = !run_tiled_fwd_warpgroup_ws<T, D, ROW_MAX>(p, a[1], stream, &err);
           return err;
         }
         return kNoKernel;

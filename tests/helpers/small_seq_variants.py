@@ -145,11 +145,7 @@ VARIANT_CASES: List[VariantCase] = [
     _case("warpgroup_ws_stream", F, _c(128, 8, 2, 300, 1000, layout="bshd"), ("sm_90a",),
           "tiled_fwd_warpgroup_ws"),
     _case("warpgroup_ws", F, _c(128, 8, 8, 128, 256, layout="bshd"), ("sm_90a",),
-          "tiled_fwd_warpgroup_ws(PINGPONG=false)"),
-    # its computing warpgroups taking turns issuing products (the A/B switch)
-    _case("warpgroup_ws_pingpong", F, _c(128, 8, 2, 300, 1000, layout="bshd"), ("sm_90a",),
-          "tiled_fwd_warpgroup_ws(PINGPONG=true)",
-          tuning=(("small_seq_tiled_warpgroup_ws_pingpong", 1),)),
+          "tiled_fwd_warpgroup_ws"),
     # -- tiled backward (tiled_bwd_launch.hip) --
     _case("stream_rows1", B, _c(128, 8, 8, 1, 100), ALL,
           "tiled_bwd_delta", "tiled_bwd_stream(ROWS=1)"),

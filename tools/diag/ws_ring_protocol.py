@@ -12,17 +12,6 @@ Every actor derives the parity of each of its waits from the phases it waited fo
 parity wait passes while the phase in progress has the other parity, so it cannot tell a phase
 from the one two phases later.
 
-With `pingpong` (the kernel's PINGPONG instance) the computing warpgroups also take turns
-issuing their products: a turn waits on the warpgroup's own named barrier (bar.sync: its four
-warps arrive and wait until the phase completes, which needs the other warpgroup's four
-arrivals) once the step has landed, issues, and passes the turn (bar.arrive on the other's
-barrier). A tile of n steps takes n + 1 turns (the first scores, each later step's scores with
-the previous P . V, the last P . V) where the other warpgroup has the tile beside it (a pair);
-warpgroup 1 arrives once before its first item and warpgroup 0 waits once after its last.
-Named barriers are checked for a warpgroup reaching one phase twice (its arrivals would
-complete a phase meant for the other), arrivals left pending when every actor is done, and two
-warpgroups inside their turns at once.
-
 This script builds each actor's barrier operations for a sequence of items, as the kernel's
 loops run them, and runs the actors and the copies landing in every order (`explore`, small
 sequences) or in many random orders (`simulate`), reporting: a read of a slot, Q buffer or
@@ -39,25 +28,17 @@ V and waits only on the free barriers of those slots. Its waits skip the phases 
 steps, so after two uses of a slot it can pass at a phase two phases early and copy into a slot
 that is still being read.
 
-`--pingpong` checks the turns; `--order-unpaired` (with them) makes a tile without a partner
-take turns too: its turns pair with the other warpgroup's turns of the next item, whose first
-step waits for a slot that the unpaired tile releases only after a turn that waits for it, and
-the last item's leave a warpgroup waiting for a turn that never comes: deadlocks. `--no-drain`
-leaves out warpgroup 0's last wait: warpgroup 1's last arrival stays pending. `--pass-unpaired`
-lets a tile without a partner pass each turn on without taking it: its arrivals reach one phase
-of the other's barrier twice.
-
 The reads' windows are the programs' own: a region is read from the wait that admits it to the
 arrival that lets it go, so this checks the barriers against those windows, not the windows
 against the products that read the regions.
 
-Usage: python3 tools/diag/ws_ring_protocol.py [--tail-warp | --unlanded] [--pingpong
-       [--order-unpaired | --no-drain | --pass-unpaired]] [--items 3] [--sequences 300]
-       [--runs 200]
+Usage: python3 tools/diag/ws_ring_protocol.py [--tail-warp | --unlanded] [--items 3]
+       [--sequences 300] [--runs 200]
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import sys
 
@@ -65,7 +46,6 @@ SLOTS = 4        # K / V slots: step st of an item in slot st % SLOTS
 ENTRIES = 4      # item ring entries
 WARPGROUPS = 2   # computing warpgroups
 WARPS = 4        # warps per computing warpgroup (one arrival each on free / item_free)
-TURN_WARPS = WARPGROUPS * WARPS  # a turn barrier's phase: 256 threads, both warpgroups
 
 
 class Item:
@@ -83,8 +63,7 @@ class Item:
 
 
 def barrier_counts(tail_warp):
-    """Barrier name -> arrivals per phase (mbarriers; the turn barriers are named barriers of
-    TURN_WARPS warps)."""
+    """Barrier name -> arrivals per phase."""
     counts = {}
     for s in range(SLOTS):
         counts[("full", s)] = 1 + 32
@@ -99,8 +78,7 @@ def barrier_counts(tail_warp):
     return counts
 
 
-def programs(items, tail_warp=False, unlanded=False, pingpong=False, order_unpaired=False,
-             drain=True, pass_unpaired=False):
+def programs(items, tail_warp=False, unlanded=False):
     """Each actor's operations, as tuples:
     ("wait", bar, parity, reads)  passes while the barrier's phase in progress has the other
                                   parity (bar None: no wait); then checks that each region in
@@ -110,11 +88,6 @@ def programs(items, tail_warp=False, unlanded=False, pingpong=False, order_unpai
                                   (writes tag into the regions, completes the bytes)
     ("cp", bar, region, tag)      32 lanes' cp.async; each lane arrives when its copy lands
     ("publish", entry, tag)       the decode warp writes an entry
-    ("nsync", turn)               a warpgroup's bar.sync on named barrier ("turn", w): its WARPS
-                                  warps arrive (the phase completes at TURN_WARPS) ...
-    ("nblock", turn, hold)        ... and wait until that phase has completed; then hold the
-                                  turn (hold: the warpgroup issues its products)
-    ("narrive", turn, unhold)     bar.arrive: WARPS arrivals, no wait (unhold: the turn ends)
     """
     seq = list(items) + [None]
     decode = []
@@ -184,17 +157,6 @@ def programs(items, tail_warp=False, unlanded=False, pingpong=False, order_unpai
     for w in range(WARPGROUPS):
         ops = []
         full_par = q_par = tiles_done = 0
-        if pingpong and w == 1:  # warpgroup 0 takes the first turn
-            ops.append(("narrive", ("turn", 0), False))
-
-        def turn(ordered, ops=ops, w=w):  # one issue of products
-            if ordered:
-                ops.append(("nsync", ("turn", w)))
-                ops.append(("nblock", ("turn", w), True))
-                ops.append(("narrive", ("turn", w ^ 1), True))
-            elif pingpong and pass_unpaired:
-                ops.append(("narrive", ("turn", w ^ 1), False))
-
         for n, it in enumerate(seq):
             take(ops, n, WARPS)
             if it is None or not it.rows:
@@ -202,8 +164,6 @@ def programs(items, tail_warp=False, unlanded=False, pingpong=False, order_unpai
             first = True
             for tile in range(w, it.tiles, WARPGROUPS):
                 last = tile + WARPGROUPS >= it.tiles
-                # the other warpgroup has the tile beside this one: the pair takes turns
-                ordered = pingpong and (order_unpaired or tile - w + 1 < it.tiles)
                 b = tiles_done & 1
                 if tiles_done > 0:  # the previous tile's Q buffer goes back
                     ops.append(("arrive", ("q_free", w, b ^ 1), 1, (("q", w, b ^ 1),)))
@@ -219,14 +179,11 @@ def programs(items, tail_warp=False, unlanded=False, pingpong=False, order_unpai
                                 (full_par >> slot) & 1, reads))
                     if first:
                         full_par ^= 1 << slot
-                    turn(ordered)  # step st's scores (and step st - 1's P . V)
                     # the last tile releases step st - 1 once step st's scores and step
                     # st - 1's P . V are waited for, and its last step after its last P . V
                     if last and st >= 1:
                         prev = (st - 1) % SLOTS
                         ops.append(("arrive", ("free", prev), WARPS, (("k", prev), ("v", prev))))
-                if it.steps > 0:
-                    turn(ordered)  # the last P . V
                 if last and it.steps > 0:
                     prev = (it.steps - 1) % SLOTS
                     ops.append(("arrive", ("free", prev), WARPS, (("k", prev), ("v", prev))))
@@ -241,9 +198,6 @@ def programs(items, tail_warp=False, unlanded=False, pingpong=False, order_unpai
                         ops.append(("wait", ("full", slot), (full_par >> slot) & 1, ()))
                     full_par ^= 1 << slot
                     ops.append(("arrive", ("free", slot), WARPS, (("k", slot), ("v", slot))))
-        if pingpong and drain and w == 0:  # the arrival of warpgroup 1's last turn
-            ops.append(("nsync", ("turn", 0)))
-            ops.append(("nblock", ("turn", 0), False))
         actors[f"wg{w}"] = ops
     return actors
 
@@ -251,30 +205,22 @@ def programs(items, tail_warp=False, unlanded=False, pingpong=False, order_unpai
 class Model:
     """The actors' programs and barrier counts of one item sequence, and the rules of a step."""
 
-    def __init__(self, items, tail_warp=False, unlanded=False, pingpong=False,
-                 order_unpaired=False, drain=True, pass_unpaired=False):
-        self.actors = programs(items, tail_warp, unlanded, pingpong, order_unpaired, drain,
-                               pass_unpaired)
+    def __init__(self, items, tail_warp=False, unlanded=False):
+        self.actors = programs(items, tail_warp, unlanded)
         self.names = sorted(self.actors)
         self.counts = barrier_counts(tail_warp)
-        # the turn barriers (named barriers: the third field of their state is the mask of the
-        # actors that arrived in the phase in progress, not copies pending)
-        self.named = {("turn", w) for w in range(WARPGROUPS)} if pingpong else set()
-        for bar in self.named:
-            self.counts[bar] = TURN_WARPS
         self.bar_index = {b: i for i, b in enumerate(sorted(self.counts, key=repr))}
 
     def start(self):
-        """pcs, barriers (phases, arrivals, copies pending), contents, holds, copies in flight,
-        and per actor the named-barrier phase its last bar.sync arrived in"""
+        """pcs, barriers (phases, arrivals, copies pending), contents, holds, copies in flight"""
         return (tuple(0 for _ in self.names), tuple((0, 0, 0) for _ in self.bar_index), (),
-                frozenset(), (), tuple(-1 for _ in self.names))
+                frozenset(), ())
 
     def moves(self, state, violations):
         """The enabled moves: ("op", actor index) or ("land", copy index); None when the run is
         over: every actor done and every copy landed, or nothing can move (a deadlock, added to
         violations)."""
-        pcs, bst, _, _, pending, marks = state
+        pcs, bst, _, _, pending = state
         moves = []
         done = True
         for ai, name in enumerate(self.names):
@@ -286,20 +232,12 @@ class Model:
             if op[0] == "wait" and op[1] is not None and \
                     (bst[self.bar_index[op[1]]][0] & 1) == op[2]:
                 continue  # the phase in progress has the awaited parity
-            if op[0] == "nblock" and bst[self.bar_index[op[1]]][0] <= marks[ai]:
-                continue  # the phase it arrived in has not completed
             moves.append(("op", ai))
         moves += [("land", i) for i in range(len(pending))]
         if done and not pending:
-            for bar in self.named:
-                if bst[self.bar_index[bar]][1]:
-                    violations.add(("arrivals left pending on a named barrier", bar))
             return None
         if not moves:
-            # each actor left: its name and the operation it is stuck at
-            violations.add(("deadlock", tuple(
-                (name, self.actors[name][pcs[ai]][:2]) for ai, name in enumerate(self.names)
-                if pcs[ai] < len(self.actors[name]))))
+            violations.add(("deadlock", pcs))
             return None
         return moves
 
@@ -314,23 +252,9 @@ class Model:
             k, a = k + 1, 0
         bs[i] = (k, a, tx)
 
-    def _named_arrive(self, bs, bar, ai, violations):
-        """WARPS arrivals of actor ai on named barrier bar; returns the phase they joined."""
-        i = self.bar_index[bar]
-        k, a, who = bs[i]
-        if who >> ai & 1:
-            violations.add(("a warpgroup reaches one phase of a named barrier twice",
-                            self.names[ai], bar))
-        a, who = a + WARPS, who | 1 << ai
-        if a >= self.counts[bar]:
-            k, a, who = k + 1, 0, 0
-        bs[i] = (k, a, who)
-        return k - 1 if a == 0 else k
-
     def apply(self, state, move, violations):
-        pcs, bst, content, holds, pending, marks = state
+        pcs, bst, content, holds, pending = state
         pc, bs, ct, hd, pe = list(pcs), list(bst), dict(content), set(holds), list(pending)
-        mk = list(marks)
         kind, x = move
         if kind == "land":
             ev = pe.pop(x)
@@ -371,27 +295,15 @@ class Model:
                     bs[i] = (k, a, tx + 1)
                     self._arrive(bs, op[1], 1, violations)
                 pe.append(op)
-            elif op[0] == "nsync":
-                mk[x] = self._named_arrive(bs, op[1], x, violations)
-            elif op[0] == "nblock":
-                if op[2]:
-                    if any(h[0] == ("turn",) for h in hd):
-                        violations.add(("two warpgroups inside their turns at once", name))
-                    hd.add((("turn",), name))
-            elif op[0] == "narrive":
-                if op[2]:
-                    hd.discard((("turn",), name))
-                self._named_arrive(bs, op[1], x, violations)
             else:  # publish
                 ct[("entry", op[1])] = op[2]
         return (tuple(pc), tuple(bs), tuple(sorted(ct.items(), key=repr)), frozenset(hd),
-                tuple(sorted(pe, key=repr)), tuple(mk))
+                tuple(sorted(pe, key=repr)))
 
 
-def explore(items, tail_warp=False, unlanded=False, limit=300_000, pingpong=False,
-            order_unpaired=False, drain=True, pass_unpaired=False):
+def explore(items, tail_warp=False, unlanded=False, limit=300_000):
     """Violations over every order of one item sequence (small sequences: the orders grow fast)."""
-    m = Model(items, tail_warp, unlanded, pingpong, order_unpaired, drain, pass_unpaired)
+    m = Model(items, tail_warp, unlanded)
     violations = set()
     seen = set()
     stack = [m.start()]
@@ -409,10 +321,9 @@ def explore(items, tail_warp=False, unlanded=False, limit=300_000, pingpong=Fals
     return violations
 
 
-def simulate(items, tail_warp=False, unlanded=False, runs=200, seed=0, pingpong=False,
-             order_unpaired=False, drain=True, pass_unpaired=False):
+def simulate(items, tail_warp=False, unlanded=False, runs=200, seed=0):
     """Violations over `runs` random orders of one item sequence."""
-    m = Model(items, tail_warp, unlanded, pingpong, order_unpaired, drain, pass_unpaired)
+    m = Model(items, tail_warp, unlanded)
     rng = random.Random(seed)
     violations = set()
     for _ in range(runs):
@@ -425,15 +336,13 @@ def simulate(items, tail_warp=False, unlanded=False, runs=200, seed=0, pingpong=
 
 
 def item_kinds():
-    """Items covering the protocol's cases: rows to write only, no keys (one and two row tiles),
-    one to four steps with and without a tail step, one to three row tiles (two pairs of
-    turns: four, over one and two steps); histories streamed through the ring (five and nine
-    steps, slots reused within the item) with one and two row tiles."""
-    kinds = [Item(False, 0, 0, False), Item(True, 0, 1, False), Item(True, 0, 2, False)]
+    """Items covering the protocol's cases: rows to write only, no keys, one to four steps with
+    and without a tail step, zero to three row tiles; histories streamed through the ring (five
+    and nine steps, slots reused within the item) with one and two row tiles."""
+    kinds = [Item(False, 0, 0, False), Item(True, 0, 1, False)]
     for steps in (1, 2, 4):
         for tiles in (1, 2, 3):
             kinds += [Item(True, steps, tiles, False), Item(True, steps, tiles, True)]
-    kinds += [Item(True, 1, 4, False), Item(True, 2, 4, True)]
     for steps in (5, 9):
         for tiles in (1, 2):
             kinds += [Item(True, steps, tiles, False), Item(True, steps, tiles, True)]
@@ -445,14 +354,6 @@ def main(argv):
     ap.add_argument("--tail-warp", action="store_true", help="the dropped separate tail warp")
     ap.add_argument("--unlanded", action="store_true",
                     help="a warpgroup without a tile releases steps that have not landed")
-    ap.add_argument("--pingpong", action="store_true",
-                    help="the computing warpgroups take turns issuing their products")
-    ap.add_argument("--order-unpaired", action="store_true",
-                    help="with --pingpong: a tile without a partner takes turns too (broken)")
-    ap.add_argument("--no-drain", action="store_true",
-                    help="with --pingpong: no last wait of warpgroup 0 (broken)")
-    ap.add_argument("--pass-unpaired", action="store_true",
-                    help="with --pingpong: a tile without a partner passes turns on (broken)")
     ap.add_argument("--items", type=int, default=3, help="items per random sequence")
     ap.add_argument("--sequences", type=int, default=300, help="random item sequences")
     ap.add_argument("--runs", type=int, default=200, help="random orders per sequence")
@@ -462,11 +363,7 @@ def main(argv):
     bad = 0
     for i in range(args.sequences):
         seq = [rng.choice(kinds) for _ in range(args.items)]
-        v = simulate(seq, args.tail_warp, args.unlanded, runs=args.runs, seed=i,
-                     pingpong=(args.pingpong or args.order_unpaired or args.no_drain
-                               or args.pass_unpaired),
-                     order_unpaired=args.order_unpaired, drain=not args.no_drain,
-                     pass_unpaired=args.pass_unpaired)
+        v = simulate(seq, args.tail_warp, args.unlanded, runs=args.runs, seed=i)
         if v:
             bad += 1
             print(seq, sorted(v, key=repr)[:3])
