@@ -442,6 +442,19 @@ def small_seq_params(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale) -> 
     return p
 
 
+def _run_plan(lib: Emu, launcher, p, q, plan, what: str, rc=None, *extra) -> None:
+    """Run an emulated launcher taking (params, is_bf16, head dim, plan ints, their count,
+    *extra) on ``plan``; rc: a list that takes the launcher's code instead of raising on an
+    error (``what`` names the call in the raised message)."""
+    ints = (ctypes.c_int64 * len(plan))(*plan)
+    code = launcher(ctypes.byref(p), int(q.dtype == torch.bfloat16), q.shape[-1], ints,
+                    ctypes.c_int64(len(plan)), *extra)
+    if rc is not None:
+        rc.append(code)
+    else:
+        lib.check(code, what)
+
+
 def small_seq_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale, return_softmax=True,
                   plan=None, rc=None, row_max=False):
     """(out, lse, probs) of the emulated forward; outputs start as NaN (unwritten shows).
@@ -459,14 +472,7 @@ def small_seq_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_kv, scale, return
     lib.apply_tuning()
     if plan is None:
         plan = one_query_plan(lib, q, k, max_kv, "forward")
-    ints = (ctypes.c_int64 * len(plan))(*plan)
-    code = lib.lib.emu_small_seq_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
-                                     q.shape[-1], ints, ctypes.c_int64(len(plan)),
-                                     ptr(rmax))
-    if rc is not None:
-        rc.append(code)
-    else:
-        lib.check(code, "small_seq forward")
+    _run_plan(lib, lib.lib.emu_small_seq_fwd, p, q, plan, "small_seq forward", rc, ptr(rmax))
     return (out, lse, probs) + ((rmax,) if row_max else ())
 
 
@@ -497,13 +503,7 @@ def small_seq_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens,
     lib.apply_tuning()
     if plan is None:
         plan = one_query_plan(lib, q, k, max_kv, "backward")
-    ints = (ctypes.c_int64 * len(plan))(*plan)
-    code = lib.lib.emu_small_seq_bwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
-                                     q.shape[-1], ints, ctypes.c_int64(len(plan)))
-    if rc is not None:
-        rc.append(code)
-    else:
-        lib.check(code, "small_seq backward")
+    _run_plan(lib, lib.lib.emu_small_seq_bwd, p, q, plan, "small_seq backward", rc)
     return dq, dk, dv
 
 
@@ -809,13 +809,7 @@ def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, 
     lib.apply_tuning()
     if plan is None:
         plan = tiled_fwd_plan(lib, q, k, max_q, max_kv, return_softmax, max_logit=row_max)
-    ints = (ctypes.c_int64 * len(plan))(*plan)
-    code = lib.lib.emu_small_seq_tiled_fwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
-                                           q.shape[-1], ints, ctypes.c_int64(len(plan)))
-    if rc is not None:
-        rc.append(code)
-    else:
-        lib.check(code, "small_seq tiled forward")
+    _run_plan(lib, lib.lib.emu_small_seq_tiled_fwd, p, q, plan, "small_seq tiled forward", rc)
     return (out, lse, probs) + ((rmax,) if row_max else ())
 
 
@@ -881,10 +875,7 @@ def small_seq_tiled_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, se
             setattr(p, f"{name}_{dim}_stride", s)
     lib.apply_tuning()
     plan = tiled_bwd_plan(lib, q, k, max_q, max_kv)
-    ints = (ctypes.c_int64 * len(plan))(*plan)
-    lib.check(lib.lib.emu_small_seq_tiled_bwd(ctypes.byref(p), int(q.dtype == torch.bfloat16),
-                                              q.shape[-1], ints, ctypes.c_int64(len(plan))),
-              "small_seq tiled backward")
+    _run_plan(lib, lib.lib.emu_small_seq_tiled_bwd, p, q, plan, "small_seq tiled backward")
     return dq, dk, dv
 
 
