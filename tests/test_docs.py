@@ -71,6 +71,9 @@ def _run(block: Block, cwd: Path) -> None:
 
 
 # Run in each rank: the process group the block takes as given, then the block as written.
+# A rank whose block raised exits with its traceback; one whose block passed waits for the
+# others and leaves without tearing the group down (cp_spawn.exit_without_teardown: gloo's
+# teardown sometimes aborts a rank on a loaded machine, and nothing after the block is tested).
 RANK_MAIN = """
 import os, sys, torch, torch.distributed as dist
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -78,10 +81,11 @@ gpu = os.environ["DOCS_BLOCK_GPU"] == "1"
 if gpu:
     torch.cuda.set_device(rank)
 dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
-try:
-    exec(compile(open(sys.argv[1]).read(), sys.argv[2], "exec"), {"__name__": "__main__"})
-finally:
-    dist.destroy_process_group()
+exec(compile(open(sys.argv[1]).read(), sys.argv[2], "exec"), {"__name__": "__main__"})
+dist.barrier()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
 """
 
 
