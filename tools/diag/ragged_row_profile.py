@@ -1,11 +1,15 @@
 """Each GPU kernel of one ragged-request row, ours beside torch's anchors, from torch's profiler.
 
-Usage: python3 tools/diag/ragged_row_profile.py ROW [bwd] [NAME=VALUE ...]
+Usage: python3 tools/diag/ragged_row_profile.py ROW [bwd] [calls] [NAME=VALUE ...]
 ROW is a ragged row name (``rocm-attn bench small-seq --ranking --ragged --list`` prints them,
 e.g. ``u128_c100-300_k1000-4000_h8kv2_d128_bf16``), its lengths drawn as the benchmark draws
 them (seed 0). Columns profiled: ours (``fused_attn_small_seq``), ``flash_varlen`` (forward
 only) and ``varlen_attn``; ``bwd`` adds the backward to each. NAME=VALUE: launch tuning values
-for our calls (rocm_attn.tuning names, e.g. small_seq_flash_route=0).
+for our calls (rocm_attn.tuning names, e.g. small_seq_flash_route=0). ``calls``: only our column,
+called three times with no profiler, for Nsight Compute to pick one launch of:
+
+    ncu --section WarpStateStats --section Occupancy -k regex:tiled --launch-skip 2 \
+        --launch-count 1 python3 tools/diag/ragged_row_profile.py ROW calls
 
 It answers where a column's time goes (which kernels, how many launches, what share each
 takes), e.g. what the flash route adds to flash's own kernels. Needs a CUDA GPU.
@@ -46,6 +50,13 @@ def main(argv):
     for name, col in small_seq_ragged.anchor_columns(row, n, x, "not profiled", backward).items():
         if name in ("flash_varlen", "varlen_attn") and not isinstance(col, str):
             cols[name] = col
+    if "calls" in argv[1:]:
+        step = cols["ours"].step(backward)
+        with rocm_attn.tuning.override(**tuning):
+            for _ in range(3):
+                step()
+        torch.cuda.synchronize()
+        return
     print(f"{row.name}{' fwd+bwd' if backward else ' fwd'} on {torch.cuda.get_device_name()}: "
           f"{n.total_q} queries, {n.total_kv} keys, max {n.max_q} x {n.max_kv}")
     for name, col in cols.items():
