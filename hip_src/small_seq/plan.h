@@ -24,6 +24,7 @@ enum class SmallSeqKernel : int32_t {
   kTiledFwdWarpgroupTma = 5,  // small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, KEYS, CAPPED,
                               // STREAM, ROW_MAX>
   kTiledFwdWarpgroupWs = 6,   // small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, ROW_MAX>
+  kTiledSegmentOrder = 7,     // small_seq_tiled_segment_order_kernel (before a tiled forward)
   kTiledBwdDelta = 10,        // small_seq_tiled_bwd_delta_kernel<T, D>
   kTiledBwdDkv = 11,          // small_seq_tiled_bwd_dkv_kernel<T, D, ONE_ROW_TILE, FUSED_DELTA>
   kTiledBwdDkvBlock = 13,     // small_seq_tiled_bwd_dkv_block_kernel<T, D>

@@ -245,7 +245,8 @@ class SmallSeqTiledParams(ctypes.Structure):
         [("lse_head_stride", I64), ("dlse_head_stride", I64)] + \
         [(n, I32) for n in ("batch", "total_q", "total_kv", "num_heads_q", "num_heads_kv",
                             "max_seqlen_q", "max_seqlen_kv", "s_q", "s_kv")] + \
-        [("softmax_scale", ctypes.c_float), ("workspace", P), ("workspace_elems", I64)]
+        [("softmax_scale", ctypes.c_float), ("workspace", P), ("workspace_elems", I64),
+         ("segment_order", P)]
 
 
 class ThdRowMapParams(ctypes.Structure):
@@ -787,12 +788,14 @@ def small_seq_tiled_params(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_k
 
 
 def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale,
-                        return_softmax=True, row_max=False, plan=None, rc=None):
+                        return_softmax=True, row_max=False, plan=None, rc=None, order=None):
     """(out, lse, probs) of the emulated tiled forward; outputs start as NaN (unwritten shows).
     lse [h_q, total_q], probs [total_q, h_q, max_kv] (total_q = b * s_q for BSHD q).
     ``row_max``: also each row's maximum scaled logit, indexed as lse (tiled_params.h), last.
     plan: the launcher's plan ints (default: the plan's, tiled_fwd_plan); rc: a list that takes
-    the launcher's code instead of raising on an error (as small_seq_fwd)."""
+    the launcher's code instead of raising on an error (as small_seq_fwd). Where the plan leads
+    with the segment order's launch, its buffer (int32 [b], poisoned -1 beforehand) is allocated
+    as the binding does, and appended to ``order`` (a list) when one is given."""
     p = small_seq_tiled_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale)
     out = _nan(q.shape, q.dtype)
     lse = _nan((p.num_heads_q, p.total_q), torch.float32)
@@ -809,8 +812,20 @@ def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, 
     lib.apply_tuning()
     if plan is None:
         plan = tiled_fwd_plan(lib, q, k, max_q, max_kv, return_softmax, max_logit=row_max)
+    seg_order = torch.full((p.batch if plan_orders_segments(plan) else 0,), -1, dtype=torch.int32)
+    p.segment_order = ptr(seg_order) if seg_order.numel() else None
+    if order is not None:
+        order.append(seg_order)
     _run_plan(lib, lib.lib.emu_small_seq_tiled_fwd, p, q, plan, "small_seq tiled forward", rc)
     return (out, lse, probs) + ((rmax,) if row_max else ())
+
+
+def plan_orders_segments(plan: List[int]) -> bool:
+    """Whether tiled forward plan ints lead with the segment order's launch (the binding's
+    test before it allocates the order's buffer)."""
+    from rocm_attn import small_seq_plan as sp
+
+    return plan[0] == 2 and plan[2] == sp.KERNEL_IDS["tiled_segment_order"]
 
 
 def plan_device(lib: Emu):
