@@ -47,3 +47,19 @@ def test_cli_prints_every_row(capsys):
     assert out[2].startswith("u256_c512_k256_h8kv8_d128_bf16") and len(out) == 4
     order, longest = map(float, out[3].split()[2:4])
     assert longest < order
+
+
+def test_block_pass_costs_follow_the_backward_items():
+    # 3 candidates x group 2 = 6 rows, 100 keys, 2 kv heads: dK / dV items of 32 keys (4 per kv
+    # head) walking one 16-row tile (+1); dQ items of 16 rows (1 per kv head) walking 7 key
+    # tiles (+1); one key tile has no dQ item, no rows no item at all
+    assert M.block_pass_costs([3, 0], [100, 50], 2, 2, True) == [[2] * 8, []]
+    assert M.block_pass_costs([3, 4], [100, 16], 2, 2, False) == [[8, 8], []]
+
+
+def test_cli_backward_prints_both_passes(capsys):
+    M.main(["--backward", "--cases", "u4096_c1_kln200s1:1-4096_h8kv2_d128_bf16"])
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and out[2].startswith("u4096_c1_kln200s1")
+    dq_order, dq_ordered = float(out[2].split()[-3]), float(out[2].split()[-1])
+    assert dq_ordered < dq_order

@@ -79,11 +79,20 @@ CASES = [
      None),                                                      # 148 KiB fit 160 KiB of LDS
     # past 256 keys the segments go longest history first (_orders_segments), on AMD only
     ("gfx942", C(128, 8, 2, 64, 1000),
-     ["tiled_segment_order", "tiled_fwd_block(D=128, THREADS=256, CP_ASYNC=false)"], None),
+     ["tiled_segment_order(BY_ROWS=false)", "tiled_fwd_block(D=128, THREADS=256, CP_ASYNC=false)"],
+     None),
     ("gfx950", C(64, 8, 8, 1, 257, dtype="float16"),
-     ["tiled_segment_order", "tiled_fwd_wave(D=64, ONE_TILE=false)"], None),
+     ["tiled_segment_order(BY_ROWS=false)", "tiled_fwd_wave(D=64, ONE_TILE=false)"], None),
     ("gfx90a", C(256, 8, 1, 16, 4096, max_logit=True),
-     ["tiled_segment_order", "tiled_fwd_wave(D=256, ROW_MAX=true)"], None),
+     ["tiled_segment_order(BY_ROWS=false)", "tiled_fwd_wave(D=256, ROW_MAX=true)"], None),
+    # and the backward's block passes each take the order their items cost by
+    ("gfx942", C(128, 8, 2, 64, 1000, backward=True),
+     ["tiled_segment_order(BY_ROWS=false)", "tiled_fwd_block(D=128, THREADS=256, CP_ASYNC=false)"],
+     ["tiled_bwd_delta", "tiled_segment_order(BY_ROWS=true)", "tiled_bwd_dkv_block(threads=256)",
+      "tiled_segment_order(BY_ROWS=false)", "tiled_bwd_dq_block(threads=128)"]),
+    ("gfx942", C(128, 8, 2, 64, 256, backward=True),          # 256 keys: not ordered
+     ["tiled_fwd_block(D=128, THREADS=256, CP_ASYNC=false)"],
+     ["tiled_bwd_delta", "tiled_bwd_dkv_block(threads=256)", "tiled_bwd_dq_block(threads=128)"]),
     ("sm_100", C(128, 8, 2, 16, 1000), ["tiled_fwd_block(D=128, THREADS=256)"], None),
     # tiled forward on NVIDIA without the warpgroup kernels
     ("sm_100", C(128, 8, 8, 64, 32), ["tiled_fwd_resident(D=128, KSTEP=1)"],
@@ -300,12 +309,12 @@ def test_tuning_knobs_change_the_plan():
     assert plan.launches[1].param("ONE_ROW_TILE") is False
     grid = sp.plan_call(call, gfx, dict(t, small_seq_tiled_fwd_grid=0))[0]
     assert grid.launches[0].param("grid_factor") == 0
-    # the segment order: 1 on AMD past 256 keys, 2 every tiled forward, 0 never
+    # the segment order: 1 on AMD past 256 keys, 2 every tiled forward past one key tile, 0 never
     order = ("tiled_segment_order",)
     for arch, kv, tune, ordered in [("gfx942", 257, 1, True), ("gfx942", 256, 1, False),
-                                    ("gfx942", 257, 0, False), ("gfx942", 17, 2, True), ("gfx942", 16, 2, False),
-                                    ("sm_90a", 4096, 1, False), ("sm_90a", 64, 2, True),
-                                    ("sm_100", 1000, 1, False)]:
+                                    ("gfx942", 257, 0, False), ("gfx942", 17, 2, True),
+                                    ("gfx942", 16, 2, False), ("sm_90a", 4096, 1, False),
+                                    ("sm_90a", 64, 2, True), ("sm_100", 1000, 1, False)]:
         call = C(128, 8, 2, 16, kv)
         kernels = sp.plan_call(call, sp.ARCHS[arch],
                                dict(t, small_seq_tiled_segment_order=tune))[0].kernels

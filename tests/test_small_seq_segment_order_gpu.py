@@ -8,8 +8,9 @@ bitwise the same out, lse and row maxima on ragged batches of 0..1000-key histor
 rows, empty segments, a bad segment among them), and the error counter reports the same; the
 ordered result matches the float64 oracle. Garbage offsets (for compute-sanitizer's memcheck:
 the order's reads of them stay inside the offset arrays, its writes inside its buffer). Outputs
-come from a NaN-poisoned allocator, so an unwritten row fails. The emulated twin:
-tests/test_emu_small_seq_segment_order.py."""
+come from a NaN-poisoned allocator, so an unwritten row fails. The backward's block passes (dK / dV
+ordered by rows, dQ by keys) write bitwise the gradients of segment order, on valid and garbage
+offsets. The emulated twin: tests/test_emu_small_seq_segment_order.py."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from helpers import small_seq_tiled_bwd_cases as G
 from helpers import small_seq_tiled_cases as C
 from helpers.gpu import gpu_marks, poison_allocator
 from helpers.small_seq_tiled_gpu import lens, tiled_device
@@ -110,3 +112,47 @@ def test_order_of_garbage_offsets(dev, kernel):
         _, errs_plain, _ = _run(case, 0)
         torch.cuda.synchronize()
         assert errs_ordered == errs_plain and errs_plain[0] > 0
+
+
+# the backward's block passes (the warpgroup kernels and the flash route off)
+BWD_BLOCK = {**G.BWD_PASSES["passes"], "small_seq_flash_route": 0}
+
+
+def _bwd(case, order_mode):
+    dout, out, lse, dlse = G.inputs(case, 3, True)
+    with rocm_attn.tuning.override(small_seq_tiled_segment_order=order_mode, **BWD_BLOCK):
+        plan = small_seq_plan.tiled_bwd_plan(case.q, case.k, case.max_q, case.max_kv)
+        poison_allocator(case.q.device)
+        grads = torch.ops.rocm_attn.small_seq_tiled_bwd(
+            dout, case.q, case.k, case.v, out, lse, dlse, case.cu_q, case.cu_kv, case.seqlens,
+            case.max_q, case.max_kv, case.scale, plan)
+        return grads, plan, (dout, dlse)
+
+
+@pytest.mark.parametrize("h_q,h_kv,d", [(8, 8, 128), (8, 2, 64), (8, 1, 256)],
+                         ids=["mha", "gqa_d64", "mqa_d256"])
+def test_backward_order_changes_no_gradient(dev, h_q, h_kv, d):
+    gen = torch.Generator().manual_seed(d + h_kv + 1)
+    case = C.thd_case(d + 3, lens(gen, 24, 0, 90) + [0, 70, 1],
+                      lens(gen, 24, 0, 400) + [1000, 0, 999], h_q, h_kv, d, torch.bfloat16,
+                      pad_before=2, pad_after=3, device=dev)
+    ordered, plan, (dout, dlse) = _bwd(case, 2)
+    plain, plain_plan, _ = _bwd(case, 0)
+    assert plan[0] == plain_plan[0] + 2, "the forced orders added no launches"
+    G.assert_same_bits(ordered, plain, case)
+    G.check_grads(case, dout, dlse, *ordered, "ordered block passes")
+
+
+def test_backward_order_of_garbage_offsets(dev):
+    """Garbage offsets through the ordered block passes (for memcheck): the gradients on the rows
+    the contract fixes are those of segment order."""
+    gen = torch.Generator().manual_seed(29)
+    case = C.thd_case(29, lens(gen, 40, 0, 60), lens(gen, 40, 0, 800), 8, 2, 128,
+                      torch.bfloat16, max_kv=800, device=dev)
+    b = case.cu_q.numel() - 1
+    case.cu_q.copy_(torch.randint(-50, 2000, (b + 1,), generator=gen, dtype=torch.int32))
+    case.cu_kv.copy_(torch.randint(-3000, 30000, (b + 1,), generator=gen, dtype=torch.int32))
+    ordered, _, _ = _bwd(case, 2)
+    plain, _, _ = _bwd(case, 0)
+    torch.cuda.synchronize()
+    G.assert_same_bits(ordered, plain, case)

@@ -116,9 +116,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tiled_fwd(
   p.error_state = ra_error_state_ptr();
   TORCH_CHECK(p.error_state != nullptr,
               "small_seq_tiled: could not reach the device error counter");
-  // the segment order's buffer, where the plan leads with its launch (tiled_order_kernel.h)
-  const bool ordered = plan.launches == 2 && plan.launch[0].kernel ==
-                       static_cast<int32_t>(SmallSeqKernel::kTiledSegmentOrder);
+  // the segment order's buffer, where the plan has its launch (tiled_order_kernel.h)
+  const bool ordered = small_seq_plan_orders_segments(plan);
   const at::Tensor order = at::empty({ordered ? p.batch : 0}, q.options().dtype(at::kInt));
   p.segment_order = ordered ? order.data_ptr<int32_t>() : nullptr;
   const SmallSeqTiledDtype dtype = q.scalar_type() == at::kBFloat16

@@ -75,9 +75,10 @@ struct RaTuning {
   // 2 = every call of 64-key steps over at most 256 keys it can serve (tests, A/B runs);
   // 0 = never.
   int small_seq_tiled_warpgroup_ws = 1;
-  // tiled small-seq forward: 1 = on AMD, histories past 256 keys take their segments longest
-  // history first (a launch of small_seq/tiled_order_kernel.h ahead of the forward kernel);
-  // 2 = every call over more than one 16-key tile (tests, A/B runs); 0 = never (segment order).
+  // tiled small-seq forward and block backward: 1 = on AMD, histories past 256 keys take their
+  // segments most work first (launches of small_seq/tiled_order_kernel.h ahead of the forward
+  // kernel and of each block pass of the backward); 2 = every call over more than one 16-key
+  // tile (tests, A/B runs); 0 = never (segment order).
   int small_seq_tiled_segment_order = 1;
   // tiled small-seq backward on Hopper (sm_90a builds): 1 = calls of at least one 64-row tile
   // per (segment, kv head) over at most 4096 keys (256 with small_seq_tiled_bwd_dq_stream 0)

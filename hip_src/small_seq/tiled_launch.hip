@@ -16,10 +16,10 @@
 // kernel's one-tile instance, the 16-key warpgroup instances) serve those calls as they are.
 #include "plan.h"
 #include "tiled_fwd_warpgroup_kernel.h"
-#include "tiled_order_kernel.h"
 #include "tiled_fwd_warpgroup_tma_kernel.h"
 #include "tiled_fwd_warpgroup_ws_kernel.h"
 #include "tiled_launch_util.h"
+#include "tiled_order_kernel.h"
 
 namespace small_seq {
 namespace {
@@ -296,29 +296,27 @@ hipError_t run_tiled_fwd_any_record(const SmallSeqTiledParams& p, const SmallSeq
 }
 
 // Records [first, first + count) of the plan: the forward kernel, led by the segment order's
-// launch where the plan orders the segments (tiled_order_kernel.h). The order needs its buffer
-// (p.segment_order, which the binding allocates for such a plan) and nothing else uses it.
-inline bool tiled_fwd_ordered(const SmallSeqPlan& plan, int first, int count,
-                              const SmallSeqTiledParams& p, bool* ordered) {
-  *ordered = count == 2 &&
-             plan.launch[first].kernel == static_cast<int32_t>(SmallSeqKernel::kTiledSegmentOrder);
-  return count == (*ordered ? 2 : 1) && *ordered == (p.segment_order != nullptr);
+// launch (by keys: tiled_order_kernel.h) where the plan orders the segments; false where they
+// are no forward plan.
+inline bool tiled_fwd_ordered(const SmallSeqPlan& plan, int first, int count, bool* ordered) {
+  const SmallSeqLaunch& lead = plan.launch[first];
+  *ordered = count == 2 && lead.kernel == static_cast<int32_t>(SmallSeqKernel::kTiledSegmentOrder);
+  return count == (*ordered ? 2 : 1) && (!*ordered || lead.p[0] == 0);
 }
 
 template <typename T, int D>
 hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, const SmallSeqPlan& plan,
                          hipStream_t stream) {
   bool ordered = false, fallback_ordered = false;
-  if (!tiled_fwd_ordered(plan, 0, plan.launches, p, &ordered)) return kBadPlan;
+  if (!tiled_fwd_ordered(plan, 0, plan.launches, &ordered)) return kBadPlan;
   if (plan.fallbacks != 0 &&
-      (!tiled_fwd_ordered(plan, plan.launches, plan.fallbacks, p, &fallback_ordered) ||
+      (!tiled_fwd_ordered(plan, plan.launches, plan.fallbacks, &fallback_ordered) ||
        fallback_ordered != ordered))
     return kBadPlan;
+  if (ordered != (p.segment_order != nullptr)) return kBadPlan;
   if (p.batch == 0 || p.num_heads_kv == 0) return hipSuccess;
   if (ordered) {
-    hipLaunchKernelGGL(small_seq_tiled_segment_order_kernel, dim3(1), dim3(kTiledOrderThreads),
-                       0, stream, p);
-    const hipError_t err = hipGetLastError();
+    const hipError_t err = run_tiled_segment_order(p, plan.launch[0].p[0], stream);
     if (err != hipSuccess) return err;
   }
   const int kernel = ordered ? 1 : 0;  // the forward kernel's record

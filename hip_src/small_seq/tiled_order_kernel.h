@@ -1,22 +1,25 @@
-// The order in which the tiled forward's work items take the segments: longest history first
+// The order in which the tiled kernels' work items take the segments: most work per item first
 // (docs/kernels.md#segment-order).
 //
-// Why: the forward kernels walk their items grid-stride, each block through a fixed share, in
-// segment order. An item costs about its history's key steps, and in a ragged request batch
-// histories differ by 100x or more, so in segment order a block that meets a long history late
-// keeps the machine waiting while the others have run out of work. Taken longest first, the
-// long items start together at the beginning and the short ones fill the gaps at the end
+// Why: the tiled kernels walk their items grid-stride, each block through a fixed share, in
+// segment order. In a ragged request batch the items of one segment cost 100x or more those of
+// another, so in segment order a block that meets an expensive segment late keeps the machine
+// waiting while the others have run out of work. Taken most expensive first, the long items
+// start together at the beginning and the short ones fill the gaps at the end
 // (longest-processing-time-first scheduling). tools/diag/ragged_schedule_model.py replays the
-// ragged-request rows' items onto the grid: in segment order the busiest block ends 1.18-1.35x
-// after the mean on the long-tailed rows (H200 grid), in this order 1.01-1.14x.
+// ragged-request rows' items onto the grid: in segment order the forward's busiest block ends
+// 1.18-1.35x after the mean on the long-tailed rows (H200 grid), in this order 1.01-1.14x.
 //
-// One block of kTiledOrderThreads threads counting-sorts the segments by key steps
-// (kTiledOrderStepKeys keys; buckets 0 .. kTiledOrderBuckets - 1), most steps first: a
+// What an item costs depends on the kernel: the forward's items and the backward's dQ items
+// walk the segment's keys (ordered by keys), the backward's dK / dV items its rows, candidates
+// x q heads of a kv head (ordered by rows). One block of kTiledOrderThreads threads
+// counting-sorts the segments by steps of kTiledOrderStep keys or rows (buckets 0 ..
+// kTiledOrderBuckets - 1, the last also holding everything larger), most steps first: a
 // histogram in shared memory, a scan from the largest bucket down, then every segment takes the
-// next place of its bucket. The key count is the contract's (tiled_resolve_segment: 0 for a bad
-// segment), so whatever the offsets hold every bucket is in range and the result is a
-// permutation of 0 .. b - 1; the order within a bucket follows the atomics and changes nothing
-// an item computes.
+// next place of its bucket. The counts are the contract's (tiled_resolve_segment: no keys and no
+// rows for a bad segment), so whatever the offsets hold every bucket is in range and the result
+// is a permutation of 0 .. b - 1; the order within a bucket follows the atomics and changes
+// nothing an item computes.
 #pragma once
 
 #include "tiled_segment.h"
@@ -24,17 +27,22 @@
 namespace small_seq {
 
 constexpr int kTiledOrderThreads = 256;
-constexpr int kTiledOrderStepKeys = 64;
-constexpr int kTiledOrderBuckets = kSmallSeqTiledMaxSeqlenKv / kTiledOrderStepKeys + 1;
+constexpr int kTiledOrderStep = 64;
+constexpr int kTiledOrderBuckets = kSmallSeqTiledMaxSeqlenKv / kTiledOrderStep + 1;
 
-// The bucket of segment `seg`: its key steps (a valid segment has at most max_seqlen_kv <=
-// kSmallSeqTiledMaxSeqlenKv keys, a bad one 0).
+// The bucket of segment `seg`: its steps of keys (a valid segment has at most max_seqlen_kv <=
+// kSmallSeqTiledMaxSeqlenKv) or of rows (queries x GQA group), 0 for a bad segment.
+template <bool BY_ROWS>
 RA_DEVICE int tiled_order_bucket(const SmallSeqTiledParams& p, const int seg) {
   const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));
-  const int steps = (s.nk + kTiledOrderStepKeys - 1) / kTiledOrderStepKeys;
-  return steps < kTiledOrderBuckets ? steps : kTiledOrderBuckets - 1;
+  const int64_t n = !s.valid ? 0
+                    : BY_ROWS ? static_cast<int64_t>(s.nq) * (p.num_heads_q / p.num_heads_kv)
+                              : s.nk;
+  const int64_t steps = (n + kTiledOrderStep - 1) / kTiledOrderStep;
+  return steps < kTiledOrderBuckets ? static_cast<int>(steps) : kTiledOrderBuckets - 1;
 }
 
+template <bool BY_ROWS>
 __global__ void __launch_bounds__(kTiledOrderThreads)
     small_seq_tiled_segment_order_kernel(const SmallSeqTiledParams p) {
   __shared__ int count[kTiledOrderBuckets];
@@ -43,7 +51,7 @@ __global__ void __launch_bounds__(kTiledOrderThreads)
   for (int i = tid; i < kTiledOrderBuckets; i += kTiledOrderThreads) count[i] = 0;
   __syncthreads();
   for (int seg = tid; seg < p.batch; seg += kTiledOrderThreads)
-    atomicAdd(&count[tiled_order_bucket(p, seg)], 1);
+    atomicAdd(&count[tiled_order_bucket<BY_ROWS>(p, seg)], 1);
   __syncthreads();
   if (tid == 0) {  // where each bucket starts, the largest first
     int start = 0;
@@ -54,7 +62,21 @@ __global__ void __launch_bounds__(kTiledOrderThreads)
   }
   __syncthreads();
   for (int seg = tid; seg < p.batch; seg += kTiledOrderThreads)
-    p.segment_order[atomicAdd(&next[tiled_order_bucket(p, seg)], 1)] = seg;
+    p.segment_order[atomicAdd(&next[tiled_order_bucket<BY_ROWS>(p, seg)], 1)] = seg;
+}
+
+// The plan's order launch (its record's BY_ROWS: 0 by keys, 1 by rows) into p.segment_order,
+// which the binding allocates for a plan that has one (small_seq_plan_orders_segments).
+inline hipError_t run_tiled_segment_order(const SmallSeqTiledParams& p, const int32_t by_rows,
+                                          hipStream_t stream) {
+  if (p.segment_order == nullptr || (by_rows != 0 && by_rows != 1)) return hipErrorInvalidValue;
+  if (by_rows != 0)
+    hipLaunchKernelGGL(small_seq_tiled_segment_order_kernel<true>, dim3(1),
+                       dim3(kTiledOrderThreads), 0, stream, p);
+  else
+    hipLaunchKernelGGL(small_seq_tiled_segment_order_kernel<false>, dim3(1),
+                       dim3(kTiledOrderThreads), 0, stream, p);
+  return hipGetLastError();
 }
 
 }  // namespace small_seq

@@ -812,20 +812,29 @@ def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, 
     lib.apply_tuning()
     if plan is None:
         plan = tiled_fwd_plan(lib, q, k, max_q, max_kv, return_softmax, max_logit=row_max)
-    seg_order = torch.full((p.batch if plan_orders_segments(plan) else 0,), -1, dtype=torch.int32)
-    p.segment_order = ptr(seg_order) if seg_order.numel() else None
-    if order is not None:
-        order.append(seg_order)
+    seg_order = _order_buffer(p, plan, order)  # noqa: F841 (alive through the launch)
     _run_plan(lib, lib.lib.emu_small_seq_tiled_fwd, p, q, plan, "small_seq tiled forward", rc)
     return (out, lse, probs) + ((rmax,) if row_max else ())
 
 
 def plan_orders_segments(plan: List[int]) -> bool:
-    """Whether tiled forward plan ints lead with the segment order's launch (the binding's
-    test before it allocates the order's buffer)."""
+    """Whether tiled plan ints have a segment order launch (the bindings' test before they
+    allocate the order's buffer: plan.h small_seq_plan_orders_segments)."""
     from rocm_attn import small_seq_plan as sp
 
-    return plan[0] == 2 and plan[2] == sp.KERNEL_IDS["tiled_segment_order"]
+    records = plan[0] + plan[1]
+    return any(plan[2 + i * sp.LAUNCH_INTS] == sp.KERNEL_IDS["tiled_segment_order"]
+               for i in range(records))
+
+
+def _order_buffer(p, plan: List[int], order: Optional[list]) -> torch.Tensor:
+    """The segment order's buffer as the bindings allocate it (int32 [b] where the plan has an
+    order launch, poisoned -1 here), set in the params and appended to ``order`` if given."""
+    seg_order = torch.full((p.batch if plan_orders_segments(plan) else 0,), -1, dtype=torch.int32)
+    p.segment_order = ptr(seg_order) if seg_order.numel() else None
+    if order is not None:
+        order.append(seg_order)
+    return seg_order
 
 
 def plan_device(lib: Emu):
@@ -870,10 +879,12 @@ def tiled_fwd_plan(lib: Emu, q, k, max_q, max_kv, return_softmax,
 
 
 def small_seq_tiled_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens, max_q,
-                        max_kv, scale):
+                        max_kv, scale, order=None, plan=None):
     """(dq, dk, dv) of the emulated tiled backward, params filled as
     hip_src/bindings/small_seq_tiled_bwd.cpp fills them; outputs start as NaN (unwritten shows).
-    lse / dlse: [h_q, total_q] float32 (dlse may be None)."""
+    lse / dlse: [h_q, total_q] float32 (dlse may be None). ``order``: as small_seq_tiled_fwd's
+    (the buffer holds the last order launch's after the call); plan: the launcher's plan ints
+    (default: the plan's, tiled_bwd_plan)."""
     p = small_seq_tiled_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale)
     dq, dk, dv = _nan(q.shape, q.dtype), _nan(k.shape, k.dtype), _nan(k.shape, k.dtype)
     workspace = _nan((p.num_heads_q * p.total_q,), torch.float32)
@@ -889,7 +900,9 @@ def small_seq_tiled_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, se
         for dim, s in zip(lead + ["token", "head"], t.stride()[:-1]):
             setattr(p, f"{name}_{dim}_stride", s)
     lib.apply_tuning()
-    plan = tiled_bwd_plan(lib, q, k, max_q, max_kv)
+    if plan is None:
+        plan = tiled_bwd_plan(lib, q, k, max_q, max_kv)
+    seg_order = _order_buffer(p, plan, order)  # noqa: F841 (alive through the launch)
     _run_plan(lib, lib.lib.emu_small_seq_tiled_bwd, p, q, plan, "small_seq tiled backward")
     return dq, dk, dv
 

@@ -1,7 +1,7 @@
-"""How evenly the tiled forward's work items spread over the grid, per ragged-request row.
+"""How evenly the tiled kernels' work items spread over the grid, per ragged-request row.
 
 Usage: python3 tools/diag/ragged_schedule_model.py [--mps N] [--blocks-per-mp N]
-           [--rows-per-item N] [--grid-factor N] [--cases ROW,ROW...]
+           [--rows-per-item N] [--grid-factor N] [--backward] [--cases ROW,ROW...]
 
 No GPU: it replays each ragged-request row's items (its users drawn as the benchmark draws them,
 seed 0) onto a grid as the tiled forward kernels walk them, and prints when the busiest block
@@ -20,6 +20,11 @@ step per 64 keys of its history plus one step for its Q, first scores and epilog
 ignores what blocks on one multiprocessor do to each other; it measures only the spread. The
 defaults are an H200's 132 multiprocessors with one block each and items of 128 rows (the
 warp-specialized kernel's pairs of 64-row tiles); MI300X has 304 compute units.
+
+``--backward``: the backward's block passes instead (tiled_bwd_block_kernel.h at d 128 on 64
+lanes). A dK / dV item is (segment, kv head, 32 keys) and walks the segment's rows, one step
+per 16-row tile plus one; a dQ item is (segment, kv head, 16 rows) and walks the keys, one step
+per 16-key tile plus one. Their orders: most rows first and most keys first.
 """
 import argparse
 import heapq
@@ -44,6 +49,23 @@ def item_costs(cands: Sequence[int], keys: Sequence[int], group: int, heads_kv: 
     return out
 
 
+def block_pass_costs(cands: Sequence[int], keys: Sequence[int], group: int, heads_kv: int,
+                     by_rows: bool) -> List[List[int]]:
+    """Per segment, the costs of its items in the backward's dK / dV block pass (``by_rows``:
+    items of 32 keys, each walking the rows) or dQ block pass (items of 16 rows, each walking
+    the keys); a segment without rows or keys, or with one key tile for dQ, has none."""
+    out = []
+    for c, k in zip(cands, keys):
+        rows = c * group
+        if by_rows:
+            items, cost = (math.ceil(k / 32), 1 + math.ceil(rows / 16)) if rows and k else (0, 0)
+        else:
+            items, cost = (math.ceil(rows / 16), 1 + math.ceil(k / 16)) if rows and k > 16 else \
+                (0, 0)
+        out.append([cost] * (items * heads_kv))
+    return out
+
+
 def list_schedule(jobs: Sequence[float], slots: int) -> float:
     """When the last of `jobs`, started in order on whichever of `slots` frees first, ends."""
     free = [0.0] * slots
@@ -63,8 +85,11 @@ def grid_stride(items: Sequence[float], slots: int, grid_factor: int) -> float:
 
 def spread(segments: List[List[int]], keys: Sequence[int], slots: int,
            grid_factor: int) -> dict:
-    """Busiest block over the mean for the three walks of the module docstring."""
+    """Busiest block over the mean for the three walks of the module docstring (``keys``: what
+    the order sorts by, per segment)."""
     in_order = [w for seg in segments for w in seg]
+    if not in_order:
+        return dict.fromkeys(("segment order", "longest first", "longest first, queue"), 1.0)
     mean = sum(in_order) / slots
     longest = sorted(range(len(segments)), key=lambda s: -keys[s])
     sorted_items = [w for s in longest for w in segments[s]]
@@ -79,18 +104,33 @@ def main(argv=None) -> None:
     ap.add_argument("--blocks-per-mp", type=int, default=1)
     ap.add_argument("--rows-per-item", type=int, default=128)
     ap.add_argument("--grid-factor", type=int, default=4)
+    ap.add_argument("--backward", action="store_true")
     ap.add_argument("--cases", default="")
     args = ap.parse_args(argv)
     rows = ([ragged_rows.parse_row(n) for n in args.cases.split(",")] if args.cases
             else ragged_rows.ROWS)
     slots = args.mps * args.blocks_per_mp
-    print(f"{slots} resident blocks, grid {args.grid_factor} x that, items of "
-          f"{args.rows_per_item} rows; busiest block / mean block")
-    print(f"{'row':60s} {'items':>7s} {'segment order':>14s} {'longest first':>14s} "
-          f"{'+ queue':>8s}")
+    if args.backward:
+        print(f"{slots} resident blocks, grid {args.grid_factor} x that, the backward's block "
+              f"passes; busiest block / mean block, in segment order -> ordered")
+        print(f"{'row':60s} {'dK / dV':>12s} {'dQ':>12s}")
+    else:
+        print(f"{slots} resident blocks, grid {args.grid_factor} x that, items of "
+              f"{args.rows_per_item} rows; busiest block / mean block")
+        print(f"{'row':60s} {'items':>7s} {'segment order':>14s} {'longest first':>14s} "
+              f"{'+ queue':>8s}")
     for row in rows:
         n = ragged_rows.draw_lengths(row, 0)
         keys = n.keys.tolist()
+        if args.backward:
+            cands, group = n.cands.tolist(), row.h_q // row.h_kv
+            cols = []
+            for by_rows, rank in ((True, cands), (False, keys)):
+                segs = block_pass_costs(cands, keys, group, row.h_kv, by_rows)
+                s = spread(segs, rank, slots, args.grid_factor)
+                cols.append(f"{s['segment order']:.2f} -> {s['longest first']:.2f}")
+            print(f"{row.name:60s} {cols[0]:>12s} {cols[1]:>12s}")
+            continue
         segments = item_costs(n.cands.tolist(), keys, row.h_q // row.h_kv, row.h_kv,
                               args.rows_per_item)
         s = spread(segments, keys, slots, args.grid_factor)
