@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import FrozenSet, List, NamedTuple
 import pytest
 import torch
 
+from helpers.cp_spawn import free_port
 from helpers.gpu import why_no_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,27 +72,21 @@ def _run(block: Block, cwd: Path) -> None:
 
 # Run in each rank: the process group the block takes as given, then the block as written.
 # A rank whose block raised exits with its traceback; one whose block passed waits for the
-# others and leaves without tearing the group down (cp_spawn.exit_without_teardown: gloo's
-# teardown sometimes aborts a rank on a loaded machine, and nothing after the block is tested).
-RANK_MAIN = """
+# others and leaves as the CP test ranks do (cp_spawn.exit_without_teardown: no teardown of the
+# group, which sometimes aborts a gloo rank on a loaded machine).
+RANK_MAIN = f"""
 import os, sys, torch, torch.distributed as dist
+sys.path.insert(0, {str(ROOT / "tests")!r})
+from helpers.cp_spawn import exit_without_teardown
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 gpu = os.environ["DOCS_BLOCK_GPU"] == "1"
 if gpu:
     torch.cuda.set_device(rank)
 dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
-exec(compile(open(sys.argv[1]).read(), sys.argv[2], "exec"), {"__name__": "__main__"})
+exec(compile(open(sys.argv[1]).read(), sys.argv[2], "exec"), {{"__name__": "__main__"}})
 dist.barrier()
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
+exit_without_teardown()
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # The port _free_port found may be taken by another process before rank 0 binds it; such a
@@ -114,7 +108,7 @@ def _start_ranks(block: Block, cwd: Path) -> dict:
     """{rank: output} of the ranks that failed in one start of the block's WORLD ranks."""
     source = cwd / "block.py"
     source.write_text(block.code)
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(WORLD):
         env = _env()

@@ -170,12 +170,6 @@ def _bwd_plan(lib, case, order_mode):
         return emu.tiled_bwd_plan(lib, case.q, case.k, case.max_q, case.max_kv)
 
 
-def _records(plan_ints: list) -> list:
-    """The launch records of plan ints (the launches, then the fallbacks)."""
-    n = plan_ints[0] + plan_ints[1]
-    return [plan_ints[2 + i * sp.LAUNCH_INTS:2 + (i + 1) * sp.LAUNCH_INTS] for i in range(n)]
-
-
 def _plan_of(records: list) -> list:
     return [len(records), 0] + [v for r in records for v in r]
 
@@ -191,7 +185,7 @@ def test_backward_order_changes_no_gradient(lib, bad):
     want = [sp.KERNEL_IDS[k] for k in ("tiled_bwd_delta", "tiled_segment_order",
                                        "tiled_bwd_dkv_block", "tiled_segment_order",
                                        "tiled_bwd_dq_block")]
-    assert [r[0] for r in _records(plan)] == want, plan
+    assert [r[0] for r in emu.plan_records(plan)] == want, plan
     orders = []
     ordered, (dout, dlse) = _bwd(lib, case, 2, order_out=orders)
     plain, _ = _bwd(lib, case, 0)
@@ -208,7 +202,7 @@ def test_backward_order_by_rows(lib):
     """The plan without its order by keys: the buffer ranks the segments by row steps (queries
     x GQA group), and the gradients are those of segment order."""
     case = _ragged_bwd(19)
-    records = [r for r in _records(_bwd_plan(lib, case, 2))
+    records = [r for r in emu.plan_records(_bwd_plan(lib, case, 2))
                if r[0] != ORDER or r[1] == BY_ROWS]
     orders = []
     ordered, _ = _bwd(lib, case, 0, plan=_plan_of(records), order_out=orders)
@@ -225,7 +219,7 @@ def test_backward_pass_before_any_order_reads_none(lib):
     """An order launch after the dK / dV pass (its buffer still the -1 poison when that pass
     runs): the pass walks index order, and the gradients are those of segment order."""
     case = _ragged_bwd(23)
-    records = [r for r in _records(_bwd_plan(lib, case, 2)) if r[0] != ORDER or r[1] != BY_ROWS]
+    records = [r for r in emu.plan_records(_bwd_plan(lib, case, 2)) if r[0] != ORDER or r[1] != BY_ROWS]
     assert [r[0] for r in records].index(ORDER) > 1
     ordered, _ = _bwd(lib, case, 0, plan=_plan_of(records))
     plain, _ = _bwd(lib, case, 0)

@@ -817,14 +817,21 @@ def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, 
     return (out, lse, probs) + ((rmax,) if row_max else ())
 
 
+def plan_records(plan: List[int]) -> List[List[int]]:
+    """The launch records of plan ints ([launches, fallbacks, records...]: the launches, then
+    the fallbacks), each [kernel id, parameters...]."""
+    from rocm_attn import small_seq_plan as sp
+
+    return [plan[2 + i * sp.LAUNCH_INTS:2 + (i + 1) * sp.LAUNCH_INTS]
+            for i in range(plan[0] + plan[1])]
+
+
 def plan_orders_segments(plan: List[int]) -> bool:
     """Whether tiled plan ints have a segment order launch (the bindings' test before they
     allocate the order's buffer: plan.h small_seq_plan_orders_segments)."""
     from rocm_attn import small_seq_plan as sp
 
-    records = plan[0] + plan[1]
-    return any(plan[2 + i * sp.LAUNCH_INTS] == sp.KERNEL_IDS["tiled_segment_order"]
-               for i in range(records))
+    return any(r[0] == sp.KERNEL_IDS["tiled_segment_order"] for r in plan_records(plan))
 
 
 def _order_buffer(p, plan: List[int], order: Optional[list]) -> torch.Tensor:
