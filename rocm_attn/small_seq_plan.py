@@ -211,7 +211,6 @@ DEFAULT_TUNING: Dict[str, int] = {
     "small_seq_tiled_warpgroup_tma": 1,
     "small_seq_tiled_warpgroup_stream": 1,
     "small_seq_tiled_warpgroup_ws": 1,
-    "small_seq_tiled_segment_order": 1,
     "small_seq_tiled_bwd_warpgroup": 1,
     "small_seq_tiled_bwd_two_tile": 1,
     "small_seq_tiled_bwd_dq_stream": 1,
@@ -379,10 +378,6 @@ VARIANTS: Dict[str, Tuple[str, str]] = {
                                 "tile copies serve"),
     "tiled_fwd_warpgroup_ws": ("small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, ROW_MAX>",
                                "Hopper d 128, 129-256 keys, more than one 64-row tile"),
-    "tiled_segment_order": ("small_seq_tiled_segment_order_kernel<BY_ROWS>",
-                            "AMD, histories past 256 keys: the segments most keys first before "
-                            "the tiled forward and the dQ block kernel, most rows first before "
-                            "the dK / dV block kernel"),
     # tiled backward (tiled_bwd_launch.hip)
     "tiled_bwd_delta": ("small_seq_tiled_bwd_delta_kernel<T, D>",
                         "pass 1 (Delta = rowsum(dO O) - dlse) where no later kernel fuses it"),
@@ -703,45 +698,12 @@ def _with_row_max(launch: Launch, call: Call) -> Launch:
                   launch.params + (("ROW_MAX", call.max_logit and not one_step),))
 
 
-# Histories past this many keys may differ by more than four 64-key steps, so their items do
-# too, and the tiled kernels take their segments most work first (:func:`_orders_segments`).
-ORDER_MIN_SEQLEN_KV = 256
-
-
-def _orders_segments(call: Call, device: Device, t: Mapping[str, int]) -> bool:
-    """Whether the tiled forward and the block backward take their segments most work first:
-    the segment order's launch ahead of the forward (most keys first) and of each block pass of
-    the backward (dK / dV: most rows first; dQ: most keys first). Tuning
-    small_seq_tiled_segment_order: 2 every call past one key tile, 1 the rule, 0 never
-    (histories of one key tile cost alike, and their one-tile wave instance reads no order).
-    The rule: on AMD, histories past ORDER_MIN_SEQLEN_KV keys.
-
-    The kernels walk their items grid-stride in segment order; in a ragged batch a block that
-    meets an expensive segment late leaves the others idle at the end.
-    tools/diag/ragged_schedule_model.py replays the ragged-request rows' items onto the grid:
-    the forward's busiest block ends 1.18-1.35x after the mean on the long-tailed rows in
-    segment order (H200 grid; 1.08-1.67x on MI300X's), 1.01-1.14x ordered; the backward's
-    block passes (``--backward``, MI300X's grid) up to 1.40x (dK / dV) and 1.69x (dQ) on the
-    rows past 256 keys, at most 1.09x ordered; the forward with histories of at most 256 keys
-    within 1.03x either way. Not yet on NVIDIA: it waits for the H200 A/B of the
-    ragged rows (docs/kernels.md#segment-order)."""
-    mode = t["small_seq_tiled_segment_order"]
-    if call.max_seqlen_kv <= TILED_KEYS:
-        return False
-    if mode != 1:
-        return mode >= 2
-    return device.vendor == "amd" and call.max_seqlen_kv > ORDER_MIN_SEQLEN_KV
-
-
 def plan_tiled_forward(call: Call, device: Device, t: Mapping[str, int]) -> Plan:
     """The tiled forward's launch (the table of docs/kernels.md, F1-F6), with its ROW_MAX
-    parameter (:func:`_with_row_max`), led by the segment order's launch where
-    :func:`_orders_segments` says so."""
+    parameter (:func:`_with_row_max`)."""
     plan = _plan_tiled_forward(call, device, t)
-    order = ((_launch("tiled_segment_order", BY_ROWS=False),) if _orders_segments(call, device, t)
-             else ())
-    return dataclasses.replace(plan, launches=order + tuple(_with_row_max(launch, call)
-                                                            for launch in plan.launches))
+    return dataclasses.replace(plan, launches=tuple(_with_row_max(launch, call)
+                                                    for launch in plan.launches))
 
 
 def _plan_tiled_forward(call: Call, device: Device, t: Mapping[str, int]) -> Plan:
@@ -868,14 +830,8 @@ def plan_tiled_backward(call: Call, device: Device, t: Mapping[str, int]) -> Pla
         launches.append(_launch("tiled_bwd_dkv", D=d, ONE_ROW_TILE=True, FUSED_DELTA=fused,
                                 threads=BWD_ROW_TILE_THREADS))
     elif kv > BWD_KEYS and rows > BWD_ROWS:
-        # more than one key tile and more than one row tile: a dQ pass, by the block variants,
-        # each led by the segment order its items cost by where the plan orders segments
-        ordered = _orders_segments(call, device, t)
-        if ordered:
-            launches.append(_launch("tiled_segment_order", BY_ROWS=True))
+        # more than one key tile and more than one row tile: a dQ pass, by the block variants
         launches.append(_launch("tiled_bwd_dkv_block", D=d, threads=BWD_BLOCK_THREADS))
-        if ordered:
-            launches.append(_launch("tiled_segment_order", BY_ROWS=False))
         launches.append(_launch("tiled_bwd_dq_block", D=d, threads=BWD_DQ_BLOCK_THREADS))
     else:
         # one key tile (or one row tile): pass 2 computes dQ too
@@ -978,7 +934,6 @@ KERNEL_IDS: Dict[str, int] = {
     "tiled_fwd_warpgroup": 4,
     "tiled_fwd_warpgroup_tma": 5,
     "tiled_fwd_warpgroup_ws": 6,
-    "tiled_segment_order": 7,
     "tiled_bwd_delta": 10,
     "tiled_bwd_dkv": 11,
     "tiled_bwd_dkv_block": 13,
@@ -1001,7 +956,6 @@ _KERNEL_ENUM = {
     "tiled_fwd_warpgroup": "kTiledFwdWarpgroup",
     "tiled_fwd_warpgroup_tma": "kTiledFwdWarpgroupTma",
     "tiled_fwd_warpgroup_ws": "kTiledFwdWarpgroupWs",
-    "tiled_segment_order": "kTiledSegmentOrder",
     "tiled_bwd_delta": "kTiledBwdDelta",
     "tiled_bwd_dkv": "kTiledBwdDkv",
     "tiled_bwd_dkv_block": "kTiledBwdDkvBlock",
@@ -1024,7 +978,6 @@ LAUNCH_PARAMS: Dict[str, Tuple[str, ...]] = {
     "tiled_fwd_warpgroup": ("D", "grid_factor"),
     "tiled_fwd_warpgroup_tma": ("D", "KEYS", "CAPPED", "STREAM", "grid_factor", "ROW_MAX"),
     "tiled_fwd_warpgroup_ws": ("D", "grid_factor", "ROW_MAX"),
-    "tiled_segment_order": ("BY_ROWS",),
     "tiled_bwd_delta": ("D",),
     "tiled_bwd_dkv": ("D", "ONE_ROW_TILE", "FUSED_DELTA"),
     "tiled_bwd_dkv_block": ("D",),

@@ -106,6 +106,28 @@ def test_row_times_every_column_on_one_clock_and_checks_them(clocks):
         ["ours", "varlen_attn", "sdpa_efficient"])
 
 
+def test_ab_columns_run_ours_under_the_setting_on_the_same_clock(clocks, monkeypatch):
+    settings = []
+
+    def with_tuning(setting, fn):
+        settings.append(setting)
+        return fn()
+
+    monkeypatch.setattr(S, "with_tuning", with_tuning)
+    out = _bench(ROWS[0], anchors=False, ab=("small_seq_tiled_fwd_grid=2",))
+    for m in (out["fwd"], out["fwdbwd"]):
+        col = m["columns"]["ab small_seq_tiled_fwd_grid=2"]
+        assert m["clock"] == "graph" and col["ms"] == 2.0 and col["check"]["ok"]
+        assert m["ab"] == {"small_seq_tiled_fwd_grid=2": {"ms": 2.0, "x_ours": 0.5,
+                                                          "path": "torch"}}
+        assert m["speedup"] == {} and "best_anchor" not in m  # an A/B column is no anchor
+    assert out["fwdbwd"]["columns"]["ab small_seq_tiled_fwd_grid=2"]["check"]["grads"]["ok"]
+    # every call of the column (probe and timing, both modes) ran under the setting
+    assert settings and set(settings) == {"small_seq_tiled_fwd_grid=2"}
+    assert sorted(col for _, col in clocks.calls) == sorted(
+        ["ours", "ab small_seq_tiled_fwd_grid=2"] * 2)
+
+
 def test_a_column_that_does_not_capture_puts_its_row_on_the_eager_clock(clocks):
     clocks.refuse = {"varlen_attn"}
     out = _bench(ROWS[1], fwd_only=True)
@@ -155,7 +177,7 @@ def test_a_wrong_output_fails_the_check_and_the_run(clocks, monkeypatch, tmp_pat
     real_row = S.bench_row
     monkeypatch.setattr(S, "bench_row", lambda *a, **kw: real_row(*a, **kw, device="cpu"))
     args = argparse.Namespace(cases=ROWS[0].name, seed=0, no_anchors=False, fwd_only=False,
-                              clock="auto", json=tmp_path / "r.json", no_progress=True)
+                              clock="auto", json=tmp_path / "r.json", no_progress=True, ab=[])
     assert S.main_ragged(args, ["--ranking", "--ragged", "--json", "x.json"]) == 1
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["command"] == "rocm-attn bench small-seq --ranking --ragged"

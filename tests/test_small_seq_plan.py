@@ -77,23 +77,6 @@ CASES = [
     ("gfx942", C(128, 8, 8, 64, 256), ["tiled_fwd_block(D=128, THREADS=256)"], None),
     ("gfx950", C(128, 8, 8, 64, 256), ["tiled_fwd_resident(D=128, KSTEP=4)"],
      None),                                                      # 148 KiB fit 160 KiB of LDS
-    # past 256 keys the segments go longest history first (_orders_segments), on AMD only
-    ("gfx942", C(128, 8, 2, 64, 1000),
-     ["tiled_segment_order(BY_ROWS=false)", "tiled_fwd_block(D=128, THREADS=256, CP_ASYNC=false)"],
-     None),
-    ("gfx950", C(64, 8, 8, 1, 257, dtype="float16"),
-     ["tiled_segment_order(BY_ROWS=false)", "tiled_fwd_wave(D=64, ONE_TILE=false)"], None),
-    ("gfx90a", C(256, 8, 1, 16, 4096, max_logit=True),
-     ["tiled_segment_order(BY_ROWS=false)", "tiled_fwd_wave(D=256, ROW_MAX=true)"], None),
-    # and the backward's block passes each take the order their items cost by
-    ("gfx942", C(128, 8, 2, 64, 1000, backward=True),
-     ["tiled_segment_order(BY_ROWS=false)", "tiled_fwd_block(D=128, THREADS=256, CP_ASYNC=false)"],
-     ["tiled_bwd_delta", "tiled_segment_order(BY_ROWS=true)", "tiled_bwd_dkv_block(threads=256)",
-      "tiled_segment_order(BY_ROWS=false)", "tiled_bwd_dq_block(threads=128)"]),
-    ("gfx942", C(128, 8, 2, 64, 256, backward=True),          # 256 keys: not ordered
-     ["tiled_fwd_block(D=128, THREADS=256, CP_ASYNC=false)"],
-     ["tiled_bwd_delta", "tiled_bwd_dkv_block(threads=256)", "tiled_bwd_dq_block(threads=128)"]),
-    ("sm_100", C(128, 8, 2, 16, 1000), ["tiled_fwd_block(D=128, THREADS=256)"], None),
     # tiled forward on NVIDIA without the warpgroup kernels
     ("sm_100", C(128, 8, 8, 64, 32), ["tiled_fwd_resident(D=128, KSTEP=1)"],
      None),                                                      # eight warps, 16-key steps
@@ -255,8 +238,7 @@ def test_every_tiled_forward_call_gets_a_compiled_instance():
                 ["thd", "bshd"], [False, True], [False, True]):
             call = C(d, hq, hkv, q, kv, layout=layout, return_softmax=probs, max_logit=max_logit)
             plan = sp.plan_tiled_forward(call, dev, dict(sp.DEFAULT_TUNING, **t))
-            *order, launch = plan.launches
-            assert [o.kernel for o in order] in ([], ["tiled_segment_order"]), str(plan)
+            (launch,) = plan.launches
             ident = tuple(launch.param(name) for name in sp.LAUNCH_PARAMS[launch.kernel]
                           if name not in ("D", "grid_factor"))
             runs = TILED_FWD_INSTANCES.get((launch.kernel, ident))
@@ -309,17 +291,6 @@ def test_tuning_knobs_change_the_plan():
     assert plan.launches[1].param("ONE_ROW_TILE") is False
     grid = sp.plan_call(call, gfx, dict(t, small_seq_tiled_fwd_grid=0))[0]
     assert grid.launches[0].param("grid_factor") == 0
-    # the segment order: 1 on AMD past 256 keys, 2 every tiled forward past one key tile, 0 never
-    order = ("tiled_segment_order",)
-    for arch, kv, tune, ordered in [("gfx942", 257, 1, True), ("gfx942", 256, 1, False),
-                                    ("gfx942", 257, 0, False), ("gfx942", 17, 2, True),
-                                    ("gfx942", 16, 2, False), ("sm_90a", 4096, 1, False),
-                                    ("sm_90a", 64, 2, True), ("sm_100", 1000, 1, False)]:
-        call = C(128, 8, 2, 16, kv)
-        kernels = sp.plan_call(call, sp.ARCHS[arch],
-                               dict(t, small_seq_tiled_segment_order=tune))[0].kernels
-        assert (kernels[:1] == order) == ordered and kernels.count(order[0]) <= 1, (
-            arch, kv, tune, kernels)
 
 
 def test_warpgroup_backward_long_histories():
@@ -656,9 +627,7 @@ def test_max_logit_takes_the_row_max_twin_of_the_same_kernel():
             plain = sp.plan_tiled_forward(C(d, hq, hkv, q, kv), device, sp.DEFAULT_TUNING)
             rows = sp.plan_tiled_forward(C(d, hq, hkv, q, kv, max_logit=True), device,
                                          sp.DEFAULT_TUNING)
-            # the same segment order's launch ahead, if any
-            assert plain.launches[:-1] == rows.launches[:-1], (arch, str(plain), str(rows))
-            a, b = plain.launches[-1], rows.launches[-1]
+            (a,), (b,) = plain.launches, rows.launches
             assert a.kernel == b.kernel, (arch, str(plain), str(rows))
             pa = {k: v for k, v in a.params if k != "ROW_MAX"}
             pb = {k: v for k, v in b.params if k != "ROW_MAX"}
@@ -670,7 +639,7 @@ def test_max_logit_takes_the_row_max_twin_of_the_same_kernel():
             one_step = b.param("ONE_TILE") is True or b.param("KEYS") == 16
             assert b.param("ROW_MAX") is (not one_step), (arch, str(rows))
             assert sp.LAUNCH_PARAMS[b.kernel][-1] == "ROW_MAX"
-            record = sp.encode(rows)[2 + sp.LAUNCH_INTS * (len(rows.launches) - 1):]
+            record = sp.encode(rows)[2:]
             assert record[len(sp.LAUNCH_PARAMS[b.kernel])] == int(not one_step)
             seen.add((b.kernel, b.param("ROW_MAX")))
     assert {k for k, row_max in seen if row_max} == {

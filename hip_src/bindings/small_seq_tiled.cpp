@@ -33,7 +33,6 @@ using rocm_attn::bindings::decode_plan;
 using rocm_attn::bindings::fill_tiled_segments;
 using rocm_attn::bindings::kTiledInt32Max;
 using rocm_attn::bindings::tiled_row_strides;
-using rocm_attn::bindings::tiled_segment_order_buffer;
 
 // (out, lse, probs, row_max); row_max is [h_q, total_q] when want_row_max, else empty and the
 // kernels write none (a null pointer).
@@ -117,7 +116,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tiled_fwd(
   p.error_state = ra_error_state_ptr();
   TORCH_CHECK(p.error_state != nullptr,
               "small_seq_tiled: could not reach the device error counter");
-  const at::Tensor order = tiled_segment_order_buffer(plan, q, p);
   const SmallSeqTiledDtype dtype = q.scalar_type() == at::kBFloat16
                                        ? SmallSeqTiledDtype::kBFloat16
                                        : SmallSeqTiledDtype::kFloat16;

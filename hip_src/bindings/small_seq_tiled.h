@@ -1,13 +1,12 @@
 // What the tiled small-seq ops' bindings share (small_seq_tiled.cpp: the forward;
 // small_seq_tiled_bwd.cpp: the backward): the int32 bound on sizes, the offset-tensor check and
-// the segment arguments' checks and params fields, the segment order's buffer.
+// the segment arguments' checks and params fields.
 #pragma once
 
 #include <limits>
 #include <optional>
 
 #include "bindings/torch_helpers.h"
-#include "small_seq/plan.h"
 #include "small_seq/tiled_params.h"
 
 namespace rocm_attn::bindings {
@@ -87,17 +86,6 @@ inline void fill_tiled_segments(SmallSeqTiledParams& p, const at::Tensor& q, con
     p.total_q = static_cast<int32_t>(b * q.size(1));
     p.total_kv = p.s_kv = static_cast<int32_t>(k.size(1));
   }
-}
-
-// The segment order's buffer (int32 [b], small_seq/tiled_order_kernel.h) where the plan has an
-// order launch, set as p.segment_order (nullptr, and an empty tensor, otherwise). The caller
-// keeps the returned tensor alive through the launch. Needs p.batch.
-inline at::Tensor tiled_segment_order_buffer(const SmallSeqPlan& plan, const at::Tensor& q,
-                                             SmallSeqTiledParams& p) {
-  const bool ordered = small_seq_plan_orders_segments(plan);
-  at::Tensor order = at::empty({ordered ? p.batch : 0}, q.options().dtype(at::kInt));
-  p.segment_order = ordered ? order.data_ptr<int32_t>() : nullptr;
-  return order;
 }
 
 }  // namespace rocm_attn::bindings

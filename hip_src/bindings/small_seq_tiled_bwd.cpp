@@ -29,7 +29,6 @@ using rocm_attn::bindings::decode_plan;
 using rocm_attn::bindings::fill_tiled_segments;
 using rocm_attn::bindings::kTiledInt32Max;
 using rocm_attn::bindings::tiled_row_strides;
-using rocm_attn::bindings::tiled_segment_order_buffer;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -129,7 +128,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> small_seq_tiled_bwd(
   p.dv = dv.data_ptr();
   p.workspace = workspace.data_ptr<float>();
   p.workspace_elems = workspace.numel();
-  const at::Tensor order = tiled_segment_order_buffer(plan, q, p);
   tiled_row_strides(q, p.q_batch_stride, p.q_token_stride, p.q_head_stride);
   tiled_row_strides(k, p.k_batch_stride, p.k_token_stride, p.k_head_stride);
   tiled_row_strides(v, p.v_batch_stride, p.v_token_stride, p.v_head_stride);

@@ -75,11 +75,6 @@ struct RaTuning {
   // 2 = every call of 64-key steps over at most 256 keys it can serve (tests, A/B runs);
   // 0 = never.
   int small_seq_tiled_warpgroup_ws = 1;
-  // tiled small-seq forward and block backward: 1 = on AMD, histories past 256 keys take their
-  // segments most work first (launches of small_seq/tiled_order_kernel.h ahead of the forward
-  // kernel and of each block pass of the backward); 2 = every call over more than one 16-key
-  // tile (tests, A/B runs); 0 = never (segment order).
-  int small_seq_tiled_segment_order = 1;
   // tiled small-seq backward on Hopper (sm_90a builds): 1 = calls of at least one 64-row tile
   // per (segment, kv head) over at most 4096 keys (256 with small_seq_tiled_bwd_dq_stream 0)
   // take the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never;
@@ -153,7 +148,6 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_warpgroup_tma", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_TMA", &RaTuning::small_seq_tiled_warpgroup_tma},
     {"small_seq_tiled_warpgroup_stream", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_STREAM", &RaTuning::small_seq_tiled_warpgroup_stream},
     {"small_seq_tiled_warpgroup_ws", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_WS", &RaTuning::small_seq_tiled_warpgroup_ws},
-    {"small_seq_tiled_segment_order", "ROCM_ATTN_SMALL_SEQ_TILED_SEGMENT_ORDER", &RaTuning::small_seq_tiled_segment_order},
     {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
     {"small_seq_tiled_bwd_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WARPGROUP", &RaTuning::small_seq_tiled_bwd_warpgroup},
     {"small_seq_tiled_bwd_two_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_TWO_TILE", &RaTuning::small_seq_tiled_bwd_two_tile},

@@ -24,8 +24,6 @@ enum class SmallSeqKernel : int32_t {
   kTiledFwdWarpgroupTma = 5,  // small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, KEYS, CAPPED,
                               // STREAM, ROW_MAX>
   kTiledFwdWarpgroupWs = 6,   // small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, ROW_MAX>
-  kTiledSegmentOrder = 7,     // small_seq_tiled_segment_order_kernel<BY_ROWS> (before the
-                              // tiled kernels that read it)
   kTiledBwdDelta = 10,        // small_seq_tiled_bwd_delta_kernel<T, D>
   kTiledBwdDkv = 11,          // small_seq_tiled_bwd_dkv_kernel<T, D, ONE_ROW_TILE, FUSED_DELTA>
   kTiledBwdDkvBlock = 13,     // small_seq_tiled_bwd_dkv_block_kernel<T, D>
@@ -45,9 +43,8 @@ struct SmallSeqLaunch {
 };
 
 // The launches of a call, then those the launcher runs instead where a tile-copy kernel's
-// tensor maps cannot be made (an address or stride not a multiple of 16 bytes). The longest:
-// the backward's Delta, order by rows, dK / dV, order by keys, dQ.
-constexpr int kSmallSeqPlanMaxLaunches = 6;
+// tensor maps cannot be made (an address or stride not a multiple of 16 bytes).
+constexpr int kSmallSeqPlanMaxLaunches = 4;
 struct SmallSeqPlan {
   int launches = 0;
   int fallbacks = 0;
@@ -73,13 +70,4 @@ inline bool small_seq_plan_decode(const int64_t* ints, int64_t n, SmallSeqPlan* 
       plan->launch[i].p[j - 1] = static_cast<int32_t>(r[j]);
   }
   return true;
-}
-
-// Whether a plan has a segment order launch (small_seq/tiled_order_kernel.h), whose buffer
-// (SmallSeqTiledParams::segment_order, int32 [b]) the binding then allocates.
-inline bool small_seq_plan_orders_segments(const SmallSeqPlan& plan) {
-  for (int i = 0; i < plan.launches + plan.fallbacks; ++i)
-    if (plan.launch[i].kernel == static_cast<int32_t>(SmallSeqKernel::kTiledSegmentOrder))
-      return true;
-  return false;
 }

@@ -241,11 +241,10 @@ __global__ void __launch_bounds__(kTiledBwdBlockThreads)
   __shared__ TiledBwdRowStage<D> stage;
 #endif
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t pos = item / per_seg;
-    const int64_t rest = item - pos * per_seg;
+    const int seg = static_cast<int>(item / per_seg);
+    const int64_t rest = item - seg * per_seg;
     const int hk = static_cast<int>(rest / groups);
     const int64_t kg = rest - static_cast<int64_t>(hk) * groups;
-    const int seg = tiled_segment_at(p, pos);  // most rows first where the plan ordered by rows
     const TiledBounds b = tiled_fetch_bounds(p, seg);
     const TiledSegment s = tiled_resolve_segment(p, seg, b);
     if (kg == 0 && w == 0) tiled_bwd_edges<T, D>(p, seg, hk, b, s, lane);
@@ -347,9 +346,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledBwdDqBlockThreads, 3)
   __shared__ TiledBwdKeyStage<D> stage;
 #endif
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t pos = item / per_seg;  // most keys first where the plan ordered by keys
-    const int seg = tiled_segment_at(p, pos);
-    const int64_t rest = item - pos * per_seg;
+    const int seg = static_cast<int>(item / per_seg);
+    const int64_t rest = item - seg * per_seg;
     const int hk = static_cast<int>(rest / groups);
     const int64_t rg = rest - static_cast<int64_t>(hk) * groups;
     const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));

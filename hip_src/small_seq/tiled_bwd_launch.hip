@@ -6,8 +6,7 @@
 // (tiled_bwd_block_kernel.h), the streaming kernel for a few rows per (segment, kv head)
 // (tiled_bwd_stream_kernel.h), and on Hopper (sm_90a builds) the warpgroup-MMA kernels
 // (tiled_bwd_warpgroup_tma_kernel.h, tiled_bwd_warpgroup_two_tile_kernel.h,
-// tiled_bwd_warpgroup_dq_stream_kernel.h), and the segment orders ahead of the block passes
-// (tiled_order_kernel.h). The launcher
+// tiled_bwd_warpgroup_dq_stream_kernel.h). The launcher
 // checks the plan against what this build compiled and chooses nothing else, except the plan's
 // fallback where a tile-copy kernel's tensor maps cannot be made. Dispatch over dtype x head
 // dim (one translation unit: no kv bucket, no generated files).
@@ -19,7 +18,6 @@
 #include "tiled_bwd_warpgroup_tma_kernel.h"
 #include "tiled_bwd_warpgroup_two_tile_kernel.h"
 #include "tiled_launch_util.h"
-#include "tiled_order_kernel.h"
 
 namespace small_seq {
 namespace {
@@ -334,18 +332,9 @@ hipError_t run_tiled_bwd(const SmallSeqTiledParams& p, const SmallSeqPlan& plan,
     first = plan.launch + plan.launches;
     n = plan.fallbacks;
   }
-  // An order launch (by keys or by rows: tiled_order_kernel.h) sorts the segments for the kernels
-  // after it. They read the order only once one is written (index order before), so no plan
-  // makes a kernel read an unwritten buffer.
-  SmallSeqTiledParams kp = p;
-  kp.segment_order = nullptr;
   for (int i = 0; i < n; ++i) {
-    const bool order =
-        first[i].kernel == static_cast<int32_t>(SmallSeqKernel::kTiledSegmentOrder);
-    const hipError_t err = order ? run_tiled_segment_order(p, first[i].p[0], stream)
-                                 : run_tiled_bwd_record<T, D>(kp, first[i], stream);
+    const hipError_t err = run_tiled_bwd_record<T, D>(p, first[i], stream);
     if (err != hipSuccess) return err;
-    if (order) kp.segment_order = p.segment_order;
   }
   return hipSuccess;
 }

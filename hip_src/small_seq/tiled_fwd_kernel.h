@@ -790,25 +790,17 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledMaxThreadsPerBlock,
   const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * waves;
   int64_t item = static_cast<int64_t>(blockIdx.x) * waves + threadIdx.x / WAVE;
-  // The segment at place `pos` of the item order. The one-tile instance's histories are one
-  // key tile each, so its items cost alike: the plan never orders its segments, and it reads no
-  // order. The order is read again where the item starts rather than carried from the
-  // prefetch, which keeps one register fewer live across the item.
-  const auto segment_at = [&](const int64_t pos) {
-    return ONE_TILE ? static_cast<int>(pos) : tiled_segment_at(p, pos);
-  };
   // The next item's segment bounds are read before this item computes.
   TiledBounds bounds =
-      item < items ? tiled_fetch_bounds(p, segment_at(item / per_seg)) : TiledBounds{};
+      item < items ? tiled_fetch_bounds(p, static_cast<int>(item / per_seg)) : TiledBounds{};
   for (; item < items; item += stride) {
-    const int64_t pos = item / per_seg;
-    const int seg = segment_at(pos);
-    const int64_t rest = item - pos * per_seg;
+    const int seg = static_cast<int>(item / per_seg);
+    const int64_t rest = item - seg * per_seg;
     const int hk = static_cast<int>(rest / groups);
     const int64_t item_group = rest - hk * groups;
     const TiledSegment s = tiled_resolve_segment(p, seg, bounds);
     if (item + stride < items)
-      bounds = tiled_fetch_bounds(p, segment_at((item + stride) / per_seg));
+      bounds = tiled_fetch_bounds(p, static_cast<int>((item + stride) / per_seg));
     if (!tiled_fwd_prologue<T, D, ROWS>(p, seg, hk, item_group, s, lane)) continue;
     // The item's row tiles that hold rows of this segment.
     const int64_t seg_rows = static_cast<int64_t>(s.nq) * (p.num_heads_q / p.num_heads_kv);
@@ -859,9 +851,8 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(THREADS, 1)
   const int64_t per_seg = groups * p.num_heads_kv;
   const int64_t items = static_cast<int64_t>(p.batch) * per_seg;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t pos = item / per_seg;
-    const int seg = tiled_segment_at(p, pos);
-    const int64_t rest = item - pos * per_seg;
+    const int seg = static_cast<int>(item / per_seg);
+    const int64_t rest = item - seg * per_seg;
     const int hk = static_cast<int>(rest / groups);
     const int64_t bg = rest - hk * groups;
     const TiledSegment s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));

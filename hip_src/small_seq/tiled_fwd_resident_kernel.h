@@ -74,9 +74,8 @@ RA_DEVICE int tiled_decode_item(const SmallSeqTiledParams& p, const int64_t item
                                 const int splits, TiledStagedItem* it, int64_t* split) {
   const int group = p.num_heads_q / p.num_heads_kv;
   const int64_t per_seg = static_cast<int64_t>(splits) * p.num_heads_kv;
-  const int64_t pos = item / per_seg;
-  const int seg = tiled_segment_at(p, pos);
-  const int64_t rest = item - pos * per_seg;
+  const int seg = static_cast<int>(item / per_seg);
+  const int64_t rest = item - seg * per_seg;
   it->hk = static_cast<int>(rest / splits);
   *split = rest - static_cast<int64_t>(it->hk) * splits;
   it->s = tiled_resolve_segment(p, seg, tiled_fetch_bounds(p, seg));

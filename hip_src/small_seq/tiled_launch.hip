@@ -19,7 +19,6 @@
 #include "tiled_fwd_warpgroup_tma_kernel.h"
 #include "tiled_fwd_warpgroup_ws_kernel.h"
 #include "tiled_launch_util.h"
-#include "tiled_order_kernel.h"
 
 namespace small_seq {
 namespace {
@@ -295,39 +294,18 @@ hipError_t run_tiled_fwd_any_record(const SmallSeqTiledParams& p, const SmallSeq
                                      : run_tiled_fwd_record<T, D, false>(p, l, stream, no_maps);
 }
 
-// Records [first, first + count) of the plan: the forward kernel, led by the segment order's
-// launch (by keys: tiled_order_kernel.h) where the plan orders the segments; false where they
-// are no forward plan.
-inline bool tiled_fwd_ordered(const SmallSeqPlan& plan, int first, int count, bool* ordered) {
-  const SmallSeqLaunch& lead = plan.launch[first];
-  *ordered = count == 2 && lead.kernel == static_cast<int32_t>(SmallSeqKernel::kTiledSegmentOrder);
-  return count == (*ordered ? 2 : 1) && (!*ordered || lead.p[0] == 0);
-}
-
 template <typename T, int D>
 hipError_t run_tiled_fwd(const SmallSeqTiledParams& p, const SmallSeqPlan& plan,
                          hipStream_t stream) {
-  bool ordered = false, fallback_ordered = false;
-  if (!tiled_fwd_ordered(plan, 0, plan.launches, &ordered)) return kBadPlan;
-  if (plan.fallbacks != 0 &&
-      (!tiled_fwd_ordered(plan, plan.launches, plan.fallbacks, &fallback_ordered) ||
-       fallback_ordered != ordered))
-    return kBadPlan;
-  if (ordered != (p.segment_order != nullptr)) return kBadPlan;
+  if (plan.launches != 1 || plan.fallbacks > 1) return kBadPlan;
   if (p.batch == 0 || p.num_heads_kv == 0) return hipSuccess;
-  if (ordered) {
-    const hipError_t err = run_tiled_segment_order(p, plan.launch[0].p[0], stream);
-    if (err != hipSuccess) return err;
-  }
-  const int kernel = ordered ? 1 : 0;  // the forward kernel's record
   bool no_maps = false;
-  const hipError_t err =
-      run_tiled_fwd_any_record<T, D>(p, plan.launch[kernel], stream, &no_maps);
+  const hipError_t err = run_tiled_fwd_any_record<T, D>(p, plan.launch[0], stream, &no_maps);
   if (!no_maps) return err;
-  if (plan.fallbacks == 0) return kBadPlan;  // the plan names no kernel for these tensors
+  if (plan.fallbacks != 1) return kBadPlan;  // the plan names no kernel for these tensors
   no_maps = false;
   const hipError_t fallback =
-      run_tiled_fwd_any_record<T, D>(p, plan.launch[plan.launches + kernel], stream, &no_maps);
+      run_tiled_fwd_any_record<T, D>(p, plan.launch[1], stream, &no_maps);
   return no_maps ? kBadPlan : fallback;
 }
 

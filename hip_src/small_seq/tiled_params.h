@@ -71,11 +71,6 @@ struct SmallSeqTiledParams {
   // Backward scratch (fp32), allocated by the binding; nullptr / 0 when unused.
   float* workspace;
   int64_t workspace_elems;
-
-  // Forward: the segments in the order its work items take them, longest history first
-  // ([b], written by the plan's order launch before the forward kernel: tiled_order_kernel.h),
-  // or nullptr: index order. Allocated by the binding where the plan has the order launch.
-  int32_t* segment_order;
 };
 
 // Largest max_seqlen_kv the tiled kernels serve (rocm_attn/small_seq.py KERNEL_MAX_SEQLEN_KV

@@ -113,14 +113,6 @@ RA_DEVICE TiledSegment tiled_resolve_segment(const SmallSeqTiledParams& p, int s
   return s;
 }
 
-// The segment that position `pos` (0 .. b - 1) of the work-item numbering stands for: the
-// plan's order where it made one (longest history first, so that a grid-stride loop ends on
-// short items instead of waiting for a long one: tiled_order_kernel.h), else pos itself. Only
-// the order of the items changes; what each item computes and writes does not.
-RA_DEVICE int tiled_segment_at(const SmallSeqTiledParams& p, const int64_t pos) {
-  return p.segment_order != nullptr ? p.segment_order[pos] : static_cast<int>(pos);
-}
-
 // Counts a bad segment once (the caller picks one work item per segment).
 RA_DEVICE void tiled_report_bad_segment(const SmallSeqTiledParams& p, int seg) {
   atomicAdd(p.error_state, 1);

@@ -180,3 +180,17 @@ def rotating(fns):
 
     call.num_sets = len(fns)
     return call
+
+
+def with_tuning(setting: str, fn):
+    """fn() with launch tuning values set (NAME=VALUE, several joined by "+"; NAME a
+    rocm_attn.tuning name or its ROCM_ATTN_* variable), restored after it (--ab)."""
+    import rocm_attn
+
+    by_env = {env: knob for knob, env in rocm_attn.tuning.environment_names().items()}
+    values = {}
+    for part in setting.split("+"):
+        name, value = part.split("=", 1)
+        values[by_env.get(name, name)] = int(value)
+    with rocm_attn.tuning.override(**values):
+        return fn()

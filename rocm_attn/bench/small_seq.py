@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 import rocm_attn  # noqa: E402
 from .common import (copy_bandwidth, eager_fallbacks, eager_ms, matmul_throughput,  # noqa: E402
-                     rotating, time_ms)
+                     rotating, time_ms, with_tuning)
 from .gpu import require_gpu
 from .plot import bar_chart, check_plot_arg
 from .progress import progress
@@ -74,7 +74,7 @@ MODE_FLAGS = {
     "batch": ("grid",),
     "dtype": ("grid", "ranking"),
     "no_anchors": ("grid", "ranking", "ragged"),
-    "ab": ("grid", "ranking"),
+    "ab": ("grid", "ranking", "ragged"),
     "max_logit": ("grid", "ranking"),
     "plot": ("grid",),
     "fwd_only": ("ranking", "ragged"),
@@ -187,18 +187,6 @@ def _with_backward(fwd, leaves):
 ANCHORS = {"sdpa": sdpa, "varlen": varlen, "unfused": unfused}
 
 
-def _with_tuning(setting, fn):
-    """fn() with launch tuning values set (NAME=VALUE, several joined by "+"; NAME a
-    rocm_attn.tuning name or its ROCM_ATTN_* variable), restored after it."""
-    by_env = {env: knob for knob, env in rocm_attn.tuning.environment_names().items()}
-    values = {}
-    for part in setting.split("+"):
-        name, value = part.split("=", 1)
-        values[by_env.get(name, name)] = int(value)
-    with rocm_attn.tuning.override(**values):
-        return fn()
-
-
 def bench_case(name, spec, batch, dtype, bw, seed, anchors=True, ab=(), max_logit=False):
     h_q, h_kv, d, kv = spec
     gen = torch.Generator().manual_seed(seed)
@@ -216,12 +204,12 @@ def bench_case(name, spec, batch, dtype, bw, seed, anchors=True, ab=(), max_logi
         row[mode] = {"ms": t, "eager_ms": t_eager, "floor_ms": floor, "pct_floor": 100 * floor / t,
                      "gbps": nbytes / (t * 1e-3) / 1e9, "anchors": {}}
         if h_q // h_kv >= 2:  # the general kernel on the same inputs, for the A/B
-            tg = _with_tuning("small_seq_mma=0", lambda: time_ms(
+            tg = with_tuning("small_seq_mma=0", lambda: time_ms(
                 rotating([ours(x, backward) for x in sets]), name=f"{name}/{mode}/general"))
             row[mode]["general_ms"] = tg
             row[mode]["general_pct_floor"] = 100 * floor / tg
         for setting in ab:  # --ab VAR=VALUE: ours again on the same inputs with a switch set
-            ta = _with_tuning(setting, lambda: time_ms(
+            ta = with_tuning(setting, lambda: time_ms(
                 rotating([ours(x, backward) for x in sets]), name=f"{name}/{mode}/{setting}"))
             row[mode].setdefault("ab", {})[setting] = {"ms": ta, "pct_floor": 100 * floor / ta}
         if max_logit:  # --max-logit: ours with return_max_logit=True on the same inputs
@@ -446,7 +434,7 @@ def _main_ranking(args) -> int:
         grid = [parse_row_name(n) for n in wanted]
     for r in progress(grid, "small-seq ranking", not args.no_progress):
         rows.append(bench_rank_row(r, bw, dtype, args.seed, anchors=not args.no_anchors,
-                                   ab=args.ab, with_tuning=_with_tuning,
+                                   ab=args.ab, with_tuning=with_tuning,
                                    fwd_only=args.fwd_only, matmul_flops=mm,
                                    max_logit=args.max_logit))
         report["eager_fallbacks"] = eager_fallbacks()

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 import rocm_attn
 
 from . import ragged_check
-from .common import copy_bandwidth, eager_ms, graph_ms, matmul_throughput
+from .common import copy_bandwidth, eager_ms, graph_ms, matmul_throughput, with_tuning
 from .progress import progress
 from .ragged_rows import (
     ROWS,
@@ -161,6 +161,20 @@ def ours_column(row: Row, n: Lengths, x: dict, backward: bool) -> Column:
                                               max_seqlen_kv=n.max_kv)
 
     return Column(fwd, (q, k, v), x["dout"])
+
+
+# The prefix of an A/B column's name: ours with launch tuning values set (--ab).
+AB_PREFIX = "ab "
+
+
+def ab_column(row: Row, n: Lengths, x: dict, backward: bool, setting: str) -> Column:
+    """Ours with the launch tuning ``setting`` (NAME=VALUE[+NAME=VALUE]) set around every call,
+    so that a graph captures the plan it picks; timed on the row's clock beside ours and
+    checked as ours is."""
+    col = ours_column(row, n, x, backward)
+    plain = col.fwd
+    col.fwd = lambda: with_tuning(setting, plain)
+    return col
 
 
 def flash_varlen_forward(q, k, v, cu_q, cu_kv, max_q: int, max_kv: int) -> torch.Tensor:
@@ -384,9 +398,11 @@ def _oracle(row: Row, n: Lengths, x: dict, users: List[int], backward: bool) -> 
 
 
 def bench_row(row: Row, bw: float, matmul: Dict[str, float], seed: int, anchors: bool = True,
-              fwd_only: bool = False, clock: str = "auto", device: str = "cuda") -> dict:
+              fwd_only: bool = False, clock: str = "auto", device: str = "cuda",
+              ab: Sequence[str] = ()) -> dict:
     """One row, both modes (see the module's docstring); ``matmul`` maps a row dtype to this
-    run's matrix-product rate (FLOP/s)."""
+    run's matrix-product rate (FLOP/s); ``ab``: tuning settings whose A/B columns (ours with
+    the setting) are timed beside ours, reported under the mode's "ab" (not anchors)."""
     n = draw_lengths(row, seed)
     base = row_seed(row, seed)
     fwd_floor, fb_floor = floors(row, n, bw, matmul[row.dtype])
@@ -414,6 +430,7 @@ def bench_row(row: Row, bw: float, matmul: Dict[str, float], seed: int, anchors:
         cols = []
         for x, p in zip(sets, padded):
             c = {"ours": ours_column(row, n, x, backward)}
+            c.update({AB_PREFIX + a: ab_column(row, n, x, backward, a) for a in ab})
             if anchors:
                 c.update(anchor_columns(row, n, x, p, backward))
             cols.append(c)
@@ -432,6 +449,8 @@ def bench_row(row: Row, bw: float, matmul: Dict[str, float], seed: int, anchors:
             try:
                 if name == "ours":
                     result, res["path"] = probe_with_path(col, backward)
+                elif name.startswith(AB_PREFIX):
+                    result, columns[name]["path"] = probe_with_path(col, backward)
                 else:
                     result = probe(col, backward)
             except Exception as exc:  # noqa: BLE001  (a column this torch or input refuses)
@@ -464,7 +483,11 @@ def bench_row(row: Row, bw: float, matmul: Dict[str, float], seed: int, anchors:
         if "ms" in ours:
             res["ms"] = ours["ms"]
             res["pct_floor"] = 100 * floor.ms / ours["ms"]
-            timed_anchors = {a: c["ms"] for a, c in columns.items() if a != "ours" and "ms" in c}
+            timed_anchors = {a: c["ms"] for a, c in columns.items()
+                             if a != "ours" and not a.startswith(AB_PREFIX) and "ms" in c}
+            res["ab"] = {a[len(AB_PREFIX):]: {"ms": c["ms"], "x_ours": ours["ms"] / c["ms"],
+                                              "path": c.get("path", "?")}
+                         for a, c in columns.items() if a.startswith(AB_PREFIX) and "ms" in c}
             res["speedup"] = {a: ms / ours["ms"] for a, ms in timed_anchors.items()}
             if timed_anchors:
                 best = min(timed_anchors, key=timed_anchors.get)
@@ -524,6 +547,7 @@ def print_rows(report: dict) -> None:
             floor = f"{m['floor_ms'] * 1e3:.1f} {m['bound'][0]}"
             print(f"{r['case']:58s} {m.get('path', '-'):>9s} {m['clock']:>5s} {floor:>10s} "
                   f"{ours:>9s} {pct:>6s}{xs} {best:>7s}  {m.get('sdpa_default', '-')}")
+    print_ab(rows)
     for r in rows:
         if "error" in r:
             print(f"{r['case']}: failed: {r['error']}")
@@ -532,6 +556,27 @@ def print_rows(report: dict) -> None:
                      if "error" in c})
     if errors:
         print("\nn/a columns: " + "; ".join(errors))
+
+
+def print_ab(rows: Sequence[dict]) -> None:
+    """--ab: per mode and row, ours and each setting's time on the same inputs and clock, and
+    ours / setting (over 1: the setting is faster)."""
+    settings = sorted({a for r in rows for m, _ in MODES for a in (r.get(m) or {}).get("ab", {})})
+    if not settings:
+        return
+    for mode, title in (("fwd", "forward"), ("fwdbwd", "forward+backward")):
+        print(f"\nA/B, {title} (us; x: ours / the setting's; path of each)")
+        print(f"{'row':58s} {'ours':>16s}" + "".join(f" {s[-30:]:>30s}" for s in settings))
+        for r in rows:
+            m = r.get(mode) or {}
+            if "ms" not in m:
+                continue
+            cells = []
+            for s in settings:
+                a = m.get("ab", {}).get(s)
+                cells.append(f" {a['ms'] * 1e3:13.1f} {a['x_ours']:5.3f}x {a['path']:>8s}"
+                             if a else f" {'-':>30s}")
+            print(f"{r['case']:58s} {m['ms'] * 1e3:8.1f} {m.get('path', '-'):>7s}" + "".join(cells))
 
 
 def parse_cases(text: Optional[str]) -> List[Row]:
@@ -568,7 +613,7 @@ def list_rows(cases: Optional[str], seed: int = 0) -> int:
 
 def run(rows: Sequence[Row], seed: int = 0, anchors: bool = True, fwd_only: bool = False,
         clock: str = "auto", json_path=None, show_progress: bool = True,
-        command: str = "") -> dict:
+        command: str = "", ab: Sequence[str] = ()) -> dict:
     """Times ``rows`` and returns the report (written to ``json_path`` after every row)."""
     bw = copy_bandwidth()
     matmul = {name: matmul_throughput(dt) for name, dt in (("bf16", torch.bfloat16),
@@ -584,7 +629,7 @@ def run(rows: Sequence[Row], seed: int = 0, anchors: bool = True, fwd_only: bool
     for row in progress(list(rows), "small-seq ragged", show_progress):
         try:
             result = bench_row(row, bw, matmul, seed, anchors=anchors, fwd_only=fwd_only,
-                               clock=clock)
+                               clock=clock, ab=ab)
         except Exception as exc:  # noqa: BLE001  (a row that fails is reported; the run goes on)
             result = {"case": row.name, "label": row.label,
                       "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
@@ -621,9 +666,10 @@ def main_ragged(args, argv: Sequence[str] = ()) -> int:
         return 2
     report = run(rows, args.seed, anchors=not args.no_anchors, fwd_only=args.fwd_only,
                  clock=args.clock, json_path=args.json, show_progress=not args.no_progress,
-                 command=command_line(argv))
+                 command=command_line(argv), ab=args.ab)
     print_rows(report)
     failed = [f"{r['case']} {c}" for r in report["rows"] for c in checks_failed(r)]
     if failed:
         print("\nfailed float64 checks: " + ", ".join(failed), file=sys.stderr)
-    return 1 if any(c.endswith("/ours") for c in failed) else 0
+    ours = [c for c in failed if c.endswith("/ours") or f"/{AB_PREFIX}" in c]
+    return 1 if ours else 0

@@ -245,8 +245,7 @@ class SmallSeqTiledParams(ctypes.Structure):
         [("lse_head_stride", I64), ("dlse_head_stride", I64)] + \
         [(n, I32) for n in ("batch", "total_q", "total_kv", "num_heads_q", "num_heads_kv",
                             "max_seqlen_q", "max_seqlen_kv", "s_q", "s_kv")] + \
-        [("softmax_scale", ctypes.c_float), ("workspace", P), ("workspace_elems", I64),
-         ("segment_order", P)]
+        [("softmax_scale", ctypes.c_float), ("workspace", P), ("workspace_elems", I64)]
 
 
 class ThdRowMapParams(ctypes.Structure):
@@ -788,14 +787,12 @@ def small_seq_tiled_params(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_k
 
 
 def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale,
-                        return_softmax=True, row_max=False, plan=None, rc=None, order=None):
+                        return_softmax=True, row_max=False, plan=None, rc=None):
     """(out, lse, probs) of the emulated tiled forward; outputs start as NaN (unwritten shows).
     lse [h_q, total_q], probs [total_q, h_q, max_kv] (total_q = b * s_q for BSHD q).
     ``row_max``: also each row's maximum scaled logit, indexed as lse (tiled_params.h), last.
     plan: the launcher's plan ints (default: the plan's, tiled_fwd_plan); rc: a list that takes
-    the launcher's code instead of raising on an error (as small_seq_fwd). Where the plan leads
-    with the segment order's launch, its buffer (int32 [b], poisoned -1 beforehand) is allocated
-    as the binding does, and appended to ``order`` (a list) when one is given."""
+    the launcher's code instead of raising on an error (as small_seq_fwd)."""
     p = small_seq_tiled_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale)
     out = _nan(q.shape, q.dtype)
     lse = _nan((p.num_heads_q, p.total_q), torch.float32)
@@ -812,36 +809,8 @@ def small_seq_tiled_fwd(lib: Emu, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, 
     lib.apply_tuning()
     if plan is None:
         plan = tiled_fwd_plan(lib, q, k, max_q, max_kv, return_softmax, max_logit=row_max)
-    seg_order = _order_buffer(p, plan, order)  # noqa: F841 (alive through the launch)
     _run_plan(lib, lib.lib.emu_small_seq_tiled_fwd, p, q, plan, "small_seq tiled forward", rc)
     return (out, lse, probs) + ((rmax,) if row_max else ())
-
-
-def plan_records(plan: List[int]) -> List[List[int]]:
-    """The launch records of plan ints ([launches, fallbacks, records...]: the launches, then
-    the fallbacks), each [kernel id, parameters...]."""
-    from rocm_attn import small_seq_plan as sp
-
-    return [plan[2 + i * sp.LAUNCH_INTS:2 + (i + 1) * sp.LAUNCH_INTS]
-            for i in range(plan[0] + plan[1])]
-
-
-def plan_orders_segments(plan: List[int]) -> bool:
-    """Whether tiled plan ints have a segment order launch (the bindings' test before they
-    allocate the order's buffer: plan.h small_seq_plan_orders_segments)."""
-    from rocm_attn import small_seq_plan as sp
-
-    return any(r[0] == sp.KERNEL_IDS["tiled_segment_order"] for r in plan_records(plan))
-
-
-def _order_buffer(p, plan: List[int], order: Optional[list]) -> torch.Tensor:
-    """The segment order's buffer as the bindings allocate it (int32 [b] where the plan has an
-    order launch, poisoned -1 here), set in the params and appended to ``order`` if given."""
-    seg_order = torch.full((p.batch if plan_orders_segments(plan) else 0,), -1, dtype=torch.int32)
-    p.segment_order = ptr(seg_order) if seg_order.numel() else None
-    if order is not None:
-        order.append(seg_order)
-    return seg_order
 
 
 def plan_device(lib: Emu):
@@ -886,12 +855,10 @@ def tiled_fwd_plan(lib: Emu, q, k, max_q, max_kv, return_softmax,
 
 
 def small_seq_tiled_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, seqlens, max_q,
-                        max_kv, scale, order=None, plan=None):
+                        max_kv, scale):
     """(dq, dk, dv) of the emulated tiled backward, params filled as
     hip_src/bindings/small_seq_tiled_bwd.cpp fills them; outputs start as NaN (unwritten shows).
-    lse / dlse: [h_q, total_q] float32 (dlse may be None). ``order``: as small_seq_tiled_fwd's
-    (the buffer holds the last order launch's after the call); plan: the launcher's plan ints
-    (default: the plan's, tiled_bwd_plan)."""
+    lse / dlse: [h_q, total_q] float32 (dlse may be None)."""
     p = small_seq_tiled_params(lib, q, k, v, cu_q, cu_kv, seqlens, max_q, max_kv, scale)
     dq, dk, dv = _nan(q.shape, q.dtype), _nan(k.shape, k.dtype), _nan(k.shape, k.dtype)
     workspace = _nan((p.num_heads_q * p.total_q,), torch.float32)
@@ -907,9 +874,7 @@ def small_seq_tiled_bwd(lib: Emu, dout, q, k, v, out, lse, dlse, cu_q, cu_kv, se
         for dim, s in zip(lead + ["token", "head"], t.stride()[:-1]):
             setattr(p, f"{name}_{dim}_stride", s)
     lib.apply_tuning()
-    if plan is None:
-        plan = tiled_bwd_plan(lib, q, k, max_q, max_kv)
-    seg_order = _order_buffer(p, plan, order)  # noqa: F841 (alive through the launch)
+    plan = tiled_bwd_plan(lib, q, k, max_q, max_kv)
     _run_plan(lib, lib.lib.emu_small_seq_tiled_bwd, p, q, plan, "small_seq tiled backward")
     return dq, dk, dv
 

@@ -146,19 +146,6 @@ VARIANT_CASES: List[VariantCase] = [
           "tiled_fwd_warpgroup_ws"),
     _case("warpgroup_ws", F, _c(128, 8, 8, 128, 256, layout="bshd"), ("sm_90a",),
           "tiled_fwd_warpgroup_ws"),
-    # the segments longest history first ahead of the forward: AMD past 256 keys; forced on
-    # Hopper (not its default until measured there) for the kernels that read the order apart
-    # (the warp-specialized kernel's decode warp, the staged decode, the wave and block loops)
-    _case("segment_order_block", F, _c(128, 8, 2, 16, 300), AMD,
-          "tiled_segment_order(BY_ROWS=false)", "tiled_fwd_block(THREADS=256)"),
-    _case("segment_order_wave", F, _c(128, 8, 2, 4, 300), AMD,
-          "tiled_segment_order(BY_ROWS=false)", "tiled_fwd_wave(ONE_TILE=false)"),
-    _case("segment_order_ws", F, _c(128, 8, 2, 300, 1000), ("sm_90a",),
-          "tiled_segment_order(BY_ROWS=false)", "tiled_fwd_warpgroup_ws",
-          tuning=(("small_seq_tiled_segment_order", 2),)),
-    _case("segment_order_stream", F, _c(64, 8, 1, 64, 1000), ("sm_90a",),
-          "tiled_segment_order(BY_ROWS=false)", "tiled_fwd_warpgroup_tma(KEYS=64, STREAM=true)",
-          tuning=(("small_seq_tiled_segment_order", 2),)),
     # -- tiled backward (tiled_bwd_launch.hip) --
     _case("stream_rows1", B, _c(128, 8, 8, 1, 100), ALL,
           "tiled_bwd_delta", "tiled_bwd_stream(ROWS=1)"),
@@ -178,15 +165,6 @@ VARIANT_CASES: List[VariantCase] = [
           "tiled_bwd_delta", "tiled_bwd_dkv(ONE_ROW_TILE=false, FUSED_DELTA=false)"),
     _case("block_passes", B, _c(128, 8, 8, 64, 100), AMD,
           "tiled_bwd_delta", "tiled_bwd_dkv_block", "tiled_bwd_dq_block"),
-    # the block passes each led by the segment order their items cost by (dK / dV: rows, dQ:
-    # keys): AMD past 256 keys; forced on Hopper where the block passes run there
-    _case("segment_order_bwd_block", B, _c(128, 8, 2, 40, 300), AMD,
-          "tiled_bwd_delta", "tiled_segment_order(BY_ROWS=true)", "tiled_bwd_dkv_block",
-          "tiled_segment_order(BY_ROWS=false)", "tiled_bwd_dq_block"),
-    _case("segment_order_bwd_no_tile_copies", B, _c(128, 12, 4, 171, 300), ("sm_90a",),
-          "tiled_bwd_delta", "tiled_segment_order(BY_ROWS=true)", "tiled_bwd_dkv_block",
-          "tiled_segment_order(BY_ROWS=false)", "tiled_bwd_dq_block",
-          tuning=(("small_seq_tiled_segment_order", 2), ("small_seq_flash_route", 0))),
     # Hopper warpgroup-MMA backward (sm_90a builds)
     _case("bwd_warpgroup_tma_16", B, _c(128, 8, 8, 64, 16), ("sm_90a",),
           "tiled_bwd_warpgroup_tma(KEYS=16, WITH_DQ=true, FUSED_DELTA=true)"),
