@@ -51,6 +51,18 @@ def test_working_flash_passes(monkeypatch):
     assert flash_support_problem(CPU, torch.float64) is None
 
 
+def test_the_first_check_may_run_under_inference_mode(monkeypatch):
+    """The first call of a process may come under torch.inference_mode: the check's float64
+    reference still takes its gradients, and the answer is the same as outside it."""
+    _use(monkeypatch)
+    with torch.inference_mode():
+        assert flash_support_problem(CPU, torch.float64) is None
+    monkeypatch.setattr(backends, "_SUPPORT", {})
+    _use(monkeypatch, fwd=_no_window_forward)
+    with torch.inference_mode():
+        assert "wrong out" in flash_support_problem(CPU, torch.float64)
+
+
 @pytest.mark.parametrize("fwd, words", [
     (_no_window_forward, "wrong out"),
     (_no_varlen_forward, "RuntimeError: flash_attn: varlen (cum_seq_q) is not supported"),

@@ -99,8 +99,7 @@ SmallSeqParams make_params(const at::Tensor& q, const at::Tensor& k, const at::T
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
-  p.error_state = ra_error_state_ptr();
-  TORCH_CHECK(p.error_state != nullptr, "rocm_attn: could not reach the device error counter");
+  p.error_state = device_error_state(q, "small_seq");
   return p;
 }
 

@@ -18,6 +18,7 @@ using rocm_attn::bindings::check_launch;
 using rocm_attn::bindings::check_rows_16b;
 using rocm_attn::bindings::check_tiled_offsets;
 using rocm_attn::bindings::current_stream;
+using rocm_attn::bindings::device_error_state;
 using rocm_attn::bindings::fill_tiled_segments;
 using rocm_attn::bindings::tiled_row_strides;
 
@@ -58,8 +59,7 @@ SmallSeqTiledParams contract_params(const at::Tensor& q, const char* q_name,
     const bool is64 = check_tiled_offsets(*t, q, cu_seqlens_q.numel(), kOp, name);
     TORCH_CHECK(!is64, kOp, ": ", name, " must be int32 (flash's offsets)");
   }
-  p.error_state = ra_error_state_ptr();
-  TORCH_CHECK(p.error_state != nullptr, kOp, ": could not reach the device error counter");
+  p.error_state = device_error_state(q, kOp);
   return p;
 }
 

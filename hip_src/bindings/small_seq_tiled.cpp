@@ -30,6 +30,7 @@ using rocm_attn::bindings::check_plan_launch;
 using rocm_attn::bindings::check_rows_16b;
 using rocm_attn::bindings::current_stream;
 using rocm_attn::bindings::decode_plan;
+using rocm_attn::bindings::device_error_state;
 using rocm_attn::bindings::fill_tiled_segments;
 using rocm_attn::bindings::kTiledInt32Max;
 using rocm_attn::bindings::tiled_row_strides;
@@ -113,9 +114,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tiled_fwd(
   p.lse_head_stride = total_q;
   p.probs = return_softmax ? probs.data_ptr<float>() : nullptr;
   p.row_max = want_row_max ? row_max.data_ptr<float>() : nullptr;
-  p.error_state = ra_error_state_ptr();
-  TORCH_CHECK(p.error_state != nullptr,
-              "small_seq_tiled: could not reach the device error counter");
+  p.error_state = device_error_state(q, "small_seq_tiled");
   const SmallSeqTiledDtype dtype = q.scalar_type() == at::kBFloat16
                                        ? SmallSeqTiledDtype::kBFloat16
                                        : SmallSeqTiledDtype::kFloat16;

@@ -13,6 +13,8 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include "common/error_state.h"
+
 namespace rocm_attn::bindings {
 
 inline hipStream_t current_stream(const at::Device& device) {
@@ -33,6 +35,15 @@ inline void check_rows_16b(const at::Tensor& t, const char* op, const char* name
 
 inline void check_launch(hipError_t err, const char* what) {
   TORCH_CHECK(err == hipSuccess, "rocm_attn: ", what, " failed: ", hipGetErrorString(err));
+}
+
+// The kernels' error counter on t's device (its address differs per device: a kernel on one
+// GPU must not count into another's), whichever device is current.
+inline int32_t* device_error_state(const at::Tensor& t, const char* op) {
+  const c10::DeviceGuard guard(t.device());
+  int32_t* state = ra_error_state_ptr();
+  TORCH_CHECK(state != nullptr, op, ": could not reach the device error counter");
+  return state;
 }
 
 }  // namespace rocm_attn::bindings

@@ -449,12 +449,14 @@ def _probe(device: torch.device, dtype: torch.dtype) -> Optional[str]:
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         return (f"torch {torch.__version__}'s flash attention failed on a varlen + window + "
                 f"GQA step ({type(exc).__name__}: {first})")
-    ref = [x.detach().double().requires_grad_(True) for x in (q, k, v)]
-    with torch.enable_grad():
+    # the float64 reference's gradients need autograd also when the call that probes runs under
+    # torch.inference_mode (its tensors would record no graph, and the probe would raise)
+    with torch.inference_mode(False), torch.enable_grad():
+        ref = [x.detach().to(torch.float64, copy=True).requires_grad_(True) for x in (q, k, v)]
         r_out, _ = reference_attention(*ref, cu, cu, attn_mask_type="causal_bottom_right",
                                        window_size=(2, 0), softmax_scale=scale,
                                        compute_dtype=torch.float64)
-        grads = torch.autograd.grad(r_out, ref, dout.double())
+        grads = torch.autograd.grad(r_out, ref, dout.to(torch.float64, copy=True))
     for name, got, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (r_out, *grads)):
         got = got.double()
         err = (got - want.detach()).abs().max().item() / max(want.abs().max().item(), 1e-6)
