@@ -211,6 +211,7 @@ DEFAULT_TUNING: Dict[str, int] = {
     "small_seq_tiled_warpgroup_tma": 1,
     "small_seq_tiled_warpgroup_stream": 1,
     "small_seq_tiled_warpgroup_ws": 1,
+    "small_seq_tiled_ws_queue": 1,
     "small_seq_tiled_bwd_warpgroup": 1,
     "small_seq_tiled_bwd_two_tile": 1,
     "small_seq_tiled_bwd_dq_stream": 1,
@@ -706,6 +707,17 @@ def plan_tiled_forward(call: Call, device: Device, t: Mapping[str, int]) -> Plan
                                                     for launch in plan.launches))
 
 
+def _with_grid(launch: Launch, grid: int, t: Mapping[str, int]) -> Launch:
+    """A staged forward launch with its grid factor; the warp-specialized kernel's also with its
+    QUEUE (tuning small_seq_tiled_ws_queue): its blocks take their items from a work queue, one
+    block per multiprocessor, instead of a grid stride over ``grid`` x the resident blocks."""
+    if launch.kernel != "tiled_fwd_warpgroup_ws":
+        return Launch(launch.kernel, launch.params + (("grid_factor", grid),))
+    queue = t["small_seq_tiled_ws_queue"] > 0
+    return Launch(launch.kernel, launch.params + (("grid_factor", 1 if queue else grid),
+                                                  ("QUEUE", queue)))
+
+
 def _plan_tiled_forward(call: Call, device: Device, t: Mapping[str, int]) -> Plan:
     d, wave = call.head_dim, device.wave
     factor = t["small_seq_tiled_fwd_grid"]
@@ -714,8 +726,7 @@ def _plan_tiled_forward(call: Call, device: Device, t: Mapping[str, int]) -> Pla
         for pick in (_fwd_warpgroup, _fwd_resident):
             launch = pick(call, device, t)
             if launch is not None:
-                launch = Launch(launch.kernel, launch.params + (("grid_factor", grid),))
-                return Plan("tiled", "forward", (launch,))
+                return Plan("tiled", "forward", (_with_grid(launch, grid, t),))
         threads = _fwd_block_threads(call, device, t)
         if threads:
             # the many-row instance stages through registers, the small one by cp.async
@@ -977,7 +988,7 @@ LAUNCH_PARAMS: Dict[str, Tuple[str, ...]] = {
     "tiled_fwd_resident": ("D", "KSTEP", "grid_factor", "ROW_MAX"),
     "tiled_fwd_warpgroup": ("D", "grid_factor"),
     "tiled_fwd_warpgroup_tma": ("D", "KEYS", "CAPPED", "STREAM", "grid_factor", "ROW_MAX"),
-    "tiled_fwd_warpgroup_ws": ("D", "grid_factor", "ROW_MAX"),
+    "tiled_fwd_warpgroup_ws": ("D", "grid_factor", "QUEUE", "ROW_MAX"),
     "tiled_bwd_delta": ("D",),
     "tiled_bwd_dkv": ("D", "ONE_ROW_TILE", "FUSED_DELTA"),
     "tiled_bwd_dkv_block": ("D",),

@@ -205,7 +205,9 @@ _TILED_FWD_PLAIN = {
     ("tiled_fwd_warpgroup_tma", (16, True, False)): lambda dev, d: d <= 128 and dev.tile_copies,
     ("tiled_fwd_warpgroup_tma", (64, True, False)): lambda dev, d: d <= 128 and dev.tile_copies,
     ("tiled_fwd_warpgroup_tma", (64, False, True)): lambda dev, d: d <= 128 and dev.tile_copies,
-    ("tiled_fwd_warpgroup_ws", ()): lambda dev, d: d == 128 and dev.tile_copies,
+    # QUEUE is read at run time: the queue and the grid stride share an instance
+    ("tiled_fwd_warpgroup_ws", (False,)): lambda dev, d: d == 128 and dev.tile_copies,
+    ("tiled_fwd_warpgroup_ws", (True,)): lambda dev, d: d == 128 and dev.tile_copies,
 }
 _ONE_STEP = {("tiled_fwd_wave", (True,)), ("tiled_fwd_warpgroup_tma", (16, True, False))}
 TILED_FWD_INSTANCES = {
@@ -217,6 +219,7 @@ FORCED_TUNINGS = [{}, {"small_seq_tiled_warpgroup": 2}, {"small_seq_tiled_warpgr
                   {"small_seq_tiled_warpgroup": 2, "small_seq_tiled_warpgroup_tma": 0},
                   {"small_seq_tiled_warpgroup_stream": 0}, {"small_seq_tiled_warpgroup_stream": 2},
                   {"small_seq_tiled_warpgroup_ws": 0}, {"small_seq_tiled_warpgroup_ws": 2},
+                  {"small_seq_tiled_ws_queue": 0},
                   {"small_seq_tiled_block": 2}, {"small_seq_tiled_resident": 2},
                   {"small_seq_tiled_warpgroup": 0, "small_seq_tiled_resident": 0},
                   {"small_seq_tiled_resident_key_step": 16},
@@ -278,6 +281,16 @@ def test_tuning_knobs_change_the_plan():
     assert plan.kernels == ("tiled_fwd_warpgroup_tma",) and plan.launches[0].param("STREAM")
     assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_ws=2))[0].kernels == (
         "tiled_fwd_warpgroup_ws",)
+    # that kernel's blocks, one per multiprocessor, take their items from the work queue
+    # (tuning small_seq_tiled_ws_queue 1); 0: a grid stride; no other kernel has a queue
+    (queued,) = sp.plan_call(call, hopper, t)[0].launches
+    assert queued.param("QUEUE") is True and queued.param("grid_factor") == 1
+    assert sp.encode(sp.plan_call(call, hopper, t)[0])[2:7] == [
+        sp.KERNEL_IDS["tiled_fwd_warpgroup_ws"], 128, 1, 1, 0]
+    (strided,) = sp.plan_call(call, hopper, dict(t, small_seq_tiled_ws_queue=0))[0].launches
+    assert strided.param("QUEUE") is False and strided.param("grid_factor") == 4
+    (other,) = sp.plan_call(C(64, 8, 2, 300, 4096), hopper, t)[0].launches
+    assert other.param("QUEUE") is None and other.param("grid_factor") == 4
     call = C(64, 8, 2, 300, 4096, layout="bshd")
     assert sp.plan_call(call, hopper, dict(t, small_seq_tiled_warpgroup_ws=2))[0].launches[0] \
         .param("STREAM")
@@ -508,7 +521,8 @@ def test_forward_plan_ints():
     assert ints == [1, 0, sp.KERNEL_IDS["tiled_fwd_block"], 128, 256, 0, 4, 0, 0, 0]
     ints = sp.tiled_fwd_ints(C(128, 8, 8, 128, 256, layout="bshd"), hopper, {})
     assert ints[:2] == [1, 1] and len(ints) == 2 + 2 * sp.LAUNCH_INTS
-    assert ints[2:10] == [sp.KERNEL_IDS["tiled_fwd_warpgroup_ws"], 128, 4, 0, 0, 0, 0, 0]
+    # D, grid factor 1 and QUEUE (the work queue), ROW_MAX
+    assert ints[2:10] == [sp.KERNEL_IDS["tiled_fwd_warpgroup_ws"], 128, 1, 1, 0, 0, 0, 0]
     # without tile copies: no warpgroup kernel of 64-key steps, the resident kernel
     assert ints[10:16] == [sp.KERNEL_IDS["tiled_fwd_resident"], 128, 4, 4, 0, 0]
     ints = sp.tiled_fwd_ints(C(64, 8, 8, 64, 64), hopper, {"small_seq_tiled_fwd_grid": 0})

@@ -464,6 +464,77 @@ def test_warpgroup_ws_bad_segments(dev, ws):
         check_garbage_flagged(case, return_softmax=False)
 
 
+# The warp-specialized kernel's work queue (tuning small_seq_tiled_ws_queue 1, the default): one
+# block per multiprocessor, each taking its next item from a counter the binding zeroes per call.
+WS_QUEUE = {"small_seq_tiled_warpgroup_ws": 2, "small_seq_tiled_ws_queue": 1}
+
+
+def ws_queue_case(dev, seed, h_q, h_kv, long):
+    """Staged histories (ws_runs_case) or ragged ones past the ring (to 4096 keys), int64
+    offsets, strided inputs, padding rows and NaN rows around k / v."""
+    extra = dict(offsets=torch.int64, strided=True, pad_before=3, pad_after=2, kv_pad=3)
+    if not long:
+        return ws_runs_case(dev, seed, h_q, h_kv, **extra)
+    return C.thd_case(seed, LONG_Q * 4, LONG_KV[::-1] * 4, h_q, h_kv, 128, torch.bfloat16,
+                      device=dev, **extra)
+
+
+@pytest.mark.parametrize("long", [False, True], ids=["staged", "streamed"])
+@pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 2, id="g4"), pytest.param(8, 8, id="g1"),
+                                      pytest.param(16, 1, id="g16")])
+def test_warpgroup_ws_queue(dev, h_q, h_kv, long):
+    """Items from the work queue: against the float64 reference, and bitwise equal to the
+    grid stride's (an item's outputs do not depend on the block that computes it)."""
+    case = ws_queue_case(dev, 130 + h_q + h_kv, h_q, h_kv, long)
+    with rocm_attn.tuning.override(**WS_QUEUE):
+        plan = tiled_forward_plan(128, h_q, h_kv, case.max_q, case.max_kv)
+        if plan.launches[0].param("QUEUE") is not True:
+            pytest.skip(f"no warp-specialized forward here: {plan}")
+        out, lse, _ = check_valid(case, return_softmax=False)
+        again, again_lse, _ = check_valid(case, return_softmax=False)
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=2, small_seq_tiled_ws_queue=0,
+                                   small_seq_tiled_fwd_grid=1):
+        strided_out, strided_lse, _ = check_valid(case, return_softmax=False)
+    assert torch.equal(out, strided_out) and torch.equal(lse, strided_lse)
+    assert torch.equal(out, again) and torch.equal(lse, again_lse)
+
+
+def test_warpgroup_ws_queue_graph_replays(dev):
+    """A captured call zeroes its queue in the graph: every replay computes every item again
+    (a counter left at its end would leave the outputs unwritten: NaN-poisoned)."""
+    case = ws_queue_case(dev, 140, 8, 2, True)
+    with rocm_attn.tuning.override(**WS_QUEUE):
+        plan = small_seq_plan.tiled_fwd_plan(case.q, case.k, case.max_q, case.max_kv, False)
+        if plan[2 + 3] != 1:  # the first record's QUEUE (after its kernel id, D, grid factor)
+            pytest.skip(f"no warp-specialized forward here: {plan}")
+        expect, expect_lse, _ = check_valid(case, return_softmax=False)
+        args = (case.q, case.k, case.v, case.cu_q, case.cu_kv, case.seqlens, case.max_q,
+                case.max_kv, case.scale, False, plan)
+        torch.ops.rocm_attn.small_seq_tiled_fwd(*args)  # warm-up outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, lse, _ = torch.ops.rocm_attn.small_seq_tiled_fwd(*args)
+        for _ in range(3):
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, expect) and torch.equal(lse, expect_lse)
+
+
+@pytest.mark.parametrize("long", [False, True], ids=["staged", "streamed"])
+def test_warpgroup_ws_queue_bad_segments(dev, long):
+    """Garbage int64 offsets with items from the work queue: flagged, NaN, no out-of-bounds
+    access, every other segment exact."""
+    kv_lens = (5, 4096, 1000, 3, 4000, 1, 0, 2049, 9) if long else \
+        (5, 130, 200, 3, 256, 1, 0, 255, 9)
+    case = garbage_case(dev, 41, [3, 300, 17, 2, 400, 16, 1, 100, 4], max_q=300,
+                        kv_lens=kv_lens, max_kv=max(kv_lens))
+    with rocm_attn.tuning.override(**WS_QUEUE):
+        check_garbage_flagged(case, return_softmax=False)
+
+
 # The block kernel's two instances (tiled_fwd_kernel.h): 256 threads staging key tiles through
 # registers (forced: small_seq_tiled_block 2), and, in CUDA builds, two warps copying them by
 # cp.async into a ring of kTiledAsyncStages buffers (the plan's choice for 9-16 rows per

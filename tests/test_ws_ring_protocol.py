@@ -72,3 +72,30 @@ def test_releasing_steps_that_have_not_landed_breaks_the_phases():
     seq = [Item(True, 4, 1, False), Item(True, 2, 1, False), Item(True, 4, 2, True)]
     assert not proto.simulate(seq, runs=50, seed=0)
     assert proto.simulate(seq, unlanded=True, runs=50, seed=0)
+
+
+def test_the_work_queue_holds_in_every_order():
+    """The work queue's decode warp (kTiledWsQueueAhead = 2: item n taken once entry n - 2 has
+    been taken by every warp), every order of small sequences and random orders of longer ones:
+    no violation and no deadlock, also one item ahead."""
+    for ahead in (1, 2):
+        for seq in ([Item(True, 2, 3, True), Item(False, 0, 0, False), Item(True, 1, 1, False)],
+                    [Item(True, 5, 2, True), Item(True, 1, 1, True)]):
+            assert not proto.explore(seq, queue_ahead=ahead), (ahead, seq)
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    kinds = proto.item_kinds()
+    for _ in range(20):
+        seq = [rng.choice(kinds) for _ in range(6)]
+        found = proto.simulate(seq, runs=20, seed=rng.randrange(1 << 30), queue_ahead=2)
+        assert not found, (seed, seq, sorted(found, key=repr)[:3])
+
+
+def test_a_queue_wait_a_ring_ahead_names_a_later_phase():
+    """Waiting for the entry a whole ring (four items) or more before: the wait's parity is
+    that of a phase two phases later, so the decode warp stalls for good (the static_assert on
+    kTiledWsQueueAhead)."""
+    seq = [Item(False, 0, 0, False)] * 8  # rows to write only: the readers keep up
+    assert not proto.simulate(seq, runs=50, seed=0, queue_ahead=4)
+    found = proto.simulate(seq, runs=50, seed=0, queue_ahead=5)
+    assert any(v[0] == "deadlock" for v in found), found

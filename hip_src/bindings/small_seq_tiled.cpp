@@ -115,6 +115,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tiled_fwd(
   p.probs = return_softmax ? probs.data_ptr<float>() : nullptr;
   p.row_max = want_row_max ? row_max.data_ptr<float>() : nullptr;
   p.error_state = device_error_state(q, "small_seq_tiled");
+  // The work queue's counter where the plan asks for one (zeroed on the stream: a graph
+  // captures the fill), alive through the launch.
+  const bool queue = small_seq_plan_work_queue(plan);
+  const at::Tensor work_queue = at::zeros({queue ? 1 : 0}, q.options().dtype(at::kLong));
+  p.work_queue = queue ? reinterpret_cast<unsigned long long*>(work_queue.data_ptr<int64_t>())
+                       : nullptr;
   const SmallSeqTiledDtype dtype = q.scalar_type() == at::kBFloat16
                                        ? SmallSeqTiledDtype::kBFloat16
                                        : SmallSeqTiledDtype::kFloat16;

@@ -35,6 +35,11 @@ RA_DEVICE float ra_shfl_xor(float v, int lane_mask) { return __shfl_xor(v, lane_
 // Value of `v` in lane src_lane (0 <= src_lane < wave width) of this wave.
 RA_DEVICE float ra_shfl(float v, int src_lane) { return __shfl(v, src_lane); }
 RA_DEVICE int ra_shfl(int v, int src_lane) { return __shfl(v, src_lane); }
+RA_DEVICE int64_t ra_shfl(int64_t v, int src_lane) {
+  const uint32_t lo = static_cast<uint32_t>(ra_shfl(static_cast<int>(v), src_lane));
+  const int hi = ra_shfl(static_cast<int>(v >> 32), src_lane);
+  return static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(hi)) << 32) | lo);
+}
 
 // __launch_bounds__ with a minimum of resident blocks per multiprocessor, which CUDA compilers
 // turn into a register cap that fits them. HIP reads a second argument as waves per execution

@@ -75,6 +75,11 @@ struct RaTuning {
   // 2 = every call of 64-key steps over at most 256 keys it can serve (tests, A/B runs);
   // 0 = never.
   int small_seq_tiled_warpgroup_ws = 1;
+  // the warp-specialized forward's items: 1 = from a work queue (a counter the binding zeroes
+  // per call), one block per multiprocessor, so that the blocks of a ragged batch end together
+  // (tiled_fwd_warpgroup_ws_kernel.h); 0 = grid-stride over small_seq_tiled_fwd_grid x the
+  // resident blocks.
+  int small_seq_tiled_ws_queue = 1;
   // tiled small-seq backward on Hopper (sm_90a builds): 1 = calls of at least one 64-row tile
   // per (segment, kv head) over at most 4096 keys (256 with small_seq_tiled_bwd_dq_stream 0)
   // take the warpgroup-MMA kernels (tiled_bwd_warpgroup_kernel.h), d 64 / 128; 0 = never;
@@ -148,6 +153,7 @@ inline constexpr RaTuningKnob kRaTuningKnobs[] = {
     {"small_seq_tiled_warpgroup_tma", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_TMA", &RaTuning::small_seq_tiled_warpgroup_tma},
     {"small_seq_tiled_warpgroup_stream", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_STREAM", &RaTuning::small_seq_tiled_warpgroup_stream},
     {"small_seq_tiled_warpgroup_ws", "ROCM_ATTN_SMALL_SEQ_TILED_WARPGROUP_WS", &RaTuning::small_seq_tiled_warpgroup_ws},
+    {"small_seq_tiled_ws_queue", "ROCM_ATTN_SMALL_SEQ_TILED_WS_QUEUE", &RaTuning::small_seq_tiled_ws_queue},
     {"small_seq_tiled_resident_key_step", "ROCM_ATTN_SMALL_SEQ_TILED_RESIDENT_KEY_STEP", &RaTuning::small_seq_tiled_resident_key_step},
     {"small_seq_tiled_bwd_warpgroup", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_WARPGROUP", &RaTuning::small_seq_tiled_bwd_warpgroup},
     {"small_seq_tiled_bwd_two_tile", "ROCM_ATTN_SMALL_SEQ_TILED_BWD_TWO_TILE", &RaTuning::small_seq_tiled_bwd_two_tile},

@@ -23,7 +23,7 @@ enum class SmallSeqKernel : int32_t {
   kTiledFwdWarpgroup = 4,     // small_seq_tiled_fwd_warpgroup_kernel<T, D>
   kTiledFwdWarpgroupTma = 5,  // small_seq_tiled_fwd_warpgroup_tma_kernel<T, D, KEYS, CAPPED,
                               // STREAM, ROW_MAX>
-  kTiledFwdWarpgroupWs = 6,   // small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, ROW_MAX>
+  kTiledFwdWarpgroupWs = 6,   // small_seq_tiled_fwd_warpgroup_ws_kernel<T, D, ROW_MAX> (QUEUE)
   kTiledBwdDelta = 10,        // small_seq_tiled_bwd_delta_kernel<T, D>
   kTiledBwdDkv = 11,          // small_seq_tiled_bwd_dkv_kernel<T, D, ONE_ROW_TILE, FUSED_DELTA>
   kTiledBwdDkvBlock = 13,     // small_seq_tiled_bwd_dkv_block_kernel<T, D>
@@ -70,4 +70,15 @@ inline bool small_seq_plan_decode(const int64_t* ints, int64_t n, SmallSeqPlan* 
       plan->launch[i].p[j - 1] = static_cast<int32_t>(r[j]);
   }
   return true;
+}
+
+// Whether a plan's warp-specialized forward takes its items from a work queue (its record's
+// QUEUE, the parameter after D and the grid factor), whose counter
+// (SmallSeqTiledParams::work_queue, zeroed per call) the binding then allocates.
+inline bool small_seq_plan_work_queue(const SmallSeqPlan& plan) {
+  for (int i = 0; i < plan.launches + plan.fallbacks; ++i)
+    if (plan.launch[i].kernel == static_cast<int32_t>(SmallSeqKernel::kTiledFwdWarpgroupWs) &&
+        plan.launch[i].p[2] != 0)
+      return true;
+  return false;
 }

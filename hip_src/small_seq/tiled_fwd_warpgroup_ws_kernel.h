@@ -29,6 +29,12 @@
 // that bounds the rows of ragged histories. The rows written besides the attention stay with the
 // computing warpgroups (tiled_item_writes: their 256 threads and registers): the padding rows,
 // and a bad segment's report and NaN rows, for which nothing is copied and no barrier armed.
+// Where the plan asks for the work queue (p.work_queue, one block per multiprocessor), the decode
+// warp takes each next item from it (atomicAdd) instead of a grid stride, and only once the
+// computing warpgroups have taken the entry kTiledWsQueueAhead before it: a block then holds at
+// most that many items it has not begun, so that the blocks end together on ragged batches, where
+// a grid stride hands one block several long histories (the item ring alone would let it hold
+// four). Outputs do not depend on which block computes an item.
 //
 // Shared memory: K and V rings of four 64-key slots (step st of an item in slot st % 4), two Q
 // buffers per computing warpgroup (a tile's out leaves through its Q buffer by a tile store, as
@@ -89,6 +95,13 @@ constexpr int kTiledWsThreads = (kTiledWsComputeWarpgroups + 1) * 128;
 // copy warp, which runs about one item ahead of the computing warpgroups (its K / V ring holds
 // one item's steps), so the decode's reads of the offsets are long done when an entry is taken.
 constexpr int kTiledWsItemSlots = 4;
+// Items a block of the work queue takes ahead of the one its computing warpgroups have begun:
+// the next for the copy warp and one more, so that the decode's offset reads stay off the copy
+// warp's path. Fewer than kTiledWsItemSlots, so that the phase of the entry waited for is never
+// mistaken for a later one (tools/diag/ws_ring_protocol.py --queue-ahead).
+constexpr int kTiledWsQueueAhead = 2;
+static_assert(kTiledWsQueueAhead > 0 && kTiledWsQueueAhead < kTiledWsItemSlots,
+              "the queue's wait must name a phase the entry is in or has just completed");
 // The roles of warpgroup 2's warps (its other two leave).
 constexpr int kTiledWsCopyWarp = 0;
 constexpr int kTiledWsDecodeWarp = 1;
@@ -213,7 +226,21 @@ __global__ void RA_LAUNCH_BOUNDS_MIN_BLOCKS(kTiledWsThreads, 1)
         }
         ++published;
       };
-      for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+      // The next item: grid-stride, or the queue's next once the entry kTiledWsQueueAhead
+      // before the one it will fill has been taken by every warp that takes entries.
+      const auto next_item = [&](int64_t item) -> int64_t {
+        if (p.work_queue == nullptr) return item < 0 ? blockIdx.x : item + gridDim.x;
+        int64_t taken = 0;
+        if (lane == 0) {
+          if (published >= kTiledWsQueueAhead) {
+            const uint32_t n = published - kTiledWsQueueAhead;
+            ra_mbar_wait(item_free_bar(static_cast<int>(n % kItemSlots)), (n / kItemSlots) & 1u);
+          }
+          taken = static_cast<int64_t>(atomicAdd(p.work_queue, 1ull));
+        }
+        return ra_shfl(taken, 0);
+      };
+      for (int64_t item = next_item(-1); item < items; item = next_item(item)) {
         TiledStagedItem it;
         int64_t split;
         const int seg = tiled_decode_item<ROWS>(p, item, splits, &it, &split);

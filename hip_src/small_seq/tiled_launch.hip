@@ -222,7 +222,7 @@ inline bool tiled_fwd_record_row_max(const SmallSeqLaunch& l) {
     case SmallSeqKernel::kTiledFwdBlock: return a[4] != 0;
     case SmallSeqKernel::kTiledFwdResident: return a[3] != 0;
     case SmallSeqKernel::kTiledFwdWarpgroupTma: return a[5] != 0;
-    case SmallSeqKernel::kTiledFwdWarpgroupWs: return a[2] != 0;
+    case SmallSeqKernel::kTiledFwdWarpgroupWs: return a[3] != 0;
     default: return false;
   }
 }
@@ -275,6 +275,8 @@ hipError_t run_tiled_fwd_record(const SmallSeqTiledParams& p, const SmallSeqLaun
         if constexpr (D == 128) {
           if (!ra_device_warpgroup_mma() || p.probs != nullptr) return kNoKernel;
           hipError_t err = hipSuccess;
+          // QUEUE (a[2]): the binding's zeroed counter in p.work_queue, else none
+          if ((a[2] != 0) != (p.work_queue != nullptr)) return kBadPlan;
           *no_maps = !run_tiled_fwd_warpgroup_ws<T, D, ROW_MAX>(p, a[1], stream, &err);
           return err;
         }

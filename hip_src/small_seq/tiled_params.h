@@ -71,6 +71,10 @@ struct SmallSeqTiledParams {
   // Backward scratch (fp32), allocated by the binding; nullptr / 0 when unused.
   float* workspace;
   int64_t workspace_elems;
+  // The work queue: a counter the binding zeroes per call where the plan's record asks for one
+  // (the warp-specialized forward's QUEUE); its blocks take their items by atomicAdd on it in
+  // place of a grid stride. nullptr otherwise.
+  unsigned long long* work_queue;
 };
 
 // Largest max_seqlen_kv the tiled kernels serve (rocm_attn/small_seq.py KERNEL_MAX_SEQLEN_KV

@@ -245,7 +245,8 @@ class SmallSeqTiledParams(ctypes.Structure):
         [("lse_head_stride", I64), ("dlse_head_stride", I64)] + \
         [(n, I32) for n in ("batch", "total_q", "total_kv", "num_heads_q", "num_heads_kv",
                             "max_seqlen_q", "max_seqlen_kv", "s_q", "s_kv")] + \
-        [("softmax_scale", ctypes.c_float), ("workspace", P), ("workspace_elems", I64)]
+        [("softmax_scale", ctypes.c_float), ("workspace", P), ("workspace_elems", I64),
+         ("work_queue", P)]
 
 
 class ThdRowMapParams(ctypes.Structure):

@@ -146,6 +146,12 @@ VARIANT_CASES: List[VariantCase] = [
           "tiled_fwd_warpgroup_ws"),
     _case("warpgroup_ws", F, _c(128, 8, 8, 128, 256, layout="bshd"), ("sm_90a",),
           "tiled_fwd_warpgroup_ws"),
+    # its blocks taking their items from the work queue (the default), or by a grid stride
+    _case("warpgroup_ws_queue", F, _c(128, 8, 8, 128, 256), ("sm_90a",),
+          "tiled_fwd_warpgroup_ws(grid_factor=1, QUEUE=true)"),
+    _case("warpgroup_ws_grid_stride", F, _c(128, 8, 2, 300, 1000), ("sm_90a",),
+          "tiled_fwd_warpgroup_ws(grid_factor=4, QUEUE=false)",
+          tuning=(("small_seq_tiled_ws_queue", 0),)),
     # -- tiled backward (tiled_bwd_launch.hip) --
     _case("stream_rows1", B, _c(128, 8, 8, 1, 100), ALL,
           "tiled_bwd_delta", "tiled_bwd_stream(ROWS=1)"),

@@ -23,6 +23,10 @@ faults), and a deadlock.
 waiting for them to land: it can then arrive for the next item's phase while the current one
 is still open.
 
+`--queue-ahead A` models the work queue's decode warp: before it takes item n from the queue
+it waits for entry n - A to be taken by every warp (kTiledWsQueueAhead = 2); with A of the
+ring's four entries or more that wait could name a phase two phases early.
+
 `--tail-warp` models a version that was tried and dropped: a third warp copies the tail steps'
 V and waits only on the free barriers of those slots. Its waits skip the phases of the other
 steps, so after two uses of a slot it can pass at a phase two phases early and copy into a slot
@@ -32,7 +36,8 @@ The reads' windows are the programs' own: a region is read from the wait that ad
 arrival that lets it go, so this checks the barriers against those windows, not the windows
 against the products that read the regions.
 
-Usage: python3 tools/diag/ws_ring_protocol.py [--tail-warp | --unlanded] [--items 3]
+Usage: python3 tools/diag/ws_ring_protocol.py [--tail-warp | --unlanded] [--queue-ahead A]
+       [--items 3]
        [--sequences 300] [--runs 200]
 """
 from __future__ import annotations
@@ -78,7 +83,7 @@ def barrier_counts(tail_warp):
     return counts
 
 
-def programs(items, tail_warp=False, unlanded=False):
+def programs(items, tail_warp=False, unlanded=False, queue_ahead=0):
     """Each actor's operations, as tuples:
     ("wait", bar, parity, reads)  passes while the barrier's phase in progress has the other
                                   parity (bar None: no wait); then checks that each region in
@@ -93,6 +98,9 @@ def programs(items, tail_warp=False, unlanded=False):
     decode = []
     for n in range(len(seq)):
         e = n % ENTRIES
+        if queue_ahead and n >= queue_ahead:  # the queue's next item (the end's too)
+            m = n - queue_ahead
+            decode.append(("wait", ("item_free", m % ENTRIES), (m // ENTRIES) & 1, ()))
         decode += [("wait", ("item_free", e), ((n // ENTRIES) & 1) ^ 1, ()),
                    ("publish", e, n), ("arrive", ("item_full", e), 1, ())]
 
@@ -205,8 +213,8 @@ def programs(items, tail_warp=False, unlanded=False):
 class Model:
     """The actors' programs and barrier counts of one item sequence, and the rules of a step."""
 
-    def __init__(self, items, tail_warp=False, unlanded=False):
-        self.actors = programs(items, tail_warp, unlanded)
+    def __init__(self, items, tail_warp=False, unlanded=False, queue_ahead=0):
+        self.actors = programs(items, tail_warp, unlanded, queue_ahead)
         self.names = sorted(self.actors)
         self.counts = barrier_counts(tail_warp)
         self.bar_index = {b: i for i, b in enumerate(sorted(self.counts, key=repr))}
@@ -301,9 +309,9 @@ class Model:
                 tuple(sorted(pe, key=repr)))
 
 
-def explore(items, tail_warp=False, unlanded=False, limit=300_000):
+def explore(items, tail_warp=False, unlanded=False, limit=300_000, queue_ahead=0):
     """Violations over every order of one item sequence (small sequences: the orders grow fast)."""
-    m = Model(items, tail_warp, unlanded)
+    m = Model(items, tail_warp, unlanded, queue_ahead)
     violations = set()
     seen = set()
     stack = [m.start()]
@@ -321,9 +329,9 @@ def explore(items, tail_warp=False, unlanded=False, limit=300_000):
     return violations
 
 
-def simulate(items, tail_warp=False, unlanded=False, runs=200, seed=0):
+def simulate(items, tail_warp=False, unlanded=False, runs=200, seed=0, queue_ahead=0):
     """Violations over `runs` random orders of one item sequence."""
-    m = Model(items, tail_warp, unlanded)
+    m = Model(items, tail_warp, unlanded, queue_ahead)
     rng = random.Random(seed)
     violations = set()
     for _ in range(runs):
@@ -354,6 +362,8 @@ def main(argv):
     ap.add_argument("--tail-warp", action="store_true", help="the dropped separate tail warp")
     ap.add_argument("--unlanded", action="store_true",
                     help="a warpgroup without a tile releases steps that have not landed")
+    ap.add_argument("--queue-ahead", type=int, default=0,
+                    help="the work queue's decode warp, this many items ahead")
     ap.add_argument("--items", type=int, default=3, help="items per random sequence")
     ap.add_argument("--sequences", type=int, default=300, help="random item sequences")
     ap.add_argument("--runs", type=int, default=200, help="random orders per sequence")
@@ -363,7 +373,8 @@ def main(argv):
     bad = 0
     for i in range(args.sequences):
         seq = [rng.choice(kinds) for _ in range(args.items)]
-        v = simulate(seq, args.tail_warp, args.unlanded, runs=args.runs, seed=i)
+        v = simulate(seq, args.tail_warp, args.unlanded, runs=args.runs, seed=i,
+                     queue_ahead=args.queue_ahead)
         if v:
             bad += 1
             print(seq, sorted(v, key=repr)[:3])
