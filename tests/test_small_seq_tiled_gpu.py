@@ -363,6 +363,9 @@ def test_warpgroup_stream_bad_segments(dev, stream):
 # hold more than one row tile; tuning 2 takes every call it can serve; 0 never.
 WS = {"forced": {"small_seq_tiled_warpgroup_ws": 2},
       "auto": {"small_seq_tiled_warpgroup_ws": 1}}
+# Its items: from the work queue (the default) or by a grid stride, one block per
+# multiprocessor either way (grid factor 1).
+WS_ITEMS = [pytest.param(1, id="queue"), pytest.param(0, id="grid_stride")]
 
 
 def ws_runs_case(dev, seed, h_q, h_kv, dtype=torch.bfloat16, **kwargs):
@@ -379,14 +382,17 @@ def ws_runs_case(dev, seed, h_q, h_kv, dtype=torch.bfloat16, **kwargs):
                       max_kv=256, device=dev, **kwargs)
 
 
+@pytest.mark.parametrize("queue", WS_ITEMS)
 @pytest.mark.parametrize("ws", list(WS))
 @pytest.mark.parametrize("h_q,h_kv", [pytest.param(8, 2, id="g4"), pytest.param(8, 8, id="g1"),
                                       pytest.param(16, 1, id="g16")])
-def test_warpgroup_ws(dev, h_q, h_kv, ws):
+def test_warpgroup_ws(dev, h_q, h_kv, ws, queue):
     """Runs of 300 ragged segments with one block per multiprocessor (grid factor 1), so that
-    the copy warp crosses many items ahead of the computing warpgroups: bf16 with int64
-    offsets, strided inputs, padding rows and NaN rows around k / v; fp16; BSHD."""
-    with rocm_attn.tuning.override(**WS[ws], small_seq_tiled_fwd_grid=1):
+    the copy warp crosses many items ahead of the computing warpgroups (by the grid stride up
+    to a full item ring): bf16 with int64 offsets, strided inputs, padding rows and NaN rows
+    around k / v; fp16; BSHD."""
+    with rocm_attn.tuning.override(**WS[ws], small_seq_tiled_fwd_grid=1,
+                                   small_seq_tiled_ws_queue=queue):
         case = ws_runs_case(dev, 95 + h_q + h_kv, h_q, h_kv, offsets=torch.int64, strided=True,
                             pad_before=3, pad_after=2, kv_pad=3)
         check_valid(case, return_softmax=False)
@@ -444,23 +450,27 @@ def test_warpgroup_ws_long_histories(dev, h_q, h_kv):
         check_valid(case, return_softmax=False)
 
 
-def test_warpgroup_ws_long_bad_segments(dev):
+@pytest.mark.parametrize("queue", WS_ITEMS)
+def test_warpgroup_ws_long_bad_segments(dev, queue):
     """Garbage int64 offsets under the warp-specialized kernel forced past its ring (histories
     up to 4096 keys): flagged, NaN, no out-of-bounds access, every other segment exact."""
     case = garbage_case(dev, 39, [3, 300, 17, 2, 400, 16, 1, 100, 4], max_q=300,
                         kv_lens=(5, 4096, 1000, 3, 4000, 1, 0, 2049, 9), max_kv=4096)
-    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=2, small_seq_tiled_fwd_grid=1):
+    with rocm_attn.tuning.override(small_seq_tiled_warpgroup_ws=2, small_seq_tiled_fwd_grid=1,
+                                   small_seq_tiled_ws_queue=queue):
         check_garbage_flagged(case, return_softmax=False)
 
 
+@pytest.mark.parametrize("queue", WS_ITEMS)
 @pytest.mark.parametrize("ws", list(WS))
-def test_warpgroup_ws_bad_segments(dev, ws):
+def test_warpgroup_ws_bad_segments(dev, ws, queue):
     """Garbage int64 offsets under the warp-specialized kernel (histories up to 256 keys,
     segments of up to 100 queries: up to seven row tiles per (segment, kv head)): flagged, NaN,
     no out-of-bounds access, every other segment exact."""
     case = garbage_case(dev, 33, [3, 100, 17, 2, 140, 65, 1, 70, 4], max_q=100,
                         kv_lens=(5, 130, 200, 3, 256, 1, 0, 255, 9), max_kv=256)
-    with rocm_attn.tuning.override(**WS[ws], small_seq_tiled_fwd_grid=1):
+    with rocm_attn.tuning.override(**WS[ws], small_seq_tiled_fwd_grid=1,
+                                   small_seq_tiled_ws_queue=queue):
         check_garbage_flagged(case, return_softmax=False)
 
 
@@ -505,7 +515,8 @@ def test_warpgroup_ws_queue_graph_replays(dev):
     case = ws_queue_case(dev, 140, 8, 2, True)
     with rocm_attn.tuning.override(**WS_QUEUE):
         plan = small_seq_plan.tiled_fwd_plan(case.q, case.k, case.max_q, case.max_kv, False)
-        if plan[2 + 3] != 1:  # the first record's QUEUE (after its kernel id, D, grid factor)
+        # the first record: the warp-specialized kernel, QUEUE after its D and grid factor
+        if plan[2] != small_seq_plan.KERNEL_IDS["tiled_fwd_warpgroup_ws"] or plan[2 + 3] != 1:
             pytest.skip(f"no warp-specialized forward here: {plan}")
         expect, expect_lse, _ = check_valid(case, return_softmax=False)
         args = (case.q, case.k, case.v, case.cu_q, case.cu_kv, case.seqlens, case.max_q,
@@ -521,18 +532,6 @@ def test_warpgroup_ws_queue_graph_replays(dev):
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, expect) and torch.equal(lse, expect_lse)
-
-
-@pytest.mark.parametrize("long", [False, True], ids=["staged", "streamed"])
-def test_warpgroup_ws_queue_bad_segments(dev, long):
-    """Garbage int64 offsets with items from the work queue: flagged, NaN, no out-of-bounds
-    access, every other segment exact."""
-    kv_lens = (5, 4096, 1000, 3, 4000, 1, 0, 2049, 9) if long else \
-        (5, 130, 200, 3, 256, 1, 0, 255, 9)
-    case = garbage_case(dev, 41, [3, 300, 17, 2, 400, 16, 1, 100, 4], max_q=300,
-                        kv_lens=kv_lens, max_kv=max(kv_lens))
-    with rocm_attn.tuning.override(**WS_QUEUE):
-        check_garbage_flagged(case, return_softmax=False)
 
 
 # The block kernel's two instances (tiled_fwd_kernel.h): 256 threads staging key tiles through

@@ -91,10 +91,11 @@ def test_the_work_queue_holds_in_every_order():
         assert not found, (seed, seq, sorted(found, key=repr)[:3])
 
 
-def test_a_queue_wait_a_ring_ahead_names_a_later_phase():
-    """Waiting for the entry a whole ring (four items) or more before: the wait's parity is
-    that of a phase two phases later, so the decode warp stalls for good (the static_assert on
-    kTiledWsQueueAhead)."""
+def test_a_queue_wait_more_than_a_ring_ahead_names_a_later_phase():
+    """Waiting for the entry more than a ring (four items) before: the wait's parity is that
+    of a phase two phases later, so the decode warp stalls for good. A whole ring before is the
+    publish's own wait (the kernel's static_assert keeps kTiledWsQueueAhead below the ring, where
+    the wait bounds how many items a block holds)."""
     seq = [Item(False, 0, 0, False)] * 8  # rows to write only: the readers keep up
     assert not proto.simulate(seq, runs=50, seed=0, queue_ahead=4)
     found = proto.simulate(seq, runs=50, seed=0, queue_ahead=5)

@@ -117,10 +117,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tiled_fwd(
   p.error_state = device_error_state(q, "small_seq_tiled");
   // The work queue's counter where the plan asks for one (zeroed on the stream: a graph
   // captures the fill), alive through the launch.
-  const bool queue = small_seq_plan_work_queue(plan);
-  const at::Tensor work_queue = at::zeros({queue ? 1 : 0}, q.options().dtype(at::kLong));
-  p.work_queue = queue ? reinterpret_cast<unsigned long long*>(work_queue.data_ptr<int64_t>())
-                       : nullptr;
+  at::Tensor work_queue;
+  if (small_seq_plan_work_queue(plan)) {
+    work_queue = at::zeros({1}, q.options().dtype(at::kLong));
+    p.work_queue = reinterpret_cast<unsigned long long*>(work_queue.data_ptr<int64_t>());
+  }
   const SmallSeqTiledDtype dtype = q.scalar_type() == at::kBFloat16
                                        ? SmallSeqTiledDtype::kBFloat16
                                        : SmallSeqTiledDtype::kFloat16;

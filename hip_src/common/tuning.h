@@ -77,8 +77,8 @@ struct RaTuning {
   int small_seq_tiled_warpgroup_ws = 1;
   // the warp-specialized forward's items: 1 = from a work queue (a counter the binding zeroes
   // per call), one block per multiprocessor, so that the blocks of a ragged batch end together
-  // (tiled_fwd_warpgroup_ws_kernel.h); 0 = grid-stride over small_seq_tiled_fwd_grid x the
-  // resident blocks.
+  // (tiled_fwd_warpgroup_ws_kernel.h; small_seq_tiled_fwd_grid is not read for it then);
+  // 0 = grid-stride over small_seq_tiled_fwd_grid x the resident blocks.
   int small_seq_tiled_ws_queue = 1;
   // tiled small-seq backward on Hopper (sm_90a builds): 1 = calls of at least one 64-row tile
   // per (segment, kv head) over at most 4096 keys (256 with small_seq_tiled_bwd_dq_stream 0)

@@ -97,8 +97,9 @@ constexpr int kTiledWsThreads = (kTiledWsComputeWarpgroups + 1) * 128;
 constexpr int kTiledWsItemSlots = 4;
 // Items a block of the work queue takes ahead of the one its computing warpgroups have begun:
 // the next for the copy warp and one more, so that the decode's offset reads stay off the copy
-// warp's path. Fewer than kTiledWsItemSlots, so that the phase of the entry waited for is never
-// mistaken for a later one (tools/diag/ws_ring_protocol.py --queue-ahead).
+// warp's path. Below kTiledWsItemSlots: a whole ring is the publish's own wait (no bound on
+// the items held), and more than a ring could name a phase two phases early and stall for good
+// (tools/diag/ws_ring_protocol.py --queue-ahead).
 constexpr int kTiledWsQueueAhead = 2;
 static_assert(kTiledWsQueueAhead > 0 && kTiledWsQueueAhead < kTiledWsItemSlots,
               "the queue's wait must name a phase the entry is in or has just completed");
