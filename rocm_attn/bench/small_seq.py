@@ -434,8 +434,7 @@ def _main_ranking(args) -> int:
         grid = [parse_row_name(n) for n in wanted]
     for r in progress(grid, "small-seq ranking", not args.no_progress):
         rows.append(bench_rank_row(r, bw, dtype, args.seed, anchors=not args.no_anchors,
-                                   ab=args.ab, with_tuning=with_tuning,
-                                   fwd_only=args.fwd_only, matmul_flops=mm,
+                                   ab=args.ab, fwd_only=args.fwd_only, matmul_flops=mm,
                                    max_logit=args.max_logit))
         report["eager_fallbacks"] = eager_fallbacks()
         if args.json:

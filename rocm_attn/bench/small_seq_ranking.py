@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import rocm_attn
-from .common import eager_ms, graph_ms, rotating, time_ms
+from .common import eager_ms, graph_ms, rotating, time_ms, with_tuning
 
 # The issue's grid: users x candidates x history x fixed/ragged x h_kv (h_q 8, d 128).
 USERS = (256, 4096)
@@ -243,7 +243,7 @@ def _device_ms(fn, floor_ms: float, name: str) -> float:
 
 
 def bench_rank_row(r: dict, bw: float, dtype, seed: int, anchors: bool = True, ab=(),
-                   with_tuning=None, fwd_only: bool = False, matmul_flops: float = 0.0,
+                   fwd_only: bool = False, matmul_flops: float = 0.0,
                    max_logit: bool = False) -> dict:
     """One row timed (see the module's docstring); `matmul_flops` (FLOP/s, this run's
     common.matmul_throughput) adds the matrix floor and % roof, left out where it is 0;
